@@ -1,0 +1,172 @@
+"""Every Tracea hook, in one module. The docstrings are the contract.
+
+A plugin is a module (or object) with functions named like the specs below and decorated with
+``tracea.plugins.hookimpl``. Plugins may implement any subset, and an implementation may accept a
+subset of a hook's arguments. New arguments are only ever appended to a spec.
+
+Plugins are found from the ``tracea`` entry-point group and from the ``TRACEA_PLUGINS`` environment
+variable (see :mod:`tracea.plugins.manager`).
+
+List-returning hooks are called on every plugin and their lists are concatenated. For hooks marked
+*firstresult*, plugins are called until one returns something other than None: "Stops at first
+non-None result".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..doctor.profile import DeviceProfile
+    from ..doctor.variant import KernelVariant, OpArgs
+    from ..ir.device import Device
+    from ..ir.ops import Op
+    from ..runtime.arrays import ArrayAdapter
+    from ..semantic.config import PipelineConfig
+    from ..semantic.search_space import SearchSpace
+    from .backend_info import BackendInfo
+
+PROJECT = "tracea"
+hookspec = pluggy.HookspecMarker(PROJECT)
+
+
+# ------------------------------------------------------------------------------------------------
+# Registration: what a backend brings
+# ------------------------------------------------------------------------------------------------
+
+@hookspec
+def tracea_backend_info() -> "BackendInfo | list[BackendInfo] | None":
+    """Describe the backend(s) this plugin provides, for ``tracea doctor`` and version checks.
+
+    Implemented by every backend plugin. Called once per process (cached by the Doctor).
+
+    :returns: a :class:`~tracea.plugins.backend_info.BackendInfo` (or a list of them) naming the
+        backend, its version, whether it is usable here and, if not, why ("no C compiler found",
+        "cupy is not installed: pip install tracea-cuda[cuda13]"). A backend whose toolkit is missing
+        must still return its info with ``available=False`` rather than raise.
+    """
+
+
+@hookspec
+def tracea_register_variants() -> "list[KernelVariant] | None":
+    """Register kernel variants.
+
+    Implemented by backends. Called once per process (the Doctor caches the registry); results of all
+    plugins are concatenated. Variant names must be unique across plugins: a duplicate name is a
+    :class:`~tracea.errors.PluginError`.
+
+    :returns: a list of :class:`~tracea.doctor.variant.KernelVariant` instances. Return the variants
+        even when the toolkit is missing only if their ``check`` then rejects every op with the reason;
+        otherwise return an empty list.
+    """
+
+
+@hookspec
+def tracea_device_profiles() -> "list[DeviceProfile] | None":
+    """Contribute device profiles to the Doctor's capability profiler.
+
+    Implemented by backends that discover devices (CUDA GPUs, OpenCL devices); the core contributes the
+    host CPU itself. Called once per process; results are concatenated. Must not raise when no device or
+    runtime is present: return an empty list.
+
+    :returns: a list of :class:`~tracea.doctor.profile.DeviceProfile`. When two plugins profile the same
+        device, the first registered profile for a ``Device`` wins; backends that refine the host CPU
+        profile should instead put their details in the variants' checks.
+    """
+
+
+@hookspec
+def tracea_array_adapters() -> "list[ArrayAdapter] | None":
+    """Contribute array adapters so ops accept more array kinds (CuPy arrays, torch tensors).
+
+    Implemented by backends and integrations. Called once per process; results are concatenated and
+    asked in descending ``priority``.
+
+    :returns: a list of :class:`~tracea.runtime.arrays.ArrayAdapter` instances.
+    """
+
+
+# ------------------------------------------------------------------------------------------------
+# Tuning: what may be tried
+# ------------------------------------------------------------------------------------------------
+
+@hookspec(firstresult=True)
+def tracea_search_space(variant: "KernelVariant", op: "Op", profile: "DeviceProfile") -> "SearchSpace | None":
+    """Supply the search space a tuner explores for ``variant`` on ``op`` and ``profile``.
+
+    Implemented by the backend owning the variant, or by a site plugin that wants to narrow or widen a
+    space. The core's fallback implementation (called last) returns ``variant.search_space(op, profile)``.
+    Stops at first non-None result.
+
+    :param variant: the variant being tuned.
+    :param op: the operation (its shape matters: small problems want small tiles).
+    :param profile: the device profile.
+    :returns: a :class:`~tracea.semantic.search_space.SearchSpace`, or None to defer to other plugins.
+    """
+
+
+@hookspec
+def tracea_hero_configs(variant: "KernelVariant", op: "Op", profile: "DeviceProfile") -> "list[PipelineConfig] | None":
+    """Supply known-good ("hero") configs for ``variant`` on ``op`` and ``profile``.
+
+    Implemented by the backend owning the variant; any plugin may add configs for any variant. All
+    results are concatenated, plugins registered later first, the core fallback
+    (``variant.hero_configs``) last; duplicates are dropped. The tuner enqueues them before searching,
+    and dispatch runs the first valid one when nothing is tuned.
+
+    :returns: a list of :class:`~tracea.semantic.config.PipelineConfig` (best first), or None.
+    """
+
+
+# ------------------------------------------------------------------------------------------------
+# Running
+# ------------------------------------------------------------------------------------------------
+
+@hookspec(firstresult=True)
+def tracea_prepare_variant(variant: "KernelVariant", op: "Op", config: "PipelineConfig",
+                           profile: "DeviceProfile") -> Any:
+    """Compile or load what running ``variant`` with ``config`` needs, so it is not timed later.
+
+    Implemented by the backend owning the variant (others return None). The core fallback calls
+    ``variant.prepare`` and returns ``True``. Errors raise :class:`~tracea.errors.CompilationError`
+    with the compiler log. Stops at first non-None result.
+
+    :returns: any non-None value once prepared (a compiled-kernel handle, or True).
+    """
+
+
+@hookspec(firstresult=True)
+def tracea_run_variant(variant: "KernelVariant", op: "Op", config: "PipelineConfig", args: "OpArgs",
+                       profile: "DeviceProfile") -> Any:
+    """Run ``variant`` with ``config`` on the arrays in ``args``, writing ``args.out``.
+
+    Implemented by the backend owning the variant; a plugin returns None for variants it does not own
+    (check ``variant.backend``). The core fallback, called last, runs ``variant.run(...)`` and returns
+    True. Launches on the caller's current stream where the device has streams; need not synchronize.
+    Failures raise :class:`~tracea.errors.BackendError` (or a subclass); the CUDA context or compiler
+    state must stay usable afterwards. Stops at first non-None result.
+
+    :returns: any non-None value (True) once the work has been issued.
+    """
+
+
+@hookspec
+def tracea_synchronize(device: "Device") -> None:
+    """Block until all work Tracea issued on ``device`` has finished.
+
+    Implemented by backends with asynchronous devices (CUDA, OpenCL); called on every plugin by
+    ``Context.synchronize``. Plugins ignore devices of other kinds.
+    """
+
+
+@hookspec
+def tracea_environment(profile: "DeviceProfile") -> "dict[str, str] | None":
+    """Extra facts that make a tuned result valid on ``profile``, merged into the tuning-cache fingerprint.
+
+    Implemented by backends for their devices (compiler version, NVRTC/CuPy version, OpenCL driver);
+    return None for other devices. Results of all plugins are merged (later keys do not override).
+
+    :returns: a dict of short string keys to string values.
+    """

@@ -1,0 +1,172 @@
+"""Array adapters: how Tracea reads shape/dtype/device from a user's array and allocates outputs of
+the same kind, without importing any framework.
+
+The core ships the NumPy adapter. Backends and integrations contribute more through the
+``tracea_array_adapters`` hook (CuPy in ``tracea-cuda``, torch in ``tracea-torch``). Arrays of a kind
+no adapter owns but which speak DLPack are still *described* (so the error can name their device),
+but not run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..dtypes import DType
+from ..errors import DTypeError, InvalidArgumentError, UnsupportedDeviceError
+from ..ir.device import Device
+
+# DLPack device type codes (dlpack.h) -> Tracea device kinds.
+DLPACK_DEVICE_KINDS = {1: "cpu", 2: "cuda", 3: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm",
+                       13: "cuda"}
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What Tracea knows of one array argument.
+
+    :param shape: logical shape.
+    :param strides: strides in elements (None when unknown).
+    :param dtype: element dtype.
+    :param device: where the data lives.
+    :param adapter: name of the adapter that owns the array (``"numpy"``, ``"torch"``, ``"cupy"``).
+    """
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None
+    dtype: DType
+    device: Device
+    adapter: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def c_contiguous(self) -> bool:
+        """True when the strides are those of a packed row-major array (size-1 dims ignored)."""
+        if self.strides is None:
+            return False
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+
+class ArrayAdapter:
+    """Base class for array adapters. Subclasses set :attr:`name` and implement the methods.
+
+    ``priority``: higher is asked first (a torch adapter must outrank a generic DLPack one).
+    """
+
+    name: str = "abstract"
+    priority: int = 0
+
+    def owns(self, obj: Any) -> bool:
+        """True when this adapter handles ``obj``'s type. Must not import a framework to decide."""
+        raise NotImplementedError
+
+    def info(self, obj: Any) -> ArrayInfo:
+        """Describe ``obj``."""
+        raise NotImplementedError
+
+    def empty(self, shape: Sequence[int], dtype: DType, like: Any) -> Any:
+        """A new uninitialised array of ``shape``/``dtype`` of ``like``'s kind and device."""
+        raise NotImplementedError
+
+    def contiguous(self, obj: Any) -> Any:
+        """``obj`` as a packed row-major array (a copy only when needed)."""
+        raise NotImplementedError
+
+    def swap_last(self, obj: Any) -> Any:
+        """A view of ``obj`` with its last two axes swapped (no copy)."""
+        raise NotImplementedError
+
+    def reshape(self, obj: Any, shape: Sequence[int]) -> Any:
+        """A view of a contiguous ``obj`` with a new shape."""
+        return obj.reshape(tuple(shape))
+
+    def to_numpy(self, obj: Any) -> np.ndarray:
+        """A NumPy view (zero-copy) of a host array; raises for device memory."""
+        raise UnsupportedDeviceError(f"{self.name} arrays on {self.info(obj).device} have no host view")
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        """Copy ``src`` (same adapter) into ``dst`` elementwise."""
+        dst[...] = src
+
+
+class NumpyAdapter(ArrayAdapter):
+    """NumPy ndarrays (always ``cpu:0``)."""
+
+    name = "numpy"
+    priority = 10
+
+    def owns(self, obj: Any) -> bool:
+        return isinstance(obj, np.ndarray)
+
+    def info(self, obj: np.ndarray) -> ArrayInfo:
+        try:
+            dtype = DType.parse(obj.dtype)
+        except DTypeError:
+            dtype = None  # type: ignore[assignment]
+        if dtype is None:
+            raise DTypeError("dtype", obj.dtype, "float64, float32, float16 or int8 (NumPy)")
+        item = obj.itemsize
+        strides = tuple(s // item for s in obj.strides) if all(s % item == 0 for s in obj.strides) else None
+        return ArrayInfo(tuple(obj.shape), strides, dtype, Device.cpu(), self.name)
+
+    def empty(self, shape: Sequence[int], dtype: DType, like: Any) -> np.ndarray:
+        np_dtype = dtype.numpy
+        if np_dtype is None:
+            raise DTypeError("dtype_out", dtype.value, "a dtype NumPy can store (install ml_dtypes for bf16/fp8)")
+        return np.empty(tuple(shape), dtype=np_dtype)
+
+    def contiguous(self, obj: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(obj)
+
+    def swap_last(self, obj: np.ndarray) -> np.ndarray:
+        return np.swapaxes(obj, -1, -2)
+
+    def to_numpy(self, obj: np.ndarray) -> np.ndarray:
+        return obj
+
+
+class DLPackAdapter(ArrayAdapter):
+    """Describes any DLPack-capable array; host ones run through a NumPy view, device ones are
+    reported as unsupported. Lowest priority: framework adapters from plugins take precedence."""
+
+    name = "dlpack"
+    priority = -100
+
+    def owns(self, obj: Any) -> bool:
+        return hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
+
+    def info(self, obj: Any) -> ArrayInfo:
+        dev_type, dev_id = obj.__dlpack_device__()
+        kind = DLPACK_DEVICE_KINDS.get(int(dev_type), f"dlpack{int(dev_type)}")
+        shape = tuple(int(s) for s in getattr(obj, "shape", ()))
+        return ArrayInfo(shape, None, DType.parse(getattr(obj, "dtype", None), arg="dtype"),
+                         Device(kind, int(dev_id)), self.name)
+
+
+def builtin_adapters() -> list[ArrayAdapter]:
+    return [NumpyAdapter(), DLPackAdapter()]
+
+
+def find_adapter(obj: Any, adapters: Sequence[ArrayAdapter], arg: str) -> ArrayAdapter:
+    """The highest-priority adapter owning ``obj`` or a specific error naming the argument."""
+    for adapter in sorted(adapters, key=lambda a: -a.priority):
+        if adapter.owns(obj):
+            return adapter
+    hint = ""
+    module = type(obj).__module__.split(".")[0]
+    if module == "torch":
+        hint = "torch tensors need the tracea-torch package: pip install tracea-torch"
+    elif module == "cupy":
+        hint = "CuPy arrays need the tracea-cuda package: pip install tracea-cuda"
+    raise InvalidArgumentError(arg, obj, "a NumPy array or an array kind an installed backend supports",
+                               hint=hint)
