@@ -152,6 +152,36 @@ def tracea_run_variant(variant: "KernelVariant", op: "Op", config: "PipelineConf
     """
 
 
+@hookspec(firstresult=True)
+def tracea_measure(variant: "KernelVariant", op: "Op", config: "PipelineConfig", args: "OpArgs",
+                   profile: "DeviceProfile", warmup: int, repeats: int) -> "list[float] | None":
+    """Time ``repeats`` runs of ``variant`` with ``config`` on ``args`` after ``warmup`` untimed runs.
+
+    Implemented by backends with precise device timers (CUDA events, OpenCL profiling events) for
+    their own variants; others return None. The core fallback (called last) times with
+    ``time.perf_counter`` around each run followed by ``tracea_synchronize``. The tuner is responsible
+    for rotating inputs / flushing caches between calls. Stops at first non-None result.
+
+    :returns: the per-run times in seconds (length ``repeats``).
+    """
+
+
+@hookspec(firstresult=True)
+def tracea_fallback_run(op: "Op", arrays: "dict[str, Any]", out: Any, reason: str) -> Any:
+    """Compute ``op`` outside Tracea when no variant serves it (for example with PyTorch itself).
+
+    Implemented by framework integrations (``tracea-torch``) for the array kinds they own; others return
+    None. Called by dispatch only after the Doctor rejected every variant; ``reason`` is the Doctor's
+    summary, recorded in the fallback counters that ``tracea doctor`` shows. Stops at first non-None
+    result.
+
+    :param op: the operation.
+    :param arrays: the input arrays by role as the user passed them (``a``, ``b``, ``bias`` ...).
+    :param out: the output array the user passed, or None.
+    :returns: the result array (``out`` when given), or None when this plugin does not handle the arrays.
+    """
+
+
 @hookspec
 def tracea_synchronize(device: "Device") -> None:
     """Block until all work Tracea issued on ``device`` has finished.

@@ -65,6 +65,8 @@ class ArrayAdapter:
 
     name: str = "abstract"
     priority: int = 0
+    #: device kinds this adapter can allocate on (``from_numpy``); the tuner uses it to build inputs.
+    device_kinds: tuple[str, ...] = ()
 
     def owns(self, obj: Any) -> bool:
         """True when this adapter handles ``obj``'s type. Must not import a framework to decide."""
@@ -94,6 +96,14 @@ class ArrayAdapter:
         """A NumPy view (zero-copy) of a host array; raises for device memory."""
         raise UnsupportedDeviceError(f"{self.name} arrays on {self.info(obj).device} have no host view")
 
+    def from_numpy(self, arr: np.ndarray, device: Device) -> Any:
+        """A new array of this adapter's kind on ``device`` holding a copy of ``arr``."""
+        raise UnsupportedDeviceError(f"the {self.name} adapter cannot allocate on {device}")
+
+    def to_host(self, obj: Any) -> np.ndarray:
+        """A NumPy copy of ``obj`` wherever it lives (synchronizes device work)."""
+        return np.array(self.to_numpy(obj))
+
     def copy_(self, dst: Any, src: Any) -> None:
         """Copy ``src`` (same adapter) into ``dst`` elementwise."""
         dst[...] = src
@@ -104,6 +114,7 @@ class NumpyAdapter(ArrayAdapter):
 
     name = "numpy"
     priority = 10
+    device_kinds = ("cpu",)
 
     def owns(self, obj: Any) -> bool:
         return isinstance(obj, np.ndarray)
@@ -133,6 +144,11 @@ class NumpyAdapter(ArrayAdapter):
 
     def to_numpy(self, obj: np.ndarray) -> np.ndarray:
         return obj
+
+    def from_numpy(self, arr: np.ndarray, device: Device) -> np.ndarray:
+        if device.kind != "cpu":
+            raise UnsupportedDeviceError(f"NumPy arrays live on the host, not {device}")
+        return np.array(arr, copy=True)
 
 
 class DLPackAdapter(ArrayAdapter):
