@@ -1,0 +1,119 @@
+"""The search strategy: optuna over a finite :class:`~tracea.semantic.search_space.SearchSpace`.
+
+Each dimension whose values are all numbers becomes an integer over the *rank* of the sorted values
+(tile sizes 16, 32, 64, 128 -> 0..3), so the Gaussian-process model sees their order and roughly
+their log scale; other dimensions (swizzle, barrier, strings, bools) are categorical. The sampler is
+optuna's ``GPSampler`` (Gaussian-process Bayesian optimisation; needs torch and scipy) when those
+import, else ``TPESampler``. Objectives are ``log(score seconds)``. optuna is imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+from typing import Any, Iterable
+
+from ..semantic.config import PipelineConfig
+from ..semantic.search_space import SearchSpace
+
+
+def _optuna() -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    import warnings
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna
+
+
+def gp_available() -> bool:
+    """Whether optuna's GPSampler can run here (torch and scipy importable)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "scipy"))
+
+
+def make_sampler(kind: str, seed: int | None, n_startup: int) -> Any:
+    """``"gp"``, ``"tpe"``, ``"random"`` or ``"auto"`` (GP where available, else TPE)."""
+    optuna = _optuna()
+    if kind == "auto":
+        kind = "gp" if gp_available() else "tpe"
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {kind!r}")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class SpaceEncoding:
+    """Maps configs of a space to optuna parameters and back."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self.dims: list[tuple[str, tuple[Any, ...], bool]] = []
+        for name, values in space.dims:
+            ordinal = len(values) > 1 and all(_is_number(v) for v in values)
+            vals = tuple(sorted(values)) if ordinal else tuple(values)
+            self.dims.append((name, vals, ordinal))
+
+    def distributions(self) -> dict[str, Any]:
+        optuna = _optuna()
+        out: dict[str, Any] = {}
+        for name, vals, ordinal in self.dims:
+            if ordinal:
+                out[name] = optuna.distributions.IntDistribution(0, len(vals) - 1)
+            else:
+                out[name] = optuna.distributions.CategoricalDistribution(
+                    [getattr(v, "value", v) for v in vals])
+        return out
+
+    def decode(self, params: dict[str, Any]) -> PipelineConfig:
+        assignment: dict[str, Any] = {}
+        for name, vals, ordinal in self.dims:
+            raw = params[name]
+            if ordinal:
+                assignment[name] = vals[int(raw)]
+            else:
+                assignment[name] = next(v for v in vals if getattr(v, "value", v) == raw)
+        return self.space.make(assignment)
+
+    def encode(self, config: PipelineConfig) -> dict[str, Any] | None:
+        """optuna params for ``config``, or None when it lies outside the space."""
+        params: dict[str, Any] = {}
+        for name, vals, ordinal in self.dims:
+            v = config.get(name)
+            if v not in vals:
+                return None
+            params[name] = vals.index(v) if ordinal else getattr(v, "value", v)
+        return params
+
+
+def dedupe(configs: Iterable[PipelineConfig]) -> list[PipelineConfig]:
+    seen: set[str] = set()
+    out = []
+    for c in configs:
+        if c.key not in seen:
+            seen.add(c.key)
+            out.append(c)
+    return out
+
+
+class RandomSearch:
+    """Uniform random search without replacement (the benchmark's baseline)."""
+
+    def __init__(self, configs: list[PipelineConfig], seed: int | None) -> None:
+        self.order = list(configs)
+        random.Random(seed).shuffle(self.order)
+
+    def __iter__(self) -> Any:
+        return iter(self.order)
+
+
+def objective_value(score_s: float) -> float:
+    return math.log(max(score_s, 1e-12))
