@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..doctor.profile import DeviceProfile
 from ..errors import NoVariantError, TraceaError, UnsupportedConfigError
@@ -172,11 +172,12 @@ class AutoTuner:
 
     def tune(self, op: Op, device: Device | str | None = None, variant: Any = None, *,
              goal: OptimizationGoal | str | None = None, trials: int | None = None, force: bool = False,
-             seeds: Iterable[PipelineConfig] = ()) -> TuneResult:
+             seeds: Iterable[PipelineConfig] | Mapping[str, Sequence[PipelineConfig]] = ()) -> TuneResult:
         """Tune ``op`` on ``device`` over every candidate variant (or just ``variant``: object or name).
 
         A variant already tuned in this environment is taken from the cache unless ``force``.
-        ``seeds`` are extra starting configs (configs of similar shapes), tried after cache and hero configs.
+        ``seeds`` are extra starting configs (configs of similar shapes), tried after cache and hero
+        configs: a list for every variant, or a mapping from variant name to its list.
         """
         start = time.monotonic()
         goal_ = OptimizationGoal.parse(goal) if goal is not None else self.goal
@@ -200,7 +201,8 @@ class AutoTuner:
                 continue
             if measurer is None:
                 measurer = self._measurer(op, prof)
-            res = self._tune_variant(op, v, prof, goal_, trials or self.trials, measurer, list(seeds),
+            extra = seeds.get(v.name, ()) if isinstance(seeds, Mapping) else seeds
+            res = self._tune_variant(op, v, prof, goal_, trials or self.trials, measurer, list(extra),
                                      deadline, len(history))
             history.extend(res.trials)
             results[v.name] = res

@@ -1,0 +1,165 @@
+"""``tracea cache ls|show|clear|export|import``: inspect and manage the tuning cache."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from typing import Any
+
+from ..errors import TraceaError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("cache", help="inspect and manage the tuning cache", description=__doc__)
+    p.add_argument("--cache", metavar="FILE", default=None,
+                   help="cache file (default: TRACEA_CACHE_PATH or ./.tracea/tuning_cache.json)")
+    sub = p.add_subparsers(dest="cache_cmd", metavar="{ls,show,clear,export,import}")
+    ls = sub.add_parser("ls", help="list entries")
+    ls.add_argument("--op", default=None, help="only ops whose key contains this text (e.g. gemm, m=1024)")
+    ls.add_argument("--variant", default=None, help="only this variant (substring)")
+    ls.add_argument("--json", action="store_true")
+    show = sub.add_parser("show", help="show entries in full")
+    show.add_argument("which", help="an index from 'ls' or text contained in the entry key")
+    show.add_argument("--json", action="store_true")
+    clear = sub.add_parser("clear", help="delete entries (all, or those matching the filters)")
+    clear.add_argument("--op", default=None)
+    clear.add_argument("--variant", default=None)
+    clear.add_argument("--stale", action="store_true", help="only entries not valid in this environment")
+    clear.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    exp = sub.add_parser("export", help="write entries to another cache file")
+    exp.add_argument("path")
+    exp.add_argument("--op", default=None)
+    exp.add_argument("--variant", default=None)
+    imp = sub.add_parser("import", help="merge entries from another cache file")
+    imp.add_argument("path")
+    imp.add_argument("--replace", action="store_true", help="replace entries that exist in both")
+    for sp in (ls, show, clear, exp, imp):
+        sp.set_defaults(func=run)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tuning.cache import TuningCache, get_cache
+
+    cache = TuningCache(args.cache) if getattr(args, "cache", None) else get_cache()
+    cmd = getattr(args, "cache_cmd", None) or "ls"
+    try:
+        if cmd == "ls":
+            return _ls(cache, args)
+        if cmd == "show":
+            return _show(cache, args)
+        if cmd == "clear":
+            return _clear(cache, args)
+        if cmd == "export":
+            n = cache.export(args.path, _select(cache, args))
+            print(f"exported {n} entr{'y' if n == 1 else 'ies'} to {args.path}")
+            return 0
+        if cmd == "import":
+            n = cache.import_file(args.path, replace=args.replace)
+            print(f"imported {n} entr{'y' if n == 1 else 'ies'} from {args.path} into {cache.path}")
+            return 0
+    except (TraceaError, OSError) as exc:
+        print(f"tracea cache {cmd}: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+def _select(cache: Any, args: argparse.Namespace) -> list[Any]:
+    out = []
+    for e in cache.entries():
+        if getattr(args, "op", None) and args.op not in e.op_key:
+            continue
+        if getattr(args, "variant", None) and args.variant not in e.variant:
+            continue
+        out.append(e)
+    return out
+
+
+def validity(cache: Any, entry: Any) -> str:
+    """``current`` when the entry's fingerprint matches this environment, ``stale`` when not, ``?``
+    when its variant or device is not available here."""
+    try:
+        from ..doctor.doctor import get_doctor
+        from ..ir.device import Device
+        from ..ir.ops import op_from_dict
+
+        if cache._variant_obj(entry.variant) is None:
+            return "?"
+        profile = get_doctor().profile_for(Device.parse(entry.device or "cpu"))
+        fp, _ = cache.fingerprint(entry.variant, op_from_dict(dict(entry.op)), profile)
+        return "current" if fp == entry.fingerprint else "stale"
+    except Exception:  # noqa: BLE001 - the listing must work without backends or a Doctor
+        return "?"
+
+
+def _describe(entry: Any) -> str:
+    from ..ir.ops import op_from_dict
+
+    try:
+        return op_from_dict(dict(entry.op)).describe()
+    except Exception:  # noqa: BLE001
+        return entry.op_key
+
+
+def _ls(cache: Any, args: argparse.Namespace) -> int:
+    entries = _select(cache, args)
+    if args.json:
+        print(json.dumps([dict(e.to_json(), index=i, key=e.key, status=validity(cache, e))
+                          for i, e in enumerate(entries)], indent=1))
+        return 0
+    if not entries:
+        print(f"no entries in {cache.path}")
+        return 0
+    rows = [("#", "op", "variant", "goal", "device", "median", "trials", "status", "tuned", "config")]
+    for i, e in enumerate(entries):
+        when = datetime.datetime.fromtimestamp(e.tuned_at, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+        rows.append((str(i), _describe(e), e.variant, e.goal.value, f"{e.device} {e.device_name}"[:28],
+                     f"{e.median_s * 1e6:.2f} us", str(e.trials), validity(cache, e), when, e.config.key))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in {cache.path}")
+    return 0
+
+
+def _show(cache: Any, args: argparse.Namespace) -> int:
+    entries = cache.entries()
+    chosen = [entries[int(args.which)]] if args.which.isdigit() and int(args.which) < len(entries) else \
+        [e for e in entries if args.which in e.key]
+    if not chosen:
+        print(f"no entry matches {args.which!r} (see 'tracea cache ls')", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([dict(e.to_json(), key=e.key, status=validity(cache, e)) for e in chosen], indent=1))
+        return 0
+    for e in chosen:
+        print(f"{_describe(e)}  [{e.variant}]")
+        print(f"  key          {e.key}")
+        print(f"  status       {validity(cache, e)} (fingerprint {e.fingerprint})")
+        print(f"  goal         {e.goal.name}: score {e.score_s * 1e6:.3f} us")
+        print(f"  median/p90   {e.median_s * 1e6:.3f} us / {e.p90_s * 1e6:.3f} us, cv {e.cv:.3f}, {e.trials} trials")
+        print(f"  config       {e.config.key}")
+        print(f"  device       {e.device} {e.device_name}")
+        for k, v in sorted(e.env.items()):
+            print(f"  env.{k:<9} {v}")
+    return 0
+
+
+def _clear(cache: Any, args: argparse.Namespace) -> int:
+    chosen = _select(cache, args)
+    if args.stale:
+        chosen = [e for e in chosen if validity(cache, e) == "stale"]
+    if not chosen:
+        print("nothing to delete")
+        return 0
+    if not args.yes and sys.stdin.isatty():
+        answer = input(f"delete {len(chosen)} entr{'y' if len(chosen) == 1 else 'ies'} from {cache.path}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    keys = {e.key for e in chosen}
+    n = cache.remove(lambda e: e.key in keys)
+    print(f"deleted {n} entr{'y' if n == 1 else 'ies'} from {cache.path}")
+    return 0

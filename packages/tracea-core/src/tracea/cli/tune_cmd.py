@@ -1,0 +1,155 @@
+"""``tracea tune``: tune one op, or a small graph described in JSON, and store the results in the cache.
+
+Op specs: ``gemm:m=1024,n=1024,k=1024,dtype_a=float16``, the shorthand ``gemm:1024x1024x1024``,
+``conv2d:n=8,c=64,h=56,w=56,k=64,r=3,s=3,padding=1`` or ``attention:batch=1,heads=8,seq_q=512,seq_kv=512,head_dim=64``
+(any field of the op's dataclass; pairs like ``padding=1`` or ``stride=2x2`` are accepted).
+A graph file is ``{"iterations": 30, "goal": "balanced", "nodes": [{"kind": "gemm", "m": 64, ...}, ...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..errors import InvalidArgumentError, TraceaError
+
+_PAIR_FIELDS = {"stride", "padding", "dilation"}
+
+
+def parse_op_spec(spec: str) -> Any:
+    """Build an op from a command-line spec (see the module docstring)."""
+    from ..ir.ops import op_from_dict
+
+    kind, _, rest = spec.strip().partition(":")
+    data: dict[str, Any] = {"kind": kind.strip().lower()}
+    rest = rest.strip()
+    if rest and "=" not in rest and data["kind"] == "gemm":
+        dims = rest.lower().split("x")
+        if len(dims) not in (3, 4) or not all(d.isdigit() for d in dims):
+            raise InvalidArgumentError("op", spec, "gemm:MxNxK or gemm:BATCHxMxNxK")
+        names = ("m", "n", "k") if len(dims) == 3 else ("batch", "m", "n", "k")
+        data.update({n: int(d) for n, d in zip(names, dims)})
+    elif rest:
+        for item in rest.split(","):
+            name, eq, value = item.partition("=")
+            if not eq:
+                raise InvalidArgumentError("op", item, "name=value pairs separated by commas")
+            data[name.strip()] = _value(name.strip(), value.strip())
+    return op_from_dict(data)
+
+
+def _value(name: str, text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if name in _PAIR_FIELDS:
+        parts = low.split("x")
+        if all(p.isdigit() for p in parts) and len(parts) in (1, 2):
+            return (int(parts[0]), int(parts[-1]))
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("tune", help="tune an op or a graph and store the best configs in the cache",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("op", nargs="?", help="op spec, e.g. gemm:1024x1024x1024 (or use --graph)")
+    p.add_argument("--graph", metavar="FILE", help="JSON graph description to tune instead of one op")
+    p.add_argument("--device", default=None, help="device to tune on (default: the op's best device, cpu:0)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="measured configs per variant (default 40); for --graph the total budget (default 15)")
+    p.add_argument("--goal", default=None, help="max_tflops (default), min_latency or balanced")
+    p.add_argument("--variant", default=None, help="tune only this variant")
+    p.add_argument("--timeout", type=float, default=None, help="wall-clock budget in seconds")
+    p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("--sampler", default="auto", choices=["auto", "gp", "tpe", "random"])
+    p.add_argument("--force", action="store_true", help="retune even when the cache has a result")
+    p.add_argument("--cache", metavar="FILE", default=None, help="tuning cache file (default: TRACEA_CACHE_PATH "
+                   "or ./.tracea/tuning_cache.json)")
+    p.add_argument("--plot", metavar="PNG", default=None, help="save the convergence plot (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tuning.autotuner import AutoTuner
+    from ..tuning.cache import TuningCache, get_cache
+
+    try:
+        cache = TuningCache(args.cache) if args.cache else get_cache()
+        if args.graph:
+            return _run_graph(args, cache)
+        if not args.op:
+            print("tracea tune: give an op spec (e.g. gemm:512x512x512) or --graph FILE", file=sys.stderr)
+            return 2
+        op = parse_op_spec(args.op)
+        tuner = AutoTuner(None, goal=args.goal or "max_tflops", trials=args.trials or 40,
+                          timeout_s=args.timeout, seed=args.seed, cache=cache,
+                          progress=not args.no_progress, sampler=args.sampler)
+        result = tuner.tune(op, args.device, args.variant, force=args.force)
+        if args.plot:
+            if result.from_cache:
+                print("note: result came from the cache, nothing to plot (use --force)", file=sys.stderr)
+            else:
+                print(f"convergence plot: {result.plot(args.plot)}", file=sys.stderr)
+        if args.json:
+            print(json.dumps(result.to_json(), indent=1))
+        else:
+            print(format_result(result, cache.path))
+        return 0 if result.ok else 1
+    except TraceaError as exc:
+        print(f"tracea tune: {exc}", file=sys.stderr)
+        return 2
+
+
+def format_result(result: Any, cache_path: str) -> str:
+    lines = [f"{result.op.describe()} on {result.device}, goal {result.goal.name} ({result.goal.label}), "
+             f"sampler {result.sampler}, {result.elapsed_s:.1f} s"]
+    rows = [("variant", "source", "trials", "failed", "best", "GFLOP/s", "config")]
+    for name, vr in result.variants.items():
+        failed = sum(1 for t in vr.trials if not t.ok)
+        best = f"{vr.median_s * 1e6:.2f} us" if vr.config else "no valid config"
+        gf = f"{result.op.flops / vr.median_s / 1e9:.1f}" if vr.config and vr.median_s > 0 else "-"
+        rows.append((name, "cache" if vr.from_cache else "tuned", str(len(vr.trials)), str(failed), best, gf,
+                     vr.config.key if vr.config else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    if result.ok:
+        lines.append(f"best: {result.variant} {result.config.key} ({result.median_s * 1e6:.2f} us median)")
+    reasons = {}
+    for t in result.history:
+        if not t.ok:
+            reasons.setdefault(t.status, t.reason)
+    for status, reason in reasons.items():
+        lines.append(f"  {status}: e.g. {reason}")
+    lines.append(f"cache: {cache_path}")
+    return "\n".join(lines)
+
+
+def _run_graph(args: argparse.Namespace, cache: Any) -> int:
+    from ..ir.ops import op_from_dict
+    from ..tuning.graph import optimize_graph
+
+    with open(args.graph, encoding="utf-8") as f:
+        desc = json.load(f)
+    if not isinstance(desc, dict) or not isinstance(desc.get("nodes"), list) or not desc["nodes"]:
+        raise InvalidArgumentError("--graph", args.graph, 'a JSON object with a non-empty "nodes" list')
+    ops = [op_from_dict(dict(n)) for n in desc["nodes"]]
+    report = optimize_graph(ops, iterations=args.trials or int(desc.get("iterations", 15)),
+                            goal=args.goal or desc.get("goal", "max_tflops"), device=args.device,
+                            progress=not args.no_progress, cache=cache, seed=args.seed)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(report.table())
+        print(f"{report.measured_trials} trials measured in {report.elapsed_s:.1f} s; cache: {cache.path}")
+    return 0 if all(e.result and e.result.ok for e in report.entries) else 1
