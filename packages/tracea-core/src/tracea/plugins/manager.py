@@ -41,11 +41,13 @@ ENV_TRACE = "TRACEA_TRACE_PLUGINS"
 
 hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT)
 
-# Built into core: the host CPU profiler, the NumPy reference backend and the fallback delegation.
+# Built into core: the host CPU profiler, the NumPy reference backend, the fallback delegation and the
+# tuner's fallback timer (tracea_measure with time.perf_counter).
 BUILTIN_PLUGINS = (
     ("host", "tracea.doctor.host_plugin"),
     ("reference", "tracea.reference.plugin"),
     ("delegate", "tracea.plugins.delegate"),
+    ("tuning", "tracea.tuning.measure"),
 )
 
 
