@@ -20,7 +20,7 @@ def doctor():
     saved = manager._manager
     plugin.RUNS.clear()
     yield plugin.make_doctor()
-    manager._manager = saved
+    manager.set_plugin_manager(saved)
 
 
 @pytest.fixture

@@ -1,32 +1,22 @@
-import argparse
 import json
-import sys
-import types
 
 import pytest
 
-from tracea.cli import cache_cmd, tune_cmd
+from tracea.cli import tune_cmd
 from tracea.errors import InvalidArgumentError
 from tracea.ir import Conv2dOp, GemmOp
 
 
 @pytest.fixture
 def cli(doctor, cache, monkeypatch):
-    """A parser with both subcommands, the process Doctor pointed at the test Doctor."""
-    try:
-        from tracea.doctor import doctor as real
+    """The real ``tracea`` parser; the process Doctor is the test Doctor (see the doctor fixture)."""
+    from tracea.cli.main import build_parser
 
-        monkeypatch.setattr(real, "get_doctor", lambda: doctor)
-    except ImportError:  # core's Doctor not merged yet
-        monkeypatch.setitem(sys.modules, "tracea.doctor.doctor", types.SimpleNamespace(get_doctor=lambda: doctor))
     monkeypatch.setenv("TRACEA_CACHE_PATH", cache.path)
     from tracea.tuning.cache import set_cache
 
     set_cache(None)
-    parser = argparse.ArgumentParser(prog="tracea")
-    sub = parser.add_subparsers()
-    tune_cmd.register(sub)
-    cache_cmd.register(sub)
+    parser = build_parser()
 
     def run(*argv):
         args = parser.parse_args(list(argv))

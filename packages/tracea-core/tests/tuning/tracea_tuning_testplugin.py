@@ -9,16 +9,13 @@ variable) is reported through ``tracea_environment`` so a test can fake an envir
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
 
-from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import KernelVariant, Requirements
 from tracea.dtypes import DType
 from tracea.errors import CompilationError, LaunchError
-from tracea.ir.device import Device
 from tracea.ir.epilogue import EpilogueKind
 from tracea.ir.ops import Conv2dOp, LayerType, Layout
 from tracea.plugins.backend_info import BackendInfo
@@ -113,45 +110,9 @@ class BlockedConv(KernelVariant):
             if bias is not None else _epilogue(op, acc, None)
 
 
-class ReferenceGemmConv(KernelVariant):
-    """float64 NumPy reference, used only until core's reference backend is present."""
-
-    name = "reference.testnp"
-    backend = "reference"
-    priority = -1000
-    requirements = Requirements("cpu", LayerType.GEMM)
-
-    def check(self, op, profile):
-        return [] if op.kind in (LayerType.GEMM, LayerType.CONV2D) and profile.device.kind == "cpu" else ["n/a"]
-
-    def run(self, op, config, args, profile):
-        if op.kind is LayerType.GEMM:
-            a, b = args.host("a").astype(np.float64), args.host("b").astype(np.float64)
-            bias = args.host("bias")
-            args.host("out")[...] = _epilogue(op, a @ b, bias)
-            return
-        conv = BlockedConv()
-        x64 = {r: (None if v is None else v.astype(np.float64)) for r, v in args.arrays.items()}
-        from tracea.doctor.variant import OpArgs
-        tmp = np.zeros(op.out_shape)
-        conv.run(op, PipelineConfig(tile_m=1, tile_n=op.k, tile_k=op.c), OpArgs(x64, tmp, args.adapter), profile)
-        RUNS.pop()
-        args.host("out")[...] = tmp
-
-
-def _has_core_reference():
-    try:
-        return importlib.util.find_spec("tracea.reference.plugin") is not None
-    except ModuleNotFoundError:
-        return False
-
-
 @hookimpl
 def tracea_register_variants():
-    out = [BlockedGemm(), BlockedConv()]
-    if not _has_core_reference():
-        out.append(ReferenceGemmConv())
-    return out
+    return [BlockedGemm(), BlockedConv()]
 
 
 @hookimpl
@@ -166,37 +127,18 @@ def tracea_environment(profile):
     return {"testnp_env": os.environ.get("TESTNP_ENV", "1")}
 
 
-class MiniDoctor:
-    """The Doctor's interface as the tuner uses it, for use before core's Doctor is available."""
-
-    def __init__(self, pm):
-        self.pm = pm
-
-    def profile_for(self, device):
-        device = Device.parse(device)
-        for r in self.pm.hook.tracea_device_profiles():
-            for p in r or []:
-                if p.device == device:
-                    return p
-        raise LookupError(device)
-
-    def variants(self):
-        return [v for r in self.pm.hook.tracea_register_variants() for v in (r or [])]
-
-    def candidates(self, op, device):
-        prof = self.profile_for(device)
-        return [(v, prof) for v in self.variants() if not v.check(op, prof)]
-
-
 def make_doctor():
-    """A Doctor over the built-in plugins plus this one (the process-wide manager is set to it)."""
+    """Make the process-wide plugin manager core's built-ins plus this plugin (no other backend, so
+    results do not depend on which backends are installed) and return the Doctor over it."""
     import sys
 
+    from tracea.doctor.doctor import get_doctor
     from tracea.plugins import manager as m
 
     pm = m.TraceaPluginManager()
-    for name, path in m.BUILTIN_PLUGINS + (("tuning-measure", "tracea.tuning.measure"),):
+    for name, path in m.BUILTIN_PLUGINS:
         pm.load_module(name, path, "builtin")
     pm.register_plugin(sys.modules[__name__], "testnp", "test")
-    m._manager = pm
-    return MiniDoctor(pm)
+    pm.check_pending()
+    m.set_plugin_manager(pm)
+    return get_doctor()

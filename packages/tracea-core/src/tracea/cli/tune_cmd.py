@@ -1,8 +1,8 @@
 """``tracea tune``: tune one op, or a small graph described in JSON, and store the results in the cache.
 
-Op specs: ``gemm:m=1024,n=1024,k=1024,dtype_a=float16``, the shorthand ``gemm:1024x1024x1024``,
-``conv2d:n=8,c=64,h=56,w=56,k=64,r=3,s=3,padding=1`` or ``attention:batch=1,heads=8,seq_q=512,seq_kv=512,head_dim=64``
-(any field of the op's dataclass; pairs like ``padding=1`` or ``stride=2x2`` are accepted).
+Op specs (as ``tracea doctor``): ``gemm:m=1024,n=1024,k=1024,dtype=f16``, the shorthand
+``gemm:1024x1024x1024``, ``conv2d:n=8,c=64,h=56,w=56,k=64,r=3,padding=1`` or
+``attention:batch=1,heads=8,seq_q=512,head_dim=64`` (pairs are written ``2x2``).
 A graph file is ``{"iterations": 30, "goal": "balanced", "nodes": [{"kind": "gemm", "m": 64, ...}, ...]}``.
 """
 
@@ -15,47 +15,21 @@ from typing import Any
 
 from ..errors import InvalidArgumentError, TraceaError
 
-_PAIR_FIELDS = {"stride", "padding", "dilation"}
-
-
 def parse_op_spec(spec: str) -> Any:
-    """Build an op from a command-line spec (see the module docstring)."""
-    from ..ir.ops import op_from_dict
+    """Build an op from a command-line spec: ``gemm:MxNxK`` / ``gemm:BxMxNxK`` shorthand, else
+    :func:`tracea.cli.opspec.parse_op` (``kind:field=value,...``)."""
+    from ..ir.ops import GemmOp
+    from .opspec import parse_op
 
     kind, _, rest = spec.strip().partition(":")
-    data: dict[str, Any] = {"kind": kind.strip().lower()}
     rest = rest.strip()
-    if rest and "=" not in rest and data["kind"] == "gemm":
+    if kind.strip().lower() == "gemm" and rest and "=" not in rest:
         dims = rest.lower().split("x")
         if len(dims) not in (3, 4) or not all(d.isdigit() for d in dims):
-            raise InvalidArgumentError("op", spec, "gemm:MxNxK or gemm:BATCHxMxNxK")
-        names = ("m", "n", "k") if len(dims) == 3 else ("batch", "m", "n", "k")
-        data.update({n: int(d) for n, d in zip(names, dims)})
-    elif rest:
-        for item in rest.split(","):
-            name, eq, value = item.partition("=")
-            if not eq:
-                raise InvalidArgumentError("op", item, "name=value pairs separated by commas")
-            data[name.strip()] = _value(name.strip(), value.strip())
-    return op_from_dict(data)
-
-
-def _value(name: str, text: str) -> Any:
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if name in _PAIR_FIELDS:
-        parts = low.split("x")
-        if all(p.isdigit() for p in parts) and len(parts) in (1, 2):
-            return (int(parts[0]), int(parts[-1]))
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
+            raise InvalidArgumentError("op", spec, "gemm:MxNxK, gemm:BATCHxMxNxK or gemm:m=..,n=..,k=..")
+        vals = [int(d) for d in dims]
+        return GemmOp(*vals[-3:], batch=vals[0] if len(vals) == 4 else 1)
+    return parse_op(spec)
 
 
 def register(subparsers: Any) -> None:

@@ -114,6 +114,14 @@ class TuningCache:
         self._checked_at = 0.0
         self._fp_memo: dict[Any, tuple[str, dict[str, Any]]] = {}
         self._variants: dict[str, Any] | None = None
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """A counter that changes whenever the entries change (here or, seen through the file, in
+        another process); the Doctor keys its memoised decisions on it."""
+        self._ensure_fresh()
+        return self._generation
 
     # -- fingerprints -----------------------------------------------------------------------------
     @property
@@ -138,6 +146,11 @@ class TuningCache:
         if self._variants is None:
             found: dict[str, Any] = {}
             try:
+                if self._pm is None:  # the process Doctor's registry: the same objects dispatch uses
+                    from ..doctor.doctor import get_doctor
+
+                    for v in get_doctor().variants():
+                        found.setdefault(v.name, v)
                 for r in self.plugin_manager.hook.tracea_register_variants():
                     for v in (r if isinstance(r, (list, tuple)) else [r]) if r else []:
                         found.setdefault(v.name, v)
@@ -176,6 +189,7 @@ class TuningCache:
             by.setdefault((e.op_key, e.variant), []).append(e)
         self._entries, self._by_op_variant = entries, by
         self._state, self._loaded = state, True
+        self._generation += 1
 
     def reload(self) -> None:
         """Re-read the file now."""
