@@ -108,6 +108,34 @@ CHILD = textwrap.dedent("""
 """)
 
 
+DISPATCH = textwrap.dedent("""
+    import json
+    import numpy as np
+    import tracea
+    import tracea_tuning_testplugin as t
+    from tracea.ir import GemmOp
+    d = t.make_doctor()
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((40, 56), dtype=np.float32), rng.standard_normal((56, 72), dtype=np.float32)
+    out = tracea.ops.matmul(a, b)
+    chosen = d.decide(GemmOp(40, 72, 56), "cpu").chosen
+    err = float(np.linalg.norm(out - a.astype(np.float64) @ b) / np.linalg.norm(a.astype(np.float64) @ b))
+    print(json.dumps({"runs": t.RUNS, "source": chosen.source, "variant": chosen.variant.name,
+                      "config": chosen.config.key, "err": err}))
+""")
+
+
+def test_dispatch_in_a_new_process_runs_the_tuned_config(subprocess_env):
+    tuned = _child(subprocess_env, "gemm")
+    out = subprocess.run([sys.executable, "-c", DISPATCH], env=subprocess_env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["source"] == "cache" and got["variant"] == "testnp.gemm.blocked"
+    assert got["config"] == tuned["config"] and got["runs"] == [tuned["config"]]  # one run: no retuning
+    assert got["err"] < 1e-5
+
+
 def _child(env, which):
     out = subprocess.run([sys.executable, "-c", CHILD, which], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -31,6 +31,7 @@ from .goals import OptimizationGoal
 ENV_PATH = "TRACEA_CACHE_PATH"
 ENV_DIR = "TRACEA_CACHE_DIR"
 DEFAULT_GOAL = OptimizationGoal.MaximizeTFLOPS
+_LOOKUP_ORDER = (DEFAULT_GOAL,) + tuple(g for g in OptimizationGoal if g is not DEFAULT_GOAL)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class TuningCache:
         self._state: tuple[int, int, int] | None = None
         self._checked_at = 0.0
         self._fp_memo: dict[Any, tuple[str, dict[str, Any]]] = {}
+        self._fp_fast: dict[tuple[str, int], tuple[DeviceProfile, tuple[str, dict[str, Any]] | None]] = {}
         self._variants: dict[str, Any] | None = None
         self._generation = 0
 
@@ -128,16 +130,28 @@ class TuningCache:
     def plugin_manager(self) -> Any:
         return self._pm if self._pm is not None else fp.plugin_manager()
 
-    def fingerprint(self, variant: Any, op: Op, profile: DeviceProfile) -> tuple[str, dict[str, Any]]:
-        """(hash, facts) of ``variant`` (object or name) on ``profile`` for ``op``; memoised."""
+    def fingerprint(self, variant: Any, op: Op, profile: DeviceProfile,
+                    op_key: str | None = None) -> tuple[str, dict[str, Any]]:
+        """(hash, facts) of ``variant`` (object or name) on ``profile`` for ``op``; memoised per
+        (variant, profile object), and per op only for variants with an op-dependent source hash."""
+        name = variant if isinstance(variant, str) else variant.name
+        fast = self._fp_fast.get((name, id(profile)))
+        if fast is not None and fast[0] is profile:
+            if fast[1] is not None:
+                return fast[1]
+            op_key = op_key or op.key
+            hit = self._fp_memo.get((name, profile, op_key))
+            if hit is not None:
+                return hit
         v = self._variant_obj(variant)
-        name = v.name if v is not None else str(variant)
-        memo_key = (name, profile, op.key if v is not None and fp.uses_op(v) else None)
+        per_op = v is not None and fp.uses_op(v)
+        memo_key = (name, profile, (op_key or op.key) if per_op else None)
         hit = self._fp_memo.get(memo_key)
         if hit is None:
             facts = fp.fingerprint_fields(v if v is not None else _Named(name), op, profile, self.plugin_manager)
             hit = (fp.fingerprint(facts), facts)
             self._fp_memo[memo_key] = hit
+        self._fp_fast[(name, id(profile))] = (profile, None if per_op else hit)
         return hit
 
     def _variant_obj(self, variant: Any) -> Any:
@@ -162,6 +176,7 @@ class TuningCache:
     def forget_fingerprints(self) -> None:
         """Drop memoised fingerprints (after a driver/toolkit change inside one process, or in tests)."""
         self._fp_memo.clear()
+        self._fp_fast.clear()
         self._variants = None
 
     # -- reading ----------------------------------------------------------------------------------
@@ -207,13 +222,13 @@ class TuningCache:
         """
         self._ensure_fresh()
         name = variant if isinstance(variant, str) else variant.name
-        candidates = self._by_op_variant.get((op.key, name))
-        if not candidates:
+        op_key = op.key
+        if (op_key, name) not in self._by_op_variant:
             return None
-        fingerprint, _ = self.fingerprint(variant, op, profile)
-        goals = [OptimizationGoal.parse(goal)] if goal is not None else [DEFAULT_GOAL, *OptimizationGoal]
+        fingerprint, _ = self.fingerprint(variant, op, profile, op_key)
+        goals = (OptimizationGoal.parse(goal),) if goal is not None else _LOOKUP_ORDER
         for g in goals:
-            e = self._entries.get(entry_key(op.key, name, fingerprint, g))
+            e = self._entries.get(f"{op_key}|{name}|{fingerprint}|{g.value}")
             if e is not None:
                 return e
         return None
