@@ -28,6 +28,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# One BLAS thread: on a shared machine a multi-threaded BLAS inside the NumPy stand-in and the reference
+# check makes times swing by 100x with the load. Set these variables yourself to override.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 
 def _setup_path() -> None:

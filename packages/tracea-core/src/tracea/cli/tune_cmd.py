@@ -88,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
 def format_result(result: Any, cache_path: str) -> str:
     lines = [f"{result.op.describe()} on {result.device}, goal {result.goal.name} ({result.goal.label}), "
              f"sampler {result.sampler}, {result.elapsed_s:.1f} s"]
-    rows = [("variant", "source", "trials", "failed", "best", "GFLOP/s", "config")]
+    rows = [("variant", "source", "trials", "failed", "pruned", "best", "GFLOP/s", "config")]
     for name, vr in result.variants.items():
-        failed = sum(1 for t in vr.trials if not t.ok)
+        pruned = sum(1 for t in vr.trials if t.status == "invalid")
+        failed = sum(1 for t in vr.trials if not t.ok) - pruned
         best = f"{vr.median_s * 1e6:.2f} us" if vr.config else "no valid config"
         gf = f"{result.op.flops / vr.median_s / 1e9:.1f}" if vr.config and vr.median_s > 0 else "-"
-        rows.append((name, "cache" if vr.from_cache else "tuned", str(len(vr.trials)), str(failed), best, gf,
+        rows.append((name, "cache" if vr.from_cache else "tuned", str(len(vr.trials) - pruned), str(failed),
+                     str(pruned), best, gf,
                      vr.config.key if vr.config else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
