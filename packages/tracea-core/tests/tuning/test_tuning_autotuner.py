@@ -46,6 +46,26 @@ def test_failures_are_failed_trials_not_crashes(doctor, cache):
     assert res.config.tile_m != 8 and res.config.tile_n != 8 and res.config.tile_k != 8
 
 
+def test_a_run_longer_than_the_timeout_is_a_failed_trial(doctor, cache):
+    opts = dict(FAST)
+    tuner = AutoTuner(doctor=doctor, trials=5, cache=cache, timeout_s=1.5, **opts)
+    sleepy = PipelineConfig(tile_m=16, tile_n=16, tile_k=16, warps=1, params=(("sleep_s", 2.0),))
+    res = tuner.tune(GemmOp(24, 24, 24), seeds=[sleepy])
+    by_key = {t.config.key: t for t in res.history}
+    assert by_key[sleepy.key].status == "timeout" and "timeout" in by_key[sleepy.key].reason
+    assert res.ok and res.config != sleepy
+    assert res.elapsed_s < 10  # no trial starts after the deadline
+
+
+def test_importing_the_tuner_does_not_import_optuna_or_torch():
+    code = ("import sys, tracea, tracea.tuning.autotuner, tracea.tuning.graph, tracea.tuning.cache, "
+            "tracea.cli.tune_cmd, tracea.cli.cache_cmd; "
+            "print(sorted(m for m in ('optuna', 'torch', 'matplotlib', 'tqdm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_hero_config_is_tried_first_and_cache_hit_measures_nothing(doctor, cache):
     tuner = AutoTuner(doctor=doctor, trials=4, cache=cache, **FAST)
     op = GemmOp(24, 24, 24)
