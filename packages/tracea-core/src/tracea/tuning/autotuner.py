@@ -69,6 +69,11 @@ class TuneResult:
         return bool(self.variants) and all(v.from_cache for v in self.variants.values())
 
     @property
+    def best_s(self) -> float:
+        """Median time of the best config (alias of :attr:`median_s`)."""
+        return self.median_s
+
+    @property
     def measured_trials(self) -> int:
         return sum(1 for t in self.history if t.status != "invalid")
 
