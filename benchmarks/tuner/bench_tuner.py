@@ -156,7 +156,6 @@ def main(argv=None) -> int:
           f"{len(finite)} ran correctly")
     print(f"exhaustive best {best * 1e3:.3f} ms ({op.flops / best / 1e9:.2f} GFLOP/s), worst "
           f"{finite[-1] * 1e3:.3f} ms; {k_near} configs within {args.within:.0%} of the best")
-    by_key = {c.key: c for c in valid}
 
     def replay(config: PipelineConfig) -> Measurement:
         t = times.get(config.key)

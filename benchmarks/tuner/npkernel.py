@@ -5,7 +5,6 @@ stand-in: the benchmark prefers a real backend's variant when the Doctor offers 
 
 from __future__ import annotations
 
-import numpy as np
 
 from tracea.doctor.variant import KernelVariant, Requirements
 from tracea.dtypes import DType

@@ -2,7 +2,8 @@
 blocking (tile sizes), plus configs that fail on purpose. Loaded as a plugin module
 (``TRACEA_PLUGINS=testnp=tracea_tuning_testplugin``) or registered directly by :func:`make_doctor`.
 
-Deliberate failures: a ``sleep_s`` param sleeps that long per run (timeouts), ``tile_m == 8`` raises CompilationError, ``tile_n == 8`` leaves the last column
+Deliberate failures: a ``sleep_s`` param sleeps that long per run (timeouts), ``tile_m == 8`` raises
+CompilationError, ``tile_n == 8`` leaves the last column
 block unwritten (wrong result), ``tile_k == 8`` raises LaunchError. ``TESTNP_ENV`` (environment
 variable) is reported through ``tracea_environment`` so a test can fake an environment change.
 """

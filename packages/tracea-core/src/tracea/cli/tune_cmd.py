@@ -37,7 +37,8 @@ def register(subparsers: Any) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("op", nargs="?", help="op spec, e.g. gemm:1024x1024x1024 (or use --graph)")
     p.add_argument("--graph", metavar="FILE", help="JSON graph description to tune instead of one op")
-    p.add_argument("--device", default=None, help="device to tune on (default: the op's best device, cpu:0)")
+    p.add_argument("--device", default=None,
+                   help="device to tune on (default: the best device present, as tracea doctor shows)")
     p.add_argument("--trials", type=int, default=None,
                    help="measured configs per variant (default 40); for --graph the total budget (default 15)")
     p.add_argument("--goal", default=None, help="max_tflops (default), min_latency or balanced")

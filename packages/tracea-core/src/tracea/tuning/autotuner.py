@@ -151,9 +151,10 @@ class AutoTuner:
         return plugin_manager(self._doctor if self._doctor is not None else self.doctor)
 
     def profile_for(self, device: Device | str | None) -> DeviceProfile:
+        """The tuner's own profile for its device, else the Doctor's (``None``: the best device)."""
         if self.profile is not None and (device is None or Device.parse(device) == self.profile.device):
             return self.profile
-        return self.doctor.profile_for(Device.parse(device or "cpu"))
+        return self.doctor.profile_for(Device.parse(device) if device is not None else self.doctor.best_device())
 
     def candidates(self, op: Op, device: Device | str | None) -> list[tuple[Any, DeviceProfile]]:
         """Tunable variants the Doctor accepts for ``op`` (the reference only when nothing else is)."""
@@ -178,7 +179,8 @@ class AutoTuner:
     def tune(self, op: Op, device: Device | str | None = None, variant: Any = None, *,
              goal: OptimizationGoal | str | None = None, trials: int | None = None, force: bool = False,
              seeds: Iterable[PipelineConfig] | Mapping[str, Sequence[PipelineConfig]] = ()) -> TuneResult:
-        """Tune ``op`` on ``device`` over every candidate variant (or just ``variant``: object or name).
+        """Tune ``op`` on ``device`` (default: the Doctor's best device) over every candidate variant
+        (or just ``variant``: object or name).
 
         A variant already tuned in this environment is taken from the cache unless ``force``.
         ``seeds`` are extra starting configs (configs of similar shapes), tried after cache and hero

@@ -89,7 +89,7 @@ def graph_ops(graph: Any) -> list[Op]:
     nodes = getattr(graph, "nodes", graph)
     out = []
     for n in nodes:
-        out.append(n if isinstance(n, Op) else getattr(n, "op"))
+        out.append(n if isinstance(n, Op) else n.op)
     return out
 
 
@@ -175,7 +175,8 @@ def _estimate(tuner: AutoTuner, op: Op, device: Any) -> float:
     return min(ests) if ests else float(op.flops) * 1e-12
 
 
-def _similar_seeds(tuner: AutoTuner, op: Op, done: Iterable[GraphNodeReport]) -> tuple[dict[str, list[PipelineConfig]], list[str]]:
+def _similar_seeds(tuner: AutoTuner, op: Op,
+                   done: Iterable[GraphNodeReport]) -> tuple[dict[str, list[PipelineConfig]], list[str]]:
     """Best configs per variant of the nearest already-tuned ops (this run, then the cache)."""
     found: list[tuple[float, str, str, PipelineConfig]] = []
     for d in done:
