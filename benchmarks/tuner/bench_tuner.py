@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -79,35 +80,54 @@ def pick_variant(doctor, op, device, name):
 
 
 def measure_space(variant, op, device, args):
-    """Measure every valid config once; returns (records by config key, validator, space)."""
+    """Measure the valid configs once (resuming a partial record); returns (times by config key,
+    validator, space, the configs that were measured)."""
     doctor = get_doctor()
     profile = doctor.profile_for(device)
     tuner = AutoTuner(profile, doctor=doctor, cache=False, progress=False, min_repeats=args.repeats,
                       max_repeats=args.repeats, budget_s=0.0, warmup=1)
     space = tuner._space(op, variant, profile)
-    validator = Validator(space, lambda c: None if variant.validate_config(op, c, profile) else "invalid")
-    valid = [c for c in space if validator.reason(c) is None]
+    check = Validator(space, lambda c: None if variant.validate_config(op, c, profile) else "invalid")
+    valid = [c for c in space if check.reason(c) is None]
+    if args.max_configs and len(valid) > args.max_configs:
+        valid = random.Random(12345).sample(valid, args.max_configs)  # a fixed random subset of the space
     record_path = args.record
     os.makedirs(os.path.dirname(os.path.abspath(record_path)), exist_ok=True)
-    key = f"{variant.name}|{op.key}|{profile.fingerprint()}|{json.dumps(space.to_dict(), sort_keys=True)}"
+    key = (f"{variant.name}|{op.key}|{profile.fingerprint()}|{args.max_configs}|"
+           f"{json.dumps(space.to_dict(), sort_keys=True)}")
+    times: dict[str, list[float]] = {}
     if os.path.exists(record_path) and not args.remeasure:
         with open(record_path) as f:
             saved = json.load(f)
         if saved.get("key") == key:
-            print(f"replaying {len(saved['times'])} recorded configs from {record_path}")
-            return saved["times"], validator, space, valid
-    measurer = tuner._measurer(op, profile)
-    times: dict[str, list[float]] = {}
-    t0 = time.time()
-    for i, c in enumerate(valid, 1):
-        m = measurer.measure(variant, c)
-        times[c.key] = m.times if m.ok else []
-        if sys.stderr.isatty() and (i % 10 == 0 or i == len(valid)):
-            print(f"\rmeasured {i}/{len(valid)} configs ({time.time() - t0:.0f} s)", end="", file=sys.stderr)
-    print(f"measured {len(valid)} configs in {time.time() - t0:.1f} s", file=sys.stderr)
-    with open(record_path, "w") as f:
+            times = saved["times"]
+            print(f"reusing {len(times)} recorded configs from {record_path}")
+    todo = [c for c in valid if c.key not in times]
+    if todo:
+        measurer = tuner._measurer(op, profile)
+        t0 = time.time()
+        for i, c in enumerate(todo, 1):
+            m = measurer.measure(variant, c)
+            times[c.key] = m.times if m.ok else []
+            if i % 25 == 0 or i == len(todo):
+                _save(record_path, key, variant, op, times)
+            if args.time_limit and time.time() - t0 > args.time_limit:
+                print(f"measurement stopped by --time-limit after {i} configs", file=sys.stderr)
+                break
+        _save(record_path, key, variant, op, times)
+        print(f"measured {len(times)}/{len(valid)} configs ({time.time() - t0:.1f} s this run)", file=sys.stderr)
+    measured = [c for c in valid if c.key in times]
+    keys = {c.key for c in measured}
+    # Searchers draw only from the measured configs; the others count as pruned (never measured).
+    validator = Validator(space, lambda c: check.reason(c) or (None if c.key in keys else "not measured"))
+    return times, validator, space, measured
+
+
+def _save(path, key, variant, op, times):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
         json.dump({"key": key, "variant": variant.name, "op": op.key, "times": times}, f)
-    return times, validator, space, valid
+    os.replace(tmp, path)
 
 
 def trials_to_reach(records, target):
@@ -135,6 +155,11 @@ def main(argv=None) -> int:
     p.add_argument("--record", default=os.path.join(".tracea", "bench_tuner_space.json"),
                    help="where the space measurement is saved (default ./.tracea/bench_tuner_space.json)")
     p.add_argument("--remeasure", action="store_true")
+    p.add_argument("--max-configs", type=int, default=0,
+                   help="measure only a fixed random subset of this many valid configs (huge or slow spaces)")
+    p.add_argument("--time-limit", type=float, default=0.0,
+                   help="stop measuring after this many seconds (the record is kept; run again to resume)")
+    p.add_argument("--measure-only", action="store_true", help="measure (or resume) the space, no searches")
     args = p.parse_args(argv)
 
     op = parse_op_spec(args.op)
@@ -142,6 +167,8 @@ def main(argv=None) -> int:
     doctor = get_doctor()
     variant = pick_variant(doctor, op, device, args.variant)
     times, validator, space, valid = measure_space(variant, op, device, args)
+    if args.measure_only:
+        return 0
     goal = OptimizationGoal.MaximizeTFLOPS
     scores = {k: goal.score(v) if v else math.inf for k, v in times.items()}
     finite = sorted(s for s in scores.values() if math.isfinite(s))
@@ -152,8 +179,8 @@ def main(argv=None) -> int:
     target = best * (1 + args.within)
     k_near = sum(1 for s in finite if s <= target)
     V = len(valid)
-    print(f"\nvariant {variant.name}, op {op.describe()}, {V} valid configs ({space.cardinality} in the space), "
-          f"{len(finite)} ran correctly")
+    print(f"\nvariant {variant.name}, op {op.describe()}, {V} valid configs measured ({space.cardinality} in "
+          f"the space before constraints), {len(finite)} ran correctly")
     print(f"exhaustive best {best * 1e3:.3f} ms ({op.flops / best / 1e9:.2f} GFLOP/s), worst "
           f"{finite[-1] * 1e3:.3f} ms; {k_near} configs within {args.within:.0%} of the best")
 
