@@ -67,8 +67,9 @@ def pick_variant(doctor, op, device, name):
                      + ", ".join(v.name for v in cands))
         return found[0]
     real = [v for v in cands if v.backend != "npbench"]
-    if real:
-        return max(real, key=lambda v: len(list(doctor.search_space(v, op, doctor.profile_for(device)))))
+    if real:  # the variant dispatch would run (the Doctor's first choice)
+        chosen = doctor.decide(op, device, use_cache=False).candidates
+        return next((c.variant for c in chosen if c.variant in real), real[0])
     import npkernel
 
     doctor.pm.register_plugin(npkernel, "npbench", "benchmark")
@@ -145,8 +146,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--op", default="gemm:256x256x256")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--variant", default=None, help="variant to tune (default: the real backend's with the "
-                                                   "largest space, else the NumPy stand-in)")
+    p.add_argument("--variant", default=None, help="variant to tune (default: the Doctor's first choice among "
+                                                   "real backends, else the NumPy stand-in)")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--within", type=float, default=0.03)
     p.add_argument("--budget", type=int, default=60, help="trials per search run")
