@@ -13,7 +13,7 @@ from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
 from .goals import OptimizationGoal
 from .measure import INVALID, Measurement
-from .search import SpaceEncoding, _optuna, dedupe, make_sampler, objective_value
+from .search import SpaceEncoding, _optuna, dedupe, gp_available, make_sampler, objective_value
 
 #: consecutive proposals that are duplicates or invalid before a random unseen valid config is forced.
 STALL_LIMIT = 8
@@ -125,8 +125,18 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
     optuna = _optuna()
     enc = SpaceEncoding(space)
     dists = enc.distributions()
+    kind = sampler if sampler != "auto" else ("gp" if gp_available() else "tpe")
+    worst = [max((v for v in known.values() if math.isfinite(v)), default=math.inf)]
+
+    def tell_failure(trial: Any) -> None:
+        # A Gaussian process ignores failed trials, so it would propose the same invalid point again;
+        # impute the worst score seen instead (as SMAC does for crashed configs). TPE copes with FAIL.
+        if kind == "gp" and math.isfinite(worst[0]):
+            study.tell(trial, objective_value(worst[0]))
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
     startup = n_startup if n_startup is not None else max(3, min(10, trials // 4))
-    study = optuna.create_study(direction="minimize", sampler=make_sampler(sampler, seed, startup))
+    study = optuna.create_study(direction="minimize", sampler=make_sampler(kind, seed, startup))
     for (config, _src) in queue:  # teach the model what the seeds showed
         params = enc.encode(config)
         if params is None:
@@ -153,13 +163,13 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
             if math.isfinite(value):
                 study.tell(trial, objective_value(value))
             else:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                tell_failure(trial)
             stall += 1
             continue
         why = validator.reason(config)
         if why is not None:
             known[config.key] = math.inf
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            tell_failure(trial)
             record(config, None, "sampler", INVALID, why)
             stall += 1
             continue
@@ -167,9 +177,10 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
         score = record(config, evaluate(config), "random" if forced is not None else "sampler")
         known[config.key] = score
         if math.isfinite(score):
+            worst[0] = score if not math.isfinite(worst[0]) else max(worst[0], score)
             study.tell(trial, objective_value(score))
         else:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            tell_failure(trial)
     return records
 
 
