@@ -10,18 +10,18 @@ Attention params: ``bq`` query rows per block, ``bk`` keys per block, ``threads`
 from __future__ import annotations
 
 from tracea.doctor.profile import DeviceProfile
-from tracea.ir.ops import AttentionOp, Op
+from tracea.ir.ops import AttentionOp, Conv2dOp, Layout, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 
 from .isa import Isa
 
 # Measured on the development machine (2-core AMD EPYC, AVX-512); the first entry is the default.
 GEMM_HEROES: dict[str, list[dict[str, int]]] = {
-    "avx512": [dict(mr=14, nr=32, mc=168, nc=4096, kc=256), dict(mr=6, nr=64, mc=144, nc=4096, kc=256),
-               dict(mr=8, nr=48, mc=192, nc=4080, kc=256)],
-    "avx2": [dict(mr=6, nr=16, mc=144, nc=4096, kc=256), dict(mr=4, nr=24, mc=128, nc=4080, kc=256)],
-    "neon": [dict(mr=8, nr=12, mc=128, nc=4092, kc=256), dict(mr=6, nr=16, mc=132, nc=4096, kc=256)],
-    "scalar": [dict(mr=4, nr=4, mc=128, nc=2048, kc=256)],
+    "avx512": [dict(mr=6, nr=64, mc=24, nc=4096, kc=1024), dict(mr=14, nr=32, mc=28, nc=4096, kc=1024),
+               dict(mr=8, nr=48, mc=32, nc=4080, kc=1024), dict(mr=12, nr=32, mc=24, nc=4096, kc=1024)],
+    "avx2": [dict(mr=6, nr=16, mc=48, nc=4096, kc=512), dict(mr=4, nr=24, mc=48, nc=4080, kc=512)],
+    "neon": [dict(mr=8, nr=12, mc=64, nc=4092, kc=512), dict(mr=6, nr=16, mc=48, nc=4096, kc=512)],
+    "scalar": [dict(mr=4, nr=4, mc=64, nc=2048, kc=256)],
 }
 ATTN_HEROES: dict[str, list[dict[str, int]]] = {
     "avx512": [dict(bq=12, bk=32), dict(bq=8, bk=48), dict(bq=6, bk=64)],
@@ -56,8 +56,8 @@ def blocked_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
     threads = [0, 1] if profile.compute_units > 1 else [1]
     return (SearchSpace()
             .param("mr", sorted({t[0] for t in tiles})).param("nr", sorted({t[1] for t in tiles}))
-            .param("kc", [128, 192, 256, 320, 384, 512])
-            .param("mc", [48, 72, 96, 120, 144, 168, 192, 240, 288, 336, 384, 480])
+            .param("kc", [128, 256, 384, 512, 768, 1024])
+            .param("mc", [24, 28, 32, 42, 48, 64, 72, 96, 120, 144, 168, 192, 240, 288, 336, 384, 480])
             .param("nc", [1024, 2016, 2048, 4032, 4080, 4092, 4096, 8192])
             .param("threads", threads)
             .where(fits_caches))
@@ -78,6 +78,26 @@ def attention_space(isa: Isa, profile: DeviceProfile, op: Op) -> SearchSpace:
 
 def heroes(table: dict[str, list[dict[str, int]]], isa: Isa) -> list[PipelineConfig]:
     return [PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in table[isa.name]]
+
+
+def blocked_heroes(isa: Isa, op: Op) -> list[PipelineConfig]:
+    """The ISA's GEMM heroes, those whose register tile wastes least on this op's M x N edges first."""
+    m, n = gemm_view(op)
+
+    def waste(cfg: PipelineConfig) -> float:
+        mr, nr = cfg.get("mr"), cfg.get("nr")
+        return round(-(-m // mr) * mr / m * (-(-n // nr) * nr) / n, 2)
+
+    return sorted(heroes(GEMM_HEROES, isa), key=waste)
+
+
+def gemm_view(op: Op) -> tuple[int, int]:
+    """(M, N) of the GEMM the blocked driver runs for ``op`` (per batch entry / group / image)."""
+    if isinstance(op, Conv2dOp):
+        if op.layout is Layout.NCHW:
+            return op.k // op.groups, op.p * op.q
+        return op.n * op.p * op.q, op.k // op.groups
+    return int(getattr(op, "m", 1)), int(getattr(op, "n", 1))
 
 
 def small_problem(op: Op) -> bool:

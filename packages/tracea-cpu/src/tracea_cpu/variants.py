@@ -99,7 +99,7 @@ class CpuGemmVariant(CpuVariant):
         return spaces.blocked_space(self.isa, profile)
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        return spaces.heroes(spaces.GEMM_HEROES, self.isa)
+        return spaces.blocked_heroes(self.isa, op)
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         return _validate_blocked(self.isa, config)
@@ -138,7 +138,7 @@ class CpuConv2dVariant(CpuVariant):
         return spaces.blocked_space(self.isa, profile)
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        return spaces.heroes(spaces.GEMM_HEROES, self.isa)
+        return spaces.blocked_heroes(self.isa, op)
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         return _validate_blocked(self.isa, config)

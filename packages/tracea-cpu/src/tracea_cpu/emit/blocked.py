@@ -87,9 +87,8 @@ static void tr_pack_a_nhwc(const void *vctx, long i0, long mr, long p0, long kc,
         long m = i0 + i, img = m / (g->P * g->Q), rem = m % (g->P * g->Q);
         long ih0 = (rem / g->Q) * g->sh - g->ph, iw0 = (rem % g->Q) * g->sw - g->pw;
         const float *base = g->x + img * g->H * g->W * g->C;
-        long k = p0, rs = k / g->Cg, c = k % g->Cg;
+        long k = p0, rs = k / g->Cg, c = k % g->Cg, r = rs / g->S, s = rs % g->S;
         while (k < end) {
-            long r = rs / g->S, s = rs % g->S;
             long ih = ih0 + r * g->dh, iw = iw0 + s * g->dw;
             long run = TR_MIN(g->Cg - c, end - k);
             int valid = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
@@ -101,7 +100,8 @@ static void tr_pack_a_nhwc(const void *vctx, long i0, long mr, long p0, long kc,
                 else for (long q = 0; q < piece; q++) d[q] = 0.0f;
                 e += piece;
             }
-            k += run; rs++; c = 0;
+            k += run; c = 0;
+            if (++s == g->S) { s = 0; r++; }
         }
         for (long kk = kc; kk < kcp; kk++) dst[(kk - kk % KU) * MR + i * KU + kk % KU] = 0.0f;
     }
@@ -119,11 +119,10 @@ static void tr_pack_b_nchw(const void *vctx, long j0, long nr, long p0, long kc,
         seg_p[nseg] = pix / g->Q; seg_q[nseg] = q; seg_len[nseg] = len; seg_j[nseg] = j; nseg++;
         j += len;
     }
-    long RS = g->R * g->S;
+    long c = p0 / (g->R * g->S), r = (p0 / g->S) % g->R, s = p0 % g->S;
     for (long k = 0; k < kcp; k++) {
         float *d = dst + k * NR;
         if (k >= kc) { memset(d, 0, sizeof(float) * NR); continue; }
-        long kk = p0 + k, c = kk / RS, r = (kk / g->S) % g->R, s = kk % g->S;
         const float *plane = g->x + c * g->H * g->W;
         for (int sg = 0; sg < nseg; sg++) {
             float *ds = d + seg_j[sg];
@@ -145,6 +144,7 @@ static void tr_pack_b_nchw(const void *vctx, long j0, long nr, long p0, long kc,
             }
         }
         for (long j = nr; j < NR; j++) d[j] = 0.0f;
+        if (++s == g->S) { s = 0; if (++r == g->R) { r = 0; c++; } }
     }
 }
 """
