@@ -62,9 +62,15 @@ static void tr_pack_b_dense(const void *vctx, long j0, long nr, long p0, long kc
             else { for (long j = 0; j < nr; j++) d[j] = s[j]; }
         }
     } else {
-        for (long j = 0; j < nr; j++) {
-            const float *s = x->p + (j0 + j) * x->cs + p0 * x->rs;
-            for (long k = 0; k < kc; k++) dst[k * NR + j] = s[k * x->rs];
+        /* Transposed source, in 16-deep k slabs: one cache line read per column, a 16 x NR block
+           (L1-resident) written. */
+        for (long k0 = 0; k0 < kc; k0 += 16) {
+            long kn = TR_MIN(16, kc - k0);
+            for (long j = 0; j < nr; j++) {
+                const float *s = x->p + (j0 + j) * x->cs + (p0 + k0) * x->rs;
+                float *d = dst + k0 * NR + j;
+                for (long k = 0; k < kn; k++) d[k * NR] = s[k * x->rs];
+            }
         }
     }
 }
@@ -96,7 +102,10 @@ static void tr_pack_a_nhwc(const void *vctx, long i0, long mr, long p0, long kc,
             for (long e = 0; e < run;) {
                 long kk = k - p0 + e, u = kk % KU, piece = TR_MIN(KU - u, run - e);
                 float *d = dst + (kk - u) * MR + i * KU + u;
-                if (valid) for (long q = 0; q < piece; q++) d[q] = src[e + q];
+                if (piece == KU) {
+                    if (valid) memcpy(d, src + e, sizeof(float) * KU);
+                    else memset(d, 0, sizeof(float) * KU);
+                } else if (valid) for (long q = 0; q < piece; q++) d[q] = src[e + q];
                 else for (long q = 0; q < piece; q++) d[q] = 0.0f;
                 e += piece;
             }
@@ -174,12 +183,13 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
             for (long pc = 0; pc < K; pc += kc) {
                 long kcur = TR_MIN(kc, K - pc), kcp = TR_ROUNDUP(kcur, KU);
                 int first = pc == 0, last = pc + kcur >= K;
-                #pragma omp for schedule(static)
+                #pragma omp for schedule(dynamic, 4)
                 for (long p = 0; p < npan; p++)
                     pb(cb, jc + p * NR, TR_MIN(NR, ncur - p * NR), pc, kcur, bbuf + p * NR * kcp);
                 long nic = (M + mc - 1) / mc;
                 long nsplit = (nic % T == 0 || nic >= 4 * T) ? 1 : TR_MIN((long)T, npan);
-                #pragma omp for schedule(static)
+                /* dynamic: on a shared machine a descheduled thread must not hold the others back */
+                #pragma omp for schedule(dynamic, 1)
                 for (long it = 0; it < nic * nsplit; it++) {
                     long ic = (it / nsplit) * mc, sp = it % nsplit;
                     long mcur = TR_MIN(mc, M - ic), nmp = (mcur + MR - 1) / MR;
