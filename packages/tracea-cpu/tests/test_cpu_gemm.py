@@ -84,3 +84,14 @@ def test_gemm_rejects_bad_config():
     bad = config(mr=64, nr=64, mc=128, nc=128, kc=64)
     assert not v.validate_config(GemmOp(8, 8, 8), bad, PROFILE)
     assert "registers" in v.validate_config(GemmOp(8, 8, 8), bad, PROFILE).reason
+
+
+def test_gemm_run_with_invalid_config_raises_tracea_error():
+    from tracea.errors import UnsupportedConfigError
+
+    v = CpuGemmVariant(ISA_BY_NAME[BEST])
+    op = GemmOp(8, 8, 8)
+    a = np.ones((8, 8), np.float32)
+    with pytest.raises(UnsupportedConfigError, match="registers"):
+        run_variant(v, op, config(mr=64, nr=64, mc=128, nc=128, kc=64), {"a": a, "b": a, "bias": None},
+                    poisoned((8, 8)))

@@ -10,7 +10,7 @@ import numpy as np
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import KernelVariant, OpArgs, Requirements
 from tracea.dtypes import DType
-from tracea.errors import InvalidArgumentError, LaunchError, LayoutError
+from tracea.errors import InvalidArgumentError, LaunchError, LayoutError, UnsupportedConfigError
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp, LayerType, Layout, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
@@ -105,6 +105,7 @@ class CpuGemmVariant(CpuVariant):
         return _validate_blocked(self.isa, config)
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        _require(self.validate_config(op, config, profile), self.name, config)
         return kernels.blocked_library(self.isa.name, int(config.get("mr")), int(config.get("nr")),
                                        op.epilogue.key)
 
@@ -144,6 +145,7 @@ class CpuConv2dVariant(CpuVariant):
         return _validate_blocked(self.isa, config)
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        _require(self.validate_config(op, config, profile), self.name, config)
         return kernels.blocked_library(self.isa.name, int(config.get("mr")), int(config.get("nr")),
                                        op.epilogue.key)
 
@@ -186,6 +188,7 @@ class CpuAttentionVariant(CpuVariant):
         return Validity(False, why) if why else VALID
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        _require(self.validate_config(op, config, profile), self.name, config)
         return kernels.attention_library(self.isa.name, int(config.get("bq")), int(config.get("bk")))
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
@@ -200,6 +203,12 @@ class CpuAttentionVariant(CpuVariant):
                               int(op.causal), _ptr(q), _ptr(k), _ptr(v), _ptr(out),
                               self.threads(op, config, profile))
         _check_rc(rc, "attention")
+
+
+def _require(validity: Validity, name: str, config: PipelineConfig) -> None:
+    if not validity:
+        raise UnsupportedConfigError(f"config {config.key} is invalid for {name}: {validity.reason}",
+                                     reason=validity.reason)
 
 
 def _validate_blocked(isa: Isa, config: PipelineConfig) -> Validity:

@@ -16,7 +16,7 @@ from .common import prologue
 def _s_tile(isa: Isa, bq: int, bk: int) -> str:
     nv = bk // isa.width
     acc = [[f"s{i}_{v}" for v in range(nv)] for i in range(bq)]
-    out = ["static void tr_s_tile(long D, const float *restrict qt, const float *restrict kt, float *restrict s) {"]
+    out = ["static __attribute__((noinline)) void tr_s_tile(long D, const float *restrict qt, const float *restrict kt, float *restrict s) {"]
     for i in range(bq):
         out.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[i]) + ";")
     out.append("    for (long d = 0; d < D; d++) {")
@@ -37,7 +37,7 @@ def _s_tile(isa: Isa, bq: int, bk: int) -> str:
 
 def _pv(isa: Isa, bq: int, rg: int, dv: int, name: str) -> str:
     """O[rows, d0:d0+dv*VW] = alpha * O + P[rows, :BK] @ V[:BK, d0:...] for rg rows at a time."""
-    out = [f"static void {name}(long d0, long Dp, const float *restrict p, const float *restrict v,",
+    out = [f"static __attribute__((noinline)) void {name}(long d0, long Dp, const float *restrict p, const float *restrict v,",
            "                   float *restrict o, const float *restrict alpha, long i0) {"]
     for g in range(rg):
         out.append(f"    V al{g} = VSET1(alpha[i0 + {g}]);")
@@ -72,7 +72,7 @@ static void tr_pv_all(long Dp, const float *p, const float *v, float *o, const f
 int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scale, int causal,
                  const float *q, const float *k, const float *v, float *out, int nth) {
     long Dp = TR_ROUNDUP(D, VW), Skp = TR_ROUNDUP(Skv, BK), nkb = Skp / BK, nqb = (Sq + BQ - 1) / BQ;
-    long per_head = Skp * D + Skp * Dp, per_thread = TR_ROUNDUP(D * BQ + BQ * BK + BQ * Dp + 3 * BQ, 16);
+    long per_head = Skp * D + Skp * Dp, per_thread = TR_ROUNDUP(D * BQ + BQ * BK + BQ * Dp + 4 * BQP + BQ * VW, 16);
     if (nth <= 0) nth = tr_threads_available();
     if ((double)Sq * Skv * D * H * B < 65536.0) nth = 1;
     int owned;
@@ -100,7 +100,7 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
                 for (long d = 0; d < Dp; d++) vp[j * Dp + d] = (j < Skv && d < D) ? vs[j * D + d] : 0.0f;
         }
         float *qt = tws + (size_t)tid * per_thread, *s = qt + D * BQ, *o = s + BQ * BK;
-        float *m = o + BQ * Dp, *l = m + BQ, *alpha = l + BQ;
+        float *m = o + BQ * Dp, *mnew = m + BQP, *mref = mnew + BQP, *alpha = mref + BQP, *lv = alpha + BQP;
         #pragma omp for schedule(dynamic, 1)
         for (long item = 0; item < B * H * nqb; item++) {
             long bh = item / nqb, q0 = (item % nqb) * BQ, b = bh / H, h = bh % H;
@@ -110,7 +110,8 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
             long rows = TR_MIN(BQ, Sq - q0);
             for (long d = 0; d < D; d++)
                 for (long i = 0; i < BQ; i++) qt[d * BQ + i] = i < rows ? qs[i * D + d] * scale : 0.0f;
-            for (long i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+            for (long i = 0; i < BQP; i++) { m[i] = -INFINITY; mnew[i] = -INFINITY; mref[i] = 0.0f; }
+            memset(lv, 0, sizeof(float) * BQ * VW);
             memset(o, 0, sizeof(float) * BQ * Dp);
             long kend = causal ? TR_MIN(Skv, q0 + BQ) : Skv;
             for (long j0 = 0; j0 < kend; j0 += BK) {
@@ -118,29 +119,46 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
                 int mask = j0 + BK > Skv || (causal && j0 + BK - 1 > q0);
                 for (long i = 0; i < BQ; i++) {
                     float *row = s + i * BK;
-                    long lim = Skv - j0;
-                    if (causal) lim = TR_MIN(lim, q0 + i + 1 - j0);
-                    if (mask) for (long j = TR_MAX(lim, 0); j < BK; j++) row[j] = -INFINITY;
+                    if (mask) {
+                        long lim = Skv - j0;
+                        if (causal) lim = TR_MIN(lim, q0 + i + 1 - j0);
+                        for (long j = TR_MAX(lim, 0); j < BK; j++) row[j] = -INFINITY;
+                    }
                     V mx = VLOAD(row);
                     for (int u = 1; u < BK / VW; u++) mx = VMAX(mx, VLOAD(row + u * VW));
-                    float mnew = TR_MAX(m[i], VHMAX(mx));
-                    if (mnew == -INFINITY) { memset(row, 0, sizeof(float) * BK); alpha[i] = 1.0f; continue; }
-                    float a = expf(m[i] - mnew);
-                    V sum = VZERO(), mv = VSET1(mnew);
+                    mnew[i] = TR_MAX(m[i], VHMAX(mx));
+                }
+                /* Rescale factors of all rows at once; a row that has seen only masked keys keeps 0. */
+                for (long i = 0; i < BQ; i += VW) {
+                    for (long t = 0; t < VW; t++) {
+                        float mn = mnew[i + t];
+                        mref[i + t] = mn == -INFINITY ? 0.0f : mn;
+                    }
+                    VSTORE(alpha + i, tr_vexp(VSUB(VLOAD(m + i), VLOAD(mref + i))));
+                }
+                for (long i = 0; i < BQ; i++) {
+                    float *row = s + i * BK;
+                    V mv = VSET1(mref[i]), al = VSET1(alpha[i]), sum = VZERO();
                     for (int u = 0; u < BK / VW; u++) {
                         V e = tr_vexp(VSUB(VLOAD(row + u * VW), mv));
                         VSTORE(row + u * VW, e);
                         sum = VADD(sum, e);
                     }
-                    float rs = VHSUM(sum);
-                    if (mask) for (long j = TR_MAX(lim, 0); j < BK; j++) { rs -= row[j]; row[j] = 0.0f; }
-                    l[i] = l[i] * a + rs; m[i] = mnew; alpha[i] = a;
+                    if (mask) {
+                        long lim = Skv - j0;
+                        if (causal) lim = TR_MIN(lim, q0 + i + 1 - j0);
+                        for (long j = TR_MAX(lim, 0); j < BK; j++) row[j] = 0.0f;
+                        sum = VZERO();
+                        for (int u = 0; u < BK / VW; u++) sum = VADD(sum, VLOAD(row + u * VW));
+                    }
+                    VSTORE(lv + i * VW, VFMA(VLOAD(lv + i * VW), al, sum));
+                    m[i] = mnew[i];
                 }
                 tr_pv_all(Dp, s, vp + j0 * Dp, o, alpha);
             }
             float *os = out + (bh * Sq + q0) * D;
             for (long i = 0; i < rows; i++) {
-                float inv = 1.0f / l[i];
+                float inv = 1.0f / VHSUM(VLOAD(lv + i * VW));
                 for (long d = 0; d < D; d++) os[i * D + d] = o[i * Dp + d] * inv;
             }
         }
@@ -156,7 +174,8 @@ def attention_source(isa: Isa, bq: int, bk: int, dv: int = 4) -> str:
     if bk % isa.width or not isa.fits(bq, bk):
         raise ValueError(f"block {bq}x{bk} does not fit {isa.name}'s registers")
     rg = max(g for g in range(1, bq + 1) if bq % g == 0 and g * (dv + 1) + dv <= isa.registers - 2)
-    parts = [prologue(isa), f"#define BQ {bq}\n#define BK {bk}\n#define RG {rg}\n#define DV {dv}\n",
+    parts = [prologue(isa), f"#define BQ {bq}\n#define BK {bk}\n#define RG {rg}\n#define DV {dv}\n"
+             "#define BQP TR_ROUNDUP(BQ, VW)\n",
              _s_tile(isa, bq, bk), _pv(isa, bq, rg, dv, "tr_pv_wide"),
              _pv(isa, bq, rg, 1, "tr_pv_narrow"), BODY]
     return "\n".join(parts)
