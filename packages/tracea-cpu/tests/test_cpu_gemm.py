@@ -95,3 +95,15 @@ def test_gemm_run_with_invalid_config_raises_tracea_error():
     with pytest.raises(UnsupportedConfigError, match="registers"):
         run_variant(v, op, config(mr=64, nr=64, mc=128, nc=128, kc=64), {"a": a, "b": a, "bias": None},
                     poisoned((8, 8)))
+
+
+def test_gemm_concurrent_calls_from_python_threads():
+    # ctypes releases the GIL; concurrent calls must not share the packing workspace.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(seed):
+        return gemm_case(BEST, 61 + seed, 70, 90 + seed, epi="bias+relu", seed=seed)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        errors = list(pool.map(one, range(8)))
+    assert max(errors) < 1e-5, errors
