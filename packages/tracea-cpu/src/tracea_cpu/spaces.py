@@ -95,7 +95,7 @@ def gemm_view(op: Op) -> tuple[int, int]:
     """(M, N) of the GEMM the blocked driver runs for ``op`` (per batch entry / group / image)."""
     if isinstance(op, Conv2dOp):
         if op.layout is Layout.NCHW:
-            return op.k // op.groups, op.p * op.q
+            return op.k // op.groups, op.n * op.p * op.q
         return op.n * op.p * op.q, op.k // op.groups
     return int(getattr(op, "m", 1)), int(getattr(op, "n", 1))
 

@@ -79,7 +79,7 @@ static void tr_pack_b_dense(const void *vctx, long j0, long nr, long p0, long kc
 typedef struct {
     const float *x;
     long C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q;
-} tr_conv;
+} tr_conv;  /* NCHW: pixel index j spans all images (image = j / (P*Q)), x image stride C*H*W. */
 
 /* NHWC implicit GEMM, A = output pixels x (r, s, c): each (pixel, r, s) is a contiguous run of c. */
 static void tr_pack_a_nhwc(const void *vctx, long i0, long mr, long p0, long kc, float *dst) {
@@ -121,20 +121,23 @@ static void tr_pack_a_nhwc(const void *vctx, long i0, long mr, long p0, long kc,
 static void tr_pack_b_nchw(const void *vctx, long j0, long nr, long p0, long kc, float *dst) {
     const tr_conv *g = (const tr_conv *)vctx;
     long kcp = TR_ROUNDUP(kc, KU);
-    long seg_p[NR + 1], seg_q[NR + 1], seg_len[NR + 1], seg_j[NR + 1];
+    long seg_p[NR + 1], seg_q[NR + 1], seg_len[NR + 1], seg_j[NR + 1], seg_img[NR + 1];
+    long PQ = g->P * g->Q, CHW = g->C * g->H * g->W;
     int nseg = 0;
     for (long j = 0; j < nr;) {
-        long pix = j0 + j, q = pix % g->Q, len = TR_MIN(g->Q - q, nr - j);
-        seg_p[nseg] = pix / g->Q; seg_q[nseg] = q; seg_len[nseg] = len; seg_j[nseg] = j; nseg++;
+        long pix = j0 + j, rem = pix % PQ, q = rem % g->Q, len = TR_MIN(g->Q - q, nr - j);
+        seg_img[nseg] = pix / PQ; seg_p[nseg] = rem / g->Q; seg_q[nseg] = q; seg_len[nseg] = len;
+        seg_j[nseg] = j; nseg++;
         j += len;
     }
     long c = p0 / (g->R * g->S), r = (p0 / g->S) % g->R, s = p0 % g->S;
     for (long k = 0; k < kcp; k++) {
         float *d = dst + k * NR;
         if (k >= kc) { memset(d, 0, sizeof(float) * NR); continue; }
-        const float *plane = g->x + c * g->H * g->W;
+        const float *plane0 = g->x + c * g->H * g->W;
         for (int sg = 0; sg < nseg; sg++) {
             float *ds = d + seg_j[sg];
+            const float *plane = plane0 + seg_img[sg] * CHW;
             long len = seg_len[sg], ih = seg_p[sg] * g->sh - g->ph + r * g->dh;
             if (ih < 0 || ih >= g->H) { memset(ds, 0, sizeof(float) * len); continue; }
             const float *row = plane + ih * g->W;
@@ -159,8 +162,37 @@ static void tr_pack_b_nchw(const void *vctx, long j0, long nr, long p0, long kc,
 """
 
 DRIVER = r"""
+/* C(i, j) = c[i*ldc + j], or with img_cols > 0: c[(j / img_cols)*img_stride + i*ldc + j % img_cols]
+   (NCHW conv over all images at once); a tile that straddles two images runs on a scratch tile. */
+static void tr_tile(long kcp, const float *ap, const float *bp, float *c, long ldc, long i, long j, int mr, int nr,
+                    int first, int last, const float *bias, int bias_row, long img_cols, long img_stride) {
+    if (!img_cols) {
+        tr_ukernel(kcp, ap, bp, c + i * ldc + j, ldc, mr, nr, first, last, bias, bias_row);
+        return;
+    }
+    long img = j / img_cols, q0 = j % img_cols;
+    if (q0 + nr <= img_cols) {
+        tr_ukernel(kcp, ap, bp, c + img * img_stride + i * ldc + q0, ldc, mr, nr, first, last, bias, bias_row);
+        return;
+    }
+    float sc[MR * NR] __attribute__((aligned(64)));
+    if (!first)
+        for (int ii = 0; ii < mr; ii++)
+            for (int jj = 0; jj < nr; jj++) {
+                long col = j + jj;
+                sc[ii * NR + jj] = c[(col / img_cols) * img_stride + (i + ii) * ldc + col % img_cols];
+            }
+    tr_ukernel(kcp, ap, bp, sc, NR, mr, nr, first, last, bias, bias_row);
+    for (int ii = 0; ii < mr; ii++)
+        for (int jj = 0; jj < nr; jj++) {
+            long col = j + jj;
+            c[(col / img_cols) * img_stride + (i + ii) * ldc + col % img_cols] = sc[ii * NR + jj];
+        }
+}
+
 static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pack_fn pb, const void *cb,
-                    float *c, long ldc, const float *bias, int bias_row, long mc, long nc, long kc, int nth) {
+                    float *c, long ldc, long img_cols, long img_stride, const float *bias, int bias_row,
+                    long mc, long nc, long kc, int nth) {
     mc = TR_MIN(TR_ROUNDUP(TR_MAX(mc, MR), MR), TR_ROUNDUP(M, MR));
     nc = TR_MIN(TR_ROUNDUP(TR_MAX(nc, NR), NR), TR_ROUNDUP(N, NR));
     kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
@@ -202,8 +234,8 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                         for (long r = 0; r < nmp; r++) {
                             long i = ic + r * MR;
                             const float *bp = !bias ? 0 : (bias_row ? bias + i : bias + j);
-                            tr_ukernel(kcp, abuf + r * MR * kcp, bbuf + jr * NR * kcp, c + i * ldc + j, ldc,
-                                       (int)TR_MIN(MR, M - i), nr, first, last, bp, bias_row);
+                            tr_tile(kcp, abuf + r * MR * kcp, bbuf + jr * NR * kcp, c, ldc, i, j,
+                                    (int)TR_MIN(MR, M - i), nr, first, last, bp, bias_row, img_cols, img_stride);
                         }
                     }
                 }
@@ -219,14 +251,14 @@ int tr_gemm(long batch, long M, long N, long K,
             float *c, long ldc, long sc, const float *bias, long mc, long nc, long kc, int nth) {
     for (long q = 0; q < batch; q++) {
         tr_dense A = {a + q * sa, rsa, csa}, B = {b + q * sb, rsb, csb};
-        int rc = tr_drive(M, N, K, tr_pack_a_dense, &A, tr_pack_b_dense, &B, c + q * sc, ldc, bias, 0,
+        int rc = tr_drive(M, N, K, tr_pack_a_dense, &A, tr_pack_b_dense, &B, c + q * sc, ldc, 0, 0, bias, 0,
                           mc, nc, kc, nth);
         if (rc) return rc;
     }
     return 0;
 }
 
-/* layout 0: NCHW x, KCRS w, NCHW out (out = W x im2col per image and group, bias per row).
+/* layout 0: NCHW x, KCRS w, NCHW out (out = W x im2col per group; columns are the pixels of all images, bias per row).
    layout 1: NHWC x, KRSC w, NHWC out (out = im2col x W^T per group over all images, bias per column). */
 int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S, long sh, long sw,
               long ph, long pw, long dh, long dw, long groups, long P, long Q,
@@ -237,17 +269,15 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
         const float *bg = bias ? bias + gi * Kg : 0;
         if (layout == 0) {
             tr_dense A = {w + gi * Kg * CRS, CRS, 1};
-            for (long img = 0; img < n; img++) {
-                tr_conv B = {x + (img * C + gi * Cg) * H * W, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
-                int rc = tr_drive(Kg, P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nchw, &B,
-                                  out + (img * K + gi * Kg) * P * Q, P * Q, bg, 1, mc, nc, kc, nth);
-                if (rc) return rc;
-            }
+            tr_conv B = {x + gi * Cg * H * W, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+            int rc = tr_drive(Kg, n * P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nchw, &B,
+                              out + gi * Kg * P * Q, P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth);
+            if (rc) return rc;
         } else {
             tr_conv A = {x + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             tr_dense B = {w + gi * Kg * CRS, 1, CRS};
             int rc = tr_drive(n * P * Q, Kg, CRS, tr_pack_a_nhwc, &A, tr_pack_b_dense, &B,
-                              out + gi * Kg, K, bg, 0, mc, nc, kc, nth);
+                              out + gi * Kg, K, 0, 0, bg, 0, mc, nc, kc, nth);
             if (rc) return rc;
         }
     }
