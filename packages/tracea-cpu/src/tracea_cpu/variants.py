@@ -3,6 +3,8 @@ instruction set (AVX-512, AVX2+FMA, NEON, portable scalar)."""
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -63,7 +65,7 @@ class CpuVariant(KernelVariant):
         return kernels.thread_count(requested, profile.compute_units)
 
 
-def _host(args: OpArgs, name: str, shape: tuple[int, ...] | None) -> np.ndarray | None:
+def _host(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
     arr = args.host(name)
     if arr is None:
         return None
@@ -71,13 +73,13 @@ def _host(args: OpArgs, name: str, shape: tuple[int, ...] | None) -> np.ndarray 
         raise InvalidArgumentError(name, arr, "a float32 array")
     if not arr.flags.c_contiguous:
         raise LayoutError(name, arr, "a packed row-major (C-contiguous) array")
-    if shape is not None and arr.size != int(np.prod(shape)):
-        raise InvalidArgumentError(name, arr, f"{int(np.prod(shape))} elements (shape {shape})")
+    if arr.size != math.prod(shape):
+        raise InvalidArgumentError(name, arr, f"{math.prod(shape)} elements (shape {shape})")
     return arr
 
 
 def _ptr(arr: np.ndarray | None) -> int | None:
-    return None if arr is None else arr.ctypes.data
+    return None if arr is None else arr.__array_interface__["data"][0]
 
 
 def _check_rc(rc: int, what: str) -> None:
@@ -105,13 +107,11 @@ class CpuGemmVariant(CpuVariant):
         return _validate_blocked(self.isa, config)
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
-        _require(self.validate_config(op, config, profile), self.name, config)
-        return kernels.blocked_library(self.isa.name, int(config.get("mr")), int(config.get("nr")),
-                                       op.epilogue.key)
+        return _blocked_plan(self, op, config)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)
-        lib = self.prepare(op, config, profile)
+        lib, mc, nc, kc = self.prepare(op, config, profile)
         m, n, k, bt = op.m, op.n, op.k, op.batch
         a = _host(args, "a", (bt, m, k))
         b = _host(args, "b", (bt, k, n))
@@ -120,8 +120,7 @@ class CpuGemmVariant(CpuVariant):
         rsa, csa = (1, m) if op.trans_a else (k, 1)
         rsb, csb = (1, k) if op.trans_b else (n, 1)
         rc = lib.tr_gemm(bt, m, n, k, _ptr(a), rsa, csa, m * k, _ptr(b), rsb, csb, k * n, _ptr(out), n, m * n,
-                         _ptr(bias), int(config.get("mc")), int(config.get("nc")), int(config.get("kc")),
-                         self.threads(op, config, profile))
+                         _ptr(bias), mc, nc, kc, self.threads(op, config, profile))
         _check_rc(rc, "gemm")
 
 
@@ -145,13 +144,11 @@ class CpuConv2dVariant(CpuVariant):
         return _validate_blocked(self.isa, config)
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
-        _require(self.validate_config(op, config, profile), self.name, config)
-        return kernels.blocked_library(self.isa.name, int(config.get("mr")), int(config.get("nr")),
-                                       op.epilogue.key)
+        return _blocked_plan(self, op, config)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, Conv2dOp)
-        lib = self.prepare(op, config, profile)
+        lib, mc, nc, kc = self.prepare(op, config, profile)
         x = _host(args, "x", op.x_shape)
         w = _host(args, "w", op.w_shape)
         bias = _host(args, "bias", (op.k,)) if op.epilogue.has_bias else None
@@ -159,8 +156,7 @@ class CpuConv2dVariant(CpuVariant):
         layout = 0 if op.layout is Layout.NCHW else 1
         rc = lib.tr_conv2d(layout, op.n, op.c, op.h, op.w, op.k, op.r, op.s, op.stride[0], op.stride[1],
                            op.padding[0], op.padding[1], op.dilation[0], op.dilation[1], op.groups, op.p, op.q,
-                           _ptr(x), _ptr(w), _ptr(bias), _ptr(out), int(config.get("mc")),
-                           int(config.get("nc")), int(config.get("kc")), self.threads(op, config, profile))
+                           _ptr(x), _ptr(w), _ptr(bias), _ptr(out), mc, nc, kc, self.threads(op, config, profile))
         _check_rc(rc, "conv2d")
 
 
@@ -188,8 +184,7 @@ class CpuAttentionVariant(CpuVariant):
         return Validity(False, why) if why else VALID
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
-        _require(self.validate_config(op, config, profile), self.name, config)
-        return kernels.attention_library(self.isa.name, int(config.get("bq")), int(config.get("bk")))
+        return _attention_plan(self, op, config)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, AttentionOp)
@@ -203,6 +198,20 @@ class CpuAttentionVariant(CpuVariant):
                               int(op.causal), _ptr(q), _ptr(k), _ptr(v), _ptr(out),
                               self.threads(op, config, profile))
         _check_rc(rc, "attention")
+
+
+@functools.lru_cache(maxsize=512)
+def _blocked_plan(variant: "CpuVariant", op: Op, config: PipelineConfig) -> tuple[Any, int, int, int]:
+    """Validated config -> (compiled library, mc, nc, kc), memoised so a call costs one dict lookup."""
+    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
+    lib = kernels.blocked_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+    return lib, int(config.get("mc")), int(config.get("nc")), int(config.get("kc"))
+
+
+@functools.lru_cache(maxsize=256)
+def _attention_plan(variant: "CpuAttentionVariant", op: Op, config: PipelineConfig) -> Any:
+    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
+    return kernels.attention_library(variant.isa.name, int(config.get("bq")), int(config.get("bk")))
 
 
 def _require(validity: Validity, name: str, config: PipelineConfig) -> None:

@@ -79,7 +79,7 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
     float *ws = tr_ws_get((size_t)B * KVH * per_head + (size_t)nth * per_thread + 16, &owned);
     if (!ws) return 1;
     float *tws = ws + (size_t)B * KVH * per_head;
-    #pragma omp parallel num_threads(nth)
+    #pragma omp parallel num_threads(nth) if (nth > 1)
     {
 #ifdef _OPENMP
         int tid = omp_get_thread_num();

@@ -202,7 +202,7 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
     float *ws = tr_ws_get((size_t)nc * kc + (size_t)nth * mc * kc + 16, &owned);
     if (!ws) return 1;
     float *bbuf = ws, *abase = ws + TR_ROUNDUP((size_t)nc * kc, 16);
-    #pragma omp parallel num_threads(nth)
+    #pragma omp parallel num_threads(nth) if (nth > 1)
     {
 #ifdef _OPENMP
         int tid = omp_get_thread_num(), T = omp_get_num_threads();
