@@ -18,7 +18,8 @@ from .isa import Isa
 # Measured on the development machine (2-core AMD EPYC, AVX-512); the first entry is the default.
 GEMM_HEROES: dict[str, list[dict[str, int]]] = {
     "avx512": [dict(mr=6, nr=64, mc=48, nc=4096, kc=1024), dict(mr=14, nr=32, mc=28, nc=4096, kc=1024),
-               dict(mr=8, nr=48, mc=32, nc=4080, kc=1024), dict(mr=12, nr=32, mc=24, nc=4096, kc=1024)],
+               dict(mr=8, nr=48, mc=32, nc=4080, kc=1024), dict(mr=12, nr=32, mc=24, nc=4096, kc=1024),
+               dict(mr=4, nr=64, mc=72, nc=2048, kc=384)],
     "avx2": [dict(mr=6, nr=16, mc=48, nc=4096, kc=512), dict(mr=4, nr=24, mc=48, nc=4080, kc=512)],
     "neon": [dict(mr=8, nr=12, mc=64, nc=4092, kc=512), dict(mr=6, nr=16, mc=48, nc=4096, kc=512)],
     "scalar": [dict(mr=4, nr=4, mc=64, nc=2048, kc=256)],

@@ -135,10 +135,18 @@ class CpuConv2dVariant(CpuVariant):
                                          dtypes=frozenset({DType.F32}), isa=isa.requires)
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
-        return spaces.blocked_space(self.isa, profile)
+        space = spaces.blocked_space(self.isa, profile)
+        if isinstance(op, Conv2dOp) and spaces.indirect_ok(op):
+            space = space.param("indirect", [1, 0])
+        return space
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        return spaces.blocked_heroes(self.isa, op)
+        heroes = spaces.blocked_heroes(self.isa, op)
+        if isinstance(op, Conv2dOp) and spaces.indirect_ok(op):
+            # The indirect kernel keeps one pointer per tile row in a general register: short tiles first.
+            short = [h for h in heroes if h.get("mr") <= 6] + [h for h in heroes if h.get("mr") > 6]
+            heroes = [h.with_params(indirect=1) for h in short] + [h.with_params(indirect=0) for h in heroes[:1]]
+        return heroes
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         return _validate_blocked(self.isa, config)
@@ -156,7 +164,8 @@ class CpuConv2dVariant(CpuVariant):
         layout = 0 if op.layout is Layout.NCHW else 1
         rc = lib.tr_conv2d(layout, op.n, op.c, op.h, op.w, op.k, op.r, op.s, op.stride[0], op.stride[1],
                            op.padding[0], op.padding[1], op.dilation[0], op.dilation[1], op.groups, op.p, op.q,
-                           _ptr(x), _ptr(w), _ptr(bias), _ptr(out), mc, nc, kc, self.threads(op, config, profile))
+                           _ptr(x), _ptr(w), _ptr(bias), _ptr(out), mc, nc, kc, self.threads(op, config, profile),
+                           int(bool(config.get("indirect", 0))) if op.layout is Layout.NHWC else 0)
         _check_rc(rc, "conv2d")
 
 

@@ -159,6 +159,36 @@ static void tr_pack_b_nchw(const void *vctx, long j0, long nr, long p0, long kc,
         if (++s == g->S) { s = 0; if (++r == g->R) { r = 0; c++; } }
     }
 }
+
+/* Indirect NHWC conv: K range [p0, p0+kc) as (tap, channel run) segments; per output pixel and
+   segment, a pointer to the input channels it reads (or to a zero row outside the image). */
+typedef struct { long tap, c0; } tr_seg;
+
+static int tr_conv_segments(const tr_conv *g, long p0, long kc, tr_seg *segs, long *lens) {
+    int n = 0;
+    for (long k = p0, end = p0 + kc; k < end;) {
+        long c = k % g->Cg, len = TR_MIN(g->Cg - c, end - k);
+        segs[n].tap = k / g->Cg; segs[n].c0 = c; lens[n] = len; n++;
+        k += len;
+    }
+    return n;
+}
+
+static void tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, int nseg,
+                         const float *zeros, const float **rows) {
+    long PQ = g->P * g->Q;
+    for (int i = 0; i < MR; i++) {
+        if (i >= mr) { for (int sg = 0; sg < nseg; sg++) rows[sg * MR + i] = zeros; continue; }
+        long m = i0 + i, img = m / PQ, rem = m % PQ;
+        long ih0 = (rem / g->Q) * g->sh - g->ph, iw0 = (rem % g->Q) * g->sw - g->pw;
+        const float *base = g->x + img * g->H * g->W * g->C;
+        for (int sg = 0; sg < nseg; sg++) {
+            long ih = ih0 + (segs[sg].tap / g->S) * g->dh, iw = iw0 + (segs[sg].tap % g->S) * g->dw;
+            int valid = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
+            rows[sg * MR + i] = valid ? base + (ih * g->W + iw) * g->C + segs[sg].c0 : zeros;
+        }
+    }
+}
 """
 
 DRIVER = r"""
@@ -192,16 +222,20 @@ static void tr_tile(long kcp, const float *ap, const float *bp, float *c, long l
 
 static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pack_fn pb, const void *cb,
                     float *c, long ldc, long img_cols, long img_stride, const float *bias, int bias_row,
-                    long mc, long nc, long kc, int nth) {
+                    long mc, long nc, long kc, int nth, const tr_conv *ind) {
     mc = TR_MIN(TR_ROUNDUP(TR_MAX(mc, MR), MR), TR_ROUNDUP(M, MR));
     nc = TR_MIN(TR_ROUNDUP(TR_MAX(nc, NR), NR), TR_ROUNDUP(N, NR));
     kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
     if (nth <= 0) nth = tr_threads_available();
     if ((double)M * N * K < 65536.0) nth = 1;
+    /* Indirect A needs mc * (segments) row pointers in the A buffer: fine unless channel runs are tiny. */
+    if (ind && 2 * (kc / ind->Cg + 2) > kc) ind = 0;
     int owned;
-    float *ws = tr_ws_get((size_t)nc * kc + (size_t)nth * mc * kc + 16, &owned);
+    float *ws = tr_ws_get((size_t)nc * kc + (size_t)nth * mc * kc + kc + 32, &owned);
     if (!ws) return 1;
-    float *bbuf = ws, *abase = ws + TR_ROUNDUP((size_t)nc * kc, 16);
+    float *bbuf = ws, *zeros = ws + TR_ROUNDUP((size_t)nc * kc, 16);
+    float *abase = zeros + TR_ROUNDUP(kc, 16);
+    if (ind) memset(zeros, 0, sizeof(float) * kc);
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
 #ifdef _OPENMP
@@ -226,6 +260,26 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                     long ic = (it / nsplit) * mc, sp = it % nsplit;
                     long mcur = TR_MIN(mc, M - ic), nmp = (mcur + MR - 1) / MR;
                     long jlo = npan * sp / nsplit, jhi = npan * (sp + 1) / nsplit;
+                    if (ind) {
+                        tr_seg segs[kcur / ind->Cg + 2];
+                        long lens[kcur / ind->Cg + 2];
+                        int nseg = tr_conv_segments(ind, pc, kcur, segs, lens);
+                        const float **rows = (const float **)abuf;
+                        for (long r = 0; r < nmp; r++)
+                            tr_rows_nhwc(ind, ic + r * MR, TR_MIN(MR, mcur - r * MR), segs, nseg, zeros,
+                                         rows + r * nseg * MR);
+                        for (long jr = jlo; jr < jhi; jr++) {
+                            long j = jc + jr * NR;
+                            int nr = (int)TR_MIN(NR, N - j);
+                            for (long r = 0; r < nmp; r++) {
+                                long i = ic + r * MR;
+                                tr_ukernel_ind(nseg, lens, rows + r * nseg * MR, bbuf + jr * NR * kcp,
+                                               c + i * ldc + j, ldc, (int)TR_MIN(MR, M - i), nr, first, last,
+                                               bias ? bias + j : 0, 0);
+                            }
+                        }
+                        continue;
+                    }
                     for (long r = 0; r < nmp; r++)
                         pa(ca, ic + r * MR, TR_MIN(MR, mcur - r * MR), pc, kcur, abuf + r * MR * kcp);
                     for (long jr = jlo; jr < jhi; jr++) {
@@ -252,7 +306,7 @@ int tr_gemm(long batch, long M, long N, long K,
     for (long q = 0; q < batch; q++) {
         tr_dense A = {a + q * sa, rsa, csa}, B = {b + q * sb, rsb, csb};
         int rc = tr_drive(M, N, K, tr_pack_a_dense, &A, tr_pack_b_dense, &B, c + q * sc, ldc, 0, 0, bias, 0,
-                          mc, nc, kc, nth);
+                          mc, nc, kc, nth, 0);
         if (rc) return rc;
     }
     return 0;
@@ -263,7 +317,7 @@ int tr_gemm(long batch, long M, long N, long K,
 int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S, long sh, long sw,
               long ph, long pw, long dh, long dw, long groups, long P, long Q,
               const float *x, const float *w, const float *bias, float *out,
-              long mc, long nc, long kc, int nth) {
+              long mc, long nc, long kc, int nth, int indirect) {
     long Cg = C / groups, Kg = K / groups, CRS = Cg * R * S;
     for (long gi = 0; gi < groups; gi++) {
         const float *bg = bias ? bias + gi * Kg : 0;
@@ -271,13 +325,13 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
             tr_dense A = {w + gi * Kg * CRS, CRS, 1};
             tr_conv B = {x + gi * Cg * H * W, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             int rc = tr_drive(Kg, n * P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nchw, &B,
-                              out + gi * Kg * P * Q, P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth);
+                              out + gi * Kg * P * Q, P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth, 0);
             if (rc) return rc;
         } else {
             tr_conv A = {x + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             tr_dense B = {w + gi * Kg * CRS, 1, CRS};
             int rc = tr_drive(n * P * Q, Kg, CRS, tr_pack_a_nhwc, &A, tr_pack_b_dense, &B,
-                              out + gi * Kg, K, 0, 0, bg, 0, mc, nc, kc, nth);
+                              out + gi * Kg, K, 0, 0, bg, 0, mc, nc, kc, nth, indirect ? &A : 0);
             if (rc) return rc;
         }
     }

@@ -13,6 +13,12 @@ from ..isa import Isa
 
 
 def microkernel_c(isa: Isa, mr: int, nr: int, ku: int) -> str:
+    """``tr_ukernel``: packed A (k-blocked) x packed B panel -> C tile, plus ``tr_ukernel_ind`` (A rows
+    read in place through per-row pointers, for NHWC conv)."""
+    return _packed_kernel(isa, mr, nr, ku) + _indirect_kernel(isa, mr, nr)
+
+
+def _packed_kernel(isa: Isa, mr: int, nr: int, ku: int) -> str:
     nv = nr // isa.width
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
     lines = [f"#define MR {mr}", f"#define NR {nr}", f"#define KU {ku}", f"#define NV {nv}"]
@@ -34,6 +40,15 @@ def microkernel_c(isa: Isa, mr: int, nr: int, ku: int) -> str:
         lines.append("        }")
     lines.append(f"        a += {mr * ku}; b += {ku * nr};")
     lines.append("    }")
+    lines += _store(isa, mr, nr, acc)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _store(isa: Isa, mr: int, nr: int, acc: list[list[str]]) -> list[str]:
+    """Finish a tile: full tiles in registers (accumulate, epilogue, store), edge tiles via a buffer."""
+    nv = nr // isa.width
+    lines: list[str] = []
     # Full tile: finish in registers.
     lines.append("    if (mr == MR && nr == NR) {")
     lines.append("        if (last && TR_HAS_EPI) {")
@@ -73,6 +88,46 @@ def microkernel_c(isa: Isa, mr: int, nr: int, ku: int) -> str:
             for (int v = 0; v < NV; v++) VSTORE(ti + v * VW, tr_epi(VLOAD(ti + v * VW), VLOAD(bt + v * VW)));
         }
         for (int j = 0; j < nr; j++) c[i * ldc + j] = ti[j];
-    }
-}""")
+    }""")
+    return lines
+
+
+def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
+    """Like ``tr_ukernel`` but A row i of segment sg is ``rows[sg*MR + i][0:len[sg]]`` (unit stride): the
+    NHWC conv gathers nothing, each pointer is an input pixel's channel run (or a zero row)."""
+    nv = nr // isa.width
+    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
+    lines = ["static void tr_ukernel_ind(int nseg, const long *restrict seg_len, const float *const *restrict rows,\n"
+             "                           const float *restrict b, float *restrict c, long ldc, int mr, int nr,\n"
+             "                           int first, int last, const float *bias, int bias_row) {"]
+    for i in range(mr):
+        lines.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[i]) + ";")
+    lines.append("    for (int sg = 0; sg < nseg; sg++) {")
+    for i in range(mr):
+        lines.append(f"        const float *restrict r{i} = rows[sg * MR + {i}];")
+    lines.append("        long len = seg_len[sg], k = 0;")
+
+    def step(kexpr: str) -> list[str]:
+        out = ["        {"]
+        for v in range(nv):
+            out.append(f"        V b{v} = VLOAD(b + ({kexpr}) * NR + {v * isa.width});")
+        for i in range(mr):
+            out.append(f"        {{ V ai = VSET1(r{i}[{kexpr}]);")
+            for v in range(nv):
+                out.append(f"          {acc[i][v]} = VFMA(ai, b{v}, {acc[i][v]});")
+            out.append("        }")
+        out.append("        }")
+        return out
+
+    lines.append("        for (; k + 4 <= len; k += 4) {")
+    for u in range(4):
+        lines += step(f"k + {u}")
+    lines.append("        }")
+    lines.append("        for (; k < len; k++) {")
+    lines += step("k")
+    lines.append("        }")
+    lines.append("        b += len * NR;")
+    lines.append("    }")
+    lines += _store(isa, mr, nr, acc)
+    lines.append("}")
     return "\n".join(lines) + "\n"
