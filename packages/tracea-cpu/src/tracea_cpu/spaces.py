@@ -92,6 +92,11 @@ def blocked_heroes(isa: Isa, op: Op) -> list[PipelineConfig]:
     return sorted(heroes(GEMM_HEROES, isa), key=waste)
 
 
+def indirect_ok(op: Conv2dOp) -> bool:
+    """Whether the NHWC conv may read A in place (per-pixel channel runs long enough to stream)."""
+    return op.layout is Layout.NHWC and op.c // op.groups >= 8
+
+
 def gemm_view(op: Op) -> tuple[int, int]:
     """(M, N) of the GEMM the blocked driver runs for ``op`` (per batch entry / group / image)."""
     if isinstance(op, Conv2dOp):
