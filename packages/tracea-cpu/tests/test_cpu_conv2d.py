@@ -73,12 +73,13 @@ def test_conv2d_resnet_layer_shape():
     assert conv_case(BEST, (1, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1), "nhwc", epi="bias+relu") < 1e-5
 
 
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("indirect", [0, 1])
-def test_conv2d_nhwc_indirect_and_packed_paths(indirect):
+def test_conv2d_indirect_and_packed_paths(indirect, layout):
     h = GEMM_HEROES[BEST][0]
     small = config(mr=h["mr"], nr=h["nr"], mc=2 * h["mr"], nc=h["nr"], kc=24, threads=2, indirect=indirect)
     for case in [(2, 16, 9, 11, 40, 3, 3, 1, 1, 1, 1), (1, 24, 12, 12, 18, 3, 2, (2, 1), (0, 2), (2, 1), 3),
                  (2, 8, 7, 7, 33, 1, 1, 1, 0, 1, 1)]:
-        assert conv_case(BEST, case, "nhwc", epi="bias+silu", cfg=small) < 1e-5, case
+        assert conv_case(BEST, case, layout, epi="bias+silu", cfg=small) < 1e-5, case
         cfg = config(**h, threads=0, indirect=indirect)
-        assert conv_case(BEST, case, "nhwc", epi="bias+relu", cfg=cfg) < 1e-5, case
+        assert conv_case(BEST, case, layout, epi="bias+relu", cfg=cfg) < 1e-5, case

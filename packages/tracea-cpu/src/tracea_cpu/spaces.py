@@ -93,8 +93,9 @@ def blocked_heroes(isa: Isa, op: Op) -> list[PipelineConfig]:
 
 
 def indirect_ok(op: Conv2dOp) -> bool:
-    """Whether the NHWC conv may read A in place (per-pixel channel runs long enough to stream)."""
-    return op.layout is Layout.NHWC and op.c // op.groups >= 8
+    """Whether the conv may read A in place through the indirect NHWC kernel (per-pixel channel runs
+    long enough to stream; NCHW input is transposed to NHWC first)."""
+    return op.c // op.groups >= 8
 
 
 def gemm_view(op: Op) -> tuple[int, int]:

@@ -145,7 +145,11 @@ class CpuConv2dVariant(CpuVariant):
         if isinstance(op, Conv2dOp) and spaces.indirect_ok(op):
             # The indirect kernel keeps one pointer per tile row in a general register: short tiles first.
             short = [h for h in heroes if h.get("mr") <= 6] + [h for h in heroes if h.get("mr") > 6]
-            heroes = [h.with_params(indirect=1) for h in short] + [h.with_params(indirect=0) for h in heroes[:1]]
+            indirect = [h.with_params(indirect=1) for h in short]
+            packed = [h.with_params(indirect=0) for h in heroes[:1]]
+            # Few output pixels: NCHW weights are cheaper to pack as the A operand (measured, ResNet 512@7^2).
+            few = op.layout is Layout.NCHW and op.n * op.p * op.q < 128
+            heroes = packed + indirect if few else indirect + packed
         return heroes
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
@@ -165,7 +169,7 @@ class CpuConv2dVariant(CpuVariant):
         rc = lib.tr_conv2d(layout, op.n, op.c, op.h, op.w, op.k, op.r, op.s, op.stride[0], op.stride[1],
                            op.padding[0], op.padding[1], op.dilation[0], op.dilation[1], op.groups, op.p, op.q,
                            _ptr(x), _ptr(w), _ptr(bias), _ptr(out), mc, nc, kc, self.threads(op, config, profile),
-                           int(bool(config.get("indirect", 0))) if op.layout is Layout.NHWC else 0)
+                           int(bool(config.get("indirect", 0))))
         _check_rc(rc, "conv2d")
 
 

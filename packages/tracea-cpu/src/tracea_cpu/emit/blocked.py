@@ -174,6 +174,40 @@ static int tr_conv_segments(const tr_conv *g, long p0, long kc, tr_seg *segs, lo
     return n;
 }
 
+/* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM: B(k = tap*Cg + c, j) = w[j*CRS + c*RS + tap]. */
+typedef struct { const float *w; long CRS, Cg, RS; } tr_kcrs;
+
+static void tr_pack_b_kcrs(const void *vctx, long j0, long nr, long p0, long kc, float *dst) {
+    const tr_kcrs *x = (const tr_kcrs *)vctx;
+    long kcp = TR_ROUNDUP(kc, KU);
+    if (nr < NR || kc < kcp) memset(dst, 0, sizeof(float) * kcp * NR);
+    for (long k0 = 0; k0 < kc; k0 += 16) {
+        long kn = TR_MIN(16, kc - k0), off[16];
+        for (long k = 0; k < kn; k++) {
+            long kk = p0 + k0 + k;
+            off[k] = (kk % x->Cg) * x->RS + kk / x->Cg;
+        }
+        for (long j = 0; j < nr; j++) {
+            const float *s = x->w + (j0 + j) * x->CRS;
+            float *d = dst + k0 * NR + j;
+            for (long k = 0; k < kn; k++) d[k * NR] = s[off[k]];
+        }
+    }
+}
+
+/* Channel-major (NCHW) output of the pixel-row GEMM: C(i, j) = c[(i / rows)*img_stride + i % rows + j*ldc]. */
+static void tr_tile_io_t(float *c, long ldc, long rows, long img_stride, long i, long j, int mr, int nr,
+                         float *sc, int load) {
+    for (int ii = 0; ii < mr; ii++) {
+        long row = i + ii;
+        float *base = c + (row / rows) * img_stride + row % rows + j * ldc;
+        for (int jj = 0; jj < nr; jj++) {
+            if (load) sc[ii * NR + jj] = base[jj * ldc];
+            else base[jj * ldc] = sc[ii * NR + jj];
+        }
+    }
+}
+
 static void tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, int nseg,
                          const float *zeros, const float **rows) {
     long PQ = g->P * g->Q;
@@ -222,7 +256,7 @@ static void tr_tile(long kcp, const float *ap, const float *bp, float *c, long l
 
 static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pack_fn pb, const void *cb,
                     float *c, long ldc, long img_cols, long img_stride, const float *bias, int bias_row,
-                    long mc, long nc, long kc, int nth, const tr_conv *ind) {
+                    long mc, long nc, long kc, int nth, const tr_conv *ind, int ctrans) {
     mc = TR_MIN(TR_ROUNDUP(TR_MAX(mc, MR), MR), TR_ROUNDUP(M, MR));
     nc = TR_MIN(TR_ROUNDUP(TR_MAX(nc, NR), NR), TR_ROUNDUP(N, NR));
     kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
@@ -230,6 +264,7 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
     if ((double)M * N * K < 65536.0) nth = 1;
     /* Indirect A needs mc * (segments) row pointers in the A buffer: fine unless channel runs are tiny. */
     if (ind && 2 * (kc / ind->Cg + 2) > kc) ind = 0;
+    if (ctrans && !ind) return 2;
     int owned;
     float *ws = tr_ws_get((size_t)nc * kc + (size_t)nth * mc * kc + kc + 32, &owned);
     if (!ws) return 1;
@@ -273,9 +308,17 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                             int nr = (int)TR_MIN(NR, N - j);
                             for (long r = 0; r < nmp; r++) {
                                 long i = ic + r * MR;
-                                tr_ukernel_ind(nseg, lens, rows + r * nseg * MR, bbuf + jr * NR * kcp,
-                                               c + i * ldc + j, ldc, (int)TR_MIN(MR, M - i), nr, first, last,
-                                               bias ? bias + j : 0, 0);
+                                int mr = (int)TR_MIN(MR, M - i);
+                                if (ctrans) {
+                                    float sc[MR * NR] __attribute__((aligned(64)));
+                                    if (!first) tr_tile_io_t(c, ldc, img_cols, img_stride, i, j, mr, nr, sc, 1);
+                                    tr_ukernel_ind(nseg, lens, rows + r * nseg * MR, bbuf + jr * NR * kcp, sc, NR,
+                                                   mr, nr, first, last, bias ? bias + j : 0, 0);
+                                    tr_tile_io_t(c, ldc, img_cols, img_stride, i, j, mr, nr, sc, 0);
+                                } else {
+                                    tr_ukernel_ind(nseg, lens, rows + r * nseg * MR, bbuf + jr * NR * kcp,
+                                                   c + i * ldc + j, ldc, mr, nr, first, last, bias ? bias + j : 0, 0);
+                                }
                             }
                         }
                         continue;
@@ -306,7 +349,7 @@ int tr_gemm(long batch, long M, long N, long K,
     for (long q = 0; q < batch; q++) {
         tr_dense A = {a + q * sa, rsa, csa}, B = {b + q * sb, rsb, csb};
         int rc = tr_drive(M, N, K, tr_pack_a_dense, &A, tr_pack_b_dense, &B, c + q * sc, ldc, 0, 0, bias, 0,
-                          mc, nc, kc, nth, 0);
+                          mc, nc, kc, nth, 0, 0);
         if (rc) return rc;
     }
     return 0;
@@ -319,19 +362,43 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
               const float *x, const float *w, const float *bias, float *out,
               long mc, long nc, long kc, int nth, int indirect) {
     long Cg = C / groups, Kg = K / groups, CRS = Cg * R * S;
+    if (layout == 0 && indirect && Cg >= 8) {
+        /* NCHW through the indirect NHWC kernel: transpose x once, read KCRS weights in place while
+           packing, store the pixel-row tiles channel-major. */
+        long HW = H * W;
+        float *xt = (float *)aligned_alloc(64, TR_ROUNDUP((size_t)n * HW * C * sizeof(float), 64));
+        if (!xt) return 1;
+        #pragma omp parallel for collapse(2) schedule(static) num_threads(nth > 0 ? nth : tr_threads_available())
+        for (long img = 0; img < n; img++)
+            for (long h0 = 0; h0 < HW; h0 += 16)
+                for (long ch = 0; ch < C; ch++) {
+                    const float *src = x + (img * C + ch) * HW;
+                    float *dst = xt + img * HW * C + ch;
+                    for (long hw = h0; hw < TR_MIN(h0 + 16, HW); hw++) dst[hw * C] = src[hw];
+                }
+        int rc = 0;
+        for (long gi = 0; gi < groups && !rc; gi++) {
+            tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+            tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, R * S};
+            rc = tr_drive(n * P * Q, Kg, CRS, tr_pack_a_nhwc, &A, tr_pack_b_kcrs, &B, out + gi * Kg * P * Q, P * Q,
+                          P * Q, K * P * Q, bias ? bias + gi * Kg : 0, 0, mc, nc, kc, nth, &A, 1);
+        }
+        free(xt);
+        return rc;
+    }
     for (long gi = 0; gi < groups; gi++) {
         const float *bg = bias ? bias + gi * Kg : 0;
         if (layout == 0) {
             tr_dense A = {w + gi * Kg * CRS, CRS, 1};
             tr_conv B = {x + gi * Cg * H * W, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             int rc = tr_drive(Kg, n * P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nchw, &B,
-                              out + gi * Kg * P * Q, P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth, 0);
+                              out + gi * Kg * P * Q, P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth, 0, 0);
             if (rc) return rc;
         } else {
             tr_conv A = {x + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             tr_dense B = {w + gi * Kg * CRS, 1, CRS};
             int rc = tr_drive(n * P * Q, Kg, CRS, tr_pack_a_nhwc, &A, tr_pack_b_dense, &B,
-                              out + gi * Kg, K, 0, 0, bg, 0, mc, nc, kc, nth, indirect ? &A : 0);
+                              out + gi * Kg, K, 0, 0, bg, 0, mc, nc, kc, nth, indirect ? &A : 0, 0);
             if (rc) return rc;
         }
     }
