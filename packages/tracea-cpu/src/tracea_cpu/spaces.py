@@ -81,9 +81,9 @@ def heroes(table: dict[str, list[dict[str, int]]], isa: Isa) -> list[PipelineCon
     return [PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in table[isa.name]]
 
 
-def blocked_heroes(isa: Isa, op: Op) -> list[PipelineConfig]:
+def blocked_heroes(isa: Isa, op: Op, indirect: bool = False) -> list[PipelineConfig]:
     """The ISA's GEMM heroes, those whose register tile wastes least on this op's M x N edges first."""
-    m, n = gemm_view(op)
+    m, n = gemm_view(op, indirect)
 
     def waste(cfg: PipelineConfig) -> float:
         mr, nr = cfg.get("mr"), cfg.get("nr")
@@ -98,10 +98,10 @@ def indirect_ok(op: Conv2dOp) -> bool:
     return op.c // op.groups >= 8
 
 
-def gemm_view(op: Op) -> tuple[int, int]:
-    """(M, N) of the GEMM the blocked driver runs for ``op`` (per batch entry / group / image)."""
+def gemm_view(op: Op, indirect: bool = False) -> tuple[int, int]:
+    """(M, N) of the GEMM the blocked driver runs for ``op`` (per batch entry / group)."""
     if isinstance(op, Conv2dOp):
-        if op.layout is Layout.NCHW:
+        if op.layout is Layout.NCHW and not indirect:
             return op.k // op.groups, op.n * op.p * op.q
         return op.n * op.p * op.q, op.k // op.groups
     return int(getattr(op, "m", 1)), int(getattr(op, "n", 1))
