@@ -144,7 +144,8 @@ class CpuConv2dVariant(CpuVariant):
         heroes = spaces.blocked_heroes(self.isa, op)
         if isinstance(op, Conv2dOp) and spaces.indirect_ok(op):
             # The indirect kernel keeps one pointer per tile row in a general register: short tiles first.
-            short = [h for h in heroes if h.get("mr") <= 6] + [h for h in heroes if h.get("mr") > 6]
+            ind = spaces.blocked_heroes(self.isa, op, indirect=True)
+            short = [h for h in ind if h.get("mr") <= 6] + [h for h in ind if h.get("mr") > 6]
             indirect = [h.with_params(indirect=1) for h in short]
             packed = [h.with_params(indirect=0) for h in heroes[:1]]
             # Few output pixels: NCHW weights are cheaper to pack as the A operand (measured, ResNet 512@7^2).
