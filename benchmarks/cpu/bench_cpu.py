@@ -12,9 +12,15 @@ writes every row to JSON. ``--tune N`` tries N configs of the variant's search s
 
 from __future__ import annotations
 
+import os
+
+# OpenBLAS worker threads busy-wait ~2^28 cycles after every call by default; interleaved with other
+# libraries on a 2-core machine that spinning steals the cores of whatever runs next. Keep it short
+# (must be set before NumPy loads OpenBLAS).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 import argparse
 import json
-import os
 import platform
 import random
 import sys
