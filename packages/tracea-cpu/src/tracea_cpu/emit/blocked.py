@@ -198,14 +198,17 @@ static void tr_pack_b_kcrs(const void *vctx, long j0, long nr, long p0, long kc,
 /* Channel-major (NCHW) output of the pixel-row GEMM: C(i, j) = c[(i / rows)*img_stride + i % rows + j*ldc]. */
 static void tr_tile_io_t(float *c, long ldc, long rows, long img_stride, long i, long j, int mr, int nr,
                          float *sc, int load) {
+    float *base[MR];
     for (int ii = 0; ii < mr; ii++) {
         long row = i + ii;
-        float *base = c + (row / rows) * img_stride + row % rows + j * ldc;
-        for (int jj = 0; jj < nr; jj++) {
-            if (load) sc[ii * NR + jj] = base[jj * ldc];
-            else base[jj * ldc] = sc[ii * NR + jj];
-        }
+        base[ii] = c + (row / rows) * img_stride + row % rows + j * ldc;
     }
+    /* Channel by channel: the tile's pixels are (mostly) consecutive floats of one output plane. */
+    for (int jj = 0; jj < nr; jj++)
+        for (int ii = 0; ii < mr; ii++) {
+            if (load) sc[ii * NR + jj] = base[ii][jj * ldc];
+            else base[ii][jj * ldc] = sc[ii * NR + jj];
+        }
 }
 
 static void tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, int nseg,
