@@ -369,16 +369,24 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
         /* NCHW through the indirect NHWC kernel: transpose x once, read KCRS weights in place while
            packing, store the pixel-row tiles channel-major. */
         long HW = H * W;
-        float *xt = (float *)aligned_alloc(64, TR_ROUNDUP((size_t)n * HW * C * sizeof(float), 64));
+        int xt_owned;
+        float *xt = tr_ws_slot(1, (size_t)n * HW * C, &xt_owned);
         if (!xt) return 1;
+        /* 16 channel planes are read as 16 sequential streams; each pixel's 16 channels are one line. */
         #pragma omp parallel for collapse(2) schedule(static) num_threads(nth > 0 ? nth : tr_threads_available())
         for (long img = 0; img < n; img++)
-            for (long h0 = 0; h0 < HW; h0 += 16)
-                for (long ch = 0; ch < C; ch++) {
-                    const float *src = x + (img * C + ch) * HW;
-                    float *dst = xt + img * HW * C + ch;
-                    for (long hw = h0; hw < TR_MIN(h0 + 16, HW); hw++) dst[hw * C] = src[hw];
+            for (long c0 = 0; c0 < C; c0 += 16) {
+                long cn = TR_MIN(16, C - c0);
+                const float *src = x + (img * C + c0) * HW;
+                float *dst = xt + img * HW * C + c0;
+                if (cn == 16) {
+                    for (long hw = 0; hw < HW; hw++)
+                        for (long cc = 0; cc < 16; cc++) dst[hw * C + cc] = src[cc * HW + hw];
+                } else {
+                    for (long hw = 0; hw < HW; hw++)
+                        for (long cc = 0; cc < cn; cc++) dst[hw * C + cc] = src[cc * HW + hw];
                 }
+            }
         int rc = 0;
         for (long gi = 0; gi < groups && !rc; gi++) {
             tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
@@ -386,7 +394,7 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
             rc = tr_drive(n * P * Q, Kg, CRS, tr_pack_a_nhwc, &A, tr_pack_b_kcrs, &B, out + gi * Kg * P * Q, P * Q,
                           P * Q, K * P * Q, bias ? bias + gi * Kg : 0, 0, mc, nc, kc, nth, &A, 1);
         }
-        free(xt);
+        tr_ws_release(1, xt, xt_owned);
         return rc;
     }
     for (long gi = 0; gi < groups; gi++) {

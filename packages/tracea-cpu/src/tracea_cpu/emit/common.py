@@ -69,27 +69,30 @@ static inline V tr_vsilu(V x) {
 # A process-wide workspace reused across calls (page-faulting fresh buffers on every call costs more
 # than a small GEMM); a concurrent caller that finds it busy allocates its own.
 WORKSPACE = r"""
-static float *tr_ws_buf = 0;
-static size_t tr_ws_size = 0;
-static volatile int tr_ws_busy = 0;
-static float *tr_ws_get(size_t floats, int *owned) {
+/* Slot 0: packing buffers of the blocked driver; slot 1: a transposed input (NCHW conv). */
+static float *tr_ws_buf[2] = {0, 0};
+static size_t tr_ws_size[2] = {0, 0};
+static volatile int tr_ws_busy[2] = {0, 0};
+static float *tr_ws_slot(int slot, size_t floats, int *owned) {
     size_t bytes = TR_ROUNDUP(floats * sizeof(float) + TR_ALIGN, 4096);
-    if (__sync_lock_test_and_set(&tr_ws_busy, 1) == 0) {
-        if (tr_ws_size < bytes) {
-            free(tr_ws_buf);
-            tr_ws_buf = (float *)aligned_alloc(4096, bytes);
-            tr_ws_size = tr_ws_buf ? bytes : 0;
+    if (__sync_lock_test_and_set(&tr_ws_busy[slot], 1) == 0) {
+        if (tr_ws_size[slot] < bytes) {
+            free(tr_ws_buf[slot]);
+            tr_ws_buf[slot] = (float *)aligned_alloc(4096, bytes);
+            tr_ws_size[slot] = tr_ws_buf[slot] ? bytes : 0;
         }
-        if (tr_ws_buf) { *owned = 0; return tr_ws_buf; }
-        __sync_lock_release(&tr_ws_busy);
+        if (tr_ws_buf[slot]) { *owned = 0; return tr_ws_buf[slot]; }
+        __sync_lock_release(&tr_ws_busy[slot]);
         return 0;
     }
     *owned = 1;
     return (float *)aligned_alloc(4096, bytes);
 }
-static void tr_ws_put(float *p, int owned) {
-    if (owned) free(p); else __sync_lock_release(&tr_ws_busy);
+static void tr_ws_release(int slot, float *p, int owned) {
+    if (owned) free(p); else __sync_lock_release(&tr_ws_busy[slot]);
 }
+static float *tr_ws_get(size_t floats, int *owned) { return tr_ws_slot(0, floats, owned); }
+static void tr_ws_put(float *p, int owned) { tr_ws_release(0, p, owned); }
 int tr_threads_available(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();
