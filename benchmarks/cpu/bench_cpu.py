@@ -42,18 +42,6 @@ from tracea_cpu.variants import CpuAttentionVariant, CpuConv2dVariant, CpuGemmVa
 PROFILE = host_profile()
 
 
-def median_time(fn, min_reps=5, budget=0.6) -> float:
-    """Median wall time of ``fn`` after one warm-up call."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_reps or (time.perf_counter() - start < budget and len(times) < 200):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
 def compare(fns: dict, min_rounds=7, budget=2.0) -> dict:
     """Interleaved timing of several callables (A B C A B C ...), so load from other processes on a
     shared machine hits all of them alike. Returns name -> (best, median) wall seconds."""
