@@ -61,7 +61,9 @@ def build(context: Any, device: Any, source: str, options: tuple[str, ...] = BUI
 def _build_log(program: Any, device: Any) -> str:
     pcl = runtime.cl()
     try:
-        return str(program.get_build_info(device, pcl.program_build_info.LOG)).strip()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "pre-build attribute access" warning: irrelevant after a failure
+            return str(program.get_build_info(device, pcl.program_build_info.LOG)).strip()
     except Exception:  # the failed build may have left no log object
         return ""
 
