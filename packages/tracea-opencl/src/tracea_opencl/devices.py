@@ -17,6 +17,17 @@ _CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV = 0x4000
 _CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV = 0x4001
 
 
+#: Extension name fragments worth showing as capability flags (the full list is in ``extras``).
+_FLAG_HINTS = ("_fp16", "_fp64", "dot_product", "bfloat16", "_nv_", "_amd_", "matrix", "_mma")
+_FLAG_NAMES = {"cl_khr_subgroups", "cl_intel_subgroups"}
+
+
+def capability_flags(extensions: set[str], kind: str) -> tuple[str, ...]:
+    """The extensions kernels may care about, plus an ``opencl:<type>`` tag."""
+    keep = {e for e in extensions if e in _FLAG_NAMES or any(h in e for h in _FLAG_HINTS)}
+    return tuple(sorted(keep | {f"opencl:{kind}"}))
+
+
 def device_type(dev: Any) -> str:
     """``"gpu"``, ``"cpu"``, ``"accelerator"`` or ``"other"``."""
     t = runtime.cl().device_type
@@ -76,7 +87,7 @@ def profile(index: int, platform: Any, dev: Any) -> DeviceProfile:
     return DeviceProfile(
         device=Device.opencl(index), name=dev.name.strip(), backend="opencl", vendor=dev.vendor.strip(),
         arch=f"opencl-{kind}", compute_units=int(dev.max_compute_units),
-        isa=tuple(sorted(extensions | {f"opencl:{kind}"})), compute_capability=None,
+        isa=capability_flags(extensions, kind), compute_capability=None,
         warp_size=_warp_size(dev, kind, extensions), max_threads_per_block=int(dev.max_work_group_size),
         shared_mem_per_block=int(dev.local_mem_size), caches=caches, memory_bytes=int(dev.global_mem_size),
         peak_gflops={"float32": peak, "float16": peak * (2.0 if has_fp16 and kind == "gpu" else 1.0)},
@@ -87,7 +98,8 @@ def profile(index: int, platform: Any, dev: Any) -> DeviceProfile:
                 "local_memory": "dedicated" if local_is_dedicated else "global",
                 "max_clock_mhz": str(dev.max_clock_frequency),
                 "native_vector_width_float": str(dev.native_vector_width_float),
-                "compute_capability": ".".join(map(str, cc)) if cc else ""})
+                "compute_capability": ".".join(map(str, cc)) if cc else "",
+                "extensions": " ".join(sorted(extensions))})
 
 
 def profiles() -> list[DeviceProfile]:
