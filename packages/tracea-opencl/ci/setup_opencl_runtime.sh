@@ -11,13 +11,16 @@
 #      (the wheel's own .icd holds a placeholder path and cannot be used);
 #   3. writes $TRACEA_OPENCL_RUNTIME_DIR/env.sh and prints its export lines:
 #        OCL_ICD_VENDORS       read by the ICD loader bundled with pyopencl (ocl-icd)
-#        TRACEA_OPENCL_ICD_DIR read by tracea-opencl, which sets OCL_ICD_VENDORS from it when unset.
+#        TRACEA_OPENCL_ICD_DIR read by tracea-opencl, which sets OCL_ICD_VENDORS from it when unset;
+#      inside a virtual environment ($VIRTUAL_ENV set, as dev.py does) the same lines are merged into
+#      $VIRTUAL_ENV/tracea-env.sh, which dev.py loads before running tests and benchmarks.
 #
 # Usage:  bash packages/tracea-opencl/ci/setup_opencl_runtime.sh [--check] [--quiet]
 #         eval "$(bash packages/tracea-opencl/ci/setup_opencl_runtime.sh --quiet)"   # exports into the shell
 #   --check   also build and run a kernel through pyopencl (needs pyopencl importable).
 #   --quiet   print only the export lines on stdout (progress goes to stderr).
-# Environment: TRACEA_OPENCL_RUNTIME_DIR (default ~/.cache/tracea/opencl-runtime), PYTHON (default python3),
+# Environment: TRACEA_OPENCL_RUNTIME_DIR (default $VIRTUAL_ENV/opencl-runtime inside a virtual environment,
+#              else ~/.cache/tracea/opencl-runtime), PYTHON (default python3),
 #              TRACEA_OPENCL_RT_VERSION (pip version spec, default "==2026.*").
 set -euo pipefail
 
@@ -27,13 +30,17 @@ for arg in "$@"; do
   case "$arg" in
     --check) check=1 ;;
     --quiet) quiet=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "setup_opencl_runtime.sh: unknown argument '$arg' (expected --check, --quiet)" >&2; exit 2 ;;
   esac
 done
 
 PY="${PYTHON:-python3}"
-ROOT="${TRACEA_OPENCL_RUNTIME_DIR:-${HOME}/.cache/tracea/opencl-runtime}"
+if [[ -n "${VIRTUAL_ENV:-}" ]]; then
+  ROOT="${TRACEA_OPENCL_RUNTIME_DIR:-$VIRTUAL_ENV/opencl-runtime}"
+else
+  ROOT="${TRACEA_OPENCL_RUNTIME_DIR:-${HOME}/.cache/tracea/opencl-runtime}"
+fi
 SPEC="${TRACEA_OPENCL_RT_VERSION:-==2026.*}"
 PREFIX="$ROOT/prefix"
 VENDORS="$ROOT/vendors"
@@ -60,6 +67,13 @@ export OCL_ICD_VENDORS="$VENDORS"
 export TRACEA_OPENCL_ICD_DIR="$VENDORS"
 ENV
 log "registered $lib in $VENDORS; environment in $ROOT/env.sh"
+if [[ -n "${VIRTUAL_ENV:-}" ]]; then
+  envfile="$VIRTUAL_ENV/tracea-env.sh"
+  touch "$envfile"
+  grep -v -E '^(export )?(OCL_ICD_VENDORS|TRACEA_OPENCL_ICD_DIR)=' "$envfile" > "$envfile.tmp" || true
+  cat "$ROOT/env.sh" >> "$envfile.tmp" && mv "$envfile.tmp" "$envfile"
+  log "merged into $envfile"
+fi
 
 if [[ $check -eq 1 ]]; then
   OCL_ICD_VENDORS="$VENDORS" "$PY" - >&2 <<'PYCHECK'

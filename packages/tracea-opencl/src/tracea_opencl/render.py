@@ -63,6 +63,8 @@ class KernelSpec:
     even_n: bool = False
     even_k: bool = False
     conv: ConvGeometry | None = None
+    #: B arrives packed k-major ((K, N) GEMM, (C*R*S, K) conv weights): the launcher transposes it first.
+    pack_b: bool = False
 
     @property
     def kernel_name(self) -> str:
@@ -71,7 +73,8 @@ class KernelSpec:
     @property
     def vector_b(self) -> bool:
         """B rows are contiguous along n, so a column group is one vector load."""
-        return self.kind == "gemm" and not self.trans_b and self.even_n and self.tiling.vw > 1
+        k_major = (self.kind == "gemm" and not self.trans_b) or (self.kind == "conv" and self.pack_b)
+        return k_major and self.even_n and self.tiling.vw > 1
 
     @property
     def vector_c(self) -> bool:
@@ -138,6 +141,8 @@ class _Renderer:
         nc = f"({nexpr})" if s.even_n else f"min({nexpr}, N - 1)"
         if s.kind == "gemm":
             self.emit(f"const int {name} = {nc}{' * K' if s.trans_b else ''};", ind)
+        elif s.pack_b:
+            self.emit(f"const int {name} = grp * {self.conv.kg} + {nc};", ind)
         else:
             self.emit(f"const int {name} = (grp * {self.conv.kg} + {nc}) * {self.conv.kdim};", ind)
 
@@ -145,6 +150,8 @@ class _Renderer:
         s = self.s
         if s.kind == "gemm" and not s.trans_b:
             return _load(s.in_type, "B", f"({kexpr}) * N + {col}")
+        if s.kind == "conv" and s.pack_b:
+            return _load(s.in_type, "B", f"({kexpr}) * {self.conv.k} + {col}")
         return _load(s.in_type, "B", f"{col} + {kexpr}")
 
     # -- kernel -------------------------------------------------------------------------------------
@@ -213,8 +220,9 @@ class _Renderer:
             self.emit(f"const float a{i} = {self.a_load(f'ra{i}', kexpr, 'tk')};", ind + 1)
         for gi in range(ng):
             if s.vector_b:
-                load = (f"vload_half{t.vw}(0, B + ({kexpr}) * N + cb{gi}_0)" if s.in_type == "half"
-                        else f"vload{t.vw}(0, B + ({kexpr}) * N + cb{gi}_0)")
+                ldb = "N" if s.kind == "gemm" else str(self.conv.k)
+                load = (f"vload_half{t.vw}(0, B + ({kexpr}) * {ldb} + cb{gi}_0)" if s.in_type == "half"
+                        else f"vload{t.vw}(0, B + ({kexpr}) * {ldb} + cb{gi}_0)")
                 self.emit(f"const {tv} b{gi} = {load};", ind + 1)
             else:
                 parts = [self.b_load(f"cb{gi}_{v}", kexpr) for v in range(t.vw)]
@@ -252,7 +260,7 @@ class _Renderer:
             r, kk = (f"{e} % {tm}", f"{e} / {tm}") if m_fast else (f"{e} / {tk}", f"{e} % {tk}")
             self.emit(f"const int la{u}_r = {r}, la{u}_k = {kk};")
             self.a_row_setup(f"la{u}", f"bm + la{u}_r", 1)
-        n_fast = s.kind == "gemm" and not s.trans_b
+        n_fast = (s.kind == "gemm" and not s.trans_b) or (s.kind == "conv" and s.pack_b)
         for u in range(tn * tk // wg):
             e = f"(lid + {u * wg})"
             c, kk = (f"{e} % {tn}", f"{e} / {tn}") if n_fast else (f"{e} / {tk}", f"{e} % {tk}")

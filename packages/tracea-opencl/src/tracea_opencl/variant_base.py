@@ -16,7 +16,7 @@ from tracea.ir.ops import Op
 from tracea.semantic.config import PipelineConfig, Validity, VALID
 from tracea.semantic.search_space import SearchSpace
 
-from . import programs, runtime, spaces
+from . import pack, programs, runtime, spaces
 from .arrays import device_of, is_cl_array, queue_of
 from .render import KernelSpec, render
 from .tiling import Tiling
@@ -53,6 +53,10 @@ class OpenCLVariant(KernelVariant):
         raise NotImplementedError
 
     def element_counts(self, op: Op) -> list[int]:
+        raise NotImplementedError
+
+    def b_shape(self, op: Op) -> tuple[int, int, int]:
+        """(batch, rows, cols) of B as stored, for packing it k-major."""
         raise NotImplementedError
 
     # -- KernelVariant ---------------------------------------------------------------------------------
@@ -145,6 +149,8 @@ class OpenCLVariant(KernelVariant):
         spec = self.kernel_spec(op, tiling, bias_dtype)
         kernel = self._kernel(out.context, queue.device, spec)
         m, n, k, depth = self.gemm_view(op)
+        if spec.pack_b:
+            inputs = (inputs[0], pack.transpose(queue, inputs[1], *self.b_shape(op)))
         i32 = np.int32
         kargs = [inputs[0].base_data, i32(inputs[0].offset // inputs[0].dtype.itemsize),
                  inputs[1].base_data, i32(inputs[1].offset // inputs[1].dtype.itemsize),
