@@ -4,6 +4,7 @@ Used for conv2d weights (K, C*R*S -> C*R*S, K) and transposed GEMM B operands ((
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -21,11 +22,12 @@ __kernel void tracea_transpose(__global const {t}* restrict src, const int off, 
 """
 _STORAGE = {2: "ushort", 4: "float"}
 _kernels: dict[tuple[int, int, int], Any] = {}
+_lock = threading.Lock()
 
 
-def transpose(queue: Any, src: Any, batch: int, rows: int, cols: int) -> Any:
+def transpose(queue: Any, src: Any, batch: int, rows: int, cols: int) -> tuple[Any, Any]:
     """A new device array (batch, cols, rows) holding ``src`` (batch, rows, cols) transposed, enqueued on
-    ``queue``; elements are copied bit for bit."""
+    ``queue`` (elements copied bit for bit), and the transpose's event."""
     import pyopencl.array as cla  # noqa: PLC0415
 
     item = src.dtype.itemsize
@@ -38,6 +40,7 @@ def transpose(queue: Any, src: Any, batch: int, rows: int, cols: int) -> Any:
     dst = cla.empty(queue, (batch, cols, rows), src.dtype)
     local = (16, 1, 1) if rows >= 16 else None
     gsize = (-(-rows // 16) * 16 if local else rows, cols, batch)
-    kernel(queue, gsize, local, src.base_data, np.int32(src.offset // item), dst.data, np.int32(rows),
-           np.int32(cols))
-    return dst
+    with _lock:
+        event = kernel(queue, gsize, local, src.base_data, np.int32(src.offset // item), dst.data, np.int32(rows),
+               np.int32(cols))
+    return dst, event

@@ -25,6 +25,8 @@ CL_TYPES = {DType.F32: "float", DType.F16: "half"}
 INT32_MAX = 2**31 - 1
 _kernels: dict[tuple[int, str], Any] = {}
 _kernels_lock = threading.Lock()
+# pyopencl kernel objects hold their arguments: setting them and enqueueing must not interleave.
+_launch_lock = threading.Lock()
 
 
 def cl_type(dtype: DType) -> str:
@@ -127,7 +129,8 @@ class OpenCLVariant(KernelVariant):
             return kernel[0]
 
     def launch(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> Any:
-        """Enqueue the kernel on the output's queue; returns the OpenCL event."""
+        """Enqueue the kernel (after packing B when the kernel wants it k-major) on the output's queue;
+        returns the OpenCL events in order."""
         self._require_valid(op, config, profile)
         inputs = self.operands(args)
         arrays = [*inputs, args.bias, args.out]
@@ -149,8 +152,11 @@ class OpenCLVariant(KernelVariant):
         spec = self.kernel_spec(op, tiling, bias_dtype)
         kernel = self._kernel(out.context, queue.device, spec)
         m, n, k, depth = self.gemm_view(op)
+        events = []
         if spec.pack_b:
-            inputs = (inputs[0], pack.transpose(queue, inputs[1], *self.b_shape(op)))
+            packed, pack_event = pack.transpose(queue, inputs[1], *self.b_shape(op))
+            inputs = (inputs[0], packed)
+            events.append(pack_event)
         i32 = np.int32
         kargs = [inputs[0].base_data, i32(inputs[0].offset // inputs[0].dtype.itemsize),
                  inputs[1].base_data, i32(inputs[1].offset // inputs[1].dtype.itemsize),
@@ -162,9 +168,10 @@ class OpenCLVariant(KernelVariant):
         lsize = (tiling.wg_n, tiling.wg_m, 1)
         pcl = runtime.cl()
         try:
-            event = kernel(queue, gsize, lsize, *kargs)
+            with _launch_lock:
+                event = kernel(queue, gsize, lsize, *kargs)
         except pcl.Error as exc:
             raise LaunchError(f"{self.name} launch failed ({config.key}): {exc}", backend="opencl") from exc
         if runtime.context_queue(dev)[1] is not queue:
             runtime.note_queue(dev.index, queue)
-        return event
+        return [*events, event]
