@@ -82,9 +82,14 @@ def sweep(variant: Any, op: Any, profile: Any, args: Any, queue: Any, n_sample: 
         except Exception as exc:  # a config the device cannot build or run scores infinity
             print(f"    skip {cfg.key}: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
             continue
+        if VERBOSE:
+            print(f"    {t * 1e3:9.3f} ms  {cfg.key}", file=sys.stderr, flush=True)
         if t < best_t:
             best, best_t = cfg, t
     return best, best_t, len(candidates)
+
+
+VERBOSE = False
 
 
 def torch_module():
@@ -209,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layouts", default="NCHW,NHWC")
     ap.add_argument("--sweep", type=int, default=10, help="random search-space configs tried besides the heroes")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--verbose", action="store_true", help="print every swept config's time")
     ns = ap.parse_args(argv)
+    global VERBOSE
+    VERBOSE = ns.verbose
 
     import tracea_opencl  # noqa: PLC0415
     from tracea_opencl.devices import profile_of  # noqa: PLC0415

@@ -14,11 +14,13 @@ from tracea.semantic.config import PipelineConfig
 pytestmark = pytest.mark.opencl
 
 DIRECT = PipelineConfig(tile_m=8, tile_n=16, tile_k=8, stages=1, warps=1,
-                        params={"wg_m": 1, "wg_n": 16, "vw": 1, "local": 0, "raster": 4096})
+                        params={"wg_m": 1, "wg_n": 16, "vw": 1, "local": 0, "raster": 4096, "pack": 1})
+UNPACKED = PipelineConfig(tile_m=8, tile_n=16, tile_k=8, stages=1, warps=1,
+                          params={"wg_m": 2, "wg_n": 8, "vw": 1, "local": 0, "raster": 0, "pack": 0})
 LOCAL = PipelineConfig(tile_m=32, tile_n=16, tile_k=8, stages=1, warps=1,
                        params={"wg_m": 8, "wg_n": 4, "vw": 2, "local": 1, "raster": 0})
 VECTOR = PipelineConfig(tile_m=4, tile_n=16, tile_k=4, stages=1, warps=1,
-                        params={"wg_m": 2, "wg_n": 2, "vw": 4, "local": 0, "raster": 0})
+                        params={"wg_m": 2, "wg_n": 2, "vw": 4, "local": 0, "raster": 0, "pack": 1})
 
 # (n, c, h, w, k, r, s, stride, padding, dilation, groups)
 CASES = [
@@ -51,7 +53,7 @@ def run_conv(op: Conv2dOp, config: PipelineConfig, profile, oracle, seed: int = 
     return oracle.rel_error(out.get(), oracle.conv(op, x, w, bias))
 
 
-@pytest.mark.parametrize("config", [DIRECT, LOCAL, VECTOR], ids=["direct", "local", "vector"])
+@pytest.mark.parametrize("config", [DIRECT, UNPACKED, LOCAL, VECTOR], ids=["packed", "direct", "local", "vector"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c))
 def test_conv_geometries(cl_profile, oracle, case, layout, config):

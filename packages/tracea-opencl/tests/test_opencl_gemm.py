@@ -14,22 +14,25 @@ from tracea.semantic.config import PipelineConfig
 
 pytestmark = pytest.mark.opencl
 
-# (tile_m, tile_n, tile_k, wg_m, wg_n, vw, local, raster): CPU-style direct kernels and GPU-style
-# local-memory kernels with vector loads, both must be right on every device.
+# (tile_m, tile_n, tile_k, wg_m, wg_n, vw, local, raster, pack): CPU-style direct kernels (B read in
+# place or packed into panels) and GPU-style local-memory kernels with vector loads; all must be right
+# on every device.
 CONFIGS = [
-    (8, 32, 8, 1, 16, 1, 0, 4096),
-    (4, 16, 4, 1, 4, 4, 0, 0),
-    (16, 16, 8, 4, 4, 1, 1, 0),
-    (32, 32, 8, 8, 4, 4, 1, 2),
+    (8, 32, 8, 1, 16, 1, 0, 4096, 1),
+    (4, 16, 4, 1, 4, 4, 0, 0, 0),
+    (4, 16, 4, 2, 2, 4, 0, 3, 1),
+    (16, 16, 8, 4, 4, 1, 1, 0, 0),
+    (32, 32, 8, 8, 4, 4, 1, 2, 0),
 ]
 SHAPES = [(1, 1, 1), (7, 13, 5), (33, 65, 17), (64, 48, 32), (100, 37, 129)]
 EPILOGUES = ["none", "bias", "relu", "bias+gelu_tanh", "bias+gelu_erf", "silu", "bias+relu"]
 
 
 def config_of(c) -> PipelineConfig:
-    tm, tn, tk, wm, wn, vw, local, raster = c
+    tm, tn, tk, wm, wn, vw, local, raster, pack = c
     return PipelineConfig(tile_m=tm, tile_n=tn, tile_k=tk, stages=1, warps=1,
-                          params={"wg_m": wm, "wg_n": wn, "vw": vw, "local": local, "raster": raster})
+                          params={"wg_m": wm, "wg_n": wn, "vw": vw, "local": local, "raster": raster,
+                                  "pack": pack})
 
 
 def run_gemm(op: GemmOp, config: PipelineConfig, profile, oracle, seed: int = 0):
@@ -62,7 +65,7 @@ def test_gemm_shapes(cl_profile, oracle, cfg, shape):
 
 
 @pytest.mark.parametrize("epilogue", EPILOGUES)
-@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["direct", "local"])
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1], CONFIGS[4]], ids=["packed", "direct", "local"])
 def test_gemm_epilogues(cl_profile, oracle, epilogue, cfg):
     op = GemmOp(45, 70, 33, epilogue=epilogue)
     assert run_gemm(op, config_of(cfg), cl_profile, oracle, seed=3) < 1e-5
@@ -76,7 +79,7 @@ def test_gemm_transposes_and_batch(cl_profile, oracle, trans_a, trans_b, cfg):
 
 
 @pytest.mark.parametrize("out_dtype", [DType.F16, DType.F32])
-@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["direct", "local"])
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1], CONFIGS[4]], ids=["packed", "direct", "local"])
 def test_gemm_fp16(cl_profile, oracle, out_dtype, cfg):
     op = GemmOp(37, 64, 40, dtype_a=DType.F16, dtype_b=DType.F16, dtype_out=out_dtype,
                 epilogue=Epilogue.parse("bias+gelu_tanh"))
@@ -105,7 +108,7 @@ def test_gemm_invalid_config_is_rejected(cl_profile):
     from tracea_opencl.gemm import OpenCLGemm
 
     op = GemmOp(16, 16, 16)
-    bad = config_of((10, 32, 8, 4, 16, 1, 0, 0))  # tile_m not a multiple of wg_m
+    bad = config_of((10, 32, 8, 4, 16, 1, 0, 0, 0))  # tile_m not a multiple of wg_m
     validity = OpenCLGemm().validate_config(op, bad, cl_profile)
     assert not validity and "wg_m" in validity.reason
     with pytest.raises(UnsupportedConfigError, match="wg_m"):

@@ -63,7 +63,7 @@ class OpenCLConv2d(OpenCLVariant):
                            padding=op.padding, needs_bounds=needs_bounds)
         return KernelSpec(kind="conv", tiling=tiling, in_type=cl_type(op.dtype), out_type=cl_type(op.out_dtype),
                           bias_type=cl_type(bias_dtype) if bias_dtype is not None else None,
-                          epilogue=op.epilogue, trans_b=True, pack_b=not tiling.local, even_m=m % tiling.tile_m == 0,
+                          epilogue=op.epilogue, trans_b=True, pack_b=tiling.pack, even_m=m % tiling.tile_m == 0,
                           even_n=n % tiling.tile_n == 0, even_k=k % tiling.tile_k == 0, conv=geo)
 
     def kernel_args(self, op: Conv2dOp, args: OpArgs, context: Any) -> list[Any]:
@@ -80,8 +80,8 @@ class OpenCLConv2d(OpenCLVariant):
     def operands(self, args: OpArgs) -> tuple[Any, Any]:
         return args.x, args.w
 
-    def b_shape(self, op: Conv2dOp) -> tuple[int, int, int]:
-        return 1, op.k, (op.c // op.groups) * op.r * op.s
+    def pack_dims(self, op: Conv2dOp) -> tuple[int, int, int, bool]:
+        return op.groups, (op.c // op.groups) * op.r * op.s, op.k // op.groups, True
 
     def element_counts(self, op: Conv2dOp) -> list[int]:
         n, c, h, w = op.x_shape

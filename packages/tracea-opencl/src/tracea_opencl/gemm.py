@@ -30,7 +30,7 @@ class OpenCLGemm(OpenCLVariant):
 
     def kernel_spec(self, op: GemmOp, tiling: Tiling, bias_dtype: DType | None) -> KernelSpec:
         even_k = op.k % tiling.tile_k == 0
-        pack = op.trans_b and not tiling.local  # direct kernels want B rows contiguous along n
+        pack = tiling.pack
         return KernelSpec(kind="gemm", tiling=tiling, in_type=cl_type(op.dtype_a), out_type=cl_type(op.out_dtype),
                           bias_type=cl_type(bias_dtype) if bias_dtype is not None else None,
                           epilogue=op.epilogue, trans_a=op.trans_a, trans_b=op.trans_b and not pack, pack_b=pack,
@@ -39,8 +39,8 @@ class OpenCLGemm(OpenCLVariant):
     def operands(self, args: OpArgs) -> tuple[Any, Any]:
         return args.a, args.b
 
-    def b_shape(self, op: GemmOp) -> tuple[int, int, int]:
-        return op.batch, op.n, op.k
+    def pack_dims(self, op: GemmOp) -> tuple[int, int, int, bool]:
+        return op.batch, op.k, op.n, op.trans_b
 
     def element_counts(self, op: GemmOp) -> list[int]:
         return [op.batch * op.m * op.k, op.batch * op.k * op.n, op.batch * op.m * op.n]

@@ -63,7 +63,9 @@ class KernelSpec:
     even_n: bool = False
     even_k: bool = False
     conv: ConvGeometry | None = None
-    #: B arrives packed k-major ((K, N) GEMM, (C*R*S, K) conv weights): the launcher transposes it first.
+    #: B arrives packed in column panels, ``Bp[batch][N / tile_n][K][tile_n]`` zero-padded past N (the
+    #: launcher packs it, see pack.py): each work-group then reads one contiguous K x tile_n block.
+    #: Direct (non-local) kernels only.
     pack_b: bool = False
 
     @property
@@ -73,8 +75,9 @@ class KernelSpec:
     @property
     def vector_b(self) -> bool:
         """B rows are contiguous along n, so a column group is one vector load."""
-        k_major = (self.kind == "gemm" and not self.trans_b) or (self.kind == "conv" and self.pack_b)
-        return k_major and self.even_n and self.tiling.vw > 1
+        if self.tiling.vw == 1:
+            return False
+        return self.pack_b or (self.kind == "gemm" and not self.trans_b and self.even_n)
 
     @property
     def vector_c(self) -> bool:
@@ -141,17 +144,15 @@ class _Renderer:
         nc = f"({nexpr})" if s.even_n else f"min({nexpr}, N - 1)"
         if s.kind == "gemm":
             self.emit(f"const int {name} = {nc}{' * K' if s.trans_b else ''};", ind)
-        elif s.pack_b:
-            self.emit(f"const int {name} = grp * {self.conv.kg} + {nc};", ind)
         else:
             self.emit(f"const int {name} = (grp * {self.conv.kg} + {nc}) * {self.conv.kdim};", ind)
 
     def b_load(self, col: str, kexpr: str) -> str:
         s = self.s
+        if s.pack_b:
+            return _load(s.in_type, "B", f"({kexpr}) * {self.t.tile_n} + {col}")
         if s.kind == "gemm" and not s.trans_b:
             return _load(s.in_type, "B", f"({kexpr}) * N + {col}")
-        if s.kind == "conv" and s.pack_b:
-            return _load(s.in_type, "B", f"({kexpr}) * {self.conv.k} + {col}")
         return _load(s.in_type, "B", f"{col} + {kexpr}")
 
     # -- kernel -------------------------------------------------------------------------------------
@@ -186,10 +187,15 @@ class _Renderer:
             self.emit(f"const int bn = get_group_id(0) * {t.tile_n}, bm = get_group_id(1) * {t.tile_m};")
         if s.kind == "gemm":
             self.emit("const int bat = get_global_id(2);")
-            self.emit("A += offA + bat * M * K; B += offB + bat * K * N; C += offC + bat * M * N;")
+            self.emit("A += offA + bat * M * K; C += offC + bat * M * N;")
         else:
-            self.emit("const int grp = get_global_id(2);")
-            self.emit("A += offA; B += offB; C += offC;")
+            self.emit("const int grp = get_global_id(2), bat = grp;")
+            self.emit("A += offA; C += offC;")
+        if s.pack_b:
+            self.emit(f"B += offB + bat * K * (((N + {t.tile_n - 1}) / {t.tile_n}) * {t.tile_n})"
+                      f" + (bn / {t.tile_n}) * K * {t.tile_n};")
+        else:
+            self.emit("B += offB;" if s.kind == "conv" else "B += offB + bat * K * N;")
         self.emit("bias += offBias;")
         for i in range(t.rm):
             for gi in range(ng):
@@ -220,7 +226,7 @@ class _Renderer:
             self.emit(f"const float a{i} = {self.a_load(f'ra{i}', kexpr, 'tk')};", ind + 1)
         for gi in range(ng):
             if s.vector_b:
-                ldb = "N" if s.kind == "gemm" else str(self.conv.k)
+                ldb = str(t.tile_n) if s.pack_b else "N"
                 load = (f"vload_half{t.vw}(0, B + ({kexpr}) * {ldb} + cb{gi}_0)" if s.in_type == "half"
                         else f"vload{t.vw}(0, B + ({kexpr}) * {ldb} + cb{gi}_0)")
                 self.emit(f"const {tv} b{gi} = {load};", ind + 1)
@@ -237,7 +243,10 @@ class _Renderer:
             self.a_row_setup(f"ra{i}", f"bm + {i * t.wg_m} + lid_m", 1)
         for gi in range(ng):
             for v in range(t.vw if not s.vector_b else 1):
-                self.b_col_setup(f"cb{gi}_{v}", self.col_expr(gi, v), 1)
+                if s.pack_b:  # column within the packed panel
+                    self.emit(f"const int cb{gi}_{v} = {gi * t.wg_n * t.vw} + lid_n * {t.vw} + {v};")
+                else:
+                    self.b_col_setup(f"cb{gi}_{v}", self.col_expr(gi, v), 1)
         self.emit("int k = 0;")
         self.emit(f"for (; k + {t.tile_k} <= K; k += {t.tile_k}) {{")
         for u in range(t.tile_k):
@@ -260,7 +269,7 @@ class _Renderer:
             r, kk = (f"{e} % {tm}", f"{e} / {tm}") if m_fast else (f"{e} / {tk}", f"{e} % {tk}")
             self.emit(f"const int la{u}_r = {r}, la{u}_k = {kk};")
             self.a_row_setup(f"la{u}", f"bm + la{u}_r", 1)
-        n_fast = (s.kind == "gemm" and not s.trans_b) or (s.kind == "conv" and s.pack_b)
+        n_fast = s.kind == "gemm" and not s.trans_b
         for u in range(tn * tk // wg):
             e = f"(lid + {u * wg})"
             c, kk = (f"{e} % {tn}", f"{e} / {tn}") if n_fast else (f"{e} / {tk}", f"{e} % {tk}")
@@ -343,6 +352,8 @@ class _Renderer:
 def render(spec: KernelSpec) -> str:
     """OpenCL C source of the kernel ``spec.kernel_name`` for ``spec``."""
     problems = spec.tiling.problems()
+    if spec.pack_b and spec.tiling.local:
+        problems.append("packed B panels serve direct kernels only (local=0)")
     if problems:
         raise ValueError("; ".join(problems))
     return _Renderer(spec).render()

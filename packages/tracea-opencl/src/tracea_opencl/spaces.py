@@ -25,10 +25,11 @@ def device_type(profile: DeviceProfile) -> str:
     return str(profile.extras.get("device_type", "gpu"))
 
 
-def _cfg(tm: int, tn: int, tk: int, wg_m: int, wg_n: int, vw: int, local: int, raster: int) -> PipelineConfig:
+def _cfg(tm: int, tn: int, tk: int, wg_m: int, wg_n: int, vw: int, local: int, raster: int,
+         pack: int = 0) -> PipelineConfig:
     return PipelineConfig(tile_m=tm, tile_n=tn, tile_k=tk, stages=1, warps=1,
                           params=(("wg_m", wg_m), ("wg_n", wg_n), ("vw", vw), ("local", local),
-                                  ("raster", raster)))
+                                  ("raster", raster), ("pack", pack)))
 
 
 def _fits(profile: DeviceProfile, max_tile: int):
@@ -53,19 +54,24 @@ def search_space(profile: DeviceProfile, m: int, n: int) -> SearchSpace:
     if device_type(profile) == "cpu":
         space = (SearchSpace().tile_m([4, 6, 8, 12]).tile_n([16, 32, 48, 64]).tile_k([4, 8, 16])
                  .param("wg_m", [1]).param("wg_n", [16]).param("vw", [1]).param("local", [0])
-                 .param("raster", [0, 16, COLUMN_MAJOR]))
+                 .param("raster", [0, 16, COLUMN_MAJOR]).param("pack", [0, 1]))
         return space.where(_fits(profile, CPU_MAX_TILE))
     space = (SearchSpace().tile_m([32, 64, 128]).tile_n([32, 64, 128]).tile_k([8, 16, 32])
              .param("wg_m", [8, 16]).param("wg_n", [8, 16]).param("vw", [1, 2, 4]).param("local", [1])
-             .param("raster", [0, 8]))
+             .param("raster", [0, 8]).param("pack", [0]))
     return space.where(_fits(profile, GPU_MAX_TILE))
 
 
-def hero_configs(profile: DeviceProfile, m: int, n: int) -> list[PipelineConfig]:
-    """Known-good configs, the ones wasting least padding on an (m x n) output first."""
+def hero_configs(profile: DeviceProfile, m: int, n: int, b_rows_contiguous: bool = True) -> list[PipelineConfig]:
+    """Known-good configs, the ones wasting least padding on an (m x n) output first.
+
+    :param b_rows_contiguous: B is stored (K, N) (a plain GEMM B). Otherwise (transposed B, conv weights)
+        the CPU heroes pack B into panels, since reading it in place would be a strided gather.
+    """
     if device_type(profile) == "cpu":
-        heroes = [_cfg(8, 32, 16, 1, 16, 1, 0, COLUMN_MAJOR), _cfg(8, 16, 8, 1, 16, 1, 0, COLUMN_MAJOR),
-                  _cfg(4, 16, 8, 1, 16, 1, 0, 0)]
+        pk = 0 if b_rows_contiguous else 1
+        heroes = [_cfg(8, 32, 16, 1, 16, 1, 0, COLUMN_MAJOR, pk), _cfg(6, 64, 4, 1, 16, 1, 0, 16, pk),
+                  _cfg(8, 16, 8, 1, 16, 1, 0, COLUMN_MAJOR, pk), _cfg(4, 16, 8, 1, 16, 1, 0, 0, pk)]
     else:
         heroes = [_cfg(128, 128, 16, 16, 16, 4, 1, 8), _cfg(64, 64, 16, 16, 16, 4, 1, 8),
                   _cfg(64, 64, 16, 8, 8, 1, 1, 0), _cfg(32, 32, 16, 8, 8, 1, 1, 0)]

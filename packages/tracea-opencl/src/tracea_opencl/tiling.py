@@ -9,6 +9,8 @@ one SIMD vector across work-items on CPU runtimes that vectorize along dimension
 ``raster=G`` (> 0) reorders work-groups so that consecutive groups walk G row-blocks down one column
 panel before moving right (grouped ordering): the B panel stays in cache while A streams.
 
+``pack=1`` (direct kernels) copies B into contiguous column panels first (see pack.py).
+
 ``local=1`` stages ``tile_k``-deep slices of A and B in local memory (barrier-synchronised work-group
 blocking, the GPU design); ``local=0`` reads operands straight from global memory through the caches
 and unrolls the k loop ``tile_k`` times (the better design on CPU runtimes, where local memory is
@@ -38,13 +40,14 @@ class Tiling:
     vw: int
     local: bool
     raster: int = 0
+    pack: bool = False
 
     @classmethod
     def from_config(cls, config: PipelineConfig) -> "Tiling":
         return cls(tile_m=config.tile_m, tile_n=config.tile_n, tile_k=config.tile_k,
                    wg_m=int(config.get("wg_m", 8)), wg_n=int(config.get("wg_n", 8)),
                    vw=int(config.get("vw", 1)), local=bool(config.get("local", 1)),
-                   raster=int(config.get("raster", 0)))
+                   raster=int(config.get("raster", 0)), pack=bool(config.get("pack", 0)))
 
     @property
     def rm(self) -> int:
@@ -73,6 +76,8 @@ class Tiling:
             out.append(f"tile_m={self.tile_m} is not a multiple of wg_m={self.wg_m}")
         if self.tile_n % (self.wg_n * self.vw):
             out.append(f"tile_n={self.tile_n} is not a multiple of wg_n*vw={self.wg_n * self.vw}")
+        if self.pack and self.local:
+            out.append("pack=1 (packed B panels) needs local=0")
         if self.raster < 0:
             out.append(f"raster={self.raster} must be >= 0")
         if self.vw not in VECTOR_WIDTHS:

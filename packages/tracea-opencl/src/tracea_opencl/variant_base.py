@@ -57,8 +57,8 @@ class OpenCLVariant(KernelVariant):
     def element_counts(self, op: Op) -> list[int]:
         raise NotImplementedError
 
-    def b_shape(self, op: Op) -> tuple[int, int, int]:
-        """(batch, rows, cols) of B as stored, for packing it k-major."""
+    def pack_dims(self, op: Op) -> tuple[int, int, int, bool]:
+        """(batch, K, N, transposed) of B as stored, for packing it into column panels."""
         raise NotImplementedError
 
     # -- KernelVariant ---------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ class OpenCLVariant(KernelVariant):
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
         m, n, _, _ = self.gemm_view(op)
-        return spaces.hero_configs(profile, m, n)
+        return spaces.hero_configs(profile, m, n, b_rows_contiguous=not self.pack_dims(op)[3])
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         tiling = Tiling.from_config(config)
@@ -154,7 +154,8 @@ class OpenCLVariant(KernelVariant):
         m, n, k, depth = self.gemm_view(op)
         events = []
         if spec.pack_b:
-            packed, pack_event = pack.transpose(queue, inputs[1], *self.b_shape(op))
+            packed, pack_event = pack.pack_b(queue, inputs[1], *self.pack_dims(op)[:3], tiling.tile_n,
+                                             self.pack_dims(op)[3])
             inputs = (inputs[0], packed)
             events.append(pack_event)
         i32 = np.int32
