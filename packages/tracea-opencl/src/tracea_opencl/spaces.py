@@ -32,14 +32,23 @@ def _cfg(tm: int, tn: int, tk: int, wg_m: int, wg_n: int, vw: int, local: int, r
                                   ("raster", raster), ("pack", pack)))
 
 
-def _fits(profile: DeviceProfile, max_tile: int):
+def _cpu_vectors(t: Tiling) -> int:
+    """Vector registers of a CPU work-item's accumulators: one per scalar accumulator when the runtime
+    vectorizes across work-items (vw=1), else rm x rn / vw explicit vectors."""
+    return t.rm * t.rn if t.vw == 1 else t.rm * t.rn // t.vw
+
+
+def _fits(profile: DeviceProfile, max_tile: int, cpu: bool = False):
     def constraint(config: PipelineConfig) -> str | None:
         t = Tiling.from_config(config)
         problems = t.problems()
         if problems:
             return problems[0]
-        if t.rm * t.rn > max_tile:
-            return f"register tile {t.rm}x{t.rn} above {max_tile}"
+        regs = _cpu_vectors(t) if cpu else t.rm * t.rn
+        if regs > max_tile:
+            return f"register tile {t.rm}x{t.rn} (vw={t.vw}) above {max_tile}"
+        if cpu and not ((t.wg_n == 16 and t.vw == 1) or (t.wg_n <= 2 and t.vw >= 8)):
+            return "CPU kernels vectorize either across 16 work-items (vw=1) or explicitly (vw>=8, wg_n<=2)"
         if profile.max_threads_per_block > 1 and t.work_group_size > profile.max_threads_per_block:
             return f"work-group {t.work_group_size} above {profile.max_threads_per_block}"
         if profile.shared_mem_per_block and t.local_bytes > profile.shared_mem_per_block:
@@ -53,9 +62,9 @@ def search_space(profile: DeviceProfile, m: int, n: int) -> SearchSpace:
     """The space a tuner explores for an (m x n) output on ``profile``."""
     if device_type(profile) == "cpu":
         space = (SearchSpace().tile_m([4, 6, 8, 12]).tile_n([16, 32, 48, 64]).tile_k([4, 8, 16])
-                 .param("wg_m", [1]).param("wg_n", [16]).param("vw", [1]).param("local", [0])
+                 .param("wg_m", [1]).param("wg_n", [1, 2, 16]).param("vw", [1, 8, 16]).param("local", [0])
                  .param("raster", [0, 16, COLUMN_MAJOR]).param("pack", [0, 1]))
-        return space.where(_fits(profile, CPU_MAX_TILE))
+        return space.where(_fits(profile, CPU_MAX_TILE, cpu=True))
     space = (SearchSpace().tile_m([32, 64, 128]).tile_n([32, 64, 128]).tile_k([8, 16, 32])
              .param("wg_m", [8, 16]).param("wg_n", [8, 16]).param("vw", [1, 2, 4]).param("local", [1])
              .param("raster", [0, 8]).param("pack", [0]))
@@ -70,12 +79,14 @@ def hero_configs(profile: DeviceProfile, m: int, n: int, b_rows_contiguous: bool
     """
     if device_type(profile) == "cpu":
         pk = 0 if b_rows_contiguous else 1
-        heroes = [_cfg(8, 32, 16, 1, 16, 1, 0, COLUMN_MAJOR, pk), _cfg(6, 64, 4, 1, 16, 1, 0, 16, pk),
-                  _cfg(8, 16, 8, 1, 16, 1, 0, COLUMN_MAJOR, pk), _cfg(4, 16, 8, 1, 16, 1, 0, 0, pk)]
+        heroes = [_cfg(8, 32, 16, 1, 16, 1, 0, COLUMN_MAJOR, pk), _cfg(4, 64, 8, 1, 1, 16, 0, COLUMN_MAJOR, pk),
+                  _cfg(6, 64, 4, 1, 16, 1, 0, 16, pk), _cfg(8, 16, 8, 1, 16, 1, 0, COLUMN_MAJOR, pk),
+                  _cfg(4, 16, 8, 1, 16, 1, 0, 0, pk)]
     else:
         heroes = [_cfg(128, 128, 16, 16, 16, 4, 1, 8), _cfg(64, 64, 16, 16, 16, 4, 1, 8),
                   _cfg(64, 64, 16, 8, 8, 1, 1, 0), _cfg(32, 32, 16, 8, 8, 1, 1, 0)]
-    fits = _fits(profile, CPU_MAX_TILE if device_type(profile) == "cpu" else GPU_MAX_TILE)
+    cpu = device_type(profile) == "cpu"
+    fits = _fits(profile, CPU_MAX_TILE if cpu else GPU_MAX_TILE, cpu=cpu)
     heroes = [h for h in heroes if fits(h) is None]
 
     def waste(c: PipelineConfig) -> float:
