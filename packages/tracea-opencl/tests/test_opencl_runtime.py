@@ -197,3 +197,13 @@ def test_numpy_arrays_are_refused_with_a_hint(cl_profile):
     variant = OpenCLGemm()
     with pytest.raises(UnsupportedDeviceError, match="to_device"):
         variant.run(op, variant.hero_configs(op, cl_profile)[0], args, cl_profile)
+
+
+def test_setup_script_usage():
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "ci" / "setup_opencl_runtime.sh"
+    ok = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0 and "OCL_ICD_VENDORS" in ok.stdout
+    bad = subprocess.run(["bash", str(script), "--bogus"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "unknown argument '--bogus'" in bad.stderr
