@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import warnings
+from collections import OrderedDict
 from typing import Any
 
 from tracea.errors import CompilationError
@@ -22,7 +23,9 @@ from . import runtime
 #: contraction and no-signed-zero handling are allowed.
 BUILD_OPTIONS = ("-cl-mad-enable", "-cl-no-signed-zeros")
 
-_cache: dict[tuple[int, int, str, tuple[str, ...]], Any] = {}
+#: Programs kept in memory (least recently used dropped first); a tuner sweep builds hundreds.
+MAX_PROGRAMS = 1024
+_cache: "OrderedDict[tuple[int, int, str, tuple[str, ...]], Any]" = OrderedDict()
 _lock = threading.Lock()
 _stats = {"hits": 0, "builds": 0}
 
@@ -40,6 +43,7 @@ def build(context: Any, device: Any, source: str, options: tuple[str, ...] = BUI
     with _lock:
         prg = _cache.get(key)
         if prg is not None:
+            _cache.move_to_end(key)
             _stats["hits"] += 1
             return prg
     pcl = runtime.cl()
@@ -54,6 +58,8 @@ def build(context: Any, device: Any, source: str, options: tuple[str, ...] = BUI
                                backend="opencl", log=log) from exc
     with _lock:
         _cache[key] = program
+        while len(_cache) > MAX_PROGRAMS:
+            _cache.popitem(last=False)
         _stats["builds"] += 1
     return program
 

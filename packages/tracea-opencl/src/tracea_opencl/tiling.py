@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from tracea.semantic.config import PipelineConfig
 
 #: Accumulators one work-item may hold; larger register tiles spill on every device we know.
-MAX_ACCUMULATORS = 256
+MAX_ACCUMULATORS = 512
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 
 

@@ -4,6 +4,7 @@ launching on the arrays' queue, and event-timed measurement."""
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from .tiling import Tiling
 
 CL_TYPES = {DType.F32: "float", DType.F16: "half"}
 INT32_MAX = 2**31 - 1
-_kernels: dict[tuple[int, str], Any] = {}
+_kernels: "OrderedDict[tuple[int, str], Any]" = OrderedDict()
 _kernels_lock = threading.Lock()
 # pyopencl kernel objects hold their arguments: setting them and enqueueing must not interleave.
 _launch_lock = threading.Lock()
@@ -121,12 +122,16 @@ class OpenCLVariant(KernelVariant):
         program = programs.build(context, device, render(spec))
         key = (id(program), spec.kernel_name)
         with _kernels_lock:
-            kernel = _kernels.get(key)
-            if kernel is None:
-                kernel = runtime.cl().Kernel(program, spec.kernel_name)
-                _kernels[key] = (kernel, program)  # keep the program alive while its kernel is cached
-                return kernel
-            return kernel[0]
+            entry = _kernels.get(key)
+            if entry is None:
+                # The entry keeps its program alive, so id(program) cannot be reused while cached.
+                entry = (runtime.cl().Kernel(program, spec.kernel_name), program)
+                _kernels[key] = entry
+                while len(_kernels) > programs.MAX_PROGRAMS:
+                    _kernels.popitem(last=False)
+            else:
+                _kernels.move_to_end(key)
+            return entry[0]
 
     def launch(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> Any:
         """Enqueue the kernel (after packing B when the kernel wants it k-major) on the output's queue;
