@@ -83,7 +83,9 @@ def conv_reference(op: Conv2dOp, x: np.ndarray, w: np.ndarray, bias: np.ndarray 
         ws = w64[g * kg:(g + 1) * kg]
         for r in range(op.r):
             for s in range(op.s):
-                patch = xs[:, :, r * dh: r * dh + sh * (op.p - 1) + 1: sh, s * dw: s * dw + sw * (op.q - 1) + 1: sw]
+                rows = slice(r * dh, r * dh + sh * (op.p - 1) + 1, sh)
+                cols = slice(s * dw, s * dw + sw * (op.q - 1) + 1, sw)
+                patch = xs[:, :, rows, cols]
                 out[:, g * kg:(g + 1) * kg] += np.einsum("nchw,kc->nkhw", patch, ws[:, :, r, s])
     out = apply_epilogue(out, op.epilogue, bias, axis=1)
     return out.transpose(0, 2, 3, 1) if op.layout is Layout.NHWC else out

@@ -117,7 +117,8 @@ def index_of(cl_dev: Any) -> int:
         if d.int_ptr == ptr:
             return i
     for i, (_, d) in enumerate(devices()):  # some ICDs hand out fresh handles: fall back to identity facts
-        if (d.name, d.platform.name, d.driver_version) == (cl_dev.name, cl_dev.platform.name, cl_dev.driver_version):
+        ident = (cl_dev.name, cl_dev.platform.name, cl_dev.driver_version)
+        if (d.name, d.platform.name, d.driver_version) == ident:
             return i
     raise UnsupportedDeviceError(f"OpenCL device '{cl_dev.name}' is not among the enumerated devices")
 

@@ -58,17 +58,31 @@ def _fits(profile: DeviceProfile, max_tile: int, cpu: bool = False):
     return constraint
 
 
+def _not_wasteful(m: int, n: int, min_m: int, min_n: int):
+    """Drop tiles that pad a small output more than 2x in a dimension (the smallest tile always stays)."""
+    def constraint(config: PipelineConfig) -> str | None:
+        if config.tile_m > min_m and -(-m // config.tile_m) * config.tile_m > 2 * m:
+            return f"tile_m={config.tile_m} pads m={m} more than 2x"
+        if config.tile_n > min_n and -(-n // config.tile_n) * config.tile_n > 2 * n:
+            return f"tile_n={config.tile_n} pads n={n} more than 2x"
+        return None
+    constraint.__name__ = "not_wasteful"
+    return constraint
+
+
 def search_space(profile: DeviceProfile, m: int, n: int) -> SearchSpace:
     """The space a tuner explores for an (m x n) output on ``profile``."""
     if device_type(profile) == "cpu":
-        space = (SearchSpace().tile_m([4, 6, 8, 12]).tile_n([16, 32, 48, 64]).tile_k([4, 8, 16])
+        space = (SearchSpace().stages([1]).warps([1])
+                 .tile_m([4, 6, 8, 12]).tile_n([16, 32, 48, 64]).tile_k([4, 8, 16])
                  .param("wg_m", [1]).param("wg_n", [1, 2, 16]).param("vw", [1, 8, 16]).param("local", [0])
                  .param("raster", [0, 16, COLUMN_MAJOR]).param("pack", [0, 1]))
-        return space.where(_fits(profile, CPU_MAX_TILE, cpu=True))
-    space = (SearchSpace().tile_m([32, 64, 128]).tile_n([32, 64, 128]).tile_k([8, 16, 32])
+        return space.where(_fits(profile, CPU_MAX_TILE, cpu=True)).where(_not_wasteful(m, n, 4, 16))
+    space = (SearchSpace().stages([1]).warps([1])
+             .tile_m([32, 64, 128]).tile_n([32, 64, 128]).tile_k([8, 16, 32])
              .param("wg_m", [8, 16]).param("wg_n", [8, 16]).param("vw", [1, 2, 4]).param("local", [1])
              .param("raster", [0, 8]).param("pack", [0]))
-    return space.where(_fits(profile, GPU_MAX_TILE))
+    return space.where(_fits(profile, GPU_MAX_TILE)).where(_not_wasteful(m, n, 32, 32))
 
 
 def hero_configs(profile: DeviceProfile, m: int, n: int, b_rows_contiguous: bool = True) -> list[PipelineConfig]:
