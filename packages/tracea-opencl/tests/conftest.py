@@ -23,7 +23,7 @@ def cl_profile():
 
     st = runtime.status()
     if not st.available:
-        pytest.skip(f"{NO_RUNTIME_HINT} ({st.reason})")
+        pytest.skip(st.reason if "setup_opencl_runtime.sh" in st.reason else f"{st.reason}; {NO_RUNTIME_HINT}")
     return profile_of(None)
 
 
