@@ -8,7 +8,8 @@
 #      script owns ($TRACEA_OPENCL_RUNTIME_DIR/prefix), so neither the system Python nor the project's
 #      environment receives 800 MB of shared libraries;
 #   2. writes $TRACEA_OPENCL_RUNTIME_DIR/vendors/intel-cpu.icd naming the absolute path of libintelocl.so
-#      (the wheel's own .icd holds a placeholder path and cannot be used);
+#      (the wheel's own .icd holds a placeholder path and cannot be used), next to copies of the system's
+#      /etc/OpenCL/vendors/*.icd (GPU drivers), since OCL_ICD_VENDORS replaces that directory;
 #   3. writes $TRACEA_OPENCL_RUNTIME_DIR/env.sh and prints its export lines:
 #        OCL_ICD_VENDORS       read by the ICD loader bundled with pyopencl (ocl-icd)
 #        TRACEA_OPENCL_ICD_DIR read by tracea-opencl, which sets OCL_ICD_VENDORS from it when unset;
@@ -66,6 +67,11 @@ fi
 
 # The loader dlopen()s this path; libintelocl.so finds tbb/imf/svml next to it through its $ORIGIN runpath.
 echo "$lib" > "$VENDORS/intel-cpu.icd.tmp" && mv "$VENDORS/intel-cpu.icd.tmp" "$VENDORS/intel-cpu.icd"
+# OCL_ICD_VENDORS replaces /etc/OpenCL/vendors: copy the system's drivers (GPU ICDs) so they stay visible.
+rm -f "$VENDORS"/system-*.icd
+for icd in /etc/OpenCL/vendors/*.icd; do
+  [[ -f "$icd" ]] && cp "$icd" "$VENDORS/system-$(basename "$icd")" && log "kept system driver $icd"
+done
 
 if [[ $oclgrind -eq 1 ]]; then
   GPREFIX="$ROOT/oclgrind"
