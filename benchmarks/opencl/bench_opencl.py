@@ -46,23 +46,23 @@ def median_time(fn: Callable[[], Any], sync: Callable[[], Any], min_runs: int = 
     return statistics.median(times)
 
 
-def interleaved(fns: dict[str, tuple[Callable[[], Any], Callable[[], Any]]], rounds: int = 7,
-                budget_s: float = 3.0) -> dict[str, float]:
-    """Median time of each function, measured round-robin so load changes on a shared machine hit every
-    contender alike."""
-    for fn, sync in fns.values():
-        fn()
-        sync()
+def interleaved(fns: dict[str, tuple[Callable[[], Any], Callable[[], Any]]], rounds: int = 5,
+                per_round: int = 3, pause_s: float = 0.1) -> dict[str, float]:
+    """Median time of each function, measured in rounds (each round: every contender in turn, one untimed
+    run then ``per_round`` timed ones) so load changes on a shared machine hit every contender alike.
+    The pause before each contender lets the previous one's worker threads (OpenBLAS, TBB, OpenMP spin
+    for a while after a call) go idle, so they do not steal cores from the next contender."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    start = time.perf_counter()
-    r = 0
-    while r < rounds or (time.perf_counter() - start < budget_s and r < 30):
+    for _ in range(rounds):
         for name, (fn, sync) in fns.items():
-            t0 = time.perf_counter()
+            time.sleep(pause_s)
             fn()
             sync()
-            times[name].append(time.perf_counter() - t0)
-        r += 1
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
