@@ -113,3 +113,16 @@ def test_gemm_invalid_config_is_rejected(cl_profile):
     assert not validity and "wg_m" in validity.reason
     with pytest.raises(UnsupportedConfigError, match="wg_m"):
         OpenCLGemm().prepare(op, bad, cl_profile)
+
+
+def test_gpu_hero_configs_are_correct_on_any_device(cl_profile, oracle):
+    """The GPU heroes (local-memory staging, 16x16 work-groups, float4) run on CPU runtimes too, so CI
+    checks the GPU design's numerics even without a GPU."""
+    from tracea_opencl import spaces
+
+    gpu = cl_profile.with_(extras={**cl_profile.extras, "device_type": "gpu"})
+    heroes = spaces.hero_configs(gpu, 130, 257)
+    assert heroes and all(c.get("local") == 1 for c in heroes)
+    for cfg in heroes:
+        op = GemmOp(130, 257, 47, trans_b=True, epilogue="bias+gelu_erf")
+        assert run_gemm(op, cfg, cl_profile, oracle, seed=17) < 1e-5, cfg.key
