@@ -1,0 +1,10 @@
+"""The CUDA backend's kernel variants."""
+
+from __future__ import annotations
+
+
+def all_variants() -> list:
+    from .gemm import GEMM_VARIANTS  # noqa: PLC0415
+    from .conv import CONV_VARIANTS  # noqa: PLC0415
+
+    return [cls() for cls in GEMM_VARIANTS + CONV_VARIANTS]
