@@ -63,7 +63,10 @@ def _nvrtc_cubin(source: str, options: tuple[str, ...], name: str) -> bytes:
                 pass
             raise CompilationError(f"NVRTC failed to compile {name} ({exc})", backend="cuda",
                                    log=log + "\n--- options ---\n" + " ".join(options)) from None
-        return bytes(nvrtc.getCUBIN(prog))
+        if hasattr(nvrtc, "getCUBIN"):
+            return bytes(nvrtc.getCUBIN(prog))
+        ptx = nvrtc.getPTX(prog)  # older CuPy: let the driver assemble the PTX
+        return ptx.encode() if isinstance(ptx, str) else bytes(ptx)
     finally:
         try:
             nvrtc.destroyProgram(prog)
