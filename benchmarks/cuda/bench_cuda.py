@@ -67,14 +67,26 @@ def tracea_best(variant, op, inputs, heroes: int) -> tuple[float, str, float]:
     return best
 
 
+def gemm_variants(op):
+    if op.dtype_a.value in ("float16", "bfloat16"):
+        names = ["cuda.gemm.wgmma", "cuda.gemm.mma_f16"]
+    else:
+        names = ["cuda.gemm.mma_tf32" if op.fp32_precision.value != "highest" else "cuda.gemm.mma_3xtf32"]
+    return [VARIANTS[n] for n in names if not VARIANTS[n].check(op, T.gpu_profile())]
+
+
 def gemm_case(rows, name, op, baselines, heroes, check_err=False):
-    variant = VARIANTS[{"float16": "cuda.gemm.mma_f16", "bfloat16": "cuda.gemm.mma_f16"}.get(
-        op.dtype_a.value, "cuda.gemm.mma_tf32" if op.fp32_precision.value != "highest" else "cuda.gemm.mma_3xtf32")]
     nbytes = op.min_bytes
     inputs = [T.gemm_inputs(op, seed=i) for i in range(n_sets(nbytes))]
     for t in inputs:  # drop the batch dim for torch baselines (views, no copies)
         t["a2"], t["b2"], t["o2"] = t["a"][0], t["b"][0], t["out"][0]
-    sec, cfg, _ = tracea_best(variant, op, inputs, heroes)
+    per_variant = {}
+    sec, cfg, variant = float("inf"), "", None
+    for v in gemm_variants(op):
+        vs, vc, _ = tracea_best(v, op, inputs, heroes)
+        per_variant[v.name] = op.flops / vs / 1e12 if vs < float("inf") else 0.0
+        if vs < sec:
+            sec, cfg, variant = vs, vc, v
     err = float("nan")
     if check_err:
         best_cfg = [c for c in variant.hero_configs(op, T.gpu_profile()) if c.key == cfg][0]
@@ -82,7 +94,7 @@ def gemm_case(rows, name, op, baselines, heroes, check_err=False):
         variant.run(op, best_cfg, T.op_args(inputs[0]), T.gpu_profile())
         err = T.rel_err(inputs[0]["out"], T.gemm_reference(op, inputs[0]))
     row = {"case": name, "op": op.describe(), "tracea_s": sec, "tracea_tflops": op.flops / sec / 1e12,
-           "config": cfg, "variant": variant.name, "rel_err": err}
+           "config": cfg, "variant": variant.name, "rel_err": err, "per_variant_tflops": per_variant}
     for bname, (fn, prep) in baselines.items():
         if prep:
             prep()
@@ -121,7 +133,8 @@ def fmt(row) -> str:
     ratios = " ".join(f"{k[9:]}={v:.2f}x" for k, v in row.items() if k.startswith("ratio_vs_"))
     base = " ".join(f"{k[:-7]}={v:.0f}" for k, v in row.items() if k.endswith("_tflops") and k != "tracea_tflops")
     err = f" err={row['rel_err']:.1e}" if row.get("rel_err") == row.get("rel_err") and "rel_err" in row else ""
-    return f"{row['case']:<34} tracea={row['tracea_tflops']:7.1f} TF/s  {base}  {ratios}{err}  [{row['config']}]"
+    return (f"{row['case']:<34} tracea={row['tracea_tflops']:7.1f} TF/s  {base}  {ratios}{err}  "
+            f"[{row['variant']} {row['config']}]")
 
 
 def gemm_suite(rows, quick, heroes):
@@ -151,7 +164,7 @@ def gemm_suite(rows, quick, heroes):
         gemm_case(rows, f"fp32 tf32 {s}^3", GemmOp(s, s, s, fp32_precision="high"),
                   {"cublas_tf32": (mm, tf32(True))}, heroes)
         gemm_case(rows, f"fp32 accurate {s}^3", GemmOp(s, s, s, fp32_precision="highest"),
-                  {"cublas_sgemm": (mm, tf32(False))}, heroes, check_err=(s == 4096))
+                  {"cublas_sgemm": (mm, tf32(False))}, heroes, check_err=True)
     torch.backends.cuda.matmul.allow_tf32 = False
 
 

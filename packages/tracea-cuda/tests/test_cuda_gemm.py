@@ -92,3 +92,37 @@ def test_repeated_runs_are_identical():
 
 def test_dtype_names():
     assert DType.parse("bf16") is DType.BF16
+
+
+WGMMA_SHAPES = [(8, 8, 8, 1), (128, 256, 64, 1), (136, 264, 72, 1), (1000, 1016, 520, 2), (264, 136, 2000, 1),
+                (2048, 2048, 1024, 1)]
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True), (True, True)], ids=["NN", "TN", "NT", "TT"])
+@pytest.mark.parametrize("shape", WGMMA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_gemm(dt, trans, shape):
+    profile = T.gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    m, n, k, batch = shape
+    op = GemmOp(m, n, k, batch=batch, trans_a=trans[0], trans_b=trans[1], dtype_a=dt, dtype_b=dt,
+                epilogue="bias+gelu")
+    v = VARIANTS["cuda.gemm.wgmma"]
+    for config in v.hero_configs(op, profile):
+        t = T.gemm_inputs(op, seed=m + k)
+        v.run(op, config, T.op_args(t), profile)
+        err = T.rel_err(t["out"], T.gemm_reference(op, t))
+        assert err <= T.tolerance("f16" if dt == "float16" else "bf16", op.out_dtype), (config.key, err)
+
+
+@pytest.mark.parametrize("epilogue", ["none", "relu", "bias+gelu_erf", "bias+silu"])
+def test_wgmma_epilogues_and_cast(epilogue):
+    profile = T.gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    op = GemmOp(392, 520, 264, dtype_a="bfloat16", dtype_b="bfloat16", dtype_out="float32", epilogue=epilogue)
+    v = VARIANTS["cuda.gemm.wgmma"]
+    t = T.gemm_inputs(op)
+    v.run(op, v.hero_configs(op, profile)[0], T.op_args(t), profile)
+    assert T.rel_err(t["out"], T.gemm_reference(op, t)) <= 1e-4

@@ -164,6 +164,14 @@ def render(spec: MmaSpec, name: str = KERNEL_NAME) -> str:
     a_stage, b_stage = spec.bm * spec.bk, spec.bn * spec.bk
     frag = _fragments_16(spec, mi, ni) if es == 2 else _fragments_32(spec, mi, ni)
     epilogue = epilogue_function(spec.epilogue, spec.bias_dtype)
+    part_init = part_flush = ""
+    if spec.math == "3xtf32":
+        # Tensor Cores accumulate with truncation; a per-k-tile partial sum added with FADD keeps the
+        # long-K error at fp32 level (rel. err ~1e-6 instead of ~3e-5 at K=4096).
+        loops = f"for (int i = 0; i < {mi}; ++i) for (int j = 0; j < {ni}; ++j) for (int e = 0; e < 4; ++e)"
+        part_init = f"        float part[{mi}][{ni}][4];\n        #pragma unroll\n        {loops} part[i][j][e] = 0.0f;"
+        part_flush = f"        #pragma unroll\n        {loops} acc[i][j][e] += part[i][j][e];"
+        frag = frag.replace("mma_step(acc[i][j]", "mma_step(part[i][j]")
     store = spec.store.render(tout, store_expr(spec.dtype_out, "{v}"))
     return f"""// Tracea mma.sync kernel: {spec.math} {spec.bm}x{spec.bn}x{spec.bk} stages={spec.stages} warps={spec.warps_m}x{spec.warps_n} swizzle=xor{spec.swizzle}
 {PRELUDE}
@@ -227,10 +235,12 @@ extern "C" __global__ void __launch_bounds__({spec.threads}) {name}(
         const u32 b_s = sB + cur * {b_stage * es};
         const {tin}* a_p = sAp + cur * {a_stage};
         const {tin}* b_p = sBp + cur * {b_stage};
+{part_init}
         #pragma unroll
         for (int kk = 0; kk < {spec.bk}; kk += {kstep}) {{
 {frag}
         }}
+{part_flush}
     }}
     cp_async_wait<0>();
     const int g = lane >> 2, t = lane & 3;
@@ -280,6 +290,18 @@ def _fragments_16(spec: MmaSpec, mi: int, ni: int) -> str:
 
 
 def _fragments_32(spec: MmaSpec, mi: int, ni: int) -> str:
+    a_ld = b_ld = None
+    if spec.a.k_major:
+        a_ld = ("const int r = wm + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8; const int c = kk + (lane >> 4) * 4;"
+                " u32 q[4]; ldsm_x4(q, a_s + (u32)(A_OFF(r, c) * 4));"
+                " af[i][0] = __uint_as_float(q[0]); af[i][1] = __uint_as_float(q[1]);"
+                " af[i][2] = __uint_as_float(q[2]); af[i][3] = __uint_as_float(q[3]);")
+    if spec.b.k_major:
+        b_ld = ("const int r = wn + j * 8 + (lane >> 4) * 8 + (lane & 7); const int c = kk + ((lane >> 3) & 1) * 4;"
+                " u32 q[4]; ldsm_x4(q, b_s + (u32)(B_OFF(r, c) * 4));"
+                " bf[j][0] = __uint_as_float(q[0]); bf[j][1] = __uint_as_float(q[1]);"
+                " bf[j + 1][0] = __uint_as_float(q[2]); bf[j + 1][1] = __uint_as_float(q[3]);")
+
     def a_at(dr: str, dc: str) -> str:
         if spec.a.k_major:
             return f"a_p[A_OFF(wm + i * 16 + g + {dr}, kk + t + {dc})]"
@@ -294,11 +316,10 @@ def _fragments_32(spec: MmaSpec, mi: int, ni: int) -> str:
             float af[{mi}][4]; float bf[{ni}][2];
             #pragma unroll
             for (int i = 0; i < {mi}; ++i) {{
-                af[i][0] = {a_at('0', '0')}; af[i][1] = {a_at('8', '0')};
-                af[i][2] = {a_at('0', '4')}; af[i][3] = {a_at('8', '4')};
+                {a_ld or f"af[i][0] = {a_at('0', '0')}; af[i][1] = {a_at('8', '0')}; af[i][2] = {a_at('0', '4')}; af[i][3] = {a_at('8', '4')};"}
             }}
             #pragma unroll
-            for (int j = 0; j < {ni}; ++j) {{ bf[j][0] = {b_at('0')}; bf[j][1] = {b_at('4')}; }}
+            for (int j = 0; j < {ni}; j += {2 if b_ld else 1}) {{ {b_ld or f"bf[j][0] = {b_at('0')}; bf[j][1] = {b_at('4')};"} }}
             #pragma unroll
             for (int i = 0; i < {mi}; ++i)
                 #pragma unroll

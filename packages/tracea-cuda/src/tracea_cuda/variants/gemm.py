@@ -108,7 +108,7 @@ class MmaGemmTf32(MmaGemmBase):
     priority = 10
 
     def heroes(self, profile: DeviceProfile) -> list[PipelineConfig]:
-        return [hero(128, 128, 32, 3, 8, warp_m=2), hero(128, 256, 32, 3, 8, warp_m=2),
+        return [hero(128, 128, 32, 3, 8, warp_m=2), hero(128, 128, 16, 4, 8, warp_m=2),
                 hero(64, 128, 32, 3, 4, warp_m=2), hero(64, 64, 32, 4, 4, warp_m=2)]
 
 

@@ -1,0 +1,230 @@
+"""Emitter (L5) for the Hopper GEMM: ``wgmma`` (sm_90a) fed by TMA with 128-byte swizzle, an mbarrier
+producer/consumer pipeline, warp specialisation (one producer warpgroup, two consumer warpgroups,
+``setmaxnreg``) and a persistent grid walking tiles in grouped (L2-friendly) order.
+
+Block = 3 warpgroups (384 threads). The producer's elected thread issues TMA loads of the A tile
+(tile_m x 64) and the B tile (64 x tile_n) into stage ``s`` and arms ``full[s]`` with the byte count;
+each consumer warpgroup owns 64 rows of the tile, waits ``full[s]``, issues four
+``wgmma.m64nNk16`` over the stage, and once they completed releases the stage through ``empty[s]``.
+TMA zero-fills out-of-bounds boxes, so any M, N, K works; stores are predicated. The epilogue chain
+runs on the fp32 accumulators in registers before the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracea.dtypes import DType
+from tracea.errors import UnsupportedConfigError
+from tracea.ir.epilogue import Epilogue
+
+from .common import PRELUDE, ctype, epilogue_function, store_expr
+from .operands import StoreMap
+
+KERNEL_NAME = "tracea_wgmma_kernel"
+BK = 64  # 64 16-bit elements = one 128-byte swizzle row
+
+
+@dataclass(frozen=True)
+class WgmmaSpec:
+    """What the Hopper kernel source depends on.
+
+    :param a_kmajor: A stored (M, K) (else (K, M): MN-major, transposed by wgmma).
+    :param b_kmajor: B stored (N, K) (else (K, N): MN-major).
+    :param bn: tile_n (64, 128 or 256); tile_m is 128 (two consumer warpgroups of 64 rows).
+    """
+
+    dtype_in: DType
+    dtype_out: DType
+    bias_dtype: DType
+    epilogue: Epilogue
+    a_kmajor: bool
+    b_kmajor: bool
+    pairs: bool
+    bn: int = 256
+    stages: int = 4
+    group_m: int = 8
+    bm: int = 128
+
+    threads = 384
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.bm + self.bn) * BK * 2
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes + 1024 + 2 * 8 * self.stages
+
+    def check(self) -> None:
+        problems = []
+        if self.dtype_in.storage not in (DType.F16, DType.BF16):
+            problems.append("the wgmma kernel serves float16/bfloat16 inputs")
+        if self.bm != 128:
+            problems.append("tile_m must be 128 (two consumer warpgroups x 64 rows)")
+        if self.bn not in (64, 128, 256):
+            problems.append(f"tile_n={self.bn} not in 64/128/256")
+        if not 2 <= self.stages <= 8:
+            problems.append(f"stages={self.stages} not in 2..8")
+        if problems:
+            raise UnsupportedConfigError("; ".join(problems))
+
+
+def _wgmma_call(spec: WgmmaSpec) -> str:
+    n = spec.bn
+    regs = n // 2
+    kind = "bf16" if spec.dtype_in.storage is DType.BF16 else "f16"
+    outs = ", ".join(f"%{i}" for i in range(regs))
+    cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    ta, tb = (0 if spec.a_kmajor else 1), (0 if spec.b_kmajor else 1)
+    return f"""
+static __device__ __forceinline__ void wgmma_tile(float* d, u64 da, u64 db, int scale_d) {{
+    asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{regs + 2}, 0;\\n"
+                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1, {ta}, {tb}; }}"
+                 : {cons}
+                 : "l"(da), "l"(db), "r"(scale_d));
+}}
+"""
+
+
+_HOPPER = r"""
+struct __align__(64) TmaDesc { u64 v[16]; };
+
+static __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count));
+}
+static __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, u32 bar, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
+                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+static __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+"""
+
+
+def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
+    """CUDA C++ (sm_90a) source of the warp-specialised persistent wgmma GEMM."""
+    spec.check()
+    tin, tout, tb = ctype(spec.dtype_in), ctype(spec.dtype_out), ctype(spec.bias_dtype)
+    bm, bn, st = spec.bm, spec.bn, spec.stages
+    a_bytes, b_bytes = bm * BK * 2, bn * BK * 2
+    store = StoreMap("rowmajor", spec.pairs).render(tout, store_expr(spec.dtype_out, "{v}"))
+    # A tile in smem: K-major = [bm rows][64 k] (one TMA box); MN-major = bm/64 boxes of [64 k][64 m].
+    if spec.a_kmajor:
+        a_loads = "tma_load_3d(sa, &tmA, full, kt * 64, m0, bz);"
+        a_desc = "smem_desc(a_s + wg * 8192 + kk * 32, 16, 1024)"
+    else:
+        a_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sa + c * 8192, &tmA, full, m0 + c * 64, kt * 64, bz);" % (bm // 64)
+        a_desc = "smem_desc(a_s + wg * 8192 + kk * 2048, 8192, 1024)"
+    if spec.b_kmajor:
+        b_loads = "tma_load_3d(sb, &tmB, full, kt * 64, n0, bz);"
+        b_desc = "smem_desc(b_s + kk * 32, 16, 1024)"
+    else:
+        b_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sb + c * 8192, &tmB, full, n0 + c * 64, kt * 64, bz);" % (bn // 64)
+        b_desc = "smem_desc(b_s + kk * 2048, 8192, 1024)"
+    regs = bn // 2
+    return f"""// Tracea wgmma kernel: {spec.dtype_in.value} 128x{bn}x64 stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
+{PRELUDE}
+{_HOPPER}
+{epilogue_function(spec.epilogue, spec.bias_dtype)}
+{_wgmma_call(spec)}
+
+extern "C" __global__ void __launch_bounds__(384, 1) {name}(
+        const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, {tout}* __restrict__ C,
+        const {tb}* __restrict__ bias, int M, int N, int K, int batch) {{
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const u32 bars = base + {st * (a_bytes + b_bytes)};  // full[s] at bars + 8s, empty[s] at bars + 8(st + s)
+    const int tiles_m = (M + {bm - 1}) / {bm}, tiles_n = (N + {bn - 1}) / {bn};
+    const int tiles_mn = tiles_m * tiles_n, tiles = tiles_mn * batch;
+    const int KT = (K + 63) / 64;
+    if (threadIdx.x == 0) {{
+        for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, 1); mbar_init(bars + 8 * ({st} + s), 8); }}
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }}
+    __syncthreads();
+    const int wg = threadIdx.x / 128 - 1;  // -1: producer, 0/1: consumers
+    if (wg < 0) {{
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x != 0) return;
+        int s = 0; u32 phase = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
+            const int bz = tile / tiles_mn, t = tile % tiles_mn;
+            const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
+            const int gsz = min(tiles_m - first_m, {spec.group_m});
+            const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
+            for (int kt = 0; kt < KT; ++kt) {{
+                mbar_wait(bars + 8 * ({st} + s), phase ^ 1);
+                const u32 full = bars + 8 * s;
+                mbar_expect_tx(full, {a_bytes + b_bytes});
+                const u32 sa = base + s * {a_bytes}, sb = base + {st * a_bytes} + s * {b_bytes};
+                {a_loads}
+                {b_loads}
+                if (++s == {st}) {{ s = 0; phase ^= 1; }}
+            }}
+        }}
+        return;
+    }}
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const int g = lane >> 2, t4 = lane & 3;
+    float d[{regs}];
+    int s = 0; u32 phase = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
+        const int bz = tile / tiles_mn, t = tile % tiles_mn;
+        const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
+        const int gsz = min(tiles_m - first_m, {spec.group_m});
+        const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
+        int prev = -1;
+        for (int kt = 0; kt < KT; ++kt) {{
+            mbar_wait(bars + 8 * s, phase);
+            const u32 a_s = base + s * {a_bytes}, b_s = base + {st * a_bytes} + s * {b_bytes};
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wgmma_tile(d, {a_desc}, {b_desc}, (kt > 0 || kk > 0) ? 1 : 0);
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
+            prev = s;
+            if (++s == {st}) {{ s = 0; phase ^= 1; }}
+        }}
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
+        {tout}* Cb = C + (long long)bz * M * N;
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            const int row = m0 + wg * 64 + warp * 16 + g + h * 8;
+            if (row >= M) continue;
+            {tout}* Crow = Cb;
+            #pragma unroll
+            for (int j = 0; j < {bn // 8}; ++j) {{
+                const int col = n0 + j * 8 + 2 * t4;
+                const float v0 = apply_epilogue(d[4 * j + 2 * h], bias, col < N ? col : 0);
+                const float v1 = apply_epilogue(d[4 * j + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+                {{ {tout}* C = Crow; {store} }}
+            }}
+        }}
+    }}
+}}
+"""

@@ -1,0 +1,115 @@
+"""Hopper GEMM variant: TMA + wgmma, warp-specialised, persistent (sm_90a)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import OpArgs, Requirements
+from tracea.dtypes import DType
+from tracea.ir.ops import GemmOp, LayerType
+from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode, Validity
+from tracea.semantic.search_space import SearchSpace
+from tracea.errors import UnsupportedConfigError
+
+from .. import compiler, tma, toolkit
+from ..arrays import data_ptr, device_index, launch_stream
+from ..emit.wgmma import KERNEL_NAME, WgmmaSpec, render
+from .base import FLOAT_IO, CudaVariant
+from .gemm import MmaGemm16
+
+
+def _hero(bn: int, stages: int, group_m: int = 8) -> PipelineConfig:
+    return PipelineConfig(128, bn, 64, stages, 12, SwizzleMode.XOR8, BarrierMode.PRODUCER_CONSUMER,
+                          (("group_m", group_m),))
+
+
+class WgmmaGemm(CudaVariant):
+    name = "cuda.gemm.wgmma"
+    description = ("fp16/bf16 GEMM for Hopper: TMA (128B swizzle) + mbarrier pipeline + wgmma, producer/2 consumer "
+                   "warpgroups with setmaxnreg, persistent grouped grid, fused epilogue (sm_90a)")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F16, DType.BF16}),
+                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
+                                alignment=8)
+    efficiency = 0.8
+    priority = 20
+
+    def __init__(self) -> None:
+        self._fallback = MmaGemm16()
+        self._plans: dict = {}
+
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        return [f"{n}={getattr(op, n)} exceeds the TMA coordinate range" for n in ("m", "n", "k")
+                if getattr(op, n) >= 2**31 - 256]
+
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
+        bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
+        if config.tile_m != 128 or config.tile_k != 64 or config.warps != 12:
+            raise UnsupportedConfigError("the wgmma kernel needs tile_m=128, tile_k=64, warps=12 (3 warpgroups)")
+        pairs = op.n % 2 == 0 and (ptrs is None or ptrs.get("out", 0) % (2 * op.out_dtype.itemsize) == 0)
+        return WgmmaSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, not op.trans_a, op.trans_b,
+                         pairs, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8))
+
+    def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        try:
+            spec = self.spec(op, config, None)
+            spec.check()
+        except UnsupportedConfigError as exc:
+            return Validity(False, exc.reason)
+        if profile.shared_mem_per_block and spec.smem_bytes > profile.shared_mem_per_block:
+            return Validity(False, f"needs {spec.smem_bytes} B of shared memory, device allows "
+                                   f"{profile.shared_mem_per_block} B per block")
+        return Validity(True)
+
+    def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
+        return (SearchSpace().tile_m([128]).tile_n([128, 256]).tile_k([64]).stages([3, 4, 5, 6]).warps([12])
+                .swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
+                .param("group_m", [4, 8, 16])
+                .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
+
+    def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        big = [_hero(256, 4), _hero(128, 6), _hero(256, 3, 16)]
+        tiles = -(-op.m // 128) * -(-op.n // 256) * op.batch
+        return big if tiles >= profile.compute_units else [_hero(128, 6), _hero(64, 8), _hero(256, 4)]
+
+    def _kernel(self, spec: WgmmaSpec, profile: DeviceProfile) -> compiler.Kernel:
+        return compiler.load(render(spec), KERNEL_NAME, "sm_90a", smem=spec.smem_bytes, threads=spec.threads)
+
+    def prepare(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        with toolkit.cupy().cuda.Device(profile.device.index):
+            return self._kernel(self.spec(op, config, None), profile)
+
+    def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        ptrs: dict[str, Any] = {"a": data_ptr(args.arrays["a"], "a"), "b": data_ptr(args.arrays["b"], "b"),
+                                "out": data_ptr(args.out, "out")}
+        bias = args.arrays.get("bias")
+        if bias is not None:
+            ptrs["bias"] = data_ptr(bias, "bias")
+            ptrs["bias_dtype"] = DType.parse(bias.dtype, arg="bias").value
+        if ptrs["a"] % 16 or ptrs["b"] % 16:  # TMA needs 16-byte aligned bases: documented fallback
+            self._fallback.run(op, self._fallback.hero_configs(op, profile)[0], args, profile)
+            return
+        cp = toolkit.cupy()
+        dev = device_index(args.out)
+        key = (op, config, dev, ptrs.get("bias_dtype"), ptrs["out"] % 16)
+        with cp.cuda.Device(dev):
+            plan = self._plans.get(key)
+            if plan is None:
+                spec = self.spec(op, config, ptrs)
+                plan = (self._kernel(spec, profile), spec)
+                self._plans[key] = plan
+            kernel, spec = plan
+            b = op.batch
+            a_map = (tma.tiled_map(ptrs["a"], spec.dtype_in, (op.k, op.m, b), (64, 128, 1)) if spec.a_kmajor else
+                     tma.tiled_map(ptrs["a"], spec.dtype_in, (op.m, op.k, b), (64, 64, 1)))
+            b_map = (tma.tiled_map(ptrs["b"], spec.dtype_in, (op.k, op.n, b), (64, spec.bn, 1)) if spec.b_kmajor else
+                     tma.tiled_map(ptrs["b"], spec.dtype_in, (op.n, op.k, b), (64, 64, 1)))
+            tiles = -(-op.m // 128) * -(-op.n // spec.bn) * b
+            grid = (min(tiles, profile.compute_units), 1, 1)
+            cargs = [a_map, b_map, ctypes.c_uint64(ptrs["out"]), ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
+                     ctypes.c_int32(op.m), ctypes.c_int32(op.n), ctypes.c_int32(op.k), ctypes.c_int32(b)]
+            tma.launch(kernel.function, grid, spec.threads, spec.smem_bytes, launch_stream(args), cargs)
+
+
+HOPPER_VARIANTS = [WgmmaGemm]
