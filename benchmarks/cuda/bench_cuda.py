@@ -94,7 +94,7 @@ def gemm_case(rows, name, op, baselines, heroes, check_err=False):
         variant.run(op, best_cfg, T.op_args(inputs[0]), T.gpu_profile())
         err = T.rel_err(inputs[0]["out"], T.gemm_reference(op, inputs[0]))
     row = {"case": name, "op": op.describe(), "tracea_s": sec, "tracea_tflops": op.flops / sec / 1e12,
-           "config": cfg, "variant": variant.name, "rel_err": err, "per_variant_tflops": per_variant}
+           "config": cfg, "variant": variant.name, "rel_err": err, "per_variant": per_variant}
     for bname, (fn, prep) in baselines.items():
         if prep:
             prep()
