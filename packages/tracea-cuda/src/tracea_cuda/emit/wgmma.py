@@ -45,8 +45,14 @@ class WgmmaSpec:
     stages: int = 4
     group_m: int = 8
     bm: int = 128
+    schedule: str = "coop"
 
     threads = 384
+
+    @property
+    def subs(self) -> int:
+        """64-row wgmma sub-tiles each consumer computes: 1 (coop: the tile is split) or bm/64 (pingpong)."""
+        return 1 if self.schedule == "coop" else self.bm // 64
 
     @property
     def stage_bytes(self) -> int:
@@ -60,8 +66,12 @@ class WgmmaSpec:
         problems = []
         if self.dtype_in.storage not in (DType.F16, DType.BF16):
             problems.append("the wgmma kernel serves float16/bfloat16 inputs")
-        if self.bm != 128:
-            problems.append("tile_m must be 128 (two consumer warpgroups x 64 rows)")
+        if self.schedule not in ("coop", "pingpong"):
+            problems.append(f"schedule {self.schedule!r} not in coop/pingpong")
+        if self.schedule == "coop" and self.bm != 128:
+            problems.append("coop schedule needs tile_m=128 (two consumer warpgroups x 64 rows)")
+        if self.schedule == "pingpong" and (self.bm not in (64, 128) or self.bm * self.bn // 128 > 128):
+            problems.append("pingpong schedule needs tile_m in 64/128 and at most 128 accumulators per thread")
         if self.bn not in (64, 128, 256):
             problems.append(f"tile_n={self.bn} not in 64/128/256")
         if not 2 <= self.stages <= 8:
@@ -131,10 +141,10 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     # A tile in smem: K-major = [bm rows][64 k] (one TMA box); MN-major = bm/64 boxes of [64 k][64 m].
     if spec.a_kmajor:
         a_loads = "tma_load_3d(sa, &tmA, full, kt * 64, m0, bz);"
-        a_desc = "smem_desc(a_s + wg * 8192 + kk * 32, 16, 1024)"
+        a_desc = "smem_desc(a_s + SUBOFF * 8192 + kk * 32, 16, 1024)"
     else:
         a_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sa + c * 8192, &tmA, full, m0 + c * 64, kt * 64, bz);" % (bm // 64)
-        a_desc = "smem_desc(a_s + wg * 8192 + kk * 2048, 8192, 1024)"
+        a_desc = "smem_desc(a_s + SUBOFF * 8192 + kk * 2048, 8192, 1024)"
     if spec.b_kmajor:
         b_loads = "tma_load_3d(sb, &tmB, full, kt * 64, n0, bz);"
         b_desc = "smem_desc(b_s + kk * 32, 16, 1024)"
@@ -142,7 +152,13 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         b_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sb + c * 8192, &tmB, full, n0 + c * 64, kt * 64, bz);" % (bn // 64)
         b_desc = "smem_desc(b_s + kk * 2048, 8192, 1024)"
     regs = bn // 2
-    return f"""// Tracea wgmma kernel: {spec.dtype_in.value} 128x{bn}x64 stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
+    coop = spec.schedule == "coop"
+    subs = spec.subs
+    first, step = ("0", "1") if coop else ("wg", "2")
+    a_desc = a_desc.replace("SUBOFF", "wg" if coop else "sub")
+    rowbase = "wg * 64" if coop else "sub * 64"
+    empty_count = 8 if coop else 4
+    return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
 {PRELUDE}
 {_HOPPER}
 {epilogue_function(spec.epilogue, spec.bias_dtype)}
@@ -158,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
     const int tiles_mn = tiles_m * tiles_n, tiles = tiles_mn * batch;
     const int KT = (K + 63) / 64;
     if (threadIdx.x == 0) {{
-        for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, 1); mbar_init(bars + 8 * ({st} + s), 8); }}
+        for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, 1); mbar_init(bars + 8 * ({st} + s), {empty_count}); }}
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }}
@@ -188,40 +204,46 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t4 = lane & 3;
-    float d[{regs}];
-    int s = 0; u32 phase = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
+    float d[{subs}][{regs}];
+    for (int j = {first}; ; j += {step}) {{
+        const int tile = blockIdx.x + j * gridDim.x;
+        if (tile >= tiles) break;
         const int bz = tile / tiles_mn, t = tile % tiles_mn;
         const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
         const int gsz = min(tiles_m - first_m, {spec.group_m});
         const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
         int prev = -1;
         for (int kt = 0; kt < KT; ++kt) {{
-            mbar_wait(bars + 8 * s, phase);
+            const unsigned it = (unsigned)j * KT + kt;
+            const int s = it % {st};
+            mbar_wait(bars + 8 * s, (it / {st}) & 1);
             const u32 a_s = base + s * {a_bytes}, b_s = base + {st * a_bytes} + s * {b_bytes};
             wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wgmma_tile(d, {a_desc}, {b_desc}, (kt > 0 || kk > 0) ? 1 : 0);
+                #pragma unroll
+                for (int sub = 0; sub < {subs}; ++sub)
+                    wgmma_tile(d[sub], {a_desc}, {b_desc}, (kt > 0 || kk > 0) ? 1 : 0);
             wgmma_commit();
             wgmma_wait<1>();
             if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
             prev = s;
-            if (++s == {st}) {{ s = 0; phase ^= 1; }}
         }}
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
         {tout}* Cb = C + (long long)bz * M * N;
         #pragma unroll
+        for (int sub = 0; sub < {subs}; ++sub)
+        #pragma unroll
         for (int h = 0; h < 2; ++h) {{
-            const int row = m0 + wg * 64 + warp * 16 + g + h * 8;
+            const int row = m0 + {rowbase} + warp * 16 + g + h * 8;
             if (row >= M) continue;
             {tout}* Crow = Cb;
             #pragma unroll
-            for (int j = 0; j < {bn // 8}; ++j) {{
-                const int col = n0 + j * 8 + 2 * t4;
-                const float v0 = apply_epilogue(d[4 * j + 2 * h], bias, col < N ? col : 0);
-                const float v1 = apply_epilogue(d[4 * j + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+            for (int j2 = 0; j2 < {bn // 8}; ++j2) {{
+                const int col = n0 + j2 * 8 + 2 * t4;
+                const float v0 = apply_epilogue(d[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
+                const float v1 = apply_epilogue(d[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
                 {{ {tout}* C = Crow; {store} }}
             }}
         }}

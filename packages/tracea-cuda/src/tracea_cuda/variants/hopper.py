@@ -20,9 +20,9 @@ from .base import FLOAT_IO, CudaVariant
 from .gemm import MmaGemm16
 
 
-def _hero(bn: int, stages: int, group_m: int = 8) -> PipelineConfig:
-    return PipelineConfig(128, bn, 64, stages, 12, SwizzleMode.XOR8, BarrierMode.PRODUCER_CONSUMER,
-                          (("group_m", group_m),))
+def _hero(bn: int, stages: int, group_m: int = 8, schedule: str = "coop", bm: int = 128) -> PipelineConfig:
+    return PipelineConfig(bm, bn, 64, stages, 12, SwizzleMode.XOR8, BarrierMode.PRODUCER_CONSUMER,
+                          (("group_m", group_m), ("schedule", schedule)))
 
 
 class WgmmaGemm(CudaVariant):
@@ -45,11 +45,12 @@ class WgmmaGemm(CudaVariant):
 
     def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
         bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
-        if config.tile_m != 128 or config.tile_k != 64 or config.warps != 12:
-            raise UnsupportedConfigError("the wgmma kernel needs tile_m=128, tile_k=64, warps=12 (3 warpgroups)")
+        if config.tile_k != 64 or config.warps != 12:
+            raise UnsupportedConfigError("the wgmma kernel needs tile_k=64 and warps=12 (3 warpgroups)")
         pairs = op.n % 2 == 0 and (ptrs is None or ptrs.get("out", 0) % (2 * op.out_dtype.itemsize) == 0)
         return WgmmaSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, not op.trans_a, op.trans_b,
-                         pairs, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8))
+                         pairs, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
+                         bm=config.tile_m, schedule=str(config.get("schedule") or "coop"))
 
     def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -63,13 +64,14 @@ class WgmmaGemm(CudaVariant):
         return Validity(True)
 
     def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
-        return (SearchSpace().tile_m([128]).tile_n([128, 256]).tile_k([64]).stages([3, 4, 5, 6]).warps([12])
-                .swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
-                .param("group_m", [4, 8, 16])
+        return (SearchSpace().tile_m([64, 128]).tile_n([64, 128, 256]).tile_k([64]).stages([3, 4, 5, 6, 7])
+                .warps([12]).swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
+                .param("group_m", [4, 8, 16]).param("schedule", ["coop", "pingpong"])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        big = [_hero(256, 4), _hero(128, 6), _hero(256, 3, 16)]
+        big = [_hero(128, 6, schedule="pingpong"), _hero(256, 4), _hero(256, 5, bm=64, schedule="pingpong"),
+               _hero(256, 3, 16)]
         tiles = -(-op.m // 128) * -(-op.n // 256) * op.batch
         return big if tiles >= profile.compute_units else [_hero(128, 6), _hero(64, 8), _hero(256, 4)]
 
@@ -101,11 +103,11 @@ class WgmmaGemm(CudaVariant):
                 self._plans[key] = plan
             kernel, spec = plan
             b = op.batch
-            a_map = (tma.tiled_map(ptrs["a"], spec.dtype_in, (op.k, op.m, b), (64, 128, 1)) if spec.a_kmajor else
+            a_map = (tma.tiled_map(ptrs["a"], spec.dtype_in, (op.k, op.m, b), (64, spec.bm, 1)) if spec.a_kmajor else
                      tma.tiled_map(ptrs["a"], spec.dtype_in, (op.m, op.k, b), (64, 64, 1)))
             b_map = (tma.tiled_map(ptrs["b"], spec.dtype_in, (op.k, op.n, b), (64, spec.bn, 1)) if spec.b_kmajor else
                      tma.tiled_map(ptrs["b"], spec.dtype_in, (op.n, op.k, b), (64, 64, 1)))
-            tiles = -(-op.m // 128) * -(-op.n // spec.bn) * b
+            tiles = -(-op.m // spec.bm) * -(-op.n // spec.bn) * b
             grid = (min(tiles, profile.compute_units), 1, 1)
             cargs = [a_map, b_map, ctypes.c_uint64(ptrs["out"]), ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
                      ctypes.c_int32(op.m), ctypes.c_int32(op.n), ctypes.c_int32(op.k), ctypes.c_int32(b)]
