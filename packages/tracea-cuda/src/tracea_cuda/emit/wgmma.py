@@ -60,7 +60,7 @@ class WgmmaSpec:
 
     @property
     def smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes + 1024 + 2 * 8 * self.stages
+        return self.stages * self.stage_bytes + 1024 + 2 * 8 * self.stages + 16
 
     def check(self) -> None:
         problems = []
@@ -158,6 +158,10 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     a_desc = a_desc.replace("SUBOFF", "wg" if coop else "sub")
     rowbase = "wg * 64" if coop else "sub * 64"
     empty_count = 8 if coop else 4
+    # Ping-pong: the consumers take strict turns at the mainloop (so one's epilogue overlaps the other's
+    # mainloop, and no consumer ever waits on a stage more than one phase ahead of it).
+    turn_wait = "" if coop else (f"        if (j > 0) mbar_wait(bars + {16 * st} + 8 * wg, ((j - 1) / 2) & 1);")
+    turn_signal = "" if coop else (f"        if (lane == 0) mbar_arrive(bars + {16 * st} + 8 * (1 - wg));")
     return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
 {PRELUDE}
 {_HOPPER}
@@ -175,6 +179,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
     const int KT = (K + 63) / 64;
     if (threadIdx.x == 0) {{
         for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, 1); mbar_init(bars + 8 * ({st} + s), {empty_count}); }}
+        mbar_init(bars + {16 * st}, 4); mbar_init(bars + {16 * st + 8}, 4);  // ping-pong turn barriers
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }}
@@ -213,6 +218,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
         const int gsz = min(tiles_m - first_m, {spec.group_m});
         const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
         int prev = -1;
+{turn_wait}
         for (int kt = 0; kt < KT; ++kt) {{
             const unsigned it = (unsigned)j * KT + kt;
             const int s = it % {st};
@@ -229,6 +235,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
             if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
             prev = s;
         }}
+{turn_signal}
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
         {tout}* Cb = C + (long long)bz * M * N;
