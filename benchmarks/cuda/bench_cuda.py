@@ -26,6 +26,7 @@ from tracea_cuda.variants import all_variants
 
 VARIANTS = {v.name: v for v in all_variants()}
 L2 = 60 * 2**20
+CONFIG_LOG: dict[str, dict[str, float]] = {}  # op -> "variant config" -> TFLOP/s (every config tried)
 
 
 def timed(fn, sets: int, reps: int = 30, warmup: int = 5) -> float:
@@ -62,6 +63,7 @@ def tracea_best(variant, op, inputs, heroes: int) -> tuple[float, str, float]:
             continue
         args = [T.op_args(t) for t in inputs]
         sec = timed(lambda i: variant.run(op, config, args[i], profile), len(inputs))
+        CONFIG_LOG.setdefault(op.describe(), {})[f"{variant.name} {config.key}"] = op.flops / sec / 1e12
         if sec < best[0]:
             best = (sec, config.key, float("nan"))
     return best
@@ -210,7 +212,8 @@ def main() -> int:
     if "conv" in a.only:
         conv_suite(rows, a.quick, a.heroes)
     with open(a.json, "w") as f:
-        json.dump({"device": p.to_dict(), "torch": torch.__version__, "rows": rows, "seconds": time.time() - t0},
+        json.dump({"device": p.to_dict(), "torch": torch.__version__, "rows": rows, "configs": CONFIG_LOG,
+                   "seconds": time.time() - t0},
                   f, indent=1, default=str)
     print(f"\n{'case':<34} {'tracea TF/s':>11}  ratios")
     for r in rows:

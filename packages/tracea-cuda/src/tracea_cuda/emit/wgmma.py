@@ -23,6 +23,7 @@ from .operands import StoreMap
 
 KERNEL_NAME = "tracea_wgmma_kernel"
 BK = 64  # 64 16-bit elements = one 128-byte swizzle row
+EPI_ROWS, EPI_BYTES = 16, 2304  # per-warp epilogue staging: 16 rows x (128 B + 16 B pad)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class WgmmaSpec:
     a_kmajor: bool
     b_kmajor: bool
     pairs: bool
+    vec_store: bool = False
     bn: int = 256
     stages: int = 4
     group_m: int = 8
@@ -60,7 +62,7 @@ class WgmmaSpec:
 
     @property
     def smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes + 1024 + 2 * 8 * self.stages + 16
+        return self.stages * self.stage_bytes + 1024 + 2 * 8 * self.stages + 16 + 128 + 8 * EPI_BYTES
 
     def check(self) -> None:
         problems = []
@@ -137,7 +139,6 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     tin, tout, tb = ctype(spec.dtype_in), ctype(spec.dtype_out), ctype(spec.bias_dtype)
     bm, bn, st = spec.bm, spec.bn, spec.stages
     a_bytes, b_bytes = bm * BK * 2, bn * BK * 2
-    store = StoreMap("rowmajor", spec.pairs).render(tout, store_expr(spec.dtype_out, "{v}"))
     # A tile in smem: K-major = [bm rows][64 k] (one TMA box); MN-major = bm/64 boxes of [64 k][64 m].
     if spec.a_kmajor:
         a_loads = "tma_load_3d(sa, &tmA, full, kt * 64, m0, bz);"
@@ -158,6 +159,11 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     a_desc = a_desc.replace("SUBOFF", "wg" if coop else "sub")
     rowbase = "wg * 64" if coop else "sub * 64"
     empty_count = 8 if coop else 4
+    out_size = spec.dtype_out.itemsize
+    cc_cols = 128 // out_size            # columns staged per pass (one 128-byte row segment)
+    ld = cc_cols + 16 // out_size        # padded smem row
+    vec = 16 // out_size
+    c0, c1 = store_expr(spec.dtype_out, "v0"), store_expr(spec.dtype_out, "v1")
     # Ping-pong: the consumers take strict turns at the mainloop (so one's epilogue overlaps the other's
     # mainloop, and no consumer ever waits on a stage more than one phase ahead of it).
     turn_wait = "" if coop else (f"        if (j > 0) mbar_wait(bars + {16 * st} + 8 * wg, ((j - 1) / 2) & 1);")
@@ -174,6 +180,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 bars = base + {st * (a_bytes + b_bytes)};  // full[s] at bars + 8s, empty[s] at bars + 8(st + s)
+    const u32 epi = (bars + {16 * st + 16} + 127u) & ~127u;
     const int tiles_m = (M + {bm - 1}) / {bm}, tiles_n = (N + {bn - 1}) / {bn};
     const int tiles_mn = tiles_m * tiles_n, tiles = tiles_mn * batch;
     const int KT = (K + 63) / 64;
@@ -210,6 +217,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t4 = lane & 3;
     float d[{subs}][{regs}];
+    {tout}* ebuf = reinterpret_cast<{tout}*>(smem_raw + (epi - smem_u32(smem_raw))) + (wg * 4 + warp) * {EPI_BYTES // out_size};
     for (int j = {first}; ; j += {step}) {{
         const int tile = blockIdx.x + j * gridDim.x;
         if (tile >= tiles) break;
@@ -239,19 +247,44 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
         {tout}* Cb = C + (long long)bz * M * N;
+        // Epilogue: accumulators -> epilogue chain -> per-warp smem staging (padded rows, conflict-free)
+        // -> 16-byte coalesced global stores (row segments of 128 B).
         #pragma unroll
-        for (int sub = 0; sub < {subs}; ++sub)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {{
-            const int row = m0 + {rowbase} + warp * 16 + g + h * 8;
-            if (row >= M) continue;
-            {tout}* Crow = Cb;
+        for (int sub = 0; sub < {subs}; ++sub) {{
+            const int rbase = m0 + {rowbase} + warp * 16;
             #pragma unroll
-            for (int j2 = 0; j2 < {bn // 8}; ++j2) {{
-                const int col = n0 + j2 * 8 + 2 * t4;
-                const float v0 = apply_epilogue(d[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
-                const float v1 = apply_epilogue(d[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
-                {{ {tout}* C = Crow; {store} }}
+            for (int cc = 0; cc < {bn // cc_cols}; ++cc) {{
+                #pragma unroll
+                for (int jj = 0; jj < {cc_cols // 8}; ++jj) {{
+                    const int j2 = cc * {cc_cols // 8} + jj;
+                    const int col = n0 + j2 * 8 + 2 * t4;
+                    #pragma unroll
+                    for (int h = 0; h < 2; ++h) {{
+                        const float v0 = apply_epilogue(d[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
+                        const float v1 = apply_epilogue(d[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+                        {tout}* e = ebuf + (g + 8 * h) * {ld} + jj * 8 + 2 * t4;
+                        e[0] = {c0}; e[1] = {c1};
+                    }}
+                }}
+                __syncwarp();
+                #pragma unroll
+                for (int i = 0; i < 4; ++i) {{
+                    const int idx = lane + 32 * i, r = idx / 8, c = (idx % 8) * {vec};
+                    const int row = rbase + r, col = n0 + cc * {cc_cols} + c;
+                    if (row < M) {{
+                        const {tout}* e = ebuf + r * {ld} + c;
+                        {tout}* p = Cb + (long long)row * N + col;
+                        if ({int(spec.vec_store)} && col + {vec} <= N) {{
+                            u32 x0, x1, x2, x3;
+                            asm volatile("ld.shared.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(smem_u32(e)));
+                            asm volatile("st.global.v4.u32 [%0], {{%1,%2,%3,%4}};" :: "l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
+                        }} else {{
+                            #pragma unroll
+                            for (int q = 0; q < {vec}; ++q) if (col + q < N) p[q] = e[q];
+                        }}
+                    }}
+                }}
+                __syncwarp();
             }}
         }}
     }}

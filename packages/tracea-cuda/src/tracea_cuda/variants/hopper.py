@@ -48,8 +48,9 @@ class WgmmaGemm(CudaVariant):
         if config.tile_k != 64 or config.warps != 12:
             raise UnsupportedConfigError("the wgmma kernel needs tile_k=64 and warps=12 (3 warpgroups)")
         pairs = op.n % 2 == 0 and (ptrs is None or ptrs.get("out", 0) % (2 * op.out_dtype.itemsize) == 0)
+        vec_store = op.n % (16 // op.out_dtype.itemsize) == 0 and (ptrs is None or ptrs.get("out", 0) % 16 == 0)
         return WgmmaSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, not op.trans_a, op.trans_b,
-                         pairs, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
+                         pairs, vec_store, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
                          bm=config.tile_m, schedule=str(config.get("schedule") or "coop"))
 
     def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
