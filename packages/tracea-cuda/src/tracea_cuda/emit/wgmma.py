@@ -48,13 +48,14 @@ class WgmmaSpec:
     group_m: int = 8
     bm: int = 128
     schedule: str = "coop"
+    smem_epilogue: bool = True
 
     threads = 384
 
     @property
     def subs(self) -> int:
         """64-row wgmma sub-tiles each consumer computes: 1 (coop: the tile is split) or bm/64 (pingpong)."""
-        return 1 if self.schedule == "coop" else self.bm // 64
+        return self.bm // 128 if self.schedule == "coop" else self.bm // 64
 
     @property
     def stage_bytes(self) -> int:
@@ -70,8 +71,9 @@ class WgmmaSpec:
             problems.append("the wgmma kernel serves float16/bfloat16 inputs")
         if self.schedule not in ("coop", "pingpong"):
             problems.append(f"schedule {self.schedule!r} not in coop/pingpong")
-        if self.schedule == "coop" and self.bm != 128:
-            problems.append("coop schedule needs tile_m=128 (two consumer warpgroups x 64 rows)")
+        if self.schedule == "coop" and (self.bm not in (128, 256) or self.subs * self.bn // 2 > 128):
+            problems.append("coop schedule needs tile_m in 128/256 (split over two consumer warpgroups) and at "
+                            "most 128 accumulators per thread")
         if self.schedule == "pingpong" and (self.bm not in (64, 128) or self.bm * self.bn // 128 > 128):
             problems.append("pingpong schedule needs tile_m in 64/128 and at most 128 accumulators per thread")
         if self.bn not in (64, 128, 256):
@@ -142,10 +144,10 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     # A tile in smem: K-major = [bm rows][64 k] (one TMA box); MN-major = bm/64 boxes of [64 k][64 m].
     if spec.a_kmajor:
         a_loads = "tma_load_3d(sa, &tmA, full, kt * 64, m0, bz);"
-        a_desc = "smem_desc(a_s + SUBOFF * 8192 + kk * 32, 16, 1024)"
+        a_desc = "smem_desc(a_s + ROWOFF * 128 + kk * 32, 16, 1024)"
     else:
         a_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sa + c * 8192, &tmA, full, m0 + c * 64, kt * 64, bz);" % (bm // 64)
-        a_desc = "smem_desc(a_s + SUBOFF * 8192 + kk * 2048, 8192, 1024)"
+        a_desc = "smem_desc(a_s + ROWOFF * 128 + kk * 2048, 8192, 1024)"
     if spec.b_kmajor:
         b_loads = "tma_load_3d(sb, &tmB, full, kt * 64, n0, bz);"
         b_desc = "smem_desc(b_s + kk * 32, 16, 1024)"
@@ -156,14 +158,20 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     coop = spec.schedule == "coop"
     subs = spec.subs
     first, step = ("0", "1") if coop else ("wg", "2")
-    a_desc = a_desc.replace("SUBOFF", "wg" if coop else "sub")
-    rowbase = "wg * 64" if coop else "sub * 64"
+    rowbase = f"(wg * {bm // 2} + sub * 64)" if coop else "(sub * 64)"
+    a_desc = a_desc.replace("ROWOFF", rowbase)
     empty_count = 8 if coop else 4
     out_size = spec.dtype_out.itemsize
     cc_cols = 128 // out_size            # columns staged per pass (one 128-byte row segment)
     ld = cc_cols + 16 // out_size        # padded smem row
     vec = 16 // out_size
     c0, c1 = store_expr(spec.dtype_out, "v0"), store_expr(spec.dtype_out, "v1")
+    bn8, n_cc, cc8, vs = bn // 8, bn // cc_cols, cc_cols // 8, int(spec.vec_store)
+    if spec.smem_epilogue:
+        epilogue_code = STAGED.format(**locals())
+    else:
+        store = StoreMap("rowmajor", spec.pairs).render(tout, store_expr(spec.dtype_out, "{v}"))
+        epilogue_code = DIRECT.format(**locals())
     # Ping-pong: the consumers take strict turns at the mainloop (so one's epilogue overlaps the other's
     # mainloop, and no consumer ever waits on a stage more than one phase ahead of it).
     turn_wait = "" if coop else (f"        if (j > 0) mbar_wait(bars + {16 * st} + 8 * wg, ((j - 1) / 2) & 1);")
@@ -247,16 +255,22 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
         {tout}* Cb = C + (long long)bz * M * N;
-        // Epilogue: accumulators -> epilogue chain -> per-warp smem staging (padded rows, conflict-free)
+{epilogue_code}
+    }}
+}}
+"""
+
+
+STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem staging (padded rows, conflict-free)
         // -> 16-byte coalesced global stores (row segments of 128 B).
         #pragma unroll
         for (int sub = 0; sub < {subs}; ++sub) {{
             const int rbase = m0 + {rowbase} + warp * 16;
             #pragma unroll
-            for (int cc = 0; cc < {bn // cc_cols}; ++cc) {{
+            for (int cc = 0; cc < {n_cc}; ++cc) {{
                 #pragma unroll
-                for (int jj = 0; jj < {cc_cols // 8}; ++jj) {{
-                    const int j2 = cc * {cc_cols // 8} + jj;
+                for (int jj = 0; jj < {cc8}; ++jj) {{
+                    const int j2 = cc * {cc8} + jj;
                     const int col = n0 + j2 * 8 + 2 * t4;
                     #pragma unroll
                     for (int h = 0; h < 2; ++h) {{
@@ -274,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
                     if (row < M) {{
                         const {tout}* e = ebuf + r * {ld} + c;
                         {tout}* p = Cb + (long long)row * N + col;
-                        if ({int(spec.vec_store)} && col + {vec} <= N) {{
+                        if ({vs} && col + {vec} <= N) {{
                             u32 x0, x1, x2, x3;
                             asm volatile("ld.shared.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(smem_u32(e)));
                             asm volatile("st.global.v4.u32 [%0], {{%1,%2,%3,%4}};" :: "l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
@@ -287,6 +301,21 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
                 __syncwarp();
             }}
         }}
-    }}
-}}
+"""
+
+DIRECT = """        // Epilogue: accumulators -> epilogue chain -> direct (4-byte pair) stores from the fragment layout.
+        #pragma unroll
+        for (int sub = 0; sub < {subs}; ++sub)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            const int row = m0 + {rowbase} + warp * 16 + g + h * 8;
+            if (row >= M) continue;
+            #pragma unroll
+            for (int j2 = 0; j2 < {bn8}; ++j2) {{
+                const int col = n0 + j2 * 8 + 2 * t4;
+                const float v0 = apply_epilogue(d[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
+                const float v1 = apply_epilogue(d[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+                {{ {tout}* C = Cb; {store} }}
+            }}
+        }}
 """

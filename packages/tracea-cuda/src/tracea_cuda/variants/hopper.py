@@ -20,9 +20,10 @@ from .base import FLOAT_IO, CudaVariant
 from .gemm import MmaGemm16
 
 
-def _hero(bn: int, stages: int, group_m: int = 8, schedule: str = "coop", bm: int = 128) -> PipelineConfig:
+def _hero(bn: int, stages: int, group_m: int = 8, schedule: str = "coop", bm: int = 128,
+          smem_epilogue: bool = True) -> PipelineConfig:
     return PipelineConfig(bm, bn, 64, stages, 12, SwizzleMode.XOR8, BarrierMode.PRODUCER_CONSUMER,
-                          (("group_m", group_m), ("schedule", schedule)))
+                          (("group_m", group_m), ("schedule", schedule), ("smem_epilogue", smem_epilogue)))
 
 
 class WgmmaGemm(CudaVariant):
@@ -51,7 +52,8 @@ class WgmmaGemm(CudaVariant):
         vec_store = op.n % (16 // op.out_dtype.itemsize) == 0 and (ptrs is None or ptrs.get("out", 0) % 16 == 0)
         return WgmmaSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, not op.trans_a, op.trans_b,
                          pairs, vec_store, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
-                         bm=config.tile_m, schedule=str(config.get("schedule") or "coop"))
+                         bm=config.tile_m, schedule=str(config.get("schedule") or "coop"),
+                         smem_epilogue=bool(config.get("smem_epilogue", True)))
 
     def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -65,13 +67,15 @@ class WgmmaGemm(CudaVariant):
         return Validity(True)
 
     def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
-        return (SearchSpace().tile_m([64, 128]).tile_n([64, 128, 256]).tile_k([64]).stages([3, 4, 5, 6, 7])
+        return (SearchSpace().tile_m([64, 128, 256]).tile_n([64, 128, 256]).tile_k([64]).stages([3, 4, 5, 6, 7])
                 .warps([12]).swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
                 .param("group_m", [4, 8, 16]).param("schedule", ["coop", "pingpong"])
+                .param("smem_epilogue", [True, False])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        big = [_hero(128, 6, schedule="pingpong"), _hero(256, 4), _hero(256, 5, bm=64, schedule="pingpong"),
+        big = [_hero(256, 4), _hero(128, 4, bm=256), _hero(256, 4, smem_epilogue=False),
+               _hero(128, 6, schedule="pingpong", smem_epilogue=False), _hero(128, 6, schedule="pingpong"),
                _hero(256, 3, 16)]
         tiles = -(-op.m // 128) * -(-op.n // 256) * op.batch
         return big if tiles >= profile.compute_units else [_hero(128, 6), _hero(64, 8), _hero(256, 4)]
