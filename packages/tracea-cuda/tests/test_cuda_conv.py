@@ -65,3 +65,12 @@ def test_groups_declined_with_reason():
 def test_nchw_half_declined_with_reason():
     op = Conv2dOp(1, 8, 8, 8, 8, 3, 3, layout="nchw", dtype="float16")
     assert any("NHWC" in r for r in VARIANT.check(op, T.gpu_profile()))
+
+
+@pytest.mark.parametrize("mode", ["transform", "direct"])
+@pytest.mark.parametrize("prec", ["high", "highest"])
+def test_nchw_f32_both_input_paths(mode, prec):
+    op = Conv2dOp(3, 20, 13, 11, 36, 3, 3, stride=(1, 2), padding=1, layout="nchw", dtype="float32",
+                  fp32_precision=prec, epilogue="bias+silu")
+    config = VARIANT.hero_configs(op, T.gpu_profile())[0].replace(nchw_mode=mode)
+    _check(op, config)

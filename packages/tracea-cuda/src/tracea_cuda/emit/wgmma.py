@@ -120,6 +120,18 @@ static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
 }
+// A long wait (a consumer waiting for its ping-pong turn) backs off so its spinning does not steal
+// issue slots from the warpgroup that is issuing wgmma on the same SM sub-partitions.
+static __device__ __forceinline__ void mbar_wait_sleepy(u32 bar, u32 parity) {
+    u32 done;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    while (!done) {
+        __nanosleep(256);
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    }
+}
 static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, u32 bar, int c0, int c1, int c2) {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
                  :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
@@ -174,7 +186,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         epilogue_code = DIRECT.format(**locals())
     # Ping-pong: the consumers take strict turns at the mainloop (so one's epilogue overlaps the other's
     # mainloop, and no consumer ever waits on a stage more than one phase ahead of it).
-    turn_wait = "" if coop else (f"        if (j > 0) mbar_wait(bars + {16 * st} + 8 * wg, ((j - 1) / 2) & 1);")
+    turn_wait = "" if coop else (f"        if (j > 0) mbar_wait_sleepy(bars + {16 * st} + 8 * wg, ((j - 1) / 2) & 1);")
     turn_signal = "" if coop else (f"        if (lane == 0) mbar_arrive(bars + {16 * st} + 8 * (1 - wg));")
     return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
 {PRELUDE}

@@ -3,6 +3,9 @@ input pixels directly (padding and edges are zero-filled predicated copies)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 
 from tracea.doctor.profile import DeviceProfile
@@ -14,6 +17,9 @@ from tracea.semantic.search_space import SearchSpace
 
 from ..emit import operands
 from ..emit.mma import MmaSpec
+from .. import compiler, toolkit
+from ..arrays import data_ptr, device_index, launch_stream
+from ..emit import transpose
 from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, tile_shape, u64
 
 
@@ -36,7 +42,18 @@ class ImplicitGemmConv(CudaVariant):
             reasons.append("16-bit conv needs NHWC (channels_last) layout; NCHW is served for float32 only")
         return reasons
 
+    @staticmethod
+    def transforms_input(op: Conv2dOp, config: PipelineConfig) -> bool:
+        """NCHW float32 with ``nchw_mode=transform``: x and w are transposed to channels-last scratch
+        buffers first, so the main kernel gathers 16-byte vectors and feeds ldmatrix (output still NCHW)."""
+        return op.layout is Layout.NCHW and config.get("nchw_mode", "direct") == "transform"
+
     def spec(self, op: Conv2dOp, config: PipelineConfig, ptrs: dict | None) -> MmaSpec:
+        if self.transforms_input(op, config):
+            inner = replace(op, layout=Layout.NHWC)
+            base = self.spec(inner, config.replace(nchw_mode="direct"),
+                             None if ptrs is None else {**ptrs, "x": 0, "w": 0})
+            return replace(base, store=operands.conv_output(op, False))
         dt = op.dtype.storage
         epc = 16 // dt.itemsize
         _, _, kdim = op.gemm_mnk
@@ -48,6 +65,37 @@ class ImplicitGemmConv(CudaVariant):
             b=operands.conv_weight(op, kdim % epc == 0 and aligned(ptrs, "w")),
             store=operands.conv_output(op, op.k % 2 == 0 and aligned(ptrs, "out", 2 * op.out_dtype.itemsize)),
             **tile_shape(config))
+
+    def run(self, op: Conv2dOp, config: PipelineConfig, args, profile: DeviceProfile) -> None:
+        if not self.transforms_input(op, config):
+            return super().run(op, config, args, profile)
+        cp = toolkit.cupy()
+        dev = device_index(args.out)
+        with cp.cuda.Device(dev):
+            stream = launch_stream(args)
+            x_t = self._scratch(dev, stream, "x", op.n * op.c * op.h * op.w)
+            w_t = self._scratch(dev, stream, "w", op.k * op.c * op.r * op.s)
+            tk = compiler.load(transpose.render(op.dtype), transpose.KERNEL_NAME,
+                               toolkit.arch_name(profile.compute_capability or (8, 0)), smem=0, threads=256)
+            hw, rs = op.h * op.w, op.r * op.s
+            tk.launch((-(-hw // 32), -(-op.c // 32), op.n),
+                      (u64(data_ptr(args.arrays["x"], "x")), u64(x_t.data.ptr), np.int32(op.c), np.int32(hw)), stream)
+            tk.launch((-(-rs // 32), -(-op.c // 32), op.k),
+                      (u64(data_ptr(args.arrays["w"], "w")), u64(w_t.data.ptr), np.int32(op.c), np.int32(rs)), stream)
+            inner = type(args)({**args.arrays, "x": x_t, "w": w_t}, args.out, args.adapter)
+            super().run(op, config, inner, profile)
+
+    def _scratch(self, dev: int, stream: Any, role: str, n: int) -> Any:
+        """A cached per-(device, stream, role) float32 buffer of at least ``n`` elements (reused only on
+        the same stream, so stream order keeps consecutive calls from racing)."""
+        if not hasattr(self, "_scratch_bufs"):
+            self._scratch_bufs: dict = {}
+        key = (dev, int(stream.ptr), role)
+        buf = self._scratch_bufs.get(key)
+        if buf is None or buf.size < n:
+            buf = toolkit.cupy().empty(n, dtype=np.float32)
+            self._scratch_bufs[key] = buf
+        return buf
 
     def grid(self, op: Conv2dOp, spec: MmaSpec) -> tuple[int, int, int]:
         m, n, _ = op.gemm_mnk
@@ -62,6 +110,7 @@ class ImplicitGemmConv(CudaVariant):
         return (SearchSpace().tile_m([64, 128, 256]).tile_n([32, 64, 128, 256]).tile_k([16, 32, 64])
                 .stages([2, 3, 4]).warps([4, 8]).swizzles([SwizzleMode.XOR8, SwizzleMode.NONE])
                 .barrier_modes([BarrierMode.SYNC]).param("warp_m", [1, 2, 4])
+                .param("nchw_mode", ["transform", "direct"] if op.layout is Layout.NCHW else ["direct"])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
@@ -69,6 +118,9 @@ class ImplicitGemmConv(CudaVariant):
         if op.dtype.storage is DType.F32:
             big = [hero(128, 128, 32, 3, 8, warp_m=2), hero(128, 64, 32, 3, 4, warp_m=2)]
             small = [hero(64, 64, 32, 3, 4, warp_m=2)]
+            if op.layout is Layout.NCHW and op.c % 4 == 0:
+                big = [c.replace(nchw_mode="transform") for c in big] + big
+                small = [c.replace(nchw_mode="transform") for c in small] + small
         else:
             big = [hero(128, 128, 32, 4, 4, warp_m=2), hero(128, 256, 32, 3, 8, warp_m=2),
                    hero(128, 64, 32, 4, 4, warp_m=2)]
