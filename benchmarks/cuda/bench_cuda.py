@@ -73,7 +73,8 @@ def gemm_variants(op):
     if op.dtype_a.value in ("float16", "bfloat16"):
         names = ["cuda.gemm.wgmma", "cuda.gemm.mma_f16"]
     else:
-        names = ["cuda.gemm.mma_tf32" if op.fp32_precision.value != "highest" else "cuda.gemm.mma_3xtf32"]
+        names = (["cuda.gemm.wgmma_tf32", "cuda.gemm.mma_tf32"] if op.fp32_precision.value != "highest"
+                 else ["cuda.gemm.mma_3xtf32"])
     return [VARIANTS[n] for n in names if not VARIANTS[n].check(op, T.gpu_profile())]
 
 

@@ -126,3 +126,20 @@ def test_wgmma_epilogues_and_cast(epilogue):
     t = T.gemm_inputs(op)
     v.run(op, v.hero_configs(op, profile)[0], T.op_args(t), profile)
     assert T.rel_err(t["out"], T.gemm_reference(op, t)) <= 1e-4
+
+
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True), (True, True)], ids=["NN", "TN", "NT", "TT"])
+@pytest.mark.parametrize("shape", [(4, 4, 4, 1), (132, 260, 68, 2), (1000, 1020, 516, 1), (2048, 2048, 2048, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_tf32_gemm(trans, shape):
+    profile = T.gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    m, n, k, batch = shape
+    op = GemmOp(m, n, k, batch=batch, trans_a=trans[0], trans_b=trans[1], fp32_precision="high", epilogue="bias+relu")
+    v = VARIANTS["cuda.gemm.wgmma_tf32"]
+    for config in v.hero_configs(op, profile):
+        t = T.gemm_inputs(op, seed=n)
+        v.run(op, config, T.op_args(t), profile)
+        err = T.rel_err(t["out"], T.gemm_reference(op, t))
+        assert err <= T.tolerance("tf32", op.out_dtype), (config.key, err)

@@ -67,8 +67,10 @@ class WgmmaSpec:
 
     def check(self) -> None:
         problems = []
-        if self.dtype_in.storage not in (DType.F16, DType.BF16):
-            problems.append("the wgmma kernel serves float16/bfloat16 inputs")
+        if self.dtype_in.storage not in (DType.F16, DType.BF16, DType.F32):
+            problems.append("the wgmma kernel serves float16/bfloat16 (and float32 as TF32) inputs")
+        if self.dtype_in.storage is DType.F32 and not (self.a_kmajor and self.b_kmajor):
+            problems.append("TF32 wgmma needs both operands K-major (transpose them first)")
         if self.schedule not in ("coop", "pingpong"):
             problems.append(f"schedule {self.schedule!r} not in coop/pingpong")
         if self.schedule == "coop" and (self.bm not in (128, 256) or self.subs * self.bn // 2 > 128):
@@ -87,14 +89,15 @@ class WgmmaSpec:
 def _wgmma_call(spec: WgmmaSpec) -> str:
     n = spec.bn
     regs = n // 2
-    kind = "bf16" if spec.dtype_in.storage is DType.BF16 else "f16"
+    ta, tb = (0 if spec.a_kmajor else 1), (0 if spec.b_kmajor else 1)
+    kind = {DType.BF16: "bf16", DType.F16: "f16", DType.F32: "tf32"}[spec.dtype_in.storage]
+    kdim, trans = (8, "") if kind == "tf32" else (16, f", {ta}, {tb}")
     outs = ", ".join(f"%{i}" for i in range(regs))
     cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    ta, tb = (0 if spec.a_kmajor else 1), (0 if spec.b_kmajor else 1)
     return f"""
 static __device__ __forceinline__ void wgmma_tile(float* d, u64 da, u64 db, int scale_d) {{
     asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{regs + 2}, 0;\\n"
-                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1, {ta}, {tb}; }}"
+                 "wgmma.mma_async.sync.aligned.m64n{n}k{kdim}.f32.{kind}.{kind} {{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1{trans}; }}"
                  : {cons}
                  : "l"(da), "l"(db), "r"(scale_d));
 }}
@@ -153,20 +156,22 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     tin, tout, tb = ctype(spec.dtype_in), ctype(spec.dtype_out), ctype(spec.bias_dtype)
     bm, bn, st = spec.bm, spec.bn, spec.stages
     a_bytes, b_bytes = bm * BK * 2, bn * BK * 2
+    bk = 128 // spec.dtype_in.itemsize   # K elements per stage: one 128-byte swizzle row
     # A tile in smem: K-major = [bm rows][64 k] (one TMA box); MN-major = bm/64 boxes of [64 k][64 m].
     if spec.a_kmajor:
-        a_loads = "tma_load_3d(sa, &tmA, full, kt * 64, m0, bz);"
+        a_loads = "tma_load_3d(sa, &tmA, full, kt * BKE, m0, bz);"
         a_desc = "smem_desc(a_s + ROWOFF * 128 + kk * 32, 16, 1024)"
     else:
-        a_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sa + c * 8192, &tmA, full, m0 + c * 64, kt * 64, bz);" % (bm // 64)
+        a_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sa + c * 8192, &tmA, full, m0 + c * 64, kt * BKE, bz);" % (bm // 64)
         a_desc = "smem_desc(a_s + ROWOFF * 128 + kk * 2048, 8192, 1024)"
     if spec.b_kmajor:
-        b_loads = "tma_load_3d(sb, &tmB, full, kt * 64, n0, bz);"
+        b_loads = "tma_load_3d(sb, &tmB, full, kt * BKE, n0, bz);"
         b_desc = "smem_desc(b_s + kk * 32, 16, 1024)"
     else:
-        b_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sb + c * 8192, &tmB, full, n0 + c * 64, kt * 64, bz);" % (bn // 64)
+        b_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sb + c * 8192, &tmB, full, n0 + c * 64, kt * BKE, bz);" % (bn // 64)
         b_desc = "smem_desc(b_s + kk * 2048, 8192, 1024)"
     regs = bn // 2
+    a_loads, b_loads = a_loads.replace("BKE", str(bk)), b_loads.replace("BKE", str(bk))
     coop = spec.schedule == "coop"
     subs = spec.subs
     first, step = ("0", "1") if coop else ("wg", "2")
@@ -203,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
     const u32 epi = (bars + {16 * st + 16} + 127u) & ~127u;
     const int tiles_m = (M + {bm - 1}) / {bm}, tiles_n = (N + {bn - 1}) / {bn};
     const int tiles_mn = tiles_m * tiles_n, tiles = tiles_mn * batch;
-    const int KT = (K + 63) / 64;
+    const int KT = (K + {bk - 1}) / {bk};
     if (threadIdx.x == 0) {{
         for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, 1); mbar_init(bars + 8 * ({st} + s), {empty_count}); }}
         mbar_init(bars + {16 * st}, 4); mbar_init(bars + {16 * st + 8}, 4);  // ping-pong turn barriers

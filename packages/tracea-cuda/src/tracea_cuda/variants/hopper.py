@@ -7,7 +7,7 @@ from typing import Any
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
-from tracea.dtypes import DType
+from tracea.dtypes import DType, Fp32Precision
 from tracea.ir.ops import GemmOp, LayerType
 from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode, Validity
 from tracea.semantic.search_space import SearchSpace
@@ -50,10 +50,19 @@ class WgmmaGemm(CudaVariant):
             raise UnsupportedConfigError("the wgmma kernel needs tile_k=64 and warps=12 (3 warpgroups)")
         pairs = op.n % 2 == 0 and (ptrs is None or ptrs.get("out", 0) % (2 * op.out_dtype.itemsize) == 0)
         vec_store = op.n % (16 // op.out_dtype.itemsize) == 0 and (ptrs is None or ptrs.get("out", 0) % 16 == 0)
-        return WgmmaSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, not op.trans_a, op.trans_b,
+        a_km, b_km = self.kmajor(op)
+        return WgmmaSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, a_km, b_km,
                          pairs, vec_store, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
                          bm=config.tile_m, schedule=str(config.get("schedule") or "coop"),
                          smem_epilogue=bool(config.get("smem_epilogue", True)))
+
+    def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
+        """Whether A and B reach the kernel K-major (16-bit: as stored; wgmma transposes the others)."""
+        return not op.trans_a, op.trans_b
+
+    def operands(self, op: GemmOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
+        """Device pointers of A and B as the kernel reads them (16-bit: the caller's arrays)."""
+        return ptrs["a"], ptrs["b"]
 
     def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -74,9 +83,8 @@ class WgmmaGemm(CudaVariant):
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        big = [_hero(256, 4), _hero(128, 4, bm=256), _hero(256, 4, smem_epilogue=False),
-               _hero(128, 6, schedule="pingpong", smem_epilogue=False), _hero(128, 6, schedule="pingpong"),
-               _hero(256, 3, 16)]
+        big = [_hero(256, 4), _hero(256, 4, smem_epilogue=False), _hero(128, 4, bm=256),
+               _hero(128, 6, schedule="pingpong", smem_epilogue=False), _hero(256, 3, 16)]
         tiles = -(-op.m // 128) * -(-op.n // 256) * op.batch
         return big if tiles >= profile.compute_units else [_hero(128, 6), _hero(64, 8), _hero(256, 4)]
 
@@ -108,15 +116,77 @@ class WgmmaGemm(CudaVariant):
                 self._plans[key] = plan
             kernel, spec = plan
             b = op.batch
-            a_map = (tma.tiled_map(ptrs["a"], spec.dtype_in, (op.k, op.m, b), (64, spec.bm, 1)) if spec.a_kmajor else
-                     tma.tiled_map(ptrs["a"], spec.dtype_in, (op.m, op.k, b), (64, 64, 1)))
-            b_map = (tma.tiled_map(ptrs["b"], spec.dtype_in, (op.k, op.n, b), (64, spec.bn, 1)) if spec.b_kmajor else
-                     tma.tiled_map(ptrs["b"], spec.dtype_in, (op.n, op.k, b), (64, 64, 1)))
+            stream = launch_stream(args)
+            pa, pb = self.operands(op, args, ptrs, stream)
+            bk = 128 // spec.dtype_in.itemsize
+            a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (bk, spec.bm, 1)) if spec.a_kmajor else
+                     tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (64, bk, 1)))
+            b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (bk, spec.bn, 1)) if spec.b_kmajor else
+                     tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (64, bk, 1)))
             tiles = -(-op.m // spec.bm) * -(-op.n // spec.bn) * b
             grid = (min(tiles, profile.compute_units), 1, 1)
             cargs = [a_map, b_map, ctypes.c_uint64(ptrs["out"]), ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
                      ctypes.c_int32(op.m), ctypes.c_int32(op.n), ctypes.c_int32(op.k), ctypes.c_int32(b)]
-            tma.launch(kernel.function, grid, spec.threads, spec.smem_bytes, launch_stream(args), cargs)
+            tma.launch(kernel.function, grid, spec.threads, spec.smem_bytes, stream, cargs)
 
 
-HOPPER_VARIANTS = [WgmmaGemm]
+class WgmmaGemmTf32(WgmmaGemm):
+    """fp32 GEMM on TF32 wgmma (TF32 allowed). TF32 wgmma reads both operands K-major only, so an
+    MN-major operand (B stored (K, N), or A stored (K, M)) is first transposed into a cached scratch
+    buffer on the launch stream (one extra pass over that operand)."""
+
+    name = "cuda.gemm.wgmma_tf32"
+    description = ("fp32 GEMM on TF32 Tensor Cores for Hopper (fp32_precision high/medium): TMA + wgmma "
+                   "m64nNk8, warp-specialised persistent kernel; MN-major operands transposed first")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
+                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
+                                fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}),
+                                alignment=4)
+    efficiency = 0.7
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .gemm import MmaGemmTf32  # noqa: PLC0415
+
+        self._fallback = MmaGemmTf32()
+        self._scratch: dict = {}
+
+    def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
+        return True, True
+
+    def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        return [_hero(256, 4), _hero(128, 4, bm=256), _hero(128, 6), _hero(256, 3, 16)]
+
+    def _buf(self, dev: int, stream: Any, role: str, n: int) -> Any:
+        key = (dev, int(stream.ptr), role)
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < n:
+            import numpy as np  # noqa: PLC0415
+
+            buf = toolkit.cupy().empty(n, dtype=np.float32)
+            self._scratch[key] = buf
+        return buf
+
+    def operands(self, op: GemmOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
+        import numpy as np  # noqa: PLC0415
+
+        from ..emit import transpose  # noqa: PLC0415
+
+        pa, pb = ptrs["a"], ptrs["b"]
+        if op.trans_a or not op.trans_b:
+            tk = compiler.load(transpose.render(DType.F32), transpose.KERNEL_NAME, "sm_90a", smem=0, threads=256)
+            dev = device_index(args.out)
+            if op.trans_a:  # (K, M) -> (M, K)
+                buf = self._buf(dev, stream, "a", op.batch * op.m * op.k)
+                tk.launch((-(-op.m // 32), -(-op.k // 32), op.batch),
+                          (np.uint64(pa), np.uint64(buf.data.ptr), np.int32(op.k), np.int32(op.m)), stream)
+                pa = buf.data.ptr
+            if not op.trans_b:  # (K, N) -> (N, K)
+                buf = self._buf(dev, stream, "b", op.batch * op.n * op.k)
+                tk.launch((-(-op.n // 32), -(-op.k // 32), op.batch),
+                          (np.uint64(pb), np.uint64(buf.data.ptr), np.int32(op.k), np.int32(op.n)), stream)
+                pb = buf.data.ptr
+        return pa, pb
+
+
+HOPPER_VARIANTS = [WgmmaGemm, WgmmaGemmTf32]
