@@ -163,7 +163,7 @@ def render(spec: MmaSpec, name: str = KERNEL_NAME) -> str:
     kstep = 16 if es == 2 else 8
     a_stage, b_stage = spec.bm * spec.bk, spec.bn * spec.bk
     frag = _fragments_16(spec, mi, ni) if es == 2 else _fragments_32(spec, mi, ni)
-    epilogue = epilogue_function(spec.epilogue, spec.bias_dtype)
+    epilogue = epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)
     part_init = part_flush = ""
     if spec.math == "3xtf32":
         # Tensor Cores accumulate with truncation; a per-k-tile partial sum added with FADD keeps the

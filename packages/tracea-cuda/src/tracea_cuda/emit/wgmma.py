@@ -196,7 +196,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
 {PRELUDE}
 {_HOPPER}
-{epilogue_function(spec.epilogue, spec.bias_dtype)}
+{epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
 {_wgmma_call(spec)}
 
 extern "C" __global__ void __launch_bounds__(384, 1) {name}(

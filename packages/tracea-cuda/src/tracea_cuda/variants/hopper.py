@@ -155,7 +155,7 @@ class WgmmaGemmTf32(WgmmaGemm):
         return True, True
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        return [_hero(256, 4), _hero(128, 4, bm=256), _hero(128, 6), _hero(256, 3, 16)]
+        return [_hero(256, 4, 16), _hero(128, 4, 16, bm=256), _hero(256, 4), _hero(128, 6)]
 
     def _buf(self, dev: int, stream: Any, role: str, n: int) -> Any:
         key = (dev, int(stream.ptr), role)
