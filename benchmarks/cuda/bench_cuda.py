@@ -193,6 +193,39 @@ def conv_suite(rows, quick, heroes):
                       heroes)
 
 
+def overhead_suite(rows):
+    """Host time per call (launch path only) on a tiny GEMM: Tracea's run() vs torch.matmul."""
+    op = GemmOp(256, 256, 256, dtype_a="bfloat16", dtype_b="bfloat16")
+    t = T.gemm_inputs(op)
+    profile = T.gpu_profile()
+    out = {}
+    for name in ("cuda.gemm.wgmma", "cuda.gemm.mma_f16"):
+        v = VARIANTS[name]
+        if v.check(op, profile):
+            continue
+        cfg = v.hero_configs(op, profile)[0]
+        args = T.op_args(t)
+        for _ in range(20):
+            v.run(op, cfg, args, profile)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(500):
+            v.run(op, cfg, args, profile)
+        out[name] = (time.perf_counter() - t0) / 500 * 1e6
+        torch.cuda.synchronize()
+    a2, b2 = t["a"][0], t["b"][0]
+    for _ in range(20):
+        torch.matmul(a2, b2)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(500):
+        torch.matmul(a2, b2)
+    out["torch.matmul"] = (time.perf_counter() - t0) / 500 * 1e6
+    torch.cuda.synchronize()
+    print("host us per call (256^3 bf16): " + "  ".join(f"{k}={v:.1f}" for k, v in out.items()), flush=True)
+    rows.append({"case": "host overhead", "host_us_per_call": out})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="bench_cuda.json")
@@ -212,12 +245,16 @@ def main() -> int:
         gemm_suite(rows, a.quick, a.heroes)
     if "conv" in a.only:
         conv_suite(rows, a.quick, a.heroes)
+    if "overhead" in a.only or "gemm" in a.only:
+        overhead_suite(rows)
     with open(a.json, "w") as f:
         json.dump({"device": p.to_dict(), "torch": torch.__version__, "rows": rows, "configs": CONFIG_LOG,
                    "seconds": time.time() - t0},
                   f, indent=1, default=str)
     print(f"\n{'case':<34} {'tracea TF/s':>11}  ratios")
     for r in rows:
+        if "tracea_tflops" not in r:
+            continue
         ratios = "  ".join(f"{k[9:]} {v:.2f}x" for k, v in r.items() if k.startswith("ratio_vs_"))
         print(f"{r['case']:<34} {r['tracea_tflops']:11.1f}  {ratios}")
     return 0

@@ -97,14 +97,28 @@ def device_index(obj: Any) -> int:
     return 0
 
 
+_EXTERNAL: dict[tuple[int, int], Any] = {}
+
+
 def launch_stream(args: Any) -> Any:
     """The stream the caller's framework is issuing on: torch's current stream for torch tensors
-    (as a CuPy ExternalStream), CuPy's current stream otherwise."""
+    (as a cached CuPy ExternalStream), CuPy's current stream otherwise."""
     cp = toolkit.cupy()
     sample = args.out if getattr(args, "out", None) is not None else next(iter(args.arrays.values()))
     if _module(sample) == "torch":
         import torch  # noqa: PLC0415 - the caller already uses torch
 
-        s = torch.cuda.current_stream(sample.device)
-        return cp.cuda.ExternalStream(int(s.cuda_stream), int(sample.device.index or 0))
+        dev = int(sample.device.index or 0)
+        ptr = int(torch.cuda.current_stream(sample.device).cuda_stream)
+        stream = _EXTERNAL.get((ptr, dev))
+        if stream is None:
+            import warnings  # noqa: PLC0415
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                stream = cp.cuda.ExternalStream(ptr, dev)
+            if len(_EXTERNAL) > 256:
+                _EXTERNAL.clear()
+            _EXTERNAL[(ptr, dev)] = stream
+        return stream
     return cp.cuda.get_current_stream()

@@ -65,15 +65,28 @@ def tiled_map(ptr: int, dtype: DType, dims: Sequence[int], box: Sequence[int]) -
     return out
 
 
-def launch(function: Any, grid: tuple[int, int, int], block: int, smem: int, stream: Any, args: Sequence[Any]) -> None:
-    """``cuLaunchKernel`` with parameters given as ctypes objects (tensor maps by value)."""
-    holders = [a if isinstance(a, ctypes._SimpleCData) or isinstance(a, ctypes.Structure) else None for a in args]
+class Packed:
+    """Kernel parameters as ctypes values plus the ``void*[]`` array pointing at them (kept alive together)."""
+
+    def __init__(self, holders: list) -> None:
+        self.holders = holders
+        self.params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
+        self.address = ctypes.addressof(self.params)
+
+
+def pack(args: Sequence[Any]) -> Packed:
+    """Pack ctypes values (tensor maps by value, pointers, ints) for :func:`launch`."""
+    holders = [a if isinstance(a, (ctypes._SimpleCData, ctypes.Structure)) else None for a in args]
     if any(h is None for h in holders):
         raise LaunchError("launch arguments must be ctypes values", backend="cuda")
-    params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
+    return Packed(holders)
+
+
+def launch(function: Any, grid: tuple[int, int, int], block: int, smem: int, stream: Any, args: Any) -> None:
+    """``cuLaunchKernel`` with parameters given as ctypes objects (tensor maps by value) or a :class:`Packed`."""
+    packed = args if isinstance(args, Packed) else pack(args)
     drv = toolkit.cupy().cuda.driver
     try:
-        drv.launchKernel(function.ptr, grid[0], grid[1], grid[2], block, 1, 1, smem, stream.ptr,
-                         ctypes.addressof(params), 0)
+        drv.launchKernel(function.ptr, grid[0], grid[1], grid[2], block, 1, 1, smem, stream.ptr, packed.address, 0)
     except Exception as exc:
         raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None

@@ -39,6 +39,7 @@ class WgmmaGemm(CudaVariant):
     def __init__(self) -> None:
         self._fallback = MmaGemm16()
         self._plans: dict = {}
+        self._launches: dict = {}
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         return [f"{n}={getattr(op, n)} exceeds the TMA coordinate range" for n in ("m", "n", "k")
@@ -55,6 +56,19 @@ class WgmmaGemm(CudaVariant):
                          pairs, vec_store, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
                          bm=config.tile_m, schedule=str(config.get("schedule") or "coop"),
                          smem_epilogue=bool(config.get("smem_epilogue", True)))
+
+    def _build_launch(self, op: GemmOp, spec: WgmmaSpec, pa: int, pb: int, ptrs: dict, profile: DeviceProfile):
+        b = op.batch
+        bk = 128 // spec.dtype_in.itemsize
+        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (bk, spec.bm, 1)) if spec.a_kmajor else
+                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (64, bk, 1)))
+        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (bk, spec.bn, 1)) if spec.b_kmajor else
+                 tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (64, bk, 1)))
+        tiles = -(-op.m // spec.bm) * -(-op.n // spec.bn) * b
+        grid = (min(tiles, profile.compute_units), 1, 1)
+        cargs = tma.pack([a_map, b_map, ctypes.c_uint64(ptrs["out"]), ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
+                          ctypes.c_int32(op.m), ctypes.c_int32(op.n), ctypes.c_int32(op.k), ctypes.c_int32(b)])
+        return grid, cargs
 
     def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
         """Whether A and B reach the kernel K-major (16-bit: as stored; wgmma transposes the others)."""
@@ -115,18 +129,18 @@ class WgmmaGemm(CudaVariant):
                 plan = (self._kernel(spec, profile), spec)
                 self._plans[key] = plan
             kernel, spec = plan
-            b = op.batch
             stream = launch_stream(args)
             pa, pb = self.operands(op, args, ptrs, stream)
-            bk = 128 // spec.dtype_in.itemsize
-            a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (bk, spec.bm, 1)) if spec.a_kmajor else
-                     tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (64, bk, 1)))
-            b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (bk, spec.bn, 1)) if spec.b_kmajor else
-                     tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (64, bk, 1)))
-            tiles = -(-op.m // spec.bm) * -(-op.n // spec.bn) * b
-            grid = (min(tiles, profile.compute_units), 1, 1)
-            cargs = [a_map, b_map, ctypes.c_uint64(ptrs["out"]), ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
-                     ctypes.c_int32(op.m), ctypes.c_int32(op.n), ctypes.c_int32(op.k), ctypes.c_int32(b)]
+            # Tensor maps and the packed parameter block depend only on the pointers: cache them so a
+            # repeated call costs one dict lookup and one cuLaunchKernel.
+            lkey = (key, pa, pb, ptrs["out"], ptrs.get("bias"))
+            launch = self._launches.get(lkey)
+            if launch is None:
+                launch = self._build_launch(op, spec, pa, pb, ptrs, profile)
+                if len(self._launches) > 256:
+                    self._launches.clear()
+                self._launches[lkey] = launch
+            grid, cargs = launch
             tma.launch(kernel.function, grid, spec.threads, spec.smem_bytes, stream, cargs)
 
 
