@@ -74,7 +74,7 @@ def gemm_variants(op):
         names = ["cuda.gemm.wgmma", "cuda.gemm.mma_f16"]
     else:
         names = (["cuda.gemm.wgmma_tf32", "cuda.gemm.mma_tf32"] if op.fp32_precision.value != "highest"
-                 else ["cuda.gemm.mma_3xtf32"])
+                 else ["cuda.gemm.wgmma_3xtf32", "cuda.gemm.mma_3xtf32"])
     return [VARIANTS[n] for n in names if not VARIANTS[n].check(op, T.gpu_profile())]
 
 

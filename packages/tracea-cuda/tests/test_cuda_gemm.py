@@ -143,3 +143,20 @@ def test_wgmma_tf32_gemm(trans, shape):
         v.run(op, config, T.op_args(t), profile)
         err = T.rel_err(t["out"], T.gemm_reference(op, t))
         assert err <= T.tolerance("tf32", op.out_dtype), (config.key, err)
+
+
+@pytest.mark.parametrize("trans", [(False, False), (True, True)], ids=["NN", "TT"])
+@pytest.mark.parametrize("shape", [(4, 8, 4, 1), (132, 260, 68, 2), (1000, 1020, 4096, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_3xtf32_is_fp32_accurate(trans, shape):
+    profile = T.gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    m, n, k, batch = shape
+    op = GemmOp(m, n, k, batch=batch, trans_a=trans[0], trans_b=trans[1], fp32_precision="highest", epilogue="bias")
+    v = VARIANTS["cuda.gemm.wgmma_3xtf32"]
+    for config in v.hero_configs(op, profile):
+        t = T.gemm_inputs(op, seed=k)
+        v.run(op, config, T.op_args(t), profile)
+        err = T.rel_err(t["out"], T.gemm_reference(op, t))
+        assert err <= 1e-5, (config.key, err)

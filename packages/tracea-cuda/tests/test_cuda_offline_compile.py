@@ -36,6 +36,7 @@ OPS = {
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
                           GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="bfloat16",
                                  dtype_b="bfloat16", epilogue="bias+silu")],
+    "cuda.gemm.wgmma_3xtf32": [GemmOp(4096, 4096, 4096, fp32_precision="highest", epilogue="bias")],
     "cuda.gemm.wgmma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="bias+relu")],
     "cuda.gemm.mma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="relu")],
     "cuda.gemm.mma_3xtf32": [GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="highest", epilogue="bias")],

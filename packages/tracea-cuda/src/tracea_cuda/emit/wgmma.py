@@ -49,6 +49,7 @@ class WgmmaSpec:
     bm: int = 128
     schedule: str = "coop"
     smem_epilogue: bool = True
+    split_acc: bool = False  # accumulate each stage in a fresh partial sum, added with FADD (fp32 accuracy)
 
     threads = 384
 
@@ -78,6 +79,8 @@ class WgmmaSpec:
                             "most 128 accumulators per thread")
         if self.schedule == "pingpong" and (self.bm not in (64, 128) or self.bm * self.bn // 128 > 128):
             problems.append("pingpong schedule needs tile_m in 64/128 and at most 128 accumulators per thread")
+        if self.split_acc and self.subs * self.bn // 2 > 64:
+            problems.append("split accumulation needs at most 64 accumulators per thread (x2 for the partial sum)")
         if self.bn not in (64, 128, 256):
             problems.append(f"tile_n={self.bn} not in 64/128/256")
         if not 2 <= self.stages <= 8:
@@ -184,6 +187,25 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     vec = 16 // out_size
     c0, c1 = store_expr(spec.dtype_out, "v0"), store_expr(spec.dtype_out, "v1")
     bn8, n_cc, cc8, vs = bn // 8, bn // cc_cols, cc_cols // 8, int(spec.vec_store)
+    if spec.split_acc:
+        master_decl = f"    float acc[{subs}][{regs}];"
+        master_zero = (f"        for (int sub = 0; sub < {subs}; ++sub) for (int i = 0; i < {regs}; ++i) acc[sub][i] = 0.0f;")
+        scale_d = "(kk > 0) ? 1 : 0"
+        wait_and_release = (f"            wgmma_wait<0>();\n"
+                            f"            if (lane == 0) mbar_arrive(bars + 8 * ({st} + s));\n"
+                            f"            #pragma unroll\n"
+                            f"            for (int sub = 0; sub < {subs}; ++sub)\n"
+                            f"                #pragma unroll\n"
+                            f"                for (int i = 0; i < {regs}; ++i) acc[sub][i] += d[sub][i];\n"
+                            f"            prev = -1;")
+        accn = "acc"
+    else:
+        master_decl = master_zero = ""
+        scale_d = "(kt > 0 || kk > 0) ? 1 : 0"
+        wait_and_release = (f"            wgmma_wait<1>();\n"
+                            f"            if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));\n"
+                            f"            prev = s;")
+        accn = "d"
     if spec.smem_epilogue:
         epilogue_code = STAGED.format(**locals())
     else:
@@ -242,6 +264,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t4 = lane & 3;
     float d[{subs}][{regs}];
+{master_decl}
     {tout}* ebuf = reinterpret_cast<{tout}*>(smem_raw + (epi - smem_u32(smem_raw))) + (wg * 4 + warp) * {EPI_BYTES // out_size};
     for (int j = {first}; ; j += {step}) {{
         const int tile = blockIdx.x + j * gridDim.x;
@@ -251,6 +274,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
         const int gsz = min(tiles_m - first_m, {spec.group_m});
         const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
         int prev = -1;
+{master_zero}
 {turn_wait}
         for (int kt = 0; kt < KT; ++kt) {{
             const unsigned it = (unsigned)j * KT + kt;
@@ -262,15 +286,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
             for (int kk = 0; kk < 4; ++kk)
                 #pragma unroll
                 for (int sub = 0; sub < {subs}; ++sub)
-                    wgmma_tile(d[sub], {a_desc}, {b_desc}, (kt > 0 || kk > 0) ? 1 : 0);
+                    wgmma_tile(d[sub], {a_desc}, {b_desc}, {scale_d});
             wgmma_commit();
-            wgmma_wait<1>();
-            if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
-            prev = s;
+{wait_and_release}
         }}
 {turn_signal}
         wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
+        if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
         {tout}* Cb = C + (long long)bz * M * N;
 {epilogue_code}
     }}
@@ -291,8 +313,8 @@ STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem
                     const int col = n0 + j2 * 8 + 2 * t4;
                     #pragma unroll
                     for (int h = 0; h < 2; ++h) {{
-                        const float v0 = apply_epilogue(d[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
-                        const float v1 = apply_epilogue(d[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+                        const float v0 = apply_epilogue({accn}[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
+                        const float v1 = apply_epilogue({accn}[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
                         {tout}* e = ebuf + (g + 8 * h) * {ld} + jj * 8 + 2 * t4;
                         e[0] = {c0}; e[1] = {c1};
                     }}
@@ -330,8 +352,8 @@ DIRECT = """        // Epilogue: accumulators -> epilogue chain -> direct (4-byt
             #pragma unroll
             for (int j2 = 0; j2 < {bn8}; ++j2) {{
                 const int col = n0 + j2 * 8 + 2 * t4;
-                const float v0 = apply_epilogue(d[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
-                const float v1 = apply_epilogue(d[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+                const float v0 = apply_epilogue({accn}[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
+                const float v1 = apply_epilogue({accn}[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
                 {{ {tout}* C = Cb; {store} }}
             }}
         }}

@@ -203,4 +203,56 @@ class WgmmaGemmTf32(WgmmaGemm):
         return pa, pb
 
 
-HOPPER_VARIANTS = [WgmmaGemm, WgmmaGemmTf32]
+class WgmmaGemm3xTf32(WgmmaGemmTf32):
+    """fp32-accurate GEMM (``fp32_precision="highest"``) on TF32 wgmma: one pass splits A and B into
+    K-major (small, big, big) / (big, small, big) TF32 parts three times as wide along K, then the TF32
+    kernel runs K' = 3K with each stage accumulated into a fresh partial sum added with FADD (Tensor
+    Core accumulation truncates; this keeps long-K error at fp32 level)."""
+
+    name = "cuda.gemm.wgmma_3xtf32"
+    description = ("fp32-accurate GEMM for Hopper: 3xTF32 split written K-major in one pass, TF32 wgmma over "
+                   "3K with per-stage partial sums (rel. error ~1e-6)")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
+                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
+                                fp32_precisions=frozenset({Fp32Precision.HIGHEST}), alignment=4)
+    efficiency = 0.25
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .gemm import MmaGemm3xTf32  # noqa: PLC0415
+
+        self._fallback = MmaGemm3xTf32()
+
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
+        from dataclasses import replace  # noqa: PLC0415
+
+        return replace(super().spec(op, config, ptrs), split_acc=True)
+
+    def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        return [_hero(128, 4, 16), _hero(128, 6, 16), _hero(64, 6, 16, bm=128), _hero(128, 4)]
+
+    def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        import numpy as np  # noqa: PLC0415
+        from dataclasses import replace  # noqa: PLC0415
+
+        from ..emit import split  # noqa: PLC0415
+
+        cp = toolkit.cupy()
+        dev = device_index(args.out)
+        with cp.cuda.Device(dev):
+            stream = launch_stream(args)
+            sk = compiler.load(split.render(), split.KERNEL_NAME, "sm_90a", smem=0, threads=256)
+            bufs = {}
+            for role, rows, trans, order in (("a", op.m, op.trans_a, 0), ("b", op.n, not op.trans_b, 1)):
+                buf = self._buf(dev, stream, role + "3", op.batch * rows * 3 * op.k)
+                r, c = (op.k, rows) if trans else (rows, op.k)
+                sk.launch((-(-c // 32), -(-r // 32), op.batch),
+                          (np.uint64(data_ptr(args.arrays[role], role)), np.uint64(buf.data.ptr), np.int32(r),
+                           np.int32(c), np.int32(0 if trans else 1), np.int32(order)), stream)
+                bufs[role] = buf
+            op3 = replace(op, k=3 * op.k, trans_a=False, trans_b=True)
+            inner = OpArgs({**args.arrays, "a": bufs["a"], "b": bufs["b"]}, args.out, args.adapter)
+            WgmmaGemm.run(self, op3, config, inner, profile)
+
+
+HOPPER_VARIANTS = [WgmmaGemm, WgmmaGemmTf32, WgmmaGemm3xTf32]
