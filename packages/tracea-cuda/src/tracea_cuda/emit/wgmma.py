@@ -49,7 +49,8 @@ class WgmmaSpec:
     bm: int = 128
     schedule: str = "coop"
     smem_epilogue: bool = True
-    split_acc: bool = False  # accumulate each stage in a fresh partial sum, added with FADD (fp32 accuracy)
+    split_acc: bool = False  # accumulate in fresh partial sums, added with FADD (fp32 accuracy)
+    partial_stages: int = 1  # stages per partial sum when split_acc
 
     threads = 384
 
@@ -190,14 +191,22 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     if spec.split_acc:
         master_decl = f"    float acc[{subs}][{regs}];"
         master_zero = (f"        for (int sub = 0; sub < {subs}; ++sub) for (int i = 0; i < {regs}; ++i) acc[sub][i] = 0.0f;")
-        scale_d = "(kk > 0) ? 1 : 0"
-        wait_and_release = (f"            wgmma_wait<0>();\n"
-                            f"            if (lane == 0) mbar_arrive(bars + 8 * ({st} + s));\n"
-                            f"            #pragma unroll\n"
-                            f"            for (int sub = 0; sub < {subs}; ++sub)\n"
+        ps = spec.partial_stages
+        scale_d = f"(kt % {ps} > 0 || kk > 0) ? 1 : 0"
+        wait_and_release = (f"            if (kt % {ps} == {ps - 1} || kt == KT - 1) {{\n"
+                            f"                wgmma_wait<0>();\n"
+                            f"                if (lane == 0) {{ if (prev >= 0) mbar_arrive(bars + 8 * ({st} + prev));"
+                            f" mbar_arrive(bars + 8 * ({st} + s)); }}\n"
                             f"                #pragma unroll\n"
-                            f"                for (int i = 0; i < {regs}; ++i) acc[sub][i] += d[sub][i];\n"
-                            f"            prev = -1;")
+                            f"                for (int sub = 0; sub < {subs}; ++sub)\n"
+                            f"                    #pragma unroll\n"
+                            f"                    for (int i = 0; i < {regs}; ++i) acc[sub][i] += d[sub][i];\n"
+                            f"                prev = -1;\n"
+                            f"            }} else {{\n"
+                            f"                wgmma_wait<1>();\n"
+                            f"                if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));\n"
+                            f"                prev = s;\n"
+                            f"            }}")
         accn = "acc"
     else:
         master_decl = master_zero = ""

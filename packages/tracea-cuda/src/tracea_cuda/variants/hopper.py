@@ -226,10 +226,12 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
     def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
         from dataclasses import replace  # noqa: PLC0415
 
-        return replace(super().spec(op, config, ptrs), split_acc=True)
+        return replace(super().spec(op, config, ptrs), split_acc=True,
+                       partial_stages=int(config.get("partial_stages") or 1))
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        return [_hero(128, 4, 16), _hero(128, 6, 16), _hero(64, 6, 16, bm=128), _hero(128, 4)]
+        return [_hero(128, 4).replace(partial_stages=4), _hero(128, 4).replace(partial_stages=2),
+                _hero(128, 4, 16).replace(partial_stages=4), _hero(128, 4)]
 
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         import numpy as np  # noqa: PLC0415
