@@ -94,6 +94,7 @@ class WgmmaGemm(CudaVariant):
                 .warps([12]).swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
                 .param("group_m", [4, 8, 16]).param("schedule", ["coop", "pingpong"])
                 .param("smem_epilogue", [True, False])
+                .param("partial_stages", [1, 2, 4, 8] if self.name.endswith("3xtf32") else [1])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
@@ -230,8 +231,8 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
                        partial_stages=int(config.get("partial_stages") or 1))
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        return [_hero(128, 4).replace(partial_stages=4), _hero(128, 4).replace(partial_stages=2),
-                _hero(128, 4, 16).replace(partial_stages=4), _hero(128, 4)]
+        return [_hero(128, 4).replace(partial_stages=8), _hero(128, 5).replace(partial_stages=4),
+                _hero(128, 4).replace(partial_stages=4), _hero(128, 4, 16).replace(partial_stages=8)]
 
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         import numpy as np  # noqa: PLC0415
