@@ -74,3 +74,18 @@ def test_nchw_f32_both_input_paths(mode, prec):
                   fp32_precision=prec, epilogue="bias+silu")
     config = VARIANT.hero_configs(op, T.gpu_profile())[0].replace(nchw_mode=mode)
     _check(op, config)
+
+
+@pytest.mark.parametrize("layout,dt,prec", [("nhwc", "bfloat16", "highest"), ("nchw", "float32", "high"),
+                                            ("nhwc", "float16", "highest")])
+@pytest.mark.parametrize("splits", [2, 3, 8])
+def test_split_k(layout, dt, prec, splits):
+    op = Conv2dOp(2, 64, 7, 7, 72, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec,
+                  epilogue="bias+gelu")
+    config = VARIANT.hero_configs(op, T.gpu_profile())[0].replace(split_k=splits)
+    _check(op, config)
+
+
+def test_small_layers_get_split_k_heroes():
+    op = Conv2dOp(32, 512, 7, 7, 512, 3, 3, padding=1, layout="nhwc", dtype="float16")
+    assert VARIANT.hero_configs(op, T.gpu_profile())[0].get("split_k", 1) > 1

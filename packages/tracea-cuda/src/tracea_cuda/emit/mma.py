@@ -50,6 +50,7 @@ class MmaSpec:
     warps_n: int = 2
     swizzle: int = 8
     group_m: int = 8
+    split_k: int = 1  # > 1: blockIdx.z splits K; raw fp32 partials go to a workspace (see splitk.py)
 
     @property
     def threads(self) -> int:
@@ -165,6 +166,11 @@ def render(spec: MmaSpec, name: str = KERNEL_NAME) -> str:
     frag = _fragments_16(spec, mi, ni) if es == 2 else _fragments_32(spec, mi, ni)
     epilogue = epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)
     part_init = part_flush = ""
+    if spec.split_k > 1:
+        kt_setup = (f"    const int KT_all = (K + {spec.bk - 1}) / {spec.bk}, per = (KT_all + {spec.split_k - 1}) / {spec.split_k};\n"
+                    f"    const int kt0 = blockIdx.z * per, KT = max(0, min(KT_all, kt0 + per) - kt0);")
+    else:
+        kt_setup = f"    const int kt0 = 0, KT = (K + {spec.bk - 1}) / {spec.bk};"
     if spec.math == "3xtf32":
         # Tensor Cores accumulate with truncation; a per-k-tile partial sum added with FADD keeps the
         # long-K error at fp32 level (rel. err ~1e-6 instead of ~3e-5 at K=4096).
@@ -198,10 +204,10 @@ extern "C" __global__ void __launch_bounds__({spec.threads}) {name}(
     const int gsz = min(tiles_m - first_m, {spec.group_m});
     const int m0 = (first_m + (pid % group) % gsz) * {spec.bm};
     const int n0 = ((pid % group) / gsz) * {spec.bn};
-    const long long bz = blockIdx.z;
+    const long long bz = {"0" if spec.split_k > 1 else "blockIdx.z"};
     A += bz * {spec.a.batch_stride};
     B += bz * {spec.b.batch_stride};
-    C += bz * {spec.store.batch_stride};
+    C += {"(long long)blockIdx.z * M * N" if spec.split_k > 1 else f"bz * {spec.store.batch_stride}"};
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = (warp % {spec.warps_m}) * {wtm}, wn = (warp / {spec.warps_m}) * {wtn};
     float acc[{mi}][{ni}][4];
@@ -211,12 +217,12 @@ extern "C" __global__ void __launch_bounds__({spec.threads}) {name}(
         for (int j = 0; j < {ni}; ++j)
             #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-    const int KT = (K + {spec.bk - 1}) / {spec.bk};
+{kt_setup}
     #pragma unroll
     for (int s = 0; s < {spec.stages - 1}; ++s) {{
         if (s < KT) {{
-            load_a(sA + s * {a_stage * es}, A, m0, s * {spec.bk}, M, N, K);
-            load_b(sB + s * {b_stage * es}, B, n0, s * {spec.bk}, M, N, K);
+            load_a(sA + s * {a_stage * es}, A, m0, (kt0 + s) * {spec.bk}, M, N, K);
+            load_b(sB + s * {b_stage * es}, B, n0, (kt0 + s) * {spec.bk}, M, N, K);
         }}
         cp_async_commit();
     }}
@@ -226,8 +232,8 @@ extern "C" __global__ void __launch_bounds__({spec.threads}) {name}(
         const int nk = kt + {spec.stages - 1};
         if (nk < KT) {{
             const int slot = nk % {spec.stages};
-            load_a(sA + slot * {a_stage * es}, A, m0, nk * {spec.bk}, M, N, K);
-            load_b(sB + slot * {b_stage * es}, B, n0, nk * {spec.bk}, M, N, K);
+            load_a(sA + slot * {a_stage * es}, A, m0, (kt0 + nk) * {spec.bk}, M, N, K);
+            load_b(sB + slot * {b_stage * es}, B, n0, (kt0 + nk) * {spec.bk}, M, N, K);
         }}
         cp_async_commit();
         const int cur = kt % {spec.stages};

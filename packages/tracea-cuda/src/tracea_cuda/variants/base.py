@@ -97,7 +97,7 @@ class CudaVariant(KernelVariant):
         with cp.cuda.Device(profile.device.index):
             return self._kernel(self.spec(op, config, None), profile)
 
-    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
         cp = toolkit.cupy()
         ptrs: dict[str, Any] = {name: data_ptr(arr, name) for name, arr in args.arrays.items() if arr is not None}
         ptrs["out"] = data_ptr(args.out, "out")
@@ -120,7 +120,7 @@ class CudaVariant(KernelVariant):
                     self._plans.clear()
                 self._plans[key] = plan
             kernel, grid = plan
-            kernel.launch(grid, self.kernel_args(op, ptrs), launch_stream(args))
+            kernel.launch(grid, self.kernel_args(op, ptrs), stream if stream is not None else launch_stream(args))
 
 
 def aligned(ptrs: dict[str, int] | None, name: str, nbytes: int = 16) -> bool:

@@ -19,7 +19,7 @@ from ..emit import operands
 from ..emit.mma import MmaSpec
 from .. import compiler, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
-from ..emit import transpose
+from ..emit import splitk, transpose
 from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, tile_shape, u64
 
 
@@ -49,6 +49,13 @@ class ImplicitGemmConv(CudaVariant):
         return op.layout is Layout.NCHW and config.get("nchw_mode", "direct") == "transform"
 
     def spec(self, op: Conv2dOp, config: PipelineConfig, ptrs: dict | None) -> MmaSpec:
+        splits = int(config.get("split_k") or 1)
+        if splits > 1:  # partial products to an fp32 workspace; the reduction applies the epilogue
+            from tracea.ir.epilogue import Epilogue  # noqa: PLC0415
+
+            base = self.spec(op, config.replace(split_k=1), None if ptrs is None else {**ptrs, "out": 0})
+            return replace(base, dtype_out=DType.F32, epilogue=Epilogue.empty(), split_k=splits,
+                           store=operands.StoreMap("rowmajor", True, batch_stride="0"))
         if self.transforms_input(op, config):
             inner = replace(op, layout=Layout.NHWC)
             base = self.spec(inner, config.replace(nchw_mode="direct"),
@@ -66,24 +73,47 @@ class ImplicitGemmConv(CudaVariant):
             store=operands.conv_output(op, op.k % 2 == 0 and aligned(ptrs, "out", 2 * op.out_dtype.itemsize)),
             **tile_shape(config))
 
-    def run(self, op: Conv2dOp, config: PipelineConfig, args, profile: DeviceProfile) -> None:
-        if not self.transforms_input(op, config):
-            return super().run(op, config, args, profile)
+    def run(self, op: Conv2dOp, config: PipelineConfig, args, profile: DeviceProfile, stream: Any = None) -> None:
+        splits = int(config.get("split_k") or 1)
+        transform = self.transforms_input(op, config)
+        if not transform and splits == 1:
+            return super().run(op, config, args, profile, stream)
         cp = toolkit.cupy()
         dev = device_index(args.out)
+        arch = toolkit.arch_name(profile.compute_capability or (8, 0))
         with cp.cuda.Device(dev):
-            stream = launch_stream(args)
-            x_t = self._scratch(dev, stream, "x", op.n * op.c * op.h * op.w)
-            w_t = self._scratch(dev, stream, "w", op.k * op.c * op.r * op.s)
-            tk = compiler.load(transpose.render(op.dtype), transpose.KERNEL_NAME,
-                               toolkit.arch_name(profile.compute_capability or (8, 0)), smem=0, threads=256)
-            hw, rs = op.h * op.w, op.r * op.s
-            tk.launch((-(-hw // 32), -(-op.c // 32), op.n),
-                      (u64(data_ptr(args.arrays["x"], "x")), u64(x_t.data.ptr), np.int32(op.c), np.int32(hw)), stream)
-            tk.launch((-(-rs // 32), -(-op.c // 32), op.k),
-                      (u64(data_ptr(args.arrays["w"], "w")), u64(w_t.data.ptr), np.int32(op.c), np.int32(rs)), stream)
-            inner = type(args)({**args.arrays, "x": x_t, "w": w_t}, args.out, args.adapter)
-            super().run(op, config, inner, profile)
+            stream = stream if stream is not None else launch_stream(args)
+            arrays = dict(args.arrays)
+            if transform:
+                x_t = self._scratch(dev, stream, "x", op.n * op.c * op.h * op.w)
+                w_t = self._scratch(dev, stream, "w", op.k * op.c * op.r * op.s)
+                tk = compiler.load(transpose.render(op.dtype), transpose.KERNEL_NAME, arch, smem=0, threads=256)
+                hw, rs = op.h * op.w, op.r * op.s
+                tk.launch((-(-hw // 32), -(-op.c // 32), op.n),
+                          (u64(data_ptr(arrays["x"], "x")), u64(x_t.data.ptr), np.int32(op.c), np.int32(hw)), stream)
+                tk.launch((-(-rs // 32), -(-op.c // 32), op.k),
+                          (u64(data_ptr(arrays["w"], "w")), u64(w_t.data.ptr), np.int32(op.c), np.int32(rs)), stream)
+                arrays.update(x=x_t, w=w_t)
+            out = args.out
+            m, n, _ = op.gemm_mnk
+            if splits > 1:
+                out = self._scratch(dev, stream, "ws", splits * m * n)
+            super().run(op, config, type(args)(arrays, out, args.adapter), profile, stream)
+            if splits > 1:
+                bias = args.arrays.get("bias")
+                bias_dtype = DType.parse(bias.dtype, arg="bias") if bias is not None else op.out_dtype
+                rkey = (op.out_dtype, bias_dtype, op.epilogue, splits, op.layout, op.p * op.q, arch)
+                rk = self._reducers.get(rkey) if hasattr(self, "_reducers") else None
+                if rk is None:
+                    src = splitk.render(op.out_dtype, bias_dtype, op.epilogue, splits,
+                                        op.p * op.q if op.layout is Layout.NCHW else 0)
+                    rk = compiler.load(src, splitk.KERNEL_NAME, arch, smem=0, threads=256)
+                    self._reducers = getattr(self, "_reducers", {})
+                    self._reducers[rkey] = rk
+                optr = data_ptr(args.out, "out")
+                rk.launch((-(-(m * n) // 256), 1, 1),
+                          (u64(out.data.ptr), u64(optr), u64(data_ptr(bias, "bias") if bias is not None else optr),
+                           np.int32(m), np.int32(n)), stream)
 
     def _scratch(self, dev: int, stream: Any, role: str, n: int) -> Any:
         """A cached per-(device, stream, role) float32 buffer of at least ``n`` elements (reused only on
@@ -99,7 +129,7 @@ class ImplicitGemmConv(CudaVariant):
 
     def grid(self, op: Conv2dOp, spec: MmaSpec) -> tuple[int, int, int]:
         m, n, _ = op.gemm_mnk
-        return (-(-m // spec.bm) * -(-n // spec.bn), 1, 1)
+        return (-(-m // spec.bm) * -(-n // spec.bn), 1, spec.split_k)
 
     def kernel_args(self, op: Conv2dOp, ptrs: dict) -> tuple:
         m, n, k = op.gemm_mnk
@@ -111,6 +141,7 @@ class ImplicitGemmConv(CudaVariant):
                 .stages([2, 3, 4]).warps([4, 8]).swizzles([SwizzleMode.XOR8, SwizzleMode.NONE])
                 .barrier_modes([BarrierMode.SYNC]).param("warp_m", [1, 2, 4])
                 .param("nchw_mode", ["transform", "direct"] if op.layout is Layout.NCHW else ["direct"])
+                .param("split_k", [1, 2, 4, 8])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
@@ -129,7 +160,14 @@ class ImplicitGemmConv(CudaVariant):
             big = [c.replace(tile_n=64) if c.tile_n > 64 else c for c in big]
             big = list(dict.fromkeys(big))
         tiles = -(-m // 128) * -(-n // 128)
-        return big + small if tiles >= profile.compute_units else small + big
+        if tiles >= profile.compute_units:
+            return big + small
+        # Too few output tiles to fill the GPU: split K (fp32 workspace + a reduction applying the epilogue).
+        _, _, kdim = op.gemm_mnk
+        tiles64 = -(-m // 64) * -(-n // 64)
+        splits = max(2, min(8, -(-4 * profile.compute_units // tiles64), kdim // 256))
+        split = [c.replace(split_k=splits) for c in small + big[:1]] if kdim >= 512 else []
+        return split + small + big
 
 
 CONV_VARIANTS = [ImplicitGemmConv]
