@@ -86,6 +86,6 @@ def test_split_k(layout, dt, prec, splits):
     _check(op, config)
 
 
-def test_small_layers_get_split_k_heroes():
+def test_small_layers_offer_split_k():
     op = Conv2dOp(32, 512, 7, 7, 512, 3, 3, padding=1, layout="nhwc", dtype="float16")
-    assert VARIANT.hero_configs(op, T.gpu_profile())[0].get("split_k", 1) > 1
+    assert any(c.get("split_k", 1) > 1 for c in VARIANT.hero_configs(op, T.gpu_profile()))
