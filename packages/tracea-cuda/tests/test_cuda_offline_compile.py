@@ -31,6 +31,7 @@ PROFILES = {
 
 OPS = {
     "cuda.gemm.wgmma": [GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
+                        GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"),
                         GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="float16",
                                dtype_b="float16", dtype_out="float32", epilogue="silu")],
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
@@ -63,6 +64,16 @@ def _sources(arch: str) -> dict[str, str]:
     return sources
 
 
+def test_ptxas_advisories_are_parsed():
+    from tracea_cuda.offline import parse_ptxas
+
+    log = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+           "x in the function 'k1'\nptxas info    : Compiling entry function 'k1' for 'sm_90a'\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers\n")
+    assert parse_ptxas(log)["k1"].advisories == ("C7514",)
+
+
 def test_every_variant_has_offline_cases():
     assert set(OPS) == {v.name for v in all_variants()}
 
@@ -73,5 +84,6 @@ def test_hero_configs_compile_without_spills(arch):
     report = compile_report(bundle(sources), arch)
     assert set(report) == set(sources), "ptxas reported a different set of kernels"
     bad = {name: r for name, r in report.items()
-           if r.spill_stores > SPILL_BOUND or r.spill_loads > SPILL_BOUND or r.static_smem > STATIC_SMEM_BOUND}
+           if r.spill_stores > SPILL_BOUND or r.spill_loads > SPILL_BOUND or r.static_smem > STATIC_SMEM_BOUND
+           or r.advisories}  # e.g. C7514: ptxas serialised the wgmma pipeline
     assert not bad, f"kernels over the resource bounds on {arch}: {bad}"

@@ -25,6 +25,7 @@ class Resources:
     spill_loads: int
     stack: int
     static_smem: int
+    advisories: tuple[str, ...] = ()  # ptxas performance advisories (C7514 wgmma serialisation, C7508 ...)
 
 
 def nvcc_path() -> str | None:
@@ -54,8 +55,14 @@ _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
+_ADVISORY = re.compile(r"\((C75\d\d)\)[^']*in the function '(\w+)'")
+
+
 def parse_ptxas(log: str) -> dict[str, Resources]:
     out: dict[str, Resources] = {}
+    advice: dict[str, list[str]] = {}
+    for m in _ADVISORY.finditer(log):
+        advice.setdefault(m.group(2), []).append(m.group(1))
     current = None
     frame = (0, 0, 0)
     for line in log.splitlines():
@@ -71,6 +78,10 @@ def parse_ptxas(log: str) -> dict[str, Resources]:
         if m and current:
             out[current] = Resources(int(m.group(1)), frame[1], frame[2], frame[0], int(m.group(2) or 0))
             current = None
+    for name, codes in advice.items():
+        if name in out:
+            r = out[name]
+            out[name] = Resources(r.registers, r.spill_stores, r.spill_loads, r.stack, r.static_smem, tuple(codes))
     return out
 
 

@@ -146,6 +146,9 @@ static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, 
 static __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
 }
+// Pins an accumulator register in place: keeps the compiler from moving reads of wgmma results across
+// wgmma.wait_group (otherwise ptxas serialises every wgmma, warning C7514).
+static __device__ __forceinline__ void fence_acc(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> static __device__ __forceinline__ void wgmma_wait() {
@@ -187,6 +190,12 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     ld = cc_cols + 16 // out_size        # padded smem row
     vec = 16 // out_size
     c0, c1 = store_expr(spec.dtype_out, "v0"), store_expr(spec.dtype_out, "v1")
+    # One asm store per pair: plain C++ stores here let ptxas serialise the wgmma pipeline (C7514).
+    if out_size == 4:
+        smem_pair = 'asm volatile("st.shared.v2.f32 [%0], {%1,%2};" :: "r"(smem_u32(e)), "f"(v0), "f"(v1));'
+    else:
+        smem_pair = ('asm volatile("st.shared.u32 [%0], %1;" :: "r"(smem_u32(e)), '
+                     f'"r"((u32){c0} | ((u32){c1} << 16)));')
     bn8, n_cc, cc8, vs = bn // 8, bn // cc_cols, cc_cols // 8, int(spec.vec_store)
     if spec.split_acc:
         master_decl = f"    float acc[{subs}][{regs}];"
@@ -195,6 +204,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         scale_d = f"(kt % {ps} > 0 || kk > 0) ? 1 : 0"
         wait_and_release = (f"            if (kt % {ps} == {ps - 1} || kt == KT - 1) {{\n"
                             f"                wgmma_wait<0>();\n"
+                            f"                for (int sub = 0; sub < {subs}; ++sub) for (int i = 0; i < {regs}; ++i) fence_acc(d[sub][i]);\n"
                             f"                if (lane == 0) {{ if (prev >= 0) mbar_arrive(bars + 8 * ({st} + prev));"
                             f" mbar_arrive(bars + 8 * ({st} + s)); }}\n"
                             f"                #pragma unroll\n"
@@ -301,6 +311,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
         }}
 {turn_signal}
         wgmma_wait<0>();
+        #pragma unroll
+        for (int sub = 0; sub < {subs}; ++sub)
+            #pragma unroll
+            for (int i = 0; i < {regs}; ++i) fence_acc(d[sub][i]);
         if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
         {tout}* Cb = C + (long long)bz * M * N;
 {epilogue_code}
@@ -325,7 +339,7 @@ STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem
                         const float v0 = apply_epilogue({accn}[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
                         const float v1 = apply_epilogue({accn}[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
                         {tout}* e = ebuf + (g + 8 * h) * {ld} + jj * 8 + 2 * t4;
-                        e[0] = {c0}; e[1] = {c1};
+                        {smem_pair}
                     }}
                 }}
                 __syncwarp();

@@ -98,8 +98,9 @@ class WgmmaGemm(CudaVariant):
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        big = [_hero(256, 4), _hero(256, 4, smem_epilogue=False), _hero(128, 4, bm=256),
-               _hero(128, 6, schedule="pingpong", smem_epilogue=False), _hero(256, 3, 16)]
+        big = [_hero(256, 4), _hero(128, 6, schedule="pingpong"), _hero(128, 4, bm=256),
+               _hero(256, 4, smem_epilogue=False), _hero(128, 6, schedule="pingpong", smem_epilogue=False),
+               _hero(256, 3, 16)]
         tiles = -(-op.m // 128) * -(-op.n // 256) * op.batch
         return big if tiles >= profile.compute_units else [_hero(128, 6), _hero(64, 8), _hero(256, 4)]
 
