@@ -88,6 +88,25 @@ class ArrayAdapter:
         """A view of ``obj`` with its last two axes swapped (no copy)."""
         raise NotImplementedError
 
+    #: True when arrays of this kind are logically NCHW whatever their memory order (torch's
+    #: channels_last tensors); conv2d then infers NHWC from the strides.
+    logical_nchw: bool = False
+
+    def permute(self, obj: Any, axes: Sequence[int]) -> Any:
+        """A view of ``obj`` with its axes permuted (no copy)."""
+        return obj.transpose(tuple(axes))
+
+    def astype(self, obj: Any, dtype: DType) -> Any:
+        """``obj`` converted to ``dtype`` (``obj`` itself when it already has it)."""
+        if self.info(obj).dtype is dtype:
+            return obj
+        return obj.astype(dtype.numpy)
+
+    def fp32_precision(self) -> Any:
+        """The framework's float32 matmul precision for arrays of this kind (None = Tracea's default,
+        ``Fp32Precision.HIGHEST``). The torch adapter follows ``torch.get_float32_matmul_precision()``."""
+        return None
+
     def reshape(self, obj: Any, shape: Sequence[int]) -> Any:
         """A view of a contiguous ``obj`` with a new shape."""
         return obj.reshape(tuple(shape))

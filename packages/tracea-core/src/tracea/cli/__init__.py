@@ -1,0 +1,1 @@
+"""The ``tracea`` command-line interface."""

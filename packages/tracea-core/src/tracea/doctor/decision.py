@@ -1,0 +1,95 @@
+"""Decisions: which variant and config run an op on a device, and why every other variant did not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.device import Device
+from ..ir.ops import Op
+from ..semantic.config import PipelineConfig
+from .profile import DeviceProfile
+from .variant import KernelVariant
+
+
+@dataclass
+class Candidate:
+    """An accepted variant with the config it would run and the evidence for its rank.
+
+    ``source`` is ``"forced"`` (caller pinned the config), ``"cache"`` (tuned result), ``"hero"`` (a hero
+    config) or ``"space"`` (first valid point of the search space). ``measured_s`` is the tuned median
+    from the cache, when there is one.
+    """
+
+    variant: KernelVariant
+    config: PipelineConfig
+    source: str
+    estimate_s: float
+    measured_s: float | None = None
+
+    @property
+    def rank_key(self) -> tuple[int, float, int]:
+        # Cache evidence first (measured time), then the variant's own estimate; priority breaks ties.
+        if self.measured_s is not None:
+            return (0, self.measured_s, -self.variant.priority)
+        return (1, self.estimate_s, -self.variant.priority)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant.name, "backend": self.variant.backend, "config": self.config.key,
+                "source": self.source, "estimate_s": self.estimate_s, "measured_s": self.measured_s}
+
+
+@dataclass
+class Rejection:
+    """A variant that cannot serve the op, with every reason."""
+
+    variant: str
+    backend: str
+    reasons: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, "backend": self.backend, "reasons": list(self.reasons)}
+
+
+@dataclass
+class Decision:
+    """The Doctor's verdict for one op on one device. ``chosen`` is ``candidates[0]``."""
+
+    op: Op
+    device: Device
+    profile: DeviceProfile
+    candidates: list[Candidate]
+    rejected: list[Rejection] = field(default_factory=list)
+
+    @property
+    def chosen(self) -> Candidate:
+        return self.candidates[0]
+
+    @property
+    def variant(self) -> KernelVariant:
+        return self.chosen.variant
+
+    @property
+    def config(self) -> PipelineConfig:
+        return self.chosen.config
+
+    def explain(self) -> str:
+        """Human-readable account: the choice, the ranked alternatives and every rejection."""
+        c = self.chosen
+        lines = [f"{self.op.describe()} on {self.device} ({self.profile.name})",
+                 f"  chosen: {c.variant.name} [{c.source}] config {c.config.key}"]
+        why = (f"tuned median {c.measured_s * 1e3:.3f} ms" if c.measured_s is not None
+               else f"estimate {c.estimate_s * 1e3:.3f} ms")
+        lines.append(f"    because: {why}; ranked first of {len(self.candidates)} accepted")
+        for other in self.candidates[1:]:
+            t = (f"tuned {other.measured_s * 1e3:.3f} ms" if other.measured_s is not None
+                 else f"estimate {other.estimate_s * 1e3:.3f} ms")
+            lines.append(f"  also accepted: {other.variant.name} ({t})")
+        for r in self.rejected:
+            lines.append(f"  rejected: {r.variant}: {'; '.join(r.reasons)}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op.to_dict(), "op_key": self.op.key, "device": str(self.device),
+                "chosen": self.chosen.to_dict(), "candidates": [c.to_dict() for c in self.candidates],
+                "rejected": [r.to_dict() for r in self.rejected]}

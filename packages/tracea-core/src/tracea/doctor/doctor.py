@@ -1,0 +1,319 @@
+"""The Doctor (L3): capability profiler + variant registry + decision engine, over the plugin manager.
+
+One process-wide instance (:func:`get_doctor`) caches what plugins report; :meth:`Doctor.decide` is on
+the dispatch path and memoises decisions per (op, device, cache generation).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Iterable
+
+from .._version import __version__
+from ..errors import NoVariantError, PluginError, UnsupportedDeviceError
+from ..ir.device import Device
+from ..ir.ops import Op
+from ..plugins.backend_info import BackendInfo
+from ..plugins.manager import TraceaPluginManager, get_plugin_manager
+from ..runtime.arrays import ArrayAdapter, builtin_adapters
+from ..semantic.config import PipelineConfig
+from ..semantic.search_space import SearchSpace
+from .decision import Candidate, Decision, Rejection
+from .profile import DeviceProfile
+from .registry import VariantRegistry
+from .variant import KernelVariant, flatten
+
+ENV_VARIANT = "TRACEA_VARIANT"
+ENV_EXCLUDE = "TRACEA_EXCLUDE_VARIANTS"
+
+
+class Doctor:
+    """Answers: which devices and backends are here, and which variant should run an op."""
+
+    def __init__(self, pm: TraceaPluginManager | None = None) -> None:
+        self._pm = pm
+        self._lock = threading.RLock()
+        self._backends: list[BackendInfo] | None = None
+        self._profiles: list[DeviceProfile] | None = None
+        self._registry: VariantRegistry | None = None
+        self._adapters: list[ArrayAdapter] | None = None
+        self._decisions: dict[tuple[Any, ...], Decision] = {}
+        self._env: dict[Device, dict[str, str]] = {}
+        self.registry_errors: list[str] = []
+
+    @property
+    def pm(self) -> TraceaPluginManager:
+        return self._pm if self._pm is not None else get_plugin_manager()
+
+    # -- what is here ----------------------------------------------------------------------------
+    def backends(self) -> list[BackendInfo]:
+        """Every backend's self-description, with version mismatches turned into notes."""
+        with self._lock:
+            if self._backends is None:
+                infos = [b for b in flatten(self.pm.hook.tracea_backend_info()) if isinstance(b, BackendInfo)]
+                self._backends = sorted(infos, key=lambda b: b.name)
+            return list(self._backends)
+
+    def version_mismatches(self) -> list[str]:
+        """Backends whose version differs from tracea-core's (versions move in lockstep)."""
+        return [f"{b.package or b.name} {b.version} != tracea-core {__version__}"
+                for b in self.backends() if b.version != __version__]
+
+    def profiles(self) -> list[DeviceProfile]:
+        """Every device profile; the first profile reported for a device wins."""
+        with self._lock:
+            if self._profiles is None:
+                seen: dict[Device, DeviceProfile] = {}
+                for p in flatten(self.pm.hook.tracea_device_profiles()):
+                    if isinstance(p, DeviceProfile) and p.device not in seen:
+                        seen[p.device] = p
+                host = [p for d, p in seen.items() if d.kind == "cpu"]
+                others = sorted((p for d, p in seen.items() if d.kind != "cpu"), key=lambda p: p.device)
+                self._profiles = host + others
+            return list(self._profiles)
+
+    def profile_for(self, device: Device | str) -> DeviceProfile:
+        """The profile of ``device`` or :class:`UnsupportedDeviceError` naming the devices that exist."""
+        device = Device.parse(device)
+        for p in self.profiles():
+            if p.device == device:
+                return p
+        have = ", ".join(str(p.device) for p in self.profiles()) or "none"
+        hint = {"cuda": " (install tracea-cuda with CuPy: pip install tracea-cuda[cuda13])",
+                "opencl": " (install tracea-opencl and an OpenCL runtime)"}.get(device.kind, "")
+        raise UnsupportedDeviceError(f"no installed backend serves device {device}; devices present: {have}{hint}")
+
+    @property
+    def registry(self) -> VariantRegistry:
+        with self._lock:
+            if self._registry is None:
+                reg = VariantRegistry()
+                for v in flatten(self.pm.hook.tracea_register_variants()):
+                    try:
+                        reg.add(v)
+                    except PluginError as exc:
+                        self.registry_errors.append(str(exc))
+                if self.registry_errors and os.environ.get("TRACEA_STRICT_PLUGINS"):
+                    raise PluginError("; ".join(self.registry_errors))
+                self._registry = reg
+            return self._registry
+
+    def variants(self) -> list[KernelVariant]:
+        return list(self.registry)
+
+    def adapters(self) -> list[ArrayAdapter]:
+        """Array adapters: plugins' first, then NumPy and the generic DLPack describer."""
+        with self._lock:
+            if self._adapters is None:
+                extra = [a for a in flatten(self.pm.hook.tracea_array_adapters()) if isinstance(a, ArrayAdapter)]
+                self._adapters = sorted(extra + builtin_adapters(), key=lambda a: -a.priority)
+            return list(self._adapters)
+
+    def environment(self, profile: DeviceProfile) -> dict[str, str]:
+        """Facts from the ``tracea_environment`` hook for ``profile`` (first value of each key wins)."""
+        with self._lock:
+            if profile.device not in self._env:
+                env: dict[str, str] = {}
+                for part in self.pm.hook.tracea_environment(profile=profile):
+                    for k, v in (part or {}).items():
+                        env.setdefault(str(k), str(v))
+                self._env[profile.device] = env
+            return dict(self._env[profile.device])
+
+    def best_device(self) -> Device:
+        """The device where the fastest non-reference variants live: CUDA, then OpenCL GPUs, then the CPU."""
+        usable = {v.device_kind for v in self.registry if v.backend != "reference"}
+        order = {"cuda": 0, "opencl": 2, "cpu": 3}
+        ranked = []
+        for p in self.profiles():
+            if p.device.kind not in usable and p.device.kind != "cpu":
+                continue
+            rank = order.get(p.device.kind, 1)
+            if p.device.kind == "opencl" and "gpu" not in p.arch.lower():
+                rank = 4
+            ranked.append((rank, p.device))
+        return min(ranked)[1] if ranked else Device.cpu()
+
+    # -- tuning hooks ------------------------------------------------------------------------------
+    def search_space(self, variant: KernelVariant, op: Op, profile: DeviceProfile) -> SearchSpace:
+        """The variant's search space (the first plugin answering ``tracea_search_space`` wins)."""
+        space = self.pm.hook.tracea_search_space(variant=variant, op=op, profile=profile)
+        return space if space is not None else SearchSpace()
+
+    def hero_configs(self, variant: KernelVariant, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        """Hero configs from every plugin, deduplicated, in hook order."""
+        out: list[PipelineConfig] = []
+        for cfg in flatten(self.pm.hook.tracea_hero_configs(variant=variant, op=op, profile=profile)):
+            if isinstance(cfg, PipelineConfig) and cfg not in out:
+                out.append(cfg)
+        return out
+
+    # -- decisions ---------------------------------------------------------------------------------
+    def check(self, variant: KernelVariant, op: Op, profile: DeviceProfile) -> list[str]:
+        """Why ``variant`` cannot serve ``op`` on ``profile`` (empty: it can). Plugin errors become reasons."""
+        try:
+            return list(variant.check(op, profile))
+        except Exception as exc:  # noqa: BLE001 - a broken variant is rejected, not fatal
+            return [f"check() raised {type(exc).__name__}: {exc}"]
+
+    def candidates(self, op: Op, device: Device | str) -> list[tuple[KernelVariant, DeviceProfile]]:
+        """Variants that accept ``op`` on ``device`` (no config chosen), for the tuner."""
+        profile = self.profile_for(device)
+        return [(v, profile) for v in self.registry.for_kind(op.kind) if not self.check(v, op, profile)]
+
+    def default_config(self, variant: KernelVariant, op: Op, profile: DeviceProfile) -> tuple[PipelineConfig, str] | str:
+        """The first valid hero config, else the first valid search-space point; a reason string if none."""
+        reasons = []
+        for cfg in self.hero_configs(variant, op, profile):
+            v = variant.validate_config(op, cfg, profile)
+            if v:
+                return cfg, "hero"
+            reasons.append(f"hero {cfg.key}: {v.reason}")
+        for i, cfg in enumerate(self.search_space(variant, op, profile)):
+            if i >= 256:
+                break
+            if variant.validate_config(op, cfg, profile):
+                return cfg, "space"
+        return "no valid config" + (f" ({'; '.join(reasons[:3])})" if reasons else "")
+
+    def decide(self, op: Op, device: Device | str, *, variant: str | None = None,
+               config: PipelineConfig | None = None, use_cache: bool = True) -> Decision:
+        """Rank every variant for ``op`` on ``device``.
+
+        :param variant: force this variant name (also ``TRACEA_VARIANT``, a comma-separated list whose
+            entry for this op kind applies); rejection reasons still explain a refused force.
+        :param config: force this config (validated).
+        :param use_cache: consult the tuning cache for measured evidence.
+        :raises NoVariantError: when nothing accepts the op (with every rejection reason).
+        """
+        device = Device.parse(device)
+        forced = variant or self._env_variant(op)
+        cache = _tuning_cache() if use_cache else None
+        memo_key = (op, device, forced, config, id(cache), getattr(cache, "generation", 0))
+        with self._lock:
+            hit = self._decisions.get(memo_key)
+        if hit is not None:
+            return hit
+        decision = self._decide(op, device, forced, config, cache)
+        with self._lock:
+            if len(self._decisions) > 4096:
+                self._decisions.clear()
+            self._decisions[memo_key] = decision
+        return decision
+
+    def _env_variant(self, op: Op) -> str | None:
+        for name in (os.environ.get(ENV_VARIANT) or "").split(","):
+            name = name.strip()
+            v = self.registry.get(name) if name else None
+            if v is not None and v.op_kind is op.kind:
+                return name
+        return None
+
+    def _decide(self, op: Op, device: Device, forced: str | None, config: PipelineConfig | None,
+                cache: Any) -> Decision:
+        profile = self.profile_for(device)
+        excluded = {n.strip() for n in (os.environ.get(ENV_EXCLUDE) or "").split(",") if n.strip()}
+        variants = self.registry.for_kind(op.kind)
+        if forced is not None:
+            if self.registry.get(forced) is None:
+                raise NoVariantError(f"variant {forced!r} is not registered; registered {op.kind.value} variants: "
+                                     + ", ".join(v.name for v in variants))
+        candidates: list[Candidate] = []
+        rejected: list[Rejection] = []
+        for v in variants:
+            if forced is not None and v.name != forced:
+                continue
+            if v.name in excluded:
+                rejected.append(Rejection(v.name, v.backend, [f"excluded by {ENV_EXCLUDE}"]))
+                continue
+            reasons = self.check(v, op, profile)
+            if reasons:
+                rejected.append(Rejection(v.name, v.backend, reasons))
+                continue
+            cand = self._candidate(v, op, profile, config, cache)
+            if isinstance(cand, str):
+                rejected.append(Rejection(v.name, v.backend, [cand]))
+            else:
+                candidates.append(cand)
+        if not candidates:
+            raise NoVariantError(f"no kernel variant can run {op.describe()} on {device}",
+                                 {r.variant: r.reasons for r in rejected})
+        candidates.sort(key=lambda c: c.rank_key)
+        return Decision(op, device, profile, candidates, rejected)
+
+    def _candidate(self, v: KernelVariant, op: Op, profile: DeviceProfile, config: PipelineConfig | None,
+                   cache: Any) -> Candidate | str:
+        if config is not None:
+            valid = v.validate_config(op, config, profile)
+            if not valid:
+                return f"forced config {config.key} invalid: {valid.reason}"
+            return Candidate(v, config, "forced", self._estimate(v, op, profile, config))
+        entry = None
+        if cache is not None:
+            try:
+                entry = cache.lookup(op, v.name, profile)
+            except Exception:  # noqa: BLE001 - a cache problem never blocks dispatch
+                entry = None
+        if entry is not None and v.validate_config(op, entry.config, profile):
+            return Candidate(v, entry.config, "cache", self._estimate(v, op, profile, entry.config),
+                             measured_s=float(entry.median_s))
+        found = self.default_config(v, op, profile)
+        if isinstance(found, str):
+            return found
+        cfg, source = found
+        return Candidate(v, cfg, source, self._estimate(v, op, profile, cfg))
+
+    @staticmethod
+    def _estimate(v: KernelVariant, op: Op, profile: DeviceProfile, cfg: PipelineConfig) -> float:
+        try:
+            return float(v.estimate_seconds(op, profile, cfg))
+        except Exception:  # noqa: BLE001
+            return float("inf")
+
+    def invalidate(self) -> None:
+        """Forget memoised decisions (after tuning, or when the cache changed)."""
+        with self._lock:
+            self._decisions.clear()
+
+    def explain(self, op: Op, device: Device | str | None = None) -> str:
+        """:meth:`Decision.explain` for ``op``, or the NoVariantError text."""
+        try:
+            return self.decide(op, device or self.best_device()).explain()
+        except NoVariantError as exc:
+            return str(exc)
+
+
+def _tuning_cache() -> Any:
+    try:
+        from ..tuning.cache import get_cache
+    except ImportError:
+        return None
+    try:
+        return get_cache()
+    except Exception:  # noqa: BLE001 - an unreadable cache must not stop dispatch
+        return None
+
+
+_doctor: Doctor | None = None
+_doctor_lock = threading.Lock()
+
+
+def get_doctor() -> Doctor:
+    """The process-wide Doctor over the process-wide plugin manager."""
+    global _doctor
+    with _doctor_lock:
+        if _doctor is None:
+            _doctor = Doctor()
+        return _doctor
+
+
+def reset_doctor() -> None:
+    """Drop the process-wide Doctor (tests, or after changing plugins)."""
+    global _doctor
+    with _doctor_lock:
+        _doctor = None
+
+
+def all_reasons(rejections: Iterable[Rejection]) -> dict[str, list[str]]:
+    return {r.variant: r.reasons for r in rejections}

@@ -1,0 +1,103 @@
+"""NumPy reference kernels with float64 accumulation: the correctness oracle of every test and the
+last-resort fallback for host arrays. Clarity over speed, but vectorised enough for test-sized shapes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ir.epilogue import Epilogue, EpilogueKind
+from ..ir.ops import AttentionOp, Conv2dOp, GemmOp, Layout
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    try:
+        from scipy.special import erf  # type: ignore[import-not-found]
+
+        return erf(x)  # type: ignore[no-any-return]
+    except ImportError:
+        return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def apply_epilogue(acc: np.ndarray, epilogue: Epilogue, bias: np.ndarray | None, axis: int = -1) -> np.ndarray:
+    """Apply ``epilogue`` to a float64 accumulator; the bias broadcasts along ``axis``."""
+    y = acc
+    for step in epilogue:
+        if step is EpilogueKind.BIAS:
+            if bias is None:
+                raise ValueError("epilogue has a bias step but no bias was given")
+            shape = [1] * y.ndim
+            shape[axis] = -1
+            y = y + np.asarray(bias, dtype=np.float64).reshape(shape)
+        elif step is EpilogueKind.RELU:
+            y = np.maximum(y, 0.0)
+        elif step is EpilogueKind.GELU_TANH:
+            y = 0.5 * y * (1.0 + np.tanh(_SQRT_2_OVER_PI * (y + 0.044715 * y**3)))
+        elif step is EpilogueKind.GELU_ERF:
+            y = 0.5 * y * (1.0 + _erf(y / math.sqrt(2.0)))
+        elif step is EpilogueKind.SILU:
+            y = y / (1.0 + np.exp(-y))
+        else:  # pragma: no cover - exhaustive
+            raise ValueError(f"unknown epilogue step {step}")
+    return y
+
+
+def gemm(op: GemmOp, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """``epilogue(op(a) @ op(b))`` in float64. ``a`` is (batch, m, k) or (batch, k, m) if ``trans_a``
+    (a leading batch axis of 1 may be omitted); same for ``b``. Returns float64 (batch, m, n)."""
+    a64 = np.asarray(a, dtype=np.float64).reshape(op.batch, *((op.k, op.m) if op.trans_a else (op.m, op.k)))
+    b64 = np.asarray(b, dtype=np.float64).reshape(op.batch, *((op.n, op.k) if op.trans_b else (op.k, op.n)))
+    if op.trans_a:
+        a64 = np.swapaxes(a64, -1, -2)
+    if op.trans_b:
+        b64 = np.swapaxes(b64, -1, -2)
+    acc = np.matmul(a64, b64)
+    return apply_epilogue(acc, op.epilogue, bias, axis=-1)
+
+
+def conv2d(op: Conv2dOp, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """Cross-correlation in float64 for either layout; returns the output in ``op.layout`` order."""
+    x64 = np.asarray(x, dtype=np.float64).reshape(op.x_shape)
+    w64 = np.asarray(w, dtype=np.float64).reshape(op.w_shape)
+    if op.layout is Layout.NHWC:  # work in NCHW / KCRS
+        x64 = x64.transpose(0, 3, 1, 2)
+        w64 = w64.transpose(0, 3, 1, 2)
+    (sh, sw), (ph, pw), (dh, dw) = op.stride, op.padding, op.dilation
+    xp = np.pad(x64, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    g, cg, kg = op.groups, op.c // op.groups, op.k // op.groups
+    out = np.empty((op.n, op.k, op.p, op.q), dtype=np.float64)
+    for gi in range(g):
+        xs = xp[:, gi * cg:(gi + 1) * cg]
+        ws = w64[gi * kg:(gi + 1) * kg]  # (kg, cg, r, s)
+        acc = np.zeros((op.n, kg, op.p, op.q), dtype=np.float64)
+        for r in range(op.r):
+            for s in range(op.s):
+                h0, w0 = r * dh, s * dw
+                patch = xs[:, :, h0:h0 + sh * (op.p - 1) + 1:sh, w0:w0 + sw * (op.q - 1) + 1:sw]  # (n, cg, p, q)
+                acc += np.einsum("ncpq,kc->nkpq", patch, ws[:, :, r, s], optimize=True)
+        out[:, gi * kg:(gi + 1) * kg] = acc
+    out = apply_epilogue(out, op.epilogue, bias, axis=1)
+    return out.transpose(0, 2, 3, 1) if op.layout is Layout.NHWC else out
+
+
+def attention(op: AttentionOp, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Softmax attention in float64 with PyTorch's top-left causal convention; returns (B, H, Sq, D)."""
+    kvh = int(op.kv_heads or op.heads)
+    q64 = np.asarray(q, dtype=np.float64).reshape(op.batch, op.heads, op.seq_q, op.head_dim)
+    k64 = np.asarray(k, dtype=np.float64).reshape(op.batch, kvh, op.seq_kv, op.head_dim)
+    v64 = np.asarray(v, dtype=np.float64).reshape(op.batch, kvh, op.seq_kv, op.head_dim)
+    rep = op.heads // kvh
+    if rep > 1:
+        k64 = np.repeat(k64, rep, axis=1)
+        v64 = np.repeat(v64, rep, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", q64, k64, optimize=True) * float(op.scale)  # type: ignore[arg-type]
+    if op.causal:
+        mask = np.arange(op.seq_kv)[None, :] > np.arange(op.seq_q)[:, None]
+        s = np.where(mask, -np.inf, s)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", p, v64, optimize=True)

@@ -1,0 +1,128 @@
+"""Argument checking shared by the public ops: one adapter and device for all arrays, specific errors
+for wrong kinds, ranks, shapes and dtypes, and packing of operands into the layouts kernels expect."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..doctor.doctor import Doctor
+from ..dtypes import DType
+from ..errors import DTypeError, InvalidArgumentError, ShapeError, UnsupportedDeviceError
+from ..ir.device import Device
+from .arrays import ArrayAdapter, ArrayInfo, find_adapter
+
+FLOATS = (DType.F64, DType.F32, DType.F16, DType.BF16)
+
+
+@dataclass
+class Operand:
+    """One array argument: the user's object, its adapter and what it is."""
+
+    name: str
+    obj: Any
+    adapter: ArrayAdapter
+    info: ArrayInfo
+
+
+def operands(doctor: Doctor, named: Sequence[tuple[str, Any]]) -> tuple[ArrayAdapter, Device, dict[str, Operand]]:
+    """Describe every non-None array; all must share one adapter kind and one device."""
+    adapters = doctor.adapters()
+    found: dict[str, Operand] = {}
+    for name, obj in named:
+        if obj is None:
+            continue
+        adapter = find_adapter(obj, adapters, name)
+        found[name] = Operand(name, obj, adapter, adapter.info(obj))
+    first = next(iter(found.values()))
+    for op in found.values():
+        if op.adapter.name != first.adapter.name:
+            raise InvalidArgumentError(op.name, op.obj, f"a {first.adapter.name} array like '{first.name}'",
+                                       hint="all arrays of one call must be of the same kind")
+        if op.info.device != first.info.device:
+            raise UnsupportedDeviceError(f"argument '{op.name}' is on {op.info.device} but '{first.name}' is on "
+                                         f"{first.info.device}; move them to one device")
+    if first.adapter.name == "dlpack":
+        raise UnsupportedDeviceError(
+            f"argument '{first.name}' ({type(first.obj).__module__}.{type(first.obj).__name__} on "
+            f"{first.info.device}) is of an array kind no installed backend handles; install the backend "
+            "for it (tracea-cuda for CuPy, tracea-torch for torch tensors) or pass NumPy arrays")
+    return first.adapter, first.info.device, found
+
+
+def check_rank(op: Operand, ranks: Sequence[int], what: str) -> None:
+    if op.info.ndim not in ranks:
+        raise ShapeError(op.name, op.obj, f"a {' or '.join(f'{r}-D' for r in ranks)} array {what}")
+    for i, size in enumerate(op.info.shape):
+        if size <= 0:
+            raise ShapeError(f"{op.name}.shape[{i}]", size, "a positive size (empty arrays are not supported)")
+
+
+def check_float(op: Operand) -> DType:
+    if op.info.dtype not in FLOATS:
+        raise DTypeError(f"{op.name}.dtype", op.info.dtype.value, "float64, float32, float16 or bfloat16")
+    return op.info.dtype
+
+
+def same_dtype(ref: Operand, *others: Operand | None) -> None:
+    for o in others:
+        if o is not None and o.info.dtype is not ref.info.dtype:
+            raise DTypeError(f"{o.name}.dtype", o.info.dtype.value, f"{ref.info.dtype.value}, the dtype of '{ref.name}'")
+
+
+def packed(op: Operand) -> Any:
+    """The operand as a packed row-major array (a copy only when it is not already packed)."""
+    return op.obj if op.info.c_contiguous else op.adapter.contiguous(op.obj)
+
+
+def packed_maybe_transposed(op: Operand) -> tuple[Any, bool]:
+    """``(array, transposed)``: a packed array, using the transposed view of a column-major operand
+    instead of copying it."""
+    if op.info.c_contiguous:
+        return op.obj, False
+    if op.info.ndim >= 2 and op.info.strides is not None:
+        swapped = op.adapter.swap_last(op.obj)
+        if op.adapter.info(swapped).c_contiguous:
+            return swapped, True
+    return op.adapter.contiguous(op.obj), False
+
+
+def check_out(out: Operand | None, shape: tuple[int, ...], dtype: DType | None) -> None:
+    if out is None:
+        return
+    if tuple(out.info.shape) != tuple(shape):
+        raise ShapeError("out", out.obj, f"shape {tuple(shape)}")
+    if dtype is not None and out.info.dtype is not dtype:
+        raise DTypeError("out.dtype", out.info.dtype.value, f"{dtype.value}")
+
+
+def check_no_overlap(out: Operand | None, inputs: Sequence[Operand | None]) -> None:
+    """Outputs may not alias inputs (checked for NumPy arrays, where it is cheap)."""
+    if out is None or not isinstance(out.obj, np.ndarray):
+        return
+    for i in inputs:
+        if i is not None and isinstance(i.obj, np.ndarray) and np.may_share_memory(out.obj, i.obj):
+            raise InvalidArgumentError("out", out.obj, f"an array that does not overlap input '{i.name}'")
+
+
+def bias_operand(bias: Operand | None, length: int, out_dtype: DType, what: str) -> Any:
+    """Check a bias vector of ``length`` and convert it to the output dtype (the kernels' contract)."""
+    if bias is None:
+        return None
+    if bias.info.ndim != 1 or bias.info.shape[0] != length:
+        raise ShapeError("bias", bias.obj, f"a 1-D array of length {length} ({what})")
+    check_float(bias)
+    converted = bias.adapter.astype(bias.obj, out_dtype)
+    return packed(Operand(bias.name, converted, bias.adapter, bias.adapter.info(converted)))
+
+
+def pair(arg: str, value: Any) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise InvalidArgumentError(arg, value, "an int or a pair of ints")
+        return int(value[0]), int(value[1])
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgumentError(arg, value, "an int or a pair of ints")
+    return int(value), int(value)
