@@ -54,6 +54,8 @@ class TorchAdapter(ArrayAdapter):
     name = "torch"
     priority = 100
     device_kinds = ("cpu", "cuda")
+    #: torch tensors are logically NCHW whatever their memory format; channels_last selects NHWC kernels.
+    logical_nchw = True
 
     def owns(self, obj: Any) -> bool:
         # A tensor can only exist once torch is imported, so never import it here.
@@ -78,6 +80,18 @@ class TorchAdapter(ArrayAdapter):
 
     def reshape(self, obj: Any, shape: Sequence[int]) -> Any:
         return obj.view(tuple(int(s) for s in shape))
+
+    def permute(self, obj: Any, axes: Sequence[int]) -> Any:
+        return obj.permute(*axes)
+
+    def astype(self, obj: Any, dtype: DType) -> Any:
+        return obj.to(torch_dtype(dtype))
+
+    def fp32_precision(self) -> Any:
+        """torch's ``get_float32_matmul_precision()`` (``"highest"``, ``"high"`` = TF32, ``"medium"``)."""
+        import torch
+
+        return torch.get_float32_matmul_precision()
 
     def to_numpy(self, obj: Any) -> np.ndarray:
         """A zero-copy NumPy view of a CPU tensor (writes through to the tensor)."""

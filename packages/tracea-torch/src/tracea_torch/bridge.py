@@ -1,31 +1,38 @@
 """From torch tensors to Tracea dispatch and back: the body of the ``tracea::conv2d`` and
 ``tracea::linear`` custom ops.
 
-Each call either runs through ``tracea.ops`` (Doctor -> variant, or core's PyTorch fallback through the
-``tracea_fallback_run`` hook when no variant serves the op) or, for cases tracea-torch itself knows
-no variant can read, goes straight to PyTorch, recording the reason in :mod:`tracea_torch.fallbacks`.
+A call runs through ``tracea.ops`` when the Doctor picks a real kernel variant for it. PyTorch computes
+it instead (and the reason is counted in :mod:`tracea_torch.fallbacks`) when:
 
-Layouts: an NCHW tensor in ``torch.channels_last`` memory format runs as an NHWC op on zero-copy
-permuted views; other non-contiguous activations fall back (copying them would cost a full pass).
-Weights and biases are small and are made contiguous.
+* no variant accepts the op (groups, dilation, dtype, device ... per the Doctor's rejection reasons);
+* only the reference oracle accepts it (see :mod:`tracea_torch.policy`);
+* the activation is neither NCHW-contiguous nor ``channels_last`` (kernels read packed layouts and
+  copying would cost a full extra pass), or the operands mix dtypes/devices, are empty, or are of a
+  dtype Tracea does not know (PyTorch then gives its own result or error, as unpatched).
+
+An NCHW tensor in ``torch.channels_last`` memory runs the NHWC kernels on zero-copy views.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
 
-from tracea.dtypes import Fp32Precision
-from tracea.errors import NoVariantError, UnsupportedDeviceError
+from tracea.doctor.doctor import get_doctor
+from tracea.dtypes import DType, Fp32Precision
+from tracea.errors import DTypeError, NoVariantError, UnsupportedDeviceError
 from tracea.ir.epilogue import Epilogue
-from tracea.ir.ops import Conv2dOp, GemmOp, Layout
+from tracea.ir.ops import Conv2dOp, GemmOp, Layout, Op
+from tracea.runtime.dispatch import fallback_reason
 
 from . import eager, fallbacks
+from .policy import reference_allowed
 
-SERVED_DEVICES = ("cpu", "cuda")
 ACTIVATION_NAMES = {"none": None, "relu": "relu", "gelu": "gelu_erf", "gelu_erf": "gelu_erf",
                     "gelu_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
+SERVED_DTYPES = (DType.F64, DType.F32, DType.F16, DType.BF16)
 
 
 class _Fallback(Exception):
@@ -33,7 +40,8 @@ class _Fallback(Exception):
 
 
 def parse_activation(activation: str | None) -> str | None:
-    """Normalise an activation name: None/'none', 'relu', 'gelu' (erf), 'gelu_tanh', 'silu'."""
+    """Normalise an activation name: None/'none', 'relu', 'gelu' (erf, PyTorch's default), 'gelu_tanh',
+    'silu'."""
     key = "none" if activation is None else str(activation).strip().lower()
     if key not in ACTIVATION_NAMES:
         from tracea.errors import InvalidArgumentError
@@ -48,130 +56,153 @@ def epilogue_for(has_bias: bool, activation: str | None) -> Epilogue:
 
 
 def fp32_precision(device_type: str, conv: bool) -> Fp32Precision:
-    """torch's float32 math mode for this call: cuDNN's ``allow_tf32`` for CUDA convolutions,
-    ``torch.get_float32_matmul_precision()`` otherwise."""
+    """torch's float32 math mode for this call: cuDNN's ``allow_tf32`` for CUDA convolutions (on by
+    default), ``torch.get_float32_matmul_precision()`` otherwise."""
     if conv and device_type == "cuda":
         return Fp32Precision.HIGH if torch.backends.cudnn.allow_tf32 else Fp32Precision.HIGHEST
     return Fp32Precision.parse(torch.get_float32_matmul_precision())
 
 
 def output_memory_format(x: torch.Tensor) -> torch.memory_format:
-    """The memory format a conv output takes: channels_last exactly when the input is channels_last
-    and not also plainly contiguous (the same rule the fake kernel uses)."""
+    """Memory format of a conv output: channels_last exactly when the input is channels_last and not
+    also plainly contiguous (the fake kernel uses the same rule)."""
     if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
         return torch.channels_last
     return torch.contiguous_format
 
 
-def _common_checks(kind: str, tensors: Sequence[torch.Tensor | None]) -> None:
+def _common_checks(tensors: Sequence[torch.Tensor | None]) -> DType:
     present = [t for t in tensors if t is not None]
     dev = present[0].device
-    if dev.type not in SERVED_DEVICES:
-        raise _Fallback(f"device {dev.type} not served by Tracea")
     if any(t.device != dev for t in present):
         raise _Fallback("operands on different devices")
-    dtype = present[0].dtype
-    if any(t.dtype != dtype for t in present):
+    if any(t.dtype != present[0].dtype for t in present):
         raise _Fallback("operands of different dtypes")
     if any(t.numel() == 0 for t in present):
         raise _Fallback("empty tensor")
-
-
-def _ops() -> Any:
     try:
-        from tracea import ops
-    except ImportError as exc:
-        raise _Fallback(f"tracea.ops unavailable ({exc})") from None
-    return ops
+        dtype = DType.parse(present[0].dtype)
+    except DTypeError:
+        raise _Fallback(f"dtype {present[0].dtype} not supported by Tracea") from None
+    if dtype not in SERVED_DTYPES:
+        raise _Fallback(f"dtype {present[0].dtype} not supported by Tracea")
+    return dtype
 
 
-def _dispatch(kind: str, call: Any) -> torch.Tensor:
-    """Run ``call`` (a tracea.ops call); dispatch errors meaning "nothing here can run it" fall back."""
+def _choose(op: Op, device: torch.device) -> None:
+    """Raise :class:`_Fallback` unless a variant tracea-torch may use serves ``op`` here."""
+    if device.type not in ("cpu", "cuda"):
+        raise _Fallback(f"device {device.type} not served by Tracea")
     try:
-        return call()
+        decision = get_doctor().decide(op, _device(device))
     except (NoVariantError, UnsupportedDeviceError) as exc:
-        raise _Fallback(str(exc).splitlines()[0]) from None
+        raise _Fallback(fallback_reason(exc)) from None
+    chosen = decision.chosen.variant
+    if chosen.backend != "reference":
+        return
+    if not reference_allowed():
+        real = {r.variant: r.reasons for r in decision.rejected if r.backend != "reference"}
+        if not real:
+            raise _Fallback(f"no {op.kind.value} kernel for {device.type} installed (only the reference oracle)")
+        raise _Fallback(fallback_reason(NoVariantError("", real)))
+    if any(dt.numpy is None for dt in op.dtypes):
+        raise _Fallback(f"reference backend cannot view {op.dtypes[0].value} host tensors (needs ml_dtypes)")
 
+
+def _device(device: torch.device) -> Any:
+    from tracea.ir.device import Device
+
+    if device.type == "cpu":
+        return Device.cpu()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return Device(device.type, int(index))
+
+
+# ------------------------------------------------------------------------------------------------
+# conv2d
+# ------------------------------------------------------------------------------------------------
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
            padding: Sequence[int], dilation: Sequence[int], groups: int, activation: str | None) -> torch.Tensor:
-    """4-D NCHW ``x`` (any memory format) conv ``w`` (+ bias, + activation); a fresh output tensor in
+    """4-D NCHW ``x`` (any memory format) conv ``w`` (+ bias, + activation): a fresh output tensor in
     :func:`output_memory_format` of ``x``."""
     act = parse_activation(activation)
+    stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
     fmt = output_memory_format(x)
+    op = None
     try:
-        _common_checks("conv2d", (x, w, bias))
-        out = _conv2d_tracea(x, w, bias, tuple(stride), tuple(padding), tuple(dilation), groups, act)
+        dtype = _common_checks((x, w, bias))
+        op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
+        _choose(op, x.device)
+        from tracea import ops
+
+        out = ops.conv2d(x, w, bias, stride, padding, dilation, groups,
+                         activation=act, fp32_precision=op.fp32_precision)
     except _Fallback as fb:
         fallbacks.record("conv2d", str(fb))
-        op = Conv2dOp(*x.shape, w.shape[0], w.shape[2], w.shape[3], stride=tuple(stride), padding=tuple(padding),
-                      dilation=tuple(dilation), groups=groups, dtype=_dtype_or_f32(x),
-                      epilogue=epilogue_for(bias is not None, act)) if x.numel() else None
-        out = (eager.conv2d(op, x, w, bias) if op is not None else
-               torch.nn.functional.conv2d(x, w, bias, stride, padding, dilation, groups))
+        if op is not None:
+            out = eager.conv2d(replace(op, layout=Layout.NCHW), x, w, bias)
+        else:
+            out = torch.nn.functional.conv2d(x, w, bias, stride, padding, dilation, groups)
+            if act:
+                out = eager.apply_epilogue(out, Epilogue.of(act), None, 1)
     return out.contiguous(memory_format=fmt)
 
 
-def _dtype_or_f32(t: torch.Tensor) -> Any:
-    from tracea.dtypes import DType
-
-    try:
-        return DType.parse(t.dtype)
-    except Exception:  # noqa: BLE001 - integer/complex tensors: torch itself will reject or handle them
-        return DType.F32
-
-
-def _conv2d_tracea(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: tuple, padding: tuple,
-                   dilation: tuple, groups: int, act: str | None) -> torch.Tensor:
+def _conv_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: tuple, padding: tuple,
+             dilation: tuple, groups: int, act: str | None, dtype: DType) -> Conv2dOp:
     if x.is_contiguous():
         layout = Layout.NCHW
-        xs, ws = x, w.contiguous()
     elif x.is_contiguous(memory_format=torch.channels_last):
         layout = Layout.NHWC
-        xs, ws = x.permute(0, 2, 3, 1), w.permute(0, 2, 3, 1).contiguous()
     else:
         raise _Fallback("non-contiguous input (neither NCHW-contiguous nor channels_last)")
-    ops = _ops()
-    b = bias.contiguous() if bias is not None else None
-    epi = epilogue_for(False, act)  # the bias is passed as an argument and fused by dispatch
-    prec = fp32_precision(x.device.type, conv=True)
-    out = _dispatch("conv2d", lambda: ops.conv2d(xs, ws, b, stride=stride, padding=padding, dilation=dilation,
-                                                 groups=groups, layout=layout.value, epilogue=epi,
-                                                 fp32_precision=prec))
-    return out.permute(0, 3, 1, 2) if layout is Layout.NHWC else out
+    n, c, h, wd = x.shape
+    k, cg, r, s = w.shape
+    if cg * groups != c:
+        raise _Fallback("weight shape does not match input channels / groups")
+    try:
+        return Conv2dOp(n, c, h, wd, k, r, s, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                        layout=layout, dtype=dtype, dtype_out=dtype, epilogue=epilogue_for(bias is not None, act),
+                        fp32_precision=fp32_precision(x.device.type, conv=True))
+    except Exception as exc:  # noqa: BLE001 - PyTorch gives its own error for impossible shapes
+        raise _Fallback(f"invalid conv2d arguments ({exc})") from None
 
+
+# ------------------------------------------------------------------------------------------------
+# linear
+# ------------------------------------------------------------------------------------------------
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activation: str | None) -> torch.Tensor:
-    """``act(x @ w.T + bias)`` for ``x`` of shape (..., in_features); a fresh contiguous output."""
+    """``act(x @ w.T + bias)`` for ``x`` of shape (..., in_features): a fresh contiguous output."""
     act = parse_activation(activation)
+    op = None
     try:
-        _common_checks("gemm", (x, w, bias))
-        if x.dim() == 0:
-            raise _Fallback("scalar input")
-        out = _linear_tracea(x, w, bias, act)
+        dtype = _common_checks((x, w, bias))
+        op = _linear_op(x, w, bias, act, dtype)
+        _choose(op, x.device)
+        from tracea import ops
+
+        a = x.reshape(op.m, op.k)
+        out = ops.matmul(a, w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision)
+        out = out.reshape(*x.shape[:-1], op.n)
     except _Fallback as fb:
         fallbacks.record("gemm", str(fb))
-        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-        if x2.shape[0] and x.shape[-1] and w.shape[0]:
-            op = GemmOp(x2.shape[0], w.shape[0], x.shape[-1], trans_b=True, dtype_a=_dtype_or_f32(x),
-                        dtype_b=_dtype_or_f32(x), epilogue=epilogue_for(bias is not None, act))
-            out = eager.gemm(op, x2, w, bias).reshape(*x.shape[:-1], w.shape[0])
-        else:
-            out = torch.nn.functional.linear(x, w, bias)
-            if act:
-                out = eager.apply_epilogue(out, Epilogue.of(act), None, -1)
+        out = torch.nn.functional.linear(x, w, bias)
+        if act:
+            out = eager.apply_epilogue(out, Epilogue.of(act), None, -1)
     return out.contiguous()
 
 
-def _linear_tracea(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: str | None) -> torch.Tensor:
-    lead = x.shape[:-1]
+def _linear_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: str | None, dtype: DType) -> GemmOp:
+    if x.dim() < 1 or w.dim() != 2 or x.shape[-1] != w.shape[1]:
+        raise _Fallback("shapes do not match x @ w.T")
     if not x.is_contiguous():
         raise _Fallback("non-contiguous input")
-    a = x.reshape(-1, x.shape[-1])
-    ops = _ops()
-    wc = w.contiguous()
-    b = bias.contiguous() if bias is not None else None
-    epi = epilogue_for(False, act)
-    prec = fp32_precision(x.device.type, conv=False)
-    out = _dispatch("gemm", lambda: ops.gemm(a, wc, b, trans_b=True, epilogue=epi, fp32_precision=prec))
-    return out.reshape(*lead, w.shape[0])
+    m = x.numel() // x.shape[-1]
+    # w (n, k) is used transposed without a copy: the GEMM reads B stored n x k.
+    trans_b = w.is_contiguous()
+    if not trans_b and not w.t().is_contiguous():
+        raise _Fallback("non-contiguous weight")
+    return GemmOp(m, w.shape[0], w.shape[1], trans_b=trans_b, dtype_a=dtype, dtype_b=dtype, dtype_out=dtype,
+                  epilogue=epilogue_for(bias is not None, act), fp32_precision=fp32_precision(x.device.type, False))

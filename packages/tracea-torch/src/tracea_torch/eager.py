@@ -7,6 +7,7 @@ fallback result is interchangeable with a variant's.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -67,12 +68,14 @@ def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out.to(torch_dtype(op.out_dtype))
 
 
-def run(op: Op, arrays: dict[str, Any]) -> torch.Tensor:
-    """Compute ``op`` with PyTorch from the role-named tensors of a dispatch call."""
+def run_logical(op: Op, arrays: dict[str, Any]) -> torch.Tensor:
+    """Compute ``op`` from tensors as a user passes them to ``tracea.ops``: conv2d arrays logically
+    NCHW (any memory format), GEMM operands untransposed ((batch,) m x k and (batch,) k x n, any
+    strides). The op's physical layout and transpose flags are ignored."""
     if isinstance(op, Conv2dOp):
-        return conv2d(op, arrays["x"], arrays["w"], arrays.get("bias"))
+        return conv2d(replace(op, layout=Layout.NCHW), arrays["x"], arrays["w"], arrays.get("bias"))
     if isinstance(op, GemmOp):
-        return gemm(op, arrays["a"], arrays["b"], arrays.get("bias"))
+        return gemm(replace(op, trans_a=False, trans_b=False), arrays["a"], arrays["b"], arrays.get("bias"))
     if isinstance(op, AttentionOp):
         return attention(op, arrays["q"], arrays["k"], arrays["v"])
     raise TypeError(f"no PyTorch implementation for {type(op).__name__}")

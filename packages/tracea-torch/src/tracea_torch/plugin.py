@@ -59,6 +59,10 @@ def tracea_register_variants() -> list:
 
 @hookimpl
 def tracea_fallback_run(op: Any, arrays: dict, out: Any, reason: str) -> Any:
+    """Compute ``op`` with PyTorch when every arrays is a torch tensor. ``arrays`` are the tensors as
+    the user passed them (logically NCHW, untransposed); the result is a fresh tensor that dispatch
+    returns or copies into the user's ``out`` (``out`` here may be a physical-layout kernel buffer,
+    so it is not written)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -68,8 +72,4 @@ def tracea_fallback_run(op: Any, arrays: dict, out: Any, reason: str) -> Any:
     from . import eager
 
     with torch.no_grad():
-        result = eager.run(op, arrays)
-        if out is None:
-            return result
-        out.copy_(result.reshape(out.shape))
-    return out
+        return eager.run_logical(op, arrays)
