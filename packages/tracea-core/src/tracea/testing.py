@@ -1,0 +1,114 @@
+"""Helpers for testing kernels against the reference (used by every package's tests).
+
+- :func:`random_inputs` draws fresh random operands for an op (never zeros);
+- :func:`check_against_reference` runs an op through :mod:`tracea.ops` (optionally pinned to a variant)
+  on poisoned outputs and compares with the float64 reference by ``||out - ref|| / ||ref||``;
+- :func:`tolerance` is the accepted relative error for a dtype / fp32 precision (PERFORMANCE.md's method).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .dtypes import DType, Fp32Precision
+from .ir.ops import AttentionOp, Conv2dOp, GemmOp, Op
+from .reference import reference
+
+
+def tolerance(dtype: DType, precision: Fp32Precision = Fp32Precision.HIGHEST) -> float:
+    """Accepted relative error: fp64 1e-12, fp32 1e-5 (TF32/bf16 math 5e-3), fp16 5e-3, bf16 2e-2."""
+    dtype = dtype.storage
+    if dtype is DType.F64:
+        return 1e-12
+    if dtype is DType.F32:
+        return 1e-5 if precision is Fp32Precision.HIGHEST else 5e-3
+    if dtype is DType.F16:
+        return 5e-3
+    return 2e-2
+
+
+def rel_err(out: Any, ref: np.ndarray) -> float:
+    """``||out - ref|| / ||ref||`` in float64; NaN anywhere gives ``inf``."""
+    o = np.asarray(out, dtype=np.float64)
+    if not np.all(np.isfinite(o)):
+        return float("inf")
+    denom = float(np.linalg.norm(ref))
+    return float(np.linalg.norm(o - ref) / (denom if denom > 0 else 1.0))
+
+
+def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: DType | str = "float32",
+                 scale: float = 1.0) -> np.ndarray:
+    """Standard-normal values times ``scale`` in ``dtype`` (a NumPy-storable dtype)."""
+    dt = DType.parse(dtype).numpy
+    assert dt is not None, f"{dtype} has no NumPy storage"
+    return (rng.standard_normal(shape) * scale).astype(dt)
+
+
+def random_inputs(op: Op, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Fresh random host operands for ``op``, by role, in the physical layouts kernels receive."""
+    if isinstance(op, GemmOp):
+        a_shape = (op.k, op.m) if op.trans_a else (op.m, op.k)
+        b_shape = (op.n, op.k) if op.trans_b else (op.k, op.n)
+        if op.batch > 1:
+            a_shape, b_shape = (op.batch,) + a_shape, (op.batch,) + b_shape
+        out = {"a": random_array(rng, a_shape, op.dtype_a, 1 / np.sqrt(op.k) ** 0.5),
+               "b": random_array(rng, b_shape, op.dtype_b, 1 / np.sqrt(op.k) ** 0.5)}
+        if op.epilogue.has_bias:
+            out["bias"] = random_array(rng, (op.n,), op.out_dtype)
+        return out
+    if isinstance(op, Conv2dOp):
+        fan_in = (op.c // op.groups) * op.r * op.s
+        out = {"x": random_array(rng, op.x_shape, op.dtype),
+               "w": random_array(rng, op.w_shape, op.dtype, 1 / np.sqrt(fan_in))}
+        if op.epilogue.has_bias:
+            out["bias"] = random_array(rng, (op.k,), op.out_dtype)
+        return out
+    if isinstance(op, AttentionOp):
+        kvh = int(op.kv_heads or op.heads)
+        return {"q": random_array(rng, (op.batch, op.heads, op.seq_q, op.head_dim), op.dtype),
+                "k": random_array(rng, (op.batch, kvh, op.seq_kv, op.head_dim), op.dtype),
+                "v": random_array(rng, (op.batch, kvh, op.seq_kv, op.head_dim), op.dtype)}
+    raise TypeError(f"unknown op {op!r}")
+
+
+def run_variant_on_host(variant: Any, op: Op, inputs: dict[str, np.ndarray], config: Any = None,
+                        profile: Any = None) -> np.ndarray:
+    """Run one variant directly (no dispatch) on host inputs with a NaN-poisoned output; returns it."""
+    from .doctor.doctor import get_doctor
+    from .doctor.variant import OpArgs
+    from .runtime.arrays import NumpyAdapter
+    from .runtime.dispatch import prepare_and_run
+
+    doctor = get_doctor()
+    profile = profile or doctor.profile_for("cpu")
+    if config is None:
+        found = doctor.default_config(variant, op, profile)
+        assert not isinstance(found, str), found
+        config = found[0]
+    out_np = op.out_dtype.numpy
+    assert out_np is not None
+    out = np.full(_out_shape(op), np.nan, dtype=out_np)
+    prepare_and_run(variant, op, config, OpArgs(inputs, out, NumpyAdapter()), profile, doctor)
+    return out
+
+
+def _out_shape(op: Op) -> tuple[int, ...]:
+    if isinstance(op, GemmOp):
+        return (op.batch, op.m, op.n) if op.batch > 1 else (op.m, op.n)
+    if isinstance(op, Conv2dOp):
+        return op.out_shape
+    assert isinstance(op, AttentionOp)
+    return (op.batch, op.heads, op.seq_q, op.head_dim)
+
+
+def check_variant(variant: Any, op: Op, rng: np.random.Generator, config: Any = None, tol: float | None = None) -> float:
+    """Run ``variant`` on fresh random inputs and assert it matches the reference; returns the error."""
+    inputs = random_inputs(op, rng)
+    out = run_variant_on_host(variant, op, inputs, config)
+    ref = reference(op, **inputs)
+    err = rel_err(out, ref.reshape(out.shape))
+    limit = tol if tol is not None else tolerance(op.dtypes[0], getattr(op, "fp32_precision", Fp32Precision.HIGHEST))
+    assert err <= limit, f"{getattr(variant, 'name', variant)} on {op.describe()} config {config}: rel err {err:.3e} > {limit:.1e}"
+    return err
