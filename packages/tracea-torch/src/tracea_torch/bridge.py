@@ -15,8 +15,9 @@ An NCHW tensor in ``torch.channels_last`` memory runs the NHWC kernels on zero-c
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Sequence
+import contextlib
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -37,6 +38,37 @@ SERVED_DTYPES = (DType.F64, DType.F32, DType.F16, DType.BF16)
 
 class _Fallback(Exception):
     """Internal: PyTorch must compute this call; ``args[0]`` is the reason."""
+
+
+@dataclass
+class Call:
+    """One call seen while :func:`recording` is active (what :func:`tracea_torch.tune` tunes)."""
+
+    kind: str  # "conv2d" or "linear"
+    op: Op | None  # None when the arguments could not even be described
+    fallback: str | None  # the reason PyTorch computed it, or None when a Tracea variant ran
+    args: tuple  # the positional arguments of :func:`conv2d` / :func:`linear`
+    layer: str | None = None
+
+
+_recorder: list[Call] | None = None
+_layer: list[str] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Call]]:
+    """Collect every conv2d/linear call made in the block (not thread-safe; one recorder at a time)."""
+    global _recorder
+    previous, _recorder = _recorder, []
+    try:
+        yield _recorder
+    finally:
+        _recorder = previous
+
+
+def _note(kind: str, op: Op | None, reason: str | None, args: tuple) -> None:
+    if _recorder is not None:
+        _recorder.append(Call(kind, op, reason, args, _layer[-1] if _layer else None))
 
 
 def parse_activation(activation: str | None) -> str | None:
@@ -138,8 +170,10 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
 
         out = ops.conv2d(x, w, bias, stride, padding, dilation, groups,
                          activation=act, fp32_precision=op.fp32_precision)
+        _note("conv2d", op, None, (x, w, bias, stride, padding, dilation, groups, activation))
     except _Fallback as fb:
         fallbacks.record("conv2d", str(fb))
+        _note("conv2d", op, str(fb), (x, w, bias, stride, padding, dilation, groups, activation))
         if op is not None:
             out = eager.conv2d(replace(op, layout=Layout.NCHW), x, w, bias)
         else:
@@ -186,8 +220,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activati
         a = x.reshape(op.m, op.k)
         out = ops.matmul(a, w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision)
         out = out.reshape(*x.shape[:-1], op.n)
+        _note("linear", op, None, (x, w, bias, activation))
     except _Fallback as fb:
         fallbacks.record("gemm", str(fb))
+        _note("linear", op, str(fb), (x, w, bias, activation))
         out = torch.nn.functional.linear(x, w, bias)
         if act:
             out = eager.apply_epilogue(out, Epilogue.of(act), None, -1)
