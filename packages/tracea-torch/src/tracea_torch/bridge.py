@@ -175,7 +175,8 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
         fallbacks.record("conv2d", str(fb))
         _note("conv2d", op, str(fb), (x, w, bias, stride, padding, dilation, groups, activation))
         if op is not None:
-            out = eager.conv2d(replace(op, layout=Layout.NCHW), x, w, bias)
+            nchw = op if op.layout is Layout.NCHW else replace(op, layout=Layout.NCHW)
+            out = eager.conv2d(nchw, x, w, bias)
         else:
             out = torch.nn.functional.conv2d(x, w, bias, stride, padding, dilation, groups)
             if act:
@@ -191,14 +192,27 @@ def _conv_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride
         layout = Layout.NHWC
     else:
         raise _Fallback("non-contiguous input (neither NCHW-contiguous nor channels_last)")
-    n, c, h, wd = x.shape
-    k, cg, r, s = w.shape
+    key = (tuple(x.shape), tuple(w.shape), bias is not None, stride, padding, dilation, groups, act, dtype, layout,
+           fp32_precision(x.device.type, conv=True))
+    op = _OPS.get(key)
+    if op is None:
+        op = _OPS[key] = _new_conv_op(key)
+        if len(_OPS) > 4096:
+            _OPS.clear()
+    return op
+
+
+_OPS: dict[tuple, Op] = {}  # op descriptions by call signature (building one validates every field)
+
+
+def _new_conv_op(key: tuple) -> Conv2dOp:
+    (n, c, h, wd), (k, cg, r, s), has_bias, stride, padding, dilation, groups, act, dtype, layout, prec = key
     if cg * groups != c:
         raise _Fallback("weight shape does not match input channels / groups")
     try:
         return Conv2dOp(n, c, h, wd, k, r, s, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                        layout=layout, dtype=dtype, dtype_out=dtype, epilogue=epilogue_for(bias is not None, act),
-                        fp32_precision=fp32_precision(x.device.type, conv=True))
+                        layout=layout, dtype=dtype, dtype_out=dtype, epilogue=epilogue_for(has_bias, act),
+                        fp32_precision=prec)
     except Exception as exc:  # noqa: BLE001 - PyTorch gives its own error for impossible shapes
         raise _Fallback(f"invalid conv2d arguments ({exc})") from None
 
@@ -240,5 +254,10 @@ def _linear_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act:
     trans_b = w.is_contiguous()
     if not trans_b and not w.t().is_contiguous():
         raise _Fallback("non-contiguous weight")
-    return GemmOp(m, w.shape[0], w.shape[1], trans_b=trans_b, dtype_a=dtype, dtype_b=dtype, dtype_out=dtype,
-                  epilogue=epilogue_for(bias is not None, act), fp32_precision=fp32_precision(x.device.type, False))
+    key = ("gemm", m, w.shape[0], w.shape[1], trans_b, dtype, bias is not None, act,
+           fp32_precision(x.device.type, False))
+    op = _OPS.get(key)
+    if op is None:
+        op = _OPS[key] = GemmOp(m, w.shape[0], w.shape[1], trans_b=trans_b, dtype_a=dtype, dtype_b=dtype,
+                                dtype_out=dtype, epilogue=epilogue_for(bias is not None, act), fp32_precision=key[-1])
+    return op

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tracea.dtypes import DType
 from tracea.ir.epilogue import Epilogue, EpilogueKind
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp, Layout, Op
 
@@ -24,6 +25,11 @@ ACTIVATIONS = {
     EpilogueKind.GELU_ERF: F.gelu,
     EpilogueKind.SILU: F.silu,
 }
+
+
+def _cast(t: torch.Tensor, dtype: DType) -> torch.Tensor:
+    want = torch_dtype(dtype)
+    return t if t.dtype == want else t.to(want)
 
 
 def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue, bias: torch.Tensor | None, channel_dim: int) -> torch.Tensor:
@@ -47,7 +53,7 @@ def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
     fused_bias = bias if op.epilogue.steps[:1] == (EpilogueKind.BIAS,) else None
     acc = F.conv2d(x, w, fused_bias, op.stride, op.padding, op.dilation, op.groups)
     rest = Epilogue(op.epilogue.steps[1:]) if fused_bias is not None else op.epilogue
-    out = apply_epilogue(acc, rest, bias, 1).to(torch_dtype(op.out_dtype))
+    out = _cast(apply_epilogue(acc, rest, bias, 1), op.out_dtype)
     return out.permute(0, 2, 3, 1) if op.layout is Layout.NHWC else out
 
 
@@ -56,7 +62,7 @@ def gemm(op: GemmOp, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
     lhs = a.transpose(-1, -2) if op.trans_a else a
     rhs = b.transpose(-1, -2) if op.trans_b else b
     acc = torch.matmul(lhs, rhs)
-    return apply_epilogue(acc, op.epilogue, bias, acc.dim() - 1).to(torch_dtype(op.out_dtype))
+    return _cast(apply_epilogue(acc, op.epilogue, bias, acc.dim() - 1), op.out_dtype)
 
 
 def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -65,7 +71,7 @@ def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=op.causal, scale=op.scale)
-    return out.to(torch_dtype(op.out_dtype))
+    return _cast(out, op.out_dtype)
 
 
 def run_logical(op: Op, arrays: dict[str, Any]) -> torch.Tensor:
