@@ -90,6 +90,8 @@ def render_text(r: dict[str, Any]) -> str:
             out.append(render(["accepted (ranked)", "source", "config", "time"], rows))
         else:
             out.append(f"  NO VARIANT: {d['error']}")
+        if d.get("elsewhere"):
+            out.append(f"  variants for other device kinds: {', '.join(d['elsewhere'])}")
         if d["rejected"]:
             out.append(render(["rejected", "reasons"], [[x["variant"], "; ".join(x["reasons"])] for x in d["rejected"]],
                               max_col=90))

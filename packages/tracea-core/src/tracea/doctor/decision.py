@@ -60,6 +60,8 @@ class Decision:
     profile: DeviceProfile
     candidates: list[Candidate]
     rejected: list[Rejection] = field(default_factory=list)
+    #: variants of this op kind that serve other device kinds (not candidates here)
+    elsewhere: list[str] = field(default_factory=list)
 
     @property
     def chosen(self) -> Candidate:
@@ -87,9 +89,11 @@ class Decision:
             lines.append(f"  also accepted: {other.variant.name} ({t})")
         for r in self.rejected:
             lines.append(f"  rejected: {r.variant}: {'; '.join(r.reasons)}")
+        if self.elsewhere:
+            lines.append(f"  for other devices: {', '.join(self.elsewhere)}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op.to_dict(), "op_key": self.op.key, "device": str(self.device),
                 "chosen": self.chosen.to_dict(), "candidates": [c.to_dict() for c in self.candidates],
-                "rejected": [r.to_dict() for r in self.rejected]}
+                "rejected": [r.to_dict() for r in self.rejected], "elsewhere": list(self.elsewhere)}

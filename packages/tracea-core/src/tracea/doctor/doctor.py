@@ -221,9 +221,12 @@ class Doctor:
                                      + ", ".join(v.name for v in variants))
         candidates: list[Candidate] = []
         rejected: list[Rejection] = []
+        elsewhere = [v.name for v in variants if v.device_kind != device.kind]
         for v in variants:
             if forced is not None and v.name != forced:
                 continue
+            if v.device_kind != device.kind and forced is None:
+                continue  # serves another device kind: not a candidate, listed in Decision.elsewhere
             if v.name in excluded:
                 rejected.append(Rejection(v.name, v.backend, [f"excluded by {ENV_EXCLUDE}"]))
                 continue
@@ -240,7 +243,7 @@ class Doctor:
             raise NoVariantError(f"no kernel variant can run {op.describe()} on {device}",
                                  {r.variant: r.reasons for r in rejected})
         candidates.sort(key=lambda c: c.rank_key)
-        return Decision(op, device, profile, candidates, rejected)
+        return Decision(op, device, profile, candidates, rejected, elsewhere)
 
     def _candidate(self, v: KernelVariant, op: Op, profile: DeviceProfile, config: PipelineConfig | None,
                    cache: Any) -> Candidate | str:

@@ -172,8 +172,8 @@ def tracea_fallback_run(op: "Op", arrays: "dict[str, Any]", out: Any, reason: st
 
     Implemented by framework integrations (``tracea-torch``) for the array kinds they own; others return
     None. Called by dispatch only after the Doctor rejected every variant; ``reason`` is the Doctor's
-    summary, recorded in the fallback counters that ``tracea doctor`` shows. Stops at first non-None
-    result.
+    summary, recorded in the fallback counters that ``tracea doctor`` shows.
+    Stops at first non-None result.
 
     :param op: the operation.
     :param arrays: the input arrays by role as the user passed them (``a``, ``b``, ``bias`` ...).

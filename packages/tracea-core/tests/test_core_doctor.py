@@ -1,0 +1,142 @@
+"""The Doctor: host profile, ranking by cache evidence then estimate, forced/excluded variants, reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from tracea import GemmOp, LayerType, PipelineConfig
+from tracea.doctor import Doctor, KernelVariant, Requirements
+from tracea.doctor.cpu_probe import probe_cpu
+from tracea.errors import NoVariantError, UnsupportedDeviceError
+from tracea.plugins import create_plugin_manager, hookimpl
+
+OP = GemmOp(64, 64, 64)
+
+
+def test_host_profile_lists_isa_and_caches(core_doctor):
+    cpu = core_doctor.profile_for("cpu")
+    info = probe_cpu()
+    assert cpu.compute_units == info.cores >= 1
+    assert set(info.simd) <= set(cpu.isa) and f"isa:{info.best_isa}" in cpu.isa
+    assert cpu.peak() > 0
+    if info.arch == "x86_64":
+        assert "sse2" in cpu.isa
+    assert cpu.fingerprint() == core_doctor.profile_for("cpu:0").fingerprint()
+
+
+class _Fast(KernelVariant):
+    name, backend, efficiency, description = "t.fast", "t", 0.9, "fast"
+    requirements = Requirements("cpu", LayerType.GEMM, max_dims={"k": 1000})
+
+    def hero_configs(self, op, profile):
+        return [PipelineConfig(tile_m=32, warps=1)]
+
+
+class _Slow(KernelVariant):
+    name, backend, efficiency, description = "t.slow", "t", 0.1, "slow"
+    requirements = Requirements("cpu", LayerType.GEMM)
+
+    def hero_configs(self, op, profile):
+        return [PipelineConfig(tile_m=16, warps=1)]
+
+
+class _Picky(KernelVariant):
+    name, backend, efficiency, description = "t.picky", "t", 1.0, "needs a made-up ISA"
+    requirements = Requirements("cpu", LayerType.GEMM, isa=("made_up_isa",), dtypes=frozenset())
+
+
+@dataclass
+class _Entry:
+    config: PipelineConfig
+    median_s: float
+    variant: str
+
+
+class _Cache:
+    generation = 0
+
+    def __init__(self, entries):
+        self.entries = entries
+
+    def lookup(self, op, variant_name, profile):
+        return self.entries.get(variant_name)
+
+
+@pytest.fixture
+def doctor(monkeypatch):
+    mod = type("M", (), {})()
+
+    @hookimpl
+    def tracea_register_variants():
+        return [_Fast(), _Slow(), _Picky()]
+
+    mod.tracea_register_variants = tracea_register_variants
+    pm = create_plugin_manager(autoload=False)
+    pm.register(mod, name="t")
+    return Doctor(pm)
+
+
+def _no_cache(monkeypatch, cache=None):
+    import tracea.doctor.doctor as dd
+
+    monkeypatch.setattr(dd, "_tuning_cache", lambda: cache)
+
+
+def test_rank_by_estimate_and_record_rejections(doctor, monkeypatch):
+    _no_cache(monkeypatch)
+    d = doctor.decide(OP, "cpu")
+    assert [c.variant.name for c in d.candidates][:2] == ["t.fast", "t.slow"]
+    assert d.candidates[-1].variant.name == "reference.gemm"
+    assert d.chosen.source == "hero" and d.config.tile_m == 32
+    picky = next(r for r in d.rejected if r.variant == "t.picky")
+    assert any("made_up_isa" in r for r in picky.reasons) and any("float32" in r for r in picky.reasons)
+    assert "t.picky" in d.explain() and "chosen: t.fast" in d.explain()
+
+
+def test_cache_evidence_beats_estimates(doctor, monkeypatch):
+    _no_cache(monkeypatch, _Cache({"t.slow": _Entry(PipelineConfig(tile_m=64, warps=1), 1e-4, "t.slow")}))
+    d = doctor.decide(OP, "cpu")
+    assert d.variant.name == "t.slow" and d.chosen.source == "cache" and d.config.tile_m == 64
+    assert d.chosen.measured_s == 1e-4
+
+
+def test_size_limits_reject(doctor, monkeypatch):
+    _no_cache(monkeypatch)
+    d = doctor.decide(GemmOp(8, 8, 4096), "cpu")
+    assert d.variant.name == "t.slow"
+    assert any("k=4096 exceeds 1000" in r for r in next(x for x in d.rejected if x.variant == "t.fast").reasons)
+
+
+def test_forced_and_excluded_variants(doctor, monkeypatch):
+    _no_cache(monkeypatch)
+    assert doctor.decide(OP, "cpu", variant="t.slow").variant.name == "t.slow"
+    monkeypatch.setenv("TRACEA_VARIANT", "t.slow")
+    assert doctor.decide(GemmOp(8, 8, 8), "cpu").variant.name == "t.slow"
+    monkeypatch.delenv("TRACEA_VARIANT")
+    monkeypatch.setenv("TRACEA_EXCLUDE_VARIANTS", "t.fast")
+    d = doctor.decide(GemmOp(9, 9, 9), "cpu")
+    assert d.variant.name == "t.slow"
+    with pytest.raises(NoVariantError, match="t.picky"):
+        doctor.decide(OP, "cpu", variant="t.picky")
+    forced = doctor.decide(GemmOp(10, 10, 10), "cpu", variant="t.slow", config=PipelineConfig(tile_m=8, warps=1))
+    assert forced.chosen.source == "forced"
+
+
+def test_unknown_device(doctor):
+    with pytest.raises(UnsupportedDeviceError, match="cuda:0.*tracea-cuda"):
+        doctor.decide(OP, "cuda:0")
+
+
+def test_decisions_are_memoised(doctor, monkeypatch):
+    _no_cache(monkeypatch)
+    assert doctor.decide(OP, "cpu") is doctor.decide(GemmOp(64, 64, 64), "cpu")
+    doctor.invalidate()
+    assert doctor.decide(OP, "cpu") is not None
+
+
+def test_best_device_is_cpu_without_gpus(core_doctor):
+    assert str(core_doctor.best_device()) == "cpu:0"
+    assert isinstance(np.ones(1), np.ndarray)

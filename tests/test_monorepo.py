@@ -1,0 +1,53 @@
+"""Cross-package checks: every package of the monorepo has the layout, lockstep version and plugin
+registration the project promises, and the installed plugins are what `tracea doctor` reports."""
+
+from __future__ import annotations
+
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    tomllib = pytest.importorskip("tomli")
+
+import tracea
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = sorted(p for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists())
+
+
+def test_expected_packages_exist():
+    assert [p.name for p in PACKAGES] == ["tracea-core", "tracea-cpu", "tracea-cuda", "tracea-opencl", "tracea-torch"]
+
+
+@pytest.mark.parametrize("pkg", PACKAGES, ids=lambda p: p.name)
+def test_package_layout_and_lockstep_version(pkg):
+    meta = tomllib.loads((pkg / "pyproject.toml").read_text())
+    assert meta["build-system"]["build-backend"] == "hatchling.build"
+    assert meta["project"]["name"] == pkg.name
+    module = pkg.name.replace("tracea-core", "tracea").replace("-", "_")
+    version_file = pkg / "src" / module / "_version.py"
+    assert re.search(r'__version__ = "(.+)"', version_file.read_text()).group(1) == tracea.__version__
+    assert (pkg / "README.md").exists() and (pkg / "tests").is_dir()
+    if pkg.name != "tracea-core":
+        assert meta["project"]["entry-points"]["tracea"], "backends register through the tracea group"
+        deps = meta["project"]["dependencies"]
+        assert f"tracea-core=={tracea.__version__}" in deps
+
+
+def test_installed_plugins_are_loaded_and_reported():
+    doctor = tracea.get_doctor()
+    installed = {ep.name for ep in metadata.entry_points(group="tracea")}
+    loaded = {name for name, _ in doctor.pm.list_name_plugin()}
+    env = {spec.rpartition("=")[0] or spec for spec in (__import__("os").environ.get("TRACEA_PLUGINS") or "").split(",")
+           if spec}
+    for name in installed | env:
+        assert name in loaded or name in doctor.pm.load_errors, name
+    reported = {b.name for b in doctor.backends()}
+    assert {"reference", "host"} <= reported
+    assert not doctor.version_mismatches()
