@@ -52,3 +52,16 @@ def test_compile_patched_model_inductor(restricted_backend):
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(x), ref, rtol=1e-5, atol=1e-5)
     assert restricted_backend.conv.calls >= 1 and restricted_backend.gemm.calls >= 1
+
+
+def test_meta_tensors_and_export(restricted_backend):
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10)).eval()
+    tracea_torch.patch_conv2d(model)
+    tracea_torch.patch_linear(model)
+    x = torch.randn(2, 3, 6, 6)
+    ep = torch.export.export(model, (x,))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert "tracea.conv2d.default" in targets and "tracea.linear.default" in targets
+    torch.testing.assert_close(ep.module()(x), model(x))
+    meta_out = model.to("meta")(x.to("meta"))  # shapes only, through the fake kernels
+    assert meta_out.shape == (2, 10) and meta_out.device.type == "meta"

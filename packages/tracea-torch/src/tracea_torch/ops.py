@@ -138,10 +138,13 @@ def _pair(value: int | Sequence[int], arg: str) -> list[int]:
     return out
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")  # device types torch.autocast knows (not meta)
+
+
 def _autocast(*tensors: Optional[Tensor]) -> list[Optional[Tensor]]:
     ref = next(t for t in tensors if t is not None)
     dev = ref.device.type
-    if not torch.is_autocast_enabled(dev):
+    if dev not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(dev):
         return list(tensors)
     dtype = torch.get_autocast_dtype(dev)
     return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]

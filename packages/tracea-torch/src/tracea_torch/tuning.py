@@ -189,7 +189,8 @@ def tune(model: nn.Module, example_inputs: Any, *, iterations: int = 15, goal: A
 
     :param model: the model (patched or not; see the module docstring).
     :param example_inputs: a tensor or a tuple of positional inputs, on the device to tune for.
-    :param iterations: tuning budget per distinct op, spread by the graph tuner by estimated time.
+    :param iterations: total trial budget for the graph, spread over its distinct ops by their share of
+        the estimated time (identical shapes are tuned once).
     :param goal: a :class:`tracea.OptimizationGoal` (default: MaximizeTFLOPS).
     :param warmup: untimed runs before timing each layer. ``repeats``: timed runs (the median counts).
     :param graph_tuning: False skips tuning (only measure the current choices).
