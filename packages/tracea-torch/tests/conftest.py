@@ -82,10 +82,11 @@ def _clean_counters():
 
 @pytest.fixture
 def restricted_backend(monkeypatch):
-    """A Doctor with the testkit variants; the reference oracle is not used for torch calls."""
+    """A Doctor with the testkit variants and no other backend; the reference oracle is not used for
+    torch calls."""
     monkeypatch.delenv(policy.ENV_REFERENCE, raising=False)
     plugin = _TestkitPlugin()
-    pm = create_plugin_manager()
+    pm = create_plugin_manager(blocked=["cpu", "cuda", "opencl"])  # only testkit + reference serve
     pm.register_plugin(plugin, "testkit", "test")
     set_plugin_manager(pm)
     try:

@@ -51,11 +51,14 @@ def test_report_without_tuning(restricted_backend):
 
 
 @pytest.mark.skipif(not HAS_GRAPH_TUNER, reason="tracea.tuning.graph (the tuner's graph tuning) is not installed")
-def test_tune_tunes_the_graph_and_dispatch_uses_it(reference_backend):
+def test_tune_tunes_the_graph_and_dispatch_uses_it(reference_backend, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRACEA_CACHE_PATH", str(tmp_path / "tuning_cache.json"))
     model = _model()
     x = torch.randn(1, 3, 6, 6)
     ref = model(x)
-    report = tracea_torch.tune(model, x, iterations=2, repeats=2, warmup=1)
-    assert report.tuning is not None and len(report.graph) >= 4
+    report = tracea_torch.tune(model, x, iterations=4, repeats=2, warmup=1, progress=False)
+    assert report.tuning is not None and len(report.graph) == 5  # the reference serves the grouped conv too
+    assert (tmp_path / "tuning_cache.json").exists()
+    assert all(r.config_source == "cache" for r in report.layers), [r.config_source for r in report.layers]
     with tracea_torch.patched(model):
         torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-4)
