@@ -21,7 +21,6 @@ from tracea.plugins.backend_info import BackendInfo  # noqa: E402
 from tracea.reference import kernels  # noqa: E402
 from tracea.semantic.config import PipelineConfig  # noqa: E402
 
-import tracea_torch  # noqa: E402
 from tracea_torch import fallbacks, policy  # noqa: E402
 
 

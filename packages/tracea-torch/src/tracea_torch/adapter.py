@@ -35,17 +35,38 @@ def torch_dtype(dtype: DType) -> Any:
     return getattr(torch, _TORCH_DTYPE_NAMES[DType.parse(dtype)])
 
 
+_CPU = Device.cpu()
+_DEVICES: dict[tuple[str, int], Device] = {}
+_DTYPES: dict[Any, DType] = {}  # torch.dtype -> DType (parsing the name each call costs microseconds)
+
+
 def tracea_device(t: Any) -> Device:
-    """The Tracea :class:`Device` of tensor ``t`` (``cuda`` without an index means the current one)."""
-    dev = t.device
+    """The Tracea :class:`Device` of tensor ``t``."""
+    return device_of(t.device)
+
+
+def device_of(dev: Any) -> Device:
+    """The Tracea :class:`Device` of a ``torch.device`` (``cuda`` without an index: the current one)."""
     if dev.type == "cpu":
-        return Device.cpu()
+        return _CPU
     index = dev.index
     if index is None and dev.type == "cuda":
         import torch
 
         index = torch.cuda.current_device()
-    return Device(dev.type, int(index or 0))
+    key = (dev.type, int(index or 0))
+    found = _DEVICES.get(key)
+    if found is None:
+        found = _DEVICES[key] = Device(*key)
+    return found
+
+
+def tracea_dtype(torch_dtype_: Any) -> DType:
+    """The :class:`DType` of a ``torch.dtype`` (raises :class:`DTypeError` naming it when unknown)."""
+    found = _DTYPES.get(torch_dtype_)
+    if found is None:
+        found = _DTYPES[torch_dtype_] = DType.parse(torch_dtype_, arg="dtype")
+    return found
 
 
 class TorchAdapter(ArrayAdapter):
@@ -63,7 +84,7 @@ class TorchAdapter(ArrayAdapter):
         return torch is not None and isinstance(obj, torch.Tensor)
 
     def info(self, obj: Any) -> ArrayInfo:
-        dtype = DType.parse(obj.dtype, arg="dtype")
+        dtype = tracea_dtype(obj.dtype)
         return ArrayInfo(tuple(int(s) for s in obj.shape), tuple(int(s) for s in obj.stride()), dtype,
                          tracea_device(obj), self.name)
 
@@ -100,7 +121,7 @@ class TorchAdapter(ArrayAdapter):
         t = obj.detach()
         if t.is_conj():
             t = t.resolve_conj()
-        dtype = DType.parse(t.dtype, arg="dtype")
+        dtype = tracea_dtype(t.dtype)
         if dtype in _BIT_VIEWS:
             np_dtype = dtype.numpy
             if np_dtype is None:

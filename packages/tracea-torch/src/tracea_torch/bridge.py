@@ -29,6 +29,7 @@ from tracea.ir.ops import Conv2dOp, GemmOp, Layout, Op
 from tracea.runtime.dispatch import fallback_reason
 
 from . import eager, fallbacks
+from .adapter import device_of, tracea_dtype
 from .policy import reference_allowed
 
 ACTIVATION_NAMES = {"none": None, "relu": "relu", "gelu": "gelu_erf", "gelu_erf": "gelu_erf",
@@ -113,7 +114,7 @@ def _common_checks(tensors: Sequence[torch.Tensor | None]) -> DType:
     if any(t.numel() == 0 for t in present):
         raise _Fallback("empty tensor")
     try:
-        dtype = DType.parse(present[0].dtype)
+        dtype = tracea_dtype(present[0].dtype)
     except DTypeError:
         raise _Fallback(f"dtype {present[0].dtype} not supported by Tracea") from None
     if dtype not in SERVED_DTYPES:
@@ -142,12 +143,7 @@ def _choose(op: Op, device: torch.device) -> None:
 
 
 def _device(device: torch.device) -> Any:
-    from tracea.ir.device import Device
-
-    if device.type == "cpu":
-        return Device.cpu()
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return Device(device.type, int(index))
+    return device_of(device)
 
 
 # ------------------------------------------------------------------------------------------------

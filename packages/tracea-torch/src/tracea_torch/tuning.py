@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -231,7 +231,3 @@ def tune(model: nn.Module, example_inputs: Any, *, iterations: int = 15, goal: A
             layers.append(LayerResult(c.layer or "?", c.kind, c.op.describe() if c.op is not None else c.kind,
                                       variant, source, tracea_s, torch_s, c.fallback))
     return TuneReport(layers, graph, result, str(device), notes)
-
-
-def _describe(ops: Sequence[Any]) -> list[str]:
-    return [op.describe() for op in ops]
