@@ -238,3 +238,15 @@ def test_gradcheck_double(reference_backend):
     bl = torch.randn(2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *t: tracea_torch.ops.linear(*t, activation="gelu"), (xl, wl, bl))
     assert torch.autograd.gradgradcheck(lambda *t: tracea_torch.ops.linear(*t, activation="relu"), (xl, wl, bl))
+
+
+def test_a_failing_kernel_warns_and_pytorch_computes(restricted_backend, monkeypatch, rel_err):
+    def broken(self, op, config, args, profile):
+        raise RuntimeError("simulated launch failure")
+
+    monkeypatch.setattr(type(restricted_backend.gemm), "run", broken)
+    x, w = torch.randn(4, 6), torch.randn(3, 6)
+    with pytest.warns(RuntimeWarning, match="simulated launch failure"):
+        out = tracea_torch.ops.linear(x, w, None, activation="relu")
+    assert rel_err(out, torch.relu(F.linear(x, w))) < 1e-6
+    assert fallbacks.total("gemm", "backend error") == 1

@@ -6,6 +6,7 @@ it instead (and the reason is counted in :mod:`tracea_torch.fallbacks`) when:
 
 * no variant accepts the op (groups, dilation, dtype, device ... per the Doctor's rejection reasons);
 * only the reference oracle accepts it (see :mod:`tracea_torch.policy`);
+* the chosen kernel fails to compile or launch (a backend bug: also warned about, once per message);
 * the activation is neither NCHW-contiguous nor ``channels_last`` (kernels read packed layouts and
   copying would cost a full extra pass), or the operands mix dtypes/devices, are empty, or are of a
   dtype Tracea does not know (PyTorch then gives its own result or error, as unpatched).
@@ -16,6 +17,7 @@ An NCHW tensor in ``torch.channels_last`` memory runs the NHWC kernels on zero-c
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
@@ -23,7 +25,7 @@ import torch
 
 from tracea.doctor.doctor import get_doctor
 from tracea.dtypes import DType, Fp32Precision
-from tracea.errors import DTypeError, NoVariantError, UnsupportedDeviceError
+from tracea.errors import BackendError, DTypeError, NoVariantError, UnsupportedDeviceError
 from tracea.ir.epilogue import Epilogue
 from tracea.ir.ops import Conv2dOp, GemmOp, Layout, Op
 from tracea.runtime.dispatch import fallback_reason
@@ -142,6 +144,24 @@ def _choose(op: Op, device: torch.device) -> None:
         raise _Fallback(f"reference backend cannot view {op.dtypes[0].value} host tensors (needs ml_dtypes)")
 
 
+@contextlib.contextmanager
+def _backend_failures_fall_back() -> Iterator[None]:
+    """A variant that fails to compile or launch is a backend bug: say so loudly (once per message),
+    count it, and let PyTorch compute the call so the model keeps running."""
+    try:
+        yield
+    except BackendError as exc:
+        first = str(exc).splitlines()[0]
+        if first not in _warned_failures:
+            _warned_failures.add(first)
+            warnings.warn(f"tracea: a kernel failed, PyTorch computes this call instead: {first}", RuntimeWarning,
+                          stacklevel=4)
+        raise _Fallback(f"backend error: {first[:200]}") from exc
+
+
+_warned_failures: set[str] = set()
+
+
 def _device(device: torch.device) -> Any:
     return device_of(device)
 
@@ -164,8 +184,9 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
         _choose(op, x.device)
         from tracea import ops
 
-        out = ops.conv2d(x, w, bias, stride, padding, dilation, groups,
-                         activation=act, fp32_precision=op.fp32_precision)
+        with _backend_failures_fall_back():
+            out = ops.conv2d(x, w, bias, stride, padding, dilation, groups,
+                             activation=act, fp32_precision=op.fp32_precision)
         _note("conv2d", op, None, (x, w, bias, stride, padding, dilation, groups, activation))
     except _Fallback as fb:
         fallbacks.record("conv2d", str(fb))
@@ -228,7 +249,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activati
         from tracea import ops
 
         a = x.reshape(op.m, op.k)
-        out = ops.matmul(a, w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision)
+        with _backend_failures_fall_back():
+            out = ops.matmul(a, w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision)
         out = out.reshape(*x.shape[:-1], op.n)
         _note("linear", op, None, (x, w, bias, activation))
     except _Fallback as fb:
