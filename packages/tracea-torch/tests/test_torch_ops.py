@@ -250,3 +250,16 @@ def test_a_failing_kernel_warns_and_pytorch_computes(restricted_backend, monkeyp
         out = tracea_torch.ops.linear(x, w, None, activation="relu")
     assert rel_err(out, torch.relu(F.linear(x, w))) < 1e-6
     assert fallbacks.total("gemm", "backend error") == 1
+
+
+def test_linear_edge_shapes_and_inference_mode(restricted_backend, rel_err):
+    w = torch.randn(3, 6)
+    x1 = torch.randn(6)
+    out = tracea_torch.ops.linear(x1, w, activation="silu")  # 1-D input
+    assert out.shape == (3,) and rel_err(out, F.silu(F.linear(x1, w))) < 1e-5
+    wt = torch.randn(6, 3).t()  # weight stored transposed: read as a plain (k, n) operand, no copy
+    x = torch.randn(2, 6)
+    assert rel_err(tracea_torch.ops.linear(x, wt), F.linear(x, wt)) < 1e-5
+    with torch.inference_mode():
+        y = tracea_torch.ops.linear(x, w, torch.randn(3))
+    assert y.is_inference() and restricted_backend.gemm.calls == 3 and fallbacks.total() == 0
