@@ -126,3 +126,21 @@ def test_fallback_hook_ignores_other_array_kinds():
 def test_backend_info_reports_torch():
     info = plugin.tracea_backend_info()
     assert info.name == "torch" and info.available and info.details["torch"] == torch.__version__
+
+
+def test_attention_on_tensors_and_its_sdpa_fallback(reference_backend, monkeypatch):
+    q = torch.randn(2, 4, 5, 8)
+    k, v = torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)  # grouped-query: 2 kv heads for 4 heads
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    out = tracea.ops.attention(q, k, v, causal=True)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    every = [v_.name for v_ in tracea.get_doctor().variants() if v_.op_kind.value == "attention"]
+    monkeypatch.setenv("TRACEA_EXCLUDE_VARIANTS", ",".join(every))
+    tracea.get_doctor().invalidate()
+    try:
+        out = tracea.ops.attention(q, k, v, causal=True)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        assert fallbacks.total("attention") == 1
+    finally:
+        monkeypatch.delenv("TRACEA_EXCLUDE_VARIANTS")
+        tracea.get_doctor().invalidate()
