@@ -11,7 +11,9 @@ autograd formula, so training works:
   storing it, trading one extra conv/GEMM for activation memory).
 
 Under ``torch.autocast`` the wrappers cast floating inputs to the autocast dtype first, as autocast
-does for ``F.conv2d``/``F.linear``.
+does for ``F.conv2d``/``F.linear``. In plain eager inference (nothing requires grad, no tracing,
+compiling, subclass or mode) the wrappers call the kernel directly instead of through the op: same
+result, about 50 us less host time per call.
 """
 
 from __future__ import annotations
@@ -125,6 +127,33 @@ _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 # Public wrappers (argument normalisation happens here, where torch.compile can trace it)
 # ------------------------------------------------------------------------------------------------
 
+def _private(name: str, default):  # type: ignore[no-untyped-def]
+    return getattr(torch._C, name, default)
+
+
+_dispatch_modes = _private("_len_torch_dispatch_stack", lambda: 1)
+_function_modes = _private("_is_torch_function_mode_enabled", lambda: True)
+_tracing_state = _private("_get_tracing_state", lambda: True)
+_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: True)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _direct(*tensors: Optional[Tensor]) -> bool:
+    """True when the custom op's machinery has nothing to do for this call, so the kernel can be called
+    directly (saves ~50 us of dispatcher and autograd-wrapper time per call): eager mode (not compiling,
+    not jit-tracing, no torch function or dispatch mode), plain tensors (no subclass, no functorch
+    wrapper) and no gradient to record. Anything else goes through ``torch.ops.tracea.*``."""
+    if torch.compiler.is_compiling() or _tracing_state() is not None or _dispatch_modes() or _function_modes():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in _PLAIN or (grad and t.requires_grad) or _functorch_wrapped(t):
+            return False
+    return True
+
+
 def _pair(value: int | Sequence[int], arg: str) -> list[int]:
     if isinstance(value, int):
         return [value, value]
@@ -189,7 +218,11 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int
             raise InvalidArgumentError("padding", padding, "an int, a pair, 'valid' or 'same'")
     else:
         pad = _pair(padding, "padding")
-    out = torch.ops.tracea.conv2d(x, weight, bias, stride_, pad, dilation_, int(groups), activation or "none")
+    act = activation or "none"
+    if _direct(x, weight, bias):
+        out = bridge.conv2d(x, weight, bias, stride_, pad, dilation_, int(groups), act)
+    else:
+        out = torch.ops.tracea.conv2d(x, weight, bias, stride_, pad, dilation_, int(groups), act)
     return out.squeeze(0) if unbatched else out
 
 
@@ -197,6 +230,8 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
     """``F.linear`` computed by Tracea as one GEMM with the bias (and ``activation``) fused into its
     epilogue. Differentiable; traceable by torch.compile."""
     x, weight, bias = _autocast(x, weight, bias)
+    if _direct(x, weight, bias):
+        return bridge.linear(x, weight, bias, activation or "none")
     return torch.ops.tracea.linear(x, weight, bias, activation or "none")
 
 
