@@ -263,3 +263,28 @@ def test_linear_edge_shapes_and_inference_mode(restricted_backend, rel_err):
     with torch.inference_mode():
         y = tracea_torch.ops.linear(x, w, torch.randn(3))
     assert y.is_inference() and restricted_backend.gemm.calls == 3 and fallbacks.total() == 0
+
+
+def test_direct_call_only_in_plain_eager_inference(restricted_backend, rel_err):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tracea_torch.ops import _direct
+
+    x, w = torch.randn(1, 2, 5, 5), torch.nn.Parameter(torch.randn(3, 2, 3, 3))
+    assert not _direct(x, w, None)  # the weight requires grad: autograd must record
+    with torch.no_grad():
+        assert _direct(x, w, None)
+        out = tracea_torch.ops.conv2d(x, w, None, padding=1)
+    assert rel_err(out, F.conv2d(x, w.detach(), padding=1)) < 1e-5 and restricted_backend.conv.calls == 1
+
+    class Spy(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Spy():
+        assert not _direct(x, w, None)
+        tracea_torch.ops.conv2d(x, w, None, padding=1)
+    assert "tracea.conv2d.default" in Spy.seen  # modes see the op as one node
