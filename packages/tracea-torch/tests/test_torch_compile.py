@@ -65,3 +65,15 @@ def test_meta_tensors_and_export(restricted_backend):
     torch.testing.assert_close(ep.module()(x), model(x))
     meta_out = model.to("meta")(x.to("meta"))  # shapes only, through the fake kernels
     assert meta_out.shape == (2, 10) and meta_out.device.type == "meta"
+
+
+def test_compile_with_global_patch(restricted_backend):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 5 * 5, 6)).eval()
+    x = torch.randn(2, 3, 5, 5)
+    ref = model(x)
+    with tracea_torch.patched():
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), ref, rtol=1e-5, atol=1e-5)
+    assert restricted_backend.conv.calls == 1 and restricted_backend.gemm.calls == 1
