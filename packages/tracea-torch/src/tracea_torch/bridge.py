@@ -124,32 +124,39 @@ def _common_checks(tensors: Sequence[torch.Tensor | None]) -> DType:
     return dtype
 
 
-def _choose(op: Op, device: torch.device) -> None:
-    """Raise :class:`_Fallback` unless a variant tracea-torch may use serves ``op`` here."""
+def _choose(op: Op, device: torch.device) -> str | None:
+    """Raise :class:`_Fallback` unless a variant tracea-torch may use serves ``op`` here. Returns the
+    variant to pin when the Doctor ranked the reference oracle first (its estimate can win on tiny ops)
+    but a real kernel accepts the op too; None to let dispatch choose."""
     if device.type not in ("cpu", "cuda"):
         raise _Fallback(f"device {device.type} not served by Tracea")
     try:
         decision = get_doctor().decide(op, _device(device))
     except (NoVariantError, UnsupportedDeviceError) as exc:
         raise _Fallback(fallback_reason(exc)) from None
-    chosen = decision.chosen.variant
-    if chosen.backend != "reference":
-        return
+    if decision.chosen.variant.backend != "reference":
+        return None
     if not reference_allowed():
-        real = {r.variant: r.reasons for r in decision.rejected if r.backend != "reference"}
-        if not real:
+        real = [c.variant.name for c in decision.candidates if c.variant.backend != "reference"]
+        if real:
+            return real[0]
+        rejected = {r.variant: r.reasons for r in decision.rejected if r.backend != "reference"}
+        if not rejected:
             raise _Fallback(f"no {op.kind.value} kernel for {device.type} installed (only the reference oracle)")
-        raise _Fallback(fallback_reason(NoVariantError("", real)))
+        raise _Fallback(fallback_reason(NoVariantError("", rejected)))
     if any(dt.numpy is None for dt in op.dtypes):
         raise _Fallback(f"reference backend cannot view {op.dtypes[0].value} host tensors (needs ml_dtypes)")
+    return None
 
 
 @contextlib.contextmanager
 def _backend_failures_fall_back() -> Iterator[None]:
-    """A variant that fails to compile or launch is a backend bug: say so loudly (once per message),
+    """Dispatch errors become fallbacks. A variant that fails to compile or launch is a backend bug: say so loudly (once per message),
     count it, and let PyTorch compute the call so the model keeps running."""
     try:
         yield
+    except (NoVariantError, UnsupportedDeviceError) as exc:  # dispatch disagreed with _choose's answer
+        raise _Fallback(fallback_reason(exc)) from exc
     except BackendError as exc:
         first = str(exc).splitlines()[0]
         if first not in _warned_failures:
@@ -164,6 +171,16 @@ _warned_failures: set[str] = set()
 
 def _device(device: torch.device) -> Any:
     return device_of(device)
+
+
+def serving_variant(op: Op, device: torch.device) -> tuple[str, str] | None:
+    """``(variant name, config source)`` that runs ``op`` for tracea-torch, or None when PyTorch would."""
+    try:
+        pin = _choose(op, device)
+    except _Fallback:
+        return None
+    chosen = get_doctor().decide(op, _device(device), variant=pin).chosen
+    return chosen.variant.name, chosen.source
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,12 +198,12 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
     try:
         dtype = _common_checks((x, w, bias))
         op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
-        _choose(op, x.device)
+        pin = _choose(op, x.device)
         from tracea import ops
 
         with _backend_failures_fall_back():
             out = ops.conv2d(x, w, bias, stride, padding, dilation, groups,
-                             activation=act, fp32_precision=op.fp32_precision)
+                             activation=act, fp32_precision=op.fp32_precision, variant=pin)
         _note("conv2d", op, None, (x, w, bias, stride, padding, dilation, groups, activation))
     except _Fallback as fb:
         fallbacks.record("conv2d", str(fb))
@@ -245,12 +262,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activati
     try:
         dtype = _common_checks((x, w, bias))
         op = _linear_op(x, w, bias, act, dtype)
-        _choose(op, x.device)
+        pin = _choose(op, x.device)
         from tracea import ops
 
         a = x.reshape(op.m, op.k)
         with _backend_failures_fall_back():
-            out = ops.matmul(a, w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision)
+            out = ops.matmul(a, w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision, variant=pin)
         out = out.reshape(*x.shape[:-1], op.n)
         _note("linear", op, None, (x, w, bias, activation))
     except _Fallback as fb:

@@ -218,15 +218,14 @@ def tune(model: nn.Module, example_inputs: Any, *, iterations: int = 15, goal: A
     elif not len(graph):
         notes.append("no layer is served by a Tracea variant here: nothing to tune (see the fallback reasons)")
     layers = []
-    doctor = get_doctor()
     with torch.no_grad():
         for c in calls:
             torch_s = _median_seconds(_torch_call(c), device, warmup, repeats)
             variant = source = None
             tracea_s = None
-            if c.fallback is None and c.op is not None:
-                decision = doctor.decide(c.op, bridge._device(device))
-                variant, source = decision.chosen.variant.name, decision.chosen.source
+            served = bridge.serving_variant(c.op, device) if c.fallback is None and c.op is not None else None
+            if served is not None:
+                variant, source = served
                 tracea_s = _median_seconds(_tracea_call(c), device, warmup, repeats)
             layers.append(LayerResult(c.layer or "?", c.kind, c.op.describe() if c.op is not None else c.kind,
                                       variant, source, tracea_s, torch_s, c.fallback))
