@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -31,6 +31,7 @@ from tracea.ir.ops import Conv2dOp, GemmOp, Layout, Op
 from tracea.runtime.dispatch import fallback_reason
 
 from . import eager, fallbacks
+from .recording import note
 from .adapter import device_of, tracea_dtype
 from .policy import reference_allowed
 
@@ -41,37 +42,6 @@ SERVED_DTYPES = (DType.F64, DType.F32, DType.F16, DType.BF16)
 
 class _Fallback(Exception):
     """Internal: PyTorch must compute this call; ``args[0]`` is the reason."""
-
-
-@dataclass
-class Call:
-    """One call seen while :func:`recording` is active (what :func:`tracea_torch.tune` tunes)."""
-
-    kind: str  # "conv2d" or "linear"
-    op: Op | None  # None when the arguments could not even be described
-    fallback: str | None  # the reason PyTorch computed it, or None when a Tracea variant ran
-    args: tuple  # the positional arguments of :func:`conv2d` / :func:`linear`
-    layer: str | None = None
-
-
-_recorder: list[Call] | None = None
-_layer: list[str] = []
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[list[Call]]:
-    """Collect every conv2d/linear call made in the block (not thread-safe; one recorder at a time)."""
-    global _recorder
-    previous, _recorder = _recorder, []
-    try:
-        yield _recorder
-    finally:
-        _recorder = previous
-
-
-def _note(kind: str, op: Op | None, reason: str | None, args: tuple) -> None:
-    if _recorder is not None:
-        _recorder.append(Call(kind, op, reason, args, _layer[-1] if _layer else None))
 
 
 def parse_activation(activation: str | None) -> str | None:
@@ -204,10 +174,10 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
         with _backend_failures_fall_back():
             out = ops.conv2d(x, w, bias, stride, padding, dilation, groups,
                              activation=act, fp32_precision=op.fp32_precision, variant=pin)
-        _note("conv2d", op, None, (x, w, bias, stride, padding, dilation, groups, activation))
+        note("conv2d", op, None, (x, w, bias, stride, padding, dilation, groups, activation))
     except _Fallback as fb:
         fallbacks.record("conv2d", str(fb))
-        _note("conv2d", op, str(fb), (x, w, bias, stride, padding, dilation, groups, activation))
+        note("conv2d", op, str(fb), (x, w, bias, stride, padding, dilation, groups, activation))
         if op is not None:
             nchw = op if op.layout is Layout.NCHW else replace(op, layout=Layout.NCHW)
             out = eager.conv2d(nchw, x, w, bias)
@@ -269,10 +239,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activati
         with _backend_failures_fall_back():
             out = ops.matmul(a, w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision, variant=pin)
         out = out.reshape(*x.shape[:-1], op.n)
-        _note("linear", op, None, (x, w, bias, activation))
+        note("linear", op, None, (x, w, bias, activation))
     except _Fallback as fb:
         fallbacks.record("gemm", str(fb))
-        _note("linear", op, str(fb), (x, w, bias, activation))
+        note("linear", op, str(fb), (x, w, bias, activation))
         out = torch.nn.functional.linear(x, w, bias)
         if act:
             out = eager.apply_epilogue(out, Epilogue.of(act), None, -1)

@@ -15,6 +15,7 @@ Layers that fall back to PyTorch are listed with the reason and not tuned.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ from torch import nn
 
 from tracea.ir.epilogue import Epilogue
 
-from . import bridge, eager
+from . import bridge, eager, recording
+from .adapter import device_of
 from .patching import is_patched, patched
 
 
@@ -95,17 +97,17 @@ class TuneReport:
 # collection
 # ------------------------------------------------------------------------------------------------
 
-def collect(model: nn.Module, example_inputs: Any) -> list[bridge.Call]:
+def collect(model: nn.Module, example_inputs: Any) -> list[recording.Call]:
     """Run ``model`` once and return every conv2d/linear call it dispatched, named by layer."""
     inputs = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     names = {m: n or type(model).__name__ for n, m in model.named_modules()}
     handles = []
 
     def pre(mod: nn.Module, _args: Any) -> None:
-        bridge._layer.append(names.get(mod, type(mod).__name__))
+        recording.layers.append(names.get(mod, type(mod).__name__))
 
     def post(mod: nn.Module, _args: Any, _out: Any) -> None:
-        bridge._layer.pop()
+        recording.layers.pop()
 
     for m in model.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
@@ -113,22 +115,14 @@ def collect(model: nn.Module, example_inputs: Any) -> list[bridge.Call]:
             handles.append(m.register_forward_hook(post))
     try:
         needs_patch = not (is_patched("conv2d") and is_patched("linear"))
-        ctx = patched(model) if needs_patch else _nullcontext()
-        with torch.no_grad(), ctx, bridge.recording() as calls:
+        ctx = patched(model) if needs_patch else contextlib.nullcontext()
+        with torch.no_grad(), ctx, recording.recording() as calls:
             model(*inputs)
     finally:
         for h in handles:
             h.remove()
-        bridge._layer.clear()
+        recording.layers.clear()
     return calls
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -155,7 +149,7 @@ def _median_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, re
     return statistics.median(times)
 
 
-def _torch_call(call: bridge.Call) -> Callable[[], Any]:
+def _torch_call(call: recording.Call) -> Callable[[], Any]:
     if call.kind == "conv2d":
         x, w, b, stride, padding, dilation, groups, act = call.args
         act_n = bridge.parse_activation(act)
@@ -173,7 +167,7 @@ def _torch_call(call: bridge.Call) -> Callable[[], Any]:
     return run_linear
 
 
-def _tracea_call(call: bridge.Call) -> Callable[[], Any]:
+def _tracea_call(call: recording.Call) -> Callable[[], Any]:
     fn = bridge.conv2d if call.kind == "conv2d" else bridge.linear
     return lambda: fn(*call.args)
 
@@ -211,7 +205,7 @@ def tune(model: nn.Module, example_inputs: Any, *, iterations: int = 15, goal: A
     notes: list[str] = []
     result = None
     if graph_tuning and len(graph):
-        ctx = Context(bridge._device(device))
+        ctx = Context(device_of(device))
         result = ctx.optimize_graph(graph, iterations=iterations, goal=goal or OptimizationGoal.MaximizeTFLOPS,
                                     **tuner_kwargs)
         get_doctor().invalidate()
