@@ -30,9 +30,15 @@ _BIT_VIEWS = {DType.BF16: "int16", DType.FP8_E4M3: "int8", DType.FP8_E5M2: "int8
 
 def torch_dtype(dtype: DType) -> Any:
     """The ``torch.dtype`` storing ``dtype`` (TF32 is stored as float32)."""
-    import torch
+    found = _TO_TORCH.get(dtype)
+    if found is None:
+        import torch
 
-    return getattr(torch, _TORCH_DTYPE_NAMES[DType.parse(dtype)])
+        found = _TO_TORCH[dtype] = getattr(torch, _TORCH_DTYPE_NAMES[DType.parse(dtype)])
+    return found
+
+
+_TO_TORCH: dict[Any, Any] = {}
 
 
 _CPU = Device.cpu()

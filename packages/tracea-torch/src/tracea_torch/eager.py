@@ -32,8 +32,9 @@ def _cast(t: torch.Tensor, dtype: DType) -> torch.Tensor:
     return t if t.dtype == want else t.to(want)
 
 
-def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue, bias: torch.Tensor | None, channel_dim: int) -> torch.Tensor:
-    """Apply ``epilogue``'s steps in order; the bias runs along ``channel_dim``."""
+def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue | tuple[EpilogueKind, ...], bias: torch.Tensor | None,
+                   channel_dim: int) -> torch.Tensor:
+    """Apply the steps of ``epilogue`` in order; the bias runs along ``channel_dim``."""
     for step in epilogue:
         if step is EpilogueKind.BIAS:
             if bias is None:
@@ -52,7 +53,7 @@ def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
         x, w = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
     fused_bias = bias if op.epilogue.steps[:1] == (EpilogueKind.BIAS,) else None
     acc = F.conv2d(x, w, fused_bias, op.stride, op.padding, op.dilation, op.groups)
-    rest = Epilogue(op.epilogue.steps[1:]) if fused_bias is not None else op.epilogue
+    rest = op.epilogue.steps[1:] if fused_bias is not None else op.epilogue.steps
     out = _cast(apply_epilogue(acc, rest, bias, 1), op.out_dtype)
     return out.permute(0, 2, 3, 1) if op.layout is Layout.NHWC else out
 
