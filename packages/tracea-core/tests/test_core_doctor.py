@@ -74,6 +74,7 @@ def doctor(monkeypatch):
         return [_Fast(), _Slow(), _Picky()]
 
     mod.tracea_register_variants = tracea_register_variants
+    monkeypatch.setenv("TRACEA_PLUGINS", "")  # only built-ins + the test variants (real backends would compete)
     pm = create_plugin_manager(autoload=False)
     pm.register(mod, name="t")
     return Doctor(pm)

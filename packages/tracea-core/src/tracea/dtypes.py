@@ -79,6 +79,23 @@ class DType(enum.Enum):
         """
         if isinstance(value, DType):
             return value
+        try:
+            return _PARSED[value]
+        except (KeyError, TypeError):
+            pass
+        found = cls._parse(value)
+        if found is not None:
+            try:
+                if len(_PARSED) < 1024:
+                    _PARSED[value] = found
+            except TypeError:  # unhashable value
+                pass
+            return found
+        raise DTypeError(arg, value, "a dtype name such as 'float32', 'float16', 'bfloat16', 'tf32', "
+                         "'float8_e4m3fn', 'int8' (or a NumPy/torch dtype)")
+
+    @classmethod
+    def _parse(cls, value: Any) -> "DType | None":
         key: str | None = None
         if isinstance(value, str):
             key = value
@@ -91,11 +108,8 @@ class DType(enum.Enum):
             for prefix in ("torch.", "numpy.", "np.", "jnp."):
                 if key.startswith(prefix):
                     key = key[len(prefix):]
-            found = _ALIASES.get(key)
-            if found is not None:
-                return found
-        raise DTypeError(arg, value, "a dtype name such as 'float32', 'float16', 'bfloat16', 'tf32', "
-                         "'float8_e4m3fn', 'int8' (or a NumPy/torch dtype)")
+            return _ALIASES.get(key)
+        return None
 
     def __str__(self) -> str:
         return self.value
@@ -106,6 +120,7 @@ _BITS = {DType.F64: 64, DType.F32: 32, DType.TF32: 32, DType.F16: 16, DType.BF16
 _SHORT = {DType.F64: "f64", DType.F32: "f32", DType.TF32: "tf32", DType.F16: "f16", DType.BF16: "bf16",
           DType.FP8_E4M3: "e4m3", DType.FP8_E5M2: "e5m2", DType.INT8: "i8", DType.INT32: "i32"}
 _ALIASES: dict[str, DType] = {}
+_PARSED: dict[Any, DType] = {}  # memo of parse() on hashable inputs (dispatch parses dtypes every call)
 for _d in DType:
     _ALIASES[_d.value] = _d
     _ALIASES[_d.short] = _d

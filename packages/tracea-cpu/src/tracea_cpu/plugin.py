@@ -1,18 +1,40 @@
-"""Tracea plugin entry point for the cpu package (entry-point group ``tracea``, name ``cpu``)."""
+"""Tracea plugin entry point for the cpu package (entry-point group ``tracea``, name ``cpu``).
+
+Importing this module never compiles anything and never fails when no C compiler is installed: the
+backend then reports itself unavailable and every variant's ``check`` carries the reason.
+"""
 
 from __future__ import annotations
 
 from tracea.plugins import BackendInfo, hookimpl
 
 from ._version import __version__
+from .toolchain import OPENMP_FLAG, cache_dir, compiler_or_reason
 
 
 @hookimpl
 def tracea_backend_info() -> BackendInfo:
-    return BackendInfo(name="cpu", version=__version__, package="tracea-cpu", available=False,
-                       reason="no kernels yet (skeleton)")
+    cc, why = compiler_or_reason()
+    if cc is None:
+        return BackendInfo(name="cpu", version=__version__, package="tracea-cpu", available=False, reason=why)
+    return BackendInfo(name="cpu", version=__version__, package="tracea-cpu", available=True,
+                       details={"compiler": cc.path, "compiler_version": cc.version,
+                                "openmp": "yes" if cc.openmp else "no (single-threaded kernels)",
+                                "cache_dir": str(cache_dir())})
 
 
 @hookimpl
 def tracea_register_variants() -> list:
-    return []
+    from .variants import all_variants
+
+    return all_variants()
+
+
+@hookimpl
+def tracea_environment(profile) -> dict | None:
+    if profile.device.kind != "cpu":
+        return None
+    cc, why = compiler_or_reason()
+    if cc is None:
+        return {"cpu_compiler": "none"}
+    return {"cpu_compiler": cc.version, "cpu_openmp": OPENMP_FLAG if cc.openmp else "off"}

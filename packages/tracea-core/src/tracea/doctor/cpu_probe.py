@@ -30,6 +30,7 @@ class CpuInfo:
     simd: tuple[str, ...]
     caches: dict[str, int] = field(default_factory=dict)
     mhz: float = 0.0
+    family: int = 0
 
     @property
     def best_isa(self) -> str:
@@ -46,6 +47,8 @@ class CpuInfo:
     def peak_gflops_f32(self) -> float:
         """A rough fp32 FMA peak for estimates (2 FMA pipes x vector lanes x 2 flops x clock)."""
         lanes = {"avx512": 16, "avx2": 8, "neon": 4, "scalar": 1}[self.best_isa]
+        if self.best_isa == "avx512" and self.vendor == "AuthenticAMD" and self.family < 26:
+            lanes = 8  # Zen 4 executes 512-bit FMAs on 256-bit pipes (half rate); Zen 5 (family 26) is full width
         ghz = (self.mhz or 3000.0) / 1000.0
         return self.cores * 2 * lanes * 2 * ghz
 
@@ -70,10 +73,11 @@ def _size(text: str) -> int:
         return 0
 
 
-def _linux() -> tuple[str, str, set[str], float]:
+def _linux() -> tuple[str, str, set[str], float, int]:
     model = vendor = ""
     flags: set[str] = set()
     mhz = 0.0
+    family = 0
     for line in _read("/proc/cpuinfo").splitlines():
         key, _, value = line.partition(":")
         key, value = key.strip().lower(), value.strip()
@@ -83,6 +87,8 @@ def _linux() -> tuple[str, str, set[str], float]:
             vendor = value
         elif key in ("flags", "features") and not flags:
             flags = set(value.lower().split())
+        elif key == "cpu family" and not family and value.isdigit():
+            family = int(value)
         elif key == "cpu mhz" and not mhz:
             try:
                 mhz = float(value)
@@ -90,7 +96,7 @@ def _linux() -> tuple[str, str, set[str], float]:
                 pass
     if "asimd" in flags:
         flags.add("neon")
-    return model, vendor, flags, mhz
+    return model, vendor, flags, mhz, family
 
 
 def _linux_caches() -> dict[str, int]:
@@ -149,8 +155,9 @@ def probe_cpu() -> CpuInfo:
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
     caches: dict[str, int] = {}
     mhz = 0.0
+    family = 0
     if os.path.exists("/proc/cpuinfo"):
-        model, vendor, flags, mhz = _linux()
+        model, vendor, flags, mhz, family = _linux()
         caches = _linux_caches()
     elif platform.system() == "Darwin":
         model, vendor, flags, caches = _macos()
@@ -161,4 +168,4 @@ def probe_cpu() -> CpuInfo:
     simd = tuple(f for f in SIMD_FLAGS if f in flags)
     cores = usable_cores()
     return CpuInfo(model=model or platform.processor() or arch, vendor=vendor, arch=arch, cores=cores,
-                   logical_cpus=os.cpu_count() or cores, simd=simd, caches=caches, mhz=mhz)
+                   logical_cpus=os.cpu_count() or cores, simd=simd, caches=caches, mhz=mhz, family=family)

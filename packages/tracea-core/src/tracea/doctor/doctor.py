@@ -37,7 +37,7 @@ class Doctor:
         self._backends: list[BackendInfo] | None = None
         self._profiles: list[DeviceProfile] | None = None
         self._registry: VariantRegistry | None = None
-        self._adapters: list[ArrayAdapter] | None = None
+        self._adapters: tuple[ArrayAdapter, ...] | None = None
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._env: dict[Device, dict[str, str]] = {}
         self.registry_errors: list[str] = []
@@ -102,13 +102,14 @@ class Doctor:
     def variants(self) -> list[KernelVariant]:
         return list(self.registry)
 
-    def adapters(self) -> list[ArrayAdapter]:
-        """Array adapters: plugins' first, then NumPy and the generic DLPack describer."""
-        with self._lock:
-            if self._adapters is None:
+    def adapters(self) -> tuple[ArrayAdapter, ...]:
+        """Array adapters in descending priority: plugins' and NumPy, then the generic DLPack describer."""
+        adapters = self._adapters
+        if adapters is None:
+            with self._lock:
                 extra = [a for a in flatten(self.pm.hook.tracea_array_adapters()) if isinstance(a, ArrayAdapter)]
-                self._adapters = sorted(extra + builtin_adapters(), key=lambda a: -a.priority)
-            return list(self._adapters)
+                adapters = self._adapters = tuple(sorted(extra + builtin_adapters(), key=lambda a: -a.priority))
+        return adapters
 
     def environment(self, profile: DeviceProfile) -> dict[str, str]:
         """Facts from the ``tracea_environment`` hook for ``profile`` (first value of each key wins)."""
@@ -287,13 +288,22 @@ class Doctor:
             return str(exc)
 
 
+_get_cache: Any = None
+
+
 def _tuning_cache() -> Any:
+    """The process tuning cache, or None when the tuner is unavailable or the cache unreadable.
+
+    The import is resolved once: this runs on every dispatch."""
+    global _get_cache
+    if _get_cache is None:
+        try:
+            from ..tuning.cache import get_cache
+        except ImportError:
+            get_cache = lambda: None  # noqa: E731
+        _get_cache = get_cache
     try:
-        from ..tuning.cache import get_cache
-    except ImportError:
-        return None
-    try:
-        return get_cache()
+        return _get_cache()
     except Exception:  # noqa: BLE001 - an unreadable cache must not stop dispatch
         return None
 

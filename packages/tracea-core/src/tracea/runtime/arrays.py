@@ -18,6 +18,8 @@ from ..dtypes import DType
 from ..errors import DTypeError, InvalidArgumentError, UnsupportedDeviceError
 from ..ir.device import Device
 
+_HOST = Device("cpu", 0)
+
 # DLPack device type codes (dlpack.h) -> Tracea device kinds.
 DLPACK_DEVICE_KINDS = {1: "cpu", 2: "cuda", 3: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm",
                        13: "cuda"}
@@ -147,7 +149,7 @@ class NumpyAdapter(ArrayAdapter):
             raise DTypeError("dtype", obj.dtype, "float64, float32, float16 or int8 (NumPy)")
         item = obj.itemsize
         strides = tuple(s // item for s in obj.strides) if all(s % item == 0 for s in obj.strides) else None
-        return ArrayInfo(tuple(obj.shape), strides, dtype, Device.cpu(), self.name)
+        return ArrayInfo(obj.shape, strides, dtype, _HOST, self.name)
 
     def empty(self, shape: Sequence[int], dtype: DType, like: Any) -> np.ndarray:
         np_dtype = dtype.numpy
@@ -193,8 +195,8 @@ def builtin_adapters() -> list[ArrayAdapter]:
 
 
 def find_adapter(obj: Any, adapters: Sequence[ArrayAdapter], arg: str) -> ArrayAdapter:
-    """The highest-priority adapter owning ``obj`` or a specific error naming the argument."""
-    for adapter in sorted(adapters, key=lambda a: -a.priority):
+    """The first adapter (``adapters`` are in descending priority) owning ``obj``, or a specific error."""
+    for adapter in adapters:
         if adapter.owns(obj):
             return adapter
     hint = ""

@@ -20,6 +20,10 @@ from ..semantic.config import PipelineConfig
 from . import fallbacks
 
 
+# (variant, op, config, device) already prepared in this process: the prepare hook runs once per key.
+_prepared: set[tuple[Any, ...]] = set()
+
+
 def prepare_and_run(variant: KernelVariant, op: Op, config: PipelineConfig, args: OpArgs,
                     profile: DeviceProfile, doctor: Doctor | None = None) -> None:
     """Prepare (compile, cached by the backend) then run ``variant`` through the plugin hooks.
@@ -28,8 +32,13 @@ def prepare_and_run(variant: KernelVariant, op: Op, config: PipelineConfig, args
     :class:`~tracea.errors.BackendError` naming the variant, so callers see one hierarchy.
     """
     hook = (doctor or get_doctor()).pm.hook
+    key = (variant.name, op, config, profile.device)
     try:
-        hook.tracea_prepare_variant(variant=variant, op=op, config=config, profile=profile)
+        if key not in _prepared:
+            hook.tracea_prepare_variant(variant=variant, op=op, config=config, profile=profile)
+            if len(_prepared) > 4096:
+                _prepared.clear()
+            _prepared.add(key)
         hook.tracea_run_variant(variant=variant, op=op, config=config, args=args, profile=profile)
     except TraceaError:
         raise

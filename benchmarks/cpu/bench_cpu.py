@@ -1,0 +1,261 @@
+"""Benchmark of the tracea-cpu backend against NumPy (OpenBLAS) and torch CPU (oneDNN / SDPA), side by
+side in one run, with this machine's measured FMA peak.
+
+    source scripts/srcenv.sh
+    flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_cpu.py [--quick] [--json out.json]
+        [--only gemm,conv,attention] [--tune N] [--threads T]
+
+Prints GFLOP/s, ratios against the anchors measured in the same run and the fraction of the FMA peak;
+writes every row to JSON. ``--tune N`` tries N configs of the variant's search space per problem
+(plus the hero configs) and reports the best, so the figures show what the tuner can reach.
+"""
+
+from __future__ import annotations
+
+import os
+
+# OpenBLAS worker threads busy-wait ~2^28 cycles after every call by default; interleaved with other
+# libraries on a 2-core machine that spinning steals the cores of whatever runs next. Keep it short
+# (must be set before NumPy loads OpenBLAS).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+import argparse
+import json
+import platform
+import random
+import sys
+import time
+
+import numpy as np
+
+from tracea.doctor.host_plugin import host_profile
+from tracea.doctor.variant import OpArgs
+from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp
+from tracea.runtime.arrays import NumpyAdapter
+from tracea_cpu.emit.peak import peak_source
+from tracea_cpu.isa import ISA_BY_NAME
+from tracea_cpu.kernels import thread_count
+from tracea_cpu.testing import attention_ref, conv2d_ref, rel_err
+from tracea_cpu.toolchain import build
+from tracea_cpu.variants import CpuAttentionVariant, CpuConv2dVariant, CpuGemmVariant
+
+PROFILE = host_profile()
+
+
+def compare(fns: dict, min_rounds=7, budget=2.0) -> dict:
+    """Interleaved timing of several callables (A B C A B C ...), so load from other processes on a
+    shared machine hits all of them alike. Returns name -> (best, median) wall seconds."""
+    for fn in fns.values():
+        fn()
+    times: dict = {name: [] for name in fns}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < min_rounds or (time.perf_counter() - start < budget and rounds < 100):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+        rounds += 1
+    return {name: (float(np.min(ts)), float(np.median(ts))) for name, ts in times.items()}
+
+
+def measure_peak(isa_name: str, threads: int) -> float:
+    import ctypes
+
+    isa = ISA_BY_NAME[isa_name]
+    lib = build(peak_source(isa), isa.cflags, f"peak-{isa_name}")
+    lib.tr_fma_peak.argtypes = [ctypes.c_long, ctypes.c_int]
+    lib.tr_fma_peak.restype = ctypes.c_double
+    per_iter = lib.tr_fma_per_iter()
+    iters = 2_000_000
+    best = 0.0
+    for _ in range(15):
+        t = time.perf_counter()
+        lib.tr_fma_peak(iters, threads)
+        dt = time.perf_counter() - t
+        best = max(best, per_iter * iters * threads / dt / 1e9)
+    return best
+
+
+def best_isa() -> str:
+    for name in ("avx512", "avx2", "neon", "scalar"):
+        isa = ISA_BY_NAME[name]
+        if isa.runs_here() and PROFILE.has(*isa.requires):
+            return name
+    return "scalar"
+
+
+def pick_config(variant, op, args, tune: int, seed: int = 0):
+    heroes = variant.hero_configs(op, PROFILE)
+    candidates = list(heroes)
+    if tune:
+        space = list(variant.search_space(op, PROFILE))
+        random.Random(seed).shuffle(space)
+        candidates += space[:tune]
+    best = None
+    for cfg in candidates:
+        if not variant.validate_config(op, cfg, PROFILE):
+            continue
+        variant.prepare(op, cfg, PROFILE)
+        t = compare({"c": lambda: variant.run(op, cfg, args, PROFILE)}, min_rounds=3, budget=0.15)["c"][0]
+        if best is None or t < best[0]:
+            best = (t, cfg)
+    return best[1]
+
+
+def torch_mod(threads: int):
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    return torch
+
+
+def _report(kind, label, op, timings, peak, cfg, err, extra, rows):
+    """One result row: GFLOP/s from the best (and median) interleaved times, ratios vs the anchors."""
+    ours_best, ours_med = timings.pop("tracea")
+    row = dict(kind=kind, **extra, tracea=op.flops / ours_best / 1e9, tracea_median=op.flops / ours_med / 1e9,
+               frac_peak=op.flops / ours_best / 1e9 / peak, rel_err=err, config=dict(cfg.params))
+    for name, (best, med) in timings.items():
+        row[name] = op.flops / best / 1e9
+        row[name + "_median"] = op.flops / med / 1e9
+        row["vs_" + name] = best / ours_best
+    rows.append(row)
+    cells = " ".join(f"{row[n]:8.1f} {row['vs_' + n]:6.2f}x" for n in timings)
+    print(f"{label:>28} {row['tracea']:8.1f} {cells} {100 * row['frac_peak']:6.1f}%  {_cfg(cfg)}  err={err:.1e}")
+    return row
+
+
+def bench_gemm(isa, sizes, tune, torch, peak, rows):
+    print(f"\nGEMM fp32 (C = A @ B), {isa}; GFLOP/s (best of interleaved runs), ratio = anchor time / ours")
+    print(f"{'size':>28} {'tracea':>8} {'numpy':>8} {'ratio':>7} {'torch':>8} {'ratio':>7} {'% peak':>7}  config")
+    variant = CpuGemmVariant(ISA_BY_NAME[isa])
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        op = GemmOp(n, n, n)
+        a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+        out = np.empty((n, n), np.float32)
+        out_np = np.empty((n, n), np.float32)
+        args = OpArgs({"a": a, "b": b, "bias": None}, out, NumpyAdapter())
+        cfg = pick_config(variant, op, args, tune)
+        variant.run(op, cfg, args, PROFILE)
+        err = rel_err(out, a.astype(np.float64) @ b.astype(np.float64))
+        fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE), "numpy": lambda: np.matmul(a, b, out=out_np)}
+        if torch is not None:
+            ta, tb, tc = torch.from_numpy(a), torch.from_numpy(b), torch.empty(n, n)
+            fns["torch"] = lambda: torch.mm(ta, tb, out=tc)
+        _report("gemm", str(n), op, compare(fns), peak, cfg, err, dict(size=n, isa=isa), rows)
+
+
+RESNET_3X3 = [(64, 56), (128, 28), (256, 14), (512, 7)]
+RESNET_1X1 = [(64, 256, 56), (256, 64, 56)]
+
+
+def bench_conv(isa, batches, tune, torch, peak, rows, quick):
+    print(f"\nconv2d fp32, ResNet-50 layers, {isa}; GFLOP/s; torch = oneDNN in the same memory layout")
+    print(f"{'layer':>28} {'tracea':>8} {'torch':>8} {'ratio':>7} {'% peak':>7}  config")
+    variant = CpuConv2dVariant(ISA_BY_NAME[isa])
+    rng = np.random.default_rng(1)
+    layers = [(c, c, hw, 3, 1) for c, hw in RESNET_3X3] + ([] if quick else [(c, k, hw, 1, 0) for c, k, hw in RESNET_1X1])
+    for batch in batches:
+        for c, k, hw, r, pad in layers:
+            for layout in ("nchw", "nhwc"):
+                op = Conv2dOp(batch, c, hw, hw, k, r, r, padding=pad, layout=layout)
+                x = rng.standard_normal(op.x_shape, dtype=np.float32)
+                w = rng.standard_normal(op.w_shape, dtype=np.float32) * 0.05
+                out = np.empty(op.out_shape, np.float32)
+                args = OpArgs({"x": x, "w": w, "bias": None}, out, NumpyAdapter())
+                cfg = pick_config(variant, op, args, tune)
+                variant.run(op, cfg, args, PROFILE)
+                err = rel_err(out, conv2d_ref(x, w, op)) if batch == 1 else float("nan")
+                fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE)}
+                if torch is not None:
+                    tx = torch.from_numpy(x if layout == "nchw" else x.transpose(0, 3, 1, 2))
+                    tw = torch.from_numpy(w if layout == "nchw" else w.transpose(0, 3, 1, 2))
+                    fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+                    tx, tw = tx.contiguous(memory_format=fmt), tw.contiguous(memory_format=fmt)
+
+                    def run_torch(tx=tx, tw=tw, pad=pad):
+                        with torch.no_grad():
+                            torch.nn.functional.conv2d(tx, tw, padding=pad)
+                    fns["torch"] = run_torch
+                label = f"n{batch} {c}->{k}@{hw}^2 {r}x{r} {layout}"
+                _report("conv2d", label, op, compare(fns), peak, cfg, err,
+                        dict(layer=f"n{batch} {c}->{k}@{hw}^2 {r}x{r}", layout=layout, isa=isa), rows)
+
+
+ATTN = [(1, 8, 512, 64), (1, 8, 1024, 64), (1, 8, 2048, 64), (1, 8, 1024, 128), (4, 8, 512, 64)]
+
+
+def bench_attention(isa, tune, torch, peak, rows, quick):
+    print(f"\nattention fp32 forward, {isa}; GFLOP/s (causal counts unmasked pairs only); torch = SDPA")
+    print(f"{'problem':>28} {'tracea':>8} {'torch':>8} {'ratio':>7} {'% peak':>7}  config")
+    variant = CpuAttentionVariant(ISA_BY_NAME[isa])
+    rng = np.random.default_rng(2)
+    for b, h, s, d in (ATTN[:3] if quick else ATTN):
+        for causal in (False, True):
+            op = AttentionOp(b, h, s, s, d, causal=causal)
+            q, k, v = (rng.standard_normal((b, h, s, d), dtype=np.float32) for _ in range(3))
+            out = np.empty_like(q)
+            args = OpArgs({"q": q, "k": k, "v": v}, out, NumpyAdapter())
+            cfg = pick_config(variant, op, args, tune)
+            variant.run(op, cfg, args, PROFILE)
+            err = rel_err(out, attention_ref(q, k, v, op)) if s <= 1024 else float("nan")
+            fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE)}
+            if torch is not None:
+                tq, tk, tv = (torch.from_numpy(t) for t in (q, k, v))
+
+                def run_torch(tq=tq, tk=tk, tv=tv, causal=causal):
+                    with torch.no_grad():
+                        torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+                fns["torch"] = run_torch
+            label = f"b{b} h{h} s{s} d{d}{' causal' if causal else ''}"
+            _report("attention", label, op, compare(fns), peak, cfg, err,
+                    dict(problem=f"b{b} h{h} s{s} d{d}", causal=causal, isa=isa), rows)
+
+
+def _cfg(cfg) -> str:
+    return ",".join(f"{k}={v}" for k, v in cfg.params)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer sizes (smoke run)")
+    ap.add_argument("--json", default="bench_cpu.json", help="where to write the rows")
+    ap.add_argument("--only", default="gemm,conv,attention")
+    ap.add_argument("--tune", type=int, default=0, help="configs of the search space to try per problem")
+    ap.add_argument("--threads", type=int, default=0, help="threads (default: $TRACEA_NUM_THREADS or all cores)")
+    ap.add_argument("--isa", default=None, help="ISA to benchmark (default: the best this machine runs)")
+    ns = ap.parse_args(argv)
+    threads = thread_count(ns.threads, PROFILE.compute_units)
+    os.environ["TRACEA_NUM_THREADS"] = str(threads)
+    isa = ns.isa or best_isa()
+    torch = torch_mod(threads)
+    peak1 = measure_peak(isa, 1)
+    peak_multi = measure_peak(isa, threads)
+    # On a shared machine the all-thread loop rarely gets every core at once; the reference for
+    # "% peak" is the single-core peak times the thread count (the multi-thread figure is shown too).
+    peak = peak1 * threads
+    print(f"machine: {PROFILE.name} ({platform.machine()}), {PROFILE.compute_units} cores, ISA {isa}, "
+          f"threads {threads}; numpy {np.__version__}; torch {getattr(torch, '__version__', 'absent')}")
+    print(f"measured fp32 FMA peak ({isa}): {peak1:.1f} GFLOP/s per core -> {peak:.1f} GFLOP/s for {threads} "
+          f"threads (all-thread loop measured {peak_multi:.1f})")
+    rows: list[dict] = []
+    only = set(ns.only.split(","))
+    if "gemm" in only:
+        bench_gemm(isa, [256, 512, 1024] if ns.quick else [256, 512, 1024, 1536, 2048], ns.tune, torch, peak, rows)
+    if "conv" in only:
+        bench_conv(isa, [1] if ns.quick else [1, 8], ns.tune, torch, peak, rows, ns.quick)
+    if "attention" in only:
+        bench_attention(isa, ns.tune, torch, peak, rows, ns.quick)
+    with open(ns.json, "w") as fh:
+        json.dump(dict(machine=PROFILE.to_dict(), isa=isa, threads=threads, peak_gflops=peak,
+                       peak_gflops_per_core=peak1, peak_gflops_all_threads_measured=peak_multi,
+                       load_average=os.getloadavg(), rows=rows), fh, indent=1, default=str)
+    print(f"\nwrote {ns.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

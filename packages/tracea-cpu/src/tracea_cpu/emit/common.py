@@ -1,0 +1,124 @@
+"""C text shared by every emitted kernel: includes, the vectorised math functions (exp, tanh, erf)
+written once against the ISA's ``V*`` macro layer, the epilogue chain, and a reusable workspace."""
+
+from __future__ import annotations
+
+from tracea.ir.epilogue import Epilogue, EpilogueKind
+
+from ..isa import Isa
+
+HEADER = r"""
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#define TR_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TR_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define TR_ROUNDUP(a, b) (((a) + (b) - 1) / (b) * (b))
+#define TR_ALIGN 64
+"""
+
+# Cephes-style expf: x = n*ln2 + r, |r| <= ln2/2, degree-6 polynomial; relative error ~1e-7.
+# erf: Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7).
+MATH = r"""
+static inline V tr_vexp(V x) {
+    x = VMIN(VMAX(x, VSET1(-87.3f)), VSET1(88.3f));
+    V n = VROUND(VMUL(x, VSET1(1.44269504088896341f)));
+    V r = VFMA(n, VSET1(-0.693359375f), x);
+    r = VFMA(n, VSET1(2.12194440e-4f), r);
+    V p = VSET1(1.9875691500e-4f);
+    p = VFMA(p, r, VSET1(1.3981999507e-3f));
+    p = VFMA(p, r, VSET1(8.3334519073e-3f));
+    p = VFMA(p, r, VSET1(4.1665795894e-2f));
+    p = VFMA(p, r, VSET1(1.6666665459e-1f));
+    p = VFMA(p, r, VSET1(5.0000001201e-1f));
+    p = VFMA(p, VMUL(r, r), VADD(r, VSET1(1.0f)));
+    return VMUL(p, VPOW2I(n));
+}
+static inline V tr_vtanh(V x) {
+    V e = tr_vexp(VMUL(x, VSET1(2.0f)));
+    return VSUB(VSET1(1.0f), VDIV(VSET1(2.0f), VADD(e, VSET1(1.0f))));
+}
+static inline V tr_verf(V x) {
+    V a = VABS(x);
+    V t = VDIV(VSET1(1.0f), VFMA(a, VSET1(0.3275911f), VSET1(1.0f)));
+    V p = VSET1(1.061405429f);
+    p = VFMA(p, t, VSET1(-1.453152027f));
+    p = VFMA(p, t, VSET1(1.421413741f));
+    p = VFMA(p, t, VSET1(-0.284496736f));
+    p = VFMA(p, t, VSET1(0.254829592f));
+    p = VMUL(p, t);
+    V y = VSUB(VSET1(1.0f), VMUL(p, tr_vexp(VSUB(VZERO(), VMUL(a, a)))));
+    return VORBITS(y, VSIGNBITS(x));
+}
+static inline V tr_vgelu_tanh(V x) {
+    V u = VMUL(VSET1(0.7978845608028654f), VFMA(VMUL(VMUL(x, x), x), VSET1(0.044715f), x));
+    return VMUL(VMUL(VSET1(0.5f), x), VADD(VSET1(1.0f), tr_vtanh(u)));
+}
+static inline V tr_vgelu_erf(V x) {
+    return VMUL(VMUL(VSET1(0.5f), x), VADD(VSET1(1.0f), tr_verf(VMUL(x, VSET1(0.7071067811865476f)))));
+}
+static inline V tr_vsilu(V x) {
+    return VDIV(x, VADD(VSET1(1.0f), tr_vexp(VSUB(VZERO(), x))));
+}
+"""
+
+# A process-wide workspace reused across calls (page-faulting fresh buffers on every call costs more
+# than a small GEMM); a concurrent caller that finds it busy allocates its own.
+WORKSPACE = r"""
+/* Slot 0: packing buffers of the blocked driver; slot 1: a transposed input (NCHW conv). */
+static float *tr_ws_buf[2] = {0, 0};
+static size_t tr_ws_size[2] = {0, 0};
+static volatile int tr_ws_busy[2] = {0, 0};
+static float *tr_ws_slot(int slot, size_t floats, int *owned) {
+    size_t bytes = TR_ROUNDUP(floats * sizeof(float) + TR_ALIGN, 4096);
+    if (__sync_lock_test_and_set(&tr_ws_busy[slot], 1) == 0) {
+        if (tr_ws_size[slot] < bytes) {
+            free(tr_ws_buf[slot]);
+            tr_ws_buf[slot] = (float *)aligned_alloc(4096, bytes);
+            tr_ws_size[slot] = tr_ws_buf[slot] ? bytes : 0;
+        }
+        if (tr_ws_buf[slot]) { *owned = 0; return tr_ws_buf[slot]; }
+        __sync_lock_release(&tr_ws_busy[slot]);
+        return 0;
+    }
+    *owned = 1;
+    return (float *)aligned_alloc(4096, bytes);
+}
+static void tr_ws_release(int slot, float *p, int owned) {
+    if (owned) free(p); else __sync_lock_release(&tr_ws_busy[slot]);
+}
+static float *tr_ws_get(size_t floats, int *owned) { return tr_ws_slot(0, floats, owned); }
+static void tr_ws_put(float *p, int owned) { tr_ws_release(0, p, owned); }
+int tr_threads_available(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+"""
+
+_STEP_C = {
+    EpilogueKind.BIAS: "x = VADD(x, bias);",
+    EpilogueKind.RELU: "x = VMAX(x, VZERO());",
+    EpilogueKind.GELU_TANH: "x = tr_vgelu_tanh(x);",
+    EpilogueKind.GELU_ERF: "x = tr_vgelu_erf(x);",
+    EpilogueKind.SILU: "x = tr_vsilu(x);",
+}
+
+
+def epilogue_c(epilogue: Epilogue) -> str:
+    """``tr_epi(x, bias)``: the epilogue chain applied to one vector of accumulators, in order."""
+    body = "\n    ".join(_STEP_C[s] for s in epilogue.steps)
+    return (f"#define TR_HAS_EPI {0 if epilogue.is_empty else 1}\n"
+            f"#define TR_HAS_BIAS {1 if epilogue.has_bias else 0}\n"
+            f"static inline V tr_epi(V x, V bias) {{\n    (void)bias;\n    {body}\n    return x;\n}}\n")
+
+
+def prologue(isa: Isa) -> str:
+    """Everything before the op-specific code: includes, the ISA layer, math and workspace."""
+    return HEADER + isa.prelude + MATH + WORKSPACE

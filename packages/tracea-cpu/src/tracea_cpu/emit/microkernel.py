@@ -1,0 +1,133 @@
+"""The MR x NR register micro-kernel, generated fully unrolled so the C compiler allocates one vector
+register per accumulator.
+
+Packed operands: the A micro-panel is k-blocked, ``a[t*MR*KU + i*KU + u]`` for k = t*KU + u (so every
+broadcast has a constant displacement from one base pointer), the B micro-panel is ``b[k*NR + j]``.
+Full tiles are finished in registers (accumulate into C when this is not the first K block, apply
+the epilogue on the last); edge tiles go through a small aligned tile buffer.
+"""
+
+from __future__ import annotations
+
+from ..isa import Isa
+
+
+def microkernel_c(isa: Isa, mr: int, nr: int, ku: int) -> str:
+    """``tr_ukernel``: packed A (k-blocked) x packed B panel -> C tile, plus ``tr_ukernel_ind`` (A rows
+    read in place through per-row pointers, for NHWC conv)."""
+    return _packed_kernel(isa, mr, nr, ku) + _indirect_kernel(isa, mr, nr)
+
+
+def _packed_kernel(isa: Isa, mr: int, nr: int, ku: int) -> str:
+    nv = nr // isa.width
+    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
+    lines = [f"#define MR {mr}", f"#define NR {nr}", f"#define KU {ku}", f"#define NV {nv}"]
+    lines.append("static void tr_ukernel(long kcp, const float *restrict a, const float *restrict b,\n"
+                 "                       float *restrict c, long ldc, int mr, int nr, int first, int last,\n"
+                 "                       const float *bias, int bias_row) {")
+    for i in range(mr):
+        lines.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[i]) + ";")
+    lines.append("    for (long t = 0; t < kcp; t += KU) {")
+    for u in range(ku):
+        lines.append("        {")
+        for v in range(nv):
+            lines.append(f"        V b{v} = VLOAD(b + {u * nr + v * isa.width});")
+        for i in range(mr):
+            lines.append(f"        {{ V ai = VSET1(a[{i * ku + u}]);")
+            for v in range(nv):
+                lines.append(f"          {acc[i][v]} = VFMA(ai, b{v}, {acc[i][v]});")
+            lines.append("        }")
+        lines.append("        }")
+    lines.append(f"        a += {mr * ku}; b += {ku * nr};")
+    lines.append("    }")
+    lines += _store(isa, mr, nr, acc)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _store(isa: Isa, mr: int, nr: int, acc: list[list[str]]) -> list[str]:
+    """Finish a tile: full tiles in registers (accumulate, epilogue, store), edge tiles via a buffer."""
+    nv = nr // isa.width
+    lines: list[str] = []
+    # Full tile: finish in registers.
+    lines.append("    if (mr == MR && nr == NR) {")
+    lines.append("        if (last && TR_HAS_EPI) {")
+    lines.append("            V bv[NV];")
+    lines.append("            for (int v = 0; v < NV; v++) bv[v] = (TR_HAS_BIAS && !bias_row) ? VLOAD(bias + v * VW) : VZERO();")
+    for i in range(mr):
+        lines.append(f"            {{ V br = (TR_HAS_BIAS && bias_row) ? VSET1(bias[{i}]) : VZERO();")
+        for v in range(nv):
+            off = f"{i}*ldc + {v * isa.width}"
+            lines.append(f"              {{ V x = {acc[i][v]}; if (!first) x = VADD(x, VLOAD(c + {off}));")
+            lines.append(f"                VSTORE(c + {off}, tr_epi(x, bias_row ? br : bv[{v}])); }}")
+        lines.append("            }")
+    lines.append("        } else if (first) {")
+    for i in range(mr):
+        for v in range(nv):
+            lines.append(f"            VSTORE(c + {i}*ldc + {v * isa.width}, {acc[i][v]});")
+    lines.append("        } else {")
+    for i in range(mr):
+        for v in range(nv):
+            off = f"{i}*ldc + {v * isa.width}"
+            lines.append(f"            VSTORE(c + {off}, VADD(VLOAD(c + {off}), {acc[i][v]}));")
+    lines.append("        }")
+    lines.append("        return;")
+    lines.append("    }")
+    # Edge tile: through an aligned buffer, then only the valid mr x nr part is written.
+    lines.append("    float tile[MR * NR] __attribute__((aligned(64)));")
+    for i in range(mr):
+        for v in range(nv):
+            lines.append(f"    VSTORE(tile + {i * nr + v * isa.width}, {acc[i][v]});")
+    lines.append("""    for (int i = 0; i < mr; i++) {
+        float *ti = tile + i * NR;
+        if (!first) for (int j = 0; j < nr; j++) ti[j] += c[i * ldc + j];
+        if (last && TR_HAS_EPI) {
+            float bt[NR] __attribute__((aligned(64)));
+            for (int j = 0; j < NR; j++)
+                bt[j] = !TR_HAS_BIAS ? 0.0f : (bias_row ? bias[i] : (j < nr ? bias[j] : 0.0f));
+            for (int v = 0; v < NV; v++) VSTORE(ti + v * VW, tr_epi(VLOAD(ti + v * VW), VLOAD(bt + v * VW)));
+        }
+        for (int j = 0; j < nr; j++) c[i * ldc + j] = ti[j];
+    }""")
+    return lines
+
+
+def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
+    """Like ``tr_ukernel`` but A row i of segment sg is ``rows[sg*MR + i][0:len[sg]]`` (unit stride): the
+    NHWC conv gathers nothing, each pointer is an input pixel's channel run (or a zero row)."""
+    nv = nr // isa.width
+    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
+    lines = ["static void tr_ukernel_ind(int nseg, const long *restrict seg_len, const float *const *restrict rows,\n"
+             "                           const float *restrict b, float *restrict c, long ldc, int mr, int nr,\n"
+             "                           int first, int last, const float *bias, int bias_row) {"]
+    for i in range(mr):
+        lines.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[i]) + ";")
+    lines.append("    for (int sg = 0; sg < nseg; sg++) {")
+    for i in range(mr):
+        lines.append(f"        const float *restrict r{i} = rows[sg * MR + {i}];")
+    lines.append("        long len = seg_len[sg], k = 0;")
+
+    def step(kexpr: str) -> list[str]:
+        out = ["        {"]
+        for v in range(nv):
+            out.append(f"        V b{v} = VLOAD(b + ({kexpr}) * NR + {v * isa.width});")
+        for i in range(mr):
+            out.append(f"        {{ V ai = VSET1(r{i}[{kexpr}]);")
+            for v in range(nv):
+                out.append(f"          {acc[i][v]} = VFMA(ai, b{v}, {acc[i][v]});")
+            out.append("        }")
+        out.append("        }")
+        return out
+
+    lines.append("        for (; k + 4 <= len; k += 4) {")
+    for u in range(4):
+        lines += step(f"k + {u}")
+    lines.append("        }")
+    lines.append("        for (; k < len; k++) {")
+    lines += step("k")
+    lines.append("        }")
+    lines.append("        b += len * NR;")
+    lines.append("    }")
+    lines += _store(isa, mr, nr, acc)
+    lines.append("}")
+    return "\n".join(lines) + "\n"

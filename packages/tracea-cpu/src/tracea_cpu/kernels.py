@@ -1,0 +1,73 @@
+"""Loading emitted kernels: render the C source for an (ISA, tile, epilogue) choice, build it through
+:mod:`tracea_cpu.toolchain` (disk-cached) and bind the exported functions with ctypes signatures."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+from tracea.errors import InvalidArgumentError
+from tracea.ir.epilogue import Epilogue
+
+from .emit.attention import attention_source
+from .emit.blocked import blocked_source
+from .isa import ISA_BY_NAME, Isa
+from .toolchain import build
+
+_L, _P, _I, _F = ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+
+GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _P, _L, _L, _L, _I]
+CONV_ARGTYPES = [_I] + [_L] * 16 + [_P, _P, _P, _P, _L, _L, _L, _I, _I]
+ATTN_ARGTYPES = [_L, _L, _L, _L, _L, _L, _F, _I, _P, _P, _P, _P, _I]
+
+
+@functools.lru_cache(maxsize=128)
+def blocked_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The GEMM + conv2d library for one ISA, register tile and epilogue chain (compiled once)."""
+    isa = ISA_BY_NAME[isa_name]
+    source = blocked_source(isa, mr, nr, Epilogue.parse(epilogue_key))
+    lib = build(source, isa.cflags, f"blocked-{isa_name}-{mr}x{nr}")
+    lib.tr_gemm.argtypes = GEMM_ARGTYPES
+    lib.tr_gemm.restype = _I
+    lib.tr_conv2d.argtypes = CONV_ARGTYPES
+    lib.tr_conv2d.restype = _I
+    return lib
+
+
+@functools.lru_cache(maxsize=64)
+def attention_library(isa_name: str, bq: int, bk: int) -> ctypes.CDLL:
+    """The attention library for one ISA and query/key block shape (compiled once)."""
+    isa = ISA_BY_NAME[isa_name]
+    lib = build(attention_source(isa, bq, bk), isa.cflags, f"attention-{isa_name}-{bq}x{bk}")
+    lib.tr_attention.argtypes = ATTN_ARGTYPES
+    lib.tr_attention.restype = _I
+    return lib
+
+
+def thread_count(requested: int, cores: int) -> int:
+    """Threads for one call: the config's ``threads`` when positive, else ``$TRACEA_NUM_THREADS``,
+    else every usable core."""
+    if requested and requested > 0:
+        return int(requested)
+    env = os.environ.get("TRACEA_NUM_THREADS")
+    if env:
+        try:
+            value = int(env)
+        except ValueError:
+            raise InvalidArgumentError("TRACEA_NUM_THREADS", env, "a positive integer") from None
+        if value <= 0:
+            raise InvalidArgumentError("TRACEA_NUM_THREADS", env, "a positive integer")
+        return value
+    return max(1, cores)
+
+
+def check_tile(isa: Isa, mr: int, nr: int) -> str | None:
+    """Why an mr x nr register tile cannot be emitted for ``isa`` (None when it can)."""
+    if mr <= 0 or nr <= 0:
+        return f"tile {mr}x{nr} must be positive"
+    if nr % isa.width:
+        return f"nr={nr} is not a multiple of the {isa.name} vector width {isa.width}"
+    if not isa.fits(mr, nr):
+        return f"tile {mr}x{nr} needs more than {isa.name}'s {isa.registers} vector registers"
+    return None

@@ -1,0 +1,114 @@
+"""Per-ISA search spaces and hero configs of the CPU kernels.
+
+Blocked GEMM / conv2d params: ``mr`` x ``nr`` register tile (accumulators: mr * nr / width vector
+registers), ``kc`` (K block: an mr x kc A micro-panel and a kc x nr B micro-panel stay in L1/L2),
+``mc`` (M block: the packed mc x kc A block stays in L2), ``nc`` (N block: the packed kc x nc B block
+stays in L3), ``threads`` (0 = ``$TRACEA_NUM_THREADS`` or every core).
+Attention params: ``bq`` query rows per block, ``bk`` keys per block, ``threads``.
+"""
+
+from __future__ import annotations
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.ir.ops import AttentionOp, Conv2dOp, Layout, Op
+from tracea.semantic import PipelineConfig, SearchSpace
+
+from .isa import Isa
+
+# Measured on the development machine (2-core AMD EPYC, AVX-512); the first entry is the default.
+GEMM_HEROES: dict[str, list[dict[str, int]]] = {
+    "avx512": [dict(mr=6, nr=64, mc=48, nc=4096, kc=1024), dict(mr=14, nr=32, mc=28, nc=4096, kc=1024),
+               dict(mr=8, nr=48, mc=32, nc=4080, kc=1024), dict(mr=12, nr=32, mc=24, nc=4096, kc=1024),
+               dict(mr=4, nr=64, mc=72, nc=2048, kc=384)],
+    "avx2": [dict(mr=6, nr=16, mc=48, nc=4096, kc=512), dict(mr=4, nr=24, mc=48, nc=4080, kc=512)],
+    "neon": [dict(mr=8, nr=12, mc=64, nc=4092, kc=512), dict(mr=6, nr=16, mc=48, nc=4096, kc=512)],
+    "scalar": [dict(mr=4, nr=4, mc=64, nc=2048, kc=256)],
+}
+ATTN_HEROES: dict[str, list[dict[str, int]]] = {
+    "avx512": [dict(bq=12, bk=32), dict(bq=8, bk=48), dict(bq=6, bk=64)],
+    "avx2": [dict(bq=6, bk=16), dict(bq=4, bk=24)],
+    "neon": [dict(bq=8, bk=12), dict(bq=6, bk=16)],
+    "scalar": [dict(bq=4, bk=4)],
+}
+
+
+def _cache(profile: DeviceProfile, name: str, default: int) -> int:
+    return int(profile.caches.get(name) or default)
+
+
+def blocked_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
+    """Register tiles that fit the ISA, cache blocks that fit the profile's L2/L3, and threads."""
+    l2 = _cache(profile, "L2", 1 << 20)
+    l3 = _cache(profile, "L3", 8 << 20)
+    tiles = [t for t in isa.tiles if isa.fits(*t)]
+
+    def fits_caches(c: PipelineConfig) -> bool | str:
+        mr, nr, mc, nc, kc = (c.get(x) for x in ("mr", "nr", "mc", "nc", "kc"))
+        if (mr, nr) not in tiles:
+            return f"tile {mr}x{nr} not offered for {isa.name}"
+        if mc % mr or nc % nr:
+            return "mc must be a multiple of mr and nc of nr"
+        if 4 * mc * kc > l2:
+            return f"A block {mc}x{kc} exceeds L2 ({l2} B)"
+        if 4 * nc * kc > l3:
+            return f"B block {kc}x{nc} exceeds L3 ({l3} B)"
+        return True
+
+    threads = [0, 1] if profile.compute_units > 1 else [1]
+    return (SearchSpace()
+            .param("mr", sorted({t[0] for t in tiles})).param("nr", sorted({t[1] for t in tiles}))
+            .param("kc", [128, 256, 384, 512, 768, 1024])
+            .param("mc", [24, 28, 32, 42, 48, 64, 72, 96, 120, 144, 168, 192, 240, 288, 336, 384, 480])
+            .param("nc", [1024, 2016, 2048, 4032, 4080, 4092, 4096, 8192])
+            .param("threads", threads)
+            .where(fits_caches))
+
+
+def attention_space(isa: Isa, profile: DeviceProfile, op: Op) -> SearchSpace:
+    """Query/key block shapes whose S tile fits the registers, and threads."""
+    pairs = [(bq, bk) for bq in (4, 6, 8, 10, 12, 14, 16) for bk in (isa.width * m for m in (1, 2, 3, 4))
+             if isa.fits(bq, bk)]
+
+    def fits(c: PipelineConfig) -> bool | str:
+        return (c.get("bq"), c.get("bk")) in pairs or "S tile does not fit the registers"
+
+    threads = [0, 1] if profile.compute_units > 1 else [1]
+    return (SearchSpace().param("bq", sorted({p[0] for p in pairs})).param("bk", sorted({p[1] for p in pairs}))
+            .param("threads", threads).where(fits))
+
+
+def heroes(table: dict[str, list[dict[str, int]]], isa: Isa) -> list[PipelineConfig]:
+    return [PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in table[isa.name]]
+
+
+def blocked_heroes(isa: Isa, op: Op, indirect: bool = False) -> list[PipelineConfig]:
+    """The ISA's GEMM heroes, those whose register tile wastes least on this op's M x N edges first."""
+    m, n = gemm_view(op, indirect)
+
+    def waste(cfg: PipelineConfig) -> float:
+        mr, nr = cfg.get("mr"), cfg.get("nr")
+        return round(-(-m // mr) * mr / m * (-(-n // nr) * nr) / n, 2)
+
+    return sorted(heroes(GEMM_HEROES, isa), key=waste)
+
+
+def indirect_ok(op: Conv2dOp) -> bool:
+    """Whether the conv may read A in place through the indirect NHWC kernel (per-pixel channel runs
+    long enough to stream; NCHW input is transposed to NHWC first)."""
+    return op.c // op.groups >= 8
+
+
+def gemm_view(op: Op, indirect: bool = False) -> tuple[int, int]:
+    """(M, N) of the GEMM the blocked driver runs for ``op`` (per batch entry / group)."""
+    if isinstance(op, Conv2dOp):
+        if op.layout is Layout.NCHW and not indirect:
+            return op.k // op.groups, op.n * op.p * op.q
+        return op.n * op.p * op.q, op.k // op.groups
+    return int(getattr(op, "m", 1)), int(getattr(op, "n", 1))
+
+
+def small_problem(op: Op) -> bool:
+    """Problems too small to pay for waking a second thread."""
+    if isinstance(op, AttentionOp):
+        return op.flops < 2e6
+    return op.flops < 4e6

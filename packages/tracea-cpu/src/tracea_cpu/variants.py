@@ -1,0 +1,252 @@
+"""Kernel variants of the CPU backend: ``cpu.<op>.<isa>`` for GEMM, conv2d and attention, one per
+instruction set (AVX-512, AVX2+FMA, NEON, portable scalar)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import KernelVariant, OpArgs, Requirements
+from tracea.dtypes import DType
+from tracea.errors import InvalidArgumentError, LaunchError, LayoutError, UnsupportedConfigError
+from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp, LayerType, Layout, Op
+from tracea.semantic import PipelineConfig, SearchSpace
+from tracea.semantic.config import VALID, Validity
+
+from . import kernels, spaces
+from .isa import ALL_ISAS, Isa
+from .toolchain import compiler_or_reason
+
+_LANES = {"avx512": 16, "avx2": 8, "neon": 4, "scalar": 1}
+# Fraction of the per-lane peak each ISA's kernels reach (measured); scalar code gets what the
+# compiler's auto-vectorisation gives.
+_BASE_EFFICIENCY = {"avx512": 0.85, "avx2": 0.8, "neon": 0.7, "scalar": 0.5}
+_PRIORITY = {"avx512": 30, "avx2": 20, "neon": 20, "scalar": 0}
+
+
+class CpuVariant(KernelVariant):
+    """Shared logic of the CPU variants: ISA availability, compiler checks, estimates."""
+
+    backend = "cpu"
+    isa: Isa
+
+    def __init__(self, isa: Isa) -> None:
+        self.isa = isa
+        self.priority = _PRIORITY[isa.name]
+
+    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
+        reasons = super().check(op, profile)
+        if reasons and reasons[0].startswith(("serves ", "runs on ")):
+            return reasons
+        if not self.isa.runs_here():
+            reasons.append(f"{self.isa.name} code does not run on this machine's architecture")
+        cc, why = compiler_or_reason()
+        if cc is None:
+            reasons.append(why)
+        return reasons
+
+    def efficiency_on(self, profile: DeviceProfile) -> float:
+        best = str(profile.extras.get("best_isa", self.isa.name))
+        share = min(1.0, self.isa.width / _LANES.get(best, self.isa.width))
+        return _BASE_EFFICIENCY[self.isa.name] * share
+
+    def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        self.efficiency = self.efficiency_on(profile)
+        return super().estimate_seconds(op, profile, config) + 10e-6
+
+    def threads(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> int:
+        requested = int(config.get("threads", 0) or 0)
+        if requested == 0 and spaces.small_problem(op):
+            return 1
+        return kernels.thread_count(requested, profile.compute_units)
+
+
+def _host(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    arr = args.host(name)
+    if arr is None:
+        return None
+    if arr.dtype != np.float32:
+        raise InvalidArgumentError(name, arr, "a float32 array")
+    if not arr.flags.c_contiguous:
+        raise LayoutError(name, arr, "a packed row-major (C-contiguous) array")
+    if arr.size != math.prod(shape):
+        raise InvalidArgumentError(name, arr, f"{math.prod(shape)} elements (shape {shape})")
+    return arr
+
+
+def _ptr(arr: np.ndarray | None) -> int | None:
+    return None if arr is None else arr.__array_interface__["data"][0]
+
+
+def _check_rc(rc: int, what: str) -> None:
+    if rc != 0:
+        raise LaunchError(f"{what} kernel failed (status {rc}: workspace allocation)", backend="cpu")
+
+
+class CpuGemmVariant(CpuVariant):
+    """BLIS-style GEMM: packed panels, MR x NR register micro-kernel, KC/MC/NC blocks, fused epilogue."""
+
+    def __init__(self, isa: Isa) -> None:
+        super().__init__(isa)
+        self.name = f"cpu.gemm.{isa.name}"
+        self.description = f"blocked GEMM, {isa.name} micro-kernel, packed panels, fused epilogue"
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
+                                         isa=isa.requires)
+
+    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        return spaces.blocked_space(self.isa, profile)
+
+    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        return spaces.blocked_heroes(self.isa, op)
+
+    def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        return _validate_blocked(self.isa, config)
+
+    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        return _blocked_plan(self, op, config)
+
+    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        assert isinstance(op, GemmOp)
+        lib, mc, nc, kc = self.prepare(op, config, profile)
+        m, n, k, bt = op.m, op.n, op.k, op.batch
+        a = _host(args, "a", (bt, m, k))
+        b = _host(args, "b", (bt, k, n))
+        bias = _host(args, "bias", (n,)) if op.epilogue.has_bias else None
+        out = _host(args, "out", (bt, m, n))
+        rsa, csa = (1, m) if op.trans_a else (k, 1)
+        rsb, csb = (1, k) if op.trans_b else (n, 1)
+        rc = lib.tr_gemm(bt, m, n, k, _ptr(a), rsa, csa, m * k, _ptr(b), rsb, csb, k * n, _ptr(out), n, m * n,
+                         _ptr(bias), mc, nc, kc, self.threads(op, config, profile))
+        _check_rc(rc, "gemm")
+
+
+class CpuConv2dVariant(CpuVariant):
+    """Implicit-GEMM conv2d: im2col tiles gathered while packing (no im2col buffer), NCHW and NHWC."""
+
+    def __init__(self, isa: Isa) -> None:
+        super().__init__(isa)
+        self.name = f"cpu.conv2d.{isa.name}"
+        self.description = f"implicit-GEMM conv2d (NCHW/NHWC), {isa.name} micro-kernel, fused epilogue"
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.CONV2D,
+                                         dtypes=frozenset({DType.F32}), isa=isa.requires)
+
+    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        space = spaces.blocked_space(self.isa, profile)
+        if isinstance(op, Conv2dOp) and spaces.indirect_ok(op):
+            space = space.param("indirect", [1, 0])
+        return space
+
+    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        heroes = spaces.blocked_heroes(self.isa, op)
+        if isinstance(op, Conv2dOp) and spaces.indirect_ok(op):
+            # The indirect kernel keeps one pointer per tile row in a general register: short tiles first.
+            ind = spaces.blocked_heroes(self.isa, op, indirect=True)
+            short = [h for h in ind if h.get("mr") <= 6] + [h for h in ind if h.get("mr") > 6]
+            indirect = [h.with_params(indirect=1) for h in short]
+            packed = [h.with_params(indirect=0) for h in heroes[:1]]
+            # Few output pixels: NCHW weights are cheaper to pack as the A operand (measured, ResNet 512@7^2).
+            few = op.layout is Layout.NCHW and op.n * op.p * op.q < 128
+            heroes = packed + indirect if few else indirect + packed
+        return heroes
+
+    def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        return _validate_blocked(self.isa, config)
+
+    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        return _blocked_plan(self, op, config)
+
+    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        assert isinstance(op, Conv2dOp)
+        lib, mc, nc, kc = self.prepare(op, config, profile)
+        x = _host(args, "x", op.x_shape)
+        w = _host(args, "w", op.w_shape)
+        bias = _host(args, "bias", (op.k,)) if op.epilogue.has_bias else None
+        out = _host(args, "out", op.out_shape)
+        layout = 0 if op.layout is Layout.NCHW else 1
+        rc = lib.tr_conv2d(layout, op.n, op.c, op.h, op.w, op.k, op.r, op.s, op.stride[0], op.stride[1],
+                           op.padding[0], op.padding[1], op.dilation[0], op.dilation[1], op.groups, op.p, op.q,
+                           _ptr(x), _ptr(w), _ptr(bias), _ptr(out), mc, nc, kc, self.threads(op, config, profile),
+                           int(bool(config.get("indirect", 0))))
+        _check_rc(rc, "conv2d")
+
+
+class CpuAttentionVariant(CpuVariant):
+    """Flash-style attention forward: online softmax over key blocks, causal or not, GQA."""
+
+    def __init__(self, isa: Isa) -> None:
+        super().__init__(isa)
+        self.name = f"cpu.attention.{isa.name}"
+        self.description = f"flash attention forward (online softmax, causal, GQA), {isa.name}"
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.ATTENTION,
+                                         dtypes=frozenset({DType.F32}), isa=isa.requires)
+
+    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        return spaces.attention_space(self.isa, profile, op)
+
+    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        return spaces.heroes(spaces.ATTN_HEROES, self.isa)
+
+    def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        bq, bk = config.get("bq"), config.get("bk")
+        if not isinstance(bq, int) or not isinstance(bk, int):
+            return Validity(False, "attention configs need integer params bq and bk")
+        why = kernels.check_tile(self.isa, bq, bk)
+        return Validity(False, why) if why else VALID
+
+    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        return _attention_plan(self, op, config)
+
+    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        assert isinstance(op, AttentionOp)
+        lib = self.prepare(op, config, profile)
+        kvh = int(op.kv_heads or op.heads)
+        q = _host(args, "q", (op.batch, op.heads, op.seq_q, op.head_dim))
+        k = _host(args, "k", (op.batch, kvh, op.seq_kv, op.head_dim))
+        v = _host(args, "v", (op.batch, kvh, op.seq_kv, op.head_dim))
+        out = _host(args, "out", (op.batch, op.heads, op.seq_q, op.head_dim))
+        rc = lib.tr_attention(op.batch, op.heads, kvh, op.seq_q, op.seq_kv, op.head_dim, float(op.scale),
+                              int(op.causal), _ptr(q), _ptr(k), _ptr(v), _ptr(out),
+                              self.threads(op, config, profile))
+        _check_rc(rc, "attention")
+
+
+@functools.lru_cache(maxsize=512)
+def _blocked_plan(variant: "CpuVariant", op: Op, config: PipelineConfig) -> tuple[Any, int, int, int]:
+    """Validated config -> (compiled library, mc, nc, kc), memoised so a call costs one dict lookup."""
+    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
+    lib = kernels.blocked_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+    return lib, int(config.get("mc")), int(config.get("nc")), int(config.get("kc"))
+
+
+@functools.lru_cache(maxsize=256)
+def _attention_plan(variant: "CpuAttentionVariant", op: Op, config: PipelineConfig) -> Any:
+    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
+    return kernels.attention_library(variant.isa.name, int(config.get("bq")), int(config.get("bk")))
+
+
+def _require(validity: Validity, name: str, config: PipelineConfig) -> None:
+    if not validity:
+        raise UnsupportedConfigError(f"config {config.key} is invalid for {name}: {validity.reason}",
+                                     reason=validity.reason)
+
+
+def _validate_blocked(isa: Isa, config: PipelineConfig) -> Validity:
+    names = ("mr", "nr", "mc", "nc", "kc")
+    values = [config.get(n) for n in names]
+    for n, v in zip(names, values):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            return Validity(False, f"param {n}={v!r} must be a positive integer")
+    why = kernels.check_tile(isa, values[0], values[1])
+    return Validity(False, why) if why else VALID
+
+
+def all_variants() -> list[CpuVariant]:
+    """Every CPU variant, for every ISA (the Doctor filters by the host's flags)."""
+    out: list[CpuVariant] = []
+    for isa in ALL_ISAS:
+        out += [CpuGemmVariant(isa), CpuConv2dVariant(isa), CpuAttentionVariant(isa)]
+    return out

@@ -1,0 +1,85 @@
+"""conv2d variants against a float64 reference: both layouts, stride, padding, dilation, groups,
+fused bias + activation, every ISA this machine runs, small blocks to take every packing path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tracea.ir.ops import Conv2dOp
+from tracea_cpu.isa import ISA_BY_NAME
+from tracea_cpu.spaces import GEMM_HEROES
+from tracea_cpu.testing import (BEST, HAVE_CC, ISAS, config, conv2d_ref, epilogue_ref, poisoned, rand, rel_err,
+                                run_variant)
+from tracea_cpu.variants import CpuConv2dVariant
+
+pytestmark = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+
+# (n, c, h, w, k, r, s, stride, padding, dilation, groups)
+CASES = [
+    (1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1),
+    (2, 3, 9, 11, 5, 3, 3, 1, 1, 1, 1),
+    (1, 8, 13, 10, 17, 3, 3, 2, 1, 1, 1),
+    (2, 6, 12, 12, 9, 3, 2, (2, 1), (0, 2), (2, 1), 3),
+    (1, 16, 7, 7, 32, 1, 1, 1, 0, 1, 1),
+    (1, 4, 15, 15, 4, 5, 5, 3, 2, 2, 4),
+    (3, 5, 6, 40, 7, 3, 3, 1, 1, 1, 1),
+]
+
+
+def conv_case(isa, case, layout, epi="none", cfg=None, seed=0):
+    n, c, h, w, k, r, s, st, pad, dil, g = case
+    op = Conv2dOp(n, c, h, w, k, r, s, stride=st, padding=pad, dilation=dil, groups=g, layout=layout, epilogue=epi)
+    rng = np.random.default_rng(seed)
+    x, wt = rand(rng, *op.x_shape), rand(rng, *op.w_shape)
+    bias = rand(rng, op.k) if op.epilogue.has_bias else None
+    out = poisoned(op.out_shape)
+    cfg = cfg or config(**GEMM_HEROES[isa][0], threads=0)
+    run_variant(CpuConv2dVariant(ISA_BY_NAME[isa]), op, cfg, {"x": x, "w": wt, "bias": bias}, out)
+    ref = epilogue_ref(conv2d_ref(x, wt, op), op.epilogue.steps, bias, axis=1 if layout == "nchw" else 3)
+    return rel_err(out, ref)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", CASES)
+def test_conv2d_shapes(case, layout):
+    assert conv_case(BEST, case, layout) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("epi", ["bias+relu", "bias+gelu_erf", "silu"])
+def test_conv2d_epilogues(layout, epi):
+    assert conv_case(BEST, CASES[3], layout, epi=epi, seed=1) < 1e-5
+    assert conv_case(BEST, CASES[2], layout, epi=epi, seed=2) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_conv2d_small_blocks(layout):
+    h = GEMM_HEROES[BEST][0]
+    cfg = config(mr=h["mr"], nr=h["nr"], mc=h["mr"], nc=h["nr"], kc=8, threads=2)
+    for case in (CASES[1], CASES[3], (2, 24, 10, 10, 40, 3, 3, 1, 1, 1, 1)):
+        assert conv_case(BEST, case, layout, epi="bias+relu", cfg=cfg) < 1e-5, case
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != BEST])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_conv2d_other_isas(isa, layout):
+    assert conv_case(isa, CASES[3], layout, epi="bias+relu") < 1e-5
+    assert conv_case(isa, CASES[1], layout, epi="bias+relu") < 1e-5
+
+
+def test_conv2d_resnet_layer_shape():
+    assert conv_case(BEST, (1, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1), "nchw", epi="bias+relu") < 1e-5
+    assert conv_case(BEST, (1, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1), "nhwc", epi="bias+relu") < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("indirect", [0, 1])
+def test_conv2d_indirect_and_packed_paths(indirect, layout):
+    h = GEMM_HEROES[BEST][0]
+    small = config(mr=h["mr"], nr=h["nr"], mc=2 * h["mr"], nc=h["nr"], kc=24, threads=2, indirect=indirect)
+    for case in [(2, 16, 9, 11, 40, 3, 3, 1, 1, 1, 1), (1, 24, 12, 12, 18, 3, 2, (2, 1), (0, 2), (2, 1), 3),
+                 (2, 8, 7, 7, 33, 1, 1, 1, 0, 1, 1)]:
+        assert conv_case(BEST, case, layout, epi="bias+silu", cfg=small) < 1e-5, case
+        cfg = config(**h, threads=0, indirect=indirect)
+        assert conv_case(BEST, case, layout, epi="bias+relu", cfg=cfg) < 1e-5, case

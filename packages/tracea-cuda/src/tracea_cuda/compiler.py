@@ -1,0 +1,160 @@
+"""NVRTC compilation through CuPy with an in-memory and an on-disk module cache.
+
+The disk cache key hashes the source, the options, the target architecture and the CuPy and NVRTC
+versions, so a second process loads the cubin without compiling. Files are written atomically
+(temporary file + ``os.replace``); a corrupt or unreadable entry is recompiled, never fatal.
+
+Environment: ``TRACEA_CUDA_CACHE_DIR`` (default ``$XDG_CACHE_HOME/tracea/cuda`` or
+``~/.cache/tracea/cuda``); ``TRACEA_CUDA_NO_DISK_CACHE=1`` disables the disk cache;
+``TRACEA_CUDA_KEEP_SOURCE=1`` writes the ``.cu`` beside each cubin for inspection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from tracea.errors import CompilationError, LaunchError
+
+from . import toolkit
+
+_LOCK = threading.Lock()
+_MEMORY: dict[str, Any] = {}
+STATS = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TRACEA_CUDA_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tracea" / "cuda"
+
+
+def options_for(arch: str) -> tuple[str, ...]:
+    return (f"-arch={arch}", "-std=c++17", "--device-as-default-execution-space")
+
+
+def cache_key(source: str, options: tuple[str, ...], arch: str) -> str:
+    v = toolkit.versions()
+    h = hashlib.sha256()
+    for part in (source, "\0".join(options), arch, v.get("cupy", ""), v.get("nvrtc", "")):
+        h.update(part.encode())
+        h.update(b"\1")
+    return h.hexdigest()[:32]
+
+
+def _nvrtc_cubin(source: str, options: tuple[str, ...], name: str) -> bytes:
+    from cupy.cuda import nvrtc  # noqa: PLC0415
+
+    prog = nvrtc.createProgram(source, name + ".cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(options))
+        except nvrtc.NVRTCError as exc:
+            log = ""
+            try:
+                log = nvrtc.getProgramLog(prog)
+            except Exception:
+                pass
+            raise CompilationError(f"NVRTC failed to compile {name} ({exc})", backend="cuda",
+                                   log=log + "\n--- options ---\n" + " ".join(options)) from None
+        if hasattr(nvrtc, "getCUBIN"):
+            return bytes(nvrtc.getCUBIN(prog))
+        ptx = nvrtc.getPTX(prog)  # older CuPy: let the driver assemble the PTX
+        return ptx.encode() if isinstance(ptx, str) else bytes(ptx)
+    finally:
+        try:
+            nvrtc.destroyProgram(prog)
+        except Exception:
+            pass
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class Kernel:
+    """A loaded kernel function plus its launch shape facts."""
+
+    def __init__(self, function: Any, key: str, smem: int, threads: int) -> None:
+        self.function = function
+        self.key = key
+        self.smem = smem
+        self.threads = threads
+        if smem > 48 * 1024:
+            try:
+                drv = toolkit.cupy().cuda.driver
+                attr = getattr(drv, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
+                drv.funcSetAttribute(function.ptr, attr, smem)
+            except Exception as exc:
+                raise LaunchError(f"cannot raise dynamic shared memory to {smem} B ({exc})", backend="cuda") from None
+
+    def launch(self, grid: tuple[int, int, int], args: tuple, stream: Any) -> None:
+        try:
+            self.function(grid, (self.threads, 1, 1), args, shared_mem=self.smem, stream=stream)
+        except Exception as exc:
+            raise LaunchError(f"launch of {self.key} failed: {type(exc).__name__}: {exc}", backend="cuda") from None
+
+
+def load(source: str, name: str, arch: str, *, smem: int, threads: int) -> Kernel:
+    """Compile (or fetch from cache) ``source`` for ``arch`` and return kernel ``name`` ready to launch."""
+    options = options_for(arch)
+    key = cache_key(source, options, arch)
+    mem_key = f"{key}:{toolkit.cupy().cuda.runtime.getDevice()}"
+    with _LOCK:
+        hit = _MEMORY.get(mem_key)
+    if hit is not None:
+        STATS["memory_hits"] += 1
+        return hit
+    cp = toolkit.cupy()
+    use_disk = os.environ.get("TRACEA_CUDA_NO_DISK_CACHE", "") not in ("1", "true", "yes")
+    path = cache_dir() / f"{key}.cubin"
+    cubin = None
+    if use_disk and path.is_file():
+        try:
+            cubin = path.read_bytes()
+            STATS["disk_hits"] += 1
+        except OSError:
+            cubin = None
+    if cubin is None:
+        cubin = _nvrtc_cubin(source, options, name)
+        STATS["compiled"] += 1
+        if use_disk:
+            try:
+                _write_atomic(path, cubin)
+                if os.environ.get("TRACEA_CUDA_KEEP_SOURCE") == "1":
+                    _write_atomic(path.with_suffix(".cu"), source.encode())
+            except OSError:
+                pass  # a read-only cache dir only costs recompiles
+    try:
+        module = cp.cuda.function.Module()
+        module.load(cubin)
+        function = module.get_function(name)
+    except Exception as exc:
+        if use_disk:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        raise CompilationError(f"cannot load compiled module for {name}: {exc}", backend="cuda") from None
+    kernel = Kernel(function, key, smem, threads)
+    kernel.module = module  # keep the module alive with the function
+    with _LOCK:
+        _MEMORY[mem_key] = kernel
+    return kernel

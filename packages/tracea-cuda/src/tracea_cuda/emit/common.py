@@ -1,0 +1,116 @@
+"""CUDA C++ fragments shared by every emitted kernel: PTX wrappers, dtype conversions, epilogues.
+
+Kernels are rendered without any ``#include`` so the same source compiles with NVRTC (through CuPy)
+and with ``nvcc`` offline. 16-bit values travel as ``unsigned short`` bit patterns and are converted
+with ``cvt`` instructions.
+"""
+
+from __future__ import annotations
+
+from tracea.dtypes import DType
+from tracea.errors import DTypeError
+from tracea.ir.epilogue import Epilogue, EpilogueKind
+
+#: C storage type of each dtype in emitted code.
+CTYPE = {DType.F32: "float", DType.F16: "unsigned short", DType.BF16: "unsigned short"}
+
+PRELUDE = r"""
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+static __device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 r;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+static __device__ __forceinline__ float f16_to_f32(u16 x) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x)); return f;
+}
+static __device__ __forceinline__ float bf16_to_f32(u16 x) { return __uint_as_float(((u32)x) << 16); }
+static __device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+static __device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+static __device__ __forceinline__ u32 f32_to_tf32(float f) {
+    u32 r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f)); return r;
+}
+static __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N));
+}
+static __device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+static __device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+static __device__ __forceinline__ float gelu_tanh_f(float x) {
+    float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+static __device__ __forceinline__ float tanh_fast(float x) {
+    float y; asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}
+static __device__ __forceinline__ float gelu_tanh_fast(float x) {
+    float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanh_fast(u));
+}
+static __device__ __forceinline__ float gelu_erf_f(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
+static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
+"""
+
+_LOAD = {DType.F32: "({v})", DType.F16: "f16_to_f32({v})", DType.BF16: "bf16_to_f32({v})"}
+_STORE = {DType.F32: "({v})", DType.F16: "f32_to_f16({v})", DType.BF16: "f32_to_bf16({v})"}
+
+_ACT = {EpilogueKind.RELU: "fmaxf({v}, 0.0f)", EpilogueKind.GELU_TANH: "gelu_tanh_f({v})",
+        EpilogueKind.GELU_ERF: "gelu_erf_f({v})", EpilogueKind.SILU: "silu_f({v})"}
+
+
+def ctype(dtype: DType) -> str:
+    """The C type that stores ``dtype`` in emitted kernels."""
+    try:
+        return CTYPE[dtype.storage]
+    except KeyError:
+        raise DTypeError("dtype", dtype.value, "float32, float16 or bfloat16 for CUDA kernels") from None
+
+
+def load_expr(dtype: DType, value: str) -> str:
+    """C expression converting a stored ``dtype`` value to float."""
+    return _LOAD[dtype.storage].format(v=value)
+
+
+def store_expr(dtype: DType, value: str) -> str:
+    """C expression converting a float to the storage type of ``dtype``."""
+    return _STORE[dtype.storage].format(v=value)
+
+
+def epilogue_function(epilogue: Epilogue, bias_dtype: DType, out_dtype: DType = DType.F32) -> str:
+    """``apply_epilogue(v, bias, col)``: the epilogue chain on one accumulator value, in registers.
+
+    The bias is per output column (GEMM) or per output channel (conv); ``col`` indexes it. For 16-bit
+    outputs GELU(tanh) uses the hardware ``tanh.approx`` (relative error ~2^-11, below the output's
+    own rounding); float32 outputs keep the accurate ``tanhf``.
+    """
+    lines = ["static __device__ __forceinline__ float apply_epilogue(float v, const "
+             f"{ctype(bias_dtype)}* __restrict__ bias, int col) {{"]
+    for step in epilogue:
+        if step is EpilogueKind.BIAS:
+            lines.append(f"    v += {load_expr(bias_dtype, '__ldg(bias + col)' if bias_dtype is DType.F32 else 'bias[col]')};")
+        else:
+            expr = _ACT[step]
+            if step is EpilogueKind.GELU_TANH and out_dtype.storage is not DType.F32:
+                expr = "gelu_tanh_fast({v})"
+            lines.append(f"    v = {expr.format(v='v')};")
+    lines.append("    return v;\n}")
+    return "\n".join(lines)

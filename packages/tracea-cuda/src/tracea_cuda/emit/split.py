@@ -1,0 +1,44 @@
+"""3xTF32 operand split for the Hopper fp32-accurate GEMM: one pass writes an operand K-major and three
+times as wide along K, as big/small TF32 parts (``big = x`` with the low 13 mantissa bits cleared,
+``small = x - big``, exact in fp32). A gets segments (small, big, big), B gets (big, small, big), so a
+single TF32 GEMM over K' = 3K computes small*big + big*small + big*big."""
+
+from __future__ import annotations
+
+KERNEL_NAME = "tracea_split3"
+
+
+def render() -> str:
+    return r"""
+static __device__ __forceinline__ float tf32_big(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+static __device__ __forceinline__ void put3(float* o, long long K, float x, int order) {
+    const float big = tf32_big(x), small = x - big;
+    o[0] = order ? big : small; o[K] = order ? small : big; o[2 * K] = big;
+}
+// in: [batch][R][C]. kmajor: R = rows, C = K -> out[b][r][seg*K + c]; else R = K, C = rows -> out[b][c][seg*K + r].
+extern "C" __global__ void __launch_bounds__(256) tracea_split3(const float* __restrict__ in, float* __restrict__ out,
+                                                                int R, int C, int kmajor, int order) {
+    __shared__ float tile[32][33];
+    const long long K = kmajor ? C : R, rows = kmajor ? R : C;
+    in += (long long)blockIdx.z * R * C;
+    out += (long long)blockIdx.z * rows * 3 * K;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    if (kmajor) {
+        for (int i = ty; i < 32; i += 8) {
+            const int r = r0 + i, c = c0 + tx;
+            if (r < R && c < C) put3(out + (long long)r * 3 * K + c, K, in[(long long)r * C + c], order);
+        }
+        return;
+    }
+    for (int i = ty; i < 32; i += 8) {
+        const int r = r0 + i, c = c0 + tx;
+        if (r < R && c < C) tile[i][tx] = in[(long long)r * C + c];
+    }
+    __syncthreads();
+    for (int i = ty; i < 32; i += 8) {
+        const int c = c0 + i, r = r0 + tx;
+        if (r < R && c < C) put3(out + (long long)c * 3 * K + r, K, tile[tx][i], order);
+    }
+}
+"""

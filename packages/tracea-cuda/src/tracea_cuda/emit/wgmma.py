@@ -1,0 +1,383 @@
+"""Emitter (L5) for the Hopper GEMM: ``wgmma`` (sm_90a) fed by TMA with 128-byte swizzle, an mbarrier
+producer/consumer pipeline, warp specialisation (one producer warpgroup, two consumer warpgroups,
+``setmaxnreg``) and a persistent grid walking tiles in grouped (L2-friendly) order.
+
+Block = 3 warpgroups (384 threads). The producer's elected thread issues TMA loads of the A tile
+(tile_m x 64) and the B tile (64 x tile_n) into stage ``s`` and arms ``full[s]`` with the byte count;
+each consumer warpgroup owns 64 rows of the tile, waits ``full[s]``, issues four
+``wgmma.m64nNk16`` over the stage, and once they completed releases the stage through ``empty[s]``.
+TMA zero-fills out-of-bounds boxes, so any M, N, K works; stores are predicated. The epilogue chain
+runs on the fp32 accumulators in registers before the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracea.dtypes import DType
+from tracea.errors import UnsupportedConfigError
+from tracea.ir.epilogue import Epilogue
+
+from .common import PRELUDE, ctype, epilogue_function, store_expr
+from .operands import StoreMap
+
+KERNEL_NAME = "tracea_wgmma_kernel"
+BK = 64  # 64 16-bit elements = one 128-byte swizzle row
+EPI_ROWS, EPI_BYTES = 16, 2304  # per-warp epilogue staging: 16 rows x (128 B + 16 B pad)
+
+
+@dataclass(frozen=True)
+class WgmmaSpec:
+    """What the Hopper kernel source depends on.
+
+    :param a_kmajor: A stored (M, K) (else (K, M): MN-major, transposed by wgmma).
+    :param b_kmajor: B stored (N, K) (else (K, N): MN-major).
+    :param bn: tile_n (64, 128 or 256); tile_m is 128 (two consumer warpgroups of 64 rows).
+    """
+
+    dtype_in: DType
+    dtype_out: DType
+    bias_dtype: DType
+    epilogue: Epilogue
+    a_kmajor: bool
+    b_kmajor: bool
+    pairs: bool
+    vec_store: bool = False
+    bn: int = 256
+    stages: int = 4
+    group_m: int = 8
+    bm: int = 128
+    schedule: str = "coop"
+    smem_epilogue: bool = True
+    split_acc: bool = False  # accumulate in fresh partial sums, added with FADD (fp32 accuracy)
+    partial_stages: int = 1  # stages per partial sum when split_acc
+
+    threads = 384
+
+    @property
+    def subs(self) -> int:
+        """64-row wgmma sub-tiles each consumer computes: 1 (coop: the tile is split) or bm/64 (pingpong)."""
+        return self.bm // 128 if self.schedule == "coop" else self.bm // 64
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.bm + self.bn) * BK * 2
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes + 1024 + 2 * 8 * self.stages + 16 + 128 + 8 * EPI_BYTES
+
+    def check(self) -> None:
+        problems = []
+        if self.dtype_in.storage not in (DType.F16, DType.BF16, DType.F32):
+            problems.append("the wgmma kernel serves float16/bfloat16 (and float32 as TF32) inputs")
+        if self.dtype_in.storage is DType.F32 and not (self.a_kmajor and self.b_kmajor):
+            problems.append("TF32 wgmma needs both operands K-major (transpose them first)")
+        if self.schedule not in ("coop", "pingpong"):
+            problems.append(f"schedule {self.schedule!r} not in coop/pingpong")
+        if self.schedule == "coop" and (self.bm not in (128, 256) or self.subs * self.bn // 2 > 128):
+            problems.append("coop schedule needs tile_m in 128/256 (split over two consumer warpgroups) and at "
+                            "most 128 accumulators per thread")
+        if self.schedule == "pingpong" and (self.bm not in (64, 128) or self.bm * self.bn // 128 > 128):
+            problems.append("pingpong schedule needs tile_m in 64/128 and at most 128 accumulators per thread")
+        if self.split_acc and self.subs * self.bn // 2 > 64:
+            problems.append("split accumulation needs at most 64 accumulators per thread (x2 for the partial sum)")
+        if self.bn not in (64, 128, 256):
+            problems.append(f"tile_n={self.bn} not in 64/128/256")
+        if not 2 <= self.stages <= 8:
+            problems.append(f"stages={self.stages} not in 2..8")
+        if problems:
+            raise UnsupportedConfigError("; ".join(problems))
+
+
+def _wgmma_call(spec: WgmmaSpec) -> str:
+    n = spec.bn
+    regs = n // 2
+    ta, tb = (0 if spec.a_kmajor else 1), (0 if spec.b_kmajor else 1)
+    kind = {DType.BF16: "bf16", DType.F16: "f16", DType.F32: "tf32"}[spec.dtype_in.storage]
+    kdim, trans = (8, "") if kind == "tf32" else (16, f", {ta}, {tb}")
+    outs = ", ".join(f"%{i}" for i in range(regs))
+    cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return f"""
+static __device__ __forceinline__ void wgmma_tile(float* d, u64 da, u64 db, int scale_d) {{
+    asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{regs + 2}, 0;\\n"
+                 "wgmma.mma_async.sync.aligned.m64n{n}k{kdim}.f32.{kind}.{kind} {{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1{trans}; }}"
+                 : {cons}
+                 : "l"(da), "l"(db), "r"(scale_d));
+}}
+"""
+
+
+_HOPPER = r"""
+struct __align__(64) TmaDesc { u64 v[16]; };
+
+static __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count));
+}
+static __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// A long wait (a consumer waiting for its ping-pong turn) backs off so its spinning does not steal
+// issue slots from the warpgroup that is issuing wgmma on the same SM sub-partitions.
+static __device__ __forceinline__ void mbar_wait_sleepy(u32 bar, u32 parity) {
+    u32 done;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    while (!done) {
+        __nanosleep(256);
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    }
+}
+static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, u32 bar, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
+                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+static __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
+}
+// Pins an accumulator register in place: keeps the compiler from moving reads of wgmma results across
+// wgmma.wait_group (otherwise ptxas serialises every wgmma, warning C7514).
+static __device__ __forceinline__ void fence_acc(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+"""
+
+
+def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
+    """CUDA C++ (sm_90a) source of the warp-specialised persistent wgmma GEMM."""
+    spec.check()
+    tin, tout, tb = ctype(spec.dtype_in), ctype(spec.dtype_out), ctype(spec.bias_dtype)
+    bm, bn, st = spec.bm, spec.bn, spec.stages
+    a_bytes, b_bytes = bm * BK * 2, bn * BK * 2
+    bk = 128 // spec.dtype_in.itemsize   # K elements per stage: one 128-byte swizzle row
+    # A tile in smem: K-major = [bm rows][64 k] (one TMA box); MN-major = bm/64 boxes of [64 k][64 m].
+    if spec.a_kmajor:
+        a_loads = "tma_load_3d(sa, &tmA, full, kt * BKE, m0, bz);"
+        a_desc = "smem_desc(a_s + ROWOFF * 128 + kk * 32, 16, 1024)"
+    else:
+        a_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sa + c * 8192, &tmA, full, m0 + c * 64, kt * BKE, bz);" % (bm // 64)
+        a_desc = "smem_desc(a_s + ROWOFF * 128 + kk * 2048, 8192, 1024)"
+    if spec.b_kmajor:
+        b_loads = "tma_load_3d(sb, &tmB, full, kt * BKE, n0, bz);"
+        b_desc = "smem_desc(b_s + kk * 32, 16, 1024)"
+    else:
+        b_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sb + c * 8192, &tmB, full, n0 + c * 64, kt * BKE, bz);" % (bn // 64)
+        b_desc = "smem_desc(b_s + kk * 2048, 8192, 1024)"
+    regs = bn // 2
+    a_loads, b_loads = a_loads.replace("BKE", str(bk)), b_loads.replace("BKE", str(bk))
+    coop = spec.schedule == "coop"
+    subs = spec.subs
+    first, step = ("0", "1") if coop else ("wg", "2")
+    rowbase = f"(wg * {bm // 2} + sub * 64)" if coop else "(sub * 64)"
+    a_desc = a_desc.replace("ROWOFF", rowbase)
+    empty_count = 8 if coop else 4
+    out_size = spec.dtype_out.itemsize
+    cc_cols = 128 // out_size            # columns staged per pass (one 128-byte row segment)
+    ld = cc_cols + 16 // out_size        # padded smem row
+    vec = 16 // out_size
+    c0, c1 = store_expr(spec.dtype_out, "v0"), store_expr(spec.dtype_out, "v1")
+    # One asm store per pair: plain C++ stores here let ptxas serialise the wgmma pipeline (C7514).
+    if out_size == 4:
+        smem_pair = 'asm volatile("st.shared.v2.f32 [%0], {%1,%2};" :: "r"(smem_u32(e)), "f"(v0), "f"(v1));'
+    else:
+        smem_pair = ('asm volatile("st.shared.u32 [%0], %1;" :: "r"(smem_u32(e)), '
+                     f'"r"((u32){c0} | ((u32){c1} << 16)));')
+    bn8, n_cc, cc8, vs = bn // 8, bn // cc_cols, cc_cols // 8, int(spec.vec_store)
+    if spec.split_acc:
+        master_decl = f"    float acc[{subs}][{regs}];"
+        master_zero = (f"        for (int sub = 0; sub < {subs}; ++sub) for (int i = 0; i < {regs}; ++i) acc[sub][i] = 0.0f;")
+        ps = spec.partial_stages
+        scale_d = f"(kt % {ps} > 0 || kk > 0) ? 1 : 0"
+        wait_and_release = (f"            if (kt % {ps} == {ps - 1} || kt == KT - 1) {{\n"
+                            f"                wgmma_wait<0>();\n"
+                            f"                for (int sub = 0; sub < {subs}; ++sub) for (int i = 0; i < {regs}; ++i) fence_acc(d[sub][i]);\n"
+                            f"                if (lane == 0) {{ if (prev >= 0) mbar_arrive(bars + 8 * ({st} + prev));"
+                            f" mbar_arrive(bars + 8 * ({st} + s)); }}\n"
+                            f"                #pragma unroll\n"
+                            f"                for (int sub = 0; sub < {subs}; ++sub)\n"
+                            f"                    #pragma unroll\n"
+                            f"                    for (int i = 0; i < {regs}; ++i) acc[sub][i] += d[sub][i];\n"
+                            f"                prev = -1;\n"
+                            f"            }} else {{\n"
+                            f"                wgmma_wait<1>();\n"
+                            f"                if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));\n"
+                            f"                prev = s;\n"
+                            f"            }}")
+        accn = "acc"
+    else:
+        master_decl = master_zero = ""
+        scale_d = "(kt > 0 || kk > 0) ? 1 : 0"
+        wait_and_release = (f"            wgmma_wait<1>();\n"
+                            f"            if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));\n"
+                            f"            prev = s;")
+        accn = "d"
+    if spec.smem_epilogue:
+        epilogue_code = STAGED.format(**locals())
+    else:
+        store = StoreMap("rowmajor", spec.pairs).render(tout, store_expr(spec.dtype_out, "{v}"))
+        epilogue_code = DIRECT.format(**locals())
+    # Ping-pong: the consumers take strict turns at the mainloop (so one's epilogue overlaps the other's
+    # mainloop, and no consumer ever waits on a stage more than one phase ahead of it).
+    turn_wait = "" if coop else (f"        if (j > 0) mbar_wait_sleepy(bars + {16 * st} + 8 * wg, ((j - 1) / 2) & 1);")
+    turn_signal = "" if coop else (f"        if (lane == 0) mbar_arrive(bars + {16 * st} + 8 * (1 - wg));")
+    return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
+{PRELUDE}
+{_HOPPER}
+{epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
+{_wgmma_call(spec)}
+
+extern "C" __global__ void __launch_bounds__(384, 1) {name}(
+        const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, {tout}* __restrict__ C,
+        const {tb}* __restrict__ bias, int M, int N, int K, int batch) {{
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const u32 bars = base + {st * (a_bytes + b_bytes)};  // full[s] at bars + 8s, empty[s] at bars + 8(st + s)
+    const u32 epi = (bars + {16 * st + 16} + 127u) & ~127u;
+    const int tiles_m = (M + {bm - 1}) / {bm}, tiles_n = (N + {bn - 1}) / {bn};
+    const int tiles_mn = tiles_m * tiles_n, tiles = tiles_mn * batch;
+    const int KT = (K + {bk - 1}) / {bk};
+    if (threadIdx.x == 0) {{
+        for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, 1); mbar_init(bars + 8 * ({st} + s), {empty_count}); }}
+        mbar_init(bars + {16 * st}, 4); mbar_init(bars + {16 * st + 8}, 4);  // ping-pong turn barriers
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }}
+    __syncthreads();
+    const int wg = threadIdx.x / 128 - 1;  // -1: producer, 0/1: consumers
+    if (wg < 0) {{
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x != 0) return;
+        int s = 0; u32 phase = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
+            const int bz = tile / tiles_mn, t = tile % tiles_mn;
+            const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
+            const int gsz = min(tiles_m - first_m, {spec.group_m});
+            const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
+            for (int kt = 0; kt < KT; ++kt) {{
+                mbar_wait(bars + 8 * ({st} + s), phase ^ 1);
+                const u32 full = bars + 8 * s;
+                mbar_expect_tx(full, {a_bytes + b_bytes});
+                const u32 sa = base + s * {a_bytes}, sb = base + {st * a_bytes} + s * {b_bytes};
+                {a_loads}
+                {b_loads}
+                if (++s == {st}) {{ s = 0; phase ^= 1; }}
+            }}
+        }}
+        return;
+    }}
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const int g = lane >> 2, t4 = lane & 3;
+    float d[{subs}][{regs}];
+{master_decl}
+    {tout}* ebuf = reinterpret_cast<{tout}*>(smem_raw + (epi - smem_u32(smem_raw))) + (wg * 4 + warp) * {EPI_BYTES // out_size};
+    for (int j = {first}; ; j += {step}) {{
+        const int tile = blockIdx.x + j * gridDim.x;
+        if (tile >= tiles) break;
+        const int bz = tile / tiles_mn, t = tile % tiles_mn;
+        const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
+        const int gsz = min(tiles_m - first_m, {spec.group_m});
+        const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
+        int prev = -1;
+{master_zero}
+{turn_wait}
+        for (int kt = 0; kt < KT; ++kt) {{
+            const unsigned it = (unsigned)j * KT + kt;
+            const int s = it % {st};
+            mbar_wait(bars + 8 * s, (it / {st}) & 1);
+            const u32 a_s = base + s * {a_bytes}, b_s = base + {st * a_bytes} + s * {b_bytes};
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                #pragma unroll
+                for (int sub = 0; sub < {subs}; ++sub)
+                    wgmma_tile(d[sub], {a_desc}, {b_desc}, {scale_d});
+            wgmma_commit();
+{wait_and_release}
+        }}
+{turn_signal}
+        wgmma_wait<0>();
+        #pragma unroll
+        for (int sub = 0; sub < {subs}; ++sub)
+            #pragma unroll
+            for (int i = 0; i < {regs}; ++i) fence_acc(d[sub][i]);
+        if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
+        {tout}* Cb = C + (long long)bz * M * N;
+{epilogue_code}
+    }}
+}}
+"""
+
+
+STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem staging (padded rows, conflict-free)
+        // -> 16-byte coalesced global stores (row segments of 128 B).
+        #pragma unroll
+        for (int sub = 0; sub < {subs}; ++sub) {{
+            const int rbase = m0 + {rowbase} + warp * 16;
+            #pragma unroll
+            for (int cc = 0; cc < {n_cc}; ++cc) {{
+                #pragma unroll
+                for (int jj = 0; jj < {cc8}; ++jj) {{
+                    const int j2 = cc * {cc8} + jj;
+                    const int col = n0 + j2 * 8 + 2 * t4;
+                    #pragma unroll
+                    for (int h = 0; h < 2; ++h) {{
+                        const float v0 = apply_epilogue({accn}[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
+                        const float v1 = apply_epilogue({accn}[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+                        {tout}* e = ebuf + (g + 8 * h) * {ld} + jj * 8 + 2 * t4;
+                        {smem_pair}
+                    }}
+                }}
+                __syncwarp();
+                #pragma unroll
+                for (int i = 0; i < 4; ++i) {{
+                    const int idx = lane + 32 * i, r = idx / 8, c = (idx % 8) * {vec};
+                    const int row = rbase + r, col = n0 + cc * {cc_cols} + c;
+                    if (row < M) {{
+                        const {tout}* e = ebuf + r * {ld} + c;
+                        {tout}* p = Cb + (long long)row * N + col;
+                        if ({vs} && col + {vec} <= N) {{
+                            u32 x0, x1, x2, x3;
+                            asm volatile("ld.shared.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(smem_u32(e)));
+                            asm volatile("st.global.v4.u32 [%0], {{%1,%2,%3,%4}};" :: "l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
+                        }} else {{
+                            #pragma unroll
+                            for (int q = 0; q < {vec}; ++q) if (col + q < N) p[q] = e[q];
+                        }}
+                    }}
+                }}
+                __syncwarp();
+            }}
+        }}
+"""
+
+DIRECT = """        // Epilogue: accumulators -> epilogue chain -> direct (4-byte pair) stores from the fragment layout.
+        #pragma unroll
+        for (int sub = 0; sub < {subs}; ++sub)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            const int row = m0 + {rowbase} + warp * 16 + g + h * 8;
+            if (row >= M) continue;
+            #pragma unroll
+            for (int j2 = 0; j2 < {bn8}; ++j2) {{
+                const int col = n0 + j2 * 8 + 2 * t4;
+                const float v0 = apply_epilogue({accn}[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
+                const float v1 = apply_epilogue({accn}[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+                {{ {tout}* C = Cb; {store} }}
+            }}
+        }}
+"""

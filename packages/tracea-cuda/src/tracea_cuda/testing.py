@@ -1,0 +1,131 @@
+"""Helpers for the CUDA backend's GPU tests and benchmarks (random inputs, float64 references)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+from tracea.doctor.variant import OpArgs
+from tracea.dtypes import DType
+from tracea.ir.epilogue import EpilogueKind
+from tracea.ir.ops import Conv2dOp, GemmOp, Layout
+
+from . import toolkit
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_available() -> bool:
+    """CuPy works, a GPU is present and torch sees it (the tests build inputs with torch)."""
+    if not toolkit.status()[0]:
+        return False
+    try:
+        import torch  # noqa: PLC0415
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_profile():
+    from .device import profile  # noqa: PLC0415
+
+    return profile(0)
+
+
+def torch_dtype(dtype: DType):
+    import torch  # noqa: PLC0415
+
+    return {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}[dtype.storage]
+
+
+def apply_epilogue_ref(x, epilogue, bias):
+    """The epilogue chain in float64 with torch (x: (..., n) or conv output with channel axis -1)."""
+    import torch  # noqa: PLC0415
+
+    for step in epilogue:
+        if step is EpilogueKind.BIAS:
+            x = x + bias.double()
+        elif step is EpilogueKind.RELU:
+            x = torch.relu(x)
+        elif step is EpilogueKind.GELU_TANH:
+            x = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        elif step is EpilogueKind.GELU_ERF:
+            x = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+        elif step is EpilogueKind.SILU:
+            x = x * torch.sigmoid(x)
+    return x
+
+
+def gemm_inputs(op: GemmOp, seed: int = 0) -> dict[str, Any]:
+    import torch  # noqa: PLC0415
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = torch_dtype(op.dtype_a)
+    a_shape = (op.batch, op.k, op.m) if op.trans_a else (op.batch, op.m, op.k)
+    b_shape = (op.batch, op.n, op.k) if op.trans_b else (op.batch, op.k, op.n)
+    a = torch.randn(a_shape, generator=g, device="cuda", dtype=torch.float32).to(dt)
+    b = torch.randn(b_shape, generator=g, device="cuda", dtype=torch.float32).to(dt)
+    bias = (torch.randn((op.n,), generator=g, device="cuda", dtype=torch.float32).to(torch_dtype(op.out_dtype))
+            if op.epilogue.has_bias else None)
+    out = torch.full((op.batch, op.m, op.n), float("nan"), device="cuda", dtype=torch_dtype(op.out_dtype))
+    return {"a": a, "b": b, "bias": bias, "out": out}
+
+
+def gemm_reference(op: GemmOp, t: dict[str, Any]):
+    a, b = t["a"].double(), t["b"].double()
+    if op.trans_a:
+        a = a.transpose(-1, -2)
+    if op.trans_b:
+        b = b.transpose(-1, -2)
+    return apply_epilogue_ref(a @ b, op.epilogue, t["bias"])
+
+
+def conv_inputs(op: Conv2dOp, seed: int = 0) -> dict[str, Any]:
+    import torch  # noqa: PLC0415
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = torch_dtype(op.dtype)
+    x = torch.randn(op.x_shape, generator=g, device="cuda", dtype=torch.float32).to(dt)
+    w = (torch.randn(op.w_shape, generator=g, device="cuda", dtype=torch.float32) /
+         math.sqrt(op.c * op.r * op.s)).to(dt)
+    bias = (torch.randn((op.k,), generator=g, device="cuda", dtype=torch.float32).to(torch_dtype(op.out_dtype))
+            if op.epilogue.has_bias else None)
+    out = torch.full(op.out_shape, float("nan"), device="cuda", dtype=torch_dtype(op.out_dtype))
+    return {"x": x, "w": w, "bias": bias, "out": out}
+
+
+def conv_reference(op: Conv2dOp, t: dict[str, Any]):
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    x, w = t["x"].double(), t["w"].double()
+    if op.layout is Layout.NHWC:
+        x, w = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
+    y = F.conv2d(x, w, stride=op.stride, padding=op.padding, dilation=op.dilation, groups=op.groups)
+    y = y.permute(0, 2, 3, 1)  # channels last so the bias broadcasts
+    y = apply_epilogue_ref(y, op.epilogue, t["bias"])
+    return y if op.layout is Layout.NHWC else y.permute(0, 3, 1, 2)
+
+
+def op_args(t: dict[str, Any]) -> OpArgs:
+    arrays = {k: v for k, v in t.items() if k != "out"}
+    return OpArgs(arrays, t["out"], None)
+
+
+def rel_err(out, ref) -> float:
+    import torch  # noqa: PLC0415
+
+    out = out.double().reshape(ref.shape)
+    if torch.isnan(out).any():
+        return float("nan")
+    return float(torch.linalg.norm((out - ref).flatten()) / max(float(torch.linalg.norm(ref.flatten())), 1e-300))
+
+
+#: Expected relative error bound by (math, output dtype).
+def tolerance(math_mode: str, out: DType) -> float:
+    if out.storage is DType.BF16:
+        return 1e-2
+    if out.storage is DType.F16:
+        return 2e-3
+    return {"f16": 1e-4, "bf16": 1e-4, "tf32": 5e-3, "3xtf32": 1e-5}[math_mode]

@@ -1,0 +1,92 @@
+"""TMA tensor maps (``cuTensorMapEncodeTiled`` through ctypes on libcuda) and kernel launches with
+by-value ``__grid_constant__`` tensor-map parameters (``cuLaunchKernel`` through CuPy's driver module).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any, Sequence
+
+from tracea.dtypes import DType
+from tracea.errors import BackendError, LaunchError
+
+from . import toolkit
+
+# CUtensorMapDataType / Swizzle / L2 promotion enum values (cuda.h).
+_DTYPE = {DType.F16: 6, DType.F32: 7, DType.BF16: 9}
+SWIZZLE_128B = 3
+L2_PROMO_256B = 3
+
+
+class TensorMap(ctypes.Structure):
+    """``CUtensorMap``: 128 opaque bytes, 64-byte aligned when passed by value."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda() -> Any:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise BackendError(f"cannot load libcuda.so.1 for TMA descriptors: {exc}", backend="cuda") from None
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(TensorMap), ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def tiled_map(ptr: int, dtype: DType, dims: Sequence[int], box: Sequence[int]) -> TensorMap:
+    """A 128B-swizzled tiled tensor map of a packed row-major tensor.
+
+    :param dims: sizes innermost first (for a (batch, rows, cols) array: ``(cols, rows, batch)``).
+    :param box: box sizes innermost first; the innermost box must span at most 128 bytes.
+    """
+    rank = len(dims)
+    item = dtype.itemsize
+    g_dim = (ctypes.c_uint64 * rank)(*dims)
+    strides, acc = [], item
+    for d in dims[:-1]:
+        acc *= d
+        strides.append(acc)
+    g_stride = (ctypes.c_uint64 * max(rank - 1, 1))(*strides)
+    b_dim = (ctypes.c_uint32 * rank)(*box)
+    e_str = (ctypes.c_uint32 * rank)(*([1] * rank))
+    out = TensorMap()
+    rc = _libcuda().cuTensorMapEncodeTiled(ctypes.byref(out), _DTYPE[dtype], rank, ctypes.c_void_p(ptr), g_dim,
+                                           g_stride, b_dim, e_str, 0, SWIZZLE_128B, L2_PROMO_256B, 0)
+    if rc != 0:
+        raise LaunchError(f"cuTensorMapEncodeTiled failed with CUresult {rc} (dims={tuple(dims)}, box={tuple(box)}, "
+                          f"ptr=0x{ptr:x})", backend="cuda")
+    return out
+
+
+class Packed:
+    """Kernel parameters as ctypes values plus the ``void*[]`` array pointing at them (kept alive together)."""
+
+    def __init__(self, holders: list) -> None:
+        self.holders = holders
+        self.params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
+        self.address = ctypes.addressof(self.params)
+
+
+def pack(args: Sequence[Any]) -> Packed:
+    """Pack ctypes values (tensor maps by value, pointers, ints) for :func:`launch`."""
+    holders = [a if isinstance(a, (ctypes._SimpleCData, ctypes.Structure)) else None for a in args]
+    if any(h is None for h in holders):
+        raise LaunchError("launch arguments must be ctypes values", backend="cuda")
+    return Packed(holders)
+
+
+def launch(function: Any, grid: tuple[int, int, int], block: int, smem: int, stream: Any, args: Any) -> None:
+    """``cuLaunchKernel`` with parameters given as ctypes objects (tensor maps by value) or a :class:`Packed`."""
+    packed = args if isinstance(args, Packed) else pack(args)
+    drv = toolkit.cupy().cuda.driver
+    try:
+        drv.launchKernel(function.ptr, grid[0], grid[1], grid[2], block, 1, 1, smem, stream.ptr, packed.address, 0)
+    except Exception as exc:
+        raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None

@@ -1,0 +1,11 @@
+"""The CUDA backend's kernel variants."""
+
+from __future__ import annotations
+
+
+def all_variants() -> list:
+    from .gemm import GEMM_VARIANTS  # noqa: PLC0415
+    from .conv import CONV_VARIANTS  # noqa: PLC0415
+    from .hopper import HOPPER_VARIANTS  # noqa: PLC0415
+
+    return [cls() for cls in HOPPER_VARIANTS + GEMM_VARIANTS + CONV_VARIANTS]

@@ -1,0 +1,175 @@
+"""conv2d as an implicit GEMM on the mma.sync kernel: no im2col buffer, the tile loader gathers
+input pixels directly (padding and edges are zero-filled predicated copies)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import Requirements
+from tracea.dtypes import DType, Fp32Precision
+from tracea.ir.ops import Conv2dOp, LayerType, Layout
+from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode
+from tracea.semantic.search_space import SearchSpace
+
+from ..emit import operands
+from ..emit.mma import MmaSpec
+from .. import compiler, toolkit
+from ..arrays import data_ptr, device_index, launch_stream
+from ..emit import splitk, transpose
+from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, tile_shape, u64
+
+
+class ImplicitGemmConv(CudaVariant):
+    name = "cuda.conv2d.implicit_mma"
+    description = ("conv2d implicit GEMM (M=N*P*Q, N=K, K=C*R*S) on mma.sync: NHWC f16/bf16/f32 and NCHW f32, "
+                   "TF32 or 3xTF32 for f32, any stride/padding/dilation/kernel size, fused epilogue")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D,
+                                dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
+                                min_compute_capability=(8, 0), groups=False)
+    efficiency = 0.4
+    priority = 10
+
+    def extra_checks(self, op: Conv2dOp, profile: DeviceProfile) -> list[str]:
+        reasons = []
+        m, n, k = op.gemm_mnk
+        if m * k > 2**31 or op.n * op.c * op.h * op.w > 2**31:
+            reasons.append("tensor larger than the 32-bit index range")
+        if op.layout is Layout.NCHW and op.dtype.storage is not DType.F32:
+            reasons.append("16-bit conv needs NHWC (channels_last) layout; NCHW is served for float32 only")
+        return reasons
+
+    @staticmethod
+    def transforms_input(op: Conv2dOp, config: PipelineConfig) -> bool:
+        """NCHW float32 with ``nchw_mode=transform``: x and w are transposed to channels-last scratch
+        buffers first, so the main kernel gathers 16-byte vectors and feeds ldmatrix (output still NCHW)."""
+        return op.layout is Layout.NCHW and config.get("nchw_mode", "direct") == "transform"
+
+    def spec(self, op: Conv2dOp, config: PipelineConfig, ptrs: dict | None) -> MmaSpec:
+        splits = int(config.get("split_k") or 1)
+        if splits > 1:  # partial products to an fp32 workspace; the reduction applies the epilogue
+            from tracea.ir.epilogue import Epilogue  # noqa: PLC0415
+
+            base = self.spec(op, config.replace(split_k=1), None if ptrs is None else {**ptrs, "out": 0})
+            return replace(base, dtype_out=DType.F32, epilogue=Epilogue.empty(), split_k=splits,
+                           store=operands.StoreMap("rowmajor", True, batch_stride="0"))
+        if self.transforms_input(op, config):
+            inner = replace(op, layout=Layout.NHWC)
+            base = self.spec(inner, config.replace(nchw_mode="direct"),
+                             None if ptrs is None else {**ptrs, "x": 0, "w": 0})
+            return replace(base, store=operands.conv_output(op, False))
+        dt = op.dtype.storage
+        epc = 16 // dt.itemsize
+        _, _, kdim = op.gemm_mnk
+        bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
+        vec_x = op.layout is Layout.NHWC and op.c % epc == 0 and aligned(ptrs, "x")
+        return MmaSpec(
+            dtype_in=dt, math=math_mode(dt, op.fp32_precision), dtype_out=op.out_dtype, bias_dtype=bias_dtype,
+            epilogue=op.epilogue, a=operands.conv_input(op, vec_x),
+            b=operands.conv_weight(op, kdim % epc == 0 and aligned(ptrs, "w")),
+            store=operands.conv_output(op, op.k % 2 == 0 and aligned(ptrs, "out", 2 * op.out_dtype.itemsize)),
+            **tile_shape(config))
+
+    def run(self, op: Conv2dOp, config: PipelineConfig, args, profile: DeviceProfile, stream: Any = None) -> None:
+        splits = int(config.get("split_k") or 1)
+        transform = self.transforms_input(op, config)
+        if not transform and splits == 1:
+            return super().run(op, config, args, profile, stream)
+        cp = toolkit.cupy()
+        dev = device_index(args.out)
+        arch = toolkit.arch_name(profile.compute_capability or (8, 0))
+        with cp.cuda.Device(dev):
+            stream = stream if stream is not None else launch_stream(args)
+            arrays = dict(args.arrays)
+            if transform:
+                x_t = self._scratch(dev, stream, "x", op.n * op.c * op.h * op.w)
+                w_t = self._scratch(dev, stream, "w", op.k * op.c * op.r * op.s)
+                tk = compiler.load(transpose.render(op.dtype), transpose.KERNEL_NAME, arch, smem=0, threads=256)
+                hw, rs = op.h * op.w, op.r * op.s
+                tk.launch((-(-hw // 32), -(-op.c // 32), op.n),
+                          (u64(data_ptr(arrays["x"], "x")), u64(x_t.data.ptr), np.int32(op.c), np.int32(hw)), stream)
+                tk.launch((-(-rs // 32), -(-op.c // 32), op.k),
+                          (u64(data_ptr(arrays["w"], "w")), u64(w_t.data.ptr), np.int32(op.c), np.int32(rs)), stream)
+                arrays.update(x=x_t, w=w_t)
+            out = args.out
+            m, n, _ = op.gemm_mnk
+            if splits > 1:
+                out = self._scratch(dev, stream, "ws", splits * m * n)
+            super().run(op, config, type(args)(arrays, out, args.adapter), profile, stream)
+            if splits > 1:
+                bias = args.arrays.get("bias")
+                bias_dtype = DType.parse(bias.dtype, arg="bias") if bias is not None else op.out_dtype
+                rkey = (op.out_dtype, bias_dtype, op.epilogue, splits, op.layout, op.p * op.q, arch)
+                rk = self._reducers.get(rkey) if hasattr(self, "_reducers") else None
+                if rk is None:
+                    src = splitk.render(op.out_dtype, bias_dtype, op.epilogue, splits,
+                                        op.p * op.q if op.layout is Layout.NCHW else 0)
+                    rk = compiler.load(src, splitk.KERNEL_NAME, arch, smem=0, threads=256)
+                    self._reducers = getattr(self, "_reducers", {})
+                    self._reducers[rkey] = rk
+                optr = data_ptr(args.out, "out")
+                rk.launch((-(-(m * n) // 256), 1, 1),
+                          (u64(out.data.ptr), u64(optr), u64(data_ptr(bias, "bias") if bias is not None else optr),
+                           np.int32(m), np.int32(n)), stream)
+
+    def _scratch(self, dev: int, stream: Any, role: str, n: int) -> Any:
+        """A cached per-(device, stream, role) float32 buffer of at least ``n`` elements (reused only on
+        the same stream, so stream order keeps consecutive calls from racing)."""
+        if not hasattr(self, "_scratch_bufs"):
+            self._scratch_bufs: dict = {}
+        key = (dev, int(stream.ptr), role)
+        buf = self._scratch_bufs.get(key)
+        if buf is None or buf.size < n:
+            buf = toolkit.cupy().empty(n, dtype=np.float32)
+            self._scratch_bufs[key] = buf
+        return buf
+
+    def grid(self, op: Conv2dOp, spec: MmaSpec) -> tuple[int, int, int]:
+        m, n, _ = op.gemm_mnk
+        return (-(-m // spec.bm) * -(-n // spec.bn), 1, spec.split_k)
+
+    def kernel_args(self, op: Conv2dOp, ptrs: dict) -> tuple:
+        m, n, k = op.gemm_mnk
+        bias = ptrs.get("bias") or ptrs["out"]
+        return (u64(ptrs["x"]), u64(ptrs["w"]), u64(ptrs["out"]), u64(bias), np.int32(m), np.int32(n), np.int32(k))
+
+    def search_space(self, op: Conv2dOp, profile: DeviceProfile) -> SearchSpace:
+        return (SearchSpace().tile_m([64, 128, 256]).tile_n([32, 64, 128, 256]).tile_k([16, 32, 64])
+                .stages([2, 3, 4]).warps([4, 8]).swizzles([SwizzleMode.XOR8, SwizzleMode.NONE])
+                .barrier_modes([BarrierMode.SYNC]).param("warp_m", [1, 2, 4])
+                .param("nchw_mode", ["transform", "direct"] if op.layout is Layout.NCHW else ["direct"])
+                .param("split_k", [1, 2, 4, 8])
+                .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
+
+    def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        m, n, _ = op.gemm_mnk
+        if op.dtype.storage is DType.F32:
+            big = [hero(128, 128, 32, 3, 8, warp_m=2), hero(128, 64, 32, 3, 4, warp_m=2)]
+            small = [hero(64, 64, 32, 3, 4, warp_m=2)]
+            if op.layout is Layout.NCHW and op.c % 4 == 0:
+                big = [c.replace(nchw_mode="transform") for c in big] + big
+                small = [c.replace(nchw_mode="transform") for c in small] + small
+        else:
+            big = [hero(128, 128, 32, 4, 4, warp_m=2), hero(128, 256, 32, 3, 8, warp_m=2),
+                   hero(128, 64, 32, 4, 4, warp_m=2)]
+            small = [hero(64, 64, 32, 4, 4, warp_m=2)]
+        if n <= 64:
+            big = [c.replace(tile_n=64) if c.tile_n > 64 else c for c in big]
+            big = list(dict.fromkeys(big))
+        tiles = -(-m // 128) * -(-n // 128)
+        if tiles >= profile.compute_units:
+            return big + small
+        # Too few output tiles to fill the GPU: small tiles first. Split-K (fp32 workspace + a reduction
+        # applying the epilogue) is offered last: measured slower than 64x64 tiles on ResNet 7x7/14x14
+        # layers on an H200 (106 vs 119 TF/s), so it is for the tuner to find where it pays.
+        _, _, kdim = op.gemm_mnk
+        tiles64 = -(-m // 64) * -(-n // 64)
+        splits = max(2, min(8, -(-4 * profile.compute_units // tiles64), kdim // 256))
+        split = [small[0].replace(split_k=splits)] if kdim >= 512 else []
+        return small + big + split
+
+
+CONV_VARIANTS = [ImplicitGemmConv]

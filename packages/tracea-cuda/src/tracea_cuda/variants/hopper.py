@@ -1,0 +1,262 @@
+"""Hopper GEMM variant: TMA + wgmma, warp-specialised, persistent (sm_90a)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import OpArgs, Requirements
+from tracea.dtypes import DType, Fp32Precision
+from tracea.ir.ops import GemmOp, LayerType
+from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode, Validity
+from tracea.semantic.search_space import SearchSpace
+from tracea.errors import UnsupportedConfigError
+
+from .. import compiler, tma, toolkit
+from ..arrays import data_ptr, device_index, launch_stream
+from ..emit.wgmma import KERNEL_NAME, WgmmaSpec, render
+from .base import FLOAT_IO, CudaVariant
+from .gemm import MmaGemm16
+
+
+def _hero(bn: int, stages: int, group_m: int = 8, schedule: str = "coop", bm: int = 128,
+          smem_epilogue: bool = True) -> PipelineConfig:
+    return PipelineConfig(bm, bn, 64, stages, 12, SwizzleMode.XOR8, BarrierMode.PRODUCER_CONSUMER,
+                          (("group_m", group_m), ("schedule", schedule), ("smem_epilogue", smem_epilogue)))
+
+
+class WgmmaGemm(CudaVariant):
+    name = "cuda.gemm.wgmma"
+    description = ("fp16/bf16 GEMM for Hopper: TMA (128B swizzle) + mbarrier pipeline + wgmma, producer/2 consumer "
+                   "warpgroups with setmaxnreg, persistent grouped grid, fused epilogue (sm_90a)")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F16, DType.BF16}),
+                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
+                                alignment=8)
+    efficiency = 0.8
+    priority = 20
+
+    def __init__(self) -> None:
+        self._fallback = MmaGemm16()
+        self._plans: dict = {}
+        self._launches: dict = {}
+
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        return [f"{n}={getattr(op, n)} exceeds the TMA coordinate range" for n in ("m", "n", "k")
+                if getattr(op, n) >= 2**31 - 256]
+
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
+        bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
+        if config.tile_k != 64 or config.warps != 12:
+            raise UnsupportedConfigError("the wgmma kernel needs tile_k=64 and warps=12 (3 warpgroups)")
+        pairs = op.n % 2 == 0 and (ptrs is None or ptrs.get("out", 0) % (2 * op.out_dtype.itemsize) == 0)
+        vec_store = op.n % (16 // op.out_dtype.itemsize) == 0 and (ptrs is None or ptrs.get("out", 0) % 16 == 0)
+        a_km, b_km = self.kmajor(op)
+        return WgmmaSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, a_km, b_km,
+                         pairs, vec_store, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
+                         bm=config.tile_m, schedule=str(config.get("schedule") or "coop"),
+                         smem_epilogue=bool(config.get("smem_epilogue", True)))
+
+    def _build_launch(self, op: GemmOp, spec: WgmmaSpec, pa: int, pb: int, ptrs: dict, profile: DeviceProfile):
+        b = op.batch
+        bk = 128 // spec.dtype_in.itemsize
+        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (bk, spec.bm, 1)) if spec.a_kmajor else
+                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (64, bk, 1)))
+        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (bk, spec.bn, 1)) if spec.b_kmajor else
+                 tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (64, bk, 1)))
+        tiles = -(-op.m // spec.bm) * -(-op.n // spec.bn) * b
+        grid = (min(tiles, profile.compute_units), 1, 1)
+        cargs = tma.pack([a_map, b_map, ctypes.c_uint64(ptrs["out"]), ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
+                          ctypes.c_int32(op.m), ctypes.c_int32(op.n), ctypes.c_int32(op.k), ctypes.c_int32(b)])
+        return grid, cargs
+
+    def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
+        """Whether A and B reach the kernel K-major (16-bit: as stored; wgmma transposes the others)."""
+        return not op.trans_a, op.trans_b
+
+    def operands(self, op: GemmOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
+        """Device pointers of A and B as the kernel reads them (16-bit: the caller's arrays)."""
+        return ptrs["a"], ptrs["b"]
+
+    def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        try:
+            spec = self.spec(op, config, None)
+            spec.check()
+        except UnsupportedConfigError as exc:
+            return Validity(False, exc.reason)
+        if profile.shared_mem_per_block and spec.smem_bytes > profile.shared_mem_per_block:
+            return Validity(False, f"needs {spec.smem_bytes} B of shared memory, device allows "
+                                   f"{profile.shared_mem_per_block} B per block")
+        return Validity(True)
+
+    def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
+        return (SearchSpace().tile_m([64, 128, 256]).tile_n([64, 128, 256]).tile_k([64]).stages([3, 4, 5, 6, 7])
+                .warps([12]).swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
+                .param("group_m", [4, 8, 16]).param("schedule", ["coop", "pingpong"])
+                .param("smem_epilogue", [True, False])
+                .param("partial_stages", [1, 2, 4, 8] if self.name.endswith("3xtf32") else [1])
+                .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
+
+    def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        big = [_hero(256, 4), _hero(128, 6, schedule="pingpong"), _hero(128, 4, bm=256),
+               _hero(256, 4, smem_epilogue=False), _hero(128, 6, schedule="pingpong", smem_epilogue=False),
+               _hero(256, 3, 16)]
+        tiles = -(-op.m // 128) * -(-op.n // 256) * op.batch
+        return big if tiles >= profile.compute_units else [_hero(128, 6), _hero(64, 8), _hero(256, 4)]
+
+    def _kernel(self, spec: WgmmaSpec, profile: DeviceProfile) -> compiler.Kernel:
+        return compiler.load(render(spec), KERNEL_NAME, "sm_90a", smem=spec.smem_bytes, threads=spec.threads)
+
+    def prepare(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        with toolkit.cupy().cuda.Device(profile.device.index):
+            return self._kernel(self.spec(op, config, None), profile)
+
+    def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        ptrs: dict[str, Any] = {"a": data_ptr(args.arrays["a"], "a"), "b": data_ptr(args.arrays["b"], "b"),
+                                "out": data_ptr(args.out, "out")}
+        bias = args.arrays.get("bias")
+        if bias is not None:
+            ptrs["bias"] = data_ptr(bias, "bias")
+            ptrs["bias_dtype"] = DType.parse(bias.dtype, arg="bias").value
+        if ptrs["a"] % 16 or ptrs["b"] % 16:  # TMA needs 16-byte aligned bases: documented fallback
+            self._fallback.run(op, self._fallback.hero_configs(op, profile)[0], args, profile)
+            return
+        cp = toolkit.cupy()
+        dev = device_index(args.out)
+        key = (op, config, dev, ptrs.get("bias_dtype"), ptrs["out"] % 16)
+        with cp.cuda.Device(dev):
+            plan = self._plans.get(key)
+            if plan is None:
+                spec = self.spec(op, config, ptrs)
+                plan = (self._kernel(spec, profile), spec)
+                self._plans[key] = plan
+            kernel, spec = plan
+            stream = launch_stream(args)
+            pa, pb = self.operands(op, args, ptrs, stream)
+            # Tensor maps and the packed parameter block depend only on the pointers: cache them so a
+            # repeated call costs one dict lookup and one cuLaunchKernel.
+            lkey = (key, pa, pb, ptrs["out"], ptrs.get("bias"))
+            launch = self._launches.get(lkey)
+            if launch is None:
+                launch = self._build_launch(op, spec, pa, pb, ptrs, profile)
+                if len(self._launches) > 256:
+                    self._launches.clear()
+                self._launches[lkey] = launch
+            grid, cargs = launch
+            tma.launch(kernel.function, grid, spec.threads, spec.smem_bytes, stream, cargs)
+
+
+class WgmmaGemmTf32(WgmmaGemm):
+    """fp32 GEMM on TF32 wgmma (TF32 allowed). TF32 wgmma reads both operands K-major only, so an
+    MN-major operand (B stored (K, N), or A stored (K, M)) is first transposed into a cached scratch
+    buffer on the launch stream (one extra pass over that operand)."""
+
+    name = "cuda.gemm.wgmma_tf32"
+    description = ("fp32 GEMM on TF32 Tensor Cores for Hopper (fp32_precision high/medium): TMA + wgmma "
+                   "m64nNk8, warp-specialised persistent kernel; MN-major operands transposed first")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
+                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
+                                fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}),
+                                alignment=4)
+    efficiency = 0.7
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .gemm import MmaGemmTf32  # noqa: PLC0415
+
+        self._fallback = MmaGemmTf32()
+        self._scratch: dict = {}
+
+    def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
+        return True, True
+
+    def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        return [_hero(256, 4, 16), _hero(128, 4, 16, bm=256), _hero(256, 4), _hero(128, 6)]
+
+    def _buf(self, dev: int, stream: Any, role: str, n: int) -> Any:
+        key = (dev, int(stream.ptr), role)
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < n:
+            import numpy as np  # noqa: PLC0415
+
+            buf = toolkit.cupy().empty(n, dtype=np.float32)
+            self._scratch[key] = buf
+        return buf
+
+    def operands(self, op: GemmOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
+        import numpy as np  # noqa: PLC0415
+
+        from ..emit import transpose  # noqa: PLC0415
+
+        pa, pb = ptrs["a"], ptrs["b"]
+        if op.trans_a or not op.trans_b:
+            tk = compiler.load(transpose.render(DType.F32), transpose.KERNEL_NAME, "sm_90a", smem=0, threads=256)
+            dev = device_index(args.out)
+            if op.trans_a:  # (K, M) -> (M, K)
+                buf = self._buf(dev, stream, "a", op.batch * op.m * op.k)
+                tk.launch((-(-op.m // 32), -(-op.k // 32), op.batch),
+                          (np.uint64(pa), np.uint64(buf.data.ptr), np.int32(op.k), np.int32(op.m)), stream)
+                pa = buf.data.ptr
+            if not op.trans_b:  # (K, N) -> (N, K)
+                buf = self._buf(dev, stream, "b", op.batch * op.n * op.k)
+                tk.launch((-(-op.n // 32), -(-op.k // 32), op.batch),
+                          (np.uint64(pb), np.uint64(buf.data.ptr), np.int32(op.k), np.int32(op.n)), stream)
+                pb = buf.data.ptr
+        return pa, pb
+
+
+class WgmmaGemm3xTf32(WgmmaGemmTf32):
+    """fp32-accurate GEMM (``fp32_precision="highest"``) on TF32 wgmma: one pass splits A and B into
+    K-major (small, big, big) / (big, small, big) TF32 parts three times as wide along K, then the TF32
+    kernel runs K' = 3K with each stage accumulated into a fresh partial sum added with FADD (Tensor
+    Core accumulation truncates; this keeps long-K error at fp32 level)."""
+
+    name = "cuda.gemm.wgmma_3xtf32"
+    description = ("fp32-accurate GEMM for Hopper: 3xTF32 split written K-major in one pass, TF32 wgmma over "
+                   "3K with per-stage partial sums (rel. error ~1e-6)")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
+                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
+                                fp32_precisions=frozenset({Fp32Precision.HIGHEST}), alignment=4)
+    efficiency = 0.25
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .gemm import MmaGemm3xTf32  # noqa: PLC0415
+
+        self._fallback = MmaGemm3xTf32()
+
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
+        from dataclasses import replace  # noqa: PLC0415
+
+        return replace(super().spec(op, config, ptrs), split_acc=True,
+                       partial_stages=int(config.get("partial_stages") or 1))
+
+    def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        return [_hero(128, 4).replace(partial_stages=8), _hero(128, 5).replace(partial_stages=4),
+                _hero(128, 4).replace(partial_stages=4), _hero(128, 4, 16).replace(partial_stages=8)]
+
+    def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        import numpy as np  # noqa: PLC0415
+        from dataclasses import replace  # noqa: PLC0415
+
+        from ..emit import split  # noqa: PLC0415
+
+        cp = toolkit.cupy()
+        dev = device_index(args.out)
+        with cp.cuda.Device(dev):
+            stream = launch_stream(args)
+            sk = compiler.load(split.render(), split.KERNEL_NAME, "sm_90a", smem=0, threads=256)
+            bufs = {}
+            for role, rows, trans, order in (("a", op.m, op.trans_a, 0), ("b", op.n, not op.trans_b, 1)):
+                buf = self._buf(dev, stream, role + "3", op.batch * rows * 3 * op.k)
+                r, c = (op.k, rows) if trans else (rows, op.k)
+                sk.launch((-(-c // 32), -(-r // 32), op.batch),
+                          (np.uint64(data_ptr(args.arrays[role], role)), np.uint64(buf.data.ptr), np.int32(r),
+                           np.int32(c), np.int32(0 if trans else 1), np.int32(order)), stream)
+                bufs[role] = buf
+            op3 = replace(op, k=3 * op.k, trans_a=False, trans_b=True)
+            inner = OpArgs({**args.arrays, "a": bufs["a"], "b": bufs["b"]}, args.out, args.adapter)
+            WgmmaGemm.run(self, op3, config, inner, profile)
+
+
+HOPPER_VARIANTS = [WgmmaGemm, WgmmaGemmTf32, WgmmaGemm3xTf32]

@@ -1,0 +1,89 @@
+"""CI without a GPU: compile every hero configuration of every CUDA variant for sm_80 and sm_90a
+with nvcc and fail on a compile error, register spills over the bound, or static shared memory over
+48 KB. Skipped when nvcc is absent."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.ir.device import Device
+from tracea.ir.ops import Conv2dOp, GemmOp
+
+from tracea_cuda.emit import mma, wgmma
+from tracea_cuda.device import isa_flags
+from tracea_cuda.offline import bundle, compile_report, nvcc_path
+from tracea_cuda.variants import all_variants
+
+SPILL_BOUND = 0          # bytes of spill stores/loads allowed per kernel
+STATIC_SMEM_BOUND = 48 * 1024
+
+pytestmark = pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
+
+PROFILES = {
+    "sm_80": DeviceProfile(Device("cuda", 0), "A100 (offline)", backend="cuda", arch="sm_80", compute_units=108,
+                           compute_capability=(8, 0), warp_size=32, max_threads_per_block=1024,
+                           shared_mem_per_block=166912, registers_per_block=65536, isa=isa_flags((8, 0))),
+    "sm_90a": DeviceProfile(Device("cuda", 0), "H200 (offline)", backend="cuda", arch="sm_90a", compute_units=132,
+                            compute_capability=(9, 0), warp_size=32, max_threads_per_block=1024,
+                            shared_mem_per_block=232448, registers_per_block=65536, isa=isa_flags((9, 0))),
+}
+
+OPS = {
+    "cuda.gemm.wgmma": [GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
+                        GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"),
+                        GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="float16",
+                               dtype_b="float16", dtype_out="float32", epilogue="silu")],
+    "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
+                          GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="bfloat16",
+                                 dtype_b="bfloat16", epilogue="bias+silu")],
+    "cuda.gemm.wgmma_3xtf32": [GemmOp(4096, 4096, 4096, fp32_precision="highest", epilogue="bias")],
+    "cuda.gemm.wgmma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="bias+relu")],
+    "cuda.gemm.mma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="relu")],
+    "cuda.gemm.mma_3xtf32": [GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="highest", epilogue="bias")],
+    "cuda.conv2d.implicit_mma": [
+        Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
+        Conv2dOp(32, 128, 28, 28, 128, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high"),
+    ],
+}
+
+
+def _sources(arch: str) -> dict[str, str]:
+    profile = PROFILES[arch]
+    sources: dict[str, str] = {}
+    for variant in all_variants():
+        for op in OPS.get(variant.name, []):
+            if variant.requirements.check(op, profile):
+                assert arch != "sm_90a", (variant.name, variant.requirements.check(op, profile))
+                continue  # e.g. wgmma on sm_80
+            render = wgmma.render if variant.name.startswith("cuda.gemm.wgmma") else mma.render
+            for i, config in enumerate(variant.hero_configs(op, profile)):
+                assert variant.validate_config(op, config, profile), (variant.name, config.key)
+                name = f"k{len(sources)}"
+                sources[name] = render(variant.spec(op, config, None), name=name)
+    return sources
+
+
+def test_ptxas_advisories_are_parsed():
+    from tracea_cuda.offline import parse_ptxas
+
+    log = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+           "x in the function 'k1'\nptxas info    : Compiling entry function 'k1' for 'sm_90a'\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers\n")
+    assert parse_ptxas(log)["k1"].advisories == ("C7514",)
+
+
+def test_every_variant_has_offline_cases():
+    assert set(OPS) == {v.name for v in all_variants()}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_hero_configs_compile_without_spills(arch):
+    sources = _sources(arch)
+    report = compile_report(bundle(sources), arch)
+    assert set(report) == set(sources), "ptxas reported a different set of kernels"
+    bad = {name: r for name, r in report.items()
+           if r.spill_stores > SPILL_BOUND or r.spill_loads > SPILL_BOUND or r.static_smem > STATIC_SMEM_BOUND
+           or r.advisories}  # e.g. C7514: ptxas serialised the wgmma pipeline
+    assert not bad, f"kernels over the resource bounds on {arch}: {bad}"
