@@ -249,7 +249,8 @@ def test_hook_tracea_array_adapters():
         return [BoxAdapter()]
 
     d = _doctor(_toy_plugin(tracea_array_adapters=tracea_array_adapters))
-    assert d.adapters()[0].name == "box"
+    names = [a.name for a in d.adapters()]  # other installed plugins (torch) may rank higher still
+    assert names.index("box") < names.index("numpy")
     from tracea.runtime import operands
 
     adapter, device, found = operands.operands(d, [("a", Boxed(np.ones((2, 2), np.float32)))])

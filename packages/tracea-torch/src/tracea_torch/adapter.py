@@ -1,0 +1,169 @@
+"""The torch array adapter: lets ``tracea.ops`` accept ``torch.Tensor`` on CPU and CUDA, zero-copy.
+
+Host tensors reach NumPy-based backends as zero-copy NumPy views (``Tensor.numpy()``); bfloat16 and
+fp8 views need ``ml_dtypes`` (the bits are reinterpreted, still zero-copy), otherwise
+:meth:`TorchAdapter.to_numpy` raises a :class:`~tracea.errors.DTypeError` saying so. CUDA tensors are
+handed to the CUDA backend as they are (it reads them through the CUDA array interface / DLPack) and
+:meth:`TorchAdapter.cuda_stream` gives torch's current stream so kernels launch in torch's order.
+Outputs are allocated by torch (:meth:`TorchAdapter.empty`) on the inputs' device.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from tracea.dtypes import DType
+from tracea.errors import DTypeError, UnsupportedDeviceError
+from tracea.ir.device import Device
+from tracea.runtime.arrays import ArrayAdapter, ArrayInfo
+
+# Tracea dtype -> torch dtype attribute name.
+_TORCH_DTYPE_NAMES = {DType.F64: "float64", DType.F32: "float32", DType.TF32: "float32",
+                      DType.F16: "float16", DType.BF16: "bfloat16", DType.FP8_E4M3: "float8_e4m3fn",
+                      DType.FP8_E5M2: "float8_e5m2", DType.INT8: "int8", DType.INT32: "int32"}
+# Same-size integer types used to reinterpret dtypes NumPy lacks (bits unchanged).
+_BIT_VIEWS = {DType.BF16: "int16", DType.FP8_E4M3: "int8", DType.FP8_E5M2: "int8"}
+
+
+def torch_dtype(dtype: DType) -> Any:
+    """The ``torch.dtype`` storing ``dtype`` (TF32 is stored as float32)."""
+    found = _TO_TORCH.get(dtype)
+    if found is None:
+        import torch
+
+        found = _TO_TORCH[dtype] = getattr(torch, _TORCH_DTYPE_NAMES[DType.parse(dtype)])
+    return found
+
+
+_TO_TORCH: dict[Any, Any] = {}
+
+
+_CPU = Device.cpu()
+_DEVICES: dict[tuple[str, int], Device] = {}
+_DTYPES: dict[Any, DType] = {}  # torch.dtype -> DType (parsing the name each call costs microseconds)
+
+
+def tracea_device(t: Any) -> Device:
+    """The Tracea :class:`Device` of tensor ``t``."""
+    return device_of(t.device)
+
+
+def device_of(dev: Any) -> Device:
+    """The Tracea :class:`Device` of a ``torch.device`` (``cuda`` without an index: the current one)."""
+    if dev.type == "cpu":
+        return _CPU
+    index = dev.index
+    if index is None and dev.type == "cuda":
+        import torch
+
+        index = torch.cuda.current_device()
+    key = (dev.type, int(index or 0))
+    found = _DEVICES.get(key)
+    if found is None:
+        found = _DEVICES[key] = Device(*key)
+    return found
+
+
+def tracea_dtype(torch_dtype_: Any) -> DType:
+    """The :class:`DType` of a ``torch.dtype`` (raises :class:`DTypeError` naming it when unknown)."""
+    found = _DTYPES.get(torch_dtype_)
+    if found is None:
+        found = _DTYPES[torch_dtype_] = DType.parse(torch_dtype_, arg="dtype")
+    return found
+
+
+class TorchAdapter(ArrayAdapter):
+    """``torch.Tensor`` (and subclasses such as ``nn.Parameter``) on ``cpu`` and ``cuda``."""
+
+    name = "torch"
+    priority = 100
+    device_kinds = ("cpu", "cuda")
+    #: torch tensors are logically NCHW whatever their memory format; channels_last selects NHWC kernels.
+    logical_nchw = True
+
+    def owns(self, obj: Any) -> bool:
+        # A tensor can only exist once torch is imported, so never import it here.
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(obj, torch.Tensor)
+
+    def info(self, obj: Any) -> ArrayInfo:
+        dtype = tracea_dtype(obj.dtype)
+        return ArrayInfo(tuple(int(s) for s in obj.shape), tuple(int(s) for s in obj.stride()), dtype,
+                         tracea_device(obj), self.name)
+
+    def empty(self, shape: Sequence[int], dtype: DType, like: Any) -> Any:
+        import torch
+
+        return torch.empty(tuple(int(s) for s in shape), dtype=torch_dtype(dtype), device=like.device)
+
+    def contiguous(self, obj: Any) -> Any:
+        return obj.contiguous()
+
+    def swap_last(self, obj: Any) -> Any:
+        return obj.transpose(-1, -2)
+
+    def reshape(self, obj: Any, shape: Sequence[int]) -> Any:
+        return obj.view(tuple(int(s) for s in shape))
+
+    def permute(self, obj: Any, axes: Sequence[int]) -> Any:
+        return obj.permute(*axes)
+
+    def astype(self, obj: Any, dtype: DType) -> Any:
+        return obj.to(torch_dtype(dtype))
+
+    def fp32_precision(self) -> Any:
+        """torch's ``get_float32_matmul_precision()`` (``"highest"``, ``"high"`` = TF32, ``"medium"``)."""
+        import torch
+
+        return torch.get_float32_matmul_precision()
+
+    def to_numpy(self, obj: Any) -> np.ndarray:
+        """A zero-copy NumPy view of a CPU tensor (writes through to the tensor)."""
+        if obj.device.type != "cpu":
+            raise UnsupportedDeviceError(f"a torch tensor on {obj.device} has no host view; use to_host()")
+        t = obj.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        dtype = tracea_dtype(t.dtype)
+        if dtype in _BIT_VIEWS:
+            np_dtype = dtype.numpy
+            if np_dtype is None:
+                raise DTypeError("dtype", t.dtype, "a dtype NumPy can view; bfloat16/fp8 host views need "
+                                 "ml_dtypes (pip install ml_dtypes) or a float32 copy")
+            import torch
+
+            return t.view(getattr(torch, _BIT_VIEWS[dtype])).numpy().view(np_dtype)
+        return t.numpy()
+
+    def from_numpy(self, arr: np.ndarray, device: Device) -> Any:
+        import torch
+
+        if device.kind not in self.device_kinds:
+            raise UnsupportedDeviceError(f"the torch adapter allocates on cpu or cuda, not {device}")
+        src = np.ascontiguousarray(arr)
+        dtype = DType.parse(src.dtype, arg="arr")
+        if dtype in _BIT_VIEWS:  # ml_dtypes array: reinterpret the bits
+            t = torch.from_numpy(src.view(_BIT_VIEWS[dtype]).copy()).view(torch_dtype(dtype))
+        else:
+            t = torch.from_numpy(src.copy())
+        return t.to(f"cuda:{device.index}") if device.kind == "cuda" else t
+
+    def to_host(self, obj: Any) -> np.ndarray:
+        t = obj.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()  # synchronizes with the producing stream
+        return np.array(self.to_numpy(t), copy=True)
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    def cuda_stream(self, obj: Any) -> int:
+        """The raw ``cudaStream_t`` of torch's current stream on ``obj``'s device (0 for CPU)."""
+        if obj.device.type != "cuda":
+            return 0
+        import torch
+
+        return int(torch.cuda.current_stream(obj.device).cuda_stream)

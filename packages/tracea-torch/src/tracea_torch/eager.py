@@ -1,0 +1,88 @@
+"""PyTorch eager implementations of Tracea's ops: what a call falls back to when no Tracea variant
+serves it, and the baseline :func:`tracea_torch.tune` compares against.
+
+They follow the op description exactly (layouts, transposes, epilogue order, output dtype), so a
+fallback result is interchangeable with a variant's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tracea.dtypes import DType
+from tracea.ir.epilogue import Epilogue, EpilogueKind
+from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp, Layout, Op
+
+from .adapter import torch_dtype
+
+ACTIVATIONS = {
+    EpilogueKind.RELU: torch.relu,
+    EpilogueKind.GELU_TANH: lambda t: F.gelu(t, approximate="tanh"),
+    EpilogueKind.GELU_ERF: F.gelu,
+    EpilogueKind.SILU: F.silu,
+}
+
+
+def _cast(t: torch.Tensor, dtype: DType) -> torch.Tensor:
+    want = torch_dtype(dtype)
+    return t if t.dtype == want else t.to(want)
+
+
+def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue | tuple[EpilogueKind, ...], bias: torch.Tensor | None,
+                   channel_dim: int) -> torch.Tensor:
+    """Apply the steps of ``epilogue`` in order; the bias runs along ``channel_dim``."""
+    for step in epilogue:
+        if step is EpilogueKind.BIAS:
+            if bias is None:
+                raise ValueError("epilogue has a bias step but no bias was given")
+            shape = [1] * acc.dim()
+            shape[channel_dim] = -1
+            acc = acc + bias.reshape(shape).to(acc.dtype)
+        else:
+            acc = ACTIVATIONS[step](acc)
+    return acc
+
+
+def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``op`` on arrays in its physical layout (NCHW/KCRS or NHWC/KRSC); result in that layout."""
+    if op.layout is Layout.NHWC:
+        x, w = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
+    fused_bias = bias if op.epilogue.steps[:1] == (EpilogueKind.BIAS,) else None
+    acc = F.conv2d(x, w, fused_bias, op.stride, op.padding, op.dilation, op.groups)
+    rest = op.epilogue.steps[1:] if fused_bias is not None else op.epilogue.steps
+    out = _cast(apply_epilogue(acc, rest, bias, 1), op.out_dtype)
+    return out.permute(0, 2, 3, 1) if op.layout is Layout.NHWC else out
+
+
+def gemm(op: GemmOp, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``op`` on ``a`` ((batch,) m x k, or k x m when ``trans_a``) and ``b`` ((batch,) k x n or n x k)."""
+    lhs = a.transpose(-1, -2) if op.trans_a else a
+    rhs = b.transpose(-1, -2) if op.trans_b else b
+    acc = torch.matmul(lhs, rhs)
+    return _cast(apply_epilogue(acc, op.epilogue, bias, acc.dim() - 1), op.out_dtype)
+
+
+def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Scaled dot-product attention with grouped-query heads expanded to match ``q``."""
+    group = op.heads // int(op.kv_heads or op.heads)
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=op.causal, scale=op.scale)
+    return _cast(out, op.out_dtype)
+
+
+def run_logical(op: Op, arrays: dict[str, Any]) -> torch.Tensor:
+    """Compute ``op`` from tensors as a user passes them to ``tracea.ops``: conv2d arrays logically
+    NCHW (any memory format), GEMM operands untransposed ((batch,) m x k and (batch,) k x n, any
+    strides). The op's physical layout and transpose flags are ignored."""
+    if isinstance(op, Conv2dOp):
+        return conv2d(replace(op, layout=Layout.NCHW), arrays["x"], arrays["w"], arrays.get("bias"))
+    if isinstance(op, GemmOp):
+        return gemm(replace(op, trans_a=False, trans_b=False), arrays["a"], arrays["b"], arrays.get("bias"))
+    if isinstance(op, AttentionOp):
+        return attention(op, arrays["q"], arrays["k"], arrays["v"])
+    raise TypeError(f"no PyTorch implementation for {type(op).__name__}")

@@ -1,0 +1,32 @@
+"""Which calls PyTorch computed instead of a Tracea variant, and why.
+
+The counters live in core (``tracea.runtime.fallbacks``, shown by ``tracea doctor`` under "Framework
+fallbacks"): dispatch records the fallbacks it makes, and tracea-torch records those it decides itself
+(an input layout no kernel reads, only the reference oracle accepting the op). This module re-exports
+them with a convenience :func:`total`.
+
+``TRACEA_WARN_FALLBACK=1`` emits one :class:`FallbackWarning` per distinct (op, reason).
+"""
+
+from __future__ import annotations
+
+from tracea.runtime.fallbacks import FallbackWarning, counts, record, reset
+
+ENV_WARN = "TRACEA_WARN_FALLBACK"
+
+
+def total(kind: str | None = None, contains: str = "") -> int:
+    """How many fallbacks of op ``kind`` (any when None) whose reason contains ``contains``."""
+    return sum(n for (k, r), n in counts().items() if (kind is None or k == kind) and contains in r)
+
+
+def report() -> str:
+    """The counters as a small table (empty string when nothing fell back)."""
+    rows = sorted(counts().items(), key=lambda kv: (-kv[1], kv[0]))
+    if not rows:
+        return ""
+    width = max(len(k) for (k, _), _ in rows)
+    return "\n".join(f"{k:<{width}}  {n:>6}  {r}" for (k, r), n in rows)
+
+
+__all__ = ["ENV_WARN", "FallbackWarning", "counts", "record", "report", "reset", "total"]

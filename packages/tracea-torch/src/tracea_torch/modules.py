@@ -1,0 +1,102 @@
+"""``TraceaConv2d`` and ``TraceaLinear``: drop-in ``nn.Conv2d`` / ``nn.Linear`` subclasses whose
+forward runs Tracea kernels (through the ``tracea::conv2d`` / ``tracea::linear`` custom ops).
+
+They take the same constructor arguments as their parents plus a keyword-only ``activation`` fused
+into the kernel's epilogue, have the same parameters and ``state_dict`` keys (weights load from a
+plain module and back), and convert from an existing module with ``from_conv`` / ``from_linear``
+(sharing its parameters, no copy).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import ops
+from .bridge import parse_activation
+
+
+def conv2d_forward(module: nn.Conv2d, x: Tensor, activation: Optional[str] = None) -> Tensor:
+    """What ``nn.Conv2d.forward`` computes, through Tracea; honours ``padding_mode`` and string padding."""
+    if module.padding_mode != "zeros":
+        x = F.pad(x, module._reversed_padding_repeated_twice, mode=module.padding_mode)
+        padding: Any = 0
+    else:
+        padding = module.padding
+    return ops.conv2d(x, module.weight, module.bias, module.stride, padding, module.dilation, module.groups,
+                      activation=activation)
+
+
+def linear_forward(module: nn.Linear, x: Tensor, activation: Optional[str] = None) -> Tensor:
+    """What ``nn.Linear.forward`` computes, through Tracea."""
+    return ops.linear(x, module.weight, module.bias, activation=activation)
+
+
+class TraceaConv2d(nn.Conv2d):
+    """``nn.Conv2d`` computed by Tracea. Same constructor, plus ``activation`` (``None``, ``"relu"``,
+    ``"gelu"``, ``"gelu_tanh"``, ``"silu"``) applied in the kernel epilogue after the bias."""
+
+    #: fused activation (a class default so a module whose class was swapped in place has one).
+    activation: Optional[str] = None
+
+    def __init__(self, *args: Any, activation: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.activation = parse_activation(activation)
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, activation: Optional[str] = None) -> "TraceaConv2d":
+        """A TraceaConv2d with ``conv``'s hyper-parameters sharing its weight and bias tensors."""
+        if not isinstance(conv, nn.Conv2d):
+            from tracea.errors import InvalidArgumentError
+
+            raise InvalidArgumentError("conv", type(conv).__name__, "an nn.Conv2d")
+        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
+                  dilation=conv.dilation, groups=conv.groups, bias=conv.bias is not None,
+                  padding_mode=conv.padding_mode, device="meta", dtype=conv.weight.dtype, activation=activation)
+        new.weight = conv.weight
+        new.bias = conv.bias
+        new.train(conv.training)
+        return new
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
+        return conv2d_forward(self, input, self.activation)
+
+    def extra_repr(self) -> str:
+        act = f", activation={self.activation}" if self.activation else ""
+        return super().extra_repr() + act
+
+
+class TraceaLinear(nn.Linear):
+    """``nn.Linear`` computed by Tracea as one GEMM with the bias (and ``activation``) fused."""
+
+    activation: Optional[str] = None
+
+    def __init__(self, *args: Any, activation: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.activation = parse_activation(activation)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, activation: Optional[str] = None) -> "TraceaLinear":
+        """A TraceaLinear with ``linear``'s shape sharing its weight and bias tensors."""
+        if not isinstance(linear, nn.Linear):
+            from tracea.errors import InvalidArgumentError
+
+            raise InvalidArgumentError("linear", type(linear).__name__, "an nn.Linear")
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
+                  dtype=linear.weight.dtype, activation=activation)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.train(linear.training)
+        return new
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return linear_forward(self, input, self.activation)
+
+    def extra_repr(self) -> str:
+        act = f", activation={self.activation}" if self.activation else ""
+        return super().extra_repr() + act
+
+
+__all__ = ["TraceaConv2d", "TraceaLinear", "conv2d_forward", "linear_forward"]

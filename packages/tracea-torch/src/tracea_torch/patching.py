@@ -1,0 +1,262 @@
+"""Patch PyTorch so existing models run their convolutions and linear layers on Tracea.
+
+Two scopes, both idempotent and exactly reversible:
+
+* **global** (``patch_conv2d()`` with no model): replaces ``nn.Conv2d._conv_forward`` (which
+  ``nn.Conv2d.forward`` and most subclasses call) and ``nn.Linear.forward`` for every instance, existing
+  and new. Unpatching puts the original function objects back.
+* **one model** (``patch_conv2d(model, filter=...)``): swaps the class of each selected plain
+  ``nn.Conv2d`` / ``nn.Linear`` to :class:`TraceaConv2d` / :class:`TraceaLinear` in place. Parameters,
+  buffers, hooks and ``state_dict`` keys stay as they are; unpatching restores the original classes.
+  Inside a plain ``nn.Sequential``, a layer directly followed by ``nn.ReLU``/``nn.GELU``/``nn.SiLU``
+  gets that activation fused into its kernel and the activation module becomes a pass-through
+  (``fuse_activations=False`` to keep them separate). Fusion is skipped when either module is used more
+  than once in the model.
+
+``patched(...)`` is the context-manager form; it undoes only what it did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Any, Callable, Iterator, Optional
+
+from torch import Tensor, nn
+
+from . import ops
+from .bridge import parse_activation
+from .compat import check_torch_version
+from .modules import TraceaConv2d, TraceaLinear, linear_forward
+
+#: ``filter(name, module) -> bool`` picks which layers of a model to patch.
+ModuleFilter = Callable[[str, nn.Module], bool]
+
+_lock = threading.RLock()
+_ORIGINALS: dict[str, Any] = {}  # "conv2d"/"linear" -> original function while globally patched
+# module -> (what, original class, activation it had before) for every in-place class swap.
+_SWAPPED: "weakref.WeakKeyDictionary[nn.Module, tuple[str, type, Optional[str]]]" = weakref.WeakKeyDictionary()
+
+_ACTIVATION_MODULES: dict[type, Callable[[nn.Module], Optional[str]]] = {
+    nn.ReLU: lambda m: "relu",
+    nn.SiLU: lambda m: "silu",
+    nn.GELU: lambda m: "gelu_tanh" if getattr(m, "approximate", "none") == "tanh" else "gelu_erf",
+}
+_KINDS = {"conv2d": (nn.Conv2d, TraceaConv2d), "linear": (nn.Linear, TraceaLinear)}
+
+
+class FusedActivation(nn.Module):
+    """Pass-through standing in for an activation fused into the preceding layer (its class is
+    swapped back on unpatch)."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return input
+
+    def extra_repr(self) -> str:
+        original = _SWAPPED.get(self)
+        return f"{original[1].__name__} fused into the previous layer" if original else ""
+
+
+def _tracea_conv_forward(self: nn.Conv2d, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:  # noqa: A002
+    if self.padding_mode != "zeros":
+        padded = nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+        return ops.conv2d(padded, weight, bias, self.stride, 0, self.dilation, self.groups)
+    return ops.conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+def _tracea_linear_forward(self: nn.Linear, input: Tensor) -> Tensor:  # noqa: A002
+    return linear_forward(self, input)
+
+
+_GLOBAL_TARGETS = {"conv2d": (nn.Conv2d, "_conv_forward", _tracea_conv_forward),
+                   "linear": (nn.Linear, "forward", _tracea_linear_forward)}
+
+
+# ------------------------------------------------------------------------------------------------
+# Global patching
+# ------------------------------------------------------------------------------------------------
+
+def _patch_global(kind: str) -> bool:
+    cls, attr, replacement = _GLOBAL_TARGETS[kind]
+    with _lock:
+        if kind in _ORIGINALS:
+            return False
+        _ORIGINALS[kind] = cls.__dict__[attr]
+        setattr(cls, attr, replacement)
+        return True
+
+
+def _unpatch_global(kind: str) -> bool:
+    cls, attr, _ = _GLOBAL_TARGETS[kind]
+    with _lock:
+        if kind not in _ORIGINALS:
+            return False
+        setattr(cls, attr, _ORIGINALS.pop(kind))
+        return True
+
+
+def is_patched(kind: str = "conv2d", model: Optional[nn.Module] = None) -> bool:
+    """Whether ``kind`` (``"conv2d"`` or ``"linear"``) is patched globally, or (with ``model``) whether
+    any of the model's layers of that kind was swapped."""
+    if model is None:
+        return kind in _ORIGINALS
+    return any(_SWAPPED.get(m, ("",))[0] == kind for m in model.modules())
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-model patching
+# ------------------------------------------------------------------------------------------------
+
+def _use_counts(model: nn.Module) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        counts[id(m)] = counts.get(id(m), 0) + 1
+    return counts
+
+
+def _fusable_pairs(model: nn.Module, base: type) -> dict[int, nn.Module]:
+    """id(layer) -> the activation module that directly follows it inside a plain nn.Sequential."""
+    uses = _use_counts(model)
+    pairs: dict[int, nn.Module] = {}
+    for seq in model.modules():
+        if not isinstance(seq, nn.Sequential) or type(seq).forward is not nn.Sequential.forward:
+            continue
+        children = list(seq.children())
+        for layer, nxt in zip(children, children[1:]):
+            if (type(layer) is base and type(nxt) in _ACTIVATION_MODULES and not nxt._forward_hooks
+                    and not nxt._forward_pre_hooks and uses[id(layer)] == 1 and uses[id(nxt)] == 1):
+                pairs[id(layer)] = nxt
+    return pairs
+
+
+def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fuse: bool) -> list[nn.Module]:
+    if not isinstance(model, nn.Module):
+        from tracea.errors import InvalidArgumentError
+
+        raise InvalidArgumentError("model", type(model).__name__, "a torch.nn.Module")
+    base, target = _KINDS[kind]
+    pairs = _fusable_pairs(model, base) if fuse else {}
+    changed: list[nn.Module] = []
+    with _lock:
+        for name, m in model.named_modules():
+            if type(m) is not base or m in _SWAPPED or (filter is not None and not filter(name, m)):
+                continue
+            act_module = pairs.get(id(m))
+            _SWAPPED[m] = (kind, type(m), m.__dict__.get("activation"))
+            m.__class__ = target
+            m.activation = None
+            changed.append(m)
+            if act_module is not None and act_module not in _SWAPPED:
+                m.activation = parse_activation(_ACTIVATION_MODULES[type(act_module)](act_module))
+                _SWAPPED[act_module] = ("activation:" + kind, type(act_module), None)
+                act_module.__class__ = FusedActivation
+                changed.append(act_module)
+    return changed
+
+
+def _restore(modules: list[nn.Module]) -> int:
+    restored = 0
+    with _lock:
+        for m in modules:
+            entry = _SWAPPED.pop(m, None)
+            if entry is None:
+                continue
+            _, cls, activation = entry
+            m.__class__ = cls
+            if "activation" in m.__dict__:
+                del m.__dict__["activation"]
+            if activation is not None:
+                m.__dict__["activation"] = activation
+            restored += 1
+    return restored
+
+
+def _swapped_in(model: Optional[nn.Module], kind: str) -> list[nn.Module]:
+    pool = list(model.modules()) if model is not None else list(_SWAPPED.keys())
+    return [m for m in pool if _SWAPPED.get(m, ("",))[0] in (kind, "activation:" + kind)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Public API
+# ------------------------------------------------------------------------------------------------
+
+def patch_conv2d(model: Optional[nn.Module] = None, *, filter: Optional[ModuleFilter] = None,
+                 fuse_activations: bool = True) -> Optional[nn.Module]:
+    """Run ``nn.Conv2d`` layers on Tracea.
+
+    :param model: patch this model's plain ``nn.Conv2d`` layers in place (returned for chaining);
+        None patches ``nn.Conv2d`` globally (every instance, existing and future, and subclasses that
+        call ``_conv_forward``).
+    :param filter: with ``model``, ``filter(qualified_name, module)`` chooses the layers.
+    :param fuse_activations: with ``model``, fuse a directly following ReLU/GELU/SiLU in an nn.Sequential.
+    :raises UnsupportedConfigError: torch older than tracea-torch supports.
+    """
+    check_torch_version()
+    if model is None:
+        if filter is not None:
+            from tracea.errors import InvalidArgumentError
+
+            raise InvalidArgumentError("filter", filter, "no filter for a global patch (pass a model)")
+        _patch_global("conv2d")
+        return None
+    _patch_model(model, "conv2d", filter, fuse_activations)
+    return model
+
+
+def unpatch_conv2d(model: Optional[nn.Module] = None) -> None:
+    """Undo :func:`patch_conv2d`: for ``model`` only its swapped layers; with no model, the global
+    patch and every model patch still alive. Calling it when nothing is patched does nothing."""
+    if model is None:
+        _unpatch_global("conv2d")
+    _restore(_swapped_in(model, "conv2d"))
+
+
+def patch_linear(model: Optional[nn.Module] = None, *, filter: Optional[ModuleFilter] = None,
+                 fuse_activations: bool = True) -> Optional[nn.Module]:
+    """Run ``nn.Linear`` layers on Tracea GEMMs with the bias (and a following activation) fused.
+    Same arguments and scopes as :func:`patch_conv2d`."""
+    check_torch_version()
+    if model is None:
+        if filter is not None:
+            from tracea.errors import InvalidArgumentError
+
+            raise InvalidArgumentError("filter", filter, "no filter for a global patch (pass a model)")
+        _patch_global("linear")
+        return None
+    _patch_model(model, "linear", filter, fuse_activations)
+    return model
+
+
+def unpatch_linear(model: Optional[nn.Module] = None) -> None:
+    """Undo :func:`patch_linear` (same scopes as :func:`unpatch_conv2d`)."""
+    if model is None:
+        _unpatch_global("linear")
+    _restore(_swapped_in(model, "linear"))
+
+
+@contextlib.contextmanager
+def patched(model: Optional[nn.Module] = None, *, conv2d: bool = True, linear: bool = True,
+            filter: Optional[ModuleFilter] = None, fuse_activations: bool = True) -> Iterator[Optional[nn.Module]]:
+    """Context manager: patch on entry, undo on exit exactly what this block patched (patches made
+    before it stay)."""
+    check_torch_version()
+    kinds = [k for k, on in (("conv2d", conv2d), ("linear", linear)) if on]
+    done_global: list[str] = []
+    swapped: list[nn.Module] = []
+    try:
+        for kind in kinds:
+            if model is None:
+                if _patch_global(kind):
+                    done_global.append(kind)
+            else:
+                swapped += _patch_model(model, kind, filter, fuse_activations)
+        yield model
+    finally:
+        for kind in done_global:
+            _unpatch_global(kind)
+        _restore(swapped)
+
+
+__all__ = ["FusedActivation", "ModuleFilter", "is_patched", "patch_conv2d", "patch_linear", "patched",
+           "unpatch_conv2d", "unpatch_linear"]

@@ -1,0 +1,126 @@
+"""tracea-torch on CUDA tensors (skipped without a GPU): results, streams, channels_last half precision,
+patched models, fallbacks. Which variant served each case is printed (``-s``) for the record."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tracea
+import tracea_torch
+from tracea_torch import fallbacks
+
+pytestmark = [pytest.mark.cuda, pytest.mark.torch,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+DEV = "cuda"
+
+
+def _rel(out, ref):
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def _served_by(kind: str) -> str:
+    return "fallback" if fallbacks.total(kind) else "tracea"
+
+
+@pytest.fixture(autouse=True)
+def _unpatch():
+    set_default = torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32 = set_default
+    tracea_torch.unpatch_conv2d()
+    tracea_torch.unpatch_linear()
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_conv2d_fp32_nchw(tf32):
+    torch.backends.cudnn.allow_tf32 = tf32
+    x = torch.randn(4, 32, 17, 19, device=DEV)
+    w = torch.randn(48, 32, 3, 3, device=DEV) / 17
+    b = torch.randn(48, device=DEV)
+    out = tracea_torch.ops.conv2d(x, w, b, stride=2, padding=1, activation="relu")
+    torch.backends.cudnn.allow_tf32 = False
+    ref = torch.relu(F.conv2d(x.double(), w.double(), b.double(), stride=2, padding=1))
+    print(f"conv2d f32 tf32={tf32}: {_served_by('conv2d')} rel={_rel(out, ref):.2e} {fallbacks.counts()}")
+    assert _rel(out, ref) < (5e-3 if tf32 else 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_conv2d_half_channels_last(dtype):
+    x = torch.randn(2, 64, 14, 14, device=DEV, dtype=dtype).to(memory_format=torch.channels_last)
+    w = (torch.randn(64, 64, 3, 3, device=DEV) / 24).to(dtype).to(memory_format=torch.channels_last)
+    b = torch.randn(64, device=DEV, dtype=dtype)
+    out = tracea_torch.ops.conv2d(x, w, b, padding=1, activation="silu")
+    ref = F.silu(F.conv2d(x.float(), w.float(), b.float(), padding=1))
+    print(f"conv2d {dtype} NHWC: {_served_by('conv2d')} rel={_rel(out, ref):.2e} {fallbacks.counts()}")
+    assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
+    assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_linear_fused(dtype):
+    x = torch.randn(3, 77, 256, device=DEV, dtype=dtype)
+    w = (torch.randn(384, 256, device=DEV) / 16).to(dtype)
+    b = torch.randn(384, device=DEV, dtype=dtype)
+    out = tracea_torch.ops.linear(x, w, b, activation="gelu")
+    ref = F.gelu(F.linear(x.double(), w.double(), b.double()))
+    print(f"linear {dtype}: {_served_by('gemm')} rel={_rel(out, ref):.2e} {fallbacks.counts()}")
+    assert out.dtype == dtype and _rel(out, ref) < (1e-2 if dtype != torch.float32 else 1e-5)
+
+
+def test_runs_on_torch_current_stream():
+    x = torch.randn(8, 32, 32, 32, device=DEV, dtype=torch.float16).to(memory_format=torch.channels_last)
+    w = (torch.randn(32, 32, 3, 3, device=DEV) / 17).half()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 2  # produced on the side stream; the conv must be ordered after it
+        out = tracea_torch.ops.conv2d(y, w, None, padding=1)
+    side.synchronize()
+    ref = F.conv2d((x * 2).float(), w.float(), padding=1)
+    assert _rel(out, ref) < 1e-2
+
+
+def test_grouped_conv_falls_back_on_cuda():
+    x = torch.randn(2, 16, 9, 9, device=DEV)
+    w = torch.randn(16, 4, 3, 3, device=DEV)
+    out = tracea_torch.ops.conv2d(x, w, None, groups=4)
+    torch.testing.assert_close(out, F.conv2d(x, w, groups=4))
+    print("grouped conv on cuda:", fallbacks.counts())
+    assert fallbacks.total("conv2d") == 1
+
+
+def test_patched_model_and_training_step_on_cuda():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                          nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 1),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10)).to(DEV)
+    patched = copy.deepcopy(model)
+    tracea_torch.patch_conv2d(patched)
+    tracea_torch.patch_linear(patched)
+    x = torch.randn(8, 3, 32, 32, device=DEV)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.testing.assert_close(patched(x), model(x), rtol=1e-3, atol=1e-3)
+    model(x).square().mean().backward()
+    patched(x).square().mean().backward()
+    for p, q in zip(model.parameters(), patched.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-4)
+    print("patched model on cuda fallbacks:", fallbacks.counts())
+
+
+def test_compile_on_cuda():
+    torch._dynamo.reset()
+    lin = tracea_torch.TraceaLinear(64, 64, activation="relu", device=DEV, dtype=torch.float16)
+    x = torch.randn(32, 64, device=DEV, dtype=torch.float16)
+    out = torch.compile(lin, fullgraph=True)(x)
+    torch.testing.assert_close(out, torch.relu(F.linear(x, lin.weight, lin.bias)), rtol=1e-2, atol=1e-2)
+
+
+def test_decisions_for_the_record():
+    op = tracea.Conv2dOp(8, 64, 56, 56, 64, 3, 3, padding=(1, 1), layout="NHWC", dtype="float16")
+    print(tracea.get_doctor().explain(op, "cuda:0"))
