@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Tracea demo: what the Doctor sees, then real kernels tuned and run on the best backend present,
-each checked against the float64 reference and timed against NumPy / PyTorch.
+"""Tracea demo: what the Doctor sees, then real kernels tuned and run on the best device present, each
+checked against the float64 reference and timed against the usual library (NumPy/OpenBLAS and torch on
+the CPU, torch's cuBLAS/cuDNN/SDPA on a CUDA GPU).
 
-    python3 dev.py demo            # from a fresh clone (creates .venv)
-    python examples/demo.py --quick  # smaller shapes, fewer tuning trials
+    python3 dev.py demo                # from a fresh clone (creates .venv)
+    python examples/demo.py --quick    # smaller shapes, fewer tuning trials
+    python examples/demo.py --device cpu
 """
 
 from __future__ import annotations
@@ -18,103 +20,130 @@ import numpy as np
 import tracea
 from tracea.cli.doctor_cmd import render_text
 from tracea.doctor.report import build_report
+from tracea.errors import NoVariantError
 from tracea.reference import reference
+from tracea.testing import rel_err, tolerance
+
+ADAPTER_PREFERENCE = ("numpy", "cupy", "pyopencl", "torch")
 
 
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    out64 = np.asarray(out, dtype=np.float64)
-    return float(np.linalg.norm(out64 - ref) / max(np.linalg.norm(ref), 1e-30))
+def pick_adapter(doctor: tracea.Doctor, device: tracea.Device) -> Any:
+    """The adapter that allocates arrays on ``device`` (NumPy on the host, CuPy on CUDA ...)."""
+    serving = [a for a in doctor.adapters() if device.kind in a.device_kinds]
+    serving.sort(key=lambda a: ADAPTER_PREFERENCE.index(a.name) if a.name in ADAPTER_PREFERENCE else 99)
+    if not serving:
+        raise SystemExit(f"no array adapter allocates on {device}")
+    return serving[0]
 
 
-def median_time(fn: Callable[[], Any], repeats: int = 5) -> float:
+def median_time(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = 7) -> float:
     fn()
+    sync()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def show(name: str, op: tracea.GemmOp | tracea.Conv2dOp | tracea.AttentionOp, err: float, t: float,
-         t_base: float | None, base: str, decision: Any) -> None:
-    gflops = op.flops / t / 1e9
-    speed = f"{t_base / t:5.2f}x {base}" if t_base else ""
-    ok = "OK " if err < 1e-4 else "BAD"
-    print(f"  {ok} {name:<34} {decision.variant.name:<24} rel.err {err:8.1e}  {t * 1e3:8.2f} ms "
-          f"{gflops:8.1f} GFLOP/s  {speed}")
+def torch_baselines(device: tracea.Device) -> tuple[Any, Callable[[], None], str] | None:
+    """(torch, sync, label) for the device, or None when torch cannot run there."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if device.kind == "cpu":
+        return torch, lambda: None, "torch CPU"
+    if device.kind == "cuda" and torch.cuda.is_available():
+        return torch, torch.cuda.synchronize, "torch CUDA"
+    return None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small shapes and few tuning trials")
-    parser.add_argument("--trials", type=int, default=None, help="tuning trials per op")
+    parser.add_argument("--trials", type=int, default=None, help="tuning trials per variant")
+    parser.add_argument("--device", default=None, help="device to use (default: the best one present)")
     args = parser.parse_args()
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng()
     doctor = tracea.get_doctor()
 
     print(render_text(build_report(doctor)))
-    device = doctor.best_device()
-    print(f"\nRunning on {device} ({doctor.profile_for(device).name})\n")
+    ctx = tracea.Context(args.device)
+    device = ctx.device
+    adapter = pick_adapter(doctor, device)
+    print(f"\nRunning on {device} ({ctx.profile.name}) with {adapter.name} arrays\n")
+    dev = lambda arr: adapter.from_numpy(arr, device)  # noqa: E731
 
     s = 256 if args.quick else 1024
-    a = rng.standard_normal((s, s), dtype=np.float32)
-    b = rng.standard_normal((s, s), dtype=np.float32)
-    bias = rng.standard_normal(s, dtype=np.float32)
-    gop = tracea.GemmOp(s, s, s, epilogue="bias+gelu")
-    x = rng.standard_normal((1, 64, 56, 56) if not args.quick else (1, 32, 28, 28), dtype=np.float32)
-    w = rng.standard_normal((64, 64, 3, 3) if not args.quick else (32, 32, 3, 3), dtype=np.float32)
-    cb = rng.standard_normal(w.shape[0], dtype=np.float32)
-    cop = tracea.Conv2dOp(*x.shape, w.shape[0], 3, 3, padding=1, epilogue="bias+relu")
-    q = rng.standard_normal((1, 4, 256 if args.quick else 1024, 64), dtype=np.float32)
-    aop = tracea.AttentionOp(1, 4, q.shape[2], q.shape[2], 64, causal=True)
+    host = {"a": rng.standard_normal((s, s), dtype=np.float32) / 8, "b": rng.standard_normal((s, s), dtype=np.float32) / 8,
+            "bias": rng.standard_normal(s, dtype=np.float32),
+            "x": rng.standard_normal((1, 32, 28, 28) if args.quick else (8, 64, 56, 56), dtype=np.float32),
+            "q": rng.standard_normal((1, 4, 256 if args.quick else 1024, 64), dtype=np.float32)}
+    host["w"] = rng.standard_normal((host["x"].shape[1],) * 2 + (3, 3), dtype=np.float32) / 12
+    host["cb"] = rng.standard_normal(host["w"].shape[0], dtype=np.float32)
+    d = {k: dev(v) for k, v in host.items()}
+    gop = tracea.GemmOp(s, s, s, epilogue="bias+gelu_tanh")
+    cop = tracea.Conv2dOp(*host["x"].shape, host["w"].shape[0], 3, 3, padding=1, epilogue="bias+relu")
+    aop = tracea.AttentionOp(*host["q"].shape[:3], host["q"].shape[2], 64, causal=True)
 
-    trials = args.trials or (6 if args.quick else 20)
+    trials = args.trials or (6 if args.quick else 16)
     try:
         tuner = tracea.AutoTuner(trials=trials)
     except Exception as exc:  # noqa: BLE001 - the demo still runs kernels untuned
         tuner = None
         print(f"(tuning unavailable: {exc})")
     if tuner is not None:
-        print(f"Tuning {trials} trials per op (results persist in the tuning cache)...")
+        print(f"Tuning up to {trials} trials per variant (results persist in the tuning cache)...")
         for op in (gop, cop):
-            res = tuner.tune(op, device)
-            print(f"  tuned {op.describe()}: {res.variant} {res.config.key} median {res.best_s * 1e3:.3f} ms")
+            try:
+                res = tuner.tune(op, device)
+            except NoVariantError as exc:
+                print(f"  {op.describe()}: nothing to tune ({str(exc).splitlines()[0]})")
+                continue
+            if res.ok:
+                origin = "from the cache" if res.from_cache else f"{res.measured_trials} trials"
+                print(f"  {op.describe()}: {res.variant} {res.config.key}  median {res.best_s * 1e3:.3f} ms ({origin})")
         doctor.invalidate()
 
-    print("\nResults (checked against the float64 reference):")
-    out = tracea.ops.matmul(a, b, bias=bias, activation="gelu")
-    t = median_time(lambda: tracea.ops.matmul(a, b, bias=bias, activation="gelu"))
-    tb = median_time(lambda: a @ b)
-    show(f"gemm {s}^3 +bias+gelu", gop, rel_err(out, reference(gop, a=a, b=b, bias=bias)), t, tb, "NumPy a@b",
-         doctor.decide(gop, device))
-
-    out = tracea.ops.conv2d(x, w, cb, padding=1, activation="relu")
-    t = median_time(lambda: tracea.ops.conv2d(x, w, cb, padding=1, activation="relu"))
-    tb = _torch_time(lambda tt: tt.nn.functional.relu(tt.nn.functional.conv2d(*_t(tt, x, w, cb), padding=1)))
-    show("conv2d 3x3 +bias+relu", cop, rel_err(out, reference(cop, x=x, w=w, bias=cb)), t, tb, "torch CPU",
-         doctor.decide(cop, device))
-
-    out = tracea.ops.attention(q, q, q, causal=True)
-    t = median_time(lambda: tracea.ops.attention(q, q, q, causal=True))
-    tb = _torch_time(lambda tt: tt.nn.functional.scaled_dot_product_attention(*_t(tt, q, q, q), is_causal=True))
-    show("attention causal", aop, rel_err(out, reference(aop, q=q, k=q, v=q)), t, tb, "torch SDPA",
-         doctor.decide(aop, device))
-    print("\nExplain any op: tracea doctor --op 'gemm:m=1024,n=1024,k=1024,epilogue=bias+gelu'")
-    return 0
-
-
-def _t(torch: Any, *arrays: np.ndarray) -> list[Any]:
-    return [torch.from_numpy(x) for x in arrays]
-
-
-def _torch_time(fn: Callable[[Any], Any]) -> float | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    with torch.no_grad():
-        return median_time(lambda: fn(torch))
+    tb = torch_baselines(device)
+    cases = [
+        ("gemm +bias+gelu", gop, lambda: tracea.ops.matmul(d["a"], d["b"], bias=d["bias"], activation="gelu"),
+         dict(a=host["a"], b=host["b"], bias=host["bias"]),
+         (lambda t, T: T.nn.functional.gelu(t["a"] @ t["b"] + t["bias"], approximate="tanh"))),
+        ("conv2d 3x3 +bias+relu", cop, lambda: tracea.ops.conv2d(d["x"], d["w"], d["cb"], padding=1, activation="relu"),
+         dict(x=host["x"], w=host["w"], bias=host["cb"]),
+         (lambda t, T: T.relu(T.nn.functional.conv2d(t["x"], t["w"], t["cb"], padding=1)))),
+        ("attention causal", aop, lambda: tracea.ops.attention(d["q"], d["q"], d["q"], causal=True),
+         dict(q=host["q"], k=host["q"], v=host["q"]),
+         (lambda t, T: T.nn.functional.scaled_dot_product_attention(t["q"], t["q"], t["q"], is_causal=True))),
+    ]
+    print("\nResults (each output checked against the float64 reference):")
+    failures = 0
+    for name, op, run, ref_args, torch_fn in cases:
+        try:
+            decision = doctor.decide(op, device)
+            out = run()
+        except NoVariantError as exc:
+            print(f"  --  {name:<24} no kernel on {device}: {str(exc).splitlines()[0]}")
+            continue
+        err = rel_err(adapter.to_host(out), reference(op, **ref_args).reshape(adapter.info(out).shape))
+        ok = err <= tolerance(op.dtypes[0], getattr(op, "fp32_precision", tracea.Fp32Precision.HIGHEST))
+        failures += not ok
+        t = median_time(run, ctx.synchronize)
+        base = ""
+        if tb is not None:
+            torch, sync, label = tb
+            tt = {k: torch.from_numpy(v).to("cuda" if device.kind == "cuda" else "cpu") for k, v in host.items()}
+            with torch.no_grad():
+                t_base = median_time(lambda: torch_fn(tt, torch), sync)
+            base = f"  {t_base / t:5.2f}x {label}"
+        print(f"  {'OK ' if ok else 'BAD'} {name:<24} {decision.variant.name:<26} rel.err {err:8.1e}  "
+              f"{t * 1e3:8.3f} ms {op.flops / t / 1e9:9.1f} GFLOP/s{base}")
+    print("\nWhy these kernels: tracea doctor --op 'gemm:m=1024,n=1024,k=1024,epilogue=bias+gelu'")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
