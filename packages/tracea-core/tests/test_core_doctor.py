@@ -141,3 +141,11 @@ def test_decisions_are_memoised(doctor, monkeypatch):
 def test_best_device_is_cpu_without_gpus(core_doctor):
     assert str(core_doctor.best_device()) == "cpu:0"
     assert isinstance(np.ones(1), np.ndarray)
+
+
+def test_reference_oracle_ranks_last_whatever_the_estimates(doctor, monkeypatch):
+    _no_cache(monkeypatch)
+    monkeypatch.setattr(_Fast, "estimate_seconds", lambda self, op, profile, config=None: 10.0)
+    monkeypatch.setattr(_Slow, "estimate_seconds", lambda self, op, profile, config=None: 20.0)
+    d = doctor.decide(GemmOp(3, 3, 3), "cpu")
+    assert [c.variant.name for c in d.candidates] == ["t.fast", "t.slow", "reference.gemm"]

@@ -310,3 +310,30 @@ def test_trace_env_prints_hook_calls(monkeypatch, capsys):
     pm = create_plugin_manager(autoload=False)
     pm.hook.tracea_backend_info()
     assert re.search(r"tracea_backend_info", capsys.readouterr().err)
+
+
+def test_adapter_declining_the_oracle_gets_the_framework_fallback(monkeypatch):
+    monkeypatch.setenv("TRACEA_PLUGINS", "")  # no CPU backend: only the reference serves cpu ops
+    from tracea.runtime.arrays import NumpyAdapter
+    from tracea.runtime.dispatch import execute
+
+    class NoOracle(NumpyAdapter):
+        def allows_fallback_only(self):
+            return False
+
+    fallbacks.reset()
+
+    @hookimpl
+    def tracea_fallback_run(op, arrays, out, reason):
+        out[...] = 7.0
+        return out
+
+    d = _doctor(_toy_plugin(tracea_fallback_run=tracea_fallback_run))
+    a = np.ones((8, 8), np.float32)
+    out = np.zeros((8, 8), np.float32)
+    execute(OP, {"a": a, "b": a, "bias": None}, out, NoOracle(), Device.cpu(), doctor=d)
+    assert np.all(out == 7.0)  # only the reference served cpu: the framework computed it instead
+    assert "only the reference oracle" in next(iter(fallbacks.counts()))[1]
+    out[...] = 0
+    execute(OP, {"a": a, "b": a, "bias": None}, out, NumpyAdapter(), Device.cpu(), doctor=d)
+    assert np.all(out == 8.0)  # NumPy arrays accept the oracle

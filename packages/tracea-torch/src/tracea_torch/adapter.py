@@ -84,6 +84,12 @@ class TorchAdapter(ArrayAdapter):
     #: torch tensors are logically NCHW whatever their memory format; channels_last selects NHWC kernels.
     logical_nchw = True
 
+    def allows_fallback_only(self) -> bool:
+        # PyTorch's own kernels beat the NumPy oracle by orders of magnitude (see tracea_torch.policy).
+        from .policy import reference_allowed
+
+        return reference_allowed()
+
     def owns(self, obj: Any) -> bool:
         # A tensor can only exist once torch is imported, so never import it here.
         torch = sys.modules.get("torch")

@@ -96,8 +96,8 @@ def _common_checks(tensors: Sequence[torch.Tensor | None]) -> DType:
 
 def _choose(op: Op, device: torch.device) -> str | None:
     """Raise :class:`_Fallback` unless a variant tracea-torch may use serves ``op`` here. Returns the
-    variant to pin when the Doctor ranked the reference oracle first (its estimate can win on tiny ops)
-    but a real kernel accepts the op too; None to let dispatch choose."""
+    variant to pin, None to let dispatch choose (the Doctor ranks the reference oracle after every real
+    kernel, so no pin is needed today; the hook stays for callers that pass one)."""
     if device.type not in ("cpu", "cuda"):
         raise _Fallback(f"device {device.type} not served by Tracea")
     try:
@@ -107,9 +107,6 @@ def _choose(op: Op, device: torch.device) -> str | None:
     if decision.chosen.variant.backend != "reference":
         return None
     if not reference_allowed():
-        real = [c.variant.name for c in decision.candidates if c.variant.backend != "reference"]
-        if real:
-            return real[0]
         rejected = {r.variant: r.reasons for r in decision.rejected if r.backend != "reference"}
         if not rejected:
             raise _Fallback(f"no {op.kind.value} kernel for {device.type} installed (only the reference oracle)")

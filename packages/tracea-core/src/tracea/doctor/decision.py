@@ -28,11 +28,13 @@ class Candidate:
     measured_s: float | None = None
 
     @property
-    def rank_key(self) -> tuple[int, float, int]:
-        # Cache evidence first (measured time), then the variant's own estimate; priority breaks ties.
+    def rank_key(self) -> tuple[int, int, float, int]:
+        # Oracles last; then cache evidence (measured time) before the variant's own estimate; priority
+        # breaks ties.
+        tier = 1 if self.variant.fallback_only else 0
         if self.measured_s is not None:
-            return (0, self.measured_s, -self.variant.priority)
-        return (1, self.estimate_s, -self.variant.priority)
+            return (tier, 0, self.measured_s, -self.variant.priority)
+        return (tier, 1, self.estimate_s, -self.variant.priority)
 
     def to_dict(self) -> dict[str, Any]:
         return {"variant": self.variant.name, "backend": self.variant.backend, "config": self.config.key,

@@ -170,7 +170,8 @@ class KernelVariant:
     name), ``requirements`` (:class:`Requirements`), ``description`` (one line for ``tracea doctor``),
     ``priority`` (tie-break when estimates are equal; the reference backend uses -1000) and
     ``efficiency`` (fraction of the device's peak the variant expects to reach, used by
-    :meth:`estimate_seconds`).
+    :meth:`estimate_seconds`) and ``fallback_only`` (True for oracles such as the reference backend:
+    ranked after every other accepted variant whatever the estimates say).
     """
 
     name: str = ""
@@ -179,6 +180,7 @@ class KernelVariant:
     description: str = ""
     priority: int = 0
     efficiency: float = 0.5
+    fallback_only: bool = False
 
     @property
     def op_kind(self) -> LayerType:

@@ -22,6 +22,7 @@ _OUT = frozenset(FLOAT_DTYPES)
 class _ReferenceVariant(KernelVariant):
     backend = "reference"
     priority = -1000
+    fallback_only = True
     efficiency = 0.002  # ~1 GFLOP/s on a typical host: always last when a real kernel exists
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:

@@ -104,6 +104,12 @@ class ArrayAdapter:
             return obj
         return obj.astype(dtype.numpy)
 
+    def allows_fallback_only(self) -> bool:
+        """Whether a fallback-only variant (the NumPy reference) may serve arrays of this kind. An
+        integration with a faster framework fallback (torch) returns False so dispatch asks the
+        ``tracea_fallback_run`` hook first."""
+        return True
+
     def fp32_precision(self) -> Any:
         """The framework's float32 matmul precision for arrays of this kind (None = Tracea's default,
         ``Fp32Precision.HIGHEST``). The torch adapter follows ``torch.get_float32_matmul_precision()``."""

@@ -73,16 +73,27 @@ def execute(op: Op, arrays: dict[str, Any], out: Any, adapter: Any, device: Devi
     are what the fallback hook receives; default ``arrays``.
     """
     doctor = doctor or get_doctor()
+    free = variant is None and config is None
     try:
         decision = doctor.decide(op, device, variant=variant, config=config)
     except (NoVariantError, UnsupportedDeviceError) as exc:
-        if variant is None and config is None:
-            reason = fallback_reason(exc)
-            result = doctor.pm.hook.tracea_fallback_run(op=op, arrays=user_arrays or arrays, out=out,
-                                                         reason=reason)
-            if result is not None:
-                fallbacks.record(op.kind.value, reason)
-                return result
+        result = _fallback(doctor, op, user_arrays or arrays, out, fallback_reason(exc)) if free else None
+        if result is not None:
+            return result
         raise
+    if free and decision.variant.fallback_only and not adapter.allows_fallback_only():
+        rejected = {r.variant: r.reasons for r in decision.rejected}
+        reason = (fallback_reason(NoVariantError("", rejected)) if rejected
+                  else f"no {op.kind.value} kernel for {device.kind} installed") + " (only the reference oracle)"
+        result = _fallback(doctor, op, user_arrays or arrays, out, reason)
+        if result is not None:
+            return result
     run_decision(decision, OpArgs(arrays, out, adapter), doctor)
     return out
+
+
+def _fallback(doctor: Doctor, op: Op, arrays: dict[str, Any], out: Any, reason: str) -> Any:
+    result = doctor.pm.hook.tracea_fallback_run(op=op, arrays=arrays, out=out, reason=reason)
+    if result is not None:
+        fallbacks.record(op.kind.value, reason)
+    return result
