@@ -7,6 +7,7 @@ Each op is an immutable, validated dataclass that knows its FLOP count, the mini
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
@@ -61,9 +62,10 @@ class Op:
     def min_bytes(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
-        """Stable text key: the op kind then every field as ``name=value`` in declaration order."""
+        """Stable text key: the op kind then every field as ``name=value`` in declaration order
+        (computed once per op object: the tuning cache looks it up on every dispatch)."""
         parts = [self.kind.value]
         for f in fields(self):  # type: ignore[arg-type]
             parts.append(f"{f.name}={_key_value(getattr(self, f.name))}")
