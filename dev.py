@@ -100,7 +100,8 @@ def main(argv: list[str]) -> int:
     if cmd == "bench":
         py = ensure_env()
         code = 0
-        for script in sorted(ROOT.glob("benchmarks/*/bench_*.py")):
+        scripts = sorted(ROOT.glob("benchmarks/*/bench_*.py")) + sorted(ROOT.glob("packages/*/benchmarks/bench_*.py"))
+        for script in scripts:
             print(f"\n=== {script.relative_to(ROOT)} ===", flush=True)
             code |= subprocess.run([str(py), str(script), *rest], cwd=ROOT, env=_env()).returncode
         return code
