@@ -3,14 +3,14 @@ conv2d, attention), NaN-poisoned outputs, ISA selection and a direct variant run
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import numpy as np
 
-
+from tracea import reference, testing
 from tracea.doctor.host_plugin import host_profile
 from tracea.doctor.variant import OpArgs
-from tracea.ir.epilogue import EpilogueKind
+from tracea.ir.epilogue import Epilogue
 from tracea.runtime.arrays import NumpyAdapter
 from tracea.semantic import PipelineConfig
 
@@ -32,31 +32,12 @@ BEST = ISAS[0]
 
 
 
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    out = np.asarray(out, dtype=np.float64)
-    if not np.all(np.isfinite(out)):
-        return math.inf
-    denom = np.linalg.norm(ref)
-    return float(np.linalg.norm(out - ref) / (denom if denom else 1.0))
+rel_err = testing.rel_err
 
 
 def epilogue_ref(x: np.ndarray, steps, bias: np.ndarray | None, axis: int) -> np.ndarray:
-    from scipy.special import erf
-
-    for s in steps:
-        if s is EpilogueKind.BIAS:
-            shape = [1] * x.ndim
-            shape[axis] = -1
-            x = x + bias.astype(np.float64).reshape(shape)
-        elif s is EpilogueKind.RELU:
-            x = np.maximum(x, 0)
-        elif s is EpilogueKind.GELU_TANH:
-            x = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-        elif s is EpilogueKind.GELU_ERF:
-            x = 0.5 * x * (1 + erf(x / math.sqrt(2)))
-        elif s is EpilogueKind.SILU:
-            x = x / (1 + np.exp(-x))
-    return x
+    """The core reference's float64 epilogue for a sequence of steps."""
+    return reference.apply_epilogue(np.asarray(x, dtype=np.float64), Epilogue(tuple(steps)), bias, axis)
 
 
 def rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -77,39 +58,10 @@ def config(**params) -> PipelineConfig:
 
 
 def conv2d_ref(x: np.ndarray, w: np.ndarray, op) -> np.ndarray:
-    """float64 conv2d (cross-correlation) in the op's layout, before the epilogue."""
-    from tracea.ir.ops import Layout
-
-    x64 = x.astype(np.float64)
-    w64 = w.astype(np.float64)
-    if op.layout is Layout.NHWC:
-        x64 = x64.transpose(0, 3, 1, 2)
-        w64 = w64.transpose(0, 3, 1, 2)
-    (sh, sw), (ph, pw), (dh, dw) = op.stride, op.padding, op.dilation
-    xp = np.pad(x64, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    g, cg, kg = op.groups, op.c // op.groups, op.k // op.groups
-    out = np.zeros((op.n, op.k, op.p, op.q))
-    for gi in range(g):
-        xs = xp[:, gi * cg:(gi + 1) * cg]
-        ws = w64[gi * kg:(gi + 1) * kg]
-        for r in range(op.r):
-            for s in range(op.s):
-                patch = xs[:, :, r * dh: r * dh + sh * (op.p - 1) + 1: sh, s * dw: s * dw + sw * (op.q - 1) + 1: sw]
-                out[:, gi * kg:(gi + 1) * kg] += np.einsum("nchw,kc->nkhw", patch, ws[:, :, r, s])
-    return out.transpose(0, 2, 3, 1) if op.layout is Layout.NHWC else out
+    """float64 conv2d (cross-correlation) in the op's layout, before the epilogue (core reference)."""
+    return reference.conv2d(dataclasses.replace(op, epilogue=Epilogue.empty()), x, w, None)
 
 
 def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, op) -> np.ndarray:
-    """float64 scaled dot-product attention (top-left causal, GQA by repeating kv heads)."""
-    rep = op.heads // int(op.kv_heads)
-    k64 = np.repeat(k.astype(np.float64), rep, axis=1)
-    v64 = np.repeat(v.astype(np.float64), rep, axis=1)
-    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k64) * op.scale
-    if op.causal:
-        i = np.arange(op.seq_q)[:, None]
-        j = np.arange(op.seq_kv)[None, :]
-        s = np.where(j <= i, s, -np.inf)
-    s = s - s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    return np.einsum("bhij,bhjd->bhid", p, v64)
+    """float64 scaled dot-product attention (top-left causal, GQA) from the core reference."""
+    return reference.attention(op, q, k, v)
