@@ -13,6 +13,7 @@ the format and the handling of corrupt files.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -87,11 +88,17 @@ def entry_key(op_key: str, variant: str, fingerprint: str, goal: OptimizationGoa
 
 
 def default_path() -> str:
-    """Where the default cache lives, from the environment (see the module docstring)."""
-    path = os.environ.get(ENV_PATH)
+    """Where the default cache lives, from the environment (see the module docstring).
+
+    Called on every dispatch (to notice a changed environment), so the resolution is memoised."""
+    return _resolve_path(os.environ.get(ENV_PATH), os.environ.get(ENV_DIR), os.getcwd())
+
+
+@functools.lru_cache(maxsize=16)
+def _resolve_path(path: str | None, directory: str | None, cwd: str) -> str:
     if path:
         return os.path.abspath(os.path.expanduser(path))
-    directory = os.environ.get(ENV_DIR) or os.path.join(os.getcwd(), ".tracea")
+    directory = directory or os.path.join(cwd, ".tracea")
     return os.path.abspath(os.path.join(os.path.expanduser(directory), "tuning_cache.json"))
 
 
