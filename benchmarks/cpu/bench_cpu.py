@@ -20,6 +20,7 @@ import os
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import argparse
+import math
 import json
 import platform
 import random
@@ -123,7 +124,7 @@ def _report(kind, label, op, timings, peak, cfg, err, extra, rows):
         row["vs_" + name] = best / ours_best
     rows.append(row)
     cells = " ".join(f"{row[n]:8.1f} {row['vs_' + n]:6.2f}x" for n in timings)
-    print(f"{label:>28} {row['tracea']:8.1f} {cells} {100 * row['frac_peak']:6.1f}%  {_cfg(cfg)}  err={err:.1e}")
+    print(f"{label:>28} {row['tracea']:8.1f} {cells} {100 * row['frac_peak']:6.1f}%  {_cfg(cfg)}  {_err(err)}")
     return row
 
 
@@ -213,6 +214,11 @@ def bench_attention(isa, tune, torch, peak, rows, quick):
             label = f"b{b} h{h} s{s} d{d}{' causal' if causal else ''}"
             _report("attention", label, op, compare(fns), peak, cfg, err,
                     dict(problem=f"b{b} h{h} s{s} d{d}", causal=causal, isa=isa), rows)
+
+
+def _err(err: float) -> str:
+    # Large problems skip the float64 reference (minutes on 2 cores); the tests cover correctness.
+    return f"err={err:.1e}" if math.isfinite(err) else "err=unchecked"
 
 
 def _cfg(cfg) -> str:
