@@ -13,6 +13,7 @@ from .graph import Graph
 from .ir.device import Device
 from .ir.epilogue import Epilogue
 from .ir.ops import Op
+from .runtime.arrays import find_adapter
 from .tuning.goals import OptimizationGoal
 
 
@@ -50,15 +51,13 @@ class Context:
         raise UnsupportedDeviceError(f"no device named {device!r} here; devices present: {names}")
 
     def _on_device(self, arrays: dict[str, Any]) -> None:
+        adapters = self.doctor.adapters()
         for name, obj in arrays.items():
             if obj is None:
                 continue
-            for adapter in self.doctor.adapters():
-                if adapter.owns(obj):
-                    dev = adapter.info(obj).device
-                    if dev != self.device:
-                        raise UnsupportedDeviceError(f"argument '{name}' is on {dev}, this context is on {self.device}")
-                    break
+            dev = find_adapter(obj, adapters, name).info(obj).device
+            if dev != self.device:
+                raise UnsupportedDeviceError(f"argument '{name}' is on {dev}, this context is on {self.device}")
 
     def matmul(self, a: Any, b: Any, c: Any, m: int, n: int, k: int, epilogue: Epilogue | str | None = None,
                bias: Any = None) -> Any:

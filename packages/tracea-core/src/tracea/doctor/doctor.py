@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Iterable
+from typing import Any
 
 from .._version import __version__
 from ..errors import NoVariantError, PluginError, UnsupportedDeviceError
@@ -327,6 +327,3 @@ def reset_doctor() -> None:
     with _doctor_lock:
         _doctor = None
 
-
-def all_reasons(rejections: Iterable[Rejection]) -> dict[str, list[str]]:
-    return {r.variant: r.reasons for r in rejections}
