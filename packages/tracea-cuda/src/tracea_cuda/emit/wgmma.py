@@ -18,6 +18,7 @@ from tracea.dtypes import DType
 from tracea.errors import UnsupportedConfigError
 from tracea.ir.epilogue import Epilogue
 
+from . import im2col
 from .common import PRELUDE, ctype, epilogue_function, store_expr
 from .operands import StoreMap
 
@@ -51,6 +52,8 @@ class WgmmaSpec:
     smem_epilogue: bool = True
     split_acc: bool = False  # accumulate in fresh partial sums, added with FADD (fp32 accuracy)
     partial_stages: int = 1  # stages per partial sum when split_acc
+    conv: im2col.ConvGather | None = None  # implicit-GEMM conv: A gathered from the NHWC input
+    store: StoreMap | None = None  # direct-epilogue store map (default row-major); NCHW conv output
 
     threads = 384
 
@@ -86,6 +89,10 @@ class WgmmaSpec:
             problems.append(f"tile_n={self.bn} not in 64/128/256")
         if not 2 <= self.stages <= 8:
             problems.append(f"stages={self.stages} not in 2..8")
+        if self.conv is not None and (self.bm not in (64, 128) or not (self.a_kmajor and self.b_kmajor)):
+            problems.append("the conv gather serves tile_m 64/128 with K-major operands")
+        if self.store is not None and self.store.kind != "rowmajor" and self.smem_epilogue:
+            problems.append(f"{self.store.kind} output needs the direct epilogue (smem_epilogue=False)")
         if problems:
             raise UnsupportedConfigError("; ".join(problems))
 
@@ -228,12 +235,22 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     if spec.smem_epilogue:
         epilogue_code = STAGED.format(**locals())
     else:
-        store = StoreMap("rowmajor", spec.pairs).render(tout, store_expr(spec.dtype_out, "{v}"))
+        store = (spec.store or StoreMap("rowmajor", spec.pairs)).render(tout, store_expr(spec.dtype_out, "{v}"))
         epilogue_code = DIRECT.format(**locals())
     # Ping-pong: the consumers take strict turns at the mainloop (so one's epilogue overlaps the other's
     # mainloop, and no consumer ever waits on a stage more than one phase ahead of it).
     turn_wait = "" if coop else (f"        if (j > 0) mbar_wait_sleepy(bars + {16 * st} + 8 * wg, ((j - 1) / 2) & 1);")
     turn_signal = "" if coop else (f"        if (lane == 0) mbar_arrive(bars + {16 * st} + 8 * (1 - wg));")
+    conv = spec.conv
+    if conv is None:
+        operands = "const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB"
+        full_count, consumer_regs, proxy_fence = 1, 232, ""
+        producer = _tma_producer(spec, a_loads, b_loads)
+    else:
+        operands = f"const __grid_constant__ TmaDesc tmB, const {tin}* __restrict__ X"
+        full_count, consumer_regs = 129, im2col.CONSUMER_REGS
+        proxy_fence = '            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async wrote A\n'
+        producer = im2col.producer(conv, bm, bn, st, 16 // spec.dtype_in.itemsize, spec.group_m)
     return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
 {PRELUDE}
 {_HOPPER}
@@ -241,7 +258,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
 {_wgmma_call(spec)}
 
 extern "C" __global__ void __launch_bounds__(384, 1) {name}(
-        const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, {tout}* __restrict__ C,
+        {operands}, {tout}* __restrict__ C,
         const {tb}* __restrict__ bias, int M, int N, int K, int batch) {{
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -251,35 +268,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
     const int tiles_mn = tiles_m * tiles_n, tiles = tiles_mn * batch;
     const int KT = (K + {bk - 1}) / {bk};
     if (threadIdx.x == 0) {{
-        for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, 1); mbar_init(bars + 8 * ({st} + s), {empty_count}); }}
+        for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, {full_count}); mbar_init(bars + 8 * ({st} + s), {empty_count}); }}
         mbar_init(bars + {16 * st}, 4); mbar_init(bars + {16 * st + 8}, 4);  // ping-pong turn barriers
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }}
     __syncthreads();
     const int wg = threadIdx.x / 128 - 1;  // -1: producer, 0/1: consumers
-    if (wg < 0) {{
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x != 0) return;
-        int s = 0; u32 phase = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
-            const int bz = tile / tiles_mn, t = tile % tiles_mn;
-            const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
-            const int gsz = min(tiles_m - first_m, {spec.group_m});
-            const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
-            for (int kt = 0; kt < KT; ++kt) {{
-                mbar_wait(bars + 8 * ({st} + s), phase ^ 1);
-                const u32 full = bars + 8 * s;
-                mbar_expect_tx(full, {a_bytes + b_bytes});
-                const u32 sa = base + s * {a_bytes}, sb = base + {st * a_bytes} + s * {b_bytes};
-                {a_loads}
-                {b_loads}
-                if (++s == {st}) {{ s = 0; phase ^= 1; }}
-            }}
-        }}
-        return;
+    if (wg < 0) {{{producer}
     }}
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_regs};");
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t4 = lane & 3;
     float d[{subs}][{regs}];
@@ -299,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
             const unsigned it = (unsigned)j * KT + kt;
             const int s = it % {st};
             mbar_wait(bars + 8 * s, (it / {st}) & 1);
-            const u32 a_s = base + s * {a_bytes}, b_s = base + {st * a_bytes} + s * {b_bytes};
+{proxy_fence}            const u32 a_s = base + s * {a_bytes}, b_s = base + {st * a_bytes} + s * {b_bytes};
             wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
@@ -322,6 +320,31 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
 }}
 """
 
+
+def _tma_producer(spec: WgmmaSpec, a_loads: str, b_loads: str) -> str:
+    """Producer warpgroup of the GEMM: one elected thread issues the TMA loads of both tiles."""
+    bm, bn, st = spec.bm, spec.bn, spec.stages
+    a_bytes, b_bytes = bm * BK * 2, bn * BK * 2
+    return f"""
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x != 0) return;
+        int s = 0; u32 phase = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
+            const int bz = tile / tiles_mn, t = tile % tiles_mn;
+            const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
+            const int gsz = min(tiles_m - first_m, {spec.group_m});
+            const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
+            for (int kt = 0; kt < KT; ++kt) {{
+                mbar_wait(bars + 8 * ({st} + s), phase ^ 1);
+                const u32 full = bars + 8 * s;
+                mbar_expect_tx(full, {a_bytes + b_bytes});
+                const u32 sa = base + s * {a_bytes}, sb = base + {st * a_bytes} + s * {b_bytes};
+                {a_loads}
+                {b_loads}
+                if (++s == {st}) {{ s = 0; phase ^= 1; }}
+            }}
+        }}
+        return;"""
 
 STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem staging (padded rows, conflict-free)
         // -> 16-byte coalesced global stores (row segments of 128 B).
