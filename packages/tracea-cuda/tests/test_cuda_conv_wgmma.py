@@ -25,7 +25,7 @@ def _hopper():
 # (n, c, h, w, k, r, s, stride, padding, dilation): odd spatial sizes, M and K_out off the tile grid,
 # strides, asymmetric padding, dilation, non-square kernels, 1x1.
 GEOMS = [(2, 64, 9, 9, 72, 3, 3, 1, 1, 1), (3, 128, 7, 7, 40, 3, 3, 1, 1, 1), (1, 64, 17, 15, 128, 5, 3, 2, (2, 1), 1),
-         (2, 64, 12, 11, 200, 1, 1, 1, 0, 1), (1, 192, 10, 13, 96, 3, 3, 1, 2, 2), (5, 64, 6, 6, 24, 2, 2, 2, 0, 1),
+         (2, 64, 11, 13, 200, 1, 1, 1, 0, 1), (1, 192, 10, 13, 96, 3, 3, 1, 2, 2), (5, 64, 6, 6, 24, 2, 2, 2, 0, 1),
          (1, 256, 14, 14, 264, 3, 3, 2, 1, 1)]
 MODES = [("nhwc", "float16", "bias+relu", None), ("nhwc", "bfloat16", "bias+gelu", None),
          ("nhwc", "bfloat16", "silu", "float32"), ("nhwc", "float32", "bias+relu", None),
@@ -99,5 +99,7 @@ def test_wgmma_conv_declines_with_reasons():
     assert any("multiple of 64 channels" in r for r in VARIANT.check(stem, profile))
     accurate = Conv2dOp(1, 64, 8, 8, 64, 3, 3, layout="nchw", dtype="float32", fp32_precision="highest")
     assert VARIANT.check(accurate, profile)
+    pointwise = Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype="float32", fp32_precision="high")
+    assert any("implicit_mma" in r for r in VARIANT.check(pointwise, profile))
     grouped = Conv2dOp(1, 128, 8, 8, 128, 3, 3, groups=2, layout="nhwc", dtype="float16")
     assert any("groups" in r for r in VARIANT.check(grouped, profile))
