@@ -7,7 +7,9 @@ Every Tracea figure uses the best of the variant's hero configs (a short tuning 
 with CUDA events after warm-up, median of many runs, inputs rotated when they fit in L2. The chosen
 config and each baseline are then timed interleaved (ours, theirs, ours, theirs ...) in the same process
 on the same tensors, so clock and power drift cannot favour either side; the printed TFLOP/s and ratios
-come from that paired pass. Prints a table and writes all numbers as JSON.
+come from that paired pass. Before each timed loop the GPU is parked on a sleep kernel so the whole
+loop is queued ahead of it: the events time device work only (host time per call is its own line).
+Prints a table and writes all numbers as JSON.
 """
 
 from __future__ import annotations
@@ -31,11 +33,19 @@ L2 = 60 * 2**20
 CONFIG_LOG: dict[str, dict[str, float]] = {}  # op -> "variant config" -> TFLOP/s (every config tried)
 
 
+def _queue_ahead() -> None:
+    """Park the GPU on a ~20 ms sleep kernel so the host enqueues the whole timed loop before the GPU
+    reaches it: the events then time back-to-back device work, never a GPU idling while Python issues
+    the next launch (which would charge each side its host overhead; that is reported separately)."""
+    torch.cuda._sleep(40_000_000)
+
+
 def timed(fn, sets: int, reps: int = 30, warmup: int = 5) -> float:
     """Median seconds of one call of ``fn(i)`` (i rotates over input sets)."""
     for i in range(warmup):
         fn(i % sets)
     torch.cuda.synchronize()
+    _queue_ahead()
     pairs = []
     for i in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -54,6 +64,7 @@ def paired(fns, sets: int, reps: int = 40, warmup: int = 5) -> list[float]:
         for fn in fns:
             fn(i % sets)
     torch.cuda.synchronize()
+    _queue_ahead()
     events = [[] for _ in fns]
     for i in range(reps):
         for fn, ev in zip(fns, events):

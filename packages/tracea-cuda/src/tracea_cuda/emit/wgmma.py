@@ -404,10 +404,11 @@ STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem
                 for (int jj = 0; jj < {cc8}; ++jj) {{
                     const int j2 = cc * {cc8} + jj;
                     const int col = n0 + j2 * 8 + 2 * t4;
+                    const float b0 = bias_at(bias, col < N ? col : 0), b1 = bias_at(bias, col + 1 < N ? col + 1 : 0);
                     #pragma unroll
                     for (int h = 0; h < 2; ++h) {{
-                        const float v0 = apply_epilogue({accn}[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
-                        const float v1 = apply_epilogue({accn}[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+                        const float v0 = apply_epilogue_b({accn}[sub][4 * j2 + 2 * h], b0);
+                        const float v1 = apply_epilogue_b({accn}[sub][4 * j2 + 2 * h + 1], b1);
                         {tout}* e = ebuf + (g + 8 * h) * {ld} + jj * 8 + 2 * t4;
                         {smem_pair}
                     }}
