@@ -211,9 +211,13 @@ def gemm_suite(rows, quick, heroes):
             torch.backends.cuda.matmul.allow_tf32 = on
         return f
 
+    mmt = lambda t: torch.matmul(t["a2"], t["b2"].t(), out=t["o2"])  # noqa: E731  (B stored (N, K))
     for s in ([8192] if quick else [4096, 8192]):
         gemm_case(rows, f"fp32 tf32 {s}^3", GemmOp(s, s, s, fp32_precision="high"),
                   {"cublas_tf32": (mm, tf32(True))}, heroes)
+        # nn.Linear's layout: weights (N, K), so B is K-major and TF32 wgmma needs no transpose pass.
+        gemm_case(rows, f"fp32 tf32 {s}^3 x@W.T", GemmOp(s, s, s, trans_b=True, fp32_precision="high"),
+                  {"cublas_tf32": (mmt, tf32(True))}, heroes)
         gemm_case(rows, f"fp32 accurate {s}^3", GemmOp(s, s, s, fp32_precision="highest"),
                   {"cublas_sgemm": (mm, tf32(False))}, heroes, check_err=True)
     torch.backends.cuda.matmul.allow_tf32 = False
