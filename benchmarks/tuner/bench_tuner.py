@@ -14,12 +14,17 @@ which K are within the bound.
     python benchmarks/tuner/bench_tuner.py --op gemm:512x512x512 --variant cpu.gemm.avx2 --seeds 20
 
 The space measurement is saved to ``--record`` (JSON) and reused when the same variant/op/space is
-asked again (``--remeasure`` to force).
+asked again (``--remeasure`` to force). ``--replay RECORD`` replays a saved record on any machine, even
+one without the device or the backend (the H200 record on a laptop): the space is rebuilt from the
+dimensions stored in the record and the configs it measured are the valid ones.
+
+    python benchmarks/tuner/bench_tuner.py --replay benchmarks/tuner/results/h200-cuda.gemm.wgmma-bf16-4096.json.gz
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -51,11 +56,12 @@ from tracea.cli.tune_cmd import parse_op_spec  # noqa: E402
 from tracea.doctor.doctor import get_doctor  # noqa: E402
 from tracea.ir.device import Device  # noqa: E402
 from tracea.semantic.config import PipelineConfig  # noqa: E402
+from tracea.semantic.search_space import SearchSpace  # noqa: E402
 from tracea.tuning.autotuner import AutoTuner  # noqa: E402
 from tracea.tuning.goals import OptimizationGoal  # noqa: E402
 from tracea.tuning.loop import Validator, search  # noqa: E402
 from tracea.tuning.measure import Measurement  # noqa: E402
-from tracea.tuning.search import RandomSearch, gp_available  # noqa: E402
+from tracea.tuning.search import RandomSearch, resolve_sampler  # noqa: E402
 
 
 def pick_variant(doctor, op, device, name):
@@ -98,25 +104,32 @@ def measure_space(variant, op, device, args):
            f"{json.dumps(space.to_dict(), sort_keys=True)}")
     times: dict[str, list[float]] = {}
     if os.path.exists(record_path) and not args.remeasure:
-        with open(record_path) as f:
-            saved = json.load(f)
-        if saved.get("key") == key:
+        saved = _read(record_path)
+        if saved.get("key") == key and saved.get("repeats", args.repeats) == args.repeats:
             times = saved["times"]
             print(f"reusing {len(times)} recorded configs from {record_path}")
-    todo = [c for c in valid if c.key not in times]
-    if todo:
-        measurer = tuner._measurer(op, profile)
-        t0 = time.time()
+    # Pass p measures, in a shuffled order, every config with fewer than (p + 1) * repeats times (a
+    # failed config has none and is not retried). Several passes put each config's runs at different
+    # moments, so a burst of load from other processes hits one pass of a config, not all its runs.
+    measurer, t0, stop = None, time.time(), False
+    for p in range(args.passes):
+        todo = [c for c in valid if c.key not in times or 0 < len(times[c.key]) < (p + 1) * args.repeats]
+        random.Random(p).shuffle(todo)
+        if todo and measurer is None:
+            measurer = tuner._measurer(op, profile)
         for i, c in enumerate(todo, 1):
             m = measurer.measure(variant, c)
-            times[c.key] = m.times if m.ok else []
+            times[c.key] = times.get(c.key, []) + m.times if m.ok else []
             if i % 25 == 0 or i == len(todo):
-                _save(record_path, key, variant, op, times)
+                _save(record_path, key, variant, op, times, args)
             if args.time_limit and time.time() - t0 > args.time_limit:
-                print(f"measurement stopped by --time-limit after {i} configs", file=sys.stderr)
+                print(f"measurement stopped by --time-limit in pass {p + 1} after {i} configs", file=sys.stderr)
+                stop = True
                 break
-        _save(record_path, key, variant, op, times)
-        print(f"measured {len(times)}/{len(valid)} configs ({time.time() - t0:.1f} s this run)", file=sys.stderr)
+        if todo:
+            print(f"pass {p + 1}: measured {len(todo)} configs ({time.time() - t0:.1f} s so far)", file=sys.stderr)
+        if stop:
+            break
     measured = [c for c in valid if c.key in times]
     keys = {c.key for c in measured}
     # Searchers draw only from the measured configs; the others count as pruned (never measured).
@@ -124,10 +137,44 @@ def measure_space(variant, op, device, args):
     return times, validator, space, measured
 
 
-def _save(path, key, variant, op, times):
+def load_replay(path):
+    """A saved record without its device: (variant name, op or None, op key, times, validator, space,
+    measured configs). The space is rebuilt from the dimensions in the record's key; the configs it
+    measured are the valid ones (their keys must match configs of the rebuilt space)."""
+    saved = _read(path)
+    variant_name, op_key, _fp, _maxc, dims_json = saved["key"].split("|", 4)
+    space = SearchSpace()
+    for name, values in json.loads(dims_json).items():
+        space = space.with_dim(name, values)
+    times = saved["times"]
+    measured = [c for c in space if c.key in times]
+    missing = set(times) - {c.key for c in measured}
+    if missing:
+        sys.exit(f"{len(missing)} recorded configs are not in the rebuilt space, e.g. {sorted(missing)[0]}")
+    keys = {c.key for c in measured}
+    validator = Validator(space, lambda c: None if c.key in keys else "not measured")
+    try:
+        head, rest = op_key.split(":", 1)
+        op = parse_op_spec(head + ":" + ",".join(x for x in rest.split(":") if not x.startswith("epilogue=")))
+    except Exception:  # noqa: BLE001 - only used for the description and GFLOP/s
+        op = None
+    return variant_name, op, op_key, times, validator, space, measured
+
+
+def _read(path):
+    """A record, plain JSON or gzipped (``.json.gz``)."""
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        return json.load(f)
+
+
+def _save(path, key, variant, op, times, args):
+    """Write the record atomically; times rounded to the nanosecond (the clock's resolution), compact,
+    gzipped when ``path`` ends in ``.gz`` (the default)."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"key": key, "variant": variant.name, "op": op.key, "times": times}, f)
+    data = {"key": key, "variant": variant.name, "op": op.key, "repeats": args.repeats, "passes": args.passes,
+            "times": {k: [round(t, 9) for t in v] for k, v in times.items()}}
+    with (gzip.open(tmp, "wt") if path.endswith(".gz") else open(tmp, "w")) as f:
+        json.dump(data, f, separators=(",", ":"))
     os.replace(tmp, path)
 
 
@@ -152,24 +199,35 @@ def main(argv=None) -> int:
     p.add_argument("--within", type=float, default=0.03)
     p.add_argument("--budget", type=int, default=60, help="trials per search run")
     p.add_argument("--repeats", type=int, default=7, help="timed runs per config when measuring the space")
-    p.add_argument("--samplers", default="auto,tpe", help="comma list of tuner samplers (auto = GP if available)")
-    p.add_argument("--record", default=os.path.join(".tracea", "bench_tuner_space.json"),
-                   help="where the space measurement is saved (default ./.tracea/bench_tuner_space.json)")
+    p.add_argument("--samplers", default="auto,tpe",
+                   help="comma list of tuner samplers: auto (the tuner's default), gp, optuna-gp, tpe, random")
+    p.add_argument("--record", default=os.path.join(".tracea", "bench_tuner_space.json.gz"),
+                   help="where the space measurement is saved (default ./.tracea/bench_tuner_space.json.gz; .json.gz records are gzipped)")
     p.add_argument("--remeasure", action="store_true")
+    p.add_argument("--passes", type=int, default=1,
+                   help="measure the space this many times over, in shuffled orders (each pass adds --repeats "
+                        "runs per config; the median of all runs counts): filters bursts of load")
     p.add_argument("--max-configs", type=int, default=0,
                    help="measure only a fixed random subset of this many valid configs (huge or slow spaces)")
     p.add_argument("--time-limit", type=float, default=0.0,
                    help="stop measuring after this many seconds (the record is kept; run again to resume)")
     p.add_argument("--measure-only", action="store_true", help="measure (or resume) the space, no searches")
+    p.add_argument("--replay", default=None, metavar="RECORD",
+                   help="replay a saved record (no device or backend needed); ignores --op/--variant/--device")
     args = p.parse_args(argv)
 
-    op = parse_op_spec(args.op)
-    device = Device.parse(args.device)
-    doctor = get_doctor()
-    variant = pick_variant(doctor, op, device, args.variant)
-    times, validator, space, valid = measure_space(variant, op, device, args)
-    if args.measure_only:
-        return 0
+    if args.replay:
+        variant_name, op, op_desc, times, validator, space, valid = load_replay(args.replay)
+        op_desc = op.describe() if op is not None else op_desc
+    else:
+        op = parse_op_spec(args.op)
+        device = Device.parse(args.device)
+        doctor = get_doctor()
+        variant = pick_variant(doctor, op, device, args.variant)
+        variant_name, op_desc = variant.name, op.describe()
+        times, validator, space, valid = measure_space(variant, op, device, args)
+        if args.measure_only:
+            return 0
     goal = OptimizationGoal.MaximizeTFLOPS
     scores = {k: goal.score(v) if v else math.inf for k, v in times.items()}
     finite = sorted(s for s in scores.values() if math.isfinite(s))
@@ -180,9 +238,10 @@ def main(argv=None) -> int:
     target = best * (1 + args.within)
     k_near = sum(1 for s in finite if s <= target)
     V = len(valid)
-    print(f"\nvariant {variant.name}, op {op.describe()}, {V} valid configs measured ({space.cardinality} in "
+    print(f"\nvariant {variant_name}, op {op_desc}, {V} valid configs measured ({space.cardinality} in "
           f"the space before constraints), {len(finite)} ran correctly")
-    print(f"exhaustive best {best * 1e3:.3f} ms ({op.flops / best / 1e9:.2f} GFLOP/s), worst "
+    rate = f" ({op.flops / best / 1e9:.2f} GFLOP/s)" if op is not None else ""
+    print(f"exhaustive best {best * 1e3:.3f} ms{rate}, worst "
           f"{finite[-1] * 1e3:.3f} ms; {k_near} configs within {args.within:.0%} of the best")
 
     def replay(config: PipelineConfig) -> Measurement:
@@ -197,27 +256,43 @@ def main(argv=None) -> int:
         n = next((i for i, c in enumerate(order, 1) if scores.get(c.key, math.inf) <= target), math.inf)
         random_runs.append(n)
     rows.append(("random", random_runs, 0.0))
+    exact_median = random_median_exact(V, k_near)
     for name in [x.strip() for x in args.samplers.split(",") if x.strip()]:
-        label = ("gp" if gp_available() else "tpe") if name == "auto" else name
+        label = resolve_sampler(name)
         runs, t0 = [], time.time()
         for s in range(args.seeds):
-            recs = search(space, replay, variant=variant.name, goal=goal, trials=budget, validator=validator,
+            recs = search(space, replay, variant=variant_name, goal=goal, trials=budget, validator=validator,
                           sampler=name, seed=s)
             runs.append(trials_to_reach(recs, target))
         rows.append((f"tuner ({label})", runs, (time.time() - t0) / args.seeds))
     expected_random = (V + 1) / (k_near + 1)
     print(f"\ntrials to reach within {args.within:.0%} of the exhaustive best ({args.seeds} seeds, budget "
           f"{budget} trials; random's expectation {expected_random:.1f})")
+    print(f"random search's exact median (all orders, not just {args.seeds} seeds): {exact_median}; "
+          f"'vs random' divides it by each searcher's median")
     print(f"{'searcher':<14} {'median':>7} {'p25':>6} {'p75':>6} {'reached':>8} {'vs random':>10} {'s/run':>7}")
-    rand_med = _median(random_runs)
     for label, runs, sec in rows:
         med = _median(runs)
         q = _quartiles(runs)
         reached = sum(1 for r in runs if r <= budget)
-        ratio = rand_med / med if med and math.isfinite(med) else 0.0
+        ratio = exact_median / med if med and math.isfinite(med) else 0.0
         print(f"{label:<14} {_fmt(med):>7} {_fmt(q[0]):>6} {_fmt(q[1]):>6} {reached:>4}/{len(runs):<3} "
               f"{ratio:>9.2f}x {sec:>7.1f}")
+    print("trials per seed (seed 0 first; - = not reached within the budget):")
+    for label, runs, _sec in rows:
+        print(f"  {label:<14} " + " ".join("-" if r > budget else str(r) for r in runs))
     return 0
+
+
+def random_median_exact(valid, near):
+    """Median number of draws without replacement from ``valid`` configs until one of the ``near`` good
+    ones comes up: the smallest t with P(first hit <= t) >= 1/2 (P(no hit in t) = C(V-K, t) / C(V, t))."""
+    miss = 1.0
+    for t in range(1, valid + 1):
+        miss *= (valid - near - t + 1) / (valid - t + 1)
+        if miss <= 0.5:
+            return t
+    return valid
 
 
 def _median(xs):

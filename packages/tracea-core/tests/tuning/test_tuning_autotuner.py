@@ -101,15 +101,28 @@ def test_goal_is_recorded_per_call(doctor, cache):
     assert entry.score_s == pytest.approx(res.score_s) and entry.score_s >= entry.median_s
 
 
-@pytest.mark.slow
-def test_gp_sampler_runs_when_available(doctor, cache):
+def test_default_sampler_is_the_candidate_gp(doctor, cache):
     from tracea.tuning.search import gp_available
 
     if not gp_available():
-        pytest.skip("optuna GPSampler needs torch and scipy")
-    opts = dict(FAST, sampler="gp")
+        pytest.skip("the candidate-set GP sampler needs numpy and scipy")
+    opts = dict(FAST, sampler="auto")
     res = AutoTuner(doctor=doctor, trials=9, cache=cache, **opts).tune(GemmOp(40, 40, 40))
     assert res.sampler == "gp" and res.ok
+    sampled = [t for t in res.history if t.source == "sampler"]
+    assert len(sampled) >= 5 and all(t.status != "invalid" for t in sampled)
+    assert len({t.config.key for t in res.history}) == len(res.history)
+
+
+@pytest.mark.slow
+def test_optuna_gp_sampler_runs_when_available(doctor, cache):
+    from tracea.tuning.search import optuna_gp_available
+
+    if not optuna_gp_available():
+        pytest.skip("optuna GPSampler needs torch and scipy")
+    opts = dict(FAST, sampler="optuna-gp")
+    res = AutoTuner(doctor=doctor, trials=9, cache=cache, **opts).tune(GemmOp(40, 40, 40))
+    assert res.sampler == "optuna-gp" and res.ok
     assert sum(1 for t in res.history if t.source in ("sampler", "random")) >= 5
 
 

@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--variant", default=None, help="tune only this variant")
     p.add_argument("--timeout", type=float, default=None, help="wall-clock budget in seconds")
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
-    p.add_argument("--sampler", default="auto", choices=["auto", "gp", "tpe", "random"])
+    p.add_argument("--sampler", default="auto", choices=["auto", "gp", "optuna-gp", "tpe", "random"])
     p.add_argument("--force", action="store_true", help="retune even when the cache has a result")
     p.add_argument("--cache", metavar="FILE", default=None, help="tuning cache file (default: TRACEA_CACHE_PATH "
                    "or ./.tracea/tuning_cache.json)")

@@ -28,7 +28,7 @@ from .refcheck import reference_check
 from .loop import TrialRecord, Validator, search
 from .measure import Measurer
 from .progress import Progress
-from .search import gp_available
+from .search import resolve_sampler
 
 
 @dataclass
@@ -113,7 +113,8 @@ class AutoTuner:
     :param cache: the :class:`TuningCache` (default :func:`get_cache`); ``False`` disables caching.
     :param progress: show a progress bar on a terminal.
     :param doctor: the Doctor (default: the process Doctor).
-    :param sampler: ``"auto"`` (GP where torch+scipy import, else TPE), ``"gp"``, ``"tpe"``, ``"random"``.
+    :param sampler: ``"auto"`` (the candidate-set GP where numpy+scipy import, else TPE), ``"gp"``,
+        ``"optuna-gp"`` (optuna's stock GPSampler), ``"tpe"``, ``"random"`` (see :mod:`tracea.tuning.search`).
     """
 
     def __init__(self, device_info: Any = None, *, goal: OptimizationGoal | str = OptimizationGoal.MaximizeTFLOPS,
@@ -223,7 +224,7 @@ class AutoTuner:
 
     # -- internals ----------------------------------------------------------------------------------
     def _sampler_name(self) -> str:
-        return ("gp" if gp_available() else "tpe") if self.sampler == "auto" else self.sampler
+        return resolve_sampler(self.sampler)
 
     def _measurer(self, op: Op, profile: DeviceProfile) -> Measurer:
         pm = self.pm

@@ -13,7 +13,7 @@ from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
 from .goals import OptimizationGoal
 from .measure import INVALID, Measurement
-from .search import SpaceEncoding, _optuna, dedupe, gp_available, make_sampler, objective_value
+from .search import SpaceEncoding, _optuna, dedupe, make_sampler, objective_value, resolve_sampler
 
 #: consecutive proposals that are duplicates or invalid before a random unseen valid config is forced.
 STALL_LIMIT = 8
@@ -125,18 +125,27 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
     optuna = _optuna()
     enc = SpaceEncoding(space)
     dists = enc.distributions()
-    kind = sampler if sampler != "auto" else ("gp" if gp_available() else "tpe")
+    kind = resolve_sampler(sampler)
     worst = [max((v for v in known.values() if math.isfinite(v)), default=math.inf)]
 
     def tell_failure(trial: Any) -> None:
-        # A Gaussian process ignores failed trials, so it would propose the same invalid point again;
-        # impute the worst score seen instead (as SMAC does for crashed configs). TPE copes with FAIL.
-        if kind == "gp" and math.isfinite(worst[0]):
+        # optuna's GPSampler ignores failed trials, so it would propose the same invalid point again;
+        # impute the worst score seen instead (as SMAC does for crashed configs). TPE copes with FAIL,
+        # and the candidate-set sampler imputes by itself and never proposes a tried config.
+        if kind == "optuna-gp" and math.isfinite(worst[0]):
             study.tell(trial, objective_value(worst[0]))
         else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    startup = n_startup if n_startup is not None else max(3, min(10, trials // 4))
-    study = optuna.create_study(direction="minimize", sampler=make_sampler(kind, seed, startup))
+    if kind == "gp":
+        from .candidates import DEFAULT_STARTUP, CandidatePool, make_candidate_sampler
+
+        pool = CandidatePool(space, lambda c: validator.reason(c) is None, enc.encode, seed)
+        opt_sampler = make_candidate_sampler(pool, dists, seed,
+                                             n_startup if n_startup is not None else DEFAULT_STARTUP)
+    else:
+        startup = n_startup if n_startup is not None else max(3, min(10, trials // 4))
+        opt_sampler = make_sampler(kind, seed, startup)
+    study = optuna.create_study(direction="minimize", sampler=opt_sampler)
     for (config, _src) in queue:  # teach the model what the seeds showed
         params = enc.encode(config)
         if params is None:
@@ -157,6 +166,9 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
             study.enqueue_trial(enc.encode(forced))
             stall = 0
         trial = study.ask(dists)
+        if getattr(opt_sampler, "exhausted", False):
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            break  # the candidate pool has no unmeasured valid config left
         config = enc.decode(trial.params)
         if config.key in known:
             value = known[config.key]

@@ -1,10 +1,18 @@
 """The search strategy: optuna over a finite :class:`~tracea.semantic.search_space.SearchSpace`.
 
-Each dimension whose values are all numbers becomes an integer over the *rank* of the sorted values
-(tile sizes 16, 32, 64, 128 -> 0..3), so the Gaussian-process model sees their order and roughly
-their log scale; other dimensions (swizzle, barrier, strings, bools) are categorical. The sampler is
-optuna's ``GPSampler`` (Gaussian-process Bayesian optimisation; needs torch and scipy) when those
-import, else ``TPESampler``. Objectives are ``log(score seconds)``. optuna is imported lazily.
+Each dimension whose values are all numbers becomes an optuna integer over the *rank* of the sorted
+values (tile sizes 16, 32, 64, 128 -> 0..3); other dimensions (swizzle, barrier, strings, bools) are
+categorical. Samplers (``make_sampler``; the search loop builds ``"gp"`` itself since it needs the
+enumerated candidates):
+
+- ``"gp"``: Tracea's candidate-set Gaussian-process sampler (:mod:`tracea.tuning.candidates`, an optuna
+  ``BaseSampler``; needs NumPy and SciPy): expected improvement over every valid, unmeasured config;
+- ``"optuna-gp"``: optuna's stock ``GPSampler`` (needs torch and scipy), which optimises over the
+  continuous relaxation of the ranks and cannot see the constraints; kept for comparison;
+- ``"tpe"``: optuna's multivariate ``TPESampler`` (no extra dependencies);
+- ``"random"``; ``"auto"``: ``"gp"`` where NumPy and SciPy import, else ``"tpe"``.
+
+Objectives are ``log(score seconds)``. optuna is imported lazily.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import math
 import random
 from typing import Any, Iterable
 
+from ..errors import InvalidArgumentError
 from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
 
@@ -28,23 +37,42 @@ def _optuna() -> Any:
     return optuna
 
 
+SAMPLERS = ("auto", "gp", "optuna-gp", "tpe", "random")
+
+
 def gp_available() -> bool:
-    """Whether optuna's GPSampler can run here (torch and scipy importable)."""
+    """Whether the candidate-set GP sampler can run here (NumPy and SciPy importable)."""
+    from .candidates import available
+
+    return available()
+
+
+def optuna_gp_available() -> bool:
+    """Whether optuna's stock GPSampler can run here (torch and scipy importable)."""
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "scipy"))
 
 
-def make_sampler(kind: str, seed: int | None, n_startup: int) -> Any:
-    """``"gp"``, ``"tpe"``, ``"random"`` or ``"auto"`` (GP where available, else TPE)."""
-    optuna = _optuna()
+def resolve_sampler(kind: str) -> str:
+    """The sampler ``kind`` stands for here (``"auto"`` -> ``"gp"`` or ``"tpe"``)."""
+    if kind not in SAMPLERS:
+        raise InvalidArgumentError("sampler", kind, "one of " + ", ".join(SAMPLERS))
     if kind == "auto":
-        kind = "gp" if gp_available() else "tpe"
-    if kind == "gp":
+        return "gp" if gp_available() else "tpe"
+    return kind
+
+
+def make_sampler(kind: str, seed: int | None, n_startup: int) -> Any:
+    """An optuna sampler for ``"optuna-gp"``, ``"tpe"`` or ``"random"`` (``"gp"`` needs a candidate pool:
+    :func:`tracea.tuning.candidates.make_candidate_sampler`)."""
+    optuna = _optuna()
+    kind = resolve_sampler(kind)
+    if kind == "optuna-gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)
     if kind == "tpe":
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"unknown sampler {kind!r}")
+    raise InvalidArgumentError("sampler", kind, "optuna-gp, tpe or random")
 
 
 def _is_number(v: Any) -> bool:
