@@ -49,6 +49,38 @@ static void tr_pack_a_dense(const void *vctx, long i0, long mr, long p0, long kc
     }
 }
 
+#if defined(__AVX512F__)
+/* dst[k*ld_d + j] = src[j*ld_s + k] for a 16 x 16 block: three shuffle stages in registers. */
+#define TR_HAVE_T16 1
+static inline void tr_transpose16(const float *src, long ld_s, float *dst, long ld_d) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ld_s);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+    for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ld_d, r[i]);
+}
+#else
+#define TR_HAVE_T16 0
+#endif
+
 /* B micro-panel: k in [p0, p0+kc), columns [j0, j0+nr) of X(k, j) = p[k*rs + j*cs], dst[k*NR + j]. */
 static void tr_pack_b_dense(const void *vctx, long j0, long nr, long p0, long kc, float *dst) {
     const tr_dense *x = (const tr_dense *)vctx;
@@ -63,10 +95,15 @@ static void tr_pack_b_dense(const void *vctx, long j0, long nr, long p0, long kc
         }
     } else {
         /* Transposed source, in 16-deep k slabs: one cache line read per column, a 16 x NR block
-           (L1-resident) written. */
+           (L1-resident) written; whole 16 x 16 blocks are transposed in registers where the ISA can. */
         for (long k0 = 0; k0 < kc; k0 += 16) {
-            long kn = TR_MIN(16, kc - k0);
-            for (long j = 0; j < nr; j++) {
+            long kn = TR_MIN(16, kc - k0), j = 0;
+#if TR_HAVE_T16
+            if (kn == 16 && x->rs == 1)
+                for (; j + 16 <= nr; j += 16)
+                    tr_transpose16(x->p + (j0 + j) * x->cs + p0 + k0, x->cs, dst + k0 * NR + j, NR);
+#endif
+            for (; j < nr; j++) {
                 const float *s = x->p + (j0 + j) * x->cs + (p0 + k0) * x->rs;
                 float *d = dst + k0 * NR + j;
                 for (long k = 0; k < kn; k++) d[k * NR] = s[k * x->rs];
@@ -79,7 +116,22 @@ static void tr_pack_b_dense(const void *vctx, long j0, long nr, long p0, long kc
 typedef struct {
     const float *x;
     long C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q;
+    long CB;  /* indirect K order: blocks of CB channels x all taps (0 = Cg: k = tap*Cg + c) */
 } tr_conv;  /* NCHW: pixel index j spans all images (image = j / (P*Q)), x image stride C*H*W. */
+
+/* k -> (tap, channel) in the channel-blocked order k = cb*CB*RS + tap*cbn + cc (c = cb*CB + cc, cbn the
+   block's channel count); returns how many k from here stay in the same channel run. */
+static inline long tr_k_split(long k, long Cg, long CB, long RS, long *tap, long *c) {
+    long blk = CB * RS, cb = k / blk, rem = k - cb * blk, cbn = TR_MIN(CB, Cg - cb * CB), cc = rem % cbn;
+    *tap = rem / cbn; *c = cb * CB + cc;
+    return cbn - cc;
+}
+
+/* Upper bound on the channel runs (segments) in kc consecutive k. */
+static inline long tr_max_segs(long Cg, long CB, long kc) {
+    long shortest = Cg % CB ? TR_MIN(CB, Cg % CB) : CB;
+    return kc / shortest + 2;
+}
 
 /* NHWC implicit GEMM, A = output pixels x (r, s, c): each (pixel, r, s) is a contiguous run of c. */
 static void tr_pack_a_nhwc(const void *vctx, long i0, long mr, long p0, long kc, float *dst) {
@@ -166,16 +218,19 @@ typedef struct { long tap, c0; } tr_seg;
 
 static int tr_conv_segments(const tr_conv *g, long p0, long kc, tr_seg *segs, long *lens) {
     int n = 0;
+    long CB = g->CB ? g->CB : g->Cg;
     for (long k = p0, end = p0 + kc; k < end;) {
-        long c = k % g->Cg, len = TR_MIN(g->Cg - c, end - k);
-        segs[n].tap = k / g->Cg; segs[n].c0 = c; lens[n] = len; n++;
+        long tap, c, len = TR_MIN(tr_k_split(k, g->Cg, CB, g->R * g->S, &tap, &c), end - k);
+        segs[n].tap = tap; segs[n].c0 = c; lens[n] = len; n++;
         k += len;
     }
     return n;
 }
 
-/* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM: B(k = tap*Cg + c, j) = w[j*CRS + c*RS + tap]. */
-typedef struct { const float *w; long CRS, Cg, RS; } tr_kcrs;
+/* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM in the channel-blocked K order
+   (tr_k_split): B(k, j) = w[j*CRS + c*RS + tap]. Blocks of CB channels keep each K block's reads within
+   a few cache lines per output channel. */
+typedef struct { const float *w; long CRS, Cg, RS, CB; } tr_kcrs;
 
 static void tr_pack_b_kcrs(const void *vctx, long j0, long nr, long p0, long kc, float *dst) {
     const tr_kcrs *x = (const tr_kcrs *)vctx;
@@ -184,8 +239,9 @@ static void tr_pack_b_kcrs(const void *vctx, long j0, long nr, long p0, long kc,
     for (long k0 = 0; k0 < kc; k0 += 16) {
         long kn = TR_MIN(16, kc - k0), off[16];
         for (long k = 0; k < kn; k++) {
-            long kk = p0 + k0 + k;
-            off[k] = (kk % x->Cg) * x->RS + kk / x->Cg;
+            long tap, c;
+            tr_k_split(p0 + k0 + k, x->Cg, x->CB, x->RS, &tap, &c);
+            off[k] = c * x->RS + tap;
         }
         for (long j = 0; j < nr; j++) {
             const float *s = x->w + (j0 + j) * x->CRS;
@@ -226,6 +282,37 @@ static void tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs,
         }
     }
 }
+
+/* NHWC im2col panel with output pixels as columns (weights-stationary conv): B(k = tap*Cg + c, j) is
+   input channel c of the pixel that output pixel j0+j reads at tap k / Cg; dst[k*NR + j], zero padded. */
+static void tr_pack_b_nhwc(const void *vctx, long j0, long nr, long p0, long kc, float *dst) {
+    const tr_conv *g = (const tr_conv *)vctx;
+    long kcp = TR_ROUNDUP(kc, KU), PQ = g->P * g->Q, end = p0 + kc;
+    if (nr < NR || kc < kcp) memset(dst, 0, sizeof(float) * kcp * NR);
+    for (long jj = 0; jj < nr; jj++) {
+        long m = j0 + jj, img = m / PQ, rem = m % PQ;
+        long ih0 = (rem / g->Q) * g->sh - g->ph, iw0 = (rem % g->Q) * g->sw - g->pw;
+        const float *base = g->x + img * g->H * g->W * g->C;
+        long tap = p0 / g->Cg, c = p0 % g->Cg;
+        for (long k = p0; k < end; tap++) {
+            long ih = ih0 + (tap / g->S) * g->dh, iw = iw0 + (tap % g->S) * g->dw;
+            long run = TR_MIN(g->Cg - c, end - k);
+            float *d = dst + (k - p0) * NR + jj;
+            if (ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) {
+                const float *src = base + (ih * g->W + iw) * g->C + c;
+                for (long e = 0; e < run; e++) d[e * NR] = src[e];
+            } else {
+                for (long e = 0; e < run; e++) d[e * NR] = 0.0f;
+            }
+            k += run; c = 0;
+        }
+    }
+}
+
+/* A read in place (no packing): tile row i is the unit-stride run p[(i0 + i)*rs + p0 ...], or zeros. */
+static void tr_rows_dense(const tr_dense *a, long i0, long mr, long p0, const float *zeros, const float **rows) {
+    for (int i = 0; i < MR; i++) rows[i] = i < mr ? a->p + (i0 + i) * a->rs + p0 : zeros;
+}
 """
 
 DRIVER = r"""
@@ -257,23 +344,53 @@ static void tr_tile(long kcp, const float *ap, const float *bp, float *c, long l
         }
 }
 
+/* Where an indirect-kernel tile writes: straight into C, or (a tile straddling two images of an NCHW
+   output) into sc, preloaded when accumulating; tr_tile_end copies sc back. */
+static float *tr_tile_begin(float *c, long ldc, long i, long j, int mr, int nr, int first, long img_cols,
+                            long img_stride, float *sc, long *ld) {
+    *ld = ldc;
+    if (!img_cols) return c + i * ldc + j;
+    long img = j / img_cols, q0 = j % img_cols;
+    if (q0 + nr <= img_cols) return c + img * img_stride + i * ldc + q0;
+    *ld = NR;
+    if (!first)
+        for (int ii = 0; ii < mr; ii++)
+            for (int jj = 0; jj < nr; jj++) {
+                long col = j + jj;
+                sc[ii * NR + jj] = c[(col / img_cols) * img_stride + (i + ii) * ldc + col % img_cols];
+            }
+    return sc;
+}
+
+static void tr_tile_end(float *c, long ldc, long i, long j, int mr, int nr, long img_cols, long img_stride,
+                        const float *sc) {
+    for (int ii = 0; ii < mr; ii++)
+        for (int jj = 0; jj < nr; jj++) {
+            long col = j + jj;
+            c[(col / img_cols) * img_stride + (i + ii) * ldc + col % img_cols] = sc[ii * NR + jj];
+        }
+}
+
+/* A is packed by pa, or read in place: through conv pixel rows (ind, NHWC input) or as dense unit-stride
+   rows (arows, the weights of a weights-stationary conv). ctrans: tiles are stored transposed,
+   C(i, j) = c[(i / img_cols)*img_stride + i % img_cols + j*ldc]. */
 static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pack_fn pb, const void *cb,
                     float *c, long ldc, long img_cols, long img_stride, const float *bias, int bias_row,
-                    long mc, long nc, long kc, int nth, const tr_conv *ind, int ctrans) {
+                    long mc, long nc, long kc, int nth, const tr_conv *ind, const tr_dense *arows, int ctrans) {
     mc = TR_MIN(TR_ROUNDUP(TR_MAX(mc, MR), MR), TR_ROUNDUP(M, MR));
     nc = TR_MIN(TR_ROUNDUP(TR_MAX(nc, NR), NR), TR_ROUNDUP(N, NR));
     kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
     if (nth <= 0) nth = tr_threads_available();
     if ((double)M * N * K < 65536.0) nth = 1;
     /* Indirect A needs mc * (segments) row pointers in the A buffer: fine unless channel runs are tiny. */
-    if (ind && 2 * (kc / ind->Cg + 2) > kc) ind = 0;
-    if (ctrans && !ind) return 2;
+    if (ind && 2 * tr_max_segs(ind->Cg, ind->CB ? ind->CB : ind->Cg, kc) > kc) ind = 0;
+    if (ctrans && !ind && !arows) return 2;
     int owned;
     float *ws = tr_ws_get((size_t)nc * kc + (size_t)nth * mc * kc + kc + 32, &owned);
     if (!ws) return 1;
     float *bbuf = ws, *zeros = ws + TR_ROUNDUP((size_t)nc * kc, 16);
     float *abase = zeros + TR_ROUNDUP(kc, 16);
-    if (ind) memset(zeros, 0, sizeof(float) * kc);
+    if (ind || arows) memset(zeros, 0, sizeof(float) * kc);
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
 #ifdef _OPENMP
@@ -287,9 +404,17 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
             for (long pc = 0; pc < K; pc += kc) {
                 long kcur = TR_MIN(kc, K - pc), kcp = TR_ROUNDUP(kcur, KU);
                 int first = pc == 0, last = pc + kcur >= K;
-                #pragma omp for schedule(dynamic, 4)
-                for (long p = 0; p < npan; p++)
-                    pb(cb, jc + p * NR, TR_MIN(NR, ncur - p * NR), pc, kcur, bbuf + p * NR * kcp);
+                /* Few panels: split each one along k too, so every thread packs. */
+                long ksl = npan >= 2 * T ? 1 : TR_MIN((2 * T + npan - 1) / npan, kcp / (4 * KU));
+                if (ksl < 1) ksl = 1;
+                long kstep = TR_ROUNDUP((kcur + ksl - 1) / ksl, KU);
+                #pragma omp for schedule(dynamic, 1)
+                for (long it = 0; it < npan * ksl; it++) {
+                    long p = it / ksl, k0 = (it % ksl) * kstep;
+                    if (k0 < kcur)
+                        pb(cb, jc + p * NR, TR_MIN(NR, ncur - p * NR), pc + k0, TR_MIN(kstep, kcur - k0),
+                           bbuf + p * NR * kcp + k0 * NR);
+                }
                 long nic = (M + mc - 1) / mc;
                 long nsplit = (nic % T == 0 || nic >= 4 * T) ? 1 : TR_MIN((long)T, npan);
                 /* dynamic: on a shared machine a descheduled thread must not hold the others back */
@@ -298,30 +423,38 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                     long ic = (it / nsplit) * mc, sp = it % nsplit;
                     long mcur = TR_MIN(mc, M - ic), nmp = (mcur + MR - 1) / MR;
                     long jlo = npan * sp / nsplit, jhi = npan * (sp + 1) / nsplit;
-                    if (ind) {
-                        tr_seg segs[kcur / ind->Cg + 2];
-                        long lens[kcur / ind->Cg + 2];
-                        int nseg = tr_conv_segments(ind, pc, kcur, segs, lens);
+                    if (ind || arows) {
+                        long nsmax = ind ? tr_max_segs(ind->Cg, ind->CB ? ind->CB : ind->Cg, kcur) : 1;
+                        tr_seg segs[nsmax];
+                        long lens[nsmax];
+                        int nseg = 1;
+                        if (ind) nseg = tr_conv_segments(ind, pc, kcur, segs, lens);
+                        else lens[0] = kcur;
                         const float **rows = (const float **)abuf;
-                        for (long r = 0; r < nmp; r++)
-                            tr_rows_nhwc(ind, ic + r * MR, TR_MIN(MR, mcur - r * MR), segs, nseg, zeros,
-                                         rows + r * nseg * MR);
+                        for (long r = 0; r < nmp; r++) {
+                            long mrr = TR_MIN(MR, mcur - r * MR);
+                            if (ind) tr_rows_nhwc(ind, ic + r * MR, mrr, segs, nseg, zeros, rows + r * nseg * MR);
+                            else tr_rows_dense(arows, ic + r * MR, mrr, pc, zeros, rows + r * MR);
+                        }
                         for (long jr = jlo; jr < jhi; jr++) {
                             long j = jc + jr * NR;
                             int nr = (int)TR_MIN(NR, N - j);
                             for (long r = 0; r < nmp; r++) {
-                                long i = ic + r * MR;
+                                long i = ic + r * MR, ld;
                                 int mr = (int)TR_MIN(MR, M - i);
+                                const float *bb = !bias ? 0 : (bias_row ? bias + i : bias + j);
+                                float sc[MR * NR] __attribute__((aligned(64)));
+                                float *dst = sc;
                                 if (ctrans) {
-                                    float sc[MR * NR] __attribute__((aligned(64)));
+                                    ld = NR;
                                     if (!first) tr_tile_io_t(c, ldc, img_cols, img_stride, i, j, mr, nr, sc, 1);
-                                    tr_ukernel_ind(nseg, lens, rows + r * nseg * MR, bbuf + jr * NR * kcp, sc, NR,
-                                                   mr, nr, first, last, bias ? bias + j : 0, 0);
-                                    tr_tile_io_t(c, ldc, img_cols, img_stride, i, j, mr, nr, sc, 0);
                                 } else {
-                                    tr_ukernel_ind(nseg, lens, rows + r * nseg * MR, bbuf + jr * NR * kcp,
-                                                   c + i * ldc + j, ldc, mr, nr, first, last, bias ? bias + j : 0, 0);
+                                    dst = tr_tile_begin(c, ldc, i, j, mr, nr, first, img_cols, img_stride, sc, &ld);
                                 }
+                                tr_ukernel_ind(nseg, lens, rows + r * nseg * MR, bbuf + jr * NR * kcp, dst, ld,
+                                               mr, nr, first, last, bb, bias_row);
+                                if (ctrans) tr_tile_io_t(c, ldc, img_cols, img_stride, i, j, mr, nr, sc, 0);
+                                else if (dst == sc) tr_tile_end(c, ldc, i, j, mr, nr, img_cols, img_stride, sc);
                             }
                         }
                         continue;
@@ -352,11 +485,15 @@ int tr_gemm(long batch, long M, long N, long K,
     for (long q = 0; q < batch; q++) {
         tr_dense A = {a + q * sa, rsa, csa}, B = {b + q * sb, rsb, csb};
         int rc = tr_drive(M, N, K, tr_pack_a_dense, &A, tr_pack_b_dense, &B, c + q * sc, ldc, 0, 0, bias, 0,
-                          mc, nc, kc, nth, 0, 0);
+                          mc, nc, kc, nth, 0, 0, 0);
         if (rc) return rc;
     }
     return 0;
 }
+
+#ifndef TR_NCHW_CB
+#define TR_NCHW_CB 32
+#endif
 
 /* layout 0: NCHW x, KCRS w, NCHW out (out = W x im2col per group; columns are the pixels of all images, bias per row).
    layout 1: NHWC x, KRSC w, NHWC out (out = im2col x W^T per group over all images, bias per column). */
@@ -365,7 +502,7 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
               const float *x, const float *w, const float *bias, float *out,
               long mc, long nc, long kc, int nth, int indirect) {
     long Cg = C / groups, Kg = K / groups, CRS = Cg * R * S;
-    if (layout == 0 && indirect && Cg >= 8) {
+    if (layout == 0 && indirect == 1 && Cg >= 8) {
         /* NCHW through the indirect NHWC kernel: transpose x once, read KCRS weights in place while
            packing, store the pixel-row tiles channel-major. */
         long HW = H * W;
@@ -389,13 +526,35 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
             }
         int rc = 0;
         for (long gi = 0; gi < groups && !rc; gi++) {
-            tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
-            tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, R * S};
+            long CB = TR_MIN(Cg, TR_NCHW_CB);
+            tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q, CB};
+            tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, R * S, CB};
             rc = tr_drive(n * P * Q, Kg, CRS, tr_pack_a_nhwc, &A, tr_pack_b_kcrs, &B, out + gi * Kg * P * Q, P * Q,
-                          P * Q, K * P * Q, bias ? bias + gi * Kg : 0, 0, mc, nc, kc, nth, &A, 1);
+                          P * Q, K * P * Q, bias ? bias + gi * Kg : 0, 0, mc, nc, kc, nth, &A, 0, 1);
         }
         tr_ws_release(1, xt, xt_owned);
         return rc;
+    }
+    if (indirect == 2) {
+        /* Weights-stationary: M = output channels with the weights read in place as A rows (no weight
+           packing), N = output pixels of all images, B = im2col panels packed on the fly. NCHW output
+           is C itself; NHWC output is C transposed. */
+        for (long gi = 0; gi < groups; gi++) {
+            tr_dense A = {w + gi * Kg * CRS, CRS, 1};
+            const float *bg = bias ? bias + gi * Kg : 0;
+            int rc;
+            if (layout == 0) {
+                tr_conv B = {x + gi * Cg * H * W, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+                rc = tr_drive(Kg, n * P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nchw, &B, out + gi * Kg * P * Q,
+                              P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth, 0, &A, 0);
+            } else {
+                tr_conv B = {x + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+                rc = tr_drive(Kg, n * P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nhwc, &B, out + gi * Kg,
+                              K, Kg, 0, bg, 1, mc, nc, kc, nth, 0, &A, 1);
+            }
+            if (rc) return rc;
+        }
+        return 0;
     }
     for (long gi = 0; gi < groups; gi++) {
         const float *bg = bias ? bias + gi * Kg : 0;
@@ -403,13 +562,13 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
             tr_dense A = {w + gi * Kg * CRS, CRS, 1};
             tr_conv B = {x + gi * Cg * H * W, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             int rc = tr_drive(Kg, n * P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nchw, &B,
-                              out + gi * Kg * P * Q, P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth, 0, 0);
+                              out + gi * Kg * P * Q, P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth, 0, 0, 0);
             if (rc) return rc;
         } else {
             tr_conv A = {x + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             tr_dense B = {w + gi * Kg * CRS, 1, CRS};
             int rc = tr_drive(n * P * Q, Kg, CRS, tr_pack_a_nhwc, &A, tr_pack_b_dense, &B,
-                              out + gi * Kg, K, 0, 0, bg, 0, mc, nc, kc, nth, indirect ? &A : 0, 0);
+                              out + gi * Kg, K, 0, 0, bg, 0, mc, nc, kc, nth, indirect == 1 ? &A : 0, 0, 0);
             if (rc) return rc;
         }
     }
