@@ -80,7 +80,7 @@ def test_conv2d_indirect_and_packed_paths(indirect, layout):
     small = config(mr=h["mr"], nr=h["nr"], mc=2 * h["mr"], nc=h["nr"], kc=24, threads=2, indirect=indirect)
     for case in [(2, 16, 9, 11, 40, 3, 3, 1, 1, 1, 1), (1, 24, 12, 12, 18, 3, 2, (2, 1), (0, 2), (2, 1), 3),
                  (2, 8, 7, 7, 33, 1, 1, 1, 0, 1, 1),
-                 # channels per group above the NCHW channel block (32) and not a multiple of it
+                 # many channels per group, not a multiple of the vector width
                  (1, 72, 6, 5, 20, 3, 3, 1, 1, 1, 1), (2, 80, 5, 6, 18, 3, 3, 2, 1, 2, 2),
                  # channel runs shorter than a vector (any algorithm must accept any config)
                  (2, 6, 8, 9, 10, 3, 3, 1, 1, 1, 2)]:

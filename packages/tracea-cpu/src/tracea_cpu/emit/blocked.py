@@ -183,7 +183,7 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
     kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
     if (nth <= 0) nth = tr_threads_available();
     if ((double)M * N * K < 65536.0) nth = 1;
-    long nsmax = tr_max_segs(ind->Cg, ind->CB ? ind->CB : ind->Cg, kc);
+    long nsmax = tr_max_segs(ind->Cg, kc);
     long npan = (N + NR - 1) / NR, ntile = (M + MR - 1) / MR;
     /* Enough items for a dynamic schedule (>= 4 per thread), in chunks of at least mc rows. */
     long want = (4 * nth + npan - 1) / npan;

@@ -6,9 +6,6 @@ output pixels packed)."""
 from __future__ import annotations
 
 CONV = r"""
-#ifndef TR_NCHW_CB
-#define TR_NCHW_CB 32
-#endif
 
 /* layout 0: NCHW x, KCRS w, NCHW out (out = W x im2col per group; columns are the pixels of all images, bias per row).
    layout 1: NHWC x, KRSC w, NHWC out (out = im2col x W^T per group over all images, bias per column). */
@@ -19,10 +16,8 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
     long Cg = C / groups, Kg = K / groups, CRS = Cg * R * S;
     if (layout == 0 && indirect == 1) {
         /* NCHW through the NHWC indirect kernel: x transposed to NHWC, the conv computed into an NHWC
-           scratch output (KCRS weights gathered in channel blocks while packing), transposed back. */
+           scratch output (KCRS weights gathered while packing, panel by panel), transposed back. */
         long HW = H * W, PQ = P * Q;
-        /* Channel blocks of 32 (a last partial block of >= 8) keep each K block's weight reads local. */
-        long CB = Cg > TR_NCHW_CB && Cg % TR_NCHW_CB != 0 && Cg % TR_NCHW_CB < 8 ? Cg : TR_MIN(Cg, TR_NCHW_CB);
         int xt_owned, ot_owned, T = nth > 0 ? nth : tr_threads_available();
         float *xt = tr_ws_slot(1, (size_t)n * HW * C, &xt_owned);
         float *ot = xt ? tr_ws_slot(2, (size_t)n * PQ * K, &ot_owned) : 0;
@@ -33,8 +28,8 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
                 tr_transpose_strip(x + (img * C + c0) * HW, TR_MIN(16, C - c0), HW, HW, xt + img * HW * C + c0, C);
         int rc = 0;
         for (long gi = 0; gi < groups && !rc; gi++) {
-            tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q, CB};
-            tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, R * S, CB};
+            tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+            tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, R * S};
             rc = tr_drive_ind(n * PQ, Kg, CRS, tr_pack_b_kcrs, &B, ot + gi * Kg, K, bias ? bias + gi * Kg : 0,
                               mc, kc, nth, &A);
         }

@@ -120,22 +120,10 @@ static void tr_pack_b_dense(const void *vctx, long j0, long nr, long p0, long kc
 typedef struct {
     const float *x;
     long C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q;
-    long CB;  /* indirect K order: blocks of CB channels x all taps (0 = Cg: k = tap*Cg + c) */
 } tr_conv;  /* NCHW: pixel index j spans all images (image = j / (P*Q)), x image stride C*H*W. */
 
-/* k -> (tap, channel) in the channel-blocked order k = cb*CB*RS + tap*cbn + cc (c = cb*CB + cc, cbn the
-   block's channel count); returns how many k from here stay in the same channel run. */
-static inline long tr_k_split(long k, long Cg, long CB, long RS, long *tap, long *c) {
-    long blk = CB * RS, cb = k / blk, rem = k - cb * blk, cbn = TR_MIN(CB, Cg - cb * CB), cc = rem % cbn;
-    *tap = rem / cbn; *c = cb * CB + cc;
-    return cbn - cc;
-}
-
 /* Upper bound on the channel runs (segments) in kc consecutive k. */
-static inline long tr_max_segs(long Cg, long CB, long kc) {
-    long shortest = Cg % CB ? TR_MIN(CB, Cg % CB) : CB;
-    return kc / shortest + 2;
-}
+static inline long tr_max_segs(long Cg, long kc) { return kc / Cg + 2; }
 
 /* NHWC implicit GEMM, A = output pixels x (r, s, c): each (pixel, r, s) is a contiguous run of c. */
 static void tr_pack_a_nhwc(const void *vctx, long i0, long mr, long p0, long kc, float *dst) {
@@ -222,19 +210,16 @@ typedef struct { long tap, c0; } tr_seg;
 
 static int tr_conv_segments(const tr_conv *g, long p0, long kc, tr_seg *segs, long *lens) {
     int n = 0;
-    long CB = g->CB ? g->CB : g->Cg;
     for (long k = p0, end = p0 + kc; k < end;) {
-        long tap, c, len = TR_MIN(tr_k_split(k, g->Cg, CB, g->R * g->S, &tap, &c), end - k);
-        segs[n].tap = tap; segs[n].c0 = c; lens[n] = len; n++;
+        long c = k % g->Cg, len = TR_MIN(g->Cg - c, end - k);
+        segs[n].tap = k / g->Cg; segs[n].c0 = c; lens[n] = len; n++;
         k += len;
     }
     return n;
 }
 
-/* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM in the channel-blocked K order
-   (tr_k_split): B(k, j) = w[j*CRS + c*RS + tap]. Blocks of CB channels keep each K block's reads within
-   a few cache lines per output channel. */
-typedef struct { const float *w; long CRS, Cg, RS, CB; } tr_kcrs;
+/* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM: B(k = tap*Cg + c, j) = w[j*CRS + c*RS + tap]. */
+typedef struct { const float *w; long CRS, Cg, RS; } tr_kcrs;
 
 static void tr_pack_b_kcrs(const void *vctx, long j0, long nr, long p0, long kc, float *dst) {
     const tr_kcrs *x = (const tr_kcrs *)vctx;
@@ -243,9 +228,8 @@ static void tr_pack_b_kcrs(const void *vctx, long j0, long nr, long p0, long kc,
     for (long k0 = 0; k0 < kc; k0 += 16) {
         long kn = TR_MIN(16, kc - k0), off[16];
         for (long k = 0; k < kn; k++) {
-            long tap, c;
-            tr_k_split(p0 + k0 + k, x->Cg, x->CB, x->RS, &tap, &c);
-            off[k] = c * x->RS + tap;
+            long kk = p0 + k0 + k;
+            off[k] = (kk % x->Cg) * x->RS + kk / x->Cg;
         }
         for (long j = 0; j < nr; j++) {
             const float *s = x->w + (j0 + j) * x->CRS;
