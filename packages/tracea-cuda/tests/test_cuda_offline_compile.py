@@ -41,9 +41,16 @@ OPS = {
     "cuda.gemm.wgmma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="bias+relu")],
     "cuda.gemm.mma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="relu")],
     "cuda.gemm.mma_3xtf32": [GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="highest", epilogue="bias")],
+    "cuda.conv2d.wgmma": [
+        Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),
+        Conv2dOp(32, 512, 7, 7, 512, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
+        Conv2dOp(32, 256, 14, 14, 256, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high",
+                 epilogue="bias+relu"),
+    ],
     "cuda.conv2d.implicit_mma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
         Conv2dOp(32, 128, 28, 28, 128, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high"),
+        Conv2dOp(32, 256, 56, 56, 64, 1, 1, layout="nchw", dtype="float32", fp32_precision="high", epilogue="bias"),
     ],
 }
 
@@ -56,7 +63,7 @@ def _sources(arch: str) -> dict[str, str]:
             if variant.requirements.check(op, profile):
                 assert arch != "sm_90a", (variant.name, variant.requirements.check(op, profile))
                 continue  # e.g. wgmma on sm_80
-            render = wgmma.render if variant.name.startswith("cuda.gemm.wgmma") else mma.render
+            render = wgmma.render if ".wgmma" in variant.name else mma.render
             for i, config in enumerate(variant.hero_configs(op, profile)):
                 assert variant.validate_config(op, config, profile), (variant.name, config.key)
                 name = f"k{len(sources)}"

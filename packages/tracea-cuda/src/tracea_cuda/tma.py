@@ -65,6 +65,45 @@ def tiled_map(ptr: int, dtype: DType, dims: Sequence[int], box: Sequence[int]) -
     return out
 
 
+class _LaunchAttr(ctypes.Structure):
+    """``CUlaunchAttribute``: an id and a 64-byte value union (cluster dims use its first 12 bytes)."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_uint32 * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (cuda.h)."""
+
+    _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem", ctypes.c_uint32),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint32)]
+
+
+_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+_ACTIVE_CLUSTERS: dict[tuple[int, int, int, int], int] = {}
+
+
+def max_active_clusters(function: Any, cluster: int, block: int, smem: int, fallback: int) -> int:
+    """How many ``cluster``-CTA clusters of ``function`` can be resident at once
+    (``cuOccupancyMaxActiveClusters``): the persistent grid must not exceed it, or the clusters past it
+    run as a second wave. ``fallback`` when the driver cannot say."""
+    key = (int(function.ptr), cluster, block, smem)
+    if key not in _ACTIVE_CLUSTERS:
+        count = fallback
+        try:
+            fn = _libcuda().cuOccupancyMaxActiveClusters
+            fn.restype = ctypes.c_int
+            attr = _LaunchAttr(_CLUSTER_DIMENSION, 0, (ctypes.c_uint32 * 16)(cluster, 1, 1))
+            cfg = _LaunchConfig((ctypes.c_uint32 * 3)(cluster, 1, 1), (ctypes.c_uint32 * 3)(block, 1, 1), smem, None,
+                                ctypes.pointer(attr), 1)
+            out = ctypes.c_int(0)
+            if fn(ctypes.byref(out), ctypes.c_void_p(int(function.ptr)), ctypes.byref(cfg)) == 0 and out.value > 0:
+                count = out.value
+        except (AttributeError, BackendError, OSError):
+            pass
+        _ACTIVE_CLUSTERS[key] = count
+    return _ACTIVE_CLUSTERS[key]
+
+
 class Packed:
     """Kernel parameters as ctypes values plus the ``void*[]`` array pointing at them (kept alive together)."""
 

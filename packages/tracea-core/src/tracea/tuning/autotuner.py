@@ -24,6 +24,7 @@ from .cache import CacheEntry, TuningCache, get_cache
 from .fingerprint import plugin_manager
 from .goals import OptimizationGoal
 from .inputs import InputSets, pick_adapter, reference_output, tolerance
+from .refcheck import reference_check
 from .loop import TrialRecord, Validator, search
 from .measure import Measurer
 from .progress import Progress
@@ -245,7 +246,9 @@ class AutoTuner:
         key = (op.key, id(inputs))
         if key not in self._references:
             ref_variant, cpu = self._reference_variant(op)
-            self._references = {key: reference_output(op, inputs.host[0], ref_variant, cpu)}
+            self._references = {key: reference_check(
+                op, inputs.host[0], lambda o, h: reference_output(o, h, ref_variant, cpu),
+                seed=0 if self.seed is None else self.seed)}
         return self._references[key]
 
     def _reference_variant(self, op: Op) -> tuple[Any, DeviceProfile]:

@@ -17,7 +17,8 @@ from ..errors import BackendError, CompilationError, LaunchError, TraceaError, U
 from ..plugins.manager import hookimpl
 from ..semantic.config import PipelineConfig
 from .goals import OptimizationGoal, time_stats
-from .inputs import InputSets, relative_error
+from .inputs import InputSets
+from .refcheck import as_check
 
 
 @hookimpl(trylast=True)
@@ -74,19 +75,20 @@ class Measurer:
     :param profile: the device profile.
     :param pm: the plugin manager (its hooks prepare, run, time and synchronize).
     :param inputs: the rotating :class:`InputSets` on the device.
-    :param reference: the expected output of input set 0 (host array), or None to skip the check.
+    :param reference: the check of input set 0's output: a :class:`~.refcheck.ReferenceCheck` (possibly
+        sampled), the full expected output (host array), or None to skip the check.
     :param tol: the relative-error bound of the check.
     :param warmup: untimed runs before timing.
     :param min_repeats / max_repeats: bounds on timed runs; between them, as many as fit ``budget_s``.
     :param timeout_s: a config whose first run, or whose timing, exceeds this fails as a timeout.
     """
 
-    def __init__(self, op: Any, profile: Any, pm: Any, inputs: InputSets, reference: np.ndarray | None,
+    def __init__(self, op: Any, profile: Any, pm: Any, inputs: InputSets, reference: Any,
                  tol: float, *, warmup: int = 2, min_repeats: int = 5, max_repeats: int = 50,
                  budget_s: float = 0.25, timeout_s: float | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.op, self.profile, self.pm, self.inputs = op, profile, pm, inputs
-        self.reference, self.tol = reference, tol
+        self.reference, self.tol = as_check(reference), tol
         self.warmup, self.min_repeats, self.max_repeats = warmup, min_repeats, max_repeats
         self.budget_s, self.timeout_s, self.clock = budget_s, timeout_s, clock
         self._turn = 0
@@ -102,7 +104,7 @@ class Measurer:
         first = self.clock() - t0
         err = 0.0
         if self.reference is not None:
-            err = relative_error(self.inputs.output(0), self.reference)
+            err = self.reference.error(self.inputs.output(0))
         return first, err
 
     def _timed(self, variant: Any, config: PipelineConfig, warmup: int) -> list[float]:

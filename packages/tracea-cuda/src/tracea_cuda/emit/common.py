@@ -102,15 +102,21 @@ def epilogue_function(epilogue: Epilogue, bias_dtype: DType, out_dtype: DType = 
     outputs GELU(tanh) uses the hardware ``tanh.approx`` (relative error ~2^-11, below the output's
     own rounding); float32 outputs keep the accurate ``tanhf``.
     """
-    lines = ["static __device__ __forceinline__ float apply_epilogue(float v, const "
-             f"{ctype(bias_dtype)}* __restrict__ bias, int col) {{"]
+    bt = ctype(bias_dtype)
+    load = load_expr(bias_dtype, '__ldg(bias + col)' if bias_dtype is DType.F32 else 'bias[col]')
+    lines = [f"static __device__ __forceinline__ float bias_at(const {bt}* __restrict__ bias, int col) {{",
+             f"    return {load if epilogue.has_bias else '0.0f'};", "}",
+             "// The chain with the column's bias already loaded (kernels hoist it out of row loops).",
+             "static __device__ __forceinline__ float apply_epilogue_b(float v, float b) {"]
     for step in epilogue:
         if step is EpilogueKind.BIAS:
-            lines.append(f"    v += {load_expr(bias_dtype, '__ldg(bias + col)' if bias_dtype is DType.F32 else 'bias[col]')};")
+            lines.append("    v += b;")
         else:
             expr = _ACT[step]
             if step is EpilogueKind.GELU_TANH and out_dtype.storage is not DType.F32:
                 expr = "gelu_tanh_fast({v})"
             lines.append(f"    v = {expr.format(v='v')};")
     lines.append("    return v;\n}")
+    lines.append(f"static __device__ __forceinline__ float apply_epilogue(float v, const {bt}* __restrict__ bias, "
+                 "int col) {\n    return apply_epilogue_b(v, bias_at(bias, col));\n}")
     return "\n".join(lines)

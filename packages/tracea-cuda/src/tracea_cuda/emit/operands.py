@@ -93,7 +93,14 @@ def conv_input(op: Conv2dOp, vectorized: bool) -> OperandMap:
         return OperandMap(True, vectorized, addr)
     addr = (f"const int c = ki / {rs}, rs = ki % {rs}, r = rs / {s_}, s = rs % {s_}; {pix}"
             f" src = g + (((long long)n_img * {op.c} + c) * {op.h} + h) * {op.w} + w;")
-    return OperandMap(False, False, addr)
+    return OperandMap(False, vectorized and pixels_contiguous(op), addr)
+
+
+def pixels_contiguous(op: Conv2dOp) -> bool:
+    """NCHW 1x1, stride 1, no padding: im2col rows of one channel are the input plane itself, so
+    16-byte runs of output pixels are 16-byte runs of the input (when P*Q is a multiple of 4)."""
+    return (op.layout is Layout.NCHW and (op.r, op.s) == (1, 1) and tuple(op.stride) == (1, 1)
+            and tuple(op.padding) == (0, 0) and (op.p * op.q) % 4 == 0)
 
 
 def conv_weight(op: Conv2dOp, vectorized: bool) -> OperandMap:

@@ -18,6 +18,7 @@ from tracea.dtypes import DType
 from tracea.errors import UnsupportedConfigError
 from tracea.ir.epilogue import Epilogue
 
+from . import im2col
 from .common import PRELUDE, ctype, epilogue_function, store_expr
 from .operands import StoreMap
 
@@ -51,6 +52,9 @@ class WgmmaSpec:
     smem_epilogue: bool = True
     split_acc: bool = False  # accumulate in fresh partial sums, added with FADD (fp32 accuracy)
     partial_stages: int = 1  # stages per partial sum when split_acc
+    conv: im2col.ConvGather | None = None  # implicit-GEMM conv: A gathered from the NHWC input
+    store: StoreMap | None = None  # direct-epilogue store map (default row-major); NCHW conv output
+    cluster: int = 1  # CTAs per cluster along M sharing the B tile through TMA multicast (1 or 2)
 
     threads = 384
 
@@ -86,6 +90,14 @@ class WgmmaSpec:
             problems.append(f"tile_n={self.bn} not in 64/128/256")
         if not 2 <= self.stages <= 8:
             problems.append(f"stages={self.stages} not in 2..8")
+        if self.conv is not None and (self.bm not in (64, 128) or not (self.a_kmajor and self.b_kmajor)):
+            problems.append("the conv gather serves tile_m 64/128 with K-major operands")
+        if self.cluster not in (1, 2):
+            problems.append(f"cluster={self.cluster} not in 1/2")
+        if self.cluster == 2 and (self.conv is not None or self.bn < 128):
+            problems.append("2-CTA clusters serve GEMMs with tile_n >= 128 (each CTA multicasts half of B)")
+        if self.store is not None and self.store.kind != "rowmajor" and self.smem_epilogue:
+            problems.append(f"{self.store.kind} output needs the direct epilogue (smem_epilogue=False)")
         if problems:
             raise UnsupportedConfigError("; ".join(problems))
 
@@ -143,6 +155,23 @@ static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, 
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
                  :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
+static __device__ __forceinline__ void tma_load_3d_mc(u32 dst, const TmaDesc* map, u32 bar, int c0, int c1, int c2,
+                                                      unsigned short mask) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%3, %4, %5}], [%2], %6;"
+                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask) : "memory");
+}
+static __device__ __forceinline__ u32 cluster_rank() {
+    u32 r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
+}
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// Arrive on the mbarrier at the same shared-memory offset in CTA ``cta`` of the cluster.
+static __device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 cta) {
+    asm volatile("{ .reg .b32 ra; mapa.shared::cluster.u32 ra, %0, %1; mbarrier.arrive.shared::cluster.b64 _, [ra]; }"
+                 :: "r"(bar), "r"(cta) : "memory");
+}
 static __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
 }
@@ -161,7 +190,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     """CUDA C++ (sm_90a) source of the warp-specialised persistent wgmma GEMM."""
     spec.check()
     tin, tout, tb = ctype(spec.dtype_in), ctype(spec.dtype_out), ctype(spec.bias_dtype)
-    bm, bn, st = spec.bm, spec.bn, spec.stages
+    bm, bn, st, cm = spec.bm, spec.bn, spec.stages, spec.cluster
     a_bytes, b_bytes = bm * BK * 2, bn * BK * 2
     bk = 128 // spec.dtype_in.itemsize   # K elements per stage: one 128-byte swizzle row
     # A tile in smem: K-major = [bm rows][64 k] (one TMA box); MN-major = bm/64 boxes of [64 k][64 m].
@@ -178,6 +207,12 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         b_loads = "for (int c = 0; c < %d; ++c) tma_load_3d(sb + c * 8192, &tmB, full, n0 + c * 64, kt * BKE, bz);" % (bn // 64)
         b_desc = "smem_desc(b_s + kk * 2048, 8192, 1024)"
     regs = bn // 2
+    if spec.cluster == 2 and spec.b_kmajor:  # each CTA multicasts its half of B to both
+        b_loads = (f"tma_load_3d_mc(sb + crank * {bn // 2 * 128}, &tmB, full, kt * BKE, n0 + crank * {bn // 2}, bz, "
+                   f"(unsigned short)3);")
+    elif spec.cluster == 2:
+        b_loads = (f"for (int c = crank; c < {bn // 64}; c += 2) tma_load_3d_mc(sb + c * 8192, &tmB, full, "
+                   f"n0 + c * 64, kt * BKE, bz, (unsigned short)3);")
     a_loads, b_loads = a_loads.replace("BKE", str(bk)), b_loads.replace("BKE", str(bk))
     coop = spec.schedule == "coop"
     subs = spec.subs
@@ -205,8 +240,8 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         wait_and_release = (f"            if (kt % {ps} == {ps - 1} || kt == KT - 1) {{\n"
                             f"                wgmma_wait<0>();\n"
                             f"                for (int sub = 0; sub < {subs}; ++sub) for (int i = 0; i < {regs}; ++i) fence_acc(d[sub][i]);\n"
-                            f"                if (lane == 0) {{ if (prev >= 0) mbar_arrive(bars + 8 * ({st} + prev));"
-                            f" mbar_arrive(bars + 8 * ({st} + s)); }}\n"
+                            f"                if (lane < {cm}) {{ if (prev >= 0) release_stage(bars + 8 * ({st} + prev));"
+                            f" release_stage(bars + 8 * ({st} + s)); }}\n"
                             f"                #pragma unroll\n"
                             f"                for (int sub = 0; sub < {subs}; ++sub)\n"
                             f"                    #pragma unroll\n"
@@ -214,7 +249,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
                             f"                prev = -1;\n"
                             f"            }} else {{\n"
                             f"                wgmma_wait<1>();\n"
-                            f"                if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));\n"
+                            f"                if (prev >= 0 && lane < {cm}) release_stage(bars + 8 * ({st} + prev));\n"
                             f"                prev = s;\n"
                             f"            }}")
         accn = "acc"
@@ -222,76 +257,80 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         master_decl = master_zero = ""
         scale_d = "(kt > 0 || kk > 0) ? 1 : 0"
         wait_and_release = (f"            wgmma_wait<1>();\n"
-                            f"            if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));\n"
+                            f"            if (prev >= 0 && lane < {cm}) release_stage(bars + 8 * ({st} + prev));\n"
                             f"            prev = s;")
         accn = "d"
     if spec.smem_epilogue:
         epilogue_code = STAGED.format(**locals())
     else:
-        store = StoreMap("rowmajor", spec.pairs).render(tout, store_expr(spec.dtype_out, "{v}"))
+        store = (spec.store or StoreMap("rowmajor", spec.pairs)).render(tout, store_expr(spec.dtype_out, "{v}"))
         epilogue_code = DIRECT.format(**locals())
     # Ping-pong: the consumers take strict turns at the mainloop (so one's epilogue overlaps the other's
     # mainloop, and no consumer ever waits on a stage more than one phase ahead of it).
     turn_wait = "" if coop else (f"        if (j > 0) mbar_wait_sleepy(bars + {16 * st} + 8 * wg, ((j - 1) / 2) & 1);")
     turn_signal = "" if coop else (f"        if (lane == 0) mbar_arrive(bars + {16 * st} + 8 * (1 - wg));")
+    if cm == 2:
+        cluster_attr, empty_total = "__cluster_dims__(2, 1, 1) ", 2 * empty_count
+        # lane 0 releases the stage locally, lane 1 in the peer CTA (whose producer multicasts into it)
+        release_body = "if (threadIdx.x % 32 == 0) mbar_arrive(bar); else mbar_arrive_remote(bar, cluster_rank() ^ 1u);"
+        rank_decl, rank_off = "    const u32 crank = cluster_rank();\n", f" + (int)crank * {bm}"
+        start_sync, else_open, end = "cluster_sync();", " else {", "    }\n    cluster_sync();  // no CTA exits while its peer may still signal it\n"
+        tile_first, tile_step = "blockIdx.x / 2", "(gridDim.x / 2)"
+    else:
+        cluster_attr, empty_total, release_body = "", empty_count, "mbar_arrive(bar);"
+        rank_decl, rank_off, start_sync, else_open, end = "", "", "__syncthreads();", "", ""
+        tile_first, tile_step = "blockIdx.x", "gridDim.x"
+    conv = spec.conv
+    if conv is None:
+        operands = "const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB"
+        full_count, consumer_regs, proxy_fence = 1, 232, ""
+        producer = _tma_producer(spec, a_loads, b_loads)
+    else:
+        operands = f"const __grid_constant__ TmaDesc tmB, const {tin}* __restrict__ X"
+        full_count, consumer_regs = 129, im2col.CONSUMER_REGS
+        proxy_fence = '            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async wrote A\n'
+        producer = im2col.producer(conv, bm, bn, st, 16 // spec.dtype_in.itemsize, spec.group_m)
     return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
 {PRELUDE}
 {_HOPPER}
 {epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
 {_wgmma_call(spec)}
 
-extern "C" __global__ void __launch_bounds__(384, 1) {name}(
-        const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, {tout}* __restrict__ C,
+static __device__ __forceinline__ void release_stage(u32 bar) {{ {release_body} }}
+
+extern "C" __global__ void {cluster_attr}__launch_bounds__(384, 1) {name}(
+        {operands}, {tout}* __restrict__ C,
         const {tb}* __restrict__ bias, int M, int N, int K, int batch) {{
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 bars = base + {st * (a_bytes + b_bytes)};  // full[s] at bars + 8s, empty[s] at bars + 8(st + s)
     const u32 epi = (bars + {16 * st + 16} + 127u) & ~127u;
-    const int tiles_m = (M + {bm - 1}) / {bm}, tiles_n = (N + {bn - 1}) / {bn};
+{rank_decl}    const int tiles_m = (M + {cm * bm - 1}) / {cm * bm}, tiles_n = (N + {bn - 1}) / {bn};
     const int tiles_mn = tiles_m * tiles_n, tiles = tiles_mn * batch;
     const int KT = (K + {bk - 1}) / {bk};
     if (threadIdx.x == 0) {{
-        for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, 1); mbar_init(bars + 8 * ({st} + s), {empty_count}); }}
+        for (int s = 0; s < {st}; ++s) {{ mbar_init(bars + 8 * s, {full_count}); mbar_init(bars + 8 * ({st} + s), {empty_total}); }}
         mbar_init(bars + {16 * st}, 4); mbar_init(bars + {16 * st + 8}, 4);  // ping-pong turn barriers
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }}
-    __syncthreads();
+    {start_sync}
     const int wg = threadIdx.x / 128 - 1;  // -1: producer, 0/1: consumers
-    if (wg < 0) {{
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x != 0) return;
-        int s = 0; u32 phase = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
-            const int bz = tile / tiles_mn, t = tile % tiles_mn;
-            const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
-            const int gsz = min(tiles_m - first_m, {spec.group_m});
-            const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
-            for (int kt = 0; kt < KT; ++kt) {{
-                mbar_wait(bars + 8 * ({st} + s), phase ^ 1);
-                const u32 full = bars + 8 * s;
-                mbar_expect_tx(full, {a_bytes + b_bytes});
-                const u32 sa = base + s * {a_bytes}, sb = base + {st * a_bytes} + s * {b_bytes};
-                {a_loads}
-                {b_loads}
-                if (++s == {st}) {{ s = 0; phase ^= 1; }}
-            }}
-        }}
-        return;
-    }}
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    if (wg < 0) {{{producer}
+    }}{else_open}
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_regs};");
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t4 = lane & 3;
     float d[{subs}][{regs}];
 {master_decl}
     {tout}* ebuf = reinterpret_cast<{tout}*>(smem_raw + (epi - smem_u32(smem_raw))) + (wg * 4 + warp) * {EPI_BYTES // out_size};
     for (int j = {first}; ; j += {step}) {{
-        const int tile = blockIdx.x + j * gridDim.x;
+        const int tile = {tile_first} + j * {tile_step};
         if (tile >= tiles) break;
         const int bz = tile / tiles_mn, t = tile % tiles_mn;
         const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
         const int gsz = min(tiles_m - first_m, {spec.group_m});
-        const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
+        const int m0 = (first_m + (t % group) % gsz) * {cm * bm}{rank_off}, n0 = ((t % group) / gsz) * {bn};
         int prev = -1;
 {master_zero}
 {turn_wait}
@@ -299,7 +338,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
             const unsigned it = (unsigned)j * KT + kt;
             const int s = it % {st};
             mbar_wait(bars + 8 * s, (it / {st}) & 1);
-            const u32 a_s = base + s * {a_bytes}, b_s = base + {st * a_bytes} + s * {b_bytes};
+{proxy_fence}            const u32 a_s = base + s * {a_bytes}, b_s = base + {st * a_bytes} + s * {b_bytes};
             wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
@@ -315,13 +354,44 @@ extern "C" __global__ void __launch_bounds__(384, 1) {name}(
         for (int sub = 0; sub < {subs}; ++sub)
             #pragma unroll
             for (int i = 0; i < {regs}; ++i) fence_acc(d[sub][i]);
-        if (prev >= 0 && lane == 0) mbar_arrive(bars + 8 * ({st} + prev));
+        if (prev >= 0 && lane < {cm}) release_stage(bars + 8 * ({st} + prev));
         {tout}* Cb = C + (long long)bz * M * N;
 {epilogue_code}
     }}
-}}
+{end}}}
 """
 
+
+def _tma_producer(spec: WgmmaSpec, a_loads: str, b_loads: str) -> str:
+    """Producer warpgroup of the GEMM: one elected thread issues the TMA loads of both tiles (in a
+    2-CTA cluster: its A tile and its half of B, multicast to both CTAs)."""
+    bm, bn, st, cm = spec.bm, spec.bn, spec.stages, spec.cluster
+    a_bytes, b_bytes = bm * BK * 2, bn * BK * 2
+    # In a cluster every thread must reach the final cluster barrier: no early return.
+    leave = "if (threadIdx.x != 0) return;" if cm == 1 else "if (threadIdx.x == 0) {"
+    close = "return;" if cm == 1 else "}"
+    first, step = ("blockIdx.x", "gridDim.x") if cm == 1 else ("blockIdx.x / 2", "gridDim.x / 2")
+    rank_off = "" if cm == 1 else f" + (int)crank * {bm}"
+    return f"""
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        {leave}
+        int s = 0; u32 phase = 0;
+        for (int tile = {first}; tile < tiles; tile += {step}) {{
+            const int bz = tile / tiles_mn, t = tile % tiles_mn;
+            const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
+            const int gsz = min(tiles_m - first_m, {spec.group_m});
+            const int m0 = (first_m + (t % group) % gsz) * {cm * bm}{rank_off}, n0 = ((t % group) / gsz) * {bn};
+            for (int kt = 0; kt < KT; ++kt) {{
+                mbar_wait(bars + 8 * ({st} + s), phase ^ 1);
+                const u32 full = bars + 8 * s;
+                mbar_expect_tx(full, {a_bytes + b_bytes});
+                const u32 sa = base + s * {a_bytes}, sb = base + {st * a_bytes} + s * {b_bytes};
+                {a_loads}
+                {b_loads}
+                if (++s == {st}) {{ s = 0; phase ^= 1; }}
+            }}
+        }}
+        {close}"""
 
 STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem staging (padded rows, conflict-free)
         // -> 16-byte coalesced global stores (row segments of 128 B).
@@ -334,10 +404,11 @@ STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem
                 for (int jj = 0; jj < {cc8}; ++jj) {{
                     const int j2 = cc * {cc8} + jj;
                     const int col = n0 + j2 * 8 + 2 * t4;
+                    const float b0 = bias_at(bias, col < N ? col : 0), b1 = bias_at(bias, col + 1 < N ? col + 1 : 0);
                     #pragma unroll
                     for (int h = 0; h < 2; ++h) {{
-                        const float v0 = apply_epilogue({accn}[sub][4 * j2 + 2 * h], bias, col < N ? col : 0);
-                        const float v1 = apply_epilogue({accn}[sub][4 * j2 + 2 * h + 1], bias, col + 1 < N ? col + 1 : 0);
+                        const float v0 = apply_epilogue_b({accn}[sub][4 * j2 + 2 * h], b0);
+                        const float v1 = apply_epilogue_b({accn}[sub][4 * j2 + 2 * h + 1], b1);
                         {tout}* e = ebuf + (g + 8 * h) * {ld} + jj * 8 + 2 * t4;
                         {smem_pair}
                     }}

@@ -7,5 +7,6 @@ def all_variants() -> list:
     from .gemm import GEMM_VARIANTS  # noqa: PLC0415
     from .conv import CONV_VARIANTS  # noqa: PLC0415
     from .hopper import HOPPER_VARIANTS  # noqa: PLC0415
+    from .hopper_conv import HOPPER_CONV_VARIANTS  # noqa: PLC0415
 
-    return [cls() for cls in HOPPER_VARIANTS + GEMM_VARIANTS + CONV_VARIANTS]
+    return [cls() for cls in HOPPER_VARIANTS + GEMM_VARIANTS + HOPPER_CONV_VARIANTS + CONV_VARIANTS]

@@ -65,7 +65,8 @@ class ImplicitGemmConv(CudaVariant):
         epc = 16 // dt.itemsize
         _, _, kdim = op.gemm_mnk
         bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
-        vec_x = op.layout is Layout.NHWC and op.c % epc == 0 and aligned(ptrs, "x")
+        vec_x = aligned(ptrs, "x") and (op.c % epc == 0 if op.layout is Layout.NHWC else
+                                        dt is DType.F32 and operands.pixels_contiguous(op))
         return MmaSpec(
             dtype_in=dt, math=math_mode(dt, op.fp32_precision), dtype_out=op.out_dtype, bias_dtype=bias_dtype,
             epilogue=op.epilogue, a=operands.conv_input(op, vec_x),
@@ -149,7 +150,7 @@ class ImplicitGemmConv(CudaVariant):
         if op.dtype.storage is DType.F32:
             big = [hero(128, 128, 32, 3, 8, warp_m=2), hero(128, 64, 32, 3, 4, warp_m=2)]
             small = [hero(64, 64, 32, 3, 4, warp_m=2)]
-            if op.layout is Layout.NCHW and op.c % 4 == 0:
+            if op.layout is Layout.NCHW and op.c % 4 == 0 and not operands.pixels_contiguous(op):
                 big = [c.replace(nchw_mode="transform") for c in big] + big
                 small = [c.replace(nchw_mode="transform") for c in small] + small
         else:

@@ -1,0 +1,94 @@
+"""Implicit-GEMM gather for the Hopper kernel: the producer warpgroup builds the A tile of a conv2d
+(rows = output pixels (n, p, q), columns = a 128-byte slice of the reduction (r, s, c)) straight from
+the NHWC input with ``cp.async`` 16-byte copies into the 128B-swizzled layout ``wgmma`` reads, while
+its first thread loads the weight tile with TMA. No im2col buffer exists in global memory.
+
+Why it is simple: when C is a multiple of the 128-byte slice (64 16-bit or 32 fp32 channels), a
+K-tile has a single (r, s) and a contiguous channel range, so each tile row is one contiguous
+128-byte run of the input (or all zeros in the padding). Each of the 128 producer threads owns one
+16-byte chunk column and ``bm / 16`` rows; their copies arrive on the stage's ``full`` barrier
+through ``cp.async.mbarrier.arrive.noinc`` (the barrier expects 128 such arrivals plus the TMA
+thread's ``expect_tx``). Consumers issue ``fence.proxy.async`` after the wait, since ``cp.async``
+writes through the generic proxy and ``wgmma`` reads through the async proxy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracea.ir.ops import Conv2dOp
+
+#: Registers the conv producer warpgroup keeps after ``setmaxnreg`` (row offsets need more than TMA).
+PRODUCER_REGS = 56
+CONSUMER_REGS = 224
+
+
+@dataclass(frozen=True)
+class ConvGather:
+    """The conv geometry the producer bakes in as constants (divisions become multiply-shifts)."""
+
+    c: int
+    h: int
+    w: int
+    p: int
+    q: int
+    s: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+
+    @classmethod
+    def of(cls, op: Conv2dOp) -> "ConvGather":
+        return cls(op.c, op.h, op.w, op.p, op.q, op.s, tuple(op.stride), tuple(op.padding), tuple(op.dilation))
+
+
+def producer(g: ConvGather, bm: int, bn: int, stages: int, epc: int, group_m: int) -> str:
+    """C++ body of the producer warpgroup (all 128 threads; ``bars``/``base`` etc. in scope)."""
+    rows = bm // 16
+    a_bytes, b_bytes = bm * 128, bn * 128
+    bke = 8 * epc                       # reduction elements per 128-byte slice
+    (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
+    return f"""
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};");
+        const int tid = threadIdx.x, chunk = tid & 7, rsub = tid >> 3;
+        const u32 swz = (u32)((chunk ^ (rsub & 7)) * 16);   // 128B swizzle: chunk ^ (row % 8)
+        int s = 0; u32 phase = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
+            const int t = tile % tiles_mn;
+            const int group = {group_m} * tiles_n, first_m = (t / group) * {group_m};
+            const int gsz = min(tiles_m - first_m, {group_m});
+            const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
+            int off[{rows}], hh[{rows}], ww[{rows}];
+            #pragma unroll
+            for (int i = 0; i < {rows}; ++i) {{
+                const int m = m0 + rsub + 16 * i;
+                const int n_img = m / {g.p * g.q}, pq = m - n_img * {g.p * g.q};
+                const int p = pq / {g.q}, q = pq - p * {g.q};
+                const int h0 = p * {sh} - {ph}, w0 = q * {sw} - {pw};
+                hh[i] = m < M ? h0 : -(1 << 20);   // rows past M never pass the bounds test
+                ww[i] = w0;
+                off[i] = ((n_img * {g.h} + h0) * {g.w} + w0) * {g.c} + chunk * {epc};
+            }}
+            for (int kt = 0; kt < KT; ++kt) {{
+                mbar_wait(bars + 8 * ({stages} + s), phase ^ 1);
+                const u32 full = bars + 8 * s;
+                const u32 sa = base + s * {a_bytes}, sb = base + {stages * a_bytes} + s * {b_bytes};
+                if (tid == 0) {{
+                    mbar_expect_tx(full, {b_bytes});
+                    tma_load_3d(sb, &tmB, full, kt * {bke}, n0, 0);
+                }}
+                const int k0 = kt * {bke}, rs = k0 / {g.c}, c0 = k0 - rs * {g.c};
+                const int r = rs / {g.s}, sx = rs - r * {g.s};
+                const int dr = r * {dh}, ds = sx * {dw};
+                const int delta = (dr * {g.w} + ds) * {g.c} + c0;
+                #pragma unroll
+                for (int i = 0; i < {rows}; ++i) {{
+                    const bool ok = (unsigned)(hh[i] + dr) < {g.h}u && (unsigned)(ww[i] + ds) < {g.w}u;
+                    cp_async16(sa + (rsub + 16 * i) * 128 + swz, X + (ok ? off[i] + delta : 0), ok);
+                }}
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(full) : "memory");
+                if (++s == {stages}) {{ s = 0; phase ^= 1; }}
+            }}
+        }}
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        return;"""
