@@ -117,13 +117,17 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                         pb(cb, jc + p * NR, TR_MIN(NR, ncur - p * NR), pc + k0, TR_MIN(kstep, kcur - k0),
                            bbuf + p * NR * kcp + k0 * NR);
                 }
-                long nic = (M + mc - 1) / mc;
+                long nic = (M + mc - 1) / mc, ntile = (M + MR - 1) / MR;
                 long nsplit = (nic % T == 0 || nic >= 4 * T) ? 1 : TR_MIN((long)T, npan);
+                /* Blocks of (almost) equal tile counts, a multiple of the thread count when not split
+                   over panels, so no thread idles at the barrier with a short last block. */
+                long nblk = nsplit > 1 ? nic : TR_ROUNDUP(nic, T);
                 /* dynamic: on a shared machine a descheduled thread must not hold the others back */
                 #pragma omp for schedule(dynamic, 1)
-                for (long it = 0; it < nic * nsplit; it++) {
-                    long ic = (it / nsplit) * mc, sp = it % nsplit;
-                    long mcur = TR_MIN(mc, M - ic), nmp = (mcur + MR - 1) / MR;
+                for (long it = 0; it < nblk * nsplit; it++) {
+                    long q = it / nsplit, sp = it % nsplit, t0 = q * ntile / nblk, t1 = (q + 1) * ntile / nblk;
+                    if (t1 == t0) continue;
+                    long ic = t0 * MR, mcur = TR_MIN(M, t1 * MR) - ic, nmp = t1 - t0;
                     long jlo = npan * sp / nsplit, jhi = npan * (sp + 1) / nsplit;
                     if (arows) {
                         /* A read in place: one unit-stride run per tile row (no packing). */
