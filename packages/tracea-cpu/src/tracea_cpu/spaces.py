@@ -24,6 +24,8 @@ GEMM_HEROES: dict[str, list[dict[str, int]]] = {
     "neon": [dict(mr=8, nr=12, mc=64, nc=4092, kc=512), dict(mr=6, nr=16, mc=48, nc=4096, kc=512)],
     "scalar": [dict(mr=4, nr=4, mc=64, nc=2048, kc=256)],
 }
+# K block of the weights-stationary conv heroes.
+STATIONARY_KC = 2304
 ATTN_HEROES: dict[str, list[dict[str, int]]] = {
     "avx512": [dict(bq=12, bk=32), dict(bq=8, bk=48), dict(bq=6, bk=64)],
     "avx2": [dict(bq=6, bk=16), dict(bq=4, bk=24)],
@@ -57,7 +59,7 @@ def blocked_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
     threads = [0, 1] if profile.compute_units > 1 else [1]
     return (SearchSpace()
             .param("mr", sorted({t[0] for t in tiles})).param("nr", sorted({t[1] for t in tiles}))
-            .param("kc", [128, 256, 384, 512, 768, 1024])
+            .param("kc", [128, 256, 384, 512, 768, 1024, STATIONARY_KC])
             .param("mc", [24, 28, 32, 42, 48, 64, 72, 96, 120, 144, 168, 192, 240, 288, 336, 384, 480])
             .param("nc", [1024, 2016, 2048, 4032, 4080, 4092, 4096, 8192])
             .param("threads", threads)
