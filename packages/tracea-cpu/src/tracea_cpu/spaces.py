@@ -24,8 +24,8 @@ GEMM_HEROES: dict[str, list[dict[str, int]]] = {
     "neon": [dict(mr=8, nr=12, mc=64, nc=4092, kc=512), dict(mr=6, nr=16, mc=48, nc=4096, kc=512)],
     "scalar": [dict(mr=4, nr=4, mc=64, nc=2048, kc=256)],
 }
-# K block of the weights-stationary conv heroes.
-STATIONARY_KC = 2304
+# K block of the weights-stationary conv heroes (the whole K of ResNet-50's 512-channel 3x3 layers).
+STATIONARY_KC = 4608
 ATTN_HEROES: dict[str, list[dict[str, int]]] = {
     "avx512": [dict(bq=12, bk=32), dict(bq=8, bk=48), dict(bq=6, bk=64)],
     "avx2": [dict(bq=6, bk=16), dict(bq=4, bk=24)],
