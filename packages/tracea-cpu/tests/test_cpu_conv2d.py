@@ -3,6 +3,8 @@ fused bias + activation, every ISA this machine runs, small blocks to take every
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -95,7 +97,9 @@ def test_conv2d_algorithm_choice_and_validation():
     few = Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1)
     many = Conv2dOp(8, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc")
     assert variant.hero_configs(few, PROFILE)[0].get("indirect") == 2
+    assert variant.hero_configs(dataclasses.replace(few, layout="nhwc"), PROFILE)[0].get("indirect") == 1
     assert variant.hero_configs(many, PROFILE)[0].get("indirect") == 1
+    assert any(h.get("indirect") == 2 for h in variant.hero_configs(many, PROFILE))
     assert {c.get("indirect") for c in variant.search_space(few, PROFILE)} == {0, 1, 2}
     bad = config(**GEMM_HEROES[BEST][0], threads=0, indirect=3)
     assert not variant.validate_config(few, bad, PROFILE)

@@ -103,9 +103,10 @@ def indirect_ok(op: Conv2dOp) -> bool:
 
 def weights_stationary_first(op: Conv2dOp) -> bool:
     """Whether the weights-stationary conv (``indirect=2``: weights read in place, im2col panels of the
-    few output pixels packed) should be tried first: when packing the weights would cost far more than
-    packing the input (measured: ResNet-50 512@7^2 at batch 1, not 256@14^2 or batch 8)."""
-    return 4 * op.n * op.p * op.q <= op.k // op.groups
+    few output pixels packed) should be tried first: NCHW layers whose weights cost far more to pack
+    than their input (measured: ResNet-50 512@7^2 at batch 1, not 256@14^2 or batch 8; in NHWC the
+    indirect path with per-thread weight panels is as fast there and needs no transposed stores)."""
+    return op.layout is Layout.NCHW and 4 * op.n * op.p * op.q <= op.k // op.groups
 
 
 def gemm_view(op: Op, indirect: int = 0) -> tuple[int, int]:
