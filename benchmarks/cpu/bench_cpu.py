@@ -3,7 +3,7 @@ side in one run, with this machine's measured FMA peak.
 
     source scripts/srcenv.sh
     flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_cpu.py [--quick] [--json out.json]
-        [--only gemm,conv,attention] [--tune N] [--threads T]
+        [--only gemm,conv,attention] [--tune N] [--threads T] [--conv-3x3-only]
 
 Prints GFLOP/s, ratios against the anchors measured in the same run and the fraction of the FMA peak;
 writes every row to JSON. ``--tune N`` tries N configs of the variant's search space per problem
@@ -153,12 +153,14 @@ RESNET_3X3 = [(64, 56), (128, 28), (256, 14), (512, 7)]
 RESNET_1X1 = [(64, 256, 56), (256, 64, 56)]
 
 
-def bench_conv(isa, batches, tune, torch, peak, rows, quick):
+def bench_conv(isa, batches, tune, torch, peak, rows, quick, only_3x3=False):
     print(f"\nconv2d fp32, ResNet-50 layers, {isa}; GFLOP/s; torch = oneDNN in the same memory layout")
     print(f"{'layer':>28} {'tracea':>8} {'torch':>8} {'ratio':>7} {'% peak':>7}  config")
     variant = CpuConv2dVariant(ISA_BY_NAME[isa])
     rng = np.random.default_rng(1)
-    layers = [(c, c, hw, 3, 1) for c, hw in RESNET_3X3] + ([] if quick else [(c, k, hw, 1, 0) for c, k, hw in RESNET_1X1])
+    layers = [(c, c, hw, 3, 1) for c, hw in RESNET_3X3]
+    if not quick and not only_3x3:
+        layers += [(c, k, hw, 1, 0) for c, k, hw in RESNET_1X1]
     for batch in batches:
         for c, k, hw, r, pad in layers:
             for layout in ("nchw", "nhwc"):
@@ -233,6 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", type=int, default=0, help="configs of the search space to try per problem")
     ap.add_argument("--threads", type=int, default=0, help="threads (default: $TRACEA_NUM_THREADS or all cores)")
     ap.add_argument("--isa", default=None, help="ISA to benchmark (default: the best this machine runs)")
+    ap.add_argument("--conv-3x3-only", action="store_true", help="conv2d: only the ResNet-50 3x3 layers")
     ns = ap.parse_args(argv)
     threads = thread_count(ns.threads, PROFILE.compute_units)
     os.environ["TRACEA_NUM_THREADS"] = str(threads)
@@ -246,20 +249,20 @@ def main(argv=None) -> int:
     print(f"machine: {PROFILE.name} ({platform.machine()}), {PROFILE.compute_units} cores, ISA {isa}, "
           f"threads {threads}; numpy {np.__version__}; torch {getattr(torch, '__version__', 'absent')}")
     print(f"measured fp32 FMA peak ({isa}): {peak1:.1f} GFLOP/s per core -> {peak:.1f} GFLOP/s for {threads} "
-          f"threads (all-thread loop measured {peak_multi:.1f})")
+          f"threads (all-thread loop measured {peak_multi:.1f}); load average {os.getloadavg()[0]:.2f}")
     rows: list[dict] = []
     only = set(ns.only.split(","))
     if "gemm" in only:
         bench_gemm(isa, [256, 512, 1024] if ns.quick else [256, 512, 1024, 1536, 2048], ns.tune, torch, peak, rows)
     if "conv" in only:
-        bench_conv(isa, [1] if ns.quick else [1, 8], ns.tune, torch, peak, rows, ns.quick)
+        bench_conv(isa, [1] if ns.quick else [1, 8], ns.tune, torch, peak, rows, ns.quick, ns.conv_3x3_only)
     if "attention" in only:
         bench_attention(isa, ns.tune, torch, peak, rows, ns.quick)
     with open(ns.json, "w") as fh:
         json.dump(dict(machine=PROFILE.to_dict(), isa=isa, threads=threads, peak_gflops=peak,
                        peak_gflops_per_core=peak1, peak_gflops_all_threads_measured=peak_multi,
                        load_average=os.getloadavg(), rows=rows), fh, indent=1, default=str)
-    print(f"\nwrote {ns.json}")
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}; wrote {ns.json}")
     return 0
 
 

@@ -3,6 +3,8 @@ fused bias + activation, every ISA this machine runs, small blocks to take every
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -74,12 +76,39 @@ def test_conv2d_resnet_layer_shape():
 
 
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
-@pytest.mark.parametrize("indirect", [0, 1])
+@pytest.mark.parametrize("indirect", [0, 1, 2])
 def test_conv2d_indirect_and_packed_paths(indirect, layout):
     h = GEMM_HEROES[BEST][0]
     small = config(mr=h["mr"], nr=h["nr"], mc=2 * h["mr"], nc=h["nr"], kc=24, threads=2, indirect=indirect)
     for case in [(2, 16, 9, 11, 40, 3, 3, 1, 1, 1, 1), (1, 24, 12, 12, 18, 3, 2, (2, 1), (0, 2), (2, 1), 3),
-                 (2, 8, 7, 7, 33, 1, 1, 1, 0, 1, 1)]:
+                 (2, 8, 7, 7, 33, 1, 1, 1, 0, 1, 1),
+                 # many channels per group, not a multiple of the vector width
+                 (1, 72, 6, 5, 20, 3, 3, 1, 1, 1, 1), (2, 80, 5, 6, 18, 3, 3, 2, 1, 2, 2),
+                 # channel runs shorter than a vector (any algorithm must accept any config)
+                 (2, 6, 8, 9, 10, 3, 3, 1, 1, 1, 2)]:
         assert conv_case(BEST, case, layout, epi="bias+silu", cfg=small) < 1e-5, case
         cfg = config(**h, threads=0, indirect=indirect)
         assert conv_case(BEST, case, layout, epi="bias+relu", cfg=cfg) < 1e-5, case
+
+
+def test_conv2d_algorithm_choice_and_validation():
+    from tracea_cpu.testing import PROFILE
+    variant = CpuConv2dVariant(ISA_BY_NAME[BEST])
+    few = Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1)
+    many = Conv2dOp(8, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc")
+    assert variant.hero_configs(few, PROFILE)[0].get("indirect") == 2
+    assert variant.hero_configs(dataclasses.replace(few, layout="nhwc"), PROFILE)[0].get("indirect") == 1
+    assert variant.hero_configs(many, PROFILE)[0].get("indirect") == 1
+    assert any(h.get("indirect") == 2 for h in variant.hero_configs(many, PROFILE))
+    assert {c.get("indirect") for c in variant.search_space(few, PROFILE)} == {0, 1, 2}
+    bad = config(**GEMM_HEROES[BEST][0], threads=0, indirect=3)
+    assert not variant.validate_config(few, bad, PROFILE)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_conv2d_weights_stationary_resnet_tail(layout):
+    """The 512@7^2-like shape the weights-stationary path is chosen for, with every epilogue step on."""
+    h = GEMM_HEROES[BEST][0]
+    cfg = config(**h, threads=0, indirect=2)
+    assert conv_case(BEST, (1, 96, 7, 7, 130, 3, 3, 1, 1, 1, 1), layout, epi="bias+gelu_tanh", cfg=cfg) < 1e-5
+    assert conv_case(BEST, (2, 64, 5, 5, 72, 3, 3, 1, 1, 1, 2), layout, epi="bias+relu", cfg=cfg, seed=3) < 1e-5

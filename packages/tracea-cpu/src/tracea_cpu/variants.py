@@ -136,24 +136,33 @@ class CpuConv2dVariant(CpuVariant):
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         space = spaces.blocked_space(self.isa, profile)
-        if isinstance(op, Conv2dOp) and spaces.indirect_ok(op):
-            space = space.param("indirect", [1, 0])
+        if isinstance(op, Conv2dOp):
+            space = space.param("indirect", [1, 0, 2] if spaces.indirect_ok(op) else [0, 2])
         return space
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
         heroes = spaces.blocked_heroes(self.isa, op)
-        if isinstance(op, Conv2dOp) and spaces.indirect_ok(op):
+        if not isinstance(op, Conv2dOp):
+            return heroes
+        packed = [h.with_params(indirect=0) for h in heroes[:1]]
+        # Weights-stationary: deep K blocks (the weights are read in place; only the KC x NR im2col panels
+        # are packed) mean fewer passes over C and fewer barriers (measured +8% on ResNet-50 512@7^2).
+        stationary = [h.with_params(indirect=2, kc=max(h.get("kc"), spaces.STATIONARY_KC), nc=min(h.get("nc"), 2048))
+                      for h in spaces.blocked_heroes(self.isa, op, indirect=2)]
+        stationary = [h for h in stationary if h.get("mr") >= 6] + [h for h in stationary if h.get("mr") < 6]
+        indirect: list[PipelineConfig] = []
+        if spaces.indirect_ok(op):
             # The indirect kernel keeps one pointer per tile row in a general register: short tiles first.
-            ind = spaces.blocked_heroes(self.isa, op, indirect=True)
+            ind = spaces.blocked_heroes(self.isa, op, indirect=1)
             short = [h for h in ind if h.get("mr") <= 6] + [h for h in ind if h.get("mr") > 6]
             indirect = [h.with_params(indirect=1) for h in short]
-            packed = [h.with_params(indirect=0) for h in heroes[:1]]
-            # Few output pixels: NCHW weights are cheaper to pack as the A operand (measured, ResNet 512@7^2).
-            few = op.layout is Layout.NCHW and op.n * op.p * op.q < 128
-            heroes = packed + indirect if few else indirect + packed
-        return heroes
+        if spaces.weights_stationary_first(op):
+            return stationary + indirect + packed
+        return indirect + packed + stationary[:2]
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        if config.get("indirect", 0) not in (0, 1, 2):
+            return Validity(False, f"param indirect={config.get('indirect')!r} must be 0, 1 or 2")
         return _validate_blocked(self.isa, config)
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
@@ -170,7 +179,7 @@ class CpuConv2dVariant(CpuVariant):
         rc = lib.tr_conv2d(layout, op.n, op.c, op.h, op.w, op.k, op.r, op.s, op.stride[0], op.stride[1],
                            op.padding[0], op.padding[1], op.dilation[0], op.dilation[1], op.groups, op.p, op.q,
                            _ptr(x), _ptr(w), _ptr(bias), _ptr(out), mc, nc, kc, self.threads(op, config, profile),
-                           int(bool(config.get("indirect", 0))))
+                           int(config.get("indirect", 0) or 0))
         _check_rc(rc, "conv2d")
 
 

@@ -69,10 +69,11 @@ static inline V tr_vsilu(V x) {
 # A process-wide workspace reused across calls (page-faulting fresh buffers on every call costs more
 # than a small GEMM); a concurrent caller that finds it busy allocates its own.
 WORKSPACE = r"""
-/* Slot 0: packing buffers of the blocked driver; slot 1: a transposed input (NCHW conv). */
-static float *tr_ws_buf[2] = {0, 0};
-static size_t tr_ws_size[2] = {0, 0};
-static volatile int tr_ws_busy[2] = {0, 0};
+/* Slot 0: packing buffers of the blocked driver; slots 1, 2: the NHWC copies of an NCHW conv's input
+   and output. */
+static float *tr_ws_buf[3] = {0, 0, 0};
+static size_t tr_ws_size[3] = {0, 0, 0};
+static volatile int tr_ws_busy[3] = {0, 0, 0};
 static float *tr_ws_slot(int slot, size_t floats, int *owned) {
     size_t bytes = TR_ROUNDUP(floats * sizeof(float) + TR_ALIGN, 4096);
     if (__sync_lock_test_and_set(&tr_ws_busy[slot], 1) == 0) {

@@ -1,0 +1,91 @@
+"""``tr_conv2d``: conv2d entry point over the blocked drivers, one of three algorithms per call
+(``indirect`` param): 0 packed implicit GEMM, 1 indirect (pixel rows read in place; NCHW goes through
+NHWC copies of input and output), 2 weights-stationary (weights read in place, im2col panels of the
+output pixels packed)."""
+
+from __future__ import annotations
+
+CONV = r"""
+
+/* layout 0: NCHW x, KCRS w, NCHW out (out = W x im2col per group; columns are the pixels of all images, bias per row).
+   layout 1: NHWC x, KRSC w, NHWC out (out = im2col x W^T per group over all images, bias per column). */
+int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S, long sh, long sw,
+              long ph, long pw, long dh, long dw, long groups, long P, long Q,
+              const float *x, const float *w, const float *bias, float *out,
+              long mc, long nc, long kc, int nth, int indirect) {
+    long Cg = C / groups, Kg = K / groups, CRS = Cg * R * S;
+    if (layout == 0 && indirect == 1) {
+        /* NCHW through the NHWC indirect kernel: x transposed to NHWC, the conv computed into an NHWC
+           scratch output (KCRS weights gathered while packing, panel by panel), transposed back. */
+        long HW = H * W, PQ = P * Q;
+        int xt_owned, ot_owned, T = nth > 0 ? nth : tr_threads_available();
+        float *xt = tr_ws_slot(1, (size_t)n * HW * C, &xt_owned);
+        float *ot = xt ? tr_ws_slot(2, (size_t)n * PQ * K, &ot_owned) : 0;
+        if (!ot) { if (xt) tr_ws_release(1, xt, xt_owned); return 1; }
+        #pragma omp parallel for collapse(2) schedule(static) num_threads(T) if (T > 1)
+        for (long img = 0; img < n; img++)
+            for (long c0 = 0; c0 < C; c0 += 16)
+                tr_transpose_strip(x + (img * C + c0) * HW, TR_MIN(16, C - c0), HW, HW, xt + img * HW * C + c0, C);
+        int rc = 0;
+        for (long gi = 0; gi < groups && !rc; gi++) {
+            tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+            tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, R * S};
+            rc = tr_drive_ind(n * PQ, Kg, CRS, tr_pack_b_kcrs, &B, ot + gi * Kg, K, bias ? bias + gi * Kg : 0,
+                              mc, kc, nth, &A);
+        }
+        if (!rc) {
+            #pragma omp parallel for collapse(2) schedule(static) num_threads(T) if (T > 1)
+            for (long img = 0; img < n; img++)
+                for (long p0 = 0; p0 < PQ; p0 += 16)
+                    tr_transpose_strip(ot + (img * PQ + p0) * K, TR_MIN(16, PQ - p0), K, K,
+                                       out + img * K * PQ + p0, PQ);
+        }
+        tr_ws_release(2, ot, ot_owned);
+        tr_ws_release(1, xt, xt_owned);
+        return rc;
+    }
+    if (indirect == 2) {
+        /* Weights-stationary: M = output channels with the weights read in place as A rows (no weight
+           packing), N = output pixels of all images, B = im2col panels packed on the fly. NCHW output
+           is C itself; NHWC output is C transposed. */
+        for (long gi = 0; gi < groups; gi++) {
+            tr_dense A = {w + gi * Kg * CRS, CRS, 1};
+            const float *bg = bias ? bias + gi * Kg : 0;
+            int rc;
+            if (layout == 0) {
+                tr_conv B = {x + gi * Cg * H * W, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+                rc = tr_drive(Kg, n * P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nchw, &B, out + gi * Kg * P * Q,
+                              P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth, &A, 0);
+            } else {
+                tr_conv B = {x + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+                rc = tr_drive(Kg, n * P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nhwc, &B, out + gi * Kg,
+                              K, Kg, 0, bg, 1, mc, nc, kc, nth, &A, 1);
+            }
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    for (long gi = 0; gi < groups; gi++) {
+        const float *bg = bias ? bias + gi * Kg : 0;
+        if (layout == 0) {
+            tr_dense A = {w + gi * Kg * CRS, CRS, 1};
+            tr_conv B = {x + gi * Cg * H * W, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+            int rc = tr_drive(Kg, n * P * Q, CRS, tr_pack_a_dense, &A, tr_pack_b_nchw, &B,
+                              out + gi * Kg * P * Q, P * Q, P * Q, K * P * Q, bg, 1, mc, nc, kc, nth, 0, 0);
+            if (rc) return rc;
+        } else {
+            tr_conv A = {x + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
+            tr_dense B = {w + gi * Kg * CRS, 1, CRS};
+            if (indirect == 1) {
+                int rc = tr_drive_ind(n * P * Q, Kg, CRS, tr_pack_b_dense, &B, out + gi * Kg, K, bg, mc, kc, nth, &A);
+                if (rc) return rc;
+                continue;
+            }
+            int rc = tr_drive(n * P * Q, Kg, CRS, tr_pack_a_nhwc, &A, tr_pack_b_dense, &B,
+                              out + gi * Kg, K, 0, 0, bg, 0, mc, nc, kc, nth, 0, 0);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+"""
