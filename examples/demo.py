@@ -37,6 +37,9 @@ def pick_adapter(doctor: tracea.Doctor, device: tracea.Device) -> Any:
 
 
 def median_time(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = 7) -> float:
+    # Let other thread pools go idle first: NumPy's OpenBLAS workers (used by the float64 reference
+    # check) busy-wait for ~0.1 s after a call and slow whatever runs next on a 2-core machine by ~1.5x.
+    time.sleep(0.3)
     fn()
     sync()
     times = []

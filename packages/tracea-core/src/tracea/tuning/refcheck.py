@@ -9,6 +9,7 @@ NaN/inf, so a config that leaves elements unwritten (outputs are poisoned with N
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -18,6 +19,8 @@ from ..ir.ops import AttentionOp, Conv2dOp, GemmOp, Op
 
 #: ops above this many FLOPs are checked on a sample costing about this much.
 SAMPLE_FLOPS = 2e9
+#: pause after computing the reference so BLAS worker threads stop spinning before timing starts.
+SETTLE_S = 0.2
 
 
 @dataclass
@@ -101,9 +104,14 @@ def reference_check(op: Op, host: dict[str, np.ndarray | None], run_reference: C
     """
     plan = sample_plan(op, host, np.random.default_rng(seed), budget_flops)
     if plan is None:
-        return ReferenceCheck.full(run_reference(op, host))
-    sub_op, sub, take, fraction = plan
-    return ReferenceCheck(run_reference(sub_op, sub), take, fraction)
+        check = ReferenceCheck.full(run_reference(op, host))
+    else:
+        sub_op, sub, take, fraction = plan
+        check = ReferenceCheck(run_reference(sub_op, sub), take, fraction)
+    # The reference ran on NumPy's BLAS, whose worker threads busy-wait for ~0.1 s afterwards; on a
+    # 2-core machine the first candidate timed in that window ran ~1.5x slower (measured).
+    time.sleep(SETTLE_S)
+    return check
 
 
 def as_check(reference: Any) -> ReferenceCheck | None:
