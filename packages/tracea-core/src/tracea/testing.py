@@ -32,12 +32,26 @@ def tolerance(dtype: DType, precision: Fp32Precision = Fp32Precision.HIGHEST) ->
 
 
 def rel_err(out: Any, ref: np.ndarray) -> float:
-    """``||out - ref|| / ||ref||`` in float64; NaN anywhere gives ``inf``."""
+    """``||out - ref|| / ||ref||`` in float64; NaN anywhere (or a size mismatch) gives ``inf``. The same
+    measure the tuner applies (:func:`tracea.tuning.inputs.relative_error`)."""
+    from .tuning.inputs import relative_error
+
+    return relative_error(out, ref)
+
+
+def output_error(op: Op, out: Any, inputs: dict[str, Any]) -> float:
+    """:func:`rel_err` of ``out`` against the float64 reference of ``op`` on ``inputs``. With activations
+    in the epilogue the error is also measured against the activation's input scale: activations of
+    negative inputs cancel in fp32 (GELU near x = -3 loses ~2e-5 relative in any fp32 code, torch's
+    included), which a tiny output would otherwise report as the whole error."""
     o = np.asarray(out, dtype=np.float64)
-    if not np.all(np.isfinite(o)):
-        return float("inf")
-    denom = float(np.linalg.norm(ref))
-    return float(np.linalg.norm(o - ref) / (denom if denom > 0 else 1.0))
+    ref = reference(op, **inputs).reshape(o.shape)
+    err = rel_err(o, ref)
+    if 0 < err < float("inf") and any(step is not EpilogueKind.BIAS for step in op.epilogue):
+        pre = reference(dataclasses.replace(op, epilogue=Epilogue(tuple(
+            s for s in op.epilogue if s is EpilogueKind.BIAS))), **inputs).reshape(o.shape)
+        err = float(np.linalg.norm(o - ref) / max(np.linalg.norm(ref), np.linalg.norm(pre), 1e-300))
+    return err
 
 
 def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: DType | str = "float32",
@@ -109,16 +123,7 @@ def check_variant(variant: Any, op: Op, rng: np.random.Generator, config: Any = 
     """Run ``variant`` on fresh random inputs and assert it matches the reference; returns the error."""
     inputs = random_inputs(op, rng)
     out = run_variant_on_host(variant, op, inputs, config)
-    ref = reference(op, **inputs).reshape(out.shape)
-    err = rel_err(out, ref)
-    if err > 0 and any(step is not EpilogueKind.BIAS for step in op.epilogue):
-        # Activations of negative inputs cancel in fp32 (GELU near x = -3 loses ~2e-5 relative in any
-        # fp32 code): measure against the activation's input scale so tiny outputs do not flake.
-        pre = reference(dataclasses.replace(op, epilogue=Epilogue(tuple(
-            s for s in op.epilogue if s is EpilogueKind.BIAS))), **inputs).reshape(out.shape)
-        o = np.asarray(out, dtype=np.float64)
-        if np.all(np.isfinite(o)):
-            err = float(np.linalg.norm(o - ref) / max(np.linalg.norm(ref), np.linalg.norm(pre), 1e-300))
+    err = output_error(op, out, inputs)
     limit = tol if tol is not None else tolerance(op.dtypes[0], getattr(op, "fp32_precision", Fp32Precision.HIGHEST))
     assert err <= limit, f"{getattr(variant, 'name', variant)} on {op.describe()} config {config}: rel err {err:.3e} > {limit:.1e}"
     return err
