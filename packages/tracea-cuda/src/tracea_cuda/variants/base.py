@@ -123,6 +123,17 @@ class CudaVariant(KernelVariant):
             kernel.launch(grid, self.kernel_args(op, ptrs), stream if stream is not None else launch_stream(args))
 
 
+def scratch_buffer(cache: dict, dev: int, stream: Any, role: str, n: int) -> Any:
+    """A float32 buffer of at least ``n`` elements cached in ``cache`` per (device, stream, role); reused
+    only on the same stream, so stream order keeps consecutive calls from racing."""
+    key = (dev, int(stream.ptr), role)
+    buf = cache.get(key)
+    if buf is None or buf.size < n:
+        buf = toolkit.cupy().empty(n, dtype=np.float32)
+        cache[key] = buf
+    return buf
+
+
 def aligned(ptrs: dict[str, int] | None, name: str, nbytes: int = 16) -> bool:
     """Whether pointer ``name`` is ``nbytes``-aligned (assumed when no pointers are known yet)."""
     return True if ptrs is None or name not in ptrs else ptrs[name] % nbytes == 0

@@ -20,7 +20,19 @@ from ..emit.mma import MmaSpec
 from .. import compiler, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
 from ..emit import splitk, transpose
-from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, tile_shape, u64
+from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, scratch_buffer, tile_shape, u64
+
+
+def to_channels_last(op: Conv2dOp, px: int, pw: int, scratch: Any, stream: Any, arch: str) -> tuple[Any, Any]:
+    """Transpose float32 NCHW x and KCRS w into NHWC / KRSC scratch buffers on ``stream`` (so they are
+    ordered before the conv that reads them). ``scratch(role, n)`` returns a buffer of >= n floats."""
+    x_t = scratch("x", op.n * op.c * op.h * op.w)
+    w_t = scratch("w", op.k * op.c * op.r * op.s)
+    tk = compiler.load(transpose.render(op.dtype), transpose.KERNEL_NAME, arch, smem=0, threads=256)
+    hw, rs = op.h * op.w, op.r * op.s
+    tk.launch((-(-hw // 32), -(-op.c // 32), op.n), (u64(px), u64(x_t.data.ptr), np.int32(op.c), np.int32(hw)), stream)
+    tk.launch((-(-rs // 32), -(-op.c // 32), op.k), (u64(pw), u64(w_t.data.ptr), np.int32(op.c), np.int32(rs)), stream)
+    return x_t, w_t
 
 
 class ImplicitGemmConv(CudaVariant):
@@ -86,14 +98,8 @@ class ImplicitGemmConv(CudaVariant):
             stream = stream if stream is not None else launch_stream(args)
             arrays = dict(args.arrays)
             if transform:
-                x_t = self._scratch(dev, stream, "x", op.n * op.c * op.h * op.w)
-                w_t = self._scratch(dev, stream, "w", op.k * op.c * op.r * op.s)
-                tk = compiler.load(transpose.render(op.dtype), transpose.KERNEL_NAME, arch, smem=0, threads=256)
-                hw, rs = op.h * op.w, op.r * op.s
-                tk.launch((-(-hw // 32), -(-op.c // 32), op.n),
-                          (u64(data_ptr(arrays["x"], "x")), u64(x_t.data.ptr), np.int32(op.c), np.int32(hw)), stream)
-                tk.launch((-(-rs // 32), -(-op.c // 32), op.k),
-                          (u64(data_ptr(arrays["w"], "w")), u64(w_t.data.ptr), np.int32(op.c), np.int32(rs)), stream)
+                x_t, w_t = to_channels_last(op, data_ptr(arrays["x"], "x"), data_ptr(arrays["w"], "w"),
+                                            lambda role, n: self._scratch(dev, stream, role, n), stream, arch)
                 arrays.update(x=x_t, w=w_t)
             out = args.out
             m, n, _ = op.gemm_mnk
@@ -117,16 +123,9 @@ class ImplicitGemmConv(CudaVariant):
                            np.int32(m), np.int32(n)), stream)
 
     def _scratch(self, dev: int, stream: Any, role: str, n: int) -> Any:
-        """A cached per-(device, stream, role) float32 buffer of at least ``n`` elements (reused only on
-        the same stream, so stream order keeps consecutive calls from racing)."""
         if not hasattr(self, "_scratch_bufs"):
             self._scratch_bufs: dict = {}
-        key = (dev, int(stream.ptr), role)
-        buf = self._scratch_bufs.get(key)
-        if buf is None or buf.size < n:
-            buf = toolkit.cupy().empty(n, dtype=np.float32)
-            self._scratch_bufs[key] = buf
-        return buf
+        return scratch_buffer(self._scratch_bufs, dev, stream, role, n)
 
     def grid(self, op: Conv2dOp, spec: MmaSpec) -> tuple[int, int, int]:
         m, n, _ = op.gemm_mnk

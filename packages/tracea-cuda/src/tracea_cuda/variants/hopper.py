@@ -16,7 +16,7 @@ from tracea.errors import UnsupportedConfigError
 from .. import compiler, tma, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
 from ..emit.wgmma import KERNEL_NAME, WgmmaSpec, render
-from .base import FLOAT_IO, CudaVariant
+from .base import FLOAT_IO, CudaVariant, scratch_buffer
 from .gemm import MmaGemm16
 
 
@@ -38,10 +38,17 @@ class WgmmaGemm(CudaVariant):
     efficiency = 0.8
     priority = 20
 
+    #: the array roles of the two operands, in kernel order (A then B)
+    roles = ("a", "b")
+
     def __init__(self) -> None:
         self._fallback = MmaGemm16()
         self._plans: dict = {}
         self._launches: dict = {}
+        self._scratch: dict = {}
+
+    def _buf(self, dev: int, stream: Any, role: str, n: int) -> Any:
+        return scratch_buffer(self._scratch, dev, stream, role, n)
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         return [f"{n}={getattr(op, n)} exceeds the TMA coordinate range" for n in ("m", "n", "k")
@@ -124,13 +131,14 @@ class WgmmaGemm(CudaVariant):
             return self._kernel(self.spec(op, config, None), profile)
 
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
-        ptrs: dict[str, Any] = {"a": data_ptr(args.arrays["a"], "a"), "b": data_ptr(args.arrays["b"], "b"),
-                                "out": data_ptr(args.out, "out")}
+        ra, rb = self.roles
+        ptrs: dict[str, Any] = {r: data_ptr(args.arrays[r], r) for r in self.roles}
+        ptrs["out"] = data_ptr(args.out, "out")
         bias = args.arrays.get("bias")
         if bias is not None:
             ptrs["bias"] = data_ptr(bias, "bias")
             ptrs["bias_dtype"] = DType.parse(bias.dtype, arg="bias").value
-        if ptrs["a"] % 16 or ptrs["b"] % 16:  # TMA needs 16-byte aligned bases: documented fallback
+        if ptrs[ra] % 16 or ptrs[rb] % 16:  # TMA (and 16-byte gathers) need aligned bases: documented fallback
             self._fallback.run(op, self._fallback.hero_configs(op, profile)[0], args, profile)
             return
         cp = toolkit.cupy()
@@ -177,7 +185,6 @@ class WgmmaGemmTf32(WgmmaGemm):
         from .gemm import MmaGemmTf32  # noqa: PLC0415
 
         self._fallback = MmaGemmTf32()
-        self._scratch: dict = {}
 
     def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
         return True, True
@@ -185,16 +192,6 @@ class WgmmaGemmTf32(WgmmaGemm):
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
         return [_hero(256, 4, 16, cluster=1), _hero(256, 4, cluster=1), _hero(128, 4, 16, bm=256, cluster=1),
                 _hero(256, 4, 16, cluster=2), _hero(128, 6, cluster=1)]
-
-    def _buf(self, dev: int, stream: Any, role: str, n: int) -> Any:
-        key = (dev, int(stream.ptr), role)
-        buf = self._scratch.get(key)
-        if buf is None or buf.size < n:
-            import numpy as np  # noqa: PLC0415
-
-            buf = toolkit.cupy().empty(n, dtype=np.float32)
-            self._scratch[key] = buf
-        return buf
 
     def operands(self, op: GemmOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
         import numpy as np  # noqa: PLC0415

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-import numpy as np
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
@@ -23,12 +22,12 @@ from tracea.ir.ops import Conv2dOp, LayerType, Layout
 from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode
 from tracea.semantic.search_space import SearchSpace
 
-from .. import compiler, tma, toolkit
-from ..arrays import data_ptr, device_index, launch_stream
-from ..emit import im2col, operands, transpose
+from .. import tma
+from ..arrays import device_index
+from ..emit import im2col, operands
 from ..emit.wgmma import WgmmaSpec
 from .base import FLOAT_IO, aligned
-from .conv import ImplicitGemmConv
+from .conv import ImplicitGemmConv, to_channels_last
 from .hopper import WgmmaGemm, _hero
 
 
@@ -43,11 +42,11 @@ class WgmmaConv(WgmmaGemm):
                                 fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}))
     efficiency = 0.75
     priority = 20
+    roles = ("x", "w")
 
     def __init__(self) -> None:
         super().__init__()
         self._fallback = ImplicitGemmConv()
-        self._scratch: dict = {}
 
     @staticmethod
     def slice_channels(op: Conv2dOp) -> int:
@@ -107,65 +106,24 @@ class WgmmaConv(WgmmaGemm):
             return wide + narrow[:1]
         return [narrow[1], _hero(128, 6, smem_epilogue=epi), narrow[0], wide[0]]
 
-    def _buf(self, dev: int, stream: Any, role: str, n: int) -> Any:
-        key = (dev, int(stream.ptr), role)
-        buf = self._scratch.get(key)
-        if buf is None or buf.size < n:
-            buf = toolkit.cupy().empty(n, dtype=np.float32)
-            self._scratch[key] = buf
-        return buf
-
-    def _channels_last(self, op: Conv2dOp, px: int, pw: int, dev: int, stream: Any) -> tuple[int, int]:
-        """NCHW x and KCRS w transposed to NHWC / KRSC scratch buffers (same stream, so ordered)."""
-        tk = compiler.load(transpose.render(DType.F32), transpose.KERNEL_NAME, "sm_90a", smem=0, threads=256)
-        x_t = self._buf(dev, stream, "x", op.n * op.c * op.h * op.w)
-        w_t = self._buf(dev, stream, "w", op.k * op.c * op.r * op.s)
-        hw, rs = op.h * op.w, op.r * op.s
-        tk.launch((-(-hw // 32), -(-op.c // 32), op.n),
-                  (np.uint64(px), np.uint64(x_t.data.ptr), np.int32(op.c), np.int32(hw)), stream)
-        tk.launch((-(-rs // 32), -(-op.c // 32), op.k),
-                  (np.uint64(pw), np.uint64(w_t.data.ptr), np.int32(op.c), np.int32(rs)), stream)
+    def operands(self, op: Conv2dOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
+        """Device pointers of x and w as the kernel reads them: NCHW x and KCRS w are transposed to
+        NHWC / KRSC scratch buffers first (same stream, so ordered)."""
+        if op.layout is not Layout.NCHW:
+            return ptrs["x"], ptrs["w"]
+        dev = device_index(args.out)
+        x_t, w_t = to_channels_last(op, ptrs["x"], ptrs["w"], lambda role, n: self._buf(dev, stream, role, n),
+                                    stream, "sm_90a")
         return x_t.data.ptr, w_t.data.ptr
 
-    def run(self, op: Conv2dOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
-        ptrs: dict[str, Any] = {"x": data_ptr(args.arrays["x"], "x"), "w": data_ptr(args.arrays["w"], "w"),
-                                "out": data_ptr(args.out, "out")}
-        bias = args.arrays.get("bias")
-        if bias is not None:
-            ptrs["bias"] = data_ptr(bias, "bias")
-            ptrs["bias_dtype"] = DType.parse(bias.dtype, arg="bias").value
-        if ptrs["x"] % 16 or ptrs["w"] % 16:  # 16-byte gathers and TMA need aligned bases: documented fallback
-            self._fallback.run(op, self._fallback.hero_configs(op, profile)[0], args, profile)
-            return
-        cp = toolkit.cupy()
-        dev = device_index(args.out)
-        key = (op, config, dev, ptrs.get("bias_dtype"), ptrs["out"] % 16)
-        with cp.cuda.Device(dev):
-            plan = self._plans.get(key)
-            if plan is None:
-                spec = self.spec(op, config, ptrs)
-                plan = (self._kernel(spec, profile), spec)
-                self._plans[key] = plan
-            kernel, spec = plan
-            stream = launch_stream(args)
-            px, pw = ptrs["x"], ptrs["w"]
-            if op.layout is Layout.NCHW:
-                px, pw = self._channels_last(op, px, pw, dev, stream)
-            lkey = (key, px, pw, ptrs["out"], ptrs.get("bias"))
-            launch = self._launches.get(lkey)
-            if launch is None:
-                m, n, k = op.gemm_mnk
-                w_map = tma.tiled_map(pw, spec.dtype_in, (k, n, 1), (self.slice_channels(op), spec.bn, 1))
-                tiles = -(-m // spec.bm) * -(-n // spec.bn)
-                launch = ((min(tiles, profile.compute_units), 1, 1), tma.pack([
-                    w_map, ctypes.c_uint64(px), ctypes.c_uint64(ptrs["out"]),
-                    ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]), ctypes.c_int32(m), ctypes.c_int32(n),
-                    ctypes.c_int32(k), ctypes.c_int32(1)]))
-                if len(self._launches) > 256:
-                    self._launches.clear()
-                self._launches[lkey] = launch
-            grid, cargs = launch
-            tma.launch(kernel.function, grid, spec.threads, spec.smem_bytes, stream, cargs)
+    def _build_launch(self, op: Conv2dOp, spec: WgmmaSpec, px: int, pw: int, ptrs: dict, profile: DeviceProfile,
+                      kernel: Any = None):
+        m, n, k = op.gemm_mnk
+        w_map = tma.tiled_map(pw, spec.dtype_in, (k, n, 1), (self.slice_channels(op), spec.bn, 1))
+        tiles = -(-m // spec.bm) * -(-n // spec.bn)
+        return (min(tiles, profile.compute_units), 1, 1), tma.pack([
+            w_map, ctypes.c_uint64(px), ctypes.c_uint64(ptrs["out"]), ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
+            ctypes.c_int32(m), ctypes.c_int32(n), ctypes.c_int32(k), ctypes.c_int32(1)])
 
 
 HOPPER_CONV_VARIANTS = [WgmmaConv]
