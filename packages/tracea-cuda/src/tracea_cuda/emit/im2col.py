@@ -42,8 +42,8 @@ class ConvGather:
         return cls(op.c, op.h, op.w, op.p, op.q, op.s, tuple(op.stride), tuple(op.padding), tuple(op.dilation))
 
 
-def producer(g: ConvGather, bm: int, bn: int, stages: int, epc: int, group_m: int) -> str:
-    """C++ body of the producer warpgroup (all 128 threads; ``bars``/``base`` etc. in scope)."""
+def producer(g: ConvGather, bm: int, bn: int, stages: int, epc: int) -> str:
+    """C++ body of the producer warpgroup (all 128 threads; ``bars``/``base``/``tile_origin`` etc. in scope)."""
     rows = bm // 16
     a_bytes, b_bytes = bm * 128, bn * 128
     bke = 8 * epc                       # reduction elements per 128-byte slice
@@ -54,10 +54,8 @@ def producer(g: ConvGather, bm: int, bn: int, stages: int, epc: int, group_m: in
         const u32 swz = (u32)((chunk ^ (rsub & 7)) * 16);   // 128B swizzle: chunk ^ (row % 8)
         int s = 0; u32 phase = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
-            const int t = tile % tiles_mn;
-            const int group = {group_m} * tiles_n, first_m = (t / group) * {group_m};
-            const int gsz = min(tiles_m - first_m, {group_m});
-            const int m0 = (first_m + (t % group) % gsz) * {bm}, n0 = ((t % group) / gsz) * {bn};
+            int m0, n0;
+            tile_origin(tile % tiles_mn, tiles_m, tiles_n, m0, n0);
             int off[{rows}], hh[{rows}], ww[{rows}];
             #pragma unroll
             for (int i = 0; i < {rows}; ++i) {{

@@ -273,12 +273,12 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         cluster_attr, empty_total = "__cluster_dims__(2, 1, 1) ", 2 * empty_count
         # lane 0 releases the stage locally, lane 1 in the peer CTA (whose producer multicasts into it)
         release_body = "if (threadIdx.x % 32 == 0) mbar_arrive(bar); else mbar_arrive_remote(bar, cluster_rank() ^ 1u);"
-        rank_decl, rank_off = "    const u32 crank = cluster_rank();\n", f" + (int)crank * {bm}"
+        rank_decl, rank_add = "    const u32 crank = cluster_rank();\n", f" m0 += (int)crank * {bm};"
         start_sync, else_open, end = "cluster_sync();", " else {", "    }\n    cluster_sync();  // no CTA exits while its peer may still signal it\n"
         tile_first, tile_step = "blockIdx.x / 2", "(gridDim.x / 2)"
     else:
         cluster_attr, empty_total, release_body = "", empty_count, "mbar_arrive(bar);"
-        rank_decl, rank_off, start_sync, else_open, end = "", "", "__syncthreads();", "", ""
+        rank_decl, rank_add, start_sync, else_open, end = "", "", "__syncthreads();", "", ""
         tile_first, tile_step = "blockIdx.x", "gridDim.x"
     conv = spec.conv
     if conv is None:
@@ -289,7 +289,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         operands = f"const __grid_constant__ TmaDesc tmB, const {tin}* __restrict__ X"
         full_count, consumer_regs = 129, im2col.CONSUMER_REGS
         proxy_fence = '            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async wrote A\n'
-        producer = im2col.producer(conv, bm, bn, st, 16 // spec.dtype_in.itemsize, spec.group_m)
+        producer = im2col.producer(conv, bm, bn, st, 16 // spec.dtype_in.itemsize)
     return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
 {PRELUDE}
 {_HOPPER}
@@ -297,6 +297,14 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
 {_wgmma_call(spec)}
 
 static __device__ __forceinline__ void release_stage(u32 bar) {{ {release_body} }}
+// Grouped (L2-friendly) tile order: tile t of a batch entry -> the origin (m0, n0) of its block of C
+// (a cluster's block: {cm} CTA tile(s) along M). Producer and consumers walk the same sequence.
+static __device__ __forceinline__ void tile_origin(int t, int tiles_m, int tiles_n, int& m0, int& n0) {{
+    const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
+    const int gsz = min(tiles_m - first_m, {spec.group_m});
+    m0 = (first_m + (t % group) % gsz) * {cm * bm};
+    n0 = ((t % group) / gsz) * {bn};
+}}
 
 extern "C" __global__ void {cluster_attr}__launch_bounds__(384, 1) {name}(
         {operands}, {tout}* __restrict__ C,
@@ -327,10 +335,9 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__(384, 1) {name}(
     for (int j = {first}; ; j += {step}) {{
         const int tile = {tile_first} + j * {tile_step};
         if (tile >= tiles) break;
-        const int bz = tile / tiles_mn, t = tile % tiles_mn;
-        const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
-        const int gsz = min(tiles_m - first_m, {spec.group_m});
-        const int m0 = (first_m + (t % group) % gsz) * {cm * bm}{rank_off}, n0 = ((t % group) / gsz) * {bn};
+        const int bz = tile / tiles_mn;
+        int m0, n0;
+        tile_origin(tile % tiles_mn, tiles_m, tiles_n, m0, n0);{rank_add}
         int prev = -1;
 {master_zero}
 {turn_wait}
@@ -371,16 +378,15 @@ def _tma_producer(spec: WgmmaSpec, a_loads: str, b_loads: str) -> str:
     leave = "if (threadIdx.x != 0) return;" if cm == 1 else "if (threadIdx.x == 0) {"
     close = "return;" if cm == 1 else "}"
     first, step = ("blockIdx.x", "gridDim.x") if cm == 1 else ("blockIdx.x / 2", "gridDim.x / 2")
-    rank_off = "" if cm == 1 else f" + (int)crank * {bm}"
+    rank_add = "" if cm == 1 else f" m0 += (int)crank * {bm};"
     return f"""
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         {leave}
         int s = 0; u32 phase = 0;
         for (int tile = {first}; tile < tiles; tile += {step}) {{
-            const int bz = tile / tiles_mn, t = tile % tiles_mn;
-            const int group = {spec.group_m} * tiles_n, first_m = (t / group) * {spec.group_m};
-            const int gsz = min(tiles_m - first_m, {spec.group_m});
-            const int m0 = (first_m + (t % group) % gsz) * {cm * bm}{rank_off}, n0 = ((t % group) / gsz) * {bn};
+            const int bz = tile / tiles_mn;
+            int m0, n0;
+            tile_origin(tile % tiles_mn, tiles_m, tiles_n, m0, n0);{rank_add}
             for (int kt = 0; kt < KT; ++kt) {{
                 mbar_wait(bars + 8 * ({st} + s), phase ^ 1);
                 const u32 full = bars + 8 * s;
