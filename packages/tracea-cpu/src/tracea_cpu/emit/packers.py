@@ -40,11 +40,10 @@ static void tr_pack_a_dense(const void *vctx, long i0, long mr, long p0, long kc
 }
 
 #if defined(__AVX512F__)
-/* dst[k*ld_d + j] = src[j*ld_s + k] for a 16 x 16 block: three shuffle stages in registers. */
 #define TR_HAVE_T16 1
-static inline void tr_transpose16(const float *src, long ld_s, float *dst, long ld_d) {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ld_s);
+/* Transpose 16 x 16 floats held in r[0..15] (row i -> column i): three shuffle stages. */
+static inline void tr_t16_regs(__m512 *r) {
+    __m512 t[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -65,6 +64,12 @@ static inline void tr_transpose16(const float *src, long ld_s, float *dst, long 
         r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
         r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
     }
+}
+/* dst[k*ld_d + j] = src[j*ld_s + k] for a 16 x 16 block. */
+static inline void tr_transpose16(const float *src, long ld_s, float *dst, long ld_d) {
+    __m512 r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ld_s);
+    tr_t16_regs(r);
     for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ld_d, r[i]);
 }
 #else
@@ -216,27 +221,6 @@ static int tr_conv_segments(const tr_conv *g, long p0, long kc, tr_seg *segs, lo
         k += len;
     }
     return n;
-}
-
-/* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM: B(k = tap*Cg + c, j) = w[j*CRS + c*RS + tap]. */
-typedef struct { const float *w; long CRS, Cg, RS; } tr_kcrs;
-
-static void tr_pack_b_kcrs(const void *vctx, long j0, long nr, long p0, long kc, float *dst) {
-    const tr_kcrs *x = (const tr_kcrs *)vctx;
-    long kcp = TR_ROUNDUP(kc, KU);
-    if (nr < NR || kc < kcp) memset(dst, 0, sizeof(float) * kcp * NR);
-    for (long k0 = 0; k0 < kc; k0 += 16) {
-        long kn = TR_MIN(16, kc - k0), off[16];
-        for (long k = 0; k < kn; k++) {
-            long kk = p0 + k0 + k;
-            off[k] = (kk % x->Cg) * x->RS + kk / x->Cg;
-        }
-        for (long j = 0; j < nr; j++) {
-            const float *s = x->w + (j0 + j) * x->CRS;
-            float *d = dst + k0 * NR + j;
-            for (long k = 0; k < kn; k++) d[k * NR] = s[off[k]];
-        }
-    }
 }
 
 /* Channel-major (NCHW) output of the pixel-row GEMM: C(i, j) = c[(i / rows)*img_stride + i % rows + j*ldc]. */
