@@ -19,9 +19,8 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
            KCRS weights; tiles stored transposed into out (an NHWC scratch holds partial sums only when
            K takes several blocks). */
         long HW = H * W, PQ = P * Q, RS = R * S;
-        long cb = kc / RS;
-        if (cb >= 16) cb = cb / 16 * 16;
-        cb = TR_MAX(1, TR_MIN(cb, Cg));
+        /* channel blocks of (almost) equal size, at most kc / RS channels each */
+        long cbmax = TR_MAX(1, kc / RS), cb = (Cg + (Cg + cbmax - 1) / cbmax - 1) / ((Cg + cbmax - 1) / cbmax);
         int multi = Cg > cb;
         int xt_owned, ot_owned = 0, T = nth > 0 ? nth : tr_threads_available();
         float *xt = tr_ws_slot(1, (size_t)n * HW * C, &xt_owned), *ot = 0;

@@ -93,11 +93,13 @@ def _store(isa: Isa, mr: int, nr: int, acc: list[list[str]]) -> list[str]:
 
 
 def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
-    """Like ``tr_ukernel`` but A row i of segment sg is ``rows[sg*MR + i][0:len[sg]]`` (unit stride): the
-    NHWC conv gathers nothing, each pointer is an input pixel's channel run (or a zero row)."""
+    """Like ``tr_ukernel`` but A row i of segment sg is ``rows[sg*MR + i][0:seg_len[sg]]`` (unit stride),
+    against B panel rows from ``b + seg_off[sg]``: the NHWC conv gathers nothing, each pointer is an
+    input pixel's channel run (or a zero row)."""
     nv = nr // isa.width
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
-    lines = ["static void tr_ukernel_ind(int nseg, const long *restrict seg_len, const float *const *restrict rows,\n"
+    lines = ["static void tr_ukernel_ind(int nseg, const long *restrict seg_len, const long *restrict seg_off,\n"
+             "                           const float *const *restrict rows,\n"
              "                           const float *restrict b, float *restrict c, long ldc, int mr, int nr,\n"
              "                           int first, int last, const float *bias, int bias_row) {"]
     for i in range(mr):
@@ -105,12 +107,13 @@ def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
     lines.append("    for (int sg = 0; sg < nseg; sg++) {")
     for i in range(mr):
         lines.append(f"        const float *restrict r{i} = rows[sg * MR + {i}];")
+    lines.append("        const float *restrict bs = b + seg_off[sg];")
     lines.append("        long len = seg_len[sg], k = 0;")
 
     def step(kexpr: str) -> list[str]:
         out = ["        {"]
         for v in range(nv):
-            out.append(f"        V b{v} = VLOAD(b + ({kexpr}) * NR + {v * isa.width});")
+            out.append(f"        V b{v} = VLOAD(bs + ({kexpr}) * NR + {v * isa.width});")
         for i in range(mr):
             out.append(f"        {{ V ai = VSET1(r{i}[{kexpr}]);")
             for v in range(nv):
@@ -126,7 +129,6 @@ def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
     lines.append("        for (; k < len; k++) {")
     lines += step("k")
     lines.append("        }")
-    lines.append("        b += len * NR;")
     lines.append("    }")
     lines += _store(isa, mr, nr, acc)
     lines.append("}")

@@ -239,20 +239,36 @@ static void tr_tile_io_t(float *c, long ldc, long rows, long img_stride, long i,
         }
 }
 
-static void tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, int nseg,
-                         const float *zeros, const float **rows) {
-    long PQ = g->P * g->Q;
-    for (int i = 0; i < MR; i++) {
-        if (i >= mr) { for (int sg = 0; sg < nseg; sg++) rows[sg * MR + i] = zeros; continue; }
-        long m = i0 + i, img = m / PQ, rem = m % PQ;
-        long ih0 = (rem / g->Q) * g->sh - g->ph, iw0 = (rem % g->Q) * g->sw - g->pw;
-        const float *base = g->x + img * g->H * g->W * g->C;
-        for (int sg = 0; sg < nseg; sg++) {
-            long ih = ih0 + (segs[sg].tap / g->S) * g->dh, iw = iw0 + (segs[sg].tap % g->S) * g->dw;
-            int valid = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
-            rows[sg * MR + i] = valid ? base + (ih * g->W + iw) * g->C + segs[sg].c0 : zeros;
-        }
+/* Pixel-row pointers of tile rows [i0, i0+mr) per segment, rows[s*MR + i] (a zero row where the pixel
+   reads padding). A segment whose rows all read padding is dropped (it would only multiply zeros:
+   the padded border taps of a tile that is one output row): returns the kept count, with each kept
+   segment's length and offset in the B panel (segments are stored back to back) in klen / koff. */
+static int tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, const long *lens, int nseg,
+                        const float *zeros, const float **rows, long *klen, long *koff) {
+    long PQ = g->P * g->Q, ih0[MR], iw0[MR], off = 0;
+    const float *base[MR];
+    for (int i = 0; i < mr; i++) {
+        long m = i0 + i, rem = m % PQ;
+        ih0[i] = (rem / g->Q) * g->sh - g->ph;
+        iw0[i] = (rem % g->Q) * g->sw - g->pw;
+        base[i] = g->x + (m / PQ) * g->H * g->W * g->C;
     }
+    int kept = 0;
+    for (int sg = 0; sg < nseg; sg++) {
+        long dr = (segs[sg].tap / g->S) * g->dh, ds = (segs[sg].tap % g->S) * g->dw;
+        const float **rw = rows + kept * MR;
+        int any = 0;
+        for (int i = 0; i < MR; i++) {
+            if (i >= mr) { rw[i] = zeros; continue; }
+            long ih = ih0[i] + dr, iw = iw0[i] + ds;
+            int valid = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
+            rw[i] = valid ? base[i] + (ih * g->W + iw) * g->C + segs[sg].c0 : zeros;
+            any |= valid;
+        }
+        if (any) { klen[kept] = lens[sg]; koff[kept] = off; kept++; }
+        off += lens[sg] * NR;
+    }
+    return kept;
 }
 
 /* NHWC im2col panel with output pixels as columns (weights-stationary conv): B(k = tap*Cg + c, j) is
