@@ -112,3 +112,20 @@ def test_conv2d_weights_stationary_resnet_tail(layout):
     cfg = config(**h, threads=0, indirect=2)
     assert conv_case(BEST, (1, 96, 7, 7, 130, 3, 3, 1, 1, 1, 1), layout, epi="bias+gelu_tanh", cfg=cfg) < 1e-5
     assert conv_case(BEST, (2, 64, 5, 5, 72, 3, 3, 1, 1, 1, 2), layout, epi="bias+relu", cfg=cfg, seed=3) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("tile", [(7, 48), (7, 32), (14, 32)])
+def test_conv2d_row_tiles_skip_padding_taps(tile, layout):
+    """Tiles that are whole output rows skip the taps reading only padding; tiles straddling rows or
+    images, taps where every pixel reads padding (1x1 kernel, padding 1: border outputs are bias only),
+    and the NCHW channel blocks (one block, several, an uneven last one) must all stay exact."""
+    if ISA_BY_NAME[BEST].width != 16:
+        pytest.skip("AVX-512 tiles")
+    mr, nr = tile
+    for kc in (4608, 9 * 5, 7):
+        cfg = config(mr=mr, nr=nr, mc=2 * mr, nc=4 * nr, kc=kc, threads=2, indirect=1)
+        for case in [(2, 24, 7, 7, 50, 3, 3, 1, 1, 1, 1), (1, 16, 14, 14, 40, 3, 3, 1, 1, 1, 1),
+                     (3, 16, 5, 5, 20, 1, 1, 1, 1, 1, 1), (2, 32, 9, 9, 48, 3, 3, 1, 2, 2, 2),
+                     (1, 40, 15, 13, 17, 3, 3, 2, 1, 1, 1)]:
+            assert conv_case(BEST, case, layout, epi="bias+gelu_tanh", cfg=cfg) < 1e-5, (case, kc)

@@ -246,12 +246,13 @@ static void tr_tile_io_t(float *c, long ldc, long rows, long img_stride, long i,
 static int tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, const long *lens, int nseg,
                         const float *zeros, const float **rows, long *klen, long *koff) {
     long PQ = g->P * g->Q, ih0[MR], iw0[MR], off = 0;
+    long img = i0 / PQ, p = (i0 % PQ) / g->Q, q = i0 % g->Q;
     const float *base[MR];
     for (int i = 0; i < mr; i++) {
-        long m = i0 + i, rem = m % PQ;
-        ih0[i] = (rem / g->Q) * g->sh - g->ph;
-        iw0[i] = (rem % g->Q) * g->sw - g->pw;
-        base[i] = g->x + (m / PQ) * g->H * g->W * g->C;
+        ih0[i] = p * g->sh - g->ph;
+        iw0[i] = q * g->sw - g->pw;
+        base[i] = g->x + img * g->H * g->W * g->C;
+        if (++q == g->Q) { q = 0; if (++p == g->P) { p = 0; img++; } }
     }
     int kept = 0;
     for (int sg = 0; sg < nseg; sg++) {
