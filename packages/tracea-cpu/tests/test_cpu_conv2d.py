@@ -96,8 +96,12 @@ def test_conv2d_algorithm_choice_and_validation():
     variant = CpuConv2dVariant(ISA_BY_NAME[BEST])
     few = Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1)
     many = Conv2dOp(8, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc")
-    assert variant.hero_configs(few, PROFILE)[0].get("indirect") == 2
-    assert variant.hero_configs(dataclasses.replace(few, layout="nhwc"), PROFILE)[0].get("indirect") == 1
+    for layout in ("nchw", "nhwc"):
+        heroes = variant.hero_configs(dataclasses.replace(few, layout=layout), PROFILE)
+        assert heroes[0].get("indirect") == 1
+        assert any(h.get("indirect") == 2 for h in heroes)
+        if BEST == "avx512":  # small images: a tile that is one output row first (skips padding taps)
+            assert 7 % heroes[0].get("mr") == 0
     assert variant.hero_configs(many, PROFILE)[0].get("indirect") == 1
     assert any(h.get("indirect") == 2 for h in variant.hero_configs(many, PROFILE))
     assert {c.get("indirect") for c in variant.search_space(few, PROFILE)} == {0, 1, 2}

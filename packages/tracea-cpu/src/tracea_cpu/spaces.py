@@ -24,11 +24,12 @@ GEMM_HEROES: dict[str, list[dict[str, int]]] = {
     "neon": [dict(mr=8, nr=12, mc=64, nc=4092, kc=512), dict(mr=6, nr=16, mc=48, nc=4096, kc=512)],
     "scalar": [dict(mr=4, nr=4, mc=64, nc=2048, kc=256)],
 }
-# Indirect conv heroes whose tile is one output row (or a whole part of one) on the small-image
-# ResNet-50 layers (Q = 7, 14): a tile that lies in the top or bottom output row skips the taps that
-# read only padding (measured on 512@7^2 NCHW: 7x48 179 GFLOP/s vs 158 for 6x64).
+# Indirect conv heroes whose tile is an equal part of one output row (Q % mr == 0): tiles in the top
+# or bottom output row skip the taps that read only padding (~10% of a 3x3 conv on 7^2 images).
+# Measured on ResNet-50 512@7^2 NCHW, batch 8: 7x32 230 GFLOP/s, 7x48 210 (11 panels of 48 for 512
+# channels: uneven over 2 threads), 6x64 216.
 ROW_HEROES: dict[str, list[dict[str, int]]] = {
-    "avx512": [dict(mr=7, nr=48, mc=28, nc=4080, kc=1024), dict(mr=14, nr=32, mc=28, nc=4096, kc=1152)],
+    "avx512": [dict(mr=7, nr=32, mc=28, nc=4096, kc=1024), dict(mr=14, nr=32, mc=28, nc=4096, kc=1152)],
     "avx2": [], "neon": [], "scalar": [],
 }
 # K block of the weights-stationary conv heroes (the whole K of ResNet-50's 512-channel 3x3 layers).
@@ -112,14 +113,6 @@ def indirect_ok(op: Conv2dOp) -> bool:
     """Whether the conv may read A in place through the indirect NHWC kernel (per-pixel channel runs
     long enough to stream; NCHW input is transposed to NHWC first)."""
     return op.c // op.groups >= 8
-
-
-def weights_stationary_first(op: Conv2dOp) -> bool:
-    """Whether the weights-stationary conv (``indirect=2``: weights read in place, im2col panels of the
-    few output pixels packed) should be tried first: NCHW layers whose weights cost far more to pack
-    than their input (measured: ResNet-50 512@7^2 at batch 1, not 256@14^2 or batch 8; in NHWC the
-    indirect path with per-thread weight panels is as fast there and needs no transposed stores)."""
-    return op.layout is Layout.NCHW and 4 * op.n * op.p * op.q <= op.k // op.groups
 
 
 def gemm_view(op: Op, indirect: int = 0) -> tuple[int, int]:
