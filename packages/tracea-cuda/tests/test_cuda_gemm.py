@@ -145,6 +145,35 @@ def test_wgmma_tf32_gemm(trans, shape):
         assert err <= T.tolerance("tf32", op.out_dtype), (config.key, err)
 
 
+@pytest.mark.parametrize("trans", [(False, False), (True, True), (True, False)], ids=["NN", "TT", "TN"])
+@pytest.mark.parametrize("out", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("epilogue", ["none", "bias+gelu_erf", "bias+silu"])
+def test_wgmma_tf32_register_fed_operand(trans, out, epilogue):
+    """MN-major TF32 operands go through registers (NN: operands swapped, C^T stored column-major);
+    every non-power-of-two edge, batches, each output cast and epilogue, NaN-poisoned outputs."""
+    profile = T.gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    op = GemmOp(196, 324, 100, batch=2, trans_a=trans[0], trans_b=trans[1], fp32_precision="high",
+                dtype_out=out, epilogue=epilogue)
+    v = VARIANTS["cuda.gemm.wgmma_tf32"]
+    t = T.gemm_inputs(op, seed=len(epilogue))
+    ref = T.gemm_reference(op, t)
+    for config in v.hero_configs(op, profile) + [_pingpong(op, v, profile)]:
+        t["out"].fill_(float("nan"))
+        v.run(op, config, T.op_args(t), profile)
+        err = T.rel_err(t["out"], ref)
+        assert err <= T.tolerance("tf32", op.out_dtype), (config.key, err)
+
+
+def _pingpong(op, v, profile):
+    from tracea_cuda.variants.hopper import _hero
+
+    config = _hero(128, 6, schedule="pingpong", smem_epilogue=False, cluster=1)
+    assert v.validate_config(op, config, profile), config.key
+    return config
+
+
 @pytest.mark.parametrize("trans", [(False, False), (True, True)], ids=["NN", "TT"])
 @pytest.mark.parametrize("shape", [(4, 8, 4, 1), (132, 260, 68, 2), (1000, 1020, 4096, 1)],
                          ids=lambda s: "x".join(map(str, s)))

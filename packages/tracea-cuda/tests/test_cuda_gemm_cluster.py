@@ -51,8 +51,12 @@ def test_cluster_bf16(trans, shape):
 @pytest.mark.parametrize("shape", SHAPES[1:4], ids=lambda s: "x".join(map(str, s)))
 def test_cluster_tf32_and_3xtf32(shape):
     m, n, k, batch = shape
-    op = GemmOp(m, n, k, batch=batch, fp32_precision="high", epilogue="bias+relu")
+    op = GemmOp(m, n, k, batch=batch, trans_b=True, fp32_precision="high", epilogue="bias+relu")
     _run("cuda.gemm.wgmma_tf32", op, CONFIGS[:3], T.tolerance("tf32", op.out_dtype))
+    # A (M, K) @ B (K, N): the swapped kernel (B^T fed from registers, C^T stored column-major)
+    op = GemmOp(m, n, k, batch=batch, fp32_precision="high", epilogue="bias+relu")
+    _run("cuda.gemm.wgmma_tf32", op, [c.replace(smem_epilogue=False) for c in CONFIGS[:3]],
+         T.tolerance("tf32", op.out_dtype))
     op = GemmOp(m, n, k, batch=batch, trans_a=True, fp32_precision="highest", epilogue="bias")
     _run("cuda.gemm.wgmma_3xtf32", op, [c.replace(partial_stages=4) for c in CONFIGS[1:2]], 1e-5)
 

@@ -38,7 +38,11 @@ OPS = {
                           GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="bfloat16",
                                  dtype_b="bfloat16", epilogue="bias+silu")],
     "cuda.gemm.wgmma_3xtf32": [GemmOp(4096, 4096, 4096, fp32_precision="highest", epilogue="bias")],
-    "cuda.gemm.wgmma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="bias+relu")],
+    "cuda.gemm.wgmma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="bias+relu"),  # swapped
+                             GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="high", epilogue="bias+relu"),
+                             GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, fp32_precision="high",
+                                    dtype_out="bfloat16", epilogue="bias+gelu"),
+                             GemmOp(512, 384, 256, fp32_precision="high", dtype_out="float16", epilogue="silu")],
     "cuda.gemm.mma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="relu")],
     "cuda.gemm.mma_3xtf32": [GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="highest", epilogue="bias")],
     "cuda.conv2d.wgmma": [

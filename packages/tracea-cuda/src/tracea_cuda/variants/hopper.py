@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from dataclasses import replace
 from typing import Any
 
 from tracea.doctor.profile import DeviceProfile
@@ -70,11 +71,12 @@ class WgmmaGemm(CudaVariant):
                       kernel: Any = None):
         b = op.batch
         bk = 128 // spec.dtype_in.itemsize
+        mnb = 128 // spec.dtype_in.itemsize  # MN-major boxes: one 128-byte swizzle row of m (or n) per k
         a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (bk, spec.bm, 1)) if spec.a_kmajor else
-                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (64, bk, 1)))
+                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (mnb, bk, 1)))
         # In a 2-CTA cluster each CTA loads half of the B tile (multicast to both): K-major boxes are halved.
         b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (bk, spec.bn // spec.cluster, 1)) if spec.b_kmajor
-                 else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (64, bk, 1)))
+                 else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (mnb, bk, 1)))
         cm = spec.cluster
         tiles = -(-op.m // (cm * spec.bm)) * -(-op.n // spec.bn) * b  # clusters' tiles
         resident = profile.compute_units if cm == 1 else tma.max_active_clusters(
@@ -167,13 +169,20 @@ class WgmmaGemm(CudaVariant):
 
 
 class WgmmaGemmTf32(WgmmaGemm):
-    """fp32 GEMM on TF32 wgmma (TF32 allowed). TF32 wgmma reads both operands K-major only, so an
-    MN-major operand (B stored (K, N), or A stored (K, M)) is first transposed into a cached scratch
-    buffer on the launch stream (one extra pass over that operand)."""
+    """fp32 GEMM on TF32 wgmma (TF32 allowed). TF32 wgmma reads shared-memory operands K-major only:
+
+    - A (M, K) and B stored (N, K): both K-major, as for 16-bit inputs.
+    - A (M, K) and B stored (K, N) (``a @ b`` of two row-major matrices): the kernel computes
+      C^T = B^T A^T -- B becomes the kernel's MN-major A, read into registers, A its K-major B -- and
+      stores C^T column-major, i.e. C row-major. No transpose pass.
+    - A stored (K, M) and B (N, K): A is the kernel's register-fed MN-major A.
+    - A stored (K, M) and B (K, N): B is first transposed into a cached scratch buffer.
+    """
 
     name = "cuda.gemm.wgmma_tf32"
     description = ("fp32 GEMM on TF32 Tensor Cores for Hopper (fp32_precision high/medium): TMA + wgmma "
-                   "m64nNk8, warp-specialised persistent kernel; MN-major operands transposed first")
+                   "m64nNk8, warp-specialised persistent kernel; an MN-major operand is fed to wgmma from "
+                   "registers (operands swapped for B stored (K, N))")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
                                 out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
                                 fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}),
@@ -186,10 +195,37 @@ class WgmmaGemmTf32(WgmmaGemm):
 
         self._fallback = MmaGemmTf32()
 
+    def swapped(self, op: GemmOp) -> bool:
+        """Whether the kernel computes C^T = B^T A^T (A (M, K) and B (K, N) both row-major)."""
+        return not op.trans_a and not op.trans_b
+
+    def kernel_op(self, op: GemmOp) -> GemmOp:
+        """The GEMM as the kernel sees it (M and N exchanged when the operands are swapped)."""
+        if self.swapped(op):
+            return replace(op, m=op.n, n=op.m, trans_a=True, trans_b=True)
+        return op
+
     def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
-        return True, True
+        return not op.trans_a, True
+
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
+        if not self.swapped(op):
+            return super().spec(op, config, ptrs)
+        kop = self.kernel_op(op)
+        sp = super().spec(kop, config, ptrs)
+        out_align = ptrs is None or ptrs.get("out", 0) % (2 * op.out_dtype.itemsize) == 0
+        return replace(sp, out_cm=True, pairs=kop.m % 2 == 0 and out_align, vec_store=False)
+
+    def _build_launch(self, op: GemmOp, spec: WgmmaSpec, pa: int, pb: int, ptrs: dict, profile: DeviceProfile,
+                      kernel: Any = None):
+        return super()._build_launch(self.kernel_op(op), spec, pa, pb, ptrs, profile, kernel)
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        kop = self.kernel_op(op)
+        if not self.kmajor(kop)[0]:  # register-fed A: direct epilogue
+            return [_hero(256, 4, 16, smem_epilogue=False, cluster=1), _hero(256, 4, smem_epilogue=False, cluster=1),
+                    _hero(128, 4, 16, bm=256, smem_epilogue=False, cluster=1),
+                    _hero(128, 6, smem_epilogue=False, cluster=1), _hero(256, 4, 16, smem_epilogue=False, cluster=2)]
         return [_hero(256, 4, 16, cluster=1), _hero(256, 4, cluster=1), _hero(128, 4, 16, bm=256, cluster=1),
                 _hero(256, 4, 16, cluster=2), _hero(128, 6, cluster=1)]
 
@@ -198,20 +234,15 @@ class WgmmaGemmTf32(WgmmaGemm):
 
         from ..emit import transpose  # noqa: PLC0415
 
+        if self.swapped(op):
+            return ptrs["b"], ptrs["a"]
         pa, pb = ptrs["a"], ptrs["b"]
-        if op.trans_a or not op.trans_b:
+        if not op.trans_b:  # A (K, M) and B (K, N): B (K, N) -> (N, K)
             tk = compiler.load(transpose.render(DType.F32), transpose.KERNEL_NAME, "sm_90a", smem=0, threads=256)
-            dev = device_index(args.out)
-            if op.trans_a:  # (K, M) -> (M, K)
-                buf = self._buf(dev, stream, "a", op.batch * op.m * op.k)
-                tk.launch((-(-op.m // 32), -(-op.k // 32), op.batch),
-                          (np.uint64(pa), np.uint64(buf.data.ptr), np.int32(op.k), np.int32(op.m)), stream)
-                pa = buf.data.ptr
-            if not op.trans_b:  # (K, N) -> (N, K)
-                buf = self._buf(dev, stream, "b", op.batch * op.n * op.k)
-                tk.launch((-(-op.n // 32), -(-op.k // 32), op.batch),
-                          (np.uint64(pb), np.uint64(buf.data.ptr), np.int32(op.k), np.int32(op.n)), stream)
-                pb = buf.data.ptr
+            buf = self._buf(device_index(args.out), stream, "b", op.batch * op.n * op.k)
+            tk.launch((-(-op.n // 32), -(-op.k // 32), op.batch),
+                      (np.uint64(pb), np.uint64(buf.data.ptr), np.int32(op.k), np.int32(op.n)), stream)
+            pb = buf.data.ptr
         return pa, pb
 
 
@@ -235,9 +266,13 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
 
         self._fallback = MmaGemm3xTf32()
 
-    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
-        from dataclasses import replace  # noqa: PLC0415
+    def swapped(self, op: GemmOp) -> bool:
+        return False  # the split pass writes both operands K-major
 
+    def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
+        return True, True
+
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
         return replace(super().spec(op, config, ptrs), split_acc=True,
                        partial_stages=int(config.get("partial_stages") or 1))
 
@@ -248,7 +283,6 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
 
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         import numpy as np  # noqa: PLC0415
-        from dataclasses import replace  # noqa: PLC0415
 
         from ..emit import split  # noqa: PLC0415
 
