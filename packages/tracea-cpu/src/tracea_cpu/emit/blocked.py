@@ -133,6 +133,7 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                     if (arows) {
                         /* A read in place: one unit-stride run per tile row (no packing). */
                         long lens[1] = {kcur}, offs[1] = {0};
+                        int skip[1] = {0};
                         const float **rows = (const float **)abuf;
                         for (long r = 0; r < nmp; r++)
                             tr_rows_dense(arows, ic + r * MR, TR_MIN(MR, mcur - r * MR), pc, zeros, rows + r * MR);
@@ -151,7 +152,7 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                                 } else {
                                     dst = tr_tile_begin(c, ldc, i, j, mr, nr, first, img_cols, img_stride, sc, &ld);
                                 }
-                                tr_ukernel_ind(1, lens, offs, rows + r * MR, bbuf + jr * NR * kcp, dst, ld,
+                                tr_ukernel_ind(1, lens, offs, skip, rows + r * MR, bbuf + jr * NR * kcp, dst, ld,
                                                mr, nr, first, last, bb, bias_row);
                                 if (ctrans) tr_tile_io_t(c, ldc, img_cols, img_stride, i, j, mr, nr, sc, 0);
                                 else if (dst == sc) tr_tile_end(c, ldc, i, j, mr, nr, img_cols, img_stride, sc);
@@ -224,6 +225,7 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
         const float **rows = (const float **)(bp + TR_ROUNDUP((size_t)kc * NR, 16));
         tr_seg segs[nsmax];
         long lens[nsmax], klen[nsmax], koff[nsmax];
+        int kskip[nsmax];
         float sc[MR * NR] __attribute__((aligned(64)));
         #pragma omp for schedule(dynamic, 1)
         for (long it = 0; it < npan * nchunk; it++) {
@@ -244,11 +246,11 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
                 for (long t = t0; t < t1; t++) {
                     long i = t * MR;
                     int mr = (int)TR_MIN(MR, M - i);
-                    int kseg = tr_rows_nhwc(ind, i, mr, segs, lens, nseg, zeros, rows, klen, koff);
+                    int kseg = tr_rows_nhwc(ind, i, mr, segs, lens, nseg, zeros, rows, klen, koff, kskip);
                     int direct = !nchw || !last;
                     float *dst = direct || !first ? c + i * ldc + j : sc;
                     long ld = direct || !first ? ldc : NR;
-                    tr_ukernel_ind(kseg, klen, koff, rows, bp, dst, ld, mr, nr, first, last, bias ? bias + j : 0, 0);
+                    tr_ukernel_ind(kseg, klen, koff, kskip, rows, bp, dst, ld, mr, nr, first, last, bias ? bias + j : 0, 0);
                     if (!direct) tr_store_nchw(dst, ld, nchw, i, j, mr, nr);
                 }
             }
