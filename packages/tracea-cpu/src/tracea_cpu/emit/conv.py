@@ -26,7 +26,7 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
         float *xt = tr_ws_slot(1, (size_t)n * HW * C, &xt_owned), *ot = 0;
         if (xt && multi) ot = tr_ws_slot(2, (size_t)n * PQ * K, &ot_owned);
         if (!xt || (multi && !ot)) { if (xt) tr_ws_release(1, xt, xt_owned); return 1; }
-        #pragma omp parallel for collapse(2) schedule(static) num_threads(T) if (T > 1)
+        #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(T) if (T > 1)
         for (long img = 0; img < n; img++)
             for (long c0 = 0; c0 < C; c0 += 16)
                 tr_transpose_strip(x + (img * C + c0) * HW, TR_MIN(16, C - c0), HW, HW, xt + img * HW * C + c0, C);
