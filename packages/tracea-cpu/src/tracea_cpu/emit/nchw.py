@@ -67,7 +67,13 @@ static void tr_store_nchw(const float *src, long ld, const tr_ind_nchw *o, long 
                 __m512 r[16];
                 for (int ii = 0; ii < 16; ii++) r[ii] = ii < mr ? _mm512_loadu_ps(src + ii * ld + jj) : _mm512_setzero_ps();
                 tr_t16_regs(r);
-                for (int q = 0; q < 16; q++) _mm512_mask_storeu_ps(dst + (jj + q) * PQ, m, r[q]);
+                for (int q = 0; q < 16; q++) {
+                    float *d = dst + (jj + q) * PQ;
+                    /* masked-off lanes that reach into the next page make the store very slow (an
+                       assist on every call on Zen 4): those few rows take the scalar path */
+                    if ((((uintptr_t)d & 4095) + 64 <= 4096) || mr == 16) _mm512_mask_storeu_ps(d, m, r[q]);
+                    else { float t[16]; _mm512_storeu_ps(t, r[q]); for (int ii = 0; ii < mr; ii++) d[ii] = t[ii]; }
+                }
             }
         }
 #endif
