@@ -68,6 +68,14 @@ def test_conv2d_small_blocks(layout):
 def test_conv2d_other_isas(isa, layout):
     assert conv_case(isa, CASES[3], layout, epi="bias+relu") < 1e-5
     assert conv_case(isa, CASES[1], layout, epi="bias+relu") < 1e-5
+    # every algorithm, with the scalar fallbacks of the AVX-512-only transposes (NCHW channel blocks,
+    # transposed tile stores) and the padding-tap skips
+    h = GEMM_HEROES[isa][0]
+    for indirect in (0, 1, 2):
+        for kc in (7, 1024):
+            cfg = config(**dict(h, kc=kc), threads=2, indirect=indirect)
+            for case in [(2, 24, 7, 7, 20, 3, 3, 1, 1, 1, 1), (1, 16, 9, 8, 12, 3, 3, 2, 2, 2, 2)]:
+                assert conv_case(isa, case, layout, epi="bias+silu", cfg=cfg) < 1e-5, (indirect, kc, case)
 
 
 def test_conv2d_resnet_layer_shape():
