@@ -240,7 +240,7 @@ def conv_suite(rows, quick, heroes):
         for label, c, hw, k, r, st, pad in layers:
             if c % 8:
                 continue
-            conv_case(rows, f"conv {dt[:4]} NHWC {label}", Conv2dOp(32, c, hw, hw, k, r, r, stride=st, padding=pad,
+            conv_case(rows, f"conv {dict(float16='f16', bfloat16='bf16')[dt]} NHWC {label}", Conv2dOp(32, c, hw, hw, k, r, r, stride=st, padding=pad,
                                                                     layout="nhwc", dtype=dt, epilogue="bias+relu"),
                       heroes)
 
