@@ -236,13 +236,12 @@ def conv_suite(rows, quick, heroes):
         conv_case(rows, f"conv f32 NCHW {label}", Conv2dOp(32, c, hw, hw, k, r, r, stride=st, padding=pad,
                                                            layout="nchw", dtype="float32", fp32_precision="high",
                                                            epilogue="bias+relu"), heroes)
-    for dt in ("float16", "bfloat16"):
+    for dt, short in (("float16", "f16"), ("bfloat16", "bf16")):
         for label, c, hw, k, r, st, pad in layers:
             if c % 8:
                 continue
-            conv_case(rows, f"conv {dt[:4]} NHWC {label}", Conv2dOp(32, c, hw, hw, k, r, r, stride=st, padding=pad,
-                                                                    layout="nhwc", dtype=dt, epilogue="bias+relu"),
-                      heroes)
+            op = Conv2dOp(32, c, hw, hw, k, r, r, stride=st, padding=pad, layout="nhwc", dtype=dt, epilogue="bias+relu")
+            conv_case(rows, f"conv {short} NHWC {label}", op, heroes)
 
 
 def overhead_suite(rows):

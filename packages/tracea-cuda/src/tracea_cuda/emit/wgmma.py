@@ -62,6 +62,7 @@ class WgmmaSpec:
     store: StoreMap | None = None  # direct-epilogue store map (default row-major); NCHW conv output
     cluster: int = 1  # CTAs per cluster along M sharing the B tile through TMA multicast (1 or 2)
     out_cm: bool = False  # C stored column-major (ldc = M): the caller swapped A and B to get C^T
+    stream_k: bool = False  # the last partial wave's tiles split along K over every CTA (fixup in fp32)
 
 
     threads = 384
@@ -113,6 +114,9 @@ class WgmmaSpec:
             problems.append(f"cluster={self.cluster} not in 1/2")
         if self.cluster == 2 and (self.conv is not None or self.bn < 128):
             problems.append("2-CTA clusters serve GEMMs with tile_n >= 128 (each CTA multicasts half of B)")
+        if self.stream_k and (self.schedule != "coop" or self.cluster != 1 or self.conv is not None
+                              or self.split_acc):
+            problems.append("stream-K serves the coop schedule without clusters, conv gathers or split accumulation")
         if self.store is not None and self.store.kind != "rowmajor" and self.smem_epilogue:
             problems.append(f"{self.store.kind} output needs the direct epilogue (smem_epilogue=False)")
         if problems:
@@ -291,7 +295,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         accn = "acc"
     else:
         master_decl = master_zero = ""
-        scale_d = "(kt > 0 || kk > 0) ? 1 : 0"
+        scale_d = "(kt > k_first || kk > 0) ? 1 : 0"
         wait_and_release = (f"            wgmma_wait<1>();\n"
                             f"            if (prev >= 0 && lane < {cm}) release_stage(bars + 8 * ({st} + prev));\n"
                             f"            prev = s;")
@@ -302,12 +306,11 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     # swizzle row, which makes the loads conflict-free) -- the epilogue stores through the same map.
     if spec.a_regs:
         lrow = "(sub * 64 + 32 * (warp >> 1) + 8 * (warp & 1) + 16 * (g >> 2) + 2 * (g & 3) + h)"
-        mma_issue = MMA_RS.format(**locals())
     else:
         lrow = "(sub * 64 + warp * 16 + g + 8 * h)"
-        mma_issue = MMA_SS.format(**locals())
     lrow = lrow.replace("sub * 64", rowbase)
     a_offsets = A_OFFSETS.format(**locals()) if spec.a_regs else ""
+    mma_issue = (MMA_RS if spec.a_regs else MMA_SS).format(**locals())
     # The tile's bias (per output column) is staged as fp32 in shared memory at the tile's start, by the
     # consumer warpgroup itself, so the epilogue reads it with one 8-byte ld.shared per column pair
     # instead of two global loads with their address arithmetic (measured 2.7% of a 4096^3 GEMM).
@@ -352,6 +355,8 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     conv = spec.conv
     if conv is None:
         operands = "const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB"
+        if spec.stream_k:
+            operands += ", float* __restrict__ sk_ws, unsigned* __restrict__ sk_flags, int sk_tiles, int sk_maxc"
         full_count, consumer_regs, proxy_fence = 1, 232, ""
         producer = _tma_producer(spec, a_loads, b_loads)
     else:
@@ -359,6 +364,20 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         full_count, consumer_regs = 129, im2col.CONSUMER_REGS
         proxy_fence = '            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async wrote A\n'
         producer = im2col.producer(conv, bm, bn, st, 16 // spec.dtype_in.itemsize)
+    if spec.stream_k:
+        loop_head = ("    unsigned itc = 0;  // stages consumed so far (units have different k ranges)\n"
+                     "    for (int u = 0; ; ++u) {\n"
+                     "        SkUnit w;\n"
+                     "        if (!sk_unit(u, tiles, KT, sk_tiles, w)) break;\n"
+                     "        const int tile = w.tile, k_first = w.kb, k_end = w.ke;")
+        nreg = subs * regs  # fp32 partial sums per thread (stored as float4 runs, coalesced over the warpgroup)
+        it_expr, sk_fixup, sk_funcs = "itc++", SK_FIXUP.format(**locals()), SK_UNIT
+    else:
+        loop_head = (f"    for (int j = {first}; ; j += {step}) {{\n"
+                     f"        const int tile = {tile_first} + j * {tile_step};\n"
+                     f"        if (tile >= tiles) break;\n"
+                     f"        const int k_first = 0, k_end = KT;")
+        it_expr, sk_fixup, sk_funcs = "(unsigned)j * KT + kt", "", ""
     return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
 {PRELUDE}
 {_HOPPER}
@@ -366,6 +385,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
 {_wgmma_call(spec)}
 
 static __device__ __forceinline__ void release_stage(u32 bar) {{ {release_body} }}
+{sk_funcs}
 // Grouped (L2-friendly) tile order: tile t of a batch entry -> the origin (m0, n0) of its block of C
 // (a cluster's block: {cm} CTA tile(s) along M). Producer and consumers walk the same sequence.
 static __device__ __forceinline__ void tile_origin(int t, int tiles_m, int tiles_n, int& m0, int& n0) {{
@@ -402,17 +422,15 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__(384, 1) {name}(
 {master_decl}{a_offsets}
     {tout}* ebuf = reinterpret_cast<{tout}*>(smem_raw + (epi - smem_u32(smem_raw))) + (wg * 4 + warp) * {EPI_BYTES // out_size};
     float* bias_s = reinterpret_cast<float*>(smem_raw + (epi - smem_u32(smem_raw)) + {8 * EPI_BYTES} + wg * {BIAS_BYTES});
-    for (int j = {first}; ; j += {step}) {{
-        const int tile = {tile_first} + j * {tile_step};
-        if (tile >= tiles) break;
+{loop_head}
         const int bz = tile / tiles_mn;
         int m0, n0;
         tile_origin(tile % tiles_mn, tiles_m, tiles_n, m0, n0);{rank_add}
         int prev = -1;
 {bias_fill}{master_zero}
 {turn_wait}
-        for (int kt = 0; kt < KT; ++kt) {{
-            const unsigned it = (unsigned)j * KT + kt;
+        for (int kt = k_first; kt < k_end; ++kt) {{
+            const unsigned it = {it_expr};
             const int s = it % {st};
             mbar_wait(bars + 8 * s, (it / {st}) & 1);
 {proxy_fence}            const u32 a_s = base + s * {a_bytes}, b_s = base + {st * a_bytes} + s * {b_bytes};
@@ -427,7 +445,7 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__(384, 1) {name}(
             #pragma unroll
             for (int i = 0; i < {regs}; ++i) fence_acc(d[sub][i]);
         if (prev >= 0 && lane < {cm}) release_stage(bars + 8 * ({st} + prev));
-        {tout}* Cb = C + (long long)bz * M * N;
+{sk_fixup}        {tout}* Cb = C + (long long)bz * M * N;
 {bias_ready}{epilogue_code}
     }}
 {end}}}
@@ -444,15 +462,22 @@ def _tma_producer(spec: WgmmaSpec, a_loads: str, b_loads: str) -> str:
     close = "return;" if cm == 1 else "}"
     first, step = ("blockIdx.x", "gridDim.x") if cm == 1 else ("blockIdx.x / 2", "gridDim.x / 2")
     rank_add = "" if cm == 1 else f" m0 += (int)crank * {bm};"
+    if spec.stream_k:
+        loop = ("        for (int u = 0; ; ++u) {\n            SkUnit w;\n"
+                "            if (!sk_unit(u, tiles, KT, sk_tiles, w)) break;\n"
+                "            const int tile = w.tile, k_first = w.kb, k_end = w.ke;")
+    else:
+        loop = (f"        for (int tile = {first}; tile < tiles; tile += {step}) {{\n"
+                f"            const int k_first = 0, k_end = KT;")
     return f"""
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         {leave}
         int s = 0; u32 phase = 0;
-        for (int tile = {first}; tile < tiles; tile += {step}) {{
+{loop}
             const int bz = tile / tiles_mn;
             int m0, n0;
             tile_origin(tile % tiles_mn, tiles_m, tiles_n, m0, n0);{rank_add}
-            for (int kt = 0; kt < KT; ++kt) {{
+            for (int kt = k_first; kt < k_end; ++kt) {{
                 mbar_wait(bars + 8 * ({st} + s), phase ^ 1);
                 const u32 full = bars + 8 * s;
                 mbar_expect_tx(full, {a_bytes + b_bytes});
@@ -463,6 +488,71 @@ def _tma_producer(spec: WgmmaSpec, a_loads: str, b_loads: str) -> str:
             }}
         }}
         {close}"""
+
+# Stream-K: CTA b runs its data-parallel tiles (b, b + G, ... below tiles - sk_tiles), then its share
+# [b I / G, (b + 1) I / G) of the I = sk_tiles * KT k-iterations of the last sk_tiles tiles. A tile's
+# piece holding k-iteration 0 is its owner (always the last piece of a CTA's share); the other pieces
+# (contributors, each the first piece of a later CTA's share) store fp32 partial sums, which the owner
+# adds before the epilogue. The host makes every share non-empty (I >= G).
+SK_UNIT = r"""
+struct SkUnit { int tile, kb, ke, owner, ncon, cslot; };
+static __device__ __forceinline__ bool sk_unit(int u, int tiles, int KT, int sk_tiles, SkUnit& w) {
+    const int G = gridDim.x, b = blockIdx.x, dp = tiles - sk_tiles;
+    const int n_dp = b < dp ? (dp - 1 - b) / G + 1 : 0;
+    if (u < n_dp) { w.tile = b + u * G; w.kb = 0; w.ke = KT; w.owner = 1; w.ncon = 0; w.cslot = -1; return true; }
+    if (sk_tiles == 0) return false;
+    const long long I = (long long)sk_tiles * KT, s = b * I / G, e = (b + 1) * I / G;
+    const long long t = s / KT + (u - n_dp), tb = t * KT;
+    if (s >= e || tb >= e) return false;
+    const int owner_b = (int)(((tb + 1) * G - 1) / I), last_b = (int)(((tb + KT) * G - 1) / I);
+    w.tile = dp + (int)t; w.kb = (int)(max(s, tb) - tb); w.ke = (int)(min(e, tb + KT) - tb);
+    w.owner = b == owner_b; w.ncon = last_b - owner_b; w.cslot = b - owner_b - 1;
+    return true;
+}
+"""
+
+SK_FIXUP = """        if (w.cslot >= 0 || w.ncon > 0) {{  // a stream-K piece: exchange fp32 partial sums with the owner
+            const int tid = threadIdx.x % 128, t_local = tile - (tiles - sk_tiles);
+            unsigned* flag = sk_flags + 2 * t_local + wg;
+            if (!w.owner) {{
+                float* slot = sk_ws + ((long long)(t_local * sk_maxc + w.cslot) * 2 + wg) * {nreg} * 128;
+                #pragma unroll
+                for (int sub = 0; sub < {subs}; ++sub)
+                    #pragma unroll
+                    for (int i = 0; i < {regs}; i += 4)
+                        asm volatile("st.global.cg.v4.f32 [%0], {{%1, %2, %3, %4}};"
+                                     :: "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)), "f"(d[sub][i]), "f"(d[sub][i + 1]),
+                                        "f"(d[sub][i + 2]), "f"(d[sub][i + 3]) : "memory");
+                __threadfence();
+                named_bar_sync(1 + wg);
+                if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(flag) : "memory");
+                continue;
+            }}
+            if (tid == 0) {{
+                u32 seen;
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+                while (seen < (u32)w.ncon) {{
+                    __nanosleep(128);
+                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+                }}
+                *flag = 0u;  // reset for the next launch (every contributor has arrived)
+            }}
+            named_bar_sync(1 + wg);
+            for (int c = 0; c < w.ncon; ++c) {{
+                const float* slot = sk_ws + ((long long)(t_local * sk_maxc + c) * 2 + wg) * {nreg} * 128;
+                #pragma unroll
+                for (int sub = 0; sub < {subs}; ++sub)
+                    #pragma unroll
+                    for (int i = 0; i < {regs}; i += 4) {{
+                        float x0, x1, x2, x3;
+                        asm volatile("ld.global.cg.v4.f32 {{%0, %1, %2, %3}}, [%4];"
+                                     : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3)
+                                     : "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)) : "memory");
+                        d[sub][i] += x0; d[sub][i + 1] += x1; d[sub][i + 2] += x2; d[sub][i + 3] += x3;
+                    }}
+            }}
+        }}
+"""
 
 MMA_SS = """            wgmma_fence();
             #pragma unroll

@@ -123,13 +123,15 @@ class CudaVariant(KernelVariant):
             kernel.launch(grid, self.kernel_args(op, ptrs), stream if stream is not None else launch_stream(args))
 
 
-def scratch_buffer(cache: dict, dev: int, stream: Any, role: str, n: int) -> Any:
+def scratch_buffer(cache: dict, dev: int, stream: Any, role: str, n: int, zeroed: bool = False) -> Any:
     """A float32 buffer of at least ``n`` elements cached in ``cache`` per (device, stream, role); reused
-    only on the same stream, so stream order keeps consecutive calls from racing."""
+    only on the same stream, so stream order keeps consecutive calls from racing. ``zeroed``: zero-filled
+    when allocated (for counters that the kernels using them return to zero)."""
     key = (dev, int(stream.ptr), role)
     buf = cache.get(key)
     if buf is None or buf.size < n:
-        buf = toolkit.cupy().empty(n, dtype=np.float32)
+        cp = toolkit.cupy()
+        buf = cp.zeros(max(n, 1), dtype=np.float32) if zeroed else cp.empty(max(n, 1), dtype=np.float32)
         cache[key] = buf
     return buf
 
