@@ -231,7 +231,6 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
         for (long it = 0; it < npan * nchunk; it++) {
             long j = (it / nchunk) * NR, t0 = (it % nchunk) * chunk, t1 = TR_MIN(ntile, t0 + chunk);
             int nr = (int)TR_MIN(NR, N - j);
-            if (nchw) tr_nchw_rows_ready(nchw, ind, t0 * MR, TR_MIN(M, t1 * MR));
             for (long kb = 0; kb < nkb; kb++) {
                 int first = kb == 0, last = kb == nkb - 1, nseg;
                 if (nchw) {

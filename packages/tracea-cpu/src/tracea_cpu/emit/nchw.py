@@ -1,7 +1,6 @@
 """C helpers of the NCHW conv through the indirect kernel (``tr_conv2d`` with ``indirect=1``): the
-NHWC copy of the input made row by row as work items first need the rows (no separate pass; the
-rows are still in cache when the kernel reads them), the KCRS weight panels packed in
-channel-blocked K order, and finished output tiles stored transposed straight into the NCHW output.
+KCRS weight panels packed in channel-blocked K order, and finished output tiles stored transposed
+straight into the NCHW output.
 
 K order. The indirect kernel walks K as (tap, channel run) segments. For NCHW the K blocks are
 channel blocks: block b covers channels [c0, c0 + cn) at every tap, so its weights are one contiguous
@@ -50,61 +49,9 @@ static void tr_pack_b_kcrs_blk(const tr_kcrs *x, long j0, long nr, long c0, long
     }
 }
 
-/* The NCHW indirect conv: finished tiles go to out (this group's first channel), image stride
-   img_stride, PQ pixels per plane; K walked in channel blocks of cb; the NHWC copy xt of the NCHW
-   input xsrc (all channels) is made row by row as work items first need the rows (done[img*H + ih]:
-   0 not yet, 1 being copied, 2 ready), so no separate pass and the rows are in cache when read. */
-typedef struct {
-    const tr_kcrs *w; long cb; float *out; long PQ, img_stride;
-    const float *xsrc; float *xt; int *done;
-} tr_ind_nchw;
-
-static inline void tr_spin_pause(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-/* NHWC copy of input rows [r0, r0+nrows) of image img (every channel): 16 x 16 register transposes. */
-static void tr_nchw_copy_rows(const tr_ind_nchw *o, const tr_conv *g, long img, long r0, long nrows) {
-    long HW = g->H * g->W;
-    const float *src = o->xsrc + img * g->C * HW + r0 * g->W;
-    float *dst = o->xt + (img * HW + r0 * g->W) * g->C;
-    for (long c0 = 0; c0 < g->C; c0 += 16)
-        tr_transpose_strip(src + c0 * HW, TR_MIN(16, g->C - c0), nrows * g->W, HW, dst + c0, g->C);
-}
-
-/* Make sure the NHWC copy holds every input row that output pixels [m0, m1) read: rows nobody has
-   claimed are claimed and copied (consecutive ones in one strip), then rows the other thread is
-   copying are waited for (a claimed row is always finished without waiting, so no deadlock). */
-static void tr_nchw_rows_ready(const tr_ind_nchw *o, const tr_conv *g, long m0, long m1) {
-    long PQ = g->P * g->Q;
-    for (int pass = 0; pass < 2; pass++)
-        for (long img = m0 / PQ; img <= (m1 - 1) / PQ; img++) {
-            long lo = TR_MAX(m0, img * PQ) - img * PQ, hi = TR_MIN(m1, (img + 1) * PQ) - 1 - img * PQ;
-            long r0 = TR_MAX(0, (lo / g->Q) * g->sh - g->ph);
-            long r1 = TR_MIN(g->H - 1, (hi / g->Q) * g->sh - g->ph + (g->R - 1) * g->dh);
-            int *done = o->done + img * g->H;
-            long run = -1;
-            for (long ih = r0; ih <= r1 + 1; ih++) {
-                int mine = 0;
-                if (ih <= r1) {
-                    if (pass == 0) {
-                        int expect = 0;
-                        mine = __atomic_compare_exchange_n(done + ih, &expect, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
-                    } else {
-                        while (__atomic_load_n(done + ih, __ATOMIC_ACQUIRE) != 2) tr_spin_pause();
-                    }
-                }
-                if (mine && run < 0) run = ih;
-                if (!mine && run >= 0) {
-                    tr_nchw_copy_rows(o, g, img, run, ih - run);
-                    for (long r = run; r < ih; r++) __atomic_store_n(done + r, 2, __ATOMIC_RELEASE);
-                    run = -1;
-                }
-            }
-        }
-}
+/* Where the NCHW indirect conv's finished tiles go: out (this group's first channel), image stride
+   img_stride, PQ pixels per plane; K walked in channel blocks of cb. */
+typedef struct { const tr_kcrs *w; long cb; float *out; long PQ, img_stride; } tr_ind_nchw;
 
 /* Tile src (mr pixels x nr channels, row stride ld) into the NCHW output: pixel i+ii, channel j+jj goes
    to out[img*img_stride + (j+jj)*PQ + p] (img, p: image and plane offset of pixel i+ii). */
