@@ -68,6 +68,14 @@ def test_conv2d_small_blocks(layout):
 def test_conv2d_other_isas(isa, layout):
     assert conv_case(isa, CASES[3], layout, epi="bias+relu") < 1e-5
     assert conv_case(isa, CASES[1], layout, epi="bias+relu") < 1e-5
+    # every algorithm, with the scalar fallbacks of the AVX-512-only transposes (NCHW channel blocks,
+    # transposed tile stores) and the padding-tap skips
+    h = GEMM_HEROES[isa][0]
+    for indirect in (0, 1, 2):
+        for kc in (7, 1024):
+            cfg = config(**dict(h, kc=kc), threads=2, indirect=indirect)
+            for case in [(2, 24, 7, 7, 20, 3, 3, 1, 1, 1, 1), (1, 16, 9, 8, 12, 3, 3, 2, 2, 2, 2)]:
+                assert conv_case(isa, case, layout, epi="bias+silu", cfg=cfg) < 1e-5, (indirect, kc, case)
 
 
 def test_conv2d_resnet_layer_shape():
@@ -96,8 +104,12 @@ def test_conv2d_algorithm_choice_and_validation():
     variant = CpuConv2dVariant(ISA_BY_NAME[BEST])
     few = Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1)
     many = Conv2dOp(8, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc")
-    assert variant.hero_configs(few, PROFILE)[0].get("indirect") == 2
-    assert variant.hero_configs(dataclasses.replace(few, layout="nhwc"), PROFILE)[0].get("indirect") == 1
+    for layout in ("nchw", "nhwc"):
+        heroes = variant.hero_configs(dataclasses.replace(few, layout=layout), PROFILE)
+        assert heroes[0].get("indirect") == 1
+        assert any(h.get("indirect") == 2 for h in heroes)
+        if BEST == "avx512":  # small images: a tile that is one output row first (skips padding taps)
+            assert 7 % heroes[0].get("mr") == 0
     assert variant.hero_configs(many, PROFILE)[0].get("indirect") == 1
     assert any(h.get("indirect") == 2 for h in variant.hero_configs(many, PROFILE))
     assert {c.get("indirect") for c in variant.search_space(few, PROFILE)} == {0, 1, 2}
@@ -112,3 +124,20 @@ def test_conv2d_weights_stationary_resnet_tail(layout):
     cfg = config(**h, threads=0, indirect=2)
     assert conv_case(BEST, (1, 96, 7, 7, 130, 3, 3, 1, 1, 1, 1), layout, epi="bias+gelu_tanh", cfg=cfg) < 1e-5
     assert conv_case(BEST, (2, 64, 5, 5, 72, 3, 3, 1, 1, 1, 2), layout, epi="bias+relu", cfg=cfg, seed=3) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("tile", [(7, 48), (7, 32), (14, 32)])
+def test_conv2d_row_tiles_skip_padding_taps(tile, layout):
+    """Tiles that are whole output rows skip the taps reading only padding; tiles straddling rows or
+    images, taps where every pixel reads padding (1x1 kernel, padding 1: border outputs are bias only),
+    and the NCHW channel blocks (one block, several, an uneven last one) must all stay exact."""
+    if ISA_BY_NAME[BEST].width != 16:
+        pytest.skip("AVX-512 tiles")
+    mr, nr = tile
+    for kc in (4608, 9 * 5, 7):
+        cfg = config(mr=mr, nr=nr, mc=2 * mr, nc=4 * nr, kc=kc, threads=2, indirect=1)
+        for case in [(2, 24, 7, 7, 50, 3, 3, 1, 1, 1, 1), (1, 16, 14, 14, 40, 3, 3, 1, 1, 1, 1),
+                     (3, 16, 5, 5, 20, 1, 1, 1, 1, 1, 1), (2, 32, 9, 9, 48, 3, 3, 1, 2, 2, 2),
+                     (1, 40, 15, 13, 17, 3, 3, 2, 1, 1, 1)]:
+            assert conv_case(BEST, case, layout, epi="bias+gelu_tanh", cfg=cfg) < 1e-5, (case, kc)

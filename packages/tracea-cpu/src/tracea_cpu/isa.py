@@ -168,7 +168,7 @@ static inline float tr_orbits(float a, unsigned int s) { unsigned int u; memcpy(
 
 AVX512 = Isa("avx512", ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mavx2"),
              ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma"), 16, 32,
-             ((14, 32), (6, 64), (8, 48), (12, 32), (10, 32), (4, 64)), _AVX512, _X86)
+             ((14, 32), (6, 64), (8, 48), (12, 32), (10, 32), (4, 64), (7, 32)), _AVX512, _X86)
 AVX2 = Isa("avx2", ("-mavx2", "-mfma"), ("avx2", "fma"), 8, 16,
            ((6, 16), (4, 24), (5, 16), (3, 32)), _AVX2, _X86)
 NEON = Isa("neon", (), ("neon",), 4, 32, ((8, 12), (6, 16), (12, 8), (4, 16)), _NEON, _ARM)

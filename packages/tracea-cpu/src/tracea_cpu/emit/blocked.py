@@ -17,6 +17,7 @@ from ..isa import Isa
 from .common import epilogue_c, prologue
 from .conv import CONV
 from .microkernel import microkernel_c
+from .nchw import NCHW
 from .packers import PACKERS
 
 DRIVER = r"""
@@ -131,7 +132,8 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                     long jlo = npan * sp / nsplit, jhi = npan * (sp + 1) / nsplit;
                     if (arows) {
                         /* A read in place: one unit-stride run per tile row (no packing). */
-                        long lens[1] = {kcur};
+                        long lens[1] = {kcur}, offs[1] = {0};
+                        int skip[1] = {0};
                         const float **rows = (const float **)abuf;
                         for (long r = 0; r < nmp; r++)
                             tr_rows_dense(arows, ic + r * MR, TR_MIN(MR, mcur - r * MR), pc, zeros, rows + r * MR);
@@ -150,7 +152,7 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                                 } else {
                                     dst = tr_tile_begin(c, ldc, i, j, mr, nr, first, img_cols, img_stride, sc, &ld);
                                 }
-                                tr_ukernel_ind(1, lens, rows + r * MR, bbuf + jr * NR * kcp, dst, ld,
+                                tr_ukernel_ind(1, lens, offs, skip, rows + r * MR, bbuf + jr * NR * kcp, dst, ld,
                                                mr, nr, first, last, bb, bias_row);
                                 if (ctrans) tr_tile_io_t(c, ldc, img_cols, img_stride, i, j, mr, nr, sc, 0);
                                 else if (dst == sc) tr_tile_end(c, ldc, i, j, mr, nr, img_cols, img_stride, sc);
@@ -181,13 +183,26 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
 /* Conv with A read in place through pixel rows (ind) and B packed panel by panel by the thread that uses
    it: work items are (NR panel, M chunk); per K block an item packs its kc x NR panel into a private
    buffer and runs every tile of its chunk against it. One thread's packing (a memory stream) overlaps
-   the other's arithmetic, and packed panels stay in that core's L2. */
+   the other's arithmetic, and packed panels stay in that core's L2.
+   nchw (NCHW weights and output): K blocks are channel blocks of KCRS weights (pb unused) and the last
+   K block stores its tiles transposed into nchw->out; c (NHWC) holds partial sums between K blocks and
+   may be null when K is one block. */
 static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, float *c, long ldc,
-                        const float *bias, long mc, long kc, int nth, const tr_conv *ind) {
-    kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
+                        const float *bias, long mc, long kc, int nth, const tr_conv *ind,
+                        const tr_ind_nchw *nchw) {
+    long RS = ind->R * ind->S, nkb, nsmax;
+    if (nchw) {
+        kc = nchw->cb * RS;
+        nkb = (ind->Cg + nchw->cb - 1) / nchw->cb;
+        nsmax = RS;
+        if (nkb > 1 && !c) return 2;
+    } else {
+        kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
+        nkb = (K + kc - 1) / kc;
+        nsmax = tr_max_segs(ind->Cg, kc);
+    }
     if (nth <= 0) nth = tr_threads_available();
     if ((double)M * N * K < 65536.0) nth = 1;
-    long nsmax = tr_max_segs(ind->Cg, kc);
     long npan = (N + NR - 1) / NR, ntile = (M + MR - 1) / MR;
     /* Enough items for a dynamic schedule (>= 4 per thread), in chunks of at least mc rows. */
     long want = (4 * nth + npan - 1) / npan;
@@ -209,22 +224,34 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
         float *bp = ws + TR_ROUNDUP(kc, 16) + (size_t)tid * per;
         const float **rows = (const float **)(bp + TR_ROUNDUP((size_t)kc * NR, 16));
         tr_seg segs[nsmax];
-        long lens[nsmax];
+        long lens[nsmax], klen[nsmax], koff[nsmax];
+        int kskip[nsmax];
+        float sc[MR * NR] __attribute__((aligned(64)));
         #pragma omp for schedule(dynamic, 1)
         for (long it = 0; it < npan * nchunk; it++) {
             long j = (it / nchunk) * NR, t0 = (it % nchunk) * chunk, t1 = TR_MIN(ntile, t0 + chunk);
             int nr = (int)TR_MIN(NR, N - j);
-            for (long pc = 0; pc < K; pc += kc) {
-                long kcur = TR_MIN(kc, K - pc);
-                int first = pc == 0, last = pc + kcur >= K;
-                pb(cb, j, nr, pc, kcur, bp);
-                int nseg = tr_conv_segments(ind, pc, kcur, segs, lens);
+            for (long kb = 0; kb < nkb; kb++) {
+                int first = kb == 0, last = kb == nkb - 1, nseg;
+                if (nchw) {
+                    long c0 = kb * nchw->cb, cn = TR_MIN(nchw->cb, ind->Cg - c0);
+                    tr_pack_b_kcrs_blk(nchw->w, j, nr, c0, cn, bp);
+                    for (long t = 0; t < RS; t++) { segs[t].tap = t; segs[t].c0 = c0; lens[t] = cn; }
+                    nseg = (int)RS;
+                } else {
+                    long pc = kb * kc, kcur = TR_MIN(kc, K - pc);
+                    pb(cb, j, nr, pc, kcur, bp);
+                    nseg = tr_conv_segments(ind, pc, kcur, segs, lens);
+                }
                 for (long t = t0; t < t1; t++) {
                     long i = t * MR;
                     int mr = (int)TR_MIN(MR, M - i);
-                    tr_rows_nhwc(ind, i, mr, segs, nseg, zeros, rows);
-                    tr_ukernel_ind(nseg, lens, rows, bp, c + i * ldc + j, ldc, mr, nr, first, last,
-                                   bias ? bias + j : 0, 0);
+                    int kseg = tr_rows_nhwc(ind, i, mr, segs, lens, nseg, zeros, rows, klen, koff, kskip);
+                    int direct = !nchw || !last;
+                    float *dst = direct || !first ? c + i * ldc + j : sc;
+                    long ld = direct || !first ? ldc : NR;
+                    tr_ukernel_ind(kseg, klen, koff, kskip, rows, bp, dst, ld, mr, nr, first, last, bias ? bias + j : 0, 0);
+                    if (!direct) tr_store_nchw(dst, ld, nchw, i, j, mr, nr);
                 }
             }
         }
@@ -251,4 +278,4 @@ def blocked_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue, ku: int = 8) 
     """Complete C source of the GEMM + conv2d library for one ISA, register tile and epilogue."""
     if not isa.fits(mr, nr):
         raise ValueError(f"tile {mr}x{nr} does not fit {isa.name}'s registers")
-    return "\n".join([prologue(isa), epilogue_c(epilogue), microkernel_c(isa, mr, nr, ku), PACKERS, DRIVER, CONV])
+    return "\n".join([prologue(isa), epilogue_c(epilogue), microkernel_c(isa, mr, nr, ku), PACKERS, NCHW, DRIVER, CONV])

@@ -15,32 +15,30 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
               long mc, long nc, long kc, int nth, int indirect) {
     long Cg = C / groups, Kg = K / groups, CRS = Cg * R * S;
     if (layout == 0 && indirect == 1) {
-        /* NCHW through the NHWC indirect kernel: x transposed to NHWC, the conv computed into an NHWC
-           scratch output (KCRS weights gathered while packing, panel by panel), transposed back. */
-        long HW = H * W, PQ = P * Q;
-        int xt_owned, ot_owned, T = nth > 0 ? nth : tr_threads_available();
-        float *xt = tr_ws_slot(1, (size_t)n * HW * C, &xt_owned);
-        float *ot = xt ? tr_ws_slot(2, (size_t)n * PQ * K, &ot_owned) : 0;
-        if (!ot) { if (xt) tr_ws_release(1, xt, xt_owned); return 1; }
-        #pragma omp parallel for collapse(2) schedule(static) num_threads(T) if (T > 1)
+        /* NCHW through the NHWC indirect kernel: x transposed to NHWC; K walked in channel blocks of the
+           KCRS weights; tiles stored transposed into out (an NHWC scratch holds partial sums only when
+           K takes several blocks). */
+        long HW = H * W, PQ = P * Q, RS = R * S;
+        /* channel blocks of (almost) equal size, at most kc / RS channels each */
+        long cbmax = TR_MAX(1, kc / RS), cb = (Cg + (Cg + cbmax - 1) / cbmax - 1) / ((Cg + cbmax - 1) / cbmax);
+        int multi = Cg > cb;
+        int xt_owned, ot_owned = 0, T = nth > 0 ? nth : tr_threads_available();
+        float *xt = tr_ws_slot(1, (size_t)n * HW * C, &xt_owned), *ot = 0;
+        if (xt && multi) ot = tr_ws_slot(2, (size_t)n * PQ * K, &ot_owned);
+        if (!xt || (multi && !ot)) { if (xt) tr_ws_release(1, xt, xt_owned); return 1; }
+        #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(T) if (T > 1)
         for (long img = 0; img < n; img++)
             for (long c0 = 0; c0 < C; c0 += 16)
                 tr_transpose_strip(x + (img * C + c0) * HW, TR_MIN(16, C - c0), HW, HW, xt + img * HW * C + c0, C);
         int rc = 0;
         for (long gi = 0; gi < groups && !rc; gi++) {
             tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
-            tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, R * S};
-            rc = tr_drive_ind(n * PQ, Kg, CRS, tr_pack_b_kcrs, &B, ot + gi * Kg, K, bias ? bias + gi * Kg : 0,
-                              mc, kc, nth, &A);
+            tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, RS};
+            tr_ind_nchw o = {&B, cb, out + gi * Kg * PQ, PQ, K * PQ};
+            rc = tr_drive_ind(n * PQ, Kg, CRS, 0, 0, ot ? ot + gi * Kg : 0, K, bias ? bias + gi * Kg : 0,
+                              mc, kc, nth, &A, &o);
         }
-        if (!rc) {
-            #pragma omp parallel for collapse(2) schedule(static) num_threads(T) if (T > 1)
-            for (long img = 0; img < n; img++)
-                for (long p0 = 0; p0 < PQ; p0 += 16)
-                    tr_transpose_strip(ot + (img * PQ + p0) * K, TR_MIN(16, PQ - p0), K, K,
-                                       out + img * K * PQ + p0, PQ);
-        }
-        tr_ws_release(2, ot, ot_owned);
+        if (ot) tr_ws_release(2, ot, ot_owned);
         tr_ws_release(1, xt, xt_owned);
         return rc;
     }
@@ -77,7 +75,7 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
             tr_conv A = {x + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             tr_dense B = {w + gi * Kg * CRS, 1, CRS};
             if (indirect == 1) {
-                int rc = tr_drive_ind(n * P * Q, Kg, CRS, tr_pack_b_dense, &B, out + gi * Kg, K, bg, mc, kc, nth, &A);
+                int rc = tr_drive_ind(n * P * Q, Kg, CRS, tr_pack_b_dense, &B, out + gi * Kg, K, bg, mc, kc, nth, &A, 0);
                 if (rc) return rc;
                 continue;
             }

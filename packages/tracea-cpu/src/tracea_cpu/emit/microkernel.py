@@ -93,11 +93,14 @@ def _store(isa: Isa, mr: int, nr: int, acc: list[list[str]]) -> list[str]:
 
 
 def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
-    """Like ``tr_ukernel`` but A row i of segment sg is ``rows[sg*MR + i][0:len[sg]]`` (unit stride): the
-    NHWC conv gathers nothing, each pointer is an input pixel's channel run (or a zero row)."""
+    """Like ``tr_ukernel`` but A row i of segment sg is ``rows[sg*MR + i][0:seg_len[sg]]`` (unit stride),
+    against B panel rows from ``b + seg_off[sg]``: the NHWC conv gathers nothing, each pointer is an
+    input pixel's channel run (or a zero row). ``seg_skip[sg]`` bit 0 / bit 1: tile row 0 / row MR-1
+    reads only padding in that segment, and its FMAs are left out (a row tile's left / right border)."""
     nv = nr // isa.width
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
-    lines = ["static void tr_ukernel_ind(int nseg, const long *restrict seg_len, const float *const *restrict rows,\n"
+    lines = ["static void tr_ukernel_ind(int nseg, const long *restrict seg_len, const long *restrict seg_off,\n"
+             "                           const int *restrict seg_skip, const float *const *restrict rows,\n"
              "                           const float *restrict b, float *restrict c, long ldc, int mr, int nr,\n"
              "                           int first, int last, const float *bias, int bias_row) {"]
     for i in range(mr):
@@ -105,13 +108,14 @@ def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
     lines.append("    for (int sg = 0; sg < nseg; sg++) {")
     for i in range(mr):
         lines.append(f"        const float *restrict r{i} = rows[sg * MR + {i}];")
+    lines.append("        const float *restrict bs = b + seg_off[sg];")
     lines.append("        long len = seg_len[sg], k = 0;")
 
-    def step(kexpr: str) -> list[str]:
+    def step(kexpr: str, tile_rows: range) -> list[str]:
         out = ["        {"]
         for v in range(nv):
-            out.append(f"        V b{v} = VLOAD(b + ({kexpr}) * NR + {v * isa.width});")
-        for i in range(mr):
+            out.append(f"        V b{v} = VLOAD(bs + ({kexpr}) * NR + {v * isa.width});")
+        for i in tile_rows:
             out.append(f"        {{ V ai = VSET1(r{i}[{kexpr}]);")
             for v in range(nv):
                 out.append(f"          {acc[i][v]} = VFMA(ai, b{v}, {acc[i][v]});")
@@ -119,14 +123,20 @@ def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
         out.append("        }")
         return out
 
-    lines.append("        for (; k + 4 <= len; k += 4) {")
-    for u in range(4):
-        lines += step(f"k + {u}")
-    lines.append("        }")
-    lines.append("        for (; k < len; k++) {")
-    lines += step("k")
-    lines.append("        }")
-    lines.append("        b += len * NR;")
+    variants = [(0, range(mr))]
+    if mr >= 2:
+        variants += [(1, range(1, mr)), (2, range(mr - 1)), (3, range(1, mr - 1))]
+    for n, (code, tile_rows) in enumerate(variants):
+        cond = "" if n == len(variants) - 1 else f"if (seg_skip[sg] == {code}) "
+        lines.append(f"        {'else ' if n else ''}{cond}{{")
+        lines.append("        for (; k + 4 <= len; k += 4) {")
+        for u in range(4):
+            lines += step(f"k + {u}", tile_rows)
+        lines.append("        }")
+        lines.append("        for (; k < len; k++) {")
+        lines += step("k", tile_rows)
+        lines.append("        }")
+        lines.append("        }")
     lines.append("    }")
     lines += _store(isa, mr, nr, acc)
     lines.append("}")

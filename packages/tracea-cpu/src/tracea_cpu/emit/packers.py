@@ -40,11 +40,10 @@ static void tr_pack_a_dense(const void *vctx, long i0, long mr, long p0, long kc
 }
 
 #if defined(__AVX512F__)
-/* dst[k*ld_d + j] = src[j*ld_s + k] for a 16 x 16 block: three shuffle stages in registers. */
 #define TR_HAVE_T16 1
-static inline void tr_transpose16(const float *src, long ld_s, float *dst, long ld_d) {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ld_s);
+/* Transpose 16 x 16 floats held in r[0..15] (row i -> column i): three shuffle stages. */
+static inline void tr_t16_regs(__m512 *r) {
+    __m512 t[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -65,6 +64,12 @@ static inline void tr_transpose16(const float *src, long ld_s, float *dst, long 
         r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
         r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
     }
+}
+/* dst[k*ld_d + j] = src[j*ld_s + k] for a 16 x 16 block. */
+static inline void tr_transpose16(const float *src, long ld_s, float *dst, long ld_d) {
+    __m512 r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ld_s);
+    tr_t16_regs(r);
     for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ld_d, r[i]);
 }
 #else
@@ -218,27 +223,6 @@ static int tr_conv_segments(const tr_conv *g, long p0, long kc, tr_seg *segs, lo
     return n;
 }
 
-/* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM: B(k = tap*Cg + c, j) = w[j*CRS + c*RS + tap]. */
-typedef struct { const float *w; long CRS, Cg, RS; } tr_kcrs;
-
-static void tr_pack_b_kcrs(const void *vctx, long j0, long nr, long p0, long kc, float *dst) {
-    const tr_kcrs *x = (const tr_kcrs *)vctx;
-    long kcp = TR_ROUNDUP(kc, KU);
-    if (nr < NR || kc < kcp) memset(dst, 0, sizeof(float) * kcp * NR);
-    for (long k0 = 0; k0 < kc; k0 += 16) {
-        long kn = TR_MIN(16, kc - k0), off[16];
-        for (long k = 0; k < kn; k++) {
-            long kk = p0 + k0 + k;
-            off[k] = (kk % x->Cg) * x->RS + kk / x->Cg;
-        }
-        for (long j = 0; j < nr; j++) {
-            const float *s = x->w + (j0 + j) * x->CRS;
-            float *d = dst + k0 * NR + j;
-            for (long k = 0; k < kn; k++) d[k * NR] = s[off[k]];
-        }
-    }
-}
-
 /* Channel-major (NCHW) output of the pixel-row GEMM: C(i, j) = c[(i / rows)*img_stride + i % rows + j*ldc]. */
 static void tr_tile_io_t(float *c, long ldc, long rows, long img_stride, long i, long j, int mr, int nr,
                          float *sc, int load) {
@@ -255,20 +239,42 @@ static void tr_tile_io_t(float *c, long ldc, long rows, long img_stride, long i,
         }
 }
 
-static void tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, int nseg,
-                         const float *zeros, const float **rows) {
-    long PQ = g->P * g->Q;
-    for (int i = 0; i < MR; i++) {
-        if (i >= mr) { for (int sg = 0; sg < nseg; sg++) rows[sg * MR + i] = zeros; continue; }
-        long m = i0 + i, img = m / PQ, rem = m % PQ;
-        long ih0 = (rem / g->Q) * g->sh - g->ph, iw0 = (rem % g->Q) * g->sw - g->pw;
-        const float *base = g->x + img * g->H * g->W * g->C;
-        for (int sg = 0; sg < nseg; sg++) {
-            long ih = ih0 + (segs[sg].tap / g->S) * g->dh, iw = iw0 + (segs[sg].tap % g->S) * g->dw;
-            int valid = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
-            rows[sg * MR + i] = valid ? base + (ih * g->W + iw) * g->C + segs[sg].c0 : zeros;
-        }
+/* Pixel-row pointers of tile rows [i0, i0+mr) per segment, rows[s*MR + i] (a zero row where the pixel
+   reads padding). A segment whose rows all read padding is dropped (it would only multiply zeros:
+   the padded border taps of a tile that is one output row): returns the kept count, with each kept
+   segment's length and offset in the B panel (segments are stored back to back) in klen / koff, and
+   in kskip whether tile row 0 (bit 0) / row MR-1 (bit 1) reads only padding there. */
+static int tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, const long *lens, int nseg,
+                        const float *zeros, const float **rows, long *klen, long *koff, int *kskip) {
+    long PQ = g->P * g->Q, ih0[MR], iw0[MR], off = 0;
+    long img = i0 / PQ, p = (i0 % PQ) / g->Q, q = i0 % g->Q;
+    const float *base[MR];
+    for (int i = 0; i < mr; i++) {
+        ih0[i] = p * g->sh - g->ph;
+        iw0[i] = q * g->sw - g->pw;
+        base[i] = g->x + img * g->H * g->W * g->C;
+        if (++q == g->Q) { q = 0; if (++p == g->P) { p = 0; img++; } }
     }
+    int kept = 0;
+    for (int sg = 0; sg < nseg; sg++) {
+        long dr = (segs[sg].tap / g->S) * g->dh, ds = (segs[sg].tap % g->S) * g->dw;
+        const float **rw = rows + kept * MR;
+        int any = 0;
+        for (int i = 0; i < MR; i++) {
+            if (i >= mr) { rw[i] = zeros; continue; }
+            long ih = ih0[i] + dr, iw = iw0[i] + ds;
+            int valid = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
+            rw[i] = valid ? base[i] + (ih * g->W + iw) * g->C + segs[sg].c0 : zeros;
+            any |= valid;
+        }
+        if (any) {
+            klen[kept] = lens[sg]; koff[kept] = off;
+            kskip[kept] = (rw[0] == zeros) | (rw[MR - 1] == zeros) << 1;
+            kept++;
+        }
+        off += lens[sg] * NR;
+    }
+    return kept;
 }
 
 /* NHWC im2col panel with output pixels as columns (weights-stationary conv): B(k = tap*Cg + c, j) is

@@ -1,0 +1,90 @@
+"""C helpers of the NCHW conv through the indirect kernel (``tr_conv2d`` with ``indirect=1``): the
+KCRS weight panels packed in channel-blocked K order, and finished output tiles stored transposed
+straight into the NCHW output.
+
+K order. The indirect kernel walks K as (tap, channel run) segments. For NCHW the K blocks are
+channel blocks: block b covers channels [c0, c0 + cn) at every tap, so its weights are one contiguous
+run ``w[j*CRS + c0*RS .. (c0+cn)*RS)`` of every KCRS row (read once per call, cache-line by cache-line)
+and the panel is that run with its (c, tap) order turned to (tap, c): 16 x 16 register transposes
+whose rows are stored to permuted panel rows. (The plain (tap, c) order gathered every weight at a
+stride of R*S floats and read each row R*S times.)
+"""
+
+from __future__ import annotations
+
+NCHW = r"""
+/* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM. */
+typedef struct { const float *w; long CRS, Cg, RS; } tr_kcrs;
+
+/* B panel of channel block [c0, c0+cn): dst[(tap*cn + cc)*NR + jj] = w[(j0+jj)*CRS + (c0+cc)*RS + tap],
+   columns nr..NR-1 zero. */
+static void tr_pack_b_kcrs_blk(const tr_kcrs *x, long j0, long nr, long c0, long cn, float *dst) {
+    long RS = x->RS, flat = cn * RS, CRS = x->CRS;
+    const float *w0 = x->w + j0 * CRS + c0 * RS;
+    if (nr < NR) memset(dst, 0, sizeof(float) * flat * NR);
+    long jj = 0;
+#if TR_HAVE_T16
+    for (; jj + 16 <= nr; jj += 16) {
+        const float *s = w0 + jj * CRS;
+        long f = 0, tap = 0, cc = 0;
+        for (; f + 16 <= flat; f += 16) {
+            __m512 r[16];
+            for (int q = 0; q < 16; q++) r[q] = _mm512_loadu_ps(s + q * CRS + f);
+            tr_t16_regs(r);
+            for (int q = 0; q < 16; q++) {
+                _mm512_storeu_ps(dst + (tap * cn + cc) * NR + jj, r[q]);
+                if (++tap == RS) { tap = 0; cc++; }
+            }
+        }
+        for (; f < flat; f++) {
+            for (int q = 0; q < 16; q++) dst[(tap * cn + cc) * NR + jj + q] = s[q * CRS + f];
+            if (++tap == RS) { tap = 0; cc++; }
+        }
+    }
+#endif
+    for (; jj < nr; jj++) {
+        const float *s = w0 + jj * CRS;
+        for (long cc = 0; cc < cn; cc++)
+            for (long t = 0; t < RS; t++) dst[(t * cn + cc) * NR + jj] = s[cc * RS + t];
+    }
+}
+
+/* Where the NCHW indirect conv's finished tiles go: out (this group's first channel), image stride
+   img_stride, PQ pixels per plane; K walked in channel blocks of cb. */
+typedef struct { const tr_kcrs *w; long cb; float *out; long PQ, img_stride; } tr_ind_nchw;
+
+/* Tile src (mr pixels x nr channels, row stride ld) into the NCHW output: pixel i+ii, channel j+jj goes
+   to out[img*img_stride + (j+jj)*PQ + p] (img, p: image and plane offset of pixel i+ii). */
+static void tr_store_nchw(const float *src, long ld, const tr_ind_nchw *o, long i, long j, int mr, int nr) {
+    long PQ = o->PQ, p = i % PQ;
+    if (p + mr <= PQ) {
+        float *dst = o->out + (i / PQ) * o->img_stride + j * PQ + p;
+        int jj = 0;
+#if TR_HAVE_T16
+        if (mr <= 16) {
+            __mmask16 m = (__mmask16)((1u << mr) - 1);
+            for (; jj + 16 <= nr; jj += 16) {
+                __m512 r[16];
+                for (int ii = 0; ii < 16; ii++) r[ii] = ii < mr ? _mm512_loadu_ps(src + ii * ld + jj) : _mm512_setzero_ps();
+                tr_t16_regs(r);
+                for (int q = 0; q < 16; q++) {
+                    float *d = dst + (jj + q) * PQ;
+                    /* masked-off lanes that reach into the next page make the store very slow (an
+                       assist on every call on Zen 4): those few rows take the scalar path */
+                    if ((((uintptr_t)d & 4095) + 64 <= 4096) || mr == 16) _mm512_mask_storeu_ps(d, m, r[q]);
+                    else { float t[16]; _mm512_storeu_ps(t, r[q]); for (int ii = 0; ii < mr; ii++) d[ii] = t[ii]; }
+                }
+            }
+        }
+#endif
+        for (; jj < nr; jj++)
+            for (int ii = 0; ii < mr; ii++) dst[jj * PQ + ii] = src[ii * ld + jj];
+        return;
+    }
+    for (int ii = 0; ii < mr; ii++) {
+        long m = i + ii;
+        float *dst = o->out + (m / PQ) * o->img_stride + j * PQ + m % PQ;
+        for (int jj = 0; jj < nr; jj++) dst[jj * PQ] = src[ii * ld + jj];
+    }
+}
+"""
