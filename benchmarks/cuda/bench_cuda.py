@@ -40,23 +40,6 @@ def _queue_ahead() -> None:
     torch.cuda._sleep(40_000_000)
 
 
-def timed(fn, sets: int, reps: int = 30, warmup: int = 5) -> float:
-    """Median seconds of one call of ``fn(i)`` (i rotates over input sets)."""
-    for i in range(warmup):
-        fn(i % sets)
-    torch.cuda.synchronize()
-    _queue_ahead()
-    pairs = []
-    for i in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn(i % sets)
-        e.record()
-        pairs.append((s, e))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
-
-
 def paired(fns, sets: int, reps: int = 40, warmup: int = 5) -> list[float]:
     """Median seconds of each ``fn(i)``, timed interleaved (fn0, fn1, fn0, fn1 ...) so that clock and
     power drift hits Tracea and its anchor alike; the ratios come from these."""
@@ -75,6 +58,11 @@ def paired(fns, sets: int, reps: int = 40, warmup: int = 5) -> list[float]:
             ev.append((s, e))
     torch.cuda.synchronize()
     return [statistics.median(s.elapsed_time(e) for s, e in ev) / 1e3 for ev in events]
+
+
+def timed(fn, sets: int, reps: int = 30, warmup: int = 5) -> float:
+    """Median seconds of one call of ``fn(i)`` (i rotates over input sets)."""
+    return paired([fn], sets, reps, warmup)[0]
 
 
 def n_sets(nbytes: int) -> int:

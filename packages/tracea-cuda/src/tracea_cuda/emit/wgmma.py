@@ -230,7 +230,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     a_bytes, b_bytes = bm * BK * 2, bn * BK * 2
     bk = 128 // spec.dtype_in.itemsize   # K elements per stage: one 128-byte swizzle row
     # A tile in smem: K-major = [bm rows][bk k] (one TMA box); MN-major = boxes of [bk k][mnb m] (128 B rows).
-    mnb, box_bytes = 128 // spec.dtype_in.itemsize, 128 * bk
+    mnb, box_bytes = bk, 128 * bk  # an MN-major box row is the same 128 bytes: bk elements of m (or n)
     sub_bytes = 64 // mnb * box_bytes  # a 64-row sub-tile of an MN-major tile
     if spec.a_kmajor:
         a_loads = "tma_load_3d(sa, &tmA, full, kt * BKE, m0, bz);"

@@ -72,16 +72,16 @@ class WgmmaGemm(CudaVariant):
 
     def _build_launch(self, op: GemmOp, spec: WgmmaSpec, pa: int, pb: int, ptrs: dict, profile: DeviceProfile,
                       kernel: Any = None):
+        op = self.kernel_op(op)
         b = op.batch
-        bk = 128 // spec.dtype_in.itemsize
-        mnb = 128 // spec.dtype_in.itemsize  # MN-major boxes: one 128-byte swizzle row of m (or n) per k
-        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (bk, spec.bm, 1)) if spec.a_kmajor else
-                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (mnb, bk, 1)))
+        row = 128 // spec.dtype_in.itemsize  # elements per 128-byte swizzle row (of k, or of m/n when MN-major)
+        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (row, spec.bm, 1)) if spec.a_kmajor else
+                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (row, row, 1)))
         # In a 2-CTA cluster each CTA loads half of the B tile (multicast to both): K-major boxes are halved.
-        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (bk, spec.bn // spec.cluster, 1)) if spec.b_kmajor
-                 else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (mnb, bk, 1)))
+        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (row, spec.bn // spec.cluster, 1)) if spec.b_kmajor
+                 else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (row, row, 1)))
         cm = spec.cluster
-        tiles = -(-op.m // (cm * spec.bm)) * -(-op.n // spec.bn) * b  # clusters' tiles
+        tiles = self._tiles(op, spec)  # clusters' tiles
         resident = profile.compute_units if cm == 1 else tma.max_active_clusters(
             kernel.function, cm, spec.threads, spec.smem_bytes, profile.compute_units // cm)
         grid = (min(tiles, resident) * cm, 1, 1)
@@ -99,7 +99,7 @@ class WgmmaGemm(CudaVariant):
                           ptrs: dict) -> None:
         """Stream-K split for this launch plus its fp32 partial-sum workspace and (zeroed) tile counters."""
         kop = self.kernel_op(op)
-        tiles = -(-kop.m // spec.bm) * -(-kop.n // spec.bn) * kop.batch
+        tiles = self._tiles(kop, spec)  # stream-K runs without clusters: the grid is min(tiles, SMs)
         p = stream_k.plan(tiles, min(tiles, profile.compute_units), -(-kop.k // (128 // spec.dtype_in.itemsize)))
         per_slot = 2 * 128 * spec.subs * spec.bn // 2  # two consumer warpgroups x their accumulators
         ptrs["sk_plan"] = p
@@ -109,6 +109,11 @@ class WgmmaGemm(CudaVariant):
     def kernel_op(self, op: GemmOp) -> GemmOp:
         """The GEMM as the kernel sees it (M and N exchanged when the operands are swapped)."""
         return op
+
+    @staticmethod
+    def _tiles(kop: GemmOp, spec: WgmmaSpec) -> int:
+        """Tiles the persistent grid walks (a 2-CTA cluster's pair counts once)."""
+        return -(-kop.m // (spec.cluster * spec.bm)) * -(-kop.n // spec.bn) * kop.batch
 
     def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
         """Whether A and B reach the kernel K-major (16-bit: as stored; wgmma transposes the others)."""
@@ -149,7 +154,7 @@ class WgmmaGemm(CudaVariant):
         # -5% at 4096^3 (3.9 waves) and -1% at M8192 N4096 K4096 (7.8 waves) on an H200, where the
         # partial-sum exchange costs more than the idle SMs of the last wave: first hero from 12 waves.
         sk = [_hero(256, 4, cluster=1, stream_k=True)]
-        if tiles >= 12 * profile.compute_units and stream_k.plan(tiles, profile.compute_units, 2).sk_tiles:
+        if tiles >= 12 * profile.compute_units and tiles % profile.compute_units:  # a partial last wave
             return sk + big
         if tiles >= profile.compute_units:
             return big + sk
@@ -247,10 +252,6 @@ class WgmmaGemmTf32(WgmmaGemm):
         sp = super().spec(kop, config, ptrs)
         out_align = ptrs is None or ptrs.get("out", 0) % (2 * op.out_dtype.itemsize) == 0
         return replace(sp, out_cm=True, pairs=kop.m % 2 == 0 and out_align, vec_store=False)
-
-    def _build_launch(self, op: GemmOp, spec: WgmmaSpec, pa: int, pb: int, ptrs: dict, profile: DeviceProfile,
-                      kernel: Any = None):
-        return super()._build_launch(self.kernel_op(op), spec, pa, pb, ptrs, profile, kernel)
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
         kop = self.kernel_op(op)
