@@ -144,6 +144,20 @@ class TorchAdapter(ArrayAdapter):
             return t.view(getattr(torch, _BIT_VIEWS[dtype])).numpy().view(np_dtype)
         return t.numpy()
 
+    def host_bits(self, obj: Any) -> np.ndarray:
+        """A zero-copy NumPy view of a CPU tensor's bits as unsigned integers of its item size (bf16 ->
+        ``uint16``): needs no ml_dtypes, so CPU kernels can read bf16 tensors."""
+        if obj.device.type != "cpu":
+            raise UnsupportedDeviceError(f"a torch tensor on {obj.device} has no host view; use to_host()")
+        import torch
+
+        t = obj.detach()
+        size = t.element_size()
+        ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        if size not in ints or t.is_complex():
+            raise DTypeError("dtype", t.dtype, "a real dtype of 1, 2, 4 or 8 bytes")
+        return t.view(ints[size]).numpy().view(f"u{size}")
+
     def from_numpy(self, arr: np.ndarray, device: Device) -> Any:
         import torch
 
