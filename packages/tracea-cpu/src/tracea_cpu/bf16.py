@@ -1,0 +1,123 @@
+"""bf16 GEMM on CPUs with AVX512_BF16 (``cpu.gemm.avx512bf16``): bf16 A and B, fp32 accumulation,
+bf16 or fp32 output, the fp32 GEMM's fused epilogues, transposes and batches.
+
+NumPy has no bf16 dtype without ml_dtypes, so the kernel reads the arrays' raw bits: the array
+adapter's ``host_bits`` (torch CPU tensors: a zero-copy int16 view; ml_dtypes arrays: a uint16 view).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import OpArgs, Requirements
+from tracea.dtypes import DType
+from tracea.errors import DTypeError, InvalidArgumentError, LayoutError, TraceaError
+from tracea.ir.ops import GemmOp, LayerType, Op
+from tracea.semantic import PipelineConfig, SearchSpace
+from tracea.semantic.config import Validity
+
+from . import kernels, spaces
+from .isa import AVX512_BF16
+from .variants import CpuVariant, _check_rc, _host, _ptr, _require, _validate_blocked
+
+# Measured share of the bf16 dot-product peak (2x the fp32 FMA rate) the kernel reaches.
+BF16_EFFICIENCY = 0.7
+_HOW = "a torch CPU bfloat16 tensor, or a NumPy bfloat16 array (needs ml_dtypes)"
+
+
+def host_bf16(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A zero-copy ``uint16`` view of bf16 argument ``name`` (None stays None)."""
+    obj = args.out if name == "out" else args.arrays.get(name)
+    if obj is None:
+        return None
+    info = args.adapter.info(obj)
+    if info.dtype is not DType.BF16:
+        raise DTypeError(name, info.dtype.value, "bfloat16 (" + _HOW + ")")
+    try:
+        bits = args.adapter.host_bits(obj)
+    except TraceaError as exc:
+        raise DTypeError(name, info.dtype.value, f"{_HOW}; the {args.adapter.name} adapter gave no host "
+                                                 f"view: {exc}") from None
+    if bits.dtype != np.uint16:
+        raise DTypeError(name, bits.dtype, "16-bit storage (bfloat16)")
+    if not bits.flags.c_contiguous:
+        raise LayoutError(name, obj, "a packed row-major (C-contiguous) array")
+    if bits.size != math.prod(shape):
+        raise InvalidArgumentError(name, obj, f"{math.prod(shape)} elements (shape {shape})")
+    return bits
+
+
+def bias_f32(args: OpArgs, n: int) -> np.ndarray:
+    """The bias as fp32 (the kernel's epilogue runs in fp32): float32 as is, bf16 widened (n values)."""
+    obj = args.arrays.get("bias")
+    dtype = args.adapter.info(obj).dtype
+    if dtype is DType.F32:
+        return _host(args, "bias", (n,))
+    if dtype is DType.BF16:
+        bits = host_bf16(args, "bias", (n,))
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+    raise DTypeError("bias", dtype.value, "float32 or bfloat16")
+
+
+class CpuGemmBf16Variant(CpuVariant):
+    """BLIS-style bf16 GEMM: k-pair-interleaved packed panels, ``vdpbf16ps`` register micro-kernel,
+    KC/MC/NC blocks, fp32 epilogue, bf16 (round to nearest even) or fp32 output."""
+
+    def __init__(self) -> None:
+        super().__init__(AVX512_BF16)
+        self.name = "cpu.gemm.avx512bf16"
+        self.description = "blocked bf16 GEMM, vdpbf16ps micro-kernel (fp32 accumulate), fused epilogue"
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.BF16}),
+                                         out_dtypes=frozenset({DType.BF16, DType.F32}), isa=AVX512_BF16.requires)
+
+    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
+        return [f"needs avx512_bf16 (vdpbf16ps): {r}" if r.startswith("device lacks") else r
+                for r in super().check(op, profile)]
+
+    def efficiency_on(self, profile: DeviceProfile) -> float:
+        return BF16_EFFICIENCY
+
+    def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        # vdpbf16ps: two products per fp32 lane, twice the fp32 FMA rate (the profile's bf16 peak is
+        # that of CPUs without it).
+        flop_time = op.flops / (2 * profile.peak("float32") * 1e9 * BF16_EFFICIENCY)
+        return max(flop_time, op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)) + 15e-6
+
+    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        return spaces.bf16_space(self.isa, profile)
+
+    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        return spaces.bf16_heroes(op)
+
+    def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        return _validate_blocked(self.isa, config)
+
+    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        return _bf16_plan(self, op, config)
+
+    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        assert isinstance(op, GemmOp)
+        lib, mc, nc, kc = self.prepare(op, config, profile)
+        m, n, k, bt = op.m, op.n, op.k, op.batch
+        a = host_bf16(args, "a", (bt, m, k))
+        b = host_bf16(args, "b", (bt, k, n))
+        bias = bias_f32(args, n) if op.epilogue.has_bias else None
+        out_bf16 = op.out_dtype is DType.BF16
+        out = host_bf16(args, "out", (bt, m, n)) if out_bf16 else _host(args, "out", (bt, m, n))
+        rsa, csa = (1, m) if op.trans_a else (k, 1)
+        rsb, csb = (1, k) if op.trans_b else (n, 1)
+        rc = lib.tb_gemm(bt, m, n, k, _ptr(a), rsa, csa, m * k, _ptr(b), rsb, csb, k * n, _ptr(out), n, m * n,
+                         int(out_bf16), _ptr(bias), mc, nc, kc, self.threads(op, config, profile))
+        _check_rc(rc, "bf16 gemm")
+
+
+@functools.lru_cache(maxsize=256)
+def _bf16_plan(variant: CpuGemmBf16Variant, op: Op, config: PipelineConfig) -> tuple[Any, int, int, int]:
+    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
+    lib = kernels.bf16_gemm_library(int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+    return lib, int(config.get("mc")), int(config.get("nc")), int(config.get("kc"))
