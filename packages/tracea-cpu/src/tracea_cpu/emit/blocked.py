@@ -208,7 +208,7 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
     long want = (4 * nth + npan - 1) / npan;
     long chunk = TR_MAX((ntile + want - 1) / want, TR_MAX(1, mc / MR));
     long nchunk = (ntile + chunk - 1) / chunk;
-    size_t per = TR_ROUNDUP((size_t)kc * NR, 16) + TR_ROUNDUP((size_t)nsmax * MR * 2, 16);
+    size_t per = TR_ROUNDUP((size_t)kc * NR + (nchw ? RS * TR_SEG_PAD : 0), 16) + TR_ROUNDUP((size_t)nsmax * MR * 2, 16);
     int owned;
     float *ws = tr_ws_get(per * nth + TR_ROUNDUP(kc, 16) + 32, &owned);
     if (!ws) return 1;
@@ -222,7 +222,7 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
         int tid = 0;
 #endif
         float *bp = ws + TR_ROUNDUP(kc, 16) + (size_t)tid * per;
-        const float **rows = (const float **)(bp + TR_ROUNDUP((size_t)kc * NR, 16));
+        const float **rows = (const float **)(bp + TR_ROUNDUP((size_t)kc * NR + (nchw ? RS * TR_SEG_PAD : 0), 16));
         tr_seg segs[nsmax];
         long lens[nsmax], klen[nsmax], koff[nsmax];
         int kskip[nsmax];
@@ -231,6 +231,7 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
         for (long it = 0; it < npan * nchunk; it++) {
             long j = (it / nchunk) * NR, t0 = (it % nchunk) * chunk, t1 = TR_MIN(ntile, t0 + chunk);
             int nr = (int)TR_MIN(NR, N - j);
+            TR_PROBE_BEGIN;
             for (long kb = 0; kb < nkb; kb++) {
                 int first = kb == 0, last = kb == nkb - 1, nseg;
                 if (nchw) {
@@ -243,15 +244,18 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
                     pb(cb, j, nr, pc, kcur, bp);
                     nseg = tr_conv_segments(ind, pc, kcur, segs, lens);
                 }
+                TR_PROBE_LAP(1, tid);
                 for (long t = t0; t < t1; t++) {
                     long i = t * MR;
                     int mr = (int)TR_MIN(MR, M - i);
-                    int kseg = tr_rows_nhwc(ind, i, mr, segs, lens, nseg, zeros, rows, klen, koff, kskip);
+                    int kseg = tr_rows_nhwc(ind, i, mr, segs, lens, nseg, zeros, rows, klen, koff, kskip,
+                                            nchw ? TR_SEG_PAD : 0);
                     int direct = !nchw || !last;
                     float *dst = direct || !first ? c + i * ldc + j : sc;
                     long ld = direct || !first ? ldc : NR;
                     tr_ukernel_ind(kseg, klen, koff, kskip, rows, bp, dst, ld, mr, nr, first, last, bias ? bias + j : 0, 0);
-                    if (!direct) tr_store_nchw(dst, ld, nchw, i, j, mr, nr);
+                    TR_PROBE_LAP(2, tid);
+                    if (!direct) { tr_store_nchw(dst, ld, nchw, i, j, mr, nr); TR_PROBE_LAP(3, tid); }
                 }
             }
         }

@@ -26,10 +26,12 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
         float *xt = tr_ws_slot(1, (size_t)n * HW * C, &xt_owned), *ot = 0;
         if (xt && multi) ot = tr_ws_slot(2, (size_t)n * PQ * K, &ot_owned);
         if (!xt || (multi && !ot)) { if (xt) tr_ws_release(1, xt, xt_owned); return 1; }
+        TR_PROBE_BEGIN;
         #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(T) if (T > 1)
         for (long img = 0; img < n; img++)
             for (long c0 = 0; c0 < C; c0 += 16)
                 tr_transpose_strip(x + (img * C + c0) * HW, TR_MIN(16, C - c0), HW, HW, xt + img * HW * C + c0, C);
+        TR_PROBE_LAP(0, 0);
         int rc = 0;
         for (long gi = 0; gi < groups && !rc; gi++) {
             tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};

@@ -13,15 +13,18 @@ stride of R*S floats and read each row R*S times.)
 from __future__ import annotations
 
 NCHW = r"""
+#ifndef TR_SEG_PAD
+#define TR_SEG_PAD 16
+#endif
 /* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM. */
 typedef struct { const float *w; long CRS, Cg, RS; } tr_kcrs;
 
-/* B panel of channel block [c0, c0+cn): dst[(tap*cn + cc)*NR + jj] = w[(j0+jj)*CRS + (c0+cc)*RS + tap],
-   columns nr..NR-1 zero. */
+/* B panel of channel block [c0, c0+cn): dst[tap*TS + cc*NR + jj] = w[(j0+jj)*CRS + (c0+cc)*RS + tap],
+   columns nr..NR-1 zero; one tap's rows are TS = cn*NR + TR_SEG_PAD floats after the previous tap's. */
 static void tr_pack_b_kcrs_blk(const tr_kcrs *x, long j0, long nr, long c0, long cn, float *dst) {
-    long RS = x->RS, flat = cn * RS, CRS = x->CRS;
+    long RS = x->RS, flat = cn * RS, CRS = x->CRS, TS = cn * NR + TR_SEG_PAD;
     const float *w0 = x->w + j0 * CRS + c0 * RS;
-    if (nr < NR) memset(dst, 0, sizeof(float) * flat * NR);
+    if (nr < NR) memset(dst, 0, sizeof(float) * RS * TS);
     long jj = 0;
 #if TR_HAVE_T16
     for (; jj + 16 <= nr; jj += 16) {
@@ -32,12 +35,12 @@ static void tr_pack_b_kcrs_blk(const tr_kcrs *x, long j0, long nr, long c0, long
             for (int q = 0; q < 16; q++) r[q] = _mm512_loadu_ps(s + q * CRS + f);
             tr_t16_regs(r);
             for (int q = 0; q < 16; q++) {
-                _mm512_storeu_ps(dst + (tap * cn + cc) * NR + jj, r[q]);
+                _mm512_storeu_ps(dst + tap * TS + cc * NR + jj, r[q]);
                 if (++tap == RS) { tap = 0; cc++; }
             }
         }
         for (; f < flat; f++) {
-            for (int q = 0; q < 16; q++) dst[(tap * cn + cc) * NR + jj + q] = s[q * CRS + f];
+            for (int q = 0; q < 16; q++) dst[tap * TS + cc * NR + jj + q] = s[q * CRS + f];
             if (++tap == RS) { tap = 0; cc++; }
         }
     }
@@ -45,7 +48,7 @@ static void tr_pack_b_kcrs_blk(const tr_kcrs *x, long j0, long nr, long c0, long
     for (; jj < nr; jj++) {
         const float *s = w0 + jj * CRS;
         for (long cc = 0; cc < cn; cc++)
-            for (long t = 0; t < RS; t++) dst[(t * cn + cc) * NR + jj] = s[cc * RS + t];
+            for (long t = 0; t < RS; t++) dst[t * TS + cc * NR + jj] = s[cc * RS + t];
     }
 }
 
