@@ -44,7 +44,16 @@ def bf16_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     lib = build(source, AVX512_BF16.cflags, f"gemm-bf16-{mr}x{nr}")
     lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES
     lib.tb_gemm.restype = _I
+    lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]
+    lib.tb_gemm_call.restype = _I
     return lib
+
+
+class Bf16Call(ctypes.Structure):
+    """``tb_call``: the constants of one bf16 GEMM (op shape, operand strides, blocks) for ``tb_gemm_call``."""
+
+    _fields_ = [(n, _L) for n in ("batch", "M", "N", "K", "rsa", "csa", "rsb", "csb", "mc", "nc", "kc")] + \
+        [("out_bf16", _I)]
 
 
 @functools.lru_cache(maxsize=64)

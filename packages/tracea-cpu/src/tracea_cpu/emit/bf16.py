@@ -287,6 +287,14 @@ int tb_gemm(long batch, long M, long N, long K, const bf16 *a, long rsa, long cs
     if (part) tr_ws_release(1, part, owned);
     return rc;
 }
+
+/* tb_gemm with the per-(op, config) constants in a struct built once (ctypes converts every scalar
+   argument on every call: microseconds for a small GEMM). */
+typedef struct { long batch, M, N, K, rsa, csa, rsb, csb, mc, nc, kc; int out_bf16; } tb_call;
+int tb_gemm_call(const tb_call *p, const bf16 *a, const bf16 *b, void *out, const float *bias, int nth) {
+    return tb_gemm(p->batch, p->M, p->N, p->K, a, p->rsa, p->csa, p->M * p->K, b, p->rsb, p->csb, p->K * p->N,
+                   out, p->N, p->M * p->N, p->out_bf16, bias, p->mc, p->nc, p->kc, nth);
+}
 """
 
 
