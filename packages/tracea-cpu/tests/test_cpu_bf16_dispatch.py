@@ -79,3 +79,28 @@ def test_ml_dtypes_bf16_arrays():
     v.run(op, config(mr=6, nr=64, mc=48, nc=4096, kc=2048, threads=0),
           OpArgs({"a": a, "b": b, "bias": None}, out, NumpyAdapter()), PROFILE)
     assert rel_err(out, a.astype(np.float64) @ b.astype(np.float64)) < 1e-5
+
+
+@needs_bf16
+@pytest.mark.torch
+def test_tuning_bf16_without_ml_dtypes_checks_every_trial():
+    # The tuner holds bf16 host inputs as bf16-rounded float32 when NumPy has no bf16; trials are timed
+    # on torch bf16 tensors and checked against the float64 reference of the rounded values.
+    pytest.importorskip("torch")
+    from tracea.tuning.autotuner import AutoTuner
+    from tracea.tuning.inputs import InputSets, carried
+
+    op = GemmOp(37, 70, 33, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16", epilogue="bias+relu")
+    tuner = AutoTuner(trials=3, cache=False, progress=False, seed=0)
+    result = tuner.tune(op, "cpu:0", variant="cpu.gemm.avx512bf16")
+    assert result.ok and result.variant == "cpu.gemm.avx512bf16"
+    assert all(t.ok for t in result.history if t.status != "invalid"), [t.reason for t in result.history]
+    if carried(op.dtypes[0]):
+        from tracea_torch.adapter import TorchAdapter
+
+        sets = InputSets(op, tracea.Device.cpu(), TorchAdapter(), count=2)
+        a = sets.host[0]["a"]
+        assert a.dtype == np.float32 and not (a.view(np.uint32) & 0xFFFF).any()  # bf16-exact values
+        assert str(sets.args[0].a.dtype) == "torch.bfloat16"
+        sets.poison(0)
+        assert np.isnan(sets.output(0)).all() and sets.output(0).dtype == np.float32
