@@ -67,26 +67,28 @@ def main() -> None:
     ap.add_argument("--configs", default="14x32:2304,7x32:2304")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=40)
-    ap.add_argument("--cflags", default="", help="extra compiler flags, e.g. -DTR_SEG_PAD=0")
+    ap.add_argument("--cflags", default="", help="extra compiler flags, e.g. -DTR_SEG_PAD=0; several sets "
+                    "separated by ';' are compared in the same process (the machine's slow state is per process)")
     ns = ap.parse_args()
     rng = np.random.default_rng(0)
     print(f"{'layer':>16} {'layout':>6} {'config':>12} {'GFLOP/s':>8} {'wall us':>8}  thread-us: "
-          + " ".join(f"{p:>10}" for p in PHASES) + f" {'idle':>8}")
+          + " ".join(f"{p:>10}" for p in PHASES) + f" {'idle':>8}  cflags")
     for layer in ns.layers.split(","):
         c, hw = (int(v) for v in layer.split("@"))
         for cfg in ns.configs.split(","):
             tile, kc = cfg.split(":")
             mr, nr = (int(v) for v in tile.split("x"))
-            lib = library(mr, nr, tuple(ns.cflags.split()))
-            for layout in ("nchw", "nhwc"):
-                op = Conv2dOp(1, c, hw, hw, c, 3, 3, padding=1, layout=layout)
-                x = rng.standard_normal(op.x_shape, dtype=np.float32)
-                w = rng.standard_normal(op.w_shape, dtype=np.float32)
-                out = np.empty(op.out_shape, np.float32)
-                wall, ph = run(lib, op, x, w, out, 2 * mr, int(kc), ns.threads, ns.reps)
-                idle = wall * ns.threads - ph.sum()
-                print(f"{layer:>16} {layout:>6} {cfg:>12} {op.flops / wall / 1e9:8.1f} {wall * 1e6:8.0f}            "
-                      + " ".join(f"{v * 1e6:10.0f}" for v in ph) + f" {idle * 1e6:8.0f}", flush=True)
+            for flags in ns.cflags.split(";"):
+                lib = library(mr, nr, tuple(flags.split()))
+                for layout in ("nchw", "nhwc"):
+                    op = Conv2dOp(1, c, hw, hw, c, 3, 3, padding=1, layout=layout)
+                    x = rng.standard_normal(op.x_shape, dtype=np.float32)
+                    w = rng.standard_normal(op.w_shape, dtype=np.float32)
+                    out = np.empty(op.out_shape, np.float32)
+                    wall, ph = run(lib, op, x, w, out, 2 * mr, int(kc), ns.threads, ns.reps)
+                    idle = wall * ns.threads - ph.sum()
+                    print(f"{layer:>16} {layout:>6} {cfg:>12} {op.flops / wall / 1e9:8.1f} {wall * 1e6:8.0f}     "
+                          + " ".join(f"{v * 1e6:10.0f}" for v in ph) + f" {idle * 1e6:8.0f}  {flags}", flush=True)
 
 
 if __name__ == "__main__":
