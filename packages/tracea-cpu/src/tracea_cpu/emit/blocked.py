@@ -21,6 +21,9 @@ from .nchw import NCHW
 from .packers import PACKERS
 
 DRIVER = r"""
+#ifndef TR_SBUF
+#define TR_SBUF 48
+#endif
 /* C(i, j) = c[i*ldc + j], or with img_cols > 0: c[(j / img_cols)*img_stride + i*ldc + j % img_cols]
    (NCHW conv over all images at once); a tile that straddles two images runs on a scratch tile. */
 static void tr_tile(long kcp, const float *ap, const float *bp, float *c, long ldc, long i, long j, int mr, int nr,
@@ -226,7 +229,9 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
         tr_seg segs[nsmax];
         long lens[nsmax], klen[nsmax], koff[nsmax];
         int kskip[nsmax];
-        float sc[MR * NR] __attribute__((aligned(64)));
+        /* NCHW output, one K block: finished tiles of consecutive pixels collect here (up to TR_SBUF
+           pixels) and go to the output 16 pixels per channel at a time, not MR (masked) at a time. */
+        float sc[(TR_SBUF + MR) * NR] __attribute__((aligned(64)));
         #pragma omp for schedule(dynamic, 1)
         for (long it = 0; it < npan * nchunk; it++) {
             long j = (it / nchunk) * NR, t0 = (it % nchunk) * chunk, t1 = TR_MIN(ntile, t0 + chunk);
@@ -245,17 +250,29 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
                     nseg = tr_conv_segments(ind, pc, kcur, segs, lens);
                 }
                 TR_PROBE_LAP(1, tid);
+                long sb_i = 0;
+                int sb_n = 0;  /* pixels pending in sc, from pixel sb_i */
                 for (long t = t0; t < t1; t++) {
                     long i = t * MR;
                     int mr = (int)TR_MIN(MR, M - i);
                     int kseg = tr_rows_nhwc(ind, i, mr, segs, lens, nseg, zeros, rows, klen, koff, kskip,
                                             nchw ? TR_SEG_PAD : 0);
-                    int direct = !nchw || !last;
-                    float *dst = direct || !first ? c + i * ldc + j : sc;
-                    long ld = direct || !first ? ldc : NR;
+                    int direct = !nchw || !last, staged = !direct && first;
+                    float *dst = staged ? sc + sb_n * NR : c + i * ldc + j;
+                    long ld = staged ? NR : ldc;
                     tr_ukernel_ind(kseg, klen, koff, kskip, rows, bp, dst, ld, mr, nr, first, last, bias ? bias + j : 0, 0);
                     TR_PROBE_LAP(2, tid);
-                    if (!direct) { tr_store_nchw(dst, ld, nchw, i, j, mr, nr); TR_PROBE_LAP(3, tid); }
+                    if (direct) continue;
+                    if (!staged) { tr_store_nchw(dst, ld, nchw, i, j, mr, nr); TR_PROBE_LAP(3, tid); continue; }
+                    if (!sb_n) sb_i = i;
+                    sb_n += mr;
+                    /* flush when full, at the chunk's end, or where the next tile starts another image */
+                    long pq = nchw->PQ;
+                    if (sb_n >= TR_SBUF || t + 1 == t1 || (sb_i % pq) + sb_n + MR > pq) {
+                        tr_store_nchw(sc, NR, nchw, sb_i, j, sb_n, nr);
+                        sb_n = 0;
+                        TR_PROBE_LAP(3, tid);
+                    }
                 }
             }
         }

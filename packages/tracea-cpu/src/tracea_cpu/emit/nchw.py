@@ -93,9 +93,8 @@ __attribute__((noinline)) static void tr_pack_b_kcrs_blk(const tr_kcrs *x, long 
    img_stride, PQ pixels per plane; K walked in channel blocks of cb. */
 typedef struct { const tr_kcrs *w; long cb; float *out; long PQ, img_stride; } tr_ind_nchw;
 
-/* Tile src (mr pixels x nr channels, row stride ld) into the NCHW output: pixel i+ii, channel j+jj goes
-   to out[img*img_stride + (j+jj)*PQ + p] (img, p: image and plane offset of pixel i+ii). */
-static void tr_store_nchw(const float *src, long ld, const tr_ind_nchw *o, long i, long j, int mr, int nr) {
+/* Up to 16 pixels of a tile (tr_store_nchw). */
+static void tr_store_nchw16(const float *src, long ld, const tr_ind_nchw *o, long i, long j, int mr, int nr) {
     long PQ = o->PQ, p = i % PQ;
     if (p + mr <= PQ) {
         float *dst = o->out + (i / PQ) * o->img_stride + j * PQ + p;
@@ -126,5 +125,12 @@ static void tr_store_nchw(const float *src, long ld, const tr_ind_nchw *o, long 
         float *dst = o->out + (m / PQ) * o->img_stride + j * PQ + m % PQ;
         for (int jj = 0; jj < nr; jj++) dst[jj * PQ] = src[ii * ld + jj];
     }
+}
+
+/* Tile src (mr pixels x nr channels, row stride ld) into the NCHW output: pixel i+ii, channel j+jj goes
+   to out[img*img_stride + (j+jj)*PQ + p] (img, p: image and plane offset of pixel i+ii). 16 pixels at
+   a time: a 16 x 16 register transpose, then one store of 16 pixels per channel. */
+static void tr_store_nchw(const float *src, long ld, const tr_ind_nchw *o, long i, long j, int mr, int nr) {
+    for (int g = 0; g < mr; g += 16) tr_store_nchw16(src + g * ld, ld, o, i + g, j, TR_MIN(16, mr - g), nr);
 }
 """
