@@ -116,6 +116,59 @@ def test_wgmma_gemm(dt, trans, shape):
         assert err <= T.tolerance("f16" if dt == "float16" else "bf16", op.out_dtype), (config.key, err)
 
 
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("epilogue", ["gelu", "bias+gelu"])
+@pytest.mark.parametrize("shape", [(264, 200, 136), (72, 1000, 520)], ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_gelu_pair_epilogue(dt, epilogue, shape):
+    """The 16-bit GELU(tanh) chain runs per column pair with the bias pre-halved in shared memory and
+    loaded ahead of the mainloop: every hero and tile_n 64/128/256, odd edges, NaN-poisoned outputs."""
+    profile = T.gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    m, n, k = shape
+    op = GemmOp(m, n, k, dtype_a=dt, dtype_b=dt, epilogue=epilogue)
+    v = VARIANTS["cuda.gemm.wgmma"]
+    from tracea_cuda.variants.hopper import _hero
+
+    configs = v.hero_configs(op, profile) + [_hero(64, 8, cluster=1), _hero(128, 4, bm=256, cluster=1)]
+    for config in configs:
+        t = T.gemm_inputs(op, seed=m + len(epilogue))
+        t["out"].fill_(float("nan"))
+        v.run(op, config, T.op_args(t), profile)
+        err = T.rel_err(t["out"], T.gemm_reference(op, t))
+        assert err <= T.tolerance("f16" if dt == "float16" else "bf16", op.out_dtype), (config.key, err)
+
+
+DEFER_SHAPES = [(8, 8, 8, 1), (136, 264, 72, 1), (1000, 1016, 520, 2), (264, 136, 2000, 1), (4096, 2048, 1024, 1)]
+
+
+@pytest.mark.parametrize("epilogue", ["none", "gelu", "bias+gelu", "bias+relu", "bias+silu", "bias+gelu_erf"])
+@pytest.mark.parametrize("shape", DEFER_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_deferred_epilogue(epilogue, shape):
+    """bf16 output with the activation and stores of each tile deferred into the next tile's mainloop:
+    single tiles, odd edges (scalar tail stores), batches, short and long K (chunks finished after the
+    mainloop or under it), tile_n 64/128/256, 2-CTA clusters; NaN-poisoned outputs."""
+    profile = T.gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    from tracea_cuda.variants.hopper import _hero
+
+    m, n, k, batch = shape
+    op = GemmOp(m, n, k, batch=batch, dtype_a="bfloat16", dtype_b="bfloat16", epilogue=epilogue)
+    v = VARIANTS["cuda.gemm.wgmma"]
+    configs = [_hero(256, 3, 16, cluster=1, defer=True), _hero(128, 3, bm=256, cluster=1, defer=True),
+               _hero(256, 3, cluster=2, defer=True), _hero(64, 4, cluster=1, defer=True),
+               _hero(128, 4, cluster=1, defer=True)]
+    t = T.gemm_inputs(op, seed=m + n + len(epilogue))
+    ref = T.gemm_reference(op, t)
+    for config in configs:
+        assert v.validate_config(op, config, profile), config.key
+        t["out"].fill_(float("nan"))
+        v.run(op, config, T.op_args(t), profile)
+        err = T.rel_err(t["out"], ref)
+        assert err <= T.tolerance("bf16", op.out_dtype), (config.key, err)
+
+
 @pytest.mark.parametrize("epilogue", ["none", "relu", "bias+gelu_erf", "bias+silu"])
 def test_wgmma_epilogues_and_cast(epilogue):
     profile = T.gpu_profile()

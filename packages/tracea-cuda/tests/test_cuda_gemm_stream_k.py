@@ -63,6 +63,8 @@ def test_stream_k_gemm(shape, dt, epilogue):
     configs = [_hero(256, 4, cluster=1, stream_k=True), _hero(128, 4, bm=256, cluster=1, stream_k=True)]
     if dt == "float32":  # A @ B with B (K, N): the swapped, register-fed kernel (direct epilogue)
         configs = [c.replace(smem_epilogue=False) for c in configs]
+    if dt == "bfloat16":  # stream-K with the deferred epilogue (a contributor leaves its pending chunks)
+        configs.append(_hero(256, 3, 16, cluster=1, stream_k=True, defer=True))
     t = T.gemm_inputs(op, seed=m + n)
     ref = T.gemm_reference(op, t)
     tol = T.tolerance({"bfloat16": "bf16", "float16": "f16", "float32": "tf32"}[dt], op.out_dtype)

@@ -122,3 +122,29 @@ def epilogue_function(epilogue: Epilogue, bias_dtype: DType, out_dtype: DType = 
     lines.append(f"static __device__ __forceinline__ float apply_epilogue(float v, const {bt}* __restrict__ bias, "
                  "int col) {\n    return apply_epilogue_b(v, bias_at(bias, col));\n}")
     return "\n".join(lines)
+
+
+
+def pair_epilogue_function(epilogue: Epilogue, out_dtype: DType) -> tuple[str, float] | None:
+    """``epi_pair(a0, a1, b0, b1)``: a GELU(tanh) chain (with or without a leading bias) on two accumulators
+    of one row, returned as one packed 16-bit pair; None for other chains or outputs.
+
+    Returns (C source, the scale of the bias values the caller passes). GELU's 0.5 and the bias fold into
+    one FMA when the caller passes bias / 2: h = a/2 + b/2, GELU = h + h tanh(h (2k + 8kc h^2)) with
+    k = sqrt(2/pi), c = 0.044715 -- 5 FP32 ops and one MUFU per value. The MUFU (16 tanh per clock per SM
+    on an H200, ``tanh.approx.f16x2`` included) bounds this epilogue; the FP32 count only trims it.
+    """
+    storage = out_dtype.storage
+    if storage not in (DType.F16, DType.BF16):
+        return None
+    if tuple(epilogue) not in ((EpilogueKind.GELU_TANH,), (EpilogueKind.BIAS, EpilogueKind.GELU_TANH)):
+        return None
+    suffix = "f16x2" if storage is DType.F16 else "bf16x2"
+    two_k, eight_kc = 1.5957691216057308, 0.285419265090401
+    src = (f"static __device__ __forceinline__ u32 epi_pair(float a0, float a1, float b0, float b1) {{\n"
+           f"    const float h0 = fmaf(a0, 0.5f, b0), h1 = fmaf(a1, 0.5f, b1);\n"
+           f"    const float u0 = h0 * fmaf({eight_kc!r}f, h0 * h0, {two_k!r}f);\n"
+           f"    const float u1 = h1 * fmaf({eight_kc!r}f, h1 * h1, {two_k!r}f);\n"
+           f"    const float o0 = fmaf(h0, tanh_fast(u0), h0), o1 = fmaf(h1, tanh_fast(u1), h1);\n"
+           f"    u32 r; asm(\"cvt.rn.{suffix}.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(o1), \"f\"(o0)); return r;\n}}\n")
+    return src, 0.5
