@@ -5,7 +5,7 @@ transposed NCHW store, summed over both threads, per call (best call of ``--reps
 
     source scripts/srcenv.sh
     flock /tmp/tracea-bench.lock python benchmarks/cpu/probes/nchw_phases.py [--layers 128@28,256@14]
-        [--configs 14x32:2304,7x32:2304] [--cflags -DTR_SEG_PAD=0]
+        [--configs 14x32:2304,7x32:2304] [--cflags -DTR_SEG_PAD=0] [--batch 8]
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--layers", default="128@28,256@14")
     ap.add_argument("--configs", default="14x32:2304,7x32:2304")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--cflags", default="", help="extra compiler flags, e.g. -DTR_SEG_PAD=0; several sets "
                     "separated by ';' are compared in the same process (the machine's slow state is per process)")
@@ -81,7 +82,7 @@ def main() -> None:
             for flags in ns.cflags.split(";"):
                 lib = library(mr, nr, tuple(flags.split()))
                 for layout in ("nchw", "nhwc"):
-                    op = Conv2dOp(1, c, hw, hw, c, 3, 3, padding=1, layout=layout)
+                    op = Conv2dOp(ns.batch, c, hw, hw, c, 3, 3, padding=1, layout=layout)
                     x = rng.standard_normal(op.x_shape, dtype=np.float32)
                     w = rng.standard_normal(op.w_shape, dtype=np.float32)
                     out = np.empty(op.out_shape, np.float32)
