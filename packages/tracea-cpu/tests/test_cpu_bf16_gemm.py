@@ -108,3 +108,14 @@ def test_bf16_output_is_round_to_nearest_even_of_the_fp32_result():
 def test_bf16_large_multi_threaded():
     assert bf16_case(300, 257, 601, epi="bias") < 1e-5
     assert bf16_case(300, 257, 601, epi="bias", out="bf16") < 1e-2
+
+
+@pytest.mark.parametrize("out", ["float32", "bf16"])
+def test_bf16_few_panels_split_packing_along_k(out):
+    # N <= NR gives one B panel: its packing is split along k between the threads (odd K: the last
+    # slice ends on a half pair).
+    cfg = config(mr=6, nr=64, mc=48, nc=4096, kc=2048, threads=2)
+    for shape in [(100, 50, 601), (37, 64, 1001), (64, 17, 256)]:
+        for tb in (False, True):
+            err = bf16_case(*shape, tb=tb, cfg=cfg, out=out, epi="bias")
+            assert err < (1e-5 if out == "float32" else 1e-2), (shape, tb)
