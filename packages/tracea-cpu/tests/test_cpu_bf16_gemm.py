@@ -119,3 +119,14 @@ def test_bf16_few_panels_split_packing_along_k(out):
         for tb in (False, True):
             err = bf16_case(*shape, tb=tb, cfg=cfg, out=out, epi="bias")
             assert err < (1e-5 if out == "float32" else 1e-2), (shape, tb)
+
+
+@pytest.mark.parametrize("out", ["float32", "bf16"])
+def test_bf16_few_rows_against_transposed_weights(out):
+    # M <= 256 with a transposed B (nn.Linear weights) takes the per-thread-panel driver: one K block
+    # and several (kc = 32: partial sums, the bf16 output through the fp32 workspace), odd K, edges.
+    for kc in (2048, 32):
+        cfg = config(mr=4, nr=64, mc=72, nc=4096, kc=kc, threads=2)
+        for shape in [(1, 300, 129), (7, 257, 64), (100, 320, 77), (256, 270, 33)]:
+            err = bf16_case(*shape, tb=True, cfg=cfg, out=out, epi="bias+gelu_tanh", batch=2)
+            assert err < (1e-5 if out == "float32" else 1e-2), (shape, kc)
