@@ -163,6 +163,9 @@ def bench_gemm(isa, sizes, tune, torch, peak, rows):
         _report("gemm", str(n), op, compare(fns), peak, cfg, err, dict(size=n, isa=isa), rows)
 
 
+LINEAR_M = [1, 8, 32, 128]
+
+
 def bench_gemm_bf16(sizes, tune, torch, threads, rows):
     """bf16 A, B -> bf16 C (fp32 accumulation) against torch.matmul on bf16 CPU tensors (oneDNN)."""
     from tracea_cpu.bf16 import CpuGemmBf16Variant
@@ -181,18 +184,28 @@ def bench_gemm_bf16(sizes, tune, torch, threads, rows):
     print(f"{'size':>28} {'tracea':>8} {'torch':>8} {'ratio':>7} {'% peak':>7}  config")
     variant = CpuGemmBf16Variant()
     gen = torch.Generator().manual_seed(0)
-    for n in sizes:
-        op = GemmOp(n, n, n, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16")
-        a, b = torch.randn(n, n, generator=gen).bfloat16(), torch.randn(n, n, generator=gen).bfloat16()
-        out = torch.empty(n, n, dtype=torch.bfloat16)
-        out_t = torch.empty(n, n, dtype=torch.bfloat16)
+    # squares (A @ B), then nn.Linear shapes: M tokens x (4096 x 4096 weights, stored N x K) against F.linear
+    problems = [(n, n, n, False) for n in sizes] + [(m, 4096, 4096, True) for m in LINEAR_M]
+    for m, n, k, linear in problems:
+        op = GemmOp(m, n, k, trans_b=linear, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16")
+        a = torch.randn(m, k, generator=gen).bfloat16()
+        b = torch.randn(*((n, k) if linear else (k, n)), generator=gen).bfloat16()
+        out = torch.empty(m, n, dtype=torch.bfloat16)
+        out_t = torch.empty(m, n, dtype=torch.bfloat16)
         args = OpArgs({"a": a, "b": b, "bias": None}, out, TorchAdapter())
         cfg = pick_config(variant, op, args, tune)
         variant.run(op, cfg, args, PROFILE)
-        err = rel_err(out.double().numpy(), (a.double() @ b.double()).numpy()) if n <= 1024 else float("nan")
-        fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE),
-               "torch": lambda: torch.matmul(a, b, out=out_t)}
-        _report("gemm-bf16", str(n), op, compare(fns), peak, cfg, err, dict(size=n, isa="avx512bf16"), rows)
+        bt = b.double().t() if linear else b.double()
+        err = rel_err(out.double().numpy(), (a.double() @ bt).numpy()) if m * n * k <= 1 << 30 else float("nan")
+        if linear:
+            fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE),
+                   "torch": lambda: torch.nn.functional.linear(a, b)}
+        else:
+            fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE),
+                   "torch": lambda: torch.matmul(a, b, out=out_t)}
+        label = f"linear {m}x{n}x{k}" if linear else str(m)
+        _report("gemm-bf16", label, op, compare(fns), peak, cfg, err,
+                dict(size=m if not linear else None, m=m, n=n, k=k, linear=linear, isa="avx512bf16"), rows)
 
 
 RESNET_3X3 = [(64, 56), (128, 28), (256, 14), (512, 7)]
