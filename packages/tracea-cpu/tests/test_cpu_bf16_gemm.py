@@ -5,7 +5,6 @@ Inputs are torch CPU bf16 tensors (the way users pass bf16 without ml_dtypes).""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from tracea.doctor.variant import OpArgs
