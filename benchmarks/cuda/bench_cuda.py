@@ -196,10 +196,10 @@ def gemm_suite(rows, quick, heroes):
                   {"cublas": (mm, None)}, heroes)
     eager = lambda t: F.gelu(torch.matmul(t["a2"], t["b2"]) + t["bias"], approximate="tanh")  # noqa: E731
     lt = lambda t: torch._addmm_activation(t["bias"], t["a2"], t["b2"], use_gelu=True)  # noqa: E731
-    for s in ([8192] if quick else [4096, 8192]):
-        gemm_case(rows, f"bf16 {s}^3 +bias+gelu", GemmOp(s, s, s, dtype_a="bfloat16", dtype_b="bfloat16",
-                                                         epilogue="bias+gelu"),
-                  {"eager": (eager, None), "cublaslt": (lt, None)}, heroes)
+    for dt, short in (("bfloat16", "bf16"), ("float16", "fp16")):
+        for s in ([8192] if quick else [4096, 8192]):
+            gemm_case(rows, f"{short} {s}^3 +bias+gelu", GemmOp(s, s, s, dtype_a=dt, dtype_b=dt, epilogue="bias+gelu"),
+                      {"eager": (eager, None), "cublaslt": (lt, None)}, heroes)
 
     def tf32(on):
         def f():
