@@ -156,18 +156,11 @@ def test_wgmma_deferred_epilogue(dt, epilogue, shape):
 
     m, n, k, batch = shape
     op = GemmOp(m, n, k, batch=batch, dtype_a=dt, dtype_b=dt, epilogue=epilogue)
-    v = VARIANTS["cuda.gemm.wgmma"]
     configs = [_hero(256, 3, 16, cluster=1, defer=True), _hero(128, 3, bm=256, cluster=1, defer=True),
                _hero(256, 3, cluster=2, defer=True), _hero(64, 4, cluster=1, defer=True),
                _hero(128, 4, cluster=1, defer=True)]
-    t = T.gemm_inputs(op, seed=m + n + len(epilogue))
-    ref = T.gemm_reference(op, t)
-    for config in configs:
-        assert v.validate_config(op, config, profile), config.key
-        t["out"].fill_(float("nan"))
-        v.run(op, config, T.op_args(t), profile)
-        err = T.rel_err(t["out"], ref)
-        assert err <= T.tolerance("bf16" if dt == "bfloat16" else "f16", op.out_dtype), (config.key, err)
+    tol = T.tolerance("bf16" if dt == "bfloat16" else "f16", op.out_dtype)
+    T.check_gemm_configs(VARIANTS["cuda.gemm.wgmma"], op, configs, tol, seed=m + n + len(epilogue))
 
 
 @pytest.mark.parametrize("epilogue", ["bias+gelu", "bias+silu", "bias+gelu_erf"])
