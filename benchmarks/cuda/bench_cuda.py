@@ -3,8 +3,9 @@
 Usage (on a GPU machine, from the repo root):
     source scripts/srcenv.sh && python benchmarks/cuda/bench_cuda.py --json out.json [--quick] [--only gemm,conv]
 
-Every Tracea figure uses the best of the variant's hero configs (a short tuning pass, reported), timed
-with CUDA events after warm-up, median of many runs, inputs rotated when they fit in L2. The chosen
+Every Tracea figure uses the best of the variant's hero configs (a short tuning pass, reported; the
+configs are timed interleaved with each other, since heroes a percent apart were mis-ranked when timed
+one after another), CUDA events after warm-up, median of many runs, inputs rotated when they fit in L2. The chosen
 config and each baseline are then timed interleaved (ours, theirs, ours, theirs ...) in the same process
 on the same tensors, so clock and power drift cannot favour either side; the printed TFLOP/s and ratios
 come from that paired pass. Before each timed loop the GPU is parked on a sleep kernel so the whole
@@ -70,9 +71,11 @@ def n_sets(nbytes: int) -> int:
 
 
 def tracea_best(variant, op, inputs, heroes: int) -> tuple[float, str, float]:
-    """(seconds, config key, rel err vs float64) of the best of the first ``heroes`` hero configs."""
+    """(seconds, config key, rel err vs float64) of the best of the first ``heroes`` hero configs, timed
+    interleaved (like Tracea and its anchor) so that configs a percent apart are ranked on the same GPU
+    state rather than on its drift between consecutive sweeps."""
     profile = T.gpu_profile()
-    best = (float("inf"), "", float("nan"))
+    configs = []
     for config in variant.hero_configs(op, profile)[:heroes]:
         if not variant.validate_config(op, config, profile):
             continue
@@ -81,12 +84,16 @@ def tracea_best(variant, op, inputs, heroes: int) -> tuple[float, str, float]:
         except Exception as exc:  # report and keep going
             print(f"  ! {variant.name} {config.key}: {exc}", file=sys.stderr)
             continue
-        args = [T.op_args(t) for t in inputs]
-        sec = timed(lambda i: variant.run(op, config, args[i], profile), len(inputs))
+        configs.append(config)
+    if not configs:
+        return float("inf"), "", float("nan")
+    args = [T.op_args(t) for t in inputs]
+    fns = [(lambda c: (lambda i: variant.run(op, c, args[i], profile)))(c) for c in configs]
+    secs = paired(fns, len(inputs), reps=30)
+    for config, sec in zip(configs, secs):
         CONFIG_LOG.setdefault(op.describe(), {})[f"{variant.name} {config.key}"] = op.flops / sec / 1e12
-        if sec < best[0]:
-            best = (sec, config.key, float("nan"))
-    return best
+    sec, key = min((sec, c.key) for sec, c in zip(secs, configs))
+    return sec, key, float("nan")
 
 
 def gemm_variants(op):
@@ -189,10 +196,10 @@ def gemm_suite(rows, quick, heroes):
                   {"cublas": (mm, None)}, heroes)
     eager = lambda t: F.gelu(torch.matmul(t["a2"], t["b2"]) + t["bias"], approximate="tanh")  # noqa: E731
     lt = lambda t: torch._addmm_activation(t["bias"], t["a2"], t["b2"], use_gelu=True)  # noqa: E731
-    for s in ([8192] if quick else [4096, 8192]):
-        gemm_case(rows, f"bf16 {s}^3 +bias+gelu", GemmOp(s, s, s, dtype_a="bfloat16", dtype_b="bfloat16",
-                                                         epilogue="bias+gelu"),
-                  {"eager": (eager, None), "cublaslt": (lt, None)}, heroes)
+    for dt, short in (("bfloat16", "bf16"), ("float16", "fp16")):
+        for s in ([8192] if quick else [4096, 8192]):
+            gemm_case(rows, f"{short} {s}^3 +bias+gelu", GemmOp(s, s, s, dtype_a=dt, dtype_b=dt, epilogue="bias+gelu"),
+                      {"eager": (eager, None), "cublaslt": (lt, None)}, heroes)
 
     def tf32(on):
         def f():

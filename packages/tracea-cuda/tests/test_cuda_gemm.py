@@ -142,10 +142,11 @@ def test_wgmma_gelu_pair_epilogue(dt, epilogue, shape):
 DEFER_SHAPES = [(8, 8, 8, 1), (136, 264, 72, 1), (1000, 1016, 520, 2), (264, 136, 2000, 1), (4096, 2048, 1024, 1)]
 
 
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("epilogue", ["none", "gelu", "bias+gelu", "bias+relu", "bias+silu", "bias+gelu_erf"])
 @pytest.mark.parametrize("shape", DEFER_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_wgmma_deferred_epilogue(epilogue, shape):
-    """bf16 output with the activation and stores of each tile deferred into the next tile's mainloop:
+def test_wgmma_deferred_epilogue(dt, epilogue, shape):
+    """16-bit output with the activation and stores of each tile deferred into the next tile's mainloop:
     single tiles, odd edges (scalar tail stores), batches, short and long K (chunks finished after the
     mainloop or under it), tile_n 64/128/256, 2-CTA clusters; NaN-poisoned outputs."""
     profile = T.gpu_profile()
@@ -154,19 +155,45 @@ def test_wgmma_deferred_epilogue(epilogue, shape):
     from tracea_cuda.variants.hopper import _hero
 
     m, n, k, batch = shape
-    op = GemmOp(m, n, k, batch=batch, dtype_a="bfloat16", dtype_b="bfloat16", epilogue=epilogue)
-    v = VARIANTS["cuda.gemm.wgmma"]
+    op = GemmOp(m, n, k, batch=batch, dtype_a=dt, dtype_b=dt, epilogue=epilogue)
     configs = [_hero(256, 3, 16, cluster=1, defer=True), _hero(128, 3, bm=256, cluster=1, defer=True),
                _hero(256, 3, cluster=2, defer=True), _hero(64, 4, cluster=1, defer=True),
                _hero(128, 4, cluster=1, defer=True)]
-    t = T.gemm_inputs(op, seed=m + n + len(epilogue))
-    ref = T.gemm_reference(op, t)
-    for config in configs:
-        assert v.validate_config(op, config, profile), config.key
+    tol = T.tolerance("bf16" if dt == "bfloat16" else "f16", op.out_dtype)
+    T.check_gemm_configs(VARIANTS["cuda.gemm.wgmma"], op, configs, tol, seed=m + n + len(epilogue))
+
+
+@pytest.mark.parametrize("epilogue", ["bias+gelu", "bias+silu", "bias+gelu_erf"])
+def test_wgmma_deferred_epilogue_fp16_overflow(epilogue):
+    """float16 stash: a pre-activation beyond -65504 becomes -inf there; GELU/SiLU of it must still give
+    0 (not NaN), and one beyond +65504 gives inf like the non-deferred kernel and eager PyTorch."""
+    import torch
+
+    profile = T.gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    from tracea_cuda.variants.hopper import _hero
+
+    op = GemmOp(256, 512, 64, dtype_a="float16", dtype_b="float16", epilogue=epilogue)
+    v = VARIANTS["cuda.gemm.wgmma"]
+    t = T.gemm_inputs(op, seed=5)
+    t["a"].fill_(4.0)  # every row of A is 4, so column j of A @ B is 4 * sum_k B[k, j]
+    t["b"][..., :128] = -4.0
+    t["b"][..., 128:256] = 4.0
+    t["b"][..., 256:] *= 0.25
+    t["bias"][:128] = -65504.0  # pre-activation -66528: below float16's range
+    t["bias"][128:256] = 65504.0  # +66528: above it
+    outs = {}
+    for defer in (False, True):
         t["out"].fill_(float("nan"))
-        v.run(op, config, T.op_args(t), profile)
-        err = T.rel_err(t["out"], ref)
-        assert err <= T.tolerance("bf16", op.out_dtype), (config.key, err)
+        v.run(op, _hero(256, 3, 16, cluster=1, defer=defer), T.op_args(t), profile)
+        outs[defer] = t["out"].clone()
+    got, want = outs[True].float(), outs[False].float()
+    assert not torch.isnan(got).any()
+    assert (got[..., :128] == 0).all() and torch.isinf(got[..., 128:256]).all()
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = torch.isfinite(want)
+    assert torch.allclose(got[finite], want[finite], rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("epilogue", ["none", "relu", "bias+gelu_erf", "bias+silu"])

@@ -27,16 +27,8 @@ def _hopper():
 
 
 def _run(variant_name, op, configs, tol):
-    profile = _hopper()
-    v = VARIANTS[variant_name]
-    t = T.gemm_inputs(op, seed=op.m + op.k)
-    ref = T.gemm_reference(op, t)
-    for config in configs:
-        assert v.validate_config(op, config, profile), config.key
-        t["out"].fill_(float("nan"))
-        v.run(op, config, T.op_args(t), profile)
-        err = T.rel_err(t["out"], ref)
-        assert err <= tol, (config.key, err)
+    _hopper()
+    T.check_gemm_configs(VARIANTS[variant_name], op, configs, tol, seed=op.m + op.k)
 
 
 @pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True), (True, True)], ids=["NN", "TN", "NT", "TT"])

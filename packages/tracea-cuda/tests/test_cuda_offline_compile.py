@@ -101,16 +101,16 @@ def test_hero_configs_compile_without_spills(arch):
 
 
 def test_deferred_epilogue_is_declined_where_it_cannot_run():
-    """The deferred epilogue stashes bf16 values: other outputs, pingpong and the direct epilogue decline it
-    with a reason the Doctor can show; bf16 heroes of big GEMMs include it."""
+    """The deferred epilogue stashes 16-bit values: fp32 outputs, pingpong and the direct epilogue decline it
+    with a reason the Doctor can show; 16-bit heroes of big GEMMs include it."""
     from tracea_cuda.variants.hopper import WgmmaGemm, _hero
 
     v, profile = WgmmaGemm(), PROFILES["sm_90a"]
-    f16 = GemmOp(256, 256, 256, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu")
+    f32 = GemmOp(256, 256, 256, dtype_a="float16", dtype_b="float16", dtype_out="float32", epilogue="bias+gelu")
     bf16 = GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu")
-    assert "bfloat16" in v.validate_config(f16, _hero(256, 3, cluster=1, defer=True), profile).reason
+    assert "16-bit" in v.validate_config(f32, _hero(256, 3, cluster=1, defer=True), profile).reason
     assert not v.validate_config(bf16, _hero(128, 6, schedule="pingpong", cluster=1, defer=True), profile)
     assert not v.validate_config(bf16, _hero(256, 3, smem_epilogue=False, cluster=1, defer=True), profile)
     assert not v.validate_config(bf16, _hero(256, 4, cluster=1, defer=True), profile)  # no room for the stash
     assert any(c.get("defer") for c in v.hero_configs(bf16, profile))
-    assert not any(c.get("defer") for c in v.hero_configs(f16, profile))
+    assert not any(c.get("defer") for c in v.hero_configs(f32, profile))

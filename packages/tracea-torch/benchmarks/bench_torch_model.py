@@ -6,7 +6,7 @@
 
 Prints: which layers ran on a Tracea variant and which fell back (with the reason), the whole-model
 forward time of both (median), the relative output error, the per-layer table of ``tracea_torch.tune``
-and the host overhead per call of the tracea-torch layer. ``--json PATH`` writes every figure.
+and the host overhead per call of a small tracea-torch conv and linear. ``--json PATH`` writes every figure.
 Run it under ``flock /tmp/tracea-bench.lock`` on shared machines.
 """
 
@@ -91,15 +91,27 @@ def compare(name: str, model: nn.Module, x: torch.Tensor, args: argparse.Namespa
 
 
 def overhead(device: torch.device, args: argparse.Namespace) -> dict:
-    """Host time per call of a tiny conv: F.conv2d vs tracea_torch.ops.conv2d (whatever path it takes)."""
-    x = torch.randn(1, 4, 8, 8, device=device)
-    w = torch.randn(4, 4, 3, 3, device=device)
+    """Host time per call of a small conv (64 channels, 16x16, bias, ReLU; the model's dtype and memory
+    format) and a small linear (16x512 @ 512x512, bias): PyTorch vs tracea_torch.ops, eager, no grad."""
+    dtype = getattr(torch, args.dtype)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    x = torch.randn(1, 64, 16, 16, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    w = torch.randn(64, 64, 3, 3, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    b = torch.randn(64, device=device, dtype=dtype)
+    xl, wl = torch.randn(16, 512, device=device, dtype=dtype), torch.randn(512, 512, device=device, dtype=dtype)
+    bl = torch.randn(512, device=device, dtype=dtype)
     reps = max(args.repeats * 20, 200)
     with torch.no_grad():
-        t_f = median_time(lambda: F.conv2d(x, w, None, 1, 1), device, 20, reps)
-        t_t = median_time(lambda: tracea_torch.ops.conv2d(x, w, None, 1, 1), device, 20, reps)
-    print(f"\n[overhead] tiny conv per call: F.conv2d {t_f * 1e6:.1f} us, tracea_torch.ops.conv2d {t_t * 1e6:.1f} us")
-    return {"f_conv2d_us": t_f * 1e6, "tracea_torch_us": t_t * 1e6}
+        t = {"f_conv2d_us": median_time(lambda: F.relu(F.conv2d(x, w, b, 1, 1)), device, 20, reps),
+             "tracea_conv2d_us": median_time(lambda: tracea_torch.ops.conv2d(x, w, b, 1, 1, activation="relu"),
+                                             device, 20, reps),
+             "f_linear_us": median_time(lambda: F.linear(xl, wl, bl), device, 20, reps),
+             "tracea_linear_us": median_time(lambda: tracea_torch.ops.linear(xl, wl, bl), device, 20, reps)}
+    t = {k: v * 1e6 for k, v in t.items()}
+    print(f"\n[overhead] per call ({args.dtype}{', channels_last' if args.channels_last else ''}): conv "
+          f"F.conv2d+relu {t['f_conv2d_us']:.1f} us, tracea_torch.ops.conv2d {t['tracea_conv2d_us']:.1f} us; linear "
+          f"F.linear {t['f_linear_us']:.1f} us, tracea_torch.ops.linear {t['tracea_linear_us']:.1f} us")
+    return t
 
 
 def main(argv: list[str]) -> int:

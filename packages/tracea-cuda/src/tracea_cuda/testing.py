@@ -129,3 +129,17 @@ def tolerance(math_mode: str, out: DType) -> float:
     if out.storage is DType.F16:
         return 2e-3
     return {"f16": 1e-4, "bf16": 1e-4, "tf32": 5e-3, "3xtf32": 1e-5}[math_mode]
+
+
+def check_gemm_configs(variant: Any, op: GemmOp, configs: list, tol: float, seed: int = 0) -> None:
+    """Run ``op`` with each config on one set of fresh inputs (output NaN-poisoned before every run) and
+    assert each is valid and within ``tol`` of the float64 reference."""
+    profile = gpu_profile()
+    t = gemm_inputs(op, seed=seed)
+    ref = gemm_reference(op, t)
+    for config in configs:
+        assert variant.validate_config(op, config, profile), config.key
+        t["out"].fill_(float("nan"))
+        variant.run(op, config, op_args(t), profile)
+        err = rel_err(t["out"], ref)
+        assert err <= tol, (config.key, err)

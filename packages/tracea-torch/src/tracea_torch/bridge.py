@@ -1,7 +1,8 @@
 """From torch tensors to Tracea dispatch and back: the body of the ``tracea::conv2d`` and
 ``tracea::linear`` custom ops.
 
-A call runs through ``tracea.ops`` when the Doctor picks a real kernel variant for it. PyTorch computes
+A call runs the kernel the Doctor picks for it on the tensors' memory (packed here, as ``tracea.ops``
+would; the reference oracle and unusual biases go through ``tracea.ops`` itself). PyTorch computes
 it instead (and the reason is counted in :mod:`tracea_torch.fallbacks`) when:
 
 * no variant accepts the op (groups, dilation, dtype, device ... per the Doctor's rejection reasons);
@@ -28,7 +29,9 @@ from tracea.dtypes import DType, Fp32Precision
 from tracea.errors import BackendError, DTypeError, NoVariantError, UnsupportedDeviceError
 from tracea.ir.epilogue import Epilogue
 from tracea.ir.ops import Conv2dOp, GemmOp, Layout, Op
-from tracea.runtime.dispatch import fallback_reason
+from tracea.doctor.decision import Decision
+from tracea.doctor.variant import OpArgs
+from tracea.runtime.dispatch import fallback_reason, prepare_and_run
 
 from . import eager, fallbacks
 from .recording import note
@@ -94,10 +97,9 @@ def _common_checks(tensors: Sequence[torch.Tensor | None]) -> DType:
     return dtype
 
 
-def _choose(op: Op, device: torch.device) -> str | None:
-    """Raise :class:`_Fallback` unless a variant tracea-torch may use serves ``op`` here. Returns the
-    variant to pin, None to let dispatch choose (the Doctor ranks the reference oracle after every real
-    kernel, so no pin is needed today; the hook stays for callers that pass one)."""
+def _choose(op: Op, device: torch.device) -> Decision:
+    """The Doctor's decision for ``op`` here (memoised by the Doctor); raise :class:`_Fallback` unless a
+    variant tracea-torch may use serves it (the reference oracle only where the policy allows)."""
     if device.type not in ("cpu", "cuda"):
         raise _Fallback(f"device {device.type} not served by Tracea")
     try:
@@ -105,7 +107,7 @@ def _choose(op: Op, device: torch.device) -> str | None:
     except (NoVariantError, UnsupportedDeviceError) as exc:
         raise _Fallback(fallback_reason(exc)) from None
     if decision.chosen.variant.backend != "reference":
-        return None
+        return decision
     if not reference_allowed():
         rejected = {r.variant: r.reasons for r in decision.rejected if r.backend != "reference"}
         if not rejected:
@@ -113,7 +115,25 @@ def _choose(op: Op, device: torch.device) -> str | None:
         raise _Fallback(fallback_reason(NoVariantError("", rejected)))
     if any(dt.numpy is None for dt in op.dtypes):
         raise _Fallback(f"reference backend cannot view {op.dtypes[0].value} host tensors (needs ml_dtypes)")
-    return None
+    return decision
+
+
+def _run_direct(decision: Decision, arrays: dict[str, Any], out: torch.Tensor) -> None:
+    """Run the decided kernel on packed tensors by role, writing ``out`` (the fast path: the bridge has
+    already validated and packed what :mod:`tracea.ops` would, so it skips that second pass and the
+    second decision, about half the host time of a small layer)."""
+    global _adapter
+    if _adapter is None:
+        _adapter = next(a for a in get_doctor().adapters() if a.name == "torch")
+    c = decision.chosen
+    prepare_and_run(c.variant, decision.op, c.config, OpArgs(arrays, out, _adapter), decision.profile)
+
+
+_adapter: Any = None
+
+
+def _plain_bias(bias: torch.Tensor | None, length: int) -> bool:
+    return bias is None or (bias.dim() == 1 and bias.shape[0] == length and bias.is_contiguous())
 
 
 @contextlib.contextmanager
@@ -143,10 +163,9 @@ def _device(device: torch.device) -> Any:
 def serving_variant(op: Op, device: torch.device) -> tuple[str, str] | None:
     """``(variant name, config source)`` that runs ``op`` for tracea-torch, or None when PyTorch would."""
     try:
-        pin = _choose(op, device)
+        chosen = _choose(op, device).chosen
     except _Fallback:
         return None
-    chosen = get_doctor().decide(op, _device(device), variant=pin).chosen
     return chosen.variant.name, chosen.source
 
 
@@ -165,12 +184,15 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
     try:
         dtype = _common_checks((x, w, bias))
         op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
-        pin = _choose(op, x.device)
-        from tracea import ops
-
+        decision = _choose(op, x.device)
         with _backend_failures_fall_back():
-            out = ops.conv2d(x, w, bias, stride, padding, dilation, groups,
-                             activation=act, fp32_precision=op.fp32_precision, variant=pin)
+            if decision.variant.fallback_only or not _plain_bias(bias, op.k):
+                from tracea import ops
+
+                out = ops.conv2d(x, w, bias, stride, padding, dilation, groups,
+                                 activation=act, fp32_precision=op.fp32_precision)
+            else:
+                out = _conv_direct(decision, op, x, w, bias)
         note("conv2d", op, None, (x, w, bias, stride, padding, dilation, groups, activation))
     except _Fallback as fb:
         fallbacks.record("conv2d", str(fb))
@@ -183,6 +205,25 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
             if act:
                 out = eager.apply_epilogue(out, Epilogue.of(act), None, 1)
     return out.contiguous(memory_format=fmt)
+
+
+def _conv_direct(decision: Decision, op: Conv2dOp, x: torch.Tensor, w: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """What ``tracea.ops.conv2d`` runs for torch tensors: NHWC kernels on the channels_last memory of x (a
+    zero-copy view) and of w (a copy unless w is channels_last too), NCHW kernels on packed tensors."""
+    if op.layout is Layout.NHWC:
+        xa, wa = x.permute(0, 2, 3, 1), w.permute(0, 2, 3, 1)
+        phys = torch.empty((op.n, op.p, op.q, op.k), dtype=x.dtype, device=x.device)
+        out = phys.permute(0, 3, 1, 2)
+    else:
+        xa, wa = x, w
+        phys = out = torch.empty((op.n, op.k, op.p, op.q), dtype=x.dtype, device=x.device)
+    if not xa.is_contiguous():
+        xa = xa.contiguous()
+    if not wa.is_contiguous():
+        wa = wa.contiguous()
+    _run_direct(decision, {"x": xa, "w": wa, "bias": bias}, phys)
+    return out
 
 
 def _conv_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: tuple, padding: tuple,
@@ -229,12 +270,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activati
     try:
         dtype = _common_checks((x, w, bias))
         op = _linear_op(x, w, bias, act, dtype)
-        pin = _choose(op, x.device)
-        from tracea import ops
-
+        decision = _choose(op, x.device)
         a = x.reshape(op.m, op.k)
         with _backend_failures_fall_back():
-            out = ops.matmul(a, w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision, variant=pin)
+            if decision.variant.fallback_only or not _plain_bias(bias, op.n):
+                from tracea import ops
+
+                out = ops.matmul(a, w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision)
+            else:  # B = w (n, k) read transposed when packed, else w.t() is the packed (k, n) operand
+                out = torch.empty((op.m, op.n), dtype=x.dtype, device=x.device)
+                _run_direct(decision, {"a": a, "b": w if op.trans_b else w.t(), "bias": bias}, out)
         out = out.reshape(*x.shape[:-1], op.n)
         note("linear", op, None, (x, w, bias, activation))
     except _Fallback as fb:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from ..dtypes import DType, Fp32Precision
 from ..errors import InvalidArgumentError, LayoutError
 from .epilogue import Epilogue, EpilogueKind
+from .hashing import memo_hash
 from .shape import Shape, check_non_negative, check_positive
 
 
@@ -117,6 +118,7 @@ def _pair(arg: str, value: Any, positive: bool) -> tuple[int, int]:
     return check(arg, a), check(arg, b)
 
 
+@memo_hash
 @dataclass(frozen=True)
 class GemmOp(Op):
     """``out[b] = epilogue(op(A[b]) @ op(B[b]))`` with ``op(A)`` of shape (m, k) and ``op(B)`` (k, n).
@@ -186,6 +188,7 @@ class GemmOp(Op):
         return f"gemm {b}{self.m}x{self.n}x{self.k} {t} {self.dtype_a.short}->{self.out_dtype.short}{epi}"
 
 
+@memo_hash
 @dataclass(frozen=True)
 class Conv2dOp(Op):
     """2-D convolution (cross-correlation, as in PyTorch) of ``x`` (N, C, H, W logical) with ``w``
@@ -299,6 +302,7 @@ class Conv2dOp(Op):
                 f"k{self.r}x{self.s}/s{self.stride[0]} p{self.padding[0]}{extra} {self.dtype.short}{epi}")
 
 
+@memo_hash
 @dataclass(frozen=True)
 class AttentionOp(Op):
     """Scaled dot-product attention ``softmax(scale * Q K^T [+ causal mask]) V``.

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from ..doctor.profile import DeviceProfile
 from ..errors import InvalidArgumentError, UnsupportedConfigError
+from ..ir.hashing import memo_hash
 
 
 class SwizzleMode(enum.Enum):
@@ -73,6 +74,7 @@ class Validity:
 VALID = Validity(True)
 
 
+@memo_hash
 @dataclass(frozen=True)
 class PipelineConfig:
     """One point of a variant's search space. Immutable and hashable; ``key`` is its stable text form."""

@@ -63,7 +63,7 @@ class WgmmaSpec:
     cluster: int = 1  # CTAs per cluster along M sharing the B tile through TMA multicast (1 or 2)
     out_cm: bool = False  # C stored column-major (ldc = M): the caller swapped A and B to get C^T
     stream_k: bool = False  # the last partial wave's tiles split along K over every CTA (fixup in fp32)
-    defer: bool = False  # bf16 output: the activation and the store of tile j run during tile j+1's mainloop
+    defer: bool = False  # 16-bit output: the activation and the store of tile j run during tile j+1's mainloop
 
 
     threads = 384
@@ -124,9 +124,10 @@ class WgmmaSpec:
                               or self.split_acc):
             problems.append("stream-K serves the coop schedule without clusters, conv gathers or split accumulation")
         if self.defer and (self.schedule != "coop" or not self.smem_epilogue or self.split_acc
-                           or self.conv is not None or self.out_cm or self.dtype_out.storage is not DType.BF16):
-            problems.append("a deferred epilogue serves coop GEMMs with a bfloat16 output and the staged epilogue, "
-                            "without split accumulation")
+                           or self.conv is not None or self.out_cm
+                           or self.dtype_out.storage not in (DType.BF16, DType.F16)):
+            problems.append("a deferred epilogue serves coop GEMMs with a 16-bit (bfloat16/float16) output and the "
+                            "staged epilogue, without split accumulation")
         if self.store is not None and self.store.kind != "rowmajor" and self.smem_epilogue:
             problems.append(f"{self.store.kind} output needs the direct epilogue (smem_epilogue=False)")
         if problems:
@@ -360,14 +361,24 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     defer_src = defer_decl = defer_step = defer_tail = ""
     if spec.defer:
         chain, act = deferred_split(spec.epilogue)
-        vectors = 2 * subs * bn  # 16-byte vectors in a warp's slice (16 * subs rows of bn bf16)
-        nchunk, ldb = min(DEFER_CHUNKS, vectors // 32), bn * 2 + 16
-        vpl = vectors // (32 * nchunk)  # per lane per chunk
+        # One chunk = one 16-byte vector per lane, so a 128x256 tile's slice takes 16 k-steps. Measured
+        # (paired, 4096^3 bias+GELU): 8 chunks of 2 vectors each, run before the wait for the previous
+        # wgmma group, 0.988-0.993x cuBLASLt; the same after the stage release 0.994-0.996x; 16 chunks of
+        # one vector after the release 1.010-1.013x. A chunk must not delay the stage release (3 stages).
+        nchunk, ldb, vpl = 2 * subs * bn // 32, bn * 2 + 16, 1
         rowbase0 = f"wg * {bm // 2}"
-        defer_src = DEFER_CHUNK.format(vpl=vpl, bn8=bn // 8, ldb=ldb, vs=int(spec.vec_store), act=act)
+        f16 = spec.dtype_out.storage is DType.F16
+        suffix = "f16x2" if f16 else "bf16x2"
+        unpack = ('asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" '
+                  ': "=f"(v0), "=f"(v1) : "r"(x[q]));' if f16 else
+                  "v0 = __uint_as_float(x[q] << 16); v1 = __uint_as_float(x[q] & 0xffff0000u);")
+        if f16 and act:  # a stash value below -65504 became -inf: GELU/SiLU of it would be NaN, not 0
+            act = "v0 = fmaxf(v0, -65504.0f); v1 = fmaxf(v1, -65504.0f); " + act
+        defer_src = DEFER_CHUNK.format(vpl=vpl, bn8=bn // 8, ldb=ldb, vs=int(spec.vec_store), act=act,
+                                       unpack=unpack, suffix=suffix)
         defer_decl = f"    int pend = 0, prow = 0, pn0 = 0;  // chunks of the previous tile still to finish\n    {tout}* pC = C;\n"
         defer_step = (f"            if (pend > 0) {{ defer_chunk(stash, pC, prow, pn0, M, N, {nchunk} - pend, lane); --pend; }}"
-                      f"  // under the wgmma in flight\n")
+                      f"  // under the wgmma group in flight\n")
         defer_tail = f"    while (pend > 0) {{ defer_chunk(stash, pC, prow, pn0, M, N, {nchunk} - pend, lane); --pend; }}\n"
     if spec.out_cm:
         if out_size == 4:
@@ -484,8 +495,8 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__(384, 1) {name}(
 {proxy_fence}            const u32 a_s = base + s * {a_bytes}, b_s = base + {st * a_bytes} + s * {b_bytes};
 {mma_issue}
             wgmma_commit();
-{defer_step}{wait_and_release}
-        }}
+{wait_and_release}
+{defer_step}        }}
 {turn_signal}
         wgmma_wait<0>();
         #pragma unroll
@@ -710,10 +721,9 @@ DIRECT = """        // Epilogue: accumulators -> epilogue chain -> direct (4-byt
         }}
 """
 
-DEFER_CHUNKS = 8  # a deferred tile's activation + stores are spread over the next tile's first 8 k-steps
-
 # One chunk of a deferred epilogue: 16-byte vectors of the warp's stashed slice (whole rows per
-# instruction, conflict-free), the activation on each value, 16-byte coalesced global stores.
+# instruction, conflict-free), the activation on each value, 16-byte coalesced global stores. A tile's
+# chunks run one per k-step of the next tile, after its stage release.
 DEFER_CHUNK = """
 static __device__ __forceinline__ void defer_chunk(u32 stash, unsigned short* C, int row0, int col0, int M, int N,
                                                    int c, int lane) {{
@@ -726,9 +736,10 @@ static __device__ __forceinline__ void defer_chunk(u32 stash, unsigned short* C,
                      : "r"(stash + sr * {ldb} + grp * 16));
         #pragma unroll
         for (int q = 0; q < 4; ++q) {{
-            float v0 = __uint_as_float(x[q] << 16), v1 = __uint_as_float(x[q] & 0xffff0000u);
+            float v0, v1;
+            {unpack}
             {act}
-            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(x[q]) : "f"(v1), "f"(v0));
+            asm("cvt.rn.{suffix}.f32 %0, %1, %2;" : "=r"(x[q]) : "f"(v1), "f"(v0));
         }}
         if (row < M) {{
             unsigned short* p = C + (long long)row * N + col;
@@ -745,7 +756,7 @@ static __device__ __forceinline__ void defer_chunk(u32 stash, unsigned short* C,
 """
 
 STASH = """        // Deferred epilogue: finish the previous tile's chunks, then stash this tile's values (the chain up to
-        // its trailing activation, rounded to bf16) in this warp's slice; the activation and the stores run
+        // its trailing activation, rounded to the output dtype) in this warp's slice; the activation and the stores run
         // during the next tile's mainloop, where the MUFU and FMA pipes are otherwise idle.
         while (pend > 0) {{ defer_chunk(stash, pC, prow, pn0, M, N, {nchunk} - pend, lane); --pend; }}
         __syncwarp();
@@ -760,7 +771,7 @@ STASH = """        // Deferred epilogue: finish the previous tile's chunks, then
                     const float v0 = apply_epilogue_b(d[sub][4 * j2 + 2 * h], b0);
                     const float v1 = apply_epilogue_b(d[sub][4 * j2 + 2 * h + 1], b1);
                     u32 pk;
-                    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pk) : "f"(v1), "f"(v0));
+                    asm("cvt.rn.{suffix}.f32 %0, %1, %2;" : "=r"(pk) : "f"(v1), "f"(v0));
                     asm volatile("st.shared.u32 [%0], %1;" :: "r"(stash + (sub * 16 + g + 8 * h) * {ldb} + (j2 * 8 + 2 * t4) * 2),
                                  "r"(pk));
                 }}

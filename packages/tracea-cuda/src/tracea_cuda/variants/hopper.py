@@ -158,9 +158,10 @@ class WgmmaGemm(CudaVariant):
         # -5% at 4096^3 (3.9 waves) and -1% at M8192 N4096 K4096 (7.8 waves) on an H200, where the
         # partial-sum exchange costs more than the idle SMs of the last wave: first hero from 12 waves.
         sk = [_hero(256, 4, cluster=1, stream_k=True)]
-        # A bf16 output can defer the activation and the stores of a tile into the next tile's mainloop
-        # (3 stages leave room for the stash): +0.5-1% on plain and fused GEMMs at 4096^3-8192^3, paired.
-        if op.out_dtype.storage is DType.BF16:
+        # A 16-bit output can defer the activation and the stores of a tile into the next tile's mainloop
+        # (3 stages leave room for the stash): bf16 bias+GELU 1.00-1.02x cuBLASLt's fused kernel at
+        # 4096^3-8192^3 (0.98-0.99x without), plain GEMMs +0.5-1%, paired on an H200.
+        if op.out_dtype.storage in (DType.BF16, DType.F16):
             big = [_hero(256, 3, 16, cluster=1, defer=True)] + big
             sk = [_hero(256, 3, 16, cluster=1, stream_k=True, defer=True)] + sk
         if tiles >= 12 * profile.compute_units and tiles % profile.compute_units:  # a partial last wave
