@@ -129,3 +129,19 @@ def test_bf16_few_rows_against_transposed_weights(out):
         for shape in [(1, 300, 129), (7, 257, 64), (100, 320, 77), (256, 270, 33)]:
             err = bf16_case(*shape, tb=True, cfg=cfg, out=out, epi="bias+gelu_tanh", batch=2)
             assert err < (1e-5 if out == "float32" else 1e-2), (shape, kc)
+
+
+def test_bf16_concurrent_calls_from_python_threads():
+    # ctypes releases the GIL: concurrent calls must not share the packing workspace or the fp32
+    # partial-sum workspace of a bf16 output (kc = 32: several K blocks).
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg = config(mr=6, nr=64, mc=48, nc=4096, kc=32, threads=1)
+
+    def one(seed):
+        return bf16_case(61 + seed, 70, 90 + seed, epi="bias+relu", out="bf16", cfg=cfg, seed=seed,
+                         tb=bool(seed % 2))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        errors = list(pool.map(one, range(8)))
+    assert max(errors) < 1e-2, errors
