@@ -1,5 +1,5 @@
-"""bf16 GEMM on AVX512_BF16: ``vdpbf16ps`` micro-kernel, k-pair-interleaved packers and the blocked
-driver, emitted as one C library (``tb_gemm``).
+"""bf16 GEMM on AVX512_BF16: ``vdpbf16ps`` micro-kernel, k-pair-interleaved packers and two drivers
+(the blocked one; one for few rows against transposed weights), emitted as one C library (``tb_gemm``).
 
 ``vdpbf16ps`` adds two bf16 products per fp32 lane: lane j of ``acc += dot(a, b)`` gets
 ``a[2j] * b[2j] + a[2j+1] * b[2j+1]``. Packed operands therefore hold *k pairs* as 32-bit words:
