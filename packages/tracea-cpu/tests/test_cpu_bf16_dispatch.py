@@ -57,6 +57,7 @@ def test_numpy_float32_arrays_on_a_bf16_op_raise_dtype_error():
 @pytest.mark.parametrize("out_dtype", [None, "float32"])
 def test_ops_matmul_torch_bf16_end_to_end(out_dtype):
     torch = pytest.importorskip("torch")
+    pytest.importorskip("tracea_torch")
     g = torch.Generator().manual_seed(0)
     a = torch.randn(2, 45, 67, generator=g).bfloat16()
     b = torch.randn(2, 31, 67, generator=g).bfloat16().transpose(1, 2)  # a transposed view
@@ -87,6 +88,7 @@ def test_tuning_bf16_without_ml_dtypes_checks_every_trial():
     # The tuner holds bf16 host inputs as bf16-rounded float32 when NumPy has no bf16; trials are timed
     # on torch bf16 tensors and checked against the float64 reference of the rounded values.
     pytest.importorskip("torch")
+    pytest.importorskip("tracea_torch")
     from tracea.tuning.autotuner import AutoTuner
     from tracea.tuning.inputs import InputSets, carried
 
