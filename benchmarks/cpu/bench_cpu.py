@@ -3,7 +3,7 @@ side in one run, with this machine's measured FMA peak.
 
     source scripts/srcenv.sh
     flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_cpu.py [--quick] [--json out.json]
-        [--only gemm,conv,attention] [--tune N] [--threads T] [--conv-3x3-only]
+        [--only gemm,gemm-bf16,conv,attention] [--tune N] [--threads T] [--conv-3x3-only]
 
 Prints GFLOP/s, ratios against the anchors measured in the same run and the fraction of the FMA peak;
 writes every row to JSON. ``--tune N`` tries N configs of the variant's search space per problem
@@ -33,8 +33,8 @@ from tracea.doctor.host_plugin import host_profile
 from tracea.doctor.variant import OpArgs
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp
 from tracea.runtime.arrays import NumpyAdapter
-from tracea_cpu.emit.peak import peak_source
-from tracea_cpu.isa import ISA_BY_NAME
+from tracea_cpu.emit.peak import bf16_peak_source, peak_source
+from tracea_cpu.isa import AVX512_BF16, ISA_BY_NAME
 from tracea_cpu.kernels import thread_count
 from tracea_cpu.testing import attention_ref, conv2d_ref, rel_err
 from tracea_cpu.toolchain import build
@@ -75,6 +75,22 @@ def measure_peak(isa_name: str, threads: int) -> float:
         lib.tr_fma_peak(iters, threads)
         dt = time.perf_counter() - t
         best = max(best, per_iter * iters * threads / dt / 1e9)
+    return best
+
+
+def measure_bf16_peak(threads: int) -> float:
+    """The ``vdpbf16ps`` peak (GFLOP/s, 2 flops per bf16 product) of ``threads`` threads, measured like
+    the fp32 peak: the best of 15 runs of a register-only loop."""
+    import ctypes
+
+    lib = build(bf16_peak_source(ISA_BY_NAME["avx512"]), AVX512_BF16.cflags, "peak-bf16")
+    lib.tr_bf16_peak.argtypes = [ctypes.c_long, ctypes.c_int]
+    lib.tr_bf16_peak.restype = ctypes.c_double
+    per_iter, iters, best = lib.tr_bf16_per_iter(), 2_000_000, 0.0
+    for _ in range(15):
+        t = time.perf_counter()
+        lib.tr_bf16_peak(iters, threads)
+        best = max(best, per_iter * iters * threads / (time.perf_counter() - t) / 1e9)
     return best
 
 
@@ -145,6 +161,51 @@ def bench_gemm(isa, sizes, tune, torch, peak, rows):
             ta, tb, tc = torch.from_numpy(a), torch.from_numpy(b), torch.empty(n, n)
             fns["torch"] = lambda: torch.mm(ta, tb, out=tc)
         _report("gemm", str(n), op, compare(fns), peak, cfg, err, dict(size=n, isa=isa), rows)
+
+
+LINEAR_M = [1, 8, 32, 128]
+
+
+def bench_gemm_bf16(sizes, tune, torch, threads, rows):
+    """bf16 A, B -> bf16 C (fp32 accumulation) against torch.matmul on bf16 CPU tensors (oneDNN)."""
+    from tracea_cpu.bf16 import CpuGemmBf16Variant
+    from tracea_torch.adapter import TorchAdapter
+
+    if not (PROFILE.has(*AVX512_BF16.requires) and AVX512_BF16.runs_here()):
+        print("\nGEMM bf16: skipped, this CPU lacks avx512_bf16")
+        return
+    if torch is None:
+        print("\nGEMM bf16: skipped, needs torch (bf16 tensors; NumPy has no bf16 without ml_dtypes)")
+        return
+    peak1 = measure_bf16_peak(1)
+    peak = peak1 * threads
+    print(f"\nGEMM bf16 (C = A @ B, bf16 in/out, fp32 accumulate), avx512_bf16; measured vdpbf16ps peak "
+          f"{peak1:.1f} GFLOP/s per core -> {peak:.1f} for {threads} threads")
+    print(f"{'size':>28} {'tracea':>8} {'torch':>8} {'ratio':>7} {'% peak':>7}  config")
+    variant = CpuGemmBf16Variant()
+    gen = torch.Generator().manual_seed(0)
+    # squares (A @ B), then nn.Linear shapes: M tokens x (4096 x 4096 weights, stored N x K) against F.linear
+    problems = [(n, n, n, False) for n in sizes] + [(m, 4096, 4096, True) for m in LINEAR_M]
+    for m, n, k, linear in problems:
+        op = GemmOp(m, n, k, trans_b=linear, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16")
+        a = torch.randn(m, k, generator=gen).bfloat16()
+        b = torch.randn(*((n, k) if linear else (k, n)), generator=gen).bfloat16()
+        out = torch.empty(m, n, dtype=torch.bfloat16)
+        out_t = torch.empty(m, n, dtype=torch.bfloat16)
+        args = OpArgs({"a": a, "b": b, "bias": None}, out, TorchAdapter())
+        cfg = pick_config(variant, op, args, tune)
+        variant.run(op, cfg, args, PROFILE)
+        bt = b.double().t() if linear else b.double()
+        err = rel_err(out.double().numpy(), (a.double() @ bt).numpy()) if m * n * k <= 1 << 30 else float("nan")
+        if linear:
+            fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE),
+                   "torch": lambda: torch.nn.functional.linear(a, b)}
+        else:
+            fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE),
+                   "torch": lambda: torch.matmul(a, b, out=out_t)}
+        label = f"linear {m}x{n}x{k}" if linear else str(m)
+        _report("gemm-bf16", label, op, compare(fns), peak, cfg, err,
+                dict(size=m if not linear else None, m=m, n=n, k=k, linear=linear, isa="avx512bf16"), rows)
 
 
 RESNET_3X3 = [(64, 56), (128, 28), (256, 14), (512, 7)]
@@ -229,7 +290,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sizes (smoke run)")
     ap.add_argument("--json", default="bench_cpu.json", help="where to write the rows")
-    ap.add_argument("--only", default="gemm,conv,attention")
+    ap.add_argument("--only", default="gemm,gemm-bf16,conv,attention")
     ap.add_argument("--tune", type=int, default=0, help="configs of the search space to try per problem")
     ap.add_argument("--threads", type=int, default=0, help="threads (default: $TRACEA_NUM_THREADS or all cores)")
     ap.add_argument("--isa", default=None, help="ISA to benchmark (default: the best this machine runs)")
@@ -252,6 +313,9 @@ def main(argv=None) -> int:
     only = set(ns.only.split(","))
     if "gemm" in only:
         bench_gemm(isa, [256, 512, 1024] if ns.quick else [256, 512, 1024, 1536, 2048], ns.tune, torch, peak, rows)
+    if "gemm-bf16" in only:
+        bench_gemm_bf16([256, 512, 1024] if ns.quick else [256, 512, 1024, 1536, 2048], ns.tune, torch, threads,
+                        rows)
     if "conv" in only:
         bench_conv(isa, [1] if ns.quick else [1, 8], ns.tune, torch, peak, rows, ns.quick, ns.conv_3x3_only)
     if "attention" in only:

@@ -107,3 +107,15 @@ def test_gemm_concurrent_calls_from_python_threads():
     with ThreadPoolExecutor(max_workers=4) as pool:
         errors = list(pool.map(one, range(8)))
     assert max(errors) < 1e-5, errors
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gemm_few_rows_against_transposed_weights(isa):
+    # M <= 256 with a transposed B (nn.Linear weights) and enough panels takes the per-thread-panel
+    # driver: one K block and several, edges in M, N and K, batch, bias.
+    mr, nr = GEMM_HEROES[isa][0]["mr"], GEMM_HEROES[isa][0]["nr"]
+    for kc in (1024, 16):
+        cfg = config(mr=mr, nr=nr, mc=2 * mr, nc=4 * nr, kc=kc, threads=2)
+        for shape in [(1, 4 * nr + 3, 129), (7, 5 * nr, 64), (100, 4 * nr + 1, 77), (256, 4 * nr, 33)]:
+            err = gemm_case(isa, *shape, tb=True, cfg=cfg, epi="bias+relu", batch=2)
+            assert err < 1e-5, (shape, kc)

@@ -58,6 +58,20 @@ def test_bfloat16_host_view_needs_ml_dtypes():
         np.testing.assert_array_equal(ad.to_numpy(t).astype(np.float32), [1.5, -2.0])
 
 
+def test_host_bits_read_bf16_without_ml_dtypes_zero_copy():
+    ad = TorchAdapter()
+    t = torch.tensor([[1.5, -2.0], [0.25, 3.0]], dtype=torch.bfloat16)
+    bits = ad.host_bits(t)
+    assert bits.dtype == np.uint16 and bits.shape == (2, 2)
+    # bf16 is the top half of float32
+    np.testing.assert_array_equal((bits.astype(np.uint32) << 16).view(np.float32), [[1.5, -2.0], [0.25, 3.0]])
+    bits[0, 0] = 0x4000  # 2.0: writes through
+    assert t[0, 0].item() == 2.0
+    assert ad.host_bits(torch.zeros(3)).dtype == np.uint32
+    with pytest.raises(DTypeError):
+        ad.host_bits(torch.zeros(2, dtype=torch.complex64))
+
+
 def test_empty_from_numpy_and_views():
     ad = TorchAdapter()
     like = torch.zeros(1, dtype=torch.float16)

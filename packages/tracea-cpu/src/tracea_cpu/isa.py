@@ -176,3 +176,7 @@ SCALAR = Isa("scalar", (), (), 1, 64, ((4, 4), (4, 8), (2, 4)), _SCALAR, ())
 
 ALL_ISAS = (AVX512, AVX2, NEON, SCALAR)
 ISA_BY_NAME = {i.name: i for i in ALL_ISAS}
+# bf16 GEMM only (``vdpbf16ps``): the AVX-512 layer plus AVX512_BF16. Not in ALL_ISAS, which lists the
+# ISAs every fp32 op is emitted for.
+AVX512_BF16 = Isa("avx512bf16", AVX512.cflags + ("-mavx512bf16",), AVX512.requires + ("avx512_bf16",), 16, 32,
+                  ((6, 64), (14, 32), (8, 48), (12, 32), (4, 64)), _AVX512, _X86)

@@ -11,14 +11,16 @@ from tracea.errors import InvalidArgumentError
 from tracea.ir.epilogue import Epilogue
 
 from .emit.attention import attention_source
+from .emit.bf16 import bf16_gemm_source
 from .emit.blocked import blocked_source
-from .isa import ISA_BY_NAME, Isa
+from .isa import AVX512_BF16, ISA_BY_NAME, Isa
 from .toolchain import build
 
 _L, _P, _I, _F = ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _P, _L, _L, _L, _I]
 CONV_ARGTYPES = [_I] + [_L] * 16 + [_P, _P, _P, _P, _L, _L, _L, _I, _I]
+BF16_GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _I, _P, _L, _L, _L, _I]
 ATTN_ARGTYPES = [_L, _L, _L, _L, _L, _L, _F, _I, _P, _P, _P, _P, _I]
 
 
@@ -33,6 +35,25 @@ def blocked_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctype
     lib.tr_conv2d.argtypes = CONV_ARGTYPES
     lib.tr_conv2d.restype = _I
     return lib
+
+
+@functools.lru_cache(maxsize=64)
+def bf16_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The AVX512_BF16 GEMM library for one register tile and epilogue chain (compiled once)."""
+    source = bf16_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
+    lib = build(source, AVX512_BF16.cflags, f"gemm-bf16-{mr}x{nr}")
+    lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES
+    lib.tb_gemm.restype = _I
+    lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]
+    lib.tb_gemm_call.restype = _I
+    return lib
+
+
+class Bf16Call(ctypes.Structure):
+    """``tb_call``: the constants of one bf16 GEMM (op shape, operand strides, blocks) for ``tb_gemm_call``."""
+
+    _fields_ = [(n, _L) for n in ("batch", "M", "N", "K", "rsa", "csa", "rsb", "csb", "mc", "nc", "kc")] + \
+        [("out_bf16", _I)]
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,11 +21,11 @@ from . import kernels, spaces
 from .isa import ALL_ISAS, Isa
 from .toolchain import compiler_or_reason
 
-_LANES = {"avx512": 16, "avx2": 8, "neon": 4, "scalar": 1}
+_LANES = {"avx512": 16, "avx512bf16": 16, "avx2": 8, "neon": 4, "scalar": 1}
 # Fraction of the per-lane peak each ISA's kernels reach (measured); scalar code gets what the
 # compiler's auto-vectorisation gives.
-_BASE_EFFICIENCY = {"avx512": 0.85, "avx2": 0.8, "neon": 0.7, "scalar": 0.5}
-_PRIORITY = {"avx512": 30, "avx2": 20, "neon": 20, "scalar": 0}
+_BASE_EFFICIENCY = {"avx512": 0.85, "avx512bf16": 0.7, "avx2": 0.8, "neon": 0.7, "scalar": 0.5}
+_PRIORITY = {"avx512": 30, "avx512bf16": 40, "avx2": 20, "neon": 20, "scalar": 0}
 
 
 class CpuVariant(KernelVariant):
@@ -261,4 +261,6 @@ def all_variants() -> list[CpuVariant]:
     out: list[CpuVariant] = []
     for isa in ALL_ISAS:
         out += [CpuGemmVariant(isa), CpuConv2dVariant(isa), CpuAttentionVariant(isa)]
-    return out
+    from .bf16 import CpuGemmBf16Variant
+
+    return out + [CpuGemmBf16Variant()]

@@ -39,6 +39,7 @@ def torch_dtype(dtype: DType) -> Any:
 
 
 _TO_TORCH: dict[Any, Any] = {}
+_INT_VIEWS: dict[Any, Any] = {}  # torch.dtype -> (same-size torch int dtype, NumPy unsigned dtype)
 
 
 _CPU = Device.cpu()
@@ -143,6 +144,22 @@ class TorchAdapter(ArrayAdapter):
 
             return t.view(getattr(torch, _BIT_VIEWS[dtype])).numpy().view(np_dtype)
         return t.numpy()
+
+    def host_bits(self, obj: Any) -> np.ndarray:
+        """A zero-copy NumPy view of a CPU tensor's bits as unsigned integers of its item size (bf16 ->
+        ``uint16``): needs no ml_dtypes, so CPU kernels can read bf16 tensors."""
+        if obj.device.type != "cpu":
+            raise UnsupportedDeviceError(f"a torch tensor on {obj.device} has no host view; use to_host()")
+        found = _INT_VIEWS.get(obj.dtype)
+        if found is None:
+            import torch
+
+            size = obj.element_size()
+            ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+            if size not in ints or obj.is_complex() or obj.dtype is torch.bool:
+                raise DTypeError("dtype", obj.dtype, "a real dtype of 1, 2, 4 or 8 bytes")
+            found = _INT_VIEWS[obj.dtype] = (ints[size], np.dtype(f"u{size}"))
+        return obj.detach().view(found[0]).numpy().view(found[1])
 
     def from_numpy(self, arr: np.ndarray, device: Device) -> Any:
         import torch

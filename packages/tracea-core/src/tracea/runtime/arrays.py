@@ -123,6 +123,13 @@ class ArrayAdapter:
         """A NumPy view (zero-copy) of a host array; raises for device memory."""
         raise UnsupportedDeviceError(f"{self.name} arrays on {self.info(obj).device} have no host view")
 
+    def host_bits(self, obj: Any) -> np.ndarray:
+        """A zero-copy NumPy view of a host array's raw bits as unsigned integers of its item size
+        (``uint16`` for bf16/fp16), for kernels that read dtypes NumPy lacks without ml_dtypes.
+        Raises like :meth:`to_numpy` where there is no host view."""
+        arr = self.to_numpy(obj)
+        return arr.view(f"u{arr.dtype.itemsize}")
+
     def from_numpy(self, arr: np.ndarray, device: Device) -> Any:
         """A new array of this adapter's kind on ``device`` holding a copy of ``arr``."""
         raise UnsupportedDeviceError(f"the {self.name} adapter cannot allocate on {device}")

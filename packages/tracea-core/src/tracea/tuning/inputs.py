@@ -45,6 +45,11 @@ def array_shapes(op: Op) -> dict[str, tuple[int, ...] | None]:
     raise DTypeError("op", type(op).__name__, "a GemmOp, Conv2dOp or AttentionOp")
 
 
+def host_roles(op: Op) -> list[str]:
+    """The input roles of ``op`` (every array role but ``out``)."""
+    return [r for r in array_shapes(op) if r != "out"]
+
+
 def input_dtype(op: Op, role: str) -> DType:
     if role in ("out", "bias"):
         return op.out_dtype
@@ -52,11 +57,39 @@ def input_dtype(op: Op, role: str) -> DType:
 
 
 def _np_dtype(dt: DType) -> np.dtype:
+    """The NumPy dtype holding host copies of ``dt``: its own, or float32 for bf16 without ml_dtypes
+    (values rounded to bf16 first, see :func:`carried`)."""
     nd = dt.numpy
     if nd is None:
+        if dt is DType.BF16:
+            return np.dtype(np.float32)
         raise DTypeError("dtype", dt.value, "a dtype NumPy can store to build tuning inputs "
                                             "(install ml_dtypes for bf16/fp8)")
     return np.dtype(nd)
+
+
+def carried(dt: DType) -> bool:
+    """True when host copies of ``dt`` are float32 carriers (bf16 without ml_dtypes): device arrays are
+    converted with the adapter's ``astype``, outputs read back through float32."""
+    return dt is DType.BF16 and dt.numpy is None
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bf16 (ties to even), still float32 (finite inputs)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    bits = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return bits.view(np.float32)
+
+
+def _to_device(adapter: Any, arr: np.ndarray, dt: DType, device: Device) -> Any:
+    obj = adapter.from_numpy(arr, device)
+    if not carried(dt):
+        return obj
+    obj = adapter.astype(obj, dt)
+    if adapter.info(obj).dtype is not dt:
+        raise DTypeError("dtype", dt.value, f"an array kind that stores {dt.value} (the {adapter.name} adapter "
+                                            "cannot; install ml_dtypes or tracea-torch)")
+    return obj
 
 
 def random_host_inputs(op: Op, rng: np.random.Generator) -> dict[str, np.ndarray | None]:
@@ -73,6 +106,8 @@ def random_host_inputs(op: Op, rng: np.random.Generator) -> dict[str, np.ndarray
             out[role] = rng.integers(-8, 8, size=shape).astype(_np_dtype(dt))
         else:
             out[role] = rng.uniform(-1.0, 1.0, size=shape).astype(_np_dtype(dt))
+            if carried(dt):
+                out[role] = _round_bf16(out[role])
     return out
 
 
@@ -143,11 +178,12 @@ class InputSets:
                                                                   for _ in range(count - 1)]
         self._nan = np.full(self.out_shape, np.nan, dtype=self.out_np_dtype)
         self.args: list[OpArgs] = []
+        roles = {r: input_dtype(op, r) for r in host_roles(op)}
         for host in self.host:
-            arrays = {r: (None if a is None else adapter.from_numpy(a, device)) for r, a in host.items()}
-            out = adapter.from_numpy(self._nan, device)
+            arrays = {r: (None if a is None else _to_device(adapter, a, roles[r], device)) for r, a in host.items()}
+            out = _to_device(adapter, self._nan, op.out_dtype, device)
             self.args.append(OpArgs(arrays, out, adapter))
-        self.poison_src = adapter.from_numpy(self._nan, device)
+        self.poison_src = _to_device(adapter, self._nan, op.out_dtype, device)
 
     def __len__(self) -> int:
         return len(self.args)
@@ -157,8 +193,11 @@ class InputSets:
         self.adapter.copy_(self.args[i].out, self.poison_src)
 
     def output(self, i: int) -> np.ndarray:
-        """A host copy of output ``i``."""
-        return self.adapter.to_host(self.args[i].out)
+        """A host copy of output ``i`` (float32 for a bf16 output without ml_dtypes)."""
+        out = self.args[i].out
+        if carried(self.op.out_dtype):
+            out = self.adapter.astype(out, DType.F32)
+        return self.adapter.to_host(out)
 
 
 def reference_output(op: Op, host: dict[str, np.ndarray | None], reference_variant: Any,

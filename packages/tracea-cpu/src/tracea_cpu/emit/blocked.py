@@ -21,6 +21,15 @@ from .nchw import NCHW
 from .packers import PACKERS
 
 DRIVER = r"""
+#ifndef TR_SBUF
+#define TR_SBUF 48
+#endif
+#ifndef TR_ROWS_DRIVER
+#define TR_ROWS_DRIVER 1
+#endif
+#ifndef TR_ROWS_MAXM
+#define TR_ROWS_MAXM 256
+#endif
 /* C(i, j) = c[i*ldc + j], or with img_cols > 0: c[(j / img_cols)*img_stride + i*ldc + j % img_cols]
    (NCHW conv over all images at once); a tile that straddles two images runs on a scratch tile. */
 static void tr_tile(long kcp, const float *ap, const float *bp, float *c, long ldc, long i, long j, int mr, int nr,
@@ -208,7 +217,7 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
     long want = (4 * nth + npan - 1) / npan;
     long chunk = TR_MAX((ntile + want - 1) / want, TR_MAX(1, mc / MR));
     long nchunk = (ntile + chunk - 1) / chunk;
-    size_t per = TR_ROUNDUP((size_t)kc * NR, 16) + TR_ROUNDUP((size_t)nsmax * MR * 2, 16);
+    size_t per = TR_ROUNDUP((size_t)kc * NR + (nchw ? RS * TR_SEG_PAD : 0), 16) + TR_ROUNDUP((size_t)nsmax * MR * 2, 16);
     int owned;
     float *ws = tr_ws_get(per * nth + TR_ROUNDUP(kc, 16) + 32, &owned);
     if (!ws) return 1;
@@ -222,15 +231,18 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
         int tid = 0;
 #endif
         float *bp = ws + TR_ROUNDUP(kc, 16) + (size_t)tid * per;
-        const float **rows = (const float **)(bp + TR_ROUNDUP((size_t)kc * NR, 16));
+        const float **rows = (const float **)(bp + TR_ROUNDUP((size_t)kc * NR + (nchw ? RS * TR_SEG_PAD : 0), 16));
         tr_seg segs[nsmax];
         long lens[nsmax], klen[nsmax], koff[nsmax];
         int kskip[nsmax];
-        float sc[MR * NR] __attribute__((aligned(64)));
+        /* NCHW output, one K block: finished tiles of consecutive pixels collect here (up to TR_SBUF
+           pixels) and go to the output 16 pixels per channel at a time, not MR (masked) at a time. */
+        float sc[(TR_SBUF + MR) * NR] __attribute__((aligned(64)));
         #pragma omp for schedule(dynamic, 1)
         for (long it = 0; it < npan * nchunk; it++) {
             long j = (it / nchunk) * NR, t0 = (it % nchunk) * chunk, t1 = TR_MIN(ntile, t0 + chunk);
             int nr = (int)TR_MIN(NR, N - j);
+            TR_PROBE_BEGIN;
             for (long kb = 0; kb < nkb; kb++) {
                 int first = kb == 0, last = kb == nkb - 1, nseg;
                 if (nchw) {
@@ -243,15 +255,71 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
                     pb(cb, j, nr, pc, kcur, bp);
                     nseg = tr_conv_segments(ind, pc, kcur, segs, lens);
                 }
+                TR_PROBE_LAP(1, tid);
+                long sb_i = 0;
+                int sb_n = 0;  /* pixels pending in sc, from pixel sb_i */
                 for (long t = t0; t < t1; t++) {
                     long i = t * MR;
                     int mr = (int)TR_MIN(MR, M - i);
-                    int kseg = tr_rows_nhwc(ind, i, mr, segs, lens, nseg, zeros, rows, klen, koff, kskip);
-                    int direct = !nchw || !last;
-                    float *dst = direct || !first ? c + i * ldc + j : sc;
-                    long ld = direct || !first ? ldc : NR;
+                    int kseg = tr_rows_nhwc(ind, i, mr, segs, lens, nseg, zeros, rows, klen, koff, kskip,
+                                            nchw ? TR_SEG_PAD : 0);
+                    int direct = !nchw || !last, staged = !direct && first;
+                    float *dst = staged ? sc + sb_n * NR : c + i * ldc + j;
+                    long ld = staged ? NR : ldc;
                     tr_ukernel_ind(kseg, klen, koff, kskip, rows, bp, dst, ld, mr, nr, first, last, bias ? bias + j : 0, 0);
-                    if (!direct) tr_store_nchw(dst, ld, nchw, i, j, mr, nr);
+                    TR_PROBE_LAP(2, tid);
+                    if (direct) continue;
+                    if (!staged) { tr_store_nchw(dst, ld, nchw, i, j, mr, nr); TR_PROBE_LAP(3, tid); continue; }
+                    if (!sb_n) sb_i = i;
+                    sb_n += mr;
+                    /* flush when full, at the chunk's end, or where the next tile starts another image */
+                    long pq = nchw->PQ;
+                    if (sb_n >= TR_SBUF || t + 1 == t1 || (sb_i % pq) + sb_n + MR > pq) {
+                        tr_store_nchw(sc, NR, nchw, sb_i, j, sb_n, nr);
+                        sb_n = 0;
+                        TR_PROBE_LAP(3, tid);
+                    }
+                }
+            }
+        }
+    }
+    tr_ws_put(ws, owned);
+    return 0;
+}
+
+/* GEMM of up to TR_ROWS_MAXM rows against a transposed B (nn.Linear weights, N x K): A packed once per
+   K block and shared; each thread packs the B panels it runs into a private (L2-resident) buffer and
+   uses them at once, so B is read from memory once and no KC x NC block is written and read back. */
+__attribute__((noinline)) static int tr_drive_rows(long M, long N, long K, const tr_dense *A, const tr_dense *B,
+                                                   float *c, long ldc, const float *bias, long kc, int nth) {
+    long ntile = (M + MR - 1) / MR, npan = (N + NR - 1) / NR;
+    int owned;
+    float *ws = tr_ws_get((size_t)ntile * MR * kc + (size_t)nth * NR * kc + 32, &owned);
+    if (!ws) return 1;
+    float *abuf = ws, *bbase = ws + TR_ROUNDUP((size_t)ntile * MR * kc, 16);
+    #pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+#ifdef _OPENMP
+        int tid = omp_get_thread_num();
+#else
+        int tid = 0;
+#endif
+        float *bp = bbase + (size_t)tid * NR * kc;
+        for (long pc = 0; pc < K; pc += kc) {
+            long kcur = TR_MIN(kc, K - pc), kcp = TR_ROUNDUP(kcur, KU);
+            int first = pc == 0, last = pc + kcur >= K;
+            #pragma omp for schedule(static)
+            for (long r = 0; r < ntile; r++)
+                tr_pack_a_dense(A, r * MR, TR_MIN(MR, M - r * MR), pc, kcur, abuf + r * MR * kcp);
+            #pragma omp for schedule(dynamic, 1)
+            for (long p = 0; p < npan; p++) {
+                long j = p * NR;
+                int nr = (int)TR_MIN(NR, N - j);
+                tr_pack_b_dense(B, j, nr, pc, kcur, bp);
+                for (long r = 0; r < ntile; r++) {
+                    long i = r * MR;
+                    tr_ukernel(kcp, abuf + r * MR * kcp, bp, c + i * ldc + j, ldc, (int)TR_MIN(MR, M - i), nr,
+                               first, last, bias ? bias + j : 0, 0);
                 }
             }
         }
@@ -263,10 +331,17 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
 int tr_gemm(long batch, long M, long N, long K,
             const float *a, long rsa, long csa, long sa, const float *b, long rsb, long csb, long sb,
             float *c, long ldc, long sc, const float *bias, long mc, long nc, long kc, int nth) {
+    int T = nth > 0 ? nth : tr_threads_available();
+    if ((double)M * N * K < 65536.0) T = 1;
+    /* Few rows against transposed weights (measured at M x 4096 x 4096, 6x64 tile: M = 1 / 8 / 32:
+       9.0 / 9.5 / 12.8 ms -> see docs/backends/cpu.md) take the per-thread-panel driver. */
+    int rows = TR_ROWS_DRIVER && M <= TR_ROWS_MAXM && csb != 1 && (N + NR - 1) / NR >= 2 * T;
+    long kcr = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
     for (long q = 0; q < batch; q++) {
         tr_dense A = {a + q * sa, rsa, csa}, B = {b + q * sb, rsb, csb};
-        int rc = tr_drive(M, N, K, tr_pack_a_dense, &A, tr_pack_b_dense, &B, c + q * sc, ldc, 0, 0, bias, 0,
-                          mc, nc, kc, nth, 0, 0);
+        int rc = rows ? tr_drive_rows(M, N, K, &A, &B, c + q * sc, ldc, bias, kcr, T)
+                      : tr_drive(M, N, K, tr_pack_a_dense, &A, tr_pack_b_dense, &B, c + q * sc, ldc, 0, 0, bias, 0,
+                                 mc, nc, kc, nth, 0, 0);
         if (rc) return rc;
     }
     return 0;

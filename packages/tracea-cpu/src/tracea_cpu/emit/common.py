@@ -19,6 +19,21 @@ HEADER = r"""
 #define TR_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define TR_ROUNDUP(a, b) (((a) + (b) - 1) / (b) * (b))
 #define TR_ALIGN 64
+/* Phase timers for probes (benchmarks/cpu/probes): compiled only with -DTR_PROBE. Per thread,
+   nanoseconds in phase 0 input copy, 1 B-panel packing, 2 micro-kernels, 3 transposed NCHW store. */
+#ifdef TR_PROBE
+#include <time.h>
+static double tr_probe_ns[64][4];
+static inline long tr_probe_now(void) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+#define TR_PROBE_BEGIN long tr_pt0 = tr_probe_now()
+#define TR_PROBE_LAP(ph, tid) do { long tr_pt1 = tr_probe_now(); tr_probe_ns[(tid) & 63][ph] += tr_pt1 - tr_pt0; tr_pt0 = tr_pt1; } while (0)
+void tr_probe_read(double *dst) { memcpy(dst, tr_probe_ns, sizeof tr_probe_ns); memset(tr_probe_ns, 0, sizeof tr_probe_ns); }
+#else
+#define TR_PROBE_BEGIN do {} while (0)
+#define TR_PROBE_LAP(ph, tid) do {} while (0)
+#endif
 """
 
 # Cephes-style expf: x = n*ln2 + r, |r| <= ln2/2, degree-6 polynomial; relative error ~1e-7.

@@ -13,49 +13,88 @@ stride of R*S floats and read each row R*S times.)
 from __future__ import annotations
 
 NCHW = r"""
+#ifndef TR_SEG_PAD
+#define TR_SEG_PAD 16
+#endif
+#ifndef TR_KCRS_STAGE
+#define TR_KCRS_STAGE 1
+#endif
 /* NCHW weights (KCRS) as the B operand of the NHWC-ordered GEMM. */
 typedef struct { const float *w; long CRS, Cg, RS; } tr_kcrs;
 
-/* B panel of channel block [c0, c0+cn): dst[(tap*cn + cc)*NR + jj] = w[(j0+jj)*CRS + (c0+cc)*RS + tap],
-   columns nr..NR-1 zero. */
-static void tr_pack_b_kcrs_blk(const tr_kcrs *x, long j0, long nr, long c0, long cn, float *dst) {
-    long RS = x->RS, flat = cn * RS, CRS = x->CRS;
-    const float *w0 = x->w + j0 * CRS + c0 * RS;
-    if (nr < NR) memset(dst, 0, sizeof(float) * flat * NR);
-    long jj = 0;
+/* Channels [cc0, cn) of a KCRS panel straight into dst (16 x 16 register transposes along the flat
+   (c, tap) run, each transposed row stored to its (tap, c) panel row). */
+static void tr_kcrs_direct(const float *w0, long CRS, long RS, long TS, long nr, long cc0, long cn, float *dst) {
+    long flat = cn * RS, jj = 0;
 #if TR_HAVE_T16
     for (; jj + 16 <= nr; jj += 16) {
         const float *s = w0 + jj * CRS;
-        long f = 0, tap = 0, cc = 0;
+        long f = cc0 * RS, tap = 0, cc = cc0;
         for (; f + 16 <= flat; f += 16) {
             __m512 r[16];
             for (int q = 0; q < 16; q++) r[q] = _mm512_loadu_ps(s + q * CRS + f);
             tr_t16_regs(r);
             for (int q = 0; q < 16; q++) {
-                _mm512_storeu_ps(dst + (tap * cn + cc) * NR + jj, r[q]);
+                _mm512_storeu_ps(dst + tap * TS + cc * NR + jj, r[q]);
                 if (++tap == RS) { tap = 0; cc++; }
             }
         }
         for (; f < flat; f++) {
-            for (int q = 0; q < 16; q++) dst[(tap * cn + cc) * NR + jj + q] = s[q * CRS + f];
+            for (int q = 0; q < 16; q++) dst[tap * TS + cc * NR + jj + q] = s[q * CRS + f];
             if (++tap == RS) { tap = 0; cc++; }
         }
     }
 #endif
     for (; jj < nr; jj++) {
         const float *s = w0 + jj * CRS;
-        for (long cc = 0; cc < cn; cc++)
-            for (long t = 0; t < RS; t++) dst[(t * cn + cc) * NR + jj] = s[cc * RS + t];
+        for (long cc = cc0; cc < cn; cc++)
+            for (long t = 0; t < RS; t++) dst[t * TS + cc * NR + jj] = s[cc * RS + t];
     }
+}
+
+/* B panel of channel block [c0, c0+cn): dst[tap*TS + cc*NR + jj] = w[(j0+jj)*CRS + (c0+cc)*RS + tap],
+   columns nr..NR-1 zero; one tap's rows are TS = cn*NR + TR_SEG_PAD floats after the previous tap's
+   (the pad keeps the taps' rows out of one L1 set). Full panels go 16 channels at a time through an
+   L1 stage, so the panel is written tap by tap in 16-row bursts instead of R*S interleaved streams.
+   Not inlined: the stage (a variable-length array) would cost the caller's micro-kernel a register. */
+__attribute__((noinline)) static void tr_pack_b_kcrs_blk(const tr_kcrs *x, long j0, long nr, long c0, long cn, float *dst) {
+    long RS = x->RS, CRS = x->CRS, TS = cn * NR + TR_SEG_PAD, cc0 = 0;
+    const float *w0 = x->w + j0 * CRS + c0 * RS;
+    if (nr < NR) memset(dst, 0, sizeof(float) * RS * TS);
+#if TR_HAVE_T16 && TR_KCRS_STAGE
+    if (nr == NR && NR % 16 == 0 && RS <= 16) {
+        float stage[16 * RS * NR] __attribute__((aligned(64)));
+        for (; cc0 + 16 <= cn; cc0 += 16) {
+            for (long jj = 0; jj < NR; jj += 16) {
+                const float *s = w0 + jj * CRS + cc0 * RS;
+                long tap = 0, cc = 0;
+                for (long f = 0; f < 16 * RS; f += 16) {
+                    __m512 r[16];
+                    for (int q = 0; q < 16; q++) r[q] = _mm512_loadu_ps(s + q * CRS + f);
+                    tr_t16_regs(r);
+                    for (int q = 0; q < 16; q++) {
+                        _mm512_store_ps(stage + (tap * 16 + cc) * NR + jj, r[q]);
+                        if (++tap == RS) { tap = 0; cc++; }
+                    }
+                }
+            }
+            for (long tap = 0; tap < RS; tap++) {
+                float *d = dst + tap * TS + cc0 * NR;
+                const float *st = stage + tap * 16 * NR;
+                for (long e = 0; e < 16 * NR; e += 16) _mm512_storeu_ps(d + e, _mm512_load_ps(st + e));
+            }
+        }
+    }
+#endif
+    if (cc0 < cn) tr_kcrs_direct(w0, CRS, RS, TS, nr, cc0, cn, dst);
 }
 
 /* Where the NCHW indirect conv's finished tiles go: out (this group's first channel), image stride
    img_stride, PQ pixels per plane; K walked in channel blocks of cb. */
 typedef struct { const tr_kcrs *w; long cb; float *out; long PQ, img_stride; } tr_ind_nchw;
 
-/* Tile src (mr pixels x nr channels, row stride ld) into the NCHW output: pixel i+ii, channel j+jj goes
-   to out[img*img_stride + (j+jj)*PQ + p] (img, p: image and plane offset of pixel i+ii). */
-static void tr_store_nchw(const float *src, long ld, const tr_ind_nchw *o, long i, long j, int mr, int nr) {
+/* Up to 16 pixels of a tile (tr_store_nchw). */
+static void tr_store_nchw16(const float *src, long ld, const tr_ind_nchw *o, long i, long j, int mr, int nr) {
     long PQ = o->PQ, p = i % PQ;
     if (p + mr <= PQ) {
         float *dst = o->out + (i / PQ) * o->img_stride + j * PQ + p;
@@ -86,5 +125,12 @@ static void tr_store_nchw(const float *src, long ld, const tr_ind_nchw *o, long 
         float *dst = o->out + (m / PQ) * o->img_stride + j * PQ + m % PQ;
         for (int jj = 0; jj < nr; jj++) dst[jj * PQ] = src[ii * ld + jj];
     }
+}
+
+/* Tile src (mr pixels x nr channels, row stride ld) into the NCHW output: pixel i+ii, channel j+jj goes
+   to out[img*img_stride + (j+jj)*PQ + p] (img, p: image and plane offset of pixel i+ii). 16 pixels at
+   a time: a 16 x 16 register transpose, then one store of 16 pixels per channel. */
+static void tr_store_nchw(const float *src, long ld, const tr_ind_nchw *o, long i, long j, int mr, int nr) {
+    for (int g = 0; g < mr; g += 16) tr_store_nchw16(src + g * ld, ld, o, i + g, j, TR_MIN(16, mr - g), nr);
 }
 """

@@ -242,10 +242,10 @@ static void tr_tile_io_t(float *c, long ldc, long rows, long img_stride, long i,
 /* Pixel-row pointers of tile rows [i0, i0+mr) per segment, rows[s*MR + i] (a zero row where the pixel
    reads padding). A segment whose rows all read padding is dropped (it would only multiply zeros:
    the padded border taps of a tile that is one output row): returns the kept count, with each kept
-   segment's length and offset in the B panel (segments are stored back to back) in klen / koff, and
+   segment's length and offset in the B panel (segments are stored back to back, seg_pad floats apart) in klen / koff, and
    in kskip whether tile row 0 (bit 0) / row MR-1 (bit 1) reads only padding there. */
 static int tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, const long *lens, int nseg,
-                        const float *zeros, const float **rows, long *klen, long *koff, int *kskip) {
+                        const float *zeros, const float **rows, long *klen, long *koff, int *kskip, long seg_pad) {
     long PQ = g->P * g->Q, ih0[MR], iw0[MR], off = 0;
     long img = i0 / PQ, p = (i0 % PQ) / g->Q, q = i0 % g->Q;
     const float *base[MR];
@@ -272,7 +272,7 @@ static int tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, 
             kskip[kept] = (rw[0] == zeros) | (rw[MR - 1] == zeros) << 1;
             kept++;
         }
-        off += lens[sg] * NR;
+        off += lens[sg] * NR + seg_pad;
     }
     return kept;
 }

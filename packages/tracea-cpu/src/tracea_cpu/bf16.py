@@ -1,0 +1,164 @@
+"""bf16 GEMM on CPUs with AVX512_BF16 (``cpu.gemm.avx512bf16``): bf16 A and B, fp32 accumulation,
+bf16 or fp32 output, the fp32 GEMM's fused epilogues, transposes and batches.
+
+NumPy has no bf16 dtype without ml_dtypes, so the kernel reads the arrays' raw bits: the array
+adapter's ``host_bits`` (torch CPU tensors: a zero-copy int16 view; ml_dtypes arrays: a uint16 view).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import OpArgs, Requirements
+from tracea.dtypes import DType
+from tracea.errors import DTypeError, InvalidArgumentError, LayoutError, TraceaError
+from tracea.ir.ops import GemmOp, LayerType, Op
+from tracea.semantic import PipelineConfig, SearchSpace
+from tracea.semantic.config import Validity
+
+from . import kernels, spaces
+from .isa import AVX512_BF16
+from .variants import CpuVariant, _check_rc, _host, _ptr, _require, _validate_blocked
+
+# Measured share of the bf16 dot-product peak (2x the fp32 FMA rate) the kernel reaches.
+BF16_EFFICIENCY = 0.85
+_HOW = "a torch CPU bfloat16 tensor, or a NumPy bfloat16 array (needs ml_dtypes)"
+
+
+def host_bf16(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A zero-copy ``uint16`` view of bf16 argument ``name`` (None stays None)."""
+    obj = args.out if name == "out" else args.arrays.get(name)
+    if obj is None:
+        return None
+    # torch.bfloat16 / ml_dtypes' bfloat16 by name (cheap); anything else is asked of the adapter.
+    if not str(getattr(obj, "dtype", "")).endswith("bfloat16"):
+        dtype = args.adapter.info(obj).dtype
+        if dtype is not DType.BF16:
+            raise DTypeError(name, dtype.value, "bfloat16 (" + _HOW + ")")
+    try:
+        bits = args.adapter.host_bits(obj)
+    except (TraceaError, AttributeError, TypeError) as exc:
+        raise DTypeError(name, "bfloat16", f"{_HOW}; the {args.adapter.name} adapter gave no host "
+                                           f"view: {exc}") from None
+    if bits.dtype != np.uint16:
+        raise DTypeError(name, bits.dtype, "16-bit storage (bfloat16)")
+    if not bits.flags.c_contiguous:
+        raise LayoutError(name, obj, "a packed row-major (C-contiguous) array")
+    if bits.size != math.prod(shape):
+        raise InvalidArgumentError(name, obj, f"{math.prod(shape)} elements (shape {shape})")
+    return bits
+
+
+def _tensor_ptr(obj: Any, dtype_name: str, size: int) -> int | None:
+    """Fast path for torch CPU tensors (NumPy views cost microseconds per call): the data address of
+    a contiguous CPU tensor of torch dtype ``dtype_name`` and ``size`` elements, else None (take the
+    checked path)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    if obj.dtype is getattr(torch, dtype_name) and obj.device.type == "cpu" and obj.is_contiguous() \
+            and obj.numel() == size:
+        return int(obj.data_ptr())
+    return None
+
+
+def bf16_ptr(args: OpArgs, name: str, shape: tuple[int, ...]) -> int:
+    """The data address of bf16 argument ``name`` (checked: dtype, host memory, packed, size)."""
+    obj = args.out if name == "out" else args.arrays.get(name)
+    ptr = _tensor_ptr(obj, "bfloat16", math.prod(shape))
+    return ptr if ptr is not None else _ptr(host_bf16(args, name, shape))
+
+
+def f32_ptr(args: OpArgs, name: str, shape: tuple[int, ...]) -> int:
+    """The data address of float32 argument ``name`` (checked like the fp32 kernels' operands)."""
+    obj = args.out if name == "out" else args.arrays.get(name)
+    ptr = _tensor_ptr(obj, "float32", math.prod(shape))
+    return ptr if ptr is not None else _ptr(_host(args, name, shape))
+
+
+def bias_f32(args: OpArgs, n: int) -> np.ndarray:
+    """The bias as fp32 (the kernel's epilogue runs in fp32): float32 as is, bf16 widened (n values)."""
+    obj = args.arrays.get("bias")
+    dtype = args.adapter.info(obj).dtype
+    if dtype is DType.F32:
+        return _host(args, "bias", (n,))
+    if dtype is DType.BF16:
+        bits = host_bf16(args, "bias", (n,))
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+    raise DTypeError("bias", dtype.value, "float32 or bfloat16")
+
+
+class CpuGemmBf16Variant(CpuVariant):
+    """BLIS-style bf16 GEMM: k-pair-interleaved packed panels, ``vdpbf16ps`` register micro-kernel,
+    KC/MC/NC blocks, fp32 epilogue, bf16 (round to nearest even) or fp32 output."""
+
+    def __init__(self) -> None:
+        super().__init__(AVX512_BF16)
+        self._last: tuple[Any, Any, Any] | None = None
+        self.name = "cpu.gemm.avx512bf16"
+        self.description = "blocked bf16 GEMM, vdpbf16ps micro-kernel (fp32 accumulate), fused epilogue"
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.BF16}),
+                                         out_dtypes=frozenset({DType.BF16, DType.F32}), isa=AVX512_BF16.requires)
+
+    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
+        return [f"needs avx512_bf16 (vdpbf16ps): {r}" if r.startswith("device lacks") else r
+                for r in super().check(op, profile)]
+
+    def efficiency_on(self, profile: DeviceProfile) -> float:
+        return BF16_EFFICIENCY
+
+    def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        # vdpbf16ps: two products per fp32 lane, twice the fp32 FMA rate (the profile's bf16 peak is
+        # that of CPUs without it).
+        flop_time = op.flops / (2 * profile.peak("float32") * 1e9 * BF16_EFFICIENCY)
+        return max(flop_time, op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)) + 15e-6
+
+    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        return spaces.bf16_space(self.isa, profile)
+
+    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        return spaces.bf16_heroes(op)
+
+    def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        return _validate_blocked(self.isa, config)
+
+    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        # The last (op, config) by identity first: hashing the op for the memo costs microseconds, as
+        # much as the kernel of a small GEMM gains from a second thread.
+        last = self._last
+        if last is not None and last[0] is op and last[1] is config:
+            return last[2]
+        plan = _bf16_plan(self, op, config)
+        self._last = (op, config, plan)
+        return plan
+
+    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        assert isinstance(op, GemmOp)
+        fn, call, ref = self.prepare(op, config, profile)
+        bt, m, n, k = op.batch, op.m, op.n, op.k
+        a = bf16_ptr(args, "a", (bt, m, k))
+        b = bf16_ptr(args, "b", (bt, k, n))
+        out = bf16_ptr(args, "out", (bt, m, n)) if call.out_bf16 else f32_ptr(args, "out", (bt, m, n))
+        bias = _ptr(bias_f32(args, n)) if op.epilogue.has_bias else None
+        _check_rc(fn(ref, a, b, out, bias, self.threads(op, config, profile)), "bf16 gemm")
+
+
+@functools.lru_cache(maxsize=256)
+def _bf16_plan(variant: CpuGemmBf16Variant, op: Op, config: PipelineConfig) -> tuple[Any, Any, Any]:
+    """Validated config -> (kernel entry point, its constants as a ``tb_call`` struct, a pointer to it),
+    memoised so a call costs one lookup."""
+    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
+    assert isinstance(op, GemmOp)
+    lib = kernels.bf16_gemm_library(int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+    rsa, csa = (1, op.m) if op.trans_a else (op.k, 1)
+    rsb, csb = (1, op.k) if op.trans_b else (op.n, 1)
+    call = kernels.Bf16Call(op.batch, op.m, op.n, op.k, rsa, csa, rsb, csb, int(config.get("mc")),
+                            int(config.get("nc")), int(config.get("kc")), int(op.out_dtype is DType.BF16))
+    return lib.tb_gemm_call, call, ctypes.addressof(call)
