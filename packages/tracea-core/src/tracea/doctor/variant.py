@@ -71,7 +71,7 @@ class Requirements:
             return [f"serves {self.op_kind.value}, not {op.kind.value}"]
         if profile.device.kind != self.device_kind:
             return [f"runs on {self.device_kind} devices, not {profile.device.kind}"]
-        for dt in op.dtypes:
+        for dt in dict.fromkeys(op.dtypes):  # each distinct input dtype once
             if dt not in self.dtypes:
                 reasons.append(f"input dtype {dt.value} not in {{{', '.join(sorted(d.value for d in self.dtypes))}}}")
         outs = self.out_dtypes if self.out_dtypes is not None else frozenset(op.dtypes)
