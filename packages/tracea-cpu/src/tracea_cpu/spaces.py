@@ -47,8 +47,10 @@ def _cache(profile: DeviceProfile, name: str, default: int) -> int:
     return int(profile.caches.get(name) or default)
 
 
-def blocked_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
-    """Register tiles that fit the ISA, cache blocks that fit the profile's L2/L3, and threads."""
+def _blocking_space(isa: Isa, profile: DeviceProfile, elem: int, kcs: list[int], mcs: list[int],
+                    ncs: list[int]) -> SearchSpace:
+    """Register tiles that fit the ISA, cache blocks of ``elem``-byte elements that fit the profile's
+    L2 (the A block) and L3 (the B block), and threads."""
     l2 = _cache(profile, "L2", 1 << 20)
     l3 = _cache(profile, "L3", 8 << 20)
     tiles = [t for t in isa.tiles if isa.fits(*t)]
@@ -59,20 +61,24 @@ def blocked_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
             return f"tile {mr}x{nr} not offered for {isa.name}"
         if mc % mr or nc % nr:
             return "mc must be a multiple of mr and nc of nr"
-        if 4 * mc * kc > l2:
+        if elem * mc * kc > l2:
             return f"A block {mc}x{kc} exceeds L2 ({l2} B)"
-        if 4 * nc * kc > l3:
+        if elem * nc * kc > l3:
             return f"B block {kc}x{nc} exceeds L3 ({l3} B)"
         return True
 
     threads = [0, 1] if profile.compute_units > 1 else [1]
     return (SearchSpace()
             .param("mr", sorted({t[0] for t in tiles})).param("nr", sorted({t[1] for t in tiles}))
-            .param("kc", [128, 256, 384, 512, 768, 1024, 1152, 2304, STATIONARY_KC])
-            .param("mc", [24, 28, 32, 42, 48, 64, 72, 96, 120, 144, 168, 192, 240, 288, 336, 384, 480])
-            .param("nc", [1024, 2016, 2048, 4032, 4080, 4092, 4096, 8192])
-            .param("threads", threads)
+            .param("kc", kcs).param("mc", mcs).param("nc", ncs).param("threads", threads)
             .where(fits_caches))
+
+
+def blocked_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
+    """The fp32 GEMM's register tiles, cache blocks and threads."""
+    return _blocking_space(isa, profile, 4, [128, 256, 384, 512, 768, 1024, 1152, 2304, STATIONARY_KC],
+                           [24, 28, 32, 42, 48, 64, 72, 96, 120, 144, 168, 192, 240, 288, 336, 384, 480],
+                           [1024, 2016, 2048, 4032, 4080, 4092, 4096, 8192])
 
 
 # bf16 GEMM (AVX512_BF16): kc counts bf16 elements (two per k pair). Measured on the development
@@ -86,38 +92,15 @@ BF16_HEROES: list[dict[str, int]] = [
 
 def bf16_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
     """The bf16 GEMM's register tiles, cache blocks (2-byte elements) and threads."""
-    l2 = _cache(profile, "L2", 1 << 20)
-    l3 = _cache(profile, "L3", 8 << 20)
-    tiles = [t for t in isa.tiles if isa.fits(*t)]
-
-    def fits_caches(c: PipelineConfig) -> bool | str:
-        mr, nr, mc, nc, kc = (c.get(x) for x in ("mr", "nr", "mc", "nc", "kc"))
-        if (mr, nr) not in tiles:
-            return f"tile {mr}x{nr} not offered for {isa.name}"
-        if mc % mr or nc % nr:
-            return "mc must be a multiple of mr and nc of nr"
-        if 2 * mc * kc > l2:
-            return f"A block {mc}x{kc} exceeds L2 ({l2} B)"
-        if 2 * nc * kc > l3:
-            return f"B block {kc}x{nc} exceeds L3 ({l3} B)"
-        return True
-
-    threads = [0, 1] if profile.compute_units > 1 else [1]
-    return (SearchSpace()
-            .param("mr", sorted({t[0] for t in tiles})).param("nr", sorted({t[1] for t in tiles}))
-            .param("kc", [256, 512, 768, 1024, 1536, 2048, 3072, 4096])
-            .param("mc", [24, 28, 32, 42, 48, 64, 72, 96, 120, 144, 168, 192, 240, 288])
-            .param("nc", [1024, 2016, 2048, 4032, 4080, 4096, 8192])
-            .param("threads", threads)
-            .where(fits_caches))
+    return _blocking_space(isa, profile, 2, [256, 512, 768, 1024, 1536, 2048, 3072, 4096],
+                           [24, 28, 32, 42, 48, 64, 72, 96, 120, 144, 168, 192, 240, 288],
+                           [1024, 2016, 2048, 4032, 4080, 4096, 8192])
 
 
 def bf16_heroes(op: Op) -> list[PipelineConfig]:
     """The bf16 GEMM heroes, those whose register tile wastes least on this op's M x N edges first."""
-    m, n = gemm_view(op)
-    cfgs = [PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in BF16_HEROES]
-    return sorted(cfgs, key=lambda c: round(-(-m // c.get("mr")) * c.get("mr") / m
-                                            * (-(-n // c.get("nr")) * c.get("nr")) / n, 2))
+    return _least_waste_first([PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in BF16_HEROES],
+                              *gemm_view(op))
 
 
 def attention_space(isa: Isa, profile: DeviceProfile, op: Op) -> SearchSpace:
@@ -140,13 +123,16 @@ def heroes(table: dict[str, list[dict[str, int]]], isa: Isa) -> list[PipelineCon
 def blocked_heroes(isa: Isa, op: Op, indirect: int = 0) -> list[PipelineConfig]:
     """The ISA's GEMM heroes, those whose register tile wastes least on this op's M x N edges first
     (``indirect``: the conv2d algorithm, see :func:`gemm_view`)."""
-    m, n = gemm_view(op, indirect)
+    return _least_waste_first(heroes(GEMM_HEROES, isa), *gemm_view(op, indirect))
 
+
+def _least_waste_first(cfgs: list[PipelineConfig], m: int, n: int) -> list[PipelineConfig]:
+    """``cfgs`` sorted by the share of their padded M x N edge tiles (stable among equals)."""
     def waste(cfg: PipelineConfig) -> float:
         mr, nr = cfg.get("mr"), cfg.get("nr")
         return round(-(-m // mr) * mr / m * (-(-n // nr) * nr) / n, 2)
 
-    return sorted(heroes(GEMM_HEROES, isa), key=waste)
+    return sorted(cfgs, key=waste)
 
 
 def row_heroes(isa: Isa, op: Conv2dOp) -> list[PipelineConfig]:
