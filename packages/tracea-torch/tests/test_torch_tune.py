@@ -50,6 +50,24 @@ def test_report_without_tuning(restricted_backend):
     assert report.to_dict()["layers"][0]["layer"] == "0"
 
 
+def test_report_filter_patches_only_the_faster_layers(restricted_backend):
+    model = _model()
+    report = tracea_torch.tune(model, torch.randn(2, 3, 6, 6), graph_tuning=False, repeats=2, warmup=1)
+    speedups = {"0": 2.0, "2": 0.5, "5": 1.0, "7": 0.99}  # pinned: measured ones would make this flaky
+    for r in report.layers:
+        if r.layer in speedups:
+            r.torch_s = speedups[r.layer] * r.tracea_s
+    keep = report.faster()
+    assert [name for name in ("0", "2", "3", "5", "7") if keep(name, model[int(name)])] == ["0", "5"]
+    assert [name for name in ("0", "5") if report.faster(margin=1.5)(name, model[int(name)])] == ["0"]
+    tracea_torch.patch_conv2d(model, filter=keep)
+    try:  # "3" (groups=2) falls back to PyTorch: never kept
+        assert type(model[0]) is not nn.Conv2d and type(model[2]) is nn.Conv2d and type(model[3]) is nn.Conv2d
+    finally:
+        tracea_torch.unpatch_conv2d(model)
+    assert type(model[0]) is nn.Conv2d
+
+
 @pytest.mark.skipif(not HAS_GRAPH_TUNER, reason="tracea.tuning.graph (the tuner's graph tuning) is not installed")
 def test_tune_tunes_the_graph_and_dispatch_uses_it(reference_backend, monkeypatch, tmp_path):
     monkeypatch.setenv("TRACEA_CACHE_PATH", str(tmp_path / "tuning_cache.json"))

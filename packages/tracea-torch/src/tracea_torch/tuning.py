@@ -66,6 +66,14 @@ class TuneReport:
         tr = sum(r.tracea_s if r.tracea_s is not None else r.torch_s for r in self.layers)
         return tr, sum(r.torch_s for r in self.layers)
 
+    def faster(self, margin: float = 1.0) -> Callable[[str, nn.Module], bool]:
+        """A patch filter keeping the layers Tracea ran at least ``margin`` times as fast as PyTorch:
+        ``patch_conv2d(model, filter=report.faster())`` leaves every slower layer (and every fallback)
+        to PyTorch, so the patched model is not slower than eager layer by layer. Layers are matched by
+        their qualified names in the tuned model."""
+        keep = frozenset(r.layer for r in self.layers if r.speedup is not None and r.speedup >= margin)
+        return lambda name, module: name in keep
+
     def table(self) -> str:
         """The per-layer comparison as a fixed-width text table."""
         head = ["layer", "op", "variant", "tracea ms", "torch ms", "speedup"]
