@@ -1,0 +1,142 @@
+"""The GEMV driver of the fp32 GEMM: a few rows of A against a B whose columns are contiguous along k
+(``nn.Linear`` weights stored N x K, ``trans_b=True``; or a one-column B).
+
+Every output C(i, j) is the dot product of row i of A with column j of B. Nothing is packed: each
+thread takes chunks of B columns (weight rows), walks ``TR_GV_R`` of them at a time along k with
+``TR_GV_R x mg`` vector accumulators (``mg <= 4`` rows of A, which stay in L1), reduces each accumulator
+horizontally at the end and adds the scalar k tail. With more than four rows the same ``TR_GV_R``
+weight rows (a few tens of KiB, L2-resident) are reused for each group of four, so the weights stream
+from memory exactly once. The epilogue runs vectorised over the thread's finished chunk.
+"""
+
+from __future__ import annotations
+
+from ..isa import Isa
+
+GEMV = r"""
+/* tr_gemm takes this driver for M <= TR_GEMV_MAXM, and for M <= TR_GEMV_WIDEM when K >= TR_GEMV_WIDEK. */
+#ifndef TR_GEMV_MAXM
+#define TR_GEMV_MAXM 4
+#endif
+#ifndef TR_GEMV_WIDEM
+#define TR_GEMV_WIDEM 64
+#endif
+#ifndef TR_GEMV_WIDEK
+#define TR_GEMV_WIDEK 256
+#endif
+/* Weight rows per inner step: TR_GV_R * 4 accumulators + TR_GV_R + 4 loads must fit the registers. */
+#ifndef TR_GV_R
+#define TR_GV_R 4
+#endif
+/* Software prefetch distance along k, in floats (0: none). */
+#ifndef TR_GV_PF
+#define TR_GV_PF 0
+#endif
+
+/* c[i*ldc + r] = dot(ar[i][0:K], w[r*ldw + 0:K]) for i < MG, r < R (MG, R compile-time constants). */
+static inline __attribute__((always_inline)) void tr_gv_block(long K, const float *const *ar, const float *w,
+                                                             long ldw, float *c, long ldc, const int MG,
+                                                             const int R) {
+    V acc[4][TR_GV_R];
+    for (int i = 0; i < MG; i++)
+        for (int r = 0; r < R; r++) acc[i][r] = VZERO();
+    long kv = K / VW * VW, k = 0;
+    for (; k < kv; k += VW) {
+        V av[4];
+        for (int i = 0; i < MG; i++) av[i] = VLOAD(ar[i] + k);
+        for (int r = 0; r < R; r++) {
+            V wv = VLOAD(w + r * ldw + k);
+#if TR_GV_PF
+            VPREFETCH(w + r * ldw + k + TR_GV_PF);
+#endif
+            for (int i = 0; i < MG; i++) acc[i][r] = VFMA(av[i], wv, acc[i][r]);
+        }
+    }
+    for (int i = 0; i < MG; i++)
+        for (int r = 0; r < R; r++) {
+            float s = VHSUM(acc[i][r]);
+            for (long t = kv; t < K; t++) s += ar[i][t] * w[r * ldw + t];
+            c[i * ldc + r] = s;
+        }
+}
+
+/* Rows i0 .. i0+mg (mg <= 4) of C against R weight rows starting at w. */
+static void tr_gv_rows(long K, const float *const *ar, int mg, const float *w, long ldw, float *c, long ldc,
+                       int R) {
+    if (R == TR_GV_R) {
+        switch (mg) {
+        case 1: tr_gv_block(K, ar, w, ldw, c, ldc, 1, TR_GV_R); return;
+        case 2: tr_gv_block(K, ar, w, ldw, c, ldc, 2, TR_GV_R); return;
+        case 3: tr_gv_block(K, ar, w, ldw, c, ldc, 3, TR_GV_R); return;
+        default: tr_gv_block(K, ar, w, ldw, c, ldc, 4, TR_GV_R); return;
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        switch (mg) {
+        case 1: tr_gv_block(K, ar, w + r * ldw, ldw, c + r, ldc, 1, 1); break;
+        case 2: tr_gv_block(K, ar, w + r * ldw, ldw, c + r, ldc, 2, 1); break;
+        case 3: tr_gv_block(K, ar, w + r * ldw, ldw, c + r, ldc, 3, 1); break;
+        default: tr_gv_block(K, ar, w + r * ldw, ldw, c + r, ldc, 4, 1); break;
+        }
+    }
+}
+
+/* The epilogue chain over c[0:n] (bias: the matching n bias values or null). */
+static void tr_gv_epi(float *c, long n, const float *bias) {
+#if TR_HAS_EPI
+    long j = 0;
+    for (; j + VW <= n; j += VW) VSTORE(c + j, tr_epi(VLOAD(c + j), bias ? VLOAD(bias + j) : VZERO()));
+    if (j < n) {
+        float t[VW], tb[VW];
+        for (int q = 0; q < VW; q++) { t[q] = j + q < n ? c[j + q] : 0.0f; tb[q] = bias && j + q < n ? bias[j + q] : 0.0f; }
+        V x = tr_epi(VLOAD(t), VLOAD(tb));
+        VSTORE(t, x);
+        for (long q = 0; j + q < n; q++) c[j + q] = t[q];
+    }
+#else
+    (void)c; (void)n; (void)bias;
+#endif
+}
+
+/* C (M x N, ldc) = epilogue(A B) where column j of B is b + j*csb, contiguous along k. A(i, k) is
+   a[i*rsa + k*csa]; rows that are not contiguous along k are copied once. */
+static int tr_drive_gemv(long M, long N, long K, const float *a, long rsa, long csa, const float *b, long csb,
+                         float *c, long ldc, const float *bias, int nth) {
+    int owned = 0;
+    float *ws = 0;
+    const float *arows[M];
+    if (csa != 1 && K > 1) {
+        ws = tr_ws_get((size_t)M * K + 16, &owned);
+        if (!ws) return 1;
+        for (long i = 0; i < M; i++)
+            for (long k = 0; k < K; k++) ws[i * K + k] = a[i * rsa + k * csa];
+        for (long i = 0; i < M; i++) arows[i] = ws + i * K;
+    } else {
+        for (long i = 0; i < M; i++) arows[i] = a + i * rsa;
+    }
+    /* ~8 chunks per thread (dynamic: a descheduled thread does not hold the other back), whole R groups */
+    long chunk = TR_ROUNDUP(TR_MAX(1, (N + 8 * nth - 1) / (8 * nth)), TR_GV_R);
+    if (chunk < 4 * TR_GV_R) chunk = 4 * TR_GV_R;
+    long nchunk = (N + chunk - 1) / chunk;
+    if (nchunk < 2) nth = 1;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nth) if (nth > 1)
+    for (long q = 0; q < nchunk; q++) {
+        long j0 = q * chunk, j1 = TR_MIN(N, j0 + chunk);
+        for (long j = j0; j < j1; j += TR_GV_R) {
+            int R = (int)TR_MIN(TR_GV_R, j1 - j);
+            for (long i = 0; i < M; i += 4)
+                tr_gv_rows(K, arows + i, (int)TR_MIN(4, M - i), b + j * csb, csb, c + i * ldc + j, ldc, R);
+        }
+        for (long i = 0; i < M; i++) tr_gv_epi(c + i * ldc + j0, j1 - j0, bias ? bias + j0 : 0);
+    }
+    if (ws) tr_ws_put(ws, owned);
+    return 0;
+}
+"""
+
+
+def gemv_source(isa: Isa) -> str:
+    """The GEMV driver's C text for ``isa`` (needs the prologue and ``tr_epi`` before it)."""
+    # Accumulators: TR_GV_R x 4 rows, plus TR_GV_R + 4 loaded vectors, within the register file.
+    r = 4 if isa.registers >= 32 else 2
+    return f"#ifndef TR_GV_R\n#define TR_GV_R {r}\n#endif\n" + GEMV

@@ -1,0 +1,110 @@
+"""The GEMV driver of the fp32 GEMM (few rows against B columns contiguous along k: nn.Linear weights
+stored N x K): float64 reference, NaN-poisoned outputs, odd K and N, every epilogue, batch, both B
+layouts, every ISA this machine runs, and the routing that decides when the driver runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tracea.ir.ops import GemmOp
+from tracea_cpu import kernels
+from tracea_cpu.isa import ISA_BY_NAME
+from tracea_cpu.spaces import GEMM_HEROES
+from tracea_cpu.testing import BEST, HAVE_CC, ISAS, config, epilogue_ref, poisoned, rand, rel_err, run_variant
+from tracea_cpu.variants import CpuGemmVariant
+
+pytestmark = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+
+ODD = [1, 7, 33, 129, 1000]
+EPILOGUES = ["bias", "relu", "bias+gelu_tanh", "gelu_erf", "bias+silu", "bias+relu+gelu_erf"]
+
+
+def _hero(isa: str, threads: int = 2):
+    return config(**GEMM_HEROES[isa][0], threads=threads)
+
+
+def route(isa: str, m: int, n: int, k: int, *, tb: bool = True, threads: int = 2) -> str:
+    """The driver tr_gemm takes for this shape (as the variant calls it: rsb = 1 when B is N x K)."""
+    hero = GEMM_HEROES[isa][0]
+    lib = kernels.blocked_library(isa, hero["mr"], hero["nr"], "none")
+    rsb, csb = (1, k) if tb else (n, 1)
+    return kernels.GEMM_ROUTES[lib.tr_gemm_route(m, n, k, rsb, csb, threads)]
+
+
+def gemv_case(isa: str, m: int, n: int, k: int, *, batch=1, ta=False, tb=True, epi="none", threads=2, seed=0):
+    rng = np.random.default_rng(seed)
+    op = GemmOp(m, n, k, batch=batch, trans_a=ta, trans_b=tb, epilogue=epi)
+    a = rand(rng, batch, *((k, m) if ta else (m, k)))
+    b = rand(rng, batch, *((n, k) if tb else (k, n)))
+    bias = rand(rng, n) if op.epilogue.has_bias else None
+    out = poisoned((batch, m, n))
+    run_variant(CpuGemmVariant(ISA_BY_NAME[isa]), op, _hero(isa, threads), {"a": a, "b": b, "bias": bias}, out)
+    a64 = a.astype(np.float64).transpose(0, 2, 1) if ta else a.astype(np.float64)
+    b64 = b.astype(np.float64).transpose(0, 2, 1) if tb else b.astype(np.float64)
+    ref = epilogue_ref(a64 @ b64, op.epilogue.steps, bias, axis=2)
+    assert not np.isnan(out).any(), "output left unwritten (NaN poison survived)"
+    if m * n >= 16 or op.epilogue.steps:
+        return rel_err(out, ref)
+    # A handful of outputs: ||out - ref|| / ||ref|| is one dot product's cancellation, so check the
+    # fp32 summation bound |err| <= K * eps * (|A| |B|) per output instead (reported as 0 when met).
+    scale = np.abs(a64) @ np.abs(b64)
+    excess = np.abs(out - ref) / (k * np.finfo(np.float32).eps * scale + 1e-30)
+    return 0.0 if excess.max() <= 1.0 else float(excess.max())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_gemv_odd_shapes_every_isa(isa, m):
+    for n in ODD:
+        for k in ODD:
+            if isa == "scalar" and n * k > 200_000:
+                continue
+            assert route(isa, m, n, k) == "gemv"
+            assert gemv_case(isa, m, n, k, seed=n + k) < 1e-5, (m, n, k)
+
+
+@pytest.mark.parametrize("epi", EPILOGUES)
+def test_gemv_every_epilogue(epi):
+    for m, n, k in [(1, 1000, 129), (3, 33, 1000), (4, 7, 7), (2, 129, 33)]:
+        assert gemv_case(BEST, m, n, k, epi=epi, seed=m * n) < 1e-5, (epi, m, n, k)
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != BEST])
+def test_gemv_epilogue_other_isas(isa):
+    for m, n, k in [(1, 129, 1000), (3, 33, 7)]:
+        assert gemv_case(isa, m, n, k, epi="bias+gelu_erf") < 1e-5, (m, n, k)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gemv_batched_transposed_a_one_and_two_threads(isa):
+    for threads in (1, 2):
+        assert gemv_case(isa, 3, 129, 33, batch=3, ta=True, epi="bias", threads=threads) < 1e-5
+        assert gemv_case(isa, 1, 1000, 129, batch=2, threads=threads) < 1e-5
+
+
+def test_gemv_wide_rows_with_deep_k():
+    # 5..64 rows take the GEMV driver only when K is deep enough (groups of four rows reuse the weights).
+    for m in (5, 17, 64):
+        assert route(BEST, m, 1000, 512) == "gemv"
+        assert gemv_case(BEST, m, 1000, 512, epi="bias+silu", seed=m) < 1e-5, m
+    assert route(BEST, 65, 1000, 512) != "gemv"
+    assert route(BEST, 8, 1000, 64) != "gemv"
+
+
+def test_gemv_b_not_transposed():
+    # B stored K x N: one column is contiguous along k (GEMV); wider ones go to the packed drivers.
+    assert route(BEST, 3, 1, 1000, tb=False) == "gemv"
+    assert gemv_case(BEST, 3, 1, 1000, tb=False, epi="bias+relu") < 1e-5
+    for isa in ISAS:
+        assert route(isa, 2, 129, 1000, tb=False) != "gemv"
+        assert gemv_case(isa, 2, 129, 1000, tb=False, epi="bias") < 1e-5
+
+
+def test_gemv_concurrent_calls_with_transposed_a():
+    # trans_a copies A into the shared workspace: concurrent callers must not share it.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        errors = list(pool.map(lambda s: gemv_case(BEST, 4, 257, 300 + s, ta=True, seed=s), range(8)))
+    assert max(errors) < 1e-5, errors
