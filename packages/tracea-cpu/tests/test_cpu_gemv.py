@@ -108,3 +108,27 @@ def test_gemv_concurrent_calls_with_transposed_a():
     with ThreadPoolExecutor(max_workers=4) as pool:
         errors = list(pool.map(lambda s: gemv_case(BEST, 4, 257, 300 + s, ta=True, seed=s), range(8)))
     assert max(errors) < 1e-5, errors
+
+
+def test_gemv_python_rule_matches_compiled_route():
+    # The variant trims its heroes and search space by takes_gemv: it must agree with tr_gemm.
+    from tracea_cpu.emit.gemv import takes_gemv
+
+    for m in (1, 3, 4, 5, 17, 64, 65, 200):
+        for n in (1, 7, 1000):
+            for k in (1, 64, 255, 256, 4096):
+                for tb in (False, True):
+                    assert (route(BEST, m, n, k, tb=tb) == "gemv") == takes_gemv(m, n, k, tb), (m, n, k, tb)
+
+
+def test_gemv_ops_get_one_hero_and_a_threads_only_space():
+    from tracea_cpu.testing import PROFILE
+
+    v = CpuGemmVariant(ISA_BY_NAME[BEST])
+    linear = GemmOp(1, 4096, 4096, trans_b=True)
+    assert len(v.hero_configs(linear, PROFILE)) == 1
+    space = list(v.search_space(linear, PROFILE))
+    assert 1 <= len(space) <= 2 and len({(c.get("mr"), c.get("nr")) for c in space}) == 1
+    square = GemmOp(64, 64, 64)
+    assert len(v.hero_configs(square, PROFILE)) == len(GEMM_HEROES[BEST])
+    assert len(list(v.search_space(square, PROFILE))) > 2

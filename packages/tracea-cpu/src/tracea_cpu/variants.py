@@ -18,6 +18,7 @@ from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
+from .emit.gemv import takes_gemv
 from .isa import ALL_ISAS, Isa
 from .toolchain import compiler_or_reason
 
@@ -65,6 +66,11 @@ class CpuVariant(KernelVariant):
         return kernels.thread_count(requested, profile.compute_units)
 
 
+def _gemv(op: Op) -> bool:
+    """Whether ``tr_gemm`` runs this GEMM through its GEMV driver (see :mod:`.emit.gemv`)."""
+    return isinstance(op, GemmOp) and takes_gemv(op.m, op.n, op.k, op.trans_b)
+
+
 def _host(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
     arr = args.host(name)
     if arr is None:
@@ -93,15 +99,20 @@ class CpuGemmVariant(CpuVariant):
     def __init__(self, isa: Isa) -> None:
         super().__init__(isa)
         self.name = f"cpu.gemm.{isa.name}"
-        self.description = f"blocked GEMM, {isa.name} micro-kernel, packed panels, fused epilogue"
+        self.description = (f"blocked GEMM, {isa.name} micro-kernel, packed panels, fused epilogue; "
+                            f"unpacked GEMV driver for few rows against N x K weights (nn.Linear decode)")
         self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
                                          isa=isa.requires)
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        if _gemv(op):
+            return spaces.gemv_space(self.isa, profile)
         return spaces.blocked_space(self.isa, profile)
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        return spaces.blocked_heroes(self.isa, op)
+        heroes = spaces.blocked_heroes(self.isa, op)
+        # The GEMV driver uses no tile: one hero (one compiled library), not one per tile.
+        return [spaces.heroes(spaces.GEMM_HEROES, self.isa)[0]] if _gemv(op) else heroes
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         return _validate_blocked(self.isa, config)

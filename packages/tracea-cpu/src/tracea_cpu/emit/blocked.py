@@ -337,8 +337,7 @@ int tr_gemm_route(long M, long N, long K, long rsb, long csb, int nth) {
     int T = nth > 0 ? nth : tr_threads_available();
     if ((double)M * N * K < 65536.0) T = 1;
     /* B columns contiguous along k (nn.Linear weights) and few rows: dot products, nothing packed
-       (measured M x 4096 x 4096: M = 1 / 8 / 32 / 64 1.6 / 2.7 / 7.1 / 13.3 ms against 5.7 / 6.6 / 10.1 /
-       14.8 with tr_drive_rows; with K = 64 the packed drivers win from M = 8 on). */
+       (thresholds and measurements: emit/gemv.py; Python mirrors this rule in takes_gemv). */
     if (TR_GEMV_DRIVER && rsb == 1 && (M <= TR_GEMV_MAXM || (M <= TR_GEMV_WIDEM && K >= TR_GEMV_WIDEK)))
         return 2;
     /* Few rows against transposed weights (measured at M x 4096 x 4096, 6x64 tile: M = 1 / 8 / 32:

@@ -13,21 +13,14 @@ from __future__ import annotations
 
 from ..isa import Isa
 
+# tr_gemm takes the GEMV driver for M <= GEMV_MAXM rows, and for M <= GEMV_WIDEM when K >= GEMV_WIDEK
+# (measured, M x N x K: N, K = 4096: faster than the packed drivers up to M = 64, 1.0x at 96; K = 64:
+# slower from M = 8 on). The C source gets these values, so this is the one place they are set.
+GEMV_MAXM = 4
+GEMV_WIDEM = 64
+GEMV_WIDEK = 256
+
 GEMV = r"""
-/* tr_gemm takes this driver for M <= TR_GEMV_MAXM, and for M <= TR_GEMV_WIDEM when K >= TR_GEMV_WIDEK. */
-#ifndef TR_GEMV_MAXM
-#define TR_GEMV_MAXM 4
-#endif
-#ifndef TR_GEMV_WIDEM
-#define TR_GEMV_WIDEM 64
-#endif
-#ifndef TR_GEMV_WIDEK
-#define TR_GEMV_WIDEK 256
-#endif
-/* Weight rows per inner step: TR_GV_R * 4 accumulators + TR_GV_R + 4 loads must fit the registers. */
-#ifndef TR_GV_R
-#define TR_GV_R 4
-#endif
 /* Software prefetch distance along k, in floats (0: none). */
 #ifndef TR_GV_PF
 #define TR_GV_PF 0
@@ -135,8 +128,16 @@ static int tr_drive_gemv(long M, long N, long K, const float *a, long rsa, long 
 """
 
 
+def takes_gemv(m: int, n: int, k: int, trans_b: bool) -> bool:
+    """Whether ``tr_gemm`` runs an M x N x K GEMM (B transposed or not) through the GEMV driver: its
+    columns of B must be contiguous along k (``trans_b``, or a single column) and M small."""
+    k_contiguous = trans_b or n == 1
+    return k_contiguous and (m <= GEMV_MAXM or (m <= GEMV_WIDEM and k >= GEMV_WIDEK))
+
+
 def gemv_source(isa: Isa) -> str:
     """The GEMV driver's C text for ``isa`` (needs the prologue and ``tr_epi`` before it)."""
     # Accumulators: TR_GV_R x 4 rows, plus TR_GV_R + 4 loaded vectors, within the register file.
     r = 4 if isa.registers >= 32 else 2
-    return f"#ifndef TR_GV_R\n#define TR_GV_R {r}\n#endif\n" + GEMV
+    defs = dict(TR_GV_R=r, TR_GEMV_MAXM=GEMV_MAXM, TR_GEMV_WIDEM=GEMV_WIDEM, TR_GEMV_WIDEK=GEMV_WIDEK)
+    return "".join(f"#ifndef {name}\n#define {name} {value}\n#endif\n" for name, value in defs.items()) + GEMV
