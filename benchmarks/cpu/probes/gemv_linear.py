@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--isa", default="avx512")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--kn", action="store_true", help="weights stored K x N (A @ W) instead of N x K")
     ap.add_argument("--variants", default="base=,nogemv=-DTR_GEMV_DRIVER=0")
     ns = ap.parse_args()
     import torch
@@ -46,7 +47,7 @@ def main() -> None:
     torch.set_num_threads(ns.threads)
     n, k = ns.n, ns.k
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((n, k), dtype=np.float32)
+    w = rng.standard_normal((k, n) if ns.kn else (n, k), dtype=np.float32)
     libs = {}
     for item in ns.variants.split(","):
         name, _, flags = item.partition("=")
@@ -54,12 +55,13 @@ def main() -> None:
     for m in (int(x) for x in ns.m.split(",")):
         a = rng.standard_normal((m, k), dtype=np.float32)
         out = np.empty((m, n), np.float32)
-        ref = a.astype(np.float64) @ w.astype(np.float64).T
+        ref = a.astype(np.float64) @ (w.astype(np.float64) if ns.kn else w.astype(np.float64).T)
+        rsb, csb = (n, 1) if ns.kn else (1, k)
         pa, pw, po = (x.__array_interface__["data"][0] for x in (a, w, out))
-        fns = {name: (lambda lib=lib: lib.tr_gemm(1, m, n, k, pa, k, 1, 0, pw, 1, k, 0, po, n, 0, None,
+        fns = {name: (lambda lib=lib: lib.tr_gemm(1, m, n, k, pa, k, 1, 0, pw, rsb, csb, 0, po, n, 0, None,
                                                   96, 4096, 1024, ns.threads)) for name, lib in libs.items()}
         ta, tw = torch.from_numpy(a), torch.from_numpy(w)
-        fns["F.linear"] = lambda: torch.nn.functional.linear(ta, tw)
+        fns["F.linear"] = (lambda: torch.mm(ta, tw)) if ns.kn else (lambda: torch.nn.functional.linear(ta, tw))
         best = {name: float("inf") for name in fns}
         for name, fn in fns.items():
             fn()

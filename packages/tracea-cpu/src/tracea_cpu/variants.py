@@ -18,7 +18,7 @@ from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
-from .emit.gemv import takes_gemv
+from .emit.gemv import unpacked_driver
 from .isa import ALL_ISAS, Isa
 from .toolchain import compiler_or_reason
 
@@ -67,8 +67,9 @@ class CpuVariant(KernelVariant):
 
 
 def _gemv(op: Op) -> bool:
-    """Whether ``tr_gemm`` runs this GEMM through its GEMV driver (see :mod:`.emit.gemv`)."""
-    return isinstance(op, GemmOp) and takes_gemv(op.m, op.n, op.k, op.trans_b)
+    """Whether ``tr_gemm`` runs this GEMM through a packing-free driver (GEMV or axpy, see
+    :mod:`.emit.gemv`), where the tile and cache blocks of the config are unused."""
+    return isinstance(op, GemmOp) and unpacked_driver(op.m, op.n, op.k, op.trans_b) is not None
 
 
 def _host(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -100,7 +101,7 @@ class CpuGemmVariant(CpuVariant):
         super().__init__(isa)
         self.name = f"cpu.gemm.{isa.name}"
         self.description = (f"blocked GEMM, {isa.name} micro-kernel, packed panels, fused epilogue; "
-                            f"unpacked GEMV driver for few rows against N x K weights (nn.Linear decode)")
+                            f"packing-free GEMV / axpy drivers for a few rows (nn.Linear decode)")
         self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
                                          isa=isa.requires)
 
@@ -111,7 +112,7 @@ class CpuGemmVariant(CpuVariant):
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
         heroes = spaces.blocked_heroes(self.isa, op)
-        # The GEMV driver uses no tile: one hero (one compiled library), not one per tile.
+        # The GEMV / axpy drivers use no tile: one hero (one compiled library), not one per tile.
         return [spaces.heroes(spaces.GEMM_HEROES, self.isa)[0]] if _gemv(op) else heroes
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:

@@ -1,12 +1,17 @@
-"""The GEMV driver of the fp32 GEMM: a few rows of A against a B whose columns are contiguous along k
-(``nn.Linear`` weights stored N x K, ``trans_b=True``; or a one-column B).
+"""The packing-free drivers of the fp32 GEMM for a few rows of A (``nn.Linear`` decode shapes).
 
-Every output C(i, j) is the dot product of row i of A with column j of B. Nothing is packed: each
-thread takes chunks of B columns (weight rows), walks ``TR_GV_R`` of them at a time along k with
-``TR_GV_R x mg`` vector accumulators (``mg <= 4`` rows of A, which stay in L1), reduces each accumulator
-horizontally at the end and adds the scalar k tail. With more than four rows the same ``TR_GV_R``
-weight rows (a few tens of KiB, L2-resident) are reused for each group of four, so the weights stream
-from memory exactly once. The epilogue runs vectorised over the thread's finished chunk.
+GEMV (columns of B contiguous along k: weights stored N x K, ``trans_b=True``, or a single column):
+every output C(i, j) is the dot product of row i of A with column j of B. Each thread takes chunks of
+B columns (weight rows), walks ``TR_GV_R`` of them at a time along k with ``TR_GV_R x mg`` vector
+accumulators (``mg <= 4`` rows of A, which stay in L1), reduces each accumulator horizontally at the
+end and adds the scalar k tail. With more than four rows the same ``TR_GV_R`` weight rows (a few tens
+of KiB, L2-resident) are reused for each group of four, so the weights stream from memory once.
+
+axpy (B stored K x N, ``trans_b=False``, M <= 4): each thread takes a chunk of up to ``TR_AX_CW``
+columns, keeps those C rows in L1 and adds four rows of B at a time (four side-by-side streams).
+
+Both read B exactly once and write nothing but C; the epilogue runs vectorised over each finished
+chunk of C.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from ..isa import Isa
 GEMV_MAXM = 4
 GEMV_WIDEM = 64
 GEMV_WIDEK = 256
+# B stored K x N: the axpy driver for M <= AXPY_MAXM, columns in chunks of at most AXPY_CW.
+AXPY_MAXM = 4
+AXPY_CW = 2048
 
 GEMV = r"""
 /* Software prefetch distance along k, in floats (0: none). */
@@ -91,6 +99,69 @@ static void tr_gv_epi(float *c, long n, const float *bias) {
 #endif
 }
 
+/* B stored K x N (rows contiguous along n): C[i, j0:j1] += sum over k in [k, k + KG) of A(i, k) B(k, j0:j1)
+   for i < MG (MG, KG compile-time constants): KG rows of B stream side by side, the C rows (a few KiB)
+   stay in L1. */
+static inline __attribute__((always_inline)) void tr_ax_rows(long k, const float *a, long rsa, long csa,
+                                                            const float *b, long rsb, float *c, long ldc, long j0,
+                                                            long j1, const int MG, const int KG) {
+    V av[4][4];
+    for (int i = 0; i < MG; i++)
+        for (int g = 0; g < KG; g++) av[i][g] = VSET1(a[i * rsa + (k + g) * csa]);
+    const float *bk = b + k * rsb;
+    long j = j0;
+    for (; j + VW <= j1; j += VW) {
+        V bv[4];
+        for (int g = 0; g < KG; g++) bv[g] = VLOAD(bk + g * rsb + j);
+        for (int i = 0; i < MG; i++) {
+            V x = VLOAD(c + i * ldc + j);
+            for (int g = 0; g < KG; g++) x = VFMA(av[i][g], bv[g], x);
+            VSTORE(c + i * ldc + j, x);
+        }
+    }
+    for (; j < j1; j++)
+        for (int i = 0; i < MG; i++) {
+            float x = c[i * ldc + j];
+            for (int g = 0; g < KG; g++) x += a[i * rsa + (k + g) * csa] * bk[g * rsb + j];
+            c[i * ldc + j] = x;
+        }
+}
+
+static void tr_ax_step(long k, int kg, const float *a, long rsa, long csa, int mg, const float *b, long rsb,
+                       float *c, long ldc, long j0, long j1) {
+#define TR_AX_MG(KGX) \
+    switch (mg) { \
+    case 1: tr_ax_rows(k, a, rsa, csa, b, rsb, c, ldc, j0, j1, 1, KGX); break; \
+    case 2: tr_ax_rows(k, a, rsa, csa, b, rsb, c, ldc, j0, j1, 2, KGX); break; \
+    case 3: tr_ax_rows(k, a, rsa, csa, b, rsb, c, ldc, j0, j1, 3, KGX); break; \
+    default: tr_ax_rows(k, a, rsa, csa, b, rsb, c, ldc, j0, j1, 4, KGX); break; \
+    }
+    if (kg == 4) TR_AX_MG(4) else TR_AX_MG(1)
+#undef TR_AX_MG
+}
+
+/* C (M x N, ldc) = epilogue(A B) for M <= 4 with B stored K x N (B(k, j) = b[k*rsb + j]): each thread
+   takes chunks of TR_AX_CW columns and streams the rows of B over them, four at a time. */
+static int tr_drive_axpy(long M, long N, long K, const float *a, long rsa, long csa, const float *b, long rsb,
+                         float *c, long ldc, const float *bias, int nth) {
+    long chunk = TR_MIN((long)TR_AX_CW, TR_ROUNDUP(TR_MAX(1, (N + nth - 1) / nth), VW));
+    long nchunk = (N + chunk - 1) / chunk;
+    if (nchunk < 2) nth = 1;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nth) if (nth > 1)
+    for (long q = 0; q < nchunk; q++) {
+        long j0 = q * chunk, j1 = TR_MIN(N, j0 + chunk);
+        for (long i = 0; i < M; i++) memset(c + i * ldc + j0, 0, sizeof(float) * (j1 - j0));
+        for (long i = 0; i < M; i += 4) {
+            int mg = (int)TR_MIN(4, M - i);
+            long k = 0;
+            for (; k + 4 <= K; k += 4) tr_ax_step(k, 4, a + i * rsa, rsa, csa, mg, b, rsb, c + i * ldc, ldc, j0, j1);
+            for (; k < K; k++) tr_ax_step(k, 1, a + i * rsa, rsa, csa, mg, b, rsb, c + i * ldc, ldc, j0, j1);
+        }
+        for (long i = 0; i < M; i++) tr_gv_epi(c + i * ldc + j0, j1 - j0, bias ? bias + j0 : 0);
+    }
+    return 0;
+}
+
 /* C (M x N, ldc) = epilogue(A B) where column j of B is b + j*csb, contiguous along k. A(i, k) is
    a[i*rsa + k*csa]; rows that are not contiguous along k are copied once. */
 static int tr_drive_gemv(long M, long N, long K, const float *a, long rsa, long csa, const float *b, long csb,
@@ -128,16 +199,21 @@ static int tr_drive_gemv(long M, long N, long K, const float *a, long rsa, long 
 """
 
 
-def takes_gemv(m: int, n: int, k: int, trans_b: bool) -> bool:
-    """Whether ``tr_gemm`` runs an M x N x K GEMM (B transposed or not) through the GEMV driver: its
-    columns of B must be contiguous along k (``trans_b``, or a single column) and M small."""
-    k_contiguous = trans_b or n == 1
-    return k_contiguous and (m <= GEMV_MAXM or (m <= GEMV_WIDEM and k >= GEMV_WIDEK))
+def unpacked_driver(m: int, n: int, k: int, trans_b: bool) -> str | None:
+    """The packing-free driver ``tr_gemm`` runs an M x N x K GEMM through: ``"gemv"`` (columns of B
+    contiguous along k: ``trans_b`` or a single column), ``"axpy"`` (B stored K x N, M <= AXPY_MAXM), or
+    None (the blocked drivers). Mirrors ``tr_gemm_route``; a test checks they agree."""
+    if (trans_b or n == 1) and (m <= GEMV_MAXM or (m <= GEMV_WIDEM and k >= GEMV_WIDEK)):
+        return "gemv"
+    if not trans_b and m <= AXPY_MAXM:
+        return "axpy"
+    return None
 
 
 def gemv_source(isa: Isa) -> str:
     """The GEMV driver's C text for ``isa`` (needs the prologue and ``tr_epi`` before it)."""
     # Accumulators: TR_GV_R x 4 rows, plus TR_GV_R + 4 loaded vectors, within the register file.
     r = 4 if isa.registers >= 32 else 2
-    defs = dict(TR_GV_R=r, TR_GEMV_MAXM=GEMV_MAXM, TR_GEMV_WIDEM=GEMV_WIDEM, TR_GEMV_WIDEK=GEMV_WIDEK)
+    defs = dict(TR_GV_R=r, TR_AX_CW=AXPY_CW, TR_GEMV_MAXM=GEMV_MAXM, TR_GEMV_WIDEM=GEMV_WIDEM,
+                TR_GEMV_WIDEK=GEMV_WIDEK, TR_AXPY_MAXM=AXPY_MAXM)
     return "".join(f"#ifndef {name}\n#define {name} {value}\n#endif\n" for name, value in defs.items()) + GEMV
