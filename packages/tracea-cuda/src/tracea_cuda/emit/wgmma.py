@@ -21,11 +21,13 @@ from dataclasses import dataclass
 
 from tracea.dtypes import DType
 from tracea.errors import UnsupportedConfigError
-from tracea.ir.epilogue import Epilogue, EpilogueKind
+from tracea.ir.epilogue import Epilogue
 
 from . import im2col
 from .common import PRELUDE, ctype, epilogue_function, load_expr, pair_epilogue_function, store_expr
 from .operands import StoreMap
+from .wgmma_epilogues import DEFER_CHUNK, DIRECT, STAGED, STASH, TRANSPOSED, deferred_split
+from .wgmma_stream_k import SK_FIXUP, SK_UNIT
 
 KERNEL_NAME = "tracea_wgmma_kernel"
 BK = 64  # 64 16-bit elements = one 128-byte swizzle row
@@ -548,71 +550,6 @@ def _tma_producer(spec: WgmmaSpec, a_loads: str, b_loads: str) -> str:
         }}
         {close}"""
 
-# Stream-K: CTA b runs its data-parallel tiles (b, b + G, ... below tiles - sk_tiles), then its share
-# [b I / G, (b + 1) I / G) of the I = sk_tiles * KT k-iterations of the last sk_tiles tiles. A tile's
-# piece holding k-iteration 0 is its owner (always the last piece of a CTA's share); the other pieces
-# (contributors, each the first piece of a later CTA's share) store fp32 partial sums, which the owner
-# adds before the epilogue. The host makes every share non-empty (I >= G).
-SK_UNIT = r"""
-struct SkUnit { int tile, kb, ke, owner, ncon, cslot; };
-static __device__ __forceinline__ bool sk_unit(int u, int tiles, int KT, int sk_tiles, SkUnit& w) {
-    const int G = gridDim.x, b = blockIdx.x, dp = tiles - sk_tiles;
-    const int n_dp = b < dp ? (dp - 1 - b) / G + 1 : 0;
-    if (u < n_dp) { w.tile = b + u * G; w.kb = 0; w.ke = KT; w.owner = 1; w.ncon = 0; w.cslot = -1; return true; }
-    if (sk_tiles == 0) return false;
-    const long long I = (long long)sk_tiles * KT, s = b * I / G, e = (b + 1) * I / G;
-    const long long t = s / KT + (u - n_dp), tb = t * KT;
-    if (s >= e || tb >= e) return false;
-    const int owner_b = (int)(((tb + 1) * G - 1) / I), last_b = (int)(((tb + KT) * G - 1) / I);
-    w.tile = dp + (int)t; w.kb = (int)(max(s, tb) - tb); w.ke = (int)(min(e, tb + KT) - tb);
-    w.owner = b == owner_b; w.ncon = last_b - owner_b; w.cslot = b - owner_b - 1;
-    return true;
-}
-"""
-
-SK_FIXUP = """        if (w.cslot >= 0 || w.ncon > 0) {{  // a stream-K piece: exchange fp32 partial sums with the owner
-            const int tid = threadIdx.x % 128, t_local = tile - (tiles - sk_tiles);
-            unsigned* flag = sk_flags + 2 * t_local + wg;
-            if (!w.owner) {{
-                float* slot = sk_ws + ((long long)(t_local * sk_maxc + w.cslot) * 2 + wg) * {nreg} * 128;
-                #pragma unroll
-                for (int sub = 0; sub < {subs}; ++sub)
-                    #pragma unroll
-                    for (int i = 0; i < {regs}; i += 4)
-                        asm volatile("st.global.cg.v4.f32 [%0], {{%1, %2, %3, %4}};"
-                                     :: "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)), "f"(d[sub][i]), "f"(d[sub][i + 1]),
-                                        "f"(d[sub][i + 2]), "f"(d[sub][i + 3]) : "memory");
-                __threadfence();
-                named_bar_sync(1 + wg);
-                if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(flag) : "memory");
-                continue;
-            }}
-            if (tid == 0) {{
-                u32 seen;
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-                while (seen < (u32)w.ncon) {{
-                    __nanosleep(128);
-                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-                }}
-                *flag = 0u;  // reset for the next launch (every contributor has arrived)
-            }}
-            named_bar_sync(1 + wg);
-            for (int c = 0; c < w.ncon; ++c) {{
-                const float* slot = sk_ws + ((long long)(t_local * sk_maxc + c) * 2 + wg) * {nreg} * 128;
-                #pragma unroll
-                for (int sub = 0; sub < {subs}; ++sub)
-                    #pragma unroll
-                    for (int i = 0; i < {regs}; i += 4) {{
-                        float x0, x1, x2, x3;
-                        asm volatile("ld.global.cg.v4.f32 {{%0, %1, %2, %3}}, [%4];"
-                                     : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3)
-                                     : "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)) : "memory");
-                        d[sub][i] += x0; d[sub][i + 1] += x1; d[sub][i + 2] += x2; d[sub][i + 3] += x3;
-                    }}
-            }}
-        }}
-"""
-
 MMA_SS = """            wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
@@ -642,154 +579,3 @@ MMA_RS = """            #pragma unroll
                     wgmma_fence();
                     wgmma_tile_rs(d[sub], af, {b_desc}, {scale_d});
                 }}"""
-
-TRANSPOSED = """        // Epilogue, column-major C (ldc = M): fragment rows g and g + 8 are adjacent m -> one pair store.
-        #pragma unroll
-        for (int sub = 0; sub < {subs}; ++sub) {{
-            const int h = 0, row = m0 + {lrow};
-            const float b0 = bias_at(bias, row < M ? row : 0), b1 = bias_at(bias, row + 1 < M ? row + 1 : 0);
-            #pragma unroll
-            for (int j2 = 0; j2 < {bn8}; ++j2)
-                #pragma unroll
-                for (int e = 0; e < 2; ++e) {{
-                    const int col = n0 + j2 * 8 + 2 * t4 + e;
-                    if (col >= N || row >= M) continue;
-                    const float v0 = apply_epilogue_b({accn}[sub][4 * j2 + e], b0);
-                    const float v1 = apply_epilogue_b({accn}[sub][4 * j2 + 2 + e], b1);
-                    {tout}* p = Cb + (long long)col * M + row;
-                    {cm_store}
-                }}
-        }}
-"""
-
-STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem staging (padded rows, conflict-free)
-        // -> 16-byte coalesced global stores (row segments of 128 B).
-        #pragma unroll
-        for (int sub = 0; sub < {subs}; ++sub) {{
-            const int rbase = m0 + {rowbase} + warp * 16;
-            #pragma unroll
-            for (int cc = 0; cc < {n_cc}; ++cc) {{
-                #pragma unroll
-                for (int jj = 0; jj < {cc8}; ++jj) {{
-                    const int j2 = cc * {cc8} + jj;
-                    const int col = n0 + j2 * 8 + 2 * t4;
-                    {bias_pair}
-                    #pragma unroll
-                    for (int h = 0; h < 2; ++h) {{
-                        {tout}* e = ebuf + (g + 8 * h) * {ld} + jj * 8 + 2 * t4;
-                        {smem_pair}
-                    }}
-                }}
-                __syncwarp();
-                #pragma unroll
-                for (int i = 0; i < 4; ++i) {{
-                    const int idx = lane + 32 * i, r = idx / 8, c = (idx % 8) * {vec};
-                    const int row = rbase + r, col = n0 + cc * {cc_cols} + c;
-                    if (row < M) {{
-                        const {tout}* e = ebuf + r * {ld} + c;
-                        {tout}* p = Cb + (long long)row * N + col;
-                        if ({vs} && col + {vec} <= N) {{
-                            u32 x0, x1, x2, x3;
-                            asm volatile("ld.shared.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(smem_u32(e)));
-                            asm volatile("st.global.v4.u32 [%0], {{%1,%2,%3,%4}};" :: "l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
-                        }} else {{
-                            #pragma unroll
-                            for (int q = 0; q < {vec}; ++q) if (col + q < N) p[q] = e[q];
-                        }}
-                    }}
-                }}
-                __syncwarp();
-            }}
-        }}
-"""
-
-DIRECT = """        // Epilogue: accumulators -> epilogue chain -> direct (4-byte pair) stores from the fragment layout.
-        #pragma unroll
-        for (int sub = 0; sub < {subs}; ++sub)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {{
-            const int row = m0 + {lrow};
-            if (row >= M) continue;
-            #pragma unroll
-            for (int j2 = 0; j2 < {bn8}; ++j2) {{
-                const int col = n0 + j2 * 8 + 2 * t4;
-                {bias_pair}
-                const float v0 = apply_epilogue_b({accn}[sub][4 * j2 + 2 * h], b0);
-                const float v1 = apply_epilogue_b({accn}[sub][4 * j2 + 2 * h + 1], b1);
-                {{ {tout}* C = Cb; {store} }}
-            }}
-        }}
-"""
-
-# One chunk of a deferred epilogue: 16-byte vectors of the warp's stashed slice (whole rows per
-# instruction, conflict-free), the activation on each value, 16-byte coalesced global stores. A tile's
-# chunks run one per k-step of the next tile, after its stage release.
-DEFER_CHUNK = """
-static __device__ __forceinline__ void defer_chunk(u32 stash, unsigned short* C, int row0, int col0, int M, int N,
-                                                   int c, int lane) {{
-    #pragma unroll
-    for (int i = 0; i < {vpl}; ++i) {{
-        const int v = (c * {vpl} + i) * 32 + lane, sr = v / {bn8}, grp = v % {bn8};
-        const int row = row0 + (sr >> 4) * 64 + (sr & 15), col = col0 + grp * 8;
-        u32 x[4];
-        asm volatile("ld.shared.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
-                     : "r"(stash + sr * {ldb} + grp * 16));
-        #pragma unroll
-        for (int q = 0; q < 4; ++q) {{
-            float v0, v1;
-            {unpack}
-            {act}
-            asm("cvt.rn.{suffix}.f32 %0, %1, %2;" : "=r"(x[q]) : "f"(v1), "f"(v0));
-        }}
-        if (row < M) {{
-            unsigned short* p = C + (long long)row * N + col;
-            if ({vs} && col + 8 <= N) {{
-                asm volatile("st.global.v4.u32 [%0], {{%1,%2,%3,%4}};" :: "l"(p), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3])
-                             : "memory");
-            }} else {{
-                #pragma unroll
-                for (int q = 0; q < 8; ++q) if (col + q < N) p[q] = (unsigned short)(x[q >> 1] >> (16 * (q & 1)));
-            }}
-        }}
-    }}
-}}
-"""
-
-STASH = """        // Deferred epilogue: finish the previous tile's chunks, then stash this tile's values (the chain up to
-        // its trailing activation, rounded to the output dtype) in this warp's slice; the activation and the stores run
-        // during the next tile's mainloop, where the MUFU and FMA pipes are otherwise idle.
-        while (pend > 0) {{ defer_chunk(stash, pC, prow, pn0, M, N, {nchunk} - pend, lane); --pend; }}
-        __syncwarp();
-        #pragma unroll
-        for (int sub = 0; sub < {subs}; ++sub)
-            #pragma unroll
-            for (int j2 = 0; j2 < {bn8}; ++j2) {{
-                const int col = n0 + j2 * 8 + 2 * t4;
-                {bias_pair}
-                #pragma unroll
-                for (int h = 0; h < 2; ++h) {{
-                    const float v0 = apply_epilogue_b(d[sub][4 * j2 + 2 * h], b0);
-                    const float v1 = apply_epilogue_b(d[sub][4 * j2 + 2 * h + 1], b1);
-                    u32 pk;
-                    asm("cvt.rn.{suffix}.f32 %0, %1, %2;" : "=r"(pk) : "f"(v1), "f"(v0));
-                    asm volatile("st.shared.u32 [%0], %1;" :: "r"(stash + (sub * 16 + g + 8 * h) * {ldb} + (j2 * 8 + 2 * t4) * 2),
-                                 "r"(pk));
-                }}
-            }}
-        __syncwarp();
-        pend = {nchunk}; pC = Cb; prow = m0 + {rowbase0} + warp * 16; pn0 = n0;
-"""
-
-
-def deferred_split(epilogue: Epilogue) -> tuple[Epilogue, str]:
-    """(the chain applied before the stash, C statements applying its trailing activation to ``v0``/``v1``):
-    a trailing GELU/SiLU is deferred (MUFU work), everything else runs before the stash."""
-    steps = tuple(epilogue)
-    two_k, eight_kc = 1.5957691216057308, 0.285419265090401
-    gelu = (f"{{ const float h = 0.5f * {{v}}; {{v}} = fmaf(h, tanh_fast(h * fmaf({eight_kc!r}f, h * h, {two_k!r}f)), h); }}")
-    acts = {EpilogueKind.GELU_TANH: gelu, EpilogueKind.GELU_ERF: "{v} = gelu_erf_f({v});",
-            EpilogueKind.SILU: "{v} = silu_f({v});"}
-    if steps and steps[-1] in acts:
-        code = acts[steps[-1]]
-        return Epilogue(steps[:-1]), code.replace("{v}", "v0") + " " + code.replace("{v}", "v1")
-    return epilogue, ""

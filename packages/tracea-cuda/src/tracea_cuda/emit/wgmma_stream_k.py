@@ -1,0 +1,69 @@
+"""CUDA C++ templates of the Hopper GEMM's stream-K split (rendered by :mod:`.wgmma`; the host plan and
+its Python mirror are in :mod:`tracea_cuda.stream_k`)."""
+
+from __future__ import annotations
+
+# Stream-K: CTA b runs its data-parallel tiles (b, b + G, ... below tiles - sk_tiles), then its share
+# [b I / G, (b + 1) I / G) of the I = sk_tiles * KT k-iterations of the last sk_tiles tiles. A tile's
+# piece holding k-iteration 0 is its owner (always the last piece of a CTA's share); the other pieces
+# (contributors, each the first piece of a later CTA's share) store fp32 partial sums, which the owner
+# adds before the epilogue. The host makes every share non-empty (I >= G).
+SK_UNIT = r"""
+struct SkUnit { int tile, kb, ke, owner, ncon, cslot; };
+static __device__ __forceinline__ bool sk_unit(int u, int tiles, int KT, int sk_tiles, SkUnit& w) {
+    const int G = gridDim.x, b = blockIdx.x, dp = tiles - sk_tiles;
+    const int n_dp = b < dp ? (dp - 1 - b) / G + 1 : 0;
+    if (u < n_dp) { w.tile = b + u * G; w.kb = 0; w.ke = KT; w.owner = 1; w.ncon = 0; w.cslot = -1; return true; }
+    if (sk_tiles == 0) return false;
+    const long long I = (long long)sk_tiles * KT, s = b * I / G, e = (b + 1) * I / G;
+    const long long t = s / KT + (u - n_dp), tb = t * KT;
+    if (s >= e || tb >= e) return false;
+    const int owner_b = (int)(((tb + 1) * G - 1) / I), last_b = (int)(((tb + KT) * G - 1) / I);
+    w.tile = dp + (int)t; w.kb = (int)(max(s, tb) - tb); w.ke = (int)(min(e, tb + KT) - tb);
+    w.owner = b == owner_b; w.ncon = last_b - owner_b; w.cslot = b - owner_b - 1;
+    return true;
+}
+"""
+
+SK_FIXUP = """        if (w.cslot >= 0 || w.ncon > 0) {{  // a stream-K piece: exchange fp32 partial sums with the owner
+            const int tid = threadIdx.x % 128, t_local = tile - (tiles - sk_tiles);
+            unsigned* flag = sk_flags + 2 * t_local + wg;
+            if (!w.owner) {{
+                float* slot = sk_ws + ((long long)(t_local * sk_maxc + w.cslot) * 2 + wg) * {nreg} * 128;
+                #pragma unroll
+                for (int sub = 0; sub < {subs}; ++sub)
+                    #pragma unroll
+                    for (int i = 0; i < {regs}; i += 4)
+                        asm volatile("st.global.cg.v4.f32 [%0], {{%1, %2, %3, %4}};"
+                                     :: "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)), "f"(d[sub][i]), "f"(d[sub][i + 1]),
+                                        "f"(d[sub][i + 2]), "f"(d[sub][i + 3]) : "memory");
+                __threadfence();
+                named_bar_sync(1 + wg);
+                if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(flag) : "memory");
+                continue;
+            }}
+            if (tid == 0) {{
+                u32 seen;
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+                while (seen < (u32)w.ncon) {{
+                    __nanosleep(128);
+                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+                }}
+                *flag = 0u;  // reset for the next launch (every contributor has arrived)
+            }}
+            named_bar_sync(1 + wg);
+            for (int c = 0; c < w.ncon; ++c) {{
+                const float* slot = sk_ws + ((long long)(t_local * sk_maxc + c) * 2 + wg) * {nreg} * 128;
+                #pragma unroll
+                for (int sub = 0; sub < {subs}; ++sub)
+                    #pragma unroll
+                    for (int i = 0; i < {regs}; i += 4) {{
+                        float x0, x1, x2, x3;
+                        asm volatile("ld.global.cg.v4.f32 {{%0, %1, %2, %3}}, [%4];"
+                                     : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3)
+                                     : "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)) : "memory");
+                        d[sub][i] += x0; d[sub][i + 1] += x1; d[sub][i + 2] += x2; d[sub][i + 3] += x3;
+                    }}
+            }}
+        }}
+"""
