@@ -153,3 +153,17 @@ def test_gemv_ops_get_one_hero_and_a_threads_only_space():
     square = GemmOp(64, 64, 64)
     assert len(v.hero_configs(square, PROFILE)) == len(GEMM_HEROES[BEST])
     assert len(list(v.search_space(square, PROFILE))) > 2
+
+
+def test_gemv_threads_follow_weight_bytes(monkeypatch):
+    from tracea_cpu.testing import PROFILE
+    from tracea_cpu.variants import GEMV_THREADS_BYTES
+
+    monkeypatch.delenv("TRACEA_NUM_THREADS", raising=False)
+    v = CpuGemmVariant(ISA_BY_NAME[BEST])
+    cfg = _hero(BEST, threads=0)
+    big = GemmOp(1, 512, 512, trans_b=True)  # 1 MiB of weights, 0.5 MFLOP: memory-bound
+    assert 4 * 512 * 512 >= GEMV_THREADS_BYTES
+    assert v.threads(big, cfg, PROFILE) == max(1, PROFILE.compute_units)
+    assert v.threads(GemmOp(1, 64, 64, trans_b=True), cfg, PROFILE) == 1
+    assert v.threads(big, _hero(BEST, threads=1), PROFILE) == 1

@@ -26,6 +26,8 @@ _LANES = {"avx512": 16, "avx512bf16": 16, "avx2": 8, "neon": 4, "scalar": 1}
 # Fraction of the per-lane peak each ISA's kernels reach (measured); scalar code gets what the
 # compiler's auto-vectorisation gives.
 _BASE_EFFICIENCY = {"avx512": 0.85, "avx512bf16": 0.7, "avx2": 0.8, "neon": 0.7, "scalar": 0.5}
+# B bytes from which the packing-free GEMM drivers use every thread (see CpuGemmVariant.threads).
+GEMV_THREADS_BYTES = 256 * 1024
 _PRIORITY = {"avx512": 30, "avx512bf16": 40, "avx2": 20, "neon": 20, "scalar": 0}
 
 
@@ -117,6 +119,17 @@ class CpuGemmVariant(CpuVariant):
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         return _validate_blocked(self.isa, config)
+
+    def threads(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> int:
+        # The GEMV / axpy drivers are memory-bound: a second thread pays off from ~256 KiB of B
+        # (measured M = 1, weights 256 x 256: 41 -> 49 GB/s, 512 x 512: 57 -> 95 GB/s, from one to two
+        # threads), far below the flop-based small-problem cut.
+        if _gemv(op) and not int(config.get("threads", 0) or 0):
+            assert isinstance(op, GemmOp)
+            if 4 * op.n * op.k * op.batch < GEMV_THREADS_BYTES:
+                return 1
+            return kernels.thread_count(0, profile.compute_units)
+        return super().threads(op, config, profile)
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
         return _blocked_plan(self, op, config)
