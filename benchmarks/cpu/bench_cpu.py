@@ -168,37 +168,42 @@ LINEAR_M_FP32 = [1, 4, 8, 32]
 
 
 def bench_linear(isa, tune, torch, peak, rows, n=4096, k=4096):
-    """fp32 nn.Linear decode shapes: M tokens x (n x k weights, stored N x K) against F.linear; memory-bound
-    at small M, so the weight traffic (4 N K bytes per call) is shown as GB/s next to GFLOP/s."""
+    """fp32 nn.Linear decode shapes: M tokens x (n x k weights, stored N x K) against F.linear, then the same
+    weights stored K x N (A @ W) against torch.mm; memory-bound at small M, so the weight traffic
+    (4 N K bytes per call) is shown as GB/s next to GFLOP/s (the "F.linear" columns hold the anchor)."""
     if torch is None:
         print("\nnn.Linear fp32: skipped, needs torch (F.linear anchor)")
         return
     print(f"\nnn.Linear fp32 (C = A @ W^T, W {n} x {k} stored N x K), {isa}; GFLOP/s and weight GB/s (best of "
           f"interleaved runs), ratio = F.linear time / ours")
-    print(f"{'size':>28} {'tracea':>8} {'F.linear':>8} {'ratio':>7} {'% peak':>7}  config  "
-          f"{'GB/s ours':>9} {'F.linear':>8}")
+    print(f"{'size':>28} {'tracea':>8} {'anchor':>8} {'ratio':>7} {'% peak':>7}  config (GEMV/axpy drivers: tile "
+          f"unused)")
     variant = CpuGemmVariant(ISA_BY_NAME[isa])
     rng = np.random.default_rng(1)
     w = rng.standard_normal((n, k), dtype=np.float32)
     tw = torch.from_numpy(w)
-    for m in LINEAR_M_FP32:
-        op = GemmOp(m, n, k, trans_b=True)
+    # then A @ W with W stored K x N (the axpy driver) against torch.mm, reported in the same columns
+    w_kn = np.ascontiguousarray(w.T)
+    tw_kn = torch.from_numpy(w_kn)
+    for m, linear in [(m, True) for m in LINEAR_M_FP32] + [(1, False), (4, False)]:
+        op = GemmOp(m, n, k, trans_b=linear)
         a = rng.standard_normal((m, k), dtype=np.float32)
         out = np.empty((m, n), np.float32)
-        args = OpArgs({"a": a, "b": w, "bias": None}, out, NumpyAdapter())
+        args = OpArgs({"a": a, "b": w if linear else w_kn, "bias": None}, out, NumpyAdapter())
         cfg = pick_config(variant, op, args, tune)
         variant.run(op, cfg, args, PROFILE)
         err = rel_err(out, a.astype(np.float64) @ w.astype(np.float64).T)
         ta = torch.from_numpy(a)
-        fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE),
-               "F.linear": lambda: torch.nn.functional.linear(ta, tw)}
-        row = _report("gemm-linear", f"linear {m}x{n}x{k}", op, compare(fns), peak, cfg, err,
-                      dict(m=m, n=n, k=k, linear=True, isa=isa), rows)
+        anchor = (lambda: torch.nn.functional.linear(ta, tw)) if linear else (lambda: torch.mm(ta, tw_kn))
+        fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE), "F.linear": anchor}
+        label = f"linear {m}x{n}x{k}" if linear else f"A@W(KxN) {m}x{n}x{k} vs mm"
+        row = _report("gemm-linear", label, op, compare(fns), peak, cfg, err,
+                      dict(m=m, n=n, k=k, linear=linear, isa=isa), rows)
         gb = 4.0 * n * k / 1e9
         row["weight_gbs"] = gb / (op.flops / row["tracea"] / 1e9)
         row["weight_gbs_F.linear"] = gb / (op.flops / row["F.linear"] / 1e9)
         print(f"{'':>28} weight traffic {row['weight_gbs']:6.1f} GB/s ours, {row['weight_gbs_F.linear']:6.1f} GB/s "
-              f"F.linear")
+              f"{'F.linear' if linear else 'torch.mm'}")
 
 
 def bench_gemm_bf16(sizes, tune, torch, threads, rows):
