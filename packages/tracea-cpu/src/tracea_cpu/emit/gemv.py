@@ -2,7 +2,7 @@
 
 GEMV (columns of B contiguous along k: weights stored N x K, ``trans_b=True``, or a single column):
 every output C(i, j) is the dot product of row i of A with column j of B. Each thread takes chunks of
-B columns (weight rows), walks ``TR_GV_R`` of them at a time along k with ``TR_GV_R x mg`` vector
+B columns (weight rows), walks ``TR_GV_R`` (8) of them at a time along k with ``TR_GV_R x mg`` vector
 accumulators (``mg <= 4`` rows of A, which stay in L1), reduces each accumulator horizontally at the
 end and adds the scalar k tail. With more than four rows the same ``TR_GV_R`` weight rows (a few tens
 of KiB, L2-resident) are reused for each group of four, so the weights stream from memory once.
@@ -212,8 +212,10 @@ def unpacked_driver(m: int, n: int, k: int, trans_b: bool) -> str | None:
 
 def gemv_source(isa: Isa) -> str:
     """The GEMV driver's C text for ``isa`` (needs the prologue and ``tr_epi`` before it)."""
-    # Accumulators: TR_GV_R x 4 rows, plus TR_GV_R + 4 loaded vectors, within the register file.
-    r = 4 if isa.registers >= 32 else 2
+    # Weight rows walked side by side: more concurrent streams beat fitting the accumulators in
+    # registers (4096 x 4096, ms, M = 1 / 4 / 8 / 32; AVX-512 R = 4: 1.68 / 2.09 / 2.70 / 6.38, R = 8:
+    # 1.44 / 1.79 / 2.28 / 5.96, R = 12-16 slower; AVX2 R = 2 / 4 / 8 at M = 4: 2.64 / 2.02 / 1.70).
+    r = 8
     defs = dict(TR_GV_R=r, TR_AX_CW=AXPY_CW, TR_GEMV_MAXM=GEMV_MAXM, TR_GEMV_WIDEM=GEMV_WIDEM,
                 TR_GEMV_WIDEK=GEMV_WIDEK, TR_AXPY_MAXM=AXPY_MAXM)
     return "".join(f"#ifndef {name}\n#define {name} {value}\n#endif\n" for name, value in defs.items()) + GEMV
