@@ -1,10 +1,12 @@
 """fp32 nn.Linear decode shapes (M x N x K, weights stored N x K) through ``tr_gemm`` compiled with extra
-``-D`` flags, against ``torch.nn.functional.linear``: chooses the GEMV driver's row limit
-(``TR_GEMV_MAXM``), weight rows per step (``TR_GV_R``) and prefetch distance (``TR_GV_PF``).
+``-D`` flags, against ``torch.nn.functional.linear`` (``--kn``: weights K x N against ``torch.mm``): A/B of
+the GEMV / axpy drivers (``-DTR_GEMV_DRIVER=0``, ``-DTR_AXPY_DRIVER=0``), their row limits
+(``-D'TR_GEMV_ROWS_OK(M, K)=...'``), weight rows per step (``TR_GV_R``), prefetch distance
+(``TR_GV_PF``) and axpy column chunk (``TR_AX_CW``).
 
     source scripts/srcenv.sh
     flock /tmp/tracea-bench.lock python benchmarks/cpu/probes/gemv_linear.py --m 1,4,8,32 \
-        --variants base=,nogemv=-DTR_GEMV_DRIVER=0,pf=-DTR_GV_PF=512
+        --variants base=,nogemv=-DTR_GEMV_DRIVER=0,pf=-DTR_GV_PF=512    (flags split on spaces)
 """
 
 from __future__ import annotations

@@ -85,12 +85,13 @@ def test_gemv_batched_transposed_a_one_and_two_threads(isa):
 
 
 def test_gemv_wide_rows_with_deep_k():
-    # 5..64 rows take the GEMV driver only when K is deep enough (groups of four rows reuse the weights).
-    for m in (5, 17, 64):
-        assert route(BEST, m, 1000, 512) == "gemv"
-        assert gemv_case(BEST, m, 1000, 512, epi="bias+silu", seed=m) < 1e-5, m
-    assert route(BEST, 65, 1000, 512) != "gemv"
-    assert route(BEST, 8, 1000, 64) != "gemv"
+    # 5..64 rows take the GEMV driver only when K is deep enough (groups of four rows reuse the weights):
+    # up to 16 rows from K = 256, up to 64 from K = 1024.
+    for m, k in [(5, 257), (16, 300), (17, 1024), (64, 1031)]:
+        assert route(BEST, m, 1000, k) == "gemv"
+        assert gemv_case(BEST, m, 1000, k, epi="bias+silu", seed=m) < 1e-5, m
+    for m, k in [(65, 4096), (17, 1023), (8, 64)]:
+        assert route(BEST, m, 1000, k) != "gemv"
 
 
 def test_gemv_b_not_transposed_single_column():
@@ -133,9 +134,9 @@ def test_gemv_python_rule_matches_compiled_route():
     # The variant trims its heroes and search space by unpacked_driver: it must agree with tr_gemm.
     from tracea_cpu.emit.gemv import unpacked_driver
 
-    for m in (1, 3, 4, 5, 17, 64, 65, 200):
+    for m in (1, 3, 4, 5, 16, 17, 64, 65, 200):
         for n in (1, 7, 1000):
-            for k in (1, 64, 255, 256, 4096):
+            for k in (1, 64, 255, 256, 1023, 1024, 4096):
                 for tb in (False, True):
                     want = unpacked_driver(m, n, k, tb)
                     got = route(BEST, m, n, k, tb=tb)

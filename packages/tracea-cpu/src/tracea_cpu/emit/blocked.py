@@ -342,8 +342,7 @@ int tr_gemm_route(long M, long N, long K, long rsb, long csb, int nth) {
     if ((double)M * N * K < 65536.0) T = 1;
     /* B columns contiguous along k (nn.Linear weights) and few rows: dot products, nothing packed
        (thresholds and measurements: emit/gemv.py; Python mirrors this rule in unpacked_driver). */
-    if (TR_GEMV_DRIVER && rsb == 1 && (M <= TR_GEMV_MAXM || (M <= TR_GEMV_WIDEM && K >= TR_GEMV_WIDEK)))
-        return 2;
+    if (TR_GEMV_DRIVER && rsb == 1 && TR_GEMV_ROWS_OK(M, K)) return 2;
     if (TR_AXPY_DRIVER && csb == 1 && M <= TR_AXPY_MAXM) return 3;
     /* Few rows against transposed weights (measured at M x 4096 x 4096, 6x64 tile: M = 1 / 8 / 32:
        9.0 / 9.5 / 12.8 ms -> see docs/backends/cpu.md) take the per-thread-panel driver. */

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from ..isa import Isa
 
-# tr_gemm takes the GEMV driver for M <= GEMV_MAXM rows, and for M <= GEMV_WIDEM when K >= GEMV_WIDEK
-# (measured, M x N x K: N, K = 4096: faster than the packed drivers up to M = 64, 1.0x at 96; K = 64:
-# slower from M = 8 on). The C source gets these values, so this is the one place they are set.
-GEMV_MAXM = 4
-GEMV_WIDEM = 64
-GEMV_WIDEK = 256
+# tr_gemm takes the GEMV driver for M <= rows when K >= k, for any (rows, k) here. Measured against the
+# blocked drivers (N = 4096, ms, GEMV vs blocked): K = 4096: M = 48 / 64 8.8 / 11.1 vs 12.8 / 15.6;
+# K = 1024: M = 64 3.21 vs 3.47; K = 512: M = 32 0.79 vs 0.95, M = 64 1.59 vs 1.51; K = 256: M = 8
+# 0.12 vs 0.19, M = 16 0.26 vs 0.27, M = 32 0.46 vs 0.41; K = 64: slower from M = 8 on.
+GEMV_TIERS = ((4, 1), (16, 256), (64, 1024))
 # B stored K x N: the axpy driver for M <= AXPY_MAXM, columns in chunks of at most AXPY_CW.
 AXPY_MAXM = 4
 AXPY_CW = 2048
@@ -203,7 +202,7 @@ def unpacked_driver(m: int, n: int, k: int, trans_b: bool) -> str | None:
     """The packing-free driver ``tr_gemm`` runs an M x N x K GEMM through: ``"gemv"`` (columns of B
     contiguous along k: ``trans_b`` or a single column), ``"axpy"`` (B stored K x N, M <= AXPY_MAXM), or
     None (the blocked drivers). Mirrors ``tr_gemm_route``; a test checks they agree."""
-    if (trans_b or n == 1) and (m <= GEMV_MAXM or (m <= GEMV_WIDEM and k >= GEMV_WIDEK)):
+    if (trans_b or n == 1) and any(m <= rows and k >= kmin for rows, kmin in GEMV_TIERS):
         return "gemv"
     if not trans_b and m <= AXPY_MAXM:
         return "axpy"
@@ -216,6 +215,7 @@ def gemv_source(isa: Isa) -> str:
     # registers (4096 x 4096, ms, M = 1 / 4 / 8 / 32; AVX-512 R = 4: 1.68 / 2.09 / 2.70 / 6.38, R = 8:
     # 1.44 / 1.79 / 2.28 / 5.96, R = 12-16 slower; AVX2 R = 2 / 4 / 8 at M = 4: 2.64 / 2.02 / 1.70).
     r = 8
-    defs = dict(TR_GV_R=r, TR_AX_CW=AXPY_CW, TR_GEMV_MAXM=GEMV_MAXM, TR_GEMV_WIDEM=GEMV_WIDEM,
-                TR_GEMV_WIDEK=GEMV_WIDEK, TR_AXPY_MAXM=AXPY_MAXM)
-    return "".join(f"#ifndef {name}\n#define {name} {value}\n#endif\n" for name, value in defs.items()) + GEMV
+    tiers = " || ".join(f"((M) <= {rows} && (K) >= {kmin})" for rows, kmin in GEMV_TIERS)
+    defs = {"TR_GV_R": r, "TR_AX_CW": AXPY_CW, "TR_AXPY_MAXM": AXPY_MAXM, "TR_GEMV_ROWS_OK(M, K)": f"({tiers})"}
+    return "".join(f"#ifndef {name.partition('(')[0]}\n#define {name} {value}\n#endif\n"
+                   for name, value in defs.items()) + GEMV
