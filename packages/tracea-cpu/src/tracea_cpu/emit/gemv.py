@@ -8,7 +8,7 @@ end and adds the scalar k tail. With more than four rows the same ``TR_GV_R`` we
 of KiB, L2-resident) are reused for each group of four, so the weights stream from memory once.
 
 axpy (B stored K x N, ``trans_b=False``, M <= 4): each thread takes a chunk of up to ``TR_AX_CW``
-columns, keeps those C rows in L1 and adds four rows of B at a time (four side-by-side streams).
+columns, keeps those C rows in L1 and adds ``TR_AX_KG`` (8) rows of B at a time (side-by-side streams).
 
 Both read B exactly once and write nothing but C; the epilogue runs vectorised over each finished
 chunk of C.
@@ -23,9 +23,11 @@ from ..isa import Isa
 # K = 1024: M = 64 3.21 vs 3.47; K = 512: M = 32 0.79 vs 0.95, M = 64 1.59 vs 1.51; K = 256: M = 8
 # 0.12 vs 0.19, M = 16 0.26 vs 0.27, M = 32 0.46 vs 0.41; K = 64: slower from M = 8 on.
 GEMV_TIERS = ((4, 1), (16, 256), (64, 1024))
-# B stored K x N: the axpy driver for M <= AXPY_MAXM, columns in chunks of at most AXPY_CW.
+# B stored K x N: the axpy driver for M <= AXPY_MAXM, columns in chunks of at most AXPY_CW, AXPY_KG rows
+# of B at a time (4096 x 4096, M = 1 / 4, ms: KG = 2 2.60 / 3.27, 4 2.13 / 2.46, 8 1.86 / 2.00, 16 2.16 / 2.36).
 AXPY_MAXM = 4
 AXPY_CW = 2048
+AXPY_KG = 8
 
 GEMV = r"""
 /* Software prefetch distance along k, in floats (0: none). */
@@ -104,13 +106,13 @@ static void tr_gv_epi(float *c, long n, const float *bias) {
 static inline __attribute__((always_inline)) void tr_ax_rows(long k, const float *a, long rsa, long csa,
                                                             const float *b, long rsb, float *c, long ldc, long j0,
                                                             long j1, const int MG, const int KG) {
-    V av[4][4];
+    V av[4][TR_AX_KG];
     for (int i = 0; i < MG; i++)
         for (int g = 0; g < KG; g++) av[i][g] = VSET1(a[i * rsa + (k + g) * csa]);
     const float *bk = b + k * rsb;
     long j = j0;
     for (; j + VW <= j1; j += VW) {
-        V bv[4];
+        V bv[TR_AX_KG];
         for (int g = 0; g < KG; g++) bv[g] = VLOAD(bk + g * rsb + j);
         for (int i = 0; i < MG; i++) {
             V x = VLOAD(c + i * ldc + j);
@@ -135,7 +137,7 @@ static void tr_ax_step(long k, int kg, const float *a, long rsa, long csa, int m
     case 3: tr_ax_rows(k, a, rsa, csa, b, rsb, c, ldc, j0, j1, 3, KGX); break; \
     default: tr_ax_rows(k, a, rsa, csa, b, rsb, c, ldc, j0, j1, 4, KGX); break; \
     }
-    if (kg == 4) TR_AX_MG(4) else TR_AX_MG(1)
+    if (kg == TR_AX_KG) TR_AX_MG(TR_AX_KG) else TR_AX_MG(1)
 #undef TR_AX_MG
 }
 
@@ -153,7 +155,7 @@ static int tr_drive_axpy(long M, long N, long K, const float *a, long rsa, long 
         for (long i = 0; i < M; i += 4) {
             int mg = (int)TR_MIN(4, M - i);
             long k = 0;
-            for (; k + 4 <= K; k += 4) tr_ax_step(k, 4, a + i * rsa, rsa, csa, mg, b, rsb, c + i * ldc, ldc, j0, j1);
+            for (; k + TR_AX_KG <= K; k += TR_AX_KG) tr_ax_step(k, TR_AX_KG, a + i * rsa, rsa, csa, mg, b, rsb, c + i * ldc, ldc, j0, j1);
             for (; k < K; k++) tr_ax_step(k, 1, a + i * rsa, rsa, csa, mg, b, rsb, c + i * ldc, ldc, j0, j1);
         }
         for (long i = 0; i < M; i++) tr_gv_epi(c + i * ldc + j0, j1 - j0, bias ? bias + j0 : 0);
@@ -216,6 +218,6 @@ def gemv_source(isa: Isa) -> str:
     # 1.44 / 1.79 / 2.28 / 5.96, R = 12-16 slower; AVX2 R = 2 / 4 / 8 at M = 4: 2.64 / 2.02 / 1.70).
     r = 8
     tiers = " || ".join(f"((M) <= {rows} && (K) >= {kmin})" for rows, kmin in GEMV_TIERS)
-    defs = {"TR_GV_R": r, "TR_AX_CW": AXPY_CW, "TR_AXPY_MAXM": AXPY_MAXM, "TR_GEMV_ROWS_OK(M, K)": f"({tiers})"}
+    defs = {"TR_GV_R": r, "TR_AX_CW": AXPY_CW, "TR_AX_KG": AXPY_KG, "TR_AXPY_MAXM": AXPY_MAXM, "TR_GEMV_ROWS_OK(M, K)": f"({tiers})"}
     return "".join(f"#ifndef {name.partition('(')[0]}\n#define {name} {value}\n#endif\n"
                    for name, value in defs.items()) + GEMV
