@@ -168,3 +168,16 @@ def test_gemv_threads_follow_weight_bytes(monkeypatch):
     assert v.threads(big, cfg, PROFILE) == max(1, PROFILE.compute_units)
     assert v.threads(GemmOp(1, 64, 64, trans_b=True), cfg, PROFILE) == 1
     assert v.threads(big, _hero(BEST, threads=1), PROFILE) == 1
+
+
+def test_gemv_through_dispatch_with_transposed_weights_view(tmp_path, monkeypatch):
+    # tracea.ops.matmul(x, W.T): the transposed view reaches the kernel as trans_b (no copy) and runs
+    # the GEMV driver with the fused epilogue.
+    from tracea import ops
+
+    monkeypatch.setenv("TRACEA_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng(7)
+    x, w, bias = rand(rng, 3, 1000), rand(rng, 129, 1000), rand(rng, 129)
+    out = ops.matmul(x, w.T, bias=bias, activation="silu", variant=f"cpu.gemm.{BEST}", config=_hero(BEST, 0))
+    ref = epilogue_ref(x.astype(np.float64) @ w.astype(np.float64).T, ["bias", "silu"], bias, axis=1)
+    assert rel_err(out, ref) < 1e-5
