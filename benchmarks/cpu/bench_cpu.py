@@ -3,7 +3,7 @@ side in one run, with this machine's measured FMA peak.
 
     source scripts/srcenv.sh
     flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_cpu.py [--quick] [--json out.json]
-        [--only gemm,gemm-bf16,conv,attention] [--tune N] [--threads T] [--conv-3x3-only]
+        [--only gemm,linear,gemm-bf16,conv,attention] [--tune N] [--threads T] [--conv-3x3-only]
 
 Prints GFLOP/s, ratios against the anchors measured in the same run and the fraction of the FMA peak;
 writes every row to JSON. ``--tune N`` tries N configs of the variant's search space per problem
@@ -164,6 +164,46 @@ def bench_gemm(isa, sizes, tune, torch, peak, rows):
 
 
 LINEAR_M = [1, 8, 32, 128]
+LINEAR_M_FP32 = [1, 4, 8, 32]
+
+
+def bench_linear(isa, tune, torch, peak, rows, n=4096, k=4096):
+    """fp32 nn.Linear decode shapes: M tokens x (n x k weights, stored N x K) against F.linear, then the same
+    weights stored K x N (A @ W) against torch.mm; memory-bound at small M, so the weight traffic
+    (4 N K bytes per call) is shown as GB/s next to GFLOP/s (the "F.linear" columns hold the anchor)."""
+    if torch is None:
+        print("\nnn.Linear fp32: skipped, needs torch (F.linear anchor)")
+        return
+    print(f"\nnn.Linear fp32 (C = A @ W^T, W {n} x {k} stored N x K), {isa}; GFLOP/s and weight GB/s (best of "
+          f"interleaved runs), ratio = F.linear time / ours")
+    print(f"{'size':>28} {'tracea':>8} {'anchor':>8} {'ratio':>7} {'% peak':>7}  config (GEMV/axpy drivers: tile "
+          f"unused)")
+    variant = CpuGemmVariant(ISA_BY_NAME[isa])
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    tw = torch.from_numpy(w)
+    # then A @ W with W stored K x N (the axpy driver) against torch.mm, reported in the same columns
+    w_kn = np.ascontiguousarray(w.T)
+    tw_kn = torch.from_numpy(w_kn)
+    for m, linear in [(m, True) for m in LINEAR_M_FP32] + [(1, False), (4, False)]:
+        op = GemmOp(m, n, k, trans_b=linear)
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        out = np.empty((m, n), np.float32)
+        args = OpArgs({"a": a, "b": w if linear else w_kn, "bias": None}, out, NumpyAdapter())
+        cfg = pick_config(variant, op, args, tune)
+        variant.run(op, cfg, args, PROFILE)
+        err = rel_err(out, a.astype(np.float64) @ w.astype(np.float64).T)
+        ta = torch.from_numpy(a)
+        anchor = (lambda: torch.nn.functional.linear(ta, tw)) if linear else (lambda: torch.mm(ta, tw_kn))
+        fns = {"tracea": lambda: variant.run(op, cfg, args, PROFILE), "F.linear": anchor}
+        label = f"linear {m}x{n}x{k}" if linear else f"A@W(KxN) {m}x{n}x{k} vs mm"
+        row = _report("gemm-linear", label, op, compare(fns), peak, cfg, err,
+                      dict(m=m, n=n, k=k, linear=linear, isa=isa), rows)
+        gb = 4.0 * n * k / 1e9
+        row["weight_gbs"] = gb / (op.flops / row["tracea"] / 1e9)
+        row["weight_gbs_F.linear"] = gb / (op.flops / row["F.linear"] / 1e9)
+        print(f"{'':>28} weight traffic {row['weight_gbs']:6.1f} GB/s ours, {row['weight_gbs_F.linear']:6.1f} GB/s "
+              f"{'F.linear' if linear else 'torch.mm'}")
 
 
 def bench_gemm_bf16(sizes, tune, torch, threads, rows):
@@ -290,7 +330,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sizes (smoke run)")
     ap.add_argument("--json", default="bench_cpu.json", help="where to write the rows")
-    ap.add_argument("--only", default="gemm,gemm-bf16,conv,attention")
+    ap.add_argument("--only", default="gemm,gemm-bf16,conv,attention",
+                    help="sections (gemm includes the fp32 nn.Linear rows; linear runs them alone)")
     ap.add_argument("--tune", type=int, default=0, help="configs of the search space to try per problem")
     ap.add_argument("--threads", type=int, default=0, help="threads (default: $TRACEA_NUM_THREADS or all cores)")
     ap.add_argument("--isa", default=None, help="ISA to benchmark (default: the best this machine runs)")
@@ -313,6 +354,8 @@ def main(argv=None) -> int:
     only = set(ns.only.split(","))
     if "gemm" in only:
         bench_gemm(isa, [256, 512, 1024] if ns.quick else [256, 512, 1024, 1536, 2048], ns.tune, torch, peak, rows)
+    if "gemm" in only or "linear" in only:
+        bench_linear(isa, ns.tune, torch, peak, rows)
     if "gemm-bf16" in only:
         bench_gemm_bf16([256, 512, 1024] if ns.quick else [256, 512, 1024, 1536, 2048], ns.tune, torch, threads,
                         rows)

@@ -18,6 +18,8 @@ from .toolchain import build
 
 _L, _P, _I, _F = ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
+# tr_gemm_route's answers: which driver tr_gemm runs for a shape.
+GEMM_ROUTES = {0: "packed", 1: "rows", 2: "gemv", 3: "axpy"}
 GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _P, _L, _L, _L, _I]
 CONV_ARGTYPES = [_I] + [_L] * 16 + [_P, _P, _P, _P, _L, _L, _L, _I, _I]
 BF16_GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _I, _P, _L, _L, _L, _I]
@@ -32,6 +34,8 @@ def blocked_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctype
     lib = build(source, isa.cflags, f"blocked-{isa_name}-{mr}x{nr}")
     lib.tr_gemm.argtypes = GEMM_ARGTYPES
     lib.tr_gemm.restype = _I
+    lib.tr_gemm_route.argtypes = [_L, _L, _L, _L, _L, _I]
+    lib.tr_gemm_route.restype = _I
     lib.tr_conv2d.argtypes = CONV_ARGTYPES
     lib.tr_conv2d.restype = _I
     return lib

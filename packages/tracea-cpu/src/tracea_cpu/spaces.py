@@ -74,6 +74,16 @@ def _blocking_space(isa: Isa, profile: DeviceProfile, elem: int, kcs: list[int],
             .where(fits_caches))
 
 
+def gemv_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
+    """GEMMs that run through the GEMV driver: the tile and cache blocks are unused there, so only the
+    default hero's values (one compiled library) and the thread count are offered."""
+    hero = GEMM_HEROES[isa.name][0]
+    space = SearchSpace()
+    for name in ("mr", "nr", "kc", "mc", "nc"):
+        space = space.param(name, [hero[name]])
+    return space.param("threads", [0, 1] if profile.compute_units > 1 else [1])
+
+
 def blocked_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
     """The fp32 GEMM's register tiles, cache blocks and threads."""
     return _blocking_space(isa, profile, 4, [128, 256, 384, 512, 768, 1024, 1152, 2304, STATIONARY_KC],

@@ -18,6 +18,7 @@ from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
+from .emit.gemv import unpacked_driver
 from .isa import ALL_ISAS, Isa
 from .toolchain import compiler_or_reason
 
@@ -25,6 +26,8 @@ _LANES = {"avx512": 16, "avx512bf16": 16, "avx2": 8, "neon": 4, "scalar": 1}
 # Fraction of the per-lane peak each ISA's kernels reach (measured); scalar code gets what the
 # compiler's auto-vectorisation gives.
 _BASE_EFFICIENCY = {"avx512": 0.85, "avx512bf16": 0.7, "avx2": 0.8, "neon": 0.7, "scalar": 0.5}
+# B bytes from which the packing-free GEMM drivers use every thread (see CpuGemmVariant.threads).
+GEMV_THREADS_BYTES = 256 * 1024
 _PRIORITY = {"avx512": 30, "avx512bf16": 40, "avx2": 20, "neon": 20, "scalar": 0}
 
 
@@ -65,6 +68,12 @@ class CpuVariant(KernelVariant):
         return kernels.thread_count(requested, profile.compute_units)
 
 
+def _gemv(op: Op) -> bool:
+    """Whether ``tr_gemm`` runs this GEMM through a packing-free driver (GEMV or axpy, see
+    :mod:`.emit.gemv`), where the tile and cache blocks of the config are unused."""
+    return isinstance(op, GemmOp) and unpacked_driver(op.m, op.n, op.k, op.trans_b) is not None
+
+
 def _host(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
     arr = args.host(name)
     if arr is None:
@@ -93,18 +102,34 @@ class CpuGemmVariant(CpuVariant):
     def __init__(self, isa: Isa) -> None:
         super().__init__(isa)
         self.name = f"cpu.gemm.{isa.name}"
-        self.description = f"blocked GEMM, {isa.name} micro-kernel, packed panels, fused epilogue"
+        self.description = (f"blocked GEMM, {isa.name} micro-kernel, packed panels, fused epilogue; "
+                            f"packing-free GEMV / axpy drivers for a few rows (nn.Linear decode)")
         self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
                                          isa=isa.requires)
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        if _gemv(op):
+            return spaces.gemv_space(self.isa, profile)
         return spaces.blocked_space(self.isa, profile)
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        return spaces.blocked_heroes(self.isa, op)
+        heroes = spaces.blocked_heroes(self.isa, op)
+        # The GEMV / axpy drivers use no tile: one hero (one compiled library), not one per tile.
+        return [spaces.heroes(spaces.GEMM_HEROES, self.isa)[0]] if _gemv(op) else heroes
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         return _validate_blocked(self.isa, config)
+
+    def threads(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> int:
+        # The GEMV / axpy drivers are memory-bound: a second thread pays off from ~256 KiB of B
+        # (measured M = 1, weights 256 x 256: 41 -> 49 GB/s, 512 x 512: 57 -> 95 GB/s, from one to two
+        # threads), far below the flop-based small-problem cut.
+        if _gemv(op) and not int(config.get("threads", 0) or 0):
+            assert isinstance(op, GemmOp)
+            if 4 * op.n * op.k * op.batch < GEMV_THREADS_BYTES:
+                return 1
+            return kernels.thread_count(0, profile.compute_units)
+        return super().threads(op, config, profile)
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
         return _blocked_plan(self, op, config)

@@ -16,6 +16,7 @@ from tracea.ir.epilogue import Epilogue
 from ..isa import Isa
 from .common import epilogue_c, prologue
 from .conv import CONV
+from .gemv import gemv_source
 from .microkernel import microkernel_c
 from .nchw import NCHW
 from .packers import PACKERS
@@ -26,6 +27,12 @@ DRIVER = r"""
 #endif
 #ifndef TR_ROWS_DRIVER
 #define TR_ROWS_DRIVER 1
+#endif
+#ifndef TR_GEMV_DRIVER
+#define TR_GEMV_DRIVER 1
+#endif
+#ifndef TR_AXPY_DRIVER
+#define TR_AXPY_DRIVER 1
 #endif
 #ifndef TR_ROWS_MAXM
 #define TR_ROWS_MAXM 256
@@ -328,18 +335,33 @@ __attribute__((noinline)) static int tr_drive_rows(long M, long N, long K, const
     return 0;
 }
 
+/* Which driver tr_gemm runs: 0 the packed blocked driver, 1 tr_drive_rows, 2 tr_drive_gemv,
+   3 tr_drive_axpy. */
+int tr_gemm_route(long M, long N, long K, long rsb, long csb, int nth) {
+    int T = nth > 0 ? nth : tr_threads_available();
+    if ((double)M * N * K < 65536.0) T = 1;
+    /* B columns contiguous along k (nn.Linear weights) and few rows: dot products, nothing packed
+       (thresholds and measurements: emit/gemv.py; Python mirrors this rule in unpacked_driver). */
+    if (TR_GEMV_DRIVER && rsb == 1 && TR_GEMV_ROWS_OK(M, K)) return 2;
+    if (TR_AXPY_DRIVER && csb == 1 && M <= TR_AXPY_MAXM) return 3;
+    /* Few rows against transposed weights (measured at M x 4096 x 4096, 6x64 tile: M = 1 / 8 / 32:
+       9.0 / 9.5 / 12.8 ms -> see docs/backends/cpu.md) take the per-thread-panel driver. */
+    if (TR_ROWS_DRIVER && M <= TR_ROWS_MAXM && csb != 1 && (N + NR - 1) / NR >= 2 * T) return 1;
+    return 0;
+}
+
 int tr_gemm(long batch, long M, long N, long K,
             const float *a, long rsa, long csa, long sa, const float *b, long rsb, long csb, long sb,
             float *c, long ldc, long sc, const float *bias, long mc, long nc, long kc, int nth) {
     int T = nth > 0 ? nth : tr_threads_available();
     if ((double)M * N * K < 65536.0) T = 1;
-    /* Few rows against transposed weights (measured at M x 4096 x 4096, 6x64 tile: M = 1 / 8 / 32:
-       9.0 / 9.5 / 12.8 ms -> see docs/backends/cpu.md) take the per-thread-panel driver. */
-    int rows = TR_ROWS_DRIVER && M <= TR_ROWS_MAXM && csb != 1 && (N + NR - 1) / NR >= 2 * T;
+    int route = tr_gemm_route(M, N, K, rsb, csb, nth), rows = route == 1, gemv = route == 2, axpy = route == 3;
     long kcr = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
     for (long q = 0; q < batch; q++) {
         tr_dense A = {a + q * sa, rsa, csa}, B = {b + q * sb, rsb, csb};
-        int rc = rows ? tr_drive_rows(M, N, K, &A, &B, c + q * sc, ldc, bias, kcr, T)
+        int rc = gemv ? tr_drive_gemv(M, N, K, a + q * sa, rsa, csa, b + q * sb, csb, c + q * sc, ldc, bias, T)
+               : axpy ? tr_drive_axpy(M, N, K, a + q * sa, rsa, csa, b + q * sb, rsb, c + q * sc, ldc, bias, T)
+               : rows ? tr_drive_rows(M, N, K, &A, &B, c + q * sc, ldc, bias, kcr, T)
                       : tr_drive(M, N, K, tr_pack_a_dense, &A, tr_pack_b_dense, &B, c + q * sc, ldc, 0, 0, bias, 0,
                                  mc, nc, kc, nth, 0, 0);
         if (rc) return rc;
@@ -353,4 +375,5 @@ def blocked_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue, ku: int = 8) 
     """Complete C source of the GEMM + conv2d library for one ISA, register tile and epilogue."""
     if not isa.fits(mr, nr):
         raise ValueError(f"tile {mr}x{nr} does not fit {isa.name}'s registers")
-    return "\n".join([prologue(isa), epilogue_c(epilogue), microkernel_c(isa, mr, nr, ku), PACKERS, NCHW, DRIVER, CONV])
+    return "\n".join([prologue(isa), epilogue_c(epilogue), microkernel_c(isa, mr, nr, ku), PACKERS, NCHW,
+                      gemv_source(isa), DRIVER, CONV])
