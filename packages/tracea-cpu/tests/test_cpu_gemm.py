@@ -9,7 +9,7 @@ import pytest
 from tracea.ir.ops import GemmOp
 from tracea_cpu.isa import ISA_BY_NAME
 from tracea_cpu.spaces import GEMM_HEROES
-from tracea_cpu.testing import (BEST, HAVE_CC, ISAS, PROFILE, config, epilogue_ref, poisoned, rand, rel_err,
+from tracea_cpu.testing import (BEST, HAVE_CC, ISAS, PROFILE, config, poisoned, rel_err, run_gemm,
                                 run_variant)
 from tracea_cpu.variants import CpuGemmVariant
 
@@ -19,18 +19,9 @@ SHAPES = [(1, 1, 1), (17, 33, 65), (31, 7, 13), (64, 64, 64), (97, 131, 257), (2
 
 
 def gemm_case(isa: str, m: int, n: int, k: int, *, batch=1, ta=False, tb=False, epi="none", cfg=None, seed=0):
-    rng = np.random.default_rng(seed)
     op = GemmOp(m, n, k, batch=batch, trans_a=ta, trans_b=tb, epilogue=epi)
-    a = rand(rng, batch, *((k, m) if ta else (m, k)))
-    b = rand(rng, batch, *((n, k) if tb else (k, n)))
-    bias = rand(rng, n) if op.epilogue.has_bias else None
-    out = poisoned((batch, m, n))
-    hero = GEMM_HEROES[isa][0]
-    cfg = cfg or config(**hero, threads=0)
-    run_variant(CpuGemmVariant(ISA_BY_NAME[isa]), op, cfg, {"a": a, "b": b, "bias": bias}, out)
-    a64 = a.astype(np.float64).transpose(0, 2, 1) if ta else a.astype(np.float64)
-    b64 = b.astype(np.float64).transpose(0, 2, 1) if tb else b.astype(np.float64)
-    ref = epilogue_ref(a64 @ b64, op.epilogue.steps, bias, axis=2)
+    cfg = cfg or config(**GEMM_HEROES[isa][0], threads=0)
+    out, ref, _, _ = run_gemm(CpuGemmVariant(ISA_BY_NAME[isa]), op, cfg, seed)
     return rel_err(out, ref)
 
 

@@ -12,7 +12,7 @@ from tracea.ir.ops import GemmOp
 from tracea_cpu import kernels
 from tracea_cpu.isa import ISA_BY_NAME
 from tracea_cpu.spaces import GEMM_HEROES
-from tracea_cpu.testing import BEST, HAVE_CC, ISAS, config, epilogue_ref, poisoned, rand, rel_err, run_variant
+from tracea_cpu.testing import BEST, HAVE_CC, ISAS, config, epilogue_ref, poisoned, rand, rel_err, run_gemm
 from tracea_cpu.variants import CpuGemmVariant
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
@@ -34,16 +34,8 @@ def route(isa: str, m: int, n: int, k: int, *, tb: bool = True, threads: int = 2
 
 
 def gemv_case(isa: str, m: int, n: int, k: int, *, batch=1, ta=False, tb=True, epi="none", threads=2, seed=0):
-    rng = np.random.default_rng(seed)
     op = GemmOp(m, n, k, batch=batch, trans_a=ta, trans_b=tb, epilogue=epi)
-    a = rand(rng, batch, *((k, m) if ta else (m, k)))
-    b = rand(rng, batch, *((n, k) if tb else (k, n)))
-    bias = rand(rng, n) if op.epilogue.has_bias else None
-    out = poisoned((batch, m, n))
-    run_variant(CpuGemmVariant(ISA_BY_NAME[isa]), op, _hero(isa, threads), {"a": a, "b": b, "bias": bias}, out)
-    a64 = a.astype(np.float64).transpose(0, 2, 1) if ta else a.astype(np.float64)
-    b64 = b.astype(np.float64).transpose(0, 2, 1) if tb else b.astype(np.float64)
-    ref = epilogue_ref(a64 @ b64, op.epilogue.steps, bias, axis=2)
+    out, ref, a64, b64 = run_gemm(CpuGemmVariant(ISA_BY_NAME[isa]), op, _hero(isa, threads), seed)
     assert not np.isnan(out).any(), "output left unwritten (NaN poison survived)"
     if m * n >= 16 or op.epilogue.steps:
         return rel_err(out, ref)

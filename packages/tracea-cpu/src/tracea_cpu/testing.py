@@ -65,3 +65,18 @@ def conv2d_ref(x: np.ndarray, w: np.ndarray, op) -> np.ndarray:
 def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, op) -> np.ndarray:
     """float64 scaled dot-product attention (top-left causal, GQA) from the core reference."""
     return reference.attention(op, q, k, v)
+
+
+def run_gemm(variant, op, cfg: PipelineConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Run GEMM ``op`` on fresh random inputs (output NaN-poisoned first); returns (out, float64
+    reference, A, B as float64 in (batch, m, k) / (batch, k, n) form)."""
+    rng = np.random.default_rng(seed)
+    m, n, k, batch = op.m, op.n, op.k, op.batch
+    a = rand(rng, batch, *((k, m) if op.trans_a else (m, k)))
+    b = rand(rng, batch, *((n, k) if op.trans_b else (k, n)))
+    bias = rand(rng, n) if op.epilogue.has_bias else None
+    out = poisoned((batch, m, n))
+    run_variant(variant, op, cfg, {"a": a, "b": b, "bias": bias}, out)
+    a64 = a.astype(np.float64).transpose(0, 2, 1) if op.trans_a else a.astype(np.float64)
+    b64 = b.astype(np.float64).transpose(0, 2, 1) if op.trans_b else b.astype(np.float64)
+    return out, epilogue_ref(a64 @ b64, op.epilogue.steps, bias, axis=2), a64, b64
