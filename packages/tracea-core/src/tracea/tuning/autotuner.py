@@ -20,6 +20,7 @@ from ..ir.device import Device
 from ..ir.ops import Op
 from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
+from .busy import warn_if_busy
 from .cache import CacheEntry, TuningCache, get_cache
 from .fingerprint import plugin_manager
 from .goals import OptimizationGoal
@@ -209,6 +210,8 @@ class AutoTuner:
                 results[v.name] = VariantResult(v.name, hit.config, hit.score_s, hit.median_s, [], True, hit)
                 continue
             if measurer is None:
+                if prof.device.kind == "cpu":
+                    warn_if_busy()
                 measurer = self._measurer(op, prof)
             extra = seeds.get(v.name, ()) if isinstance(seeds, Mapping) else seeds
             res = self._tune_variant(op, v, prof, goal_, trials or self.trials, measurer, list(extra),
