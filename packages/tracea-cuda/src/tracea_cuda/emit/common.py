@@ -68,6 +68,11 @@ static __device__ __forceinline__ float gelu_tanh_fast(float x) {
     const float u = x * fmaf(0.035677408136300125f, x * x, 0.7978845608028654f);
     return fmaf(hx, tanh_fast(u), hx);
 }
+// GELU(tanh) of x given h = x / 2 (callers fold the halving into a preceding FMA):
+// h + h tanh(h (2k + 8kc h^2)), k = sqrt(2/pi), c = 0.044715.
+static __device__ __forceinline__ float gelu_tanh_half(float h) {
+    return fmaf(h, tanh_fast(h * fmaf(0.285419265090401f, h * h, 1.5957691216057308f)), h);
+}
 static __device__ __forceinline__ float gelu_erf_f(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
 """
@@ -130,8 +135,8 @@ def pair_epilogue_function(epilogue: Epilogue, out_dtype: DType) -> tuple[str, f
     of one row, returned as one packed 16-bit pair; None for other chains or outputs.
 
     Returns (C source, the scale of the bias values the caller passes). GELU's 0.5 and the bias fold into
-    one FMA when the caller passes bias / 2: h = a/2 + b/2, GELU = h + h tanh(h (2k + 8kc h^2)) with
-    k = sqrt(2/pi), c = 0.044715 -- 5 FP32 ops and one MUFU per value. The MUFU (16 tanh per clock per SM
+    one FMA when the caller passes bias / 2: h = a/2 + b/2, then ``gelu_tanh_half(h)`` -- 5 FP32 ops and
+    one MUFU per value. The MUFU (16 tanh per clock per SM
     on an H200, ``tanh.approx.f16x2`` included) bounds this epilogue; the FP32 count only trims it.
     """
     storage = out_dtype.storage
@@ -140,11 +145,7 @@ def pair_epilogue_function(epilogue: Epilogue, out_dtype: DType) -> tuple[str, f
     if tuple(epilogue) not in ((EpilogueKind.GELU_TANH,), (EpilogueKind.BIAS, EpilogueKind.GELU_TANH)):
         return None
     suffix = "f16x2" if storage is DType.F16 else "bf16x2"
-    two_k, eight_kc = 1.5957691216057308, 0.285419265090401
     src = (f"static __device__ __forceinline__ u32 epi_pair(float a0, float a1, float b0, float b1) {{\n"
-           f"    const float h0 = fmaf(a0, 0.5f, b0), h1 = fmaf(a1, 0.5f, b1);\n"
-           f"    const float u0 = h0 * fmaf({eight_kc!r}f, h0 * h0, {two_k!r}f);\n"
-           f"    const float u1 = h1 * fmaf({eight_kc!r}f, h1 * h1, {two_k!r}f);\n"
-           f"    const float o0 = fmaf(h0, tanh_fast(u0), h0), o1 = fmaf(h1, tanh_fast(u1), h1);\n"
+           f"    const float o0 = gelu_tanh_half(fmaf(a0, 0.5f, b0)), o1 = gelu_tanh_half(fmaf(a1, 0.5f, b1));\n"
            f"    u32 r; asm(\"cvt.rn.{suffix}.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(o1), \"f\"(o0)); return r;\n}}\n")
     return src, 0.5

@@ -367,7 +367,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         # (paired, 4096^3 bias+GELU): 8 chunks of 2 vectors each, run before the wait for the previous
         # wgmma group, 0.988-0.993x cuBLASLt; the same after the stage release 0.994-0.996x; 16 chunks of
         # one vector after the release 1.010-1.013x. A chunk must not delay the stage release (3 stages).
-        nchunk, ldb, vpl = 2 * subs * bn // 32, bn * 2 + 16, 1
+        nchunk, ldb = 2 * subs * bn // 32, bn * 2 + 16
         rowbase0 = f"wg * {bm // 2}"
         f16 = spec.dtype_out.storage is DType.F16
         suffix = "f16x2" if f16 else "bf16x2"
@@ -376,7 +376,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
                   "v0 = __uint_as_float(x[q] << 16); v1 = __uint_as_float(x[q] & 0xffff0000u);")
         if f16 and act:  # a stash value below -65504 became -inf: GELU/SiLU of it would be NaN, not 0
             act = "v0 = fmaxf(v0, -65504.0f); v1 = fmaxf(v1, -65504.0f); " + act
-        defer_src = DEFER_CHUNK.format(vpl=vpl, bn8=bn // 8, ldb=ldb, vs=int(spec.vec_store), act=act,
+        defer_src = DEFER_CHUNK.format(bn8=bn // 8, ldb=ldb, vs=int(spec.vec_store), act=act,
                                        unpack=unpack, suffix=suffix)
         defer_decl = f"    int pend = 0, prow = 0, pn0 = 0;  // chunks of the previous tile still to finish\n    {tout}* pC = C;\n"
         defer_step = (f"            if (pend > 0) {{ defer_chunk(stash, pC, prow, pn0, M, N, {nchunk} - pend, lane); --pend; }}"

@@ -90,29 +90,26 @@ DIRECT = """        // Epilogue: accumulators -> epilogue chain -> direct (4-byt
 DEFER_CHUNK = """
 static __device__ __forceinline__ void defer_chunk(u32 stash, unsigned short* C, int row0, int col0, int M, int N,
                                                    int c, int lane) {{
+    const int v = c * 32 + lane, sr = v / {bn8}, grp = v % {bn8};  // chunk c: one 16-byte vector per lane
+    const int row = row0 + (sr >> 4) * 64 + (sr & 15), col = col0 + grp * 8;
+    u32 x[4];
+    asm volatile("ld.shared.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                 : "r"(stash + sr * {ldb} + grp * 16));
     #pragma unroll
-    for (int i = 0; i < {vpl}; ++i) {{
-        const int v = (c * {vpl} + i) * 32 + lane, sr = v / {bn8}, grp = v % {bn8};
-        const int row = row0 + (sr >> 4) * 64 + (sr & 15), col = col0 + grp * 8;
-        u32 x[4];
-        asm volatile("ld.shared.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
-                     : "r"(stash + sr * {ldb} + grp * 16));
-        #pragma unroll
-        for (int q = 0; q < 4; ++q) {{
-            float v0, v1;
-            {unpack}
-            {act}
-            asm("cvt.rn.{suffix}.f32 %0, %1, %2;" : "=r"(x[q]) : "f"(v1), "f"(v0));
-        }}
-        if (row < M) {{
-            unsigned short* p = C + (long long)row * N + col;
-            if ({vs} && col + 8 <= N) {{
-                asm volatile("st.global.v4.u32 [%0], {{%1,%2,%3,%4}};" :: "l"(p), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3])
-                             : "memory");
-            }} else {{
-                #pragma unroll
-                for (int q = 0; q < 8; ++q) if (col + q < N) p[q] = (unsigned short)(x[q >> 1] >> (16 * (q & 1)));
-            }}
+    for (int q = 0; q < 4; ++q) {{
+        float v0, v1;
+        {unpack}
+        {act}
+        asm("cvt.rn.{suffix}.f32 %0, %1, %2;" : "=r"(x[q]) : "f"(v1), "f"(v0));
+    }}
+    if (row < M) {{
+        unsigned short* p = C + (long long)row * N + col;
+        if ({vs} && col + 8 <= N) {{
+            asm volatile("st.global.v4.u32 [%0], {{%1,%2,%3,%4}};" :: "l"(p), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3])
+                         : "memory");
+        }} else {{
+            #pragma unroll
+            for (int q = 0; q < 8; ++q) if (col + q < N) p[q] = (unsigned short)(x[q >> 1] >> (16 * (q & 1)));
         }}
     }}
 }}
@@ -121,8 +118,7 @@ static __device__ __forceinline__ void defer_chunk(u32 stash, unsigned short* C,
 STASH = """        // Deferred epilogue: finish the previous tile's chunks, then stash this tile's values (the chain up to
         // its trailing activation, rounded to the output dtype) in this warp's slice; the activation and the stores run
         // during the next tile's mainloop, where the MUFU and FMA pipes are otherwise idle.
-        while (pend > 0) {{ defer_chunk(stash, pC, prow, pn0, M, N, {nchunk} - pend, lane); --pend; }}
-        __syncwarp();
+    {defer_tail}        __syncwarp();
         #pragma unroll
         for (int sub = 0; sub < {subs}; ++sub)
             #pragma unroll
@@ -148,9 +144,7 @@ def deferred_split(epilogue: Epilogue) -> tuple[Epilogue, str]:
     """(the chain applied before the stash, C statements applying its trailing activation to ``v0``/``v1``):
     a trailing GELU/SiLU is deferred (MUFU work), everything else runs before the stash."""
     steps = tuple(epilogue)
-    two_k, eight_kc = 1.5957691216057308, 0.285419265090401
-    gelu = (f"{{ const float h = 0.5f * {{v}}; {{v}} = fmaf(h, tanh_fast(h * fmaf({eight_kc!r}f, h * h, {two_k!r}f)), h); }}")
-    acts = {EpilogueKind.GELU_TANH: gelu, EpilogueKind.GELU_ERF: "{v} = gelu_erf_f({v});",
+    acts = {EpilogueKind.GELU_TANH: "{v} = gelu_tanh_half(0.5f * {v});", EpilogueKind.GELU_ERF: "{v} = gelu_erf_f({v});",
             EpilogueKind.SILU: "{v} = silu_f({v});"}
     if steps and steps[-1] in acts:
         code = acts[steps[-1]]
