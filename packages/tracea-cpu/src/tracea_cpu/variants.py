@@ -113,9 +113,10 @@ class CpuGemmVariant(CpuVariant):
         return spaces.blocked_space(self.isa, profile)
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        heroes = spaces.blocked_heroes(self.isa, op)
         # The GEMV / axpy drivers use no tile: one hero (one compiled library), not one per tile.
-        return [spaces.heroes(spaces.GEMM_HEROES, self.isa)[0]] if _gemv(op) else heroes
+        if _gemv(op):
+            return [spaces.heroes(spaces.GEMM_HEROES, self.isa)[0]]
+        return spaces.blocked_heroes(self.isa, op)
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         return _validate_blocked(self.isa, config)
