@@ -23,7 +23,7 @@ from .semantic.config import PipelineConfig
 def _epilogue(epilogue: Any, activation: Any, has_bias: bool) -> Epilogue:
     epi = Epilogue.parse(epilogue)
     if activation is not None:
-        epi = Epilogue(epi.steps + Epilogue.parse(activation).steps)
+        epi = Epilogue(epi.steps + Epilogue.parse(activation, "activation").steps)
     if has_bias and not epi.has_bias:
         epi = Epilogue((EpilogueKind.BIAS,) + epi.steps)
     if epi.has_bias and not has_bias:
@@ -68,7 +68,7 @@ def matmul(a: Any, b: Any, *, bias: Any = None, epilogue: Any = None, activation
     if bb and not ba:
         raise ShapeError("a", a, f"a 3-D (batch={bb[0]}, m, k) array when b is 3-D (broadcast a explicitly)")
     batch = ba[0] if ba else 1
-    dtype_out = DType.parse(out_dtype, "out_dtype") if out_dtype is not None else (
+    dtype_out = ops_args.check_out_dtype(DType.parse(out_dtype, "out_dtype")) if out_dtype is not None else (
         o["out"].info.dtype if "out" in o else A.info.dtype)
     out_shape = (batch, m, n) if ba else (m, n)
     ops_args.check_out(o.get("out"), out_shape, dtype_out)
@@ -90,7 +90,7 @@ def matmul(a: Any, b: Any, *, bias: Any = None, epilogue: Any = None, activation
     target = user_out if "out" not in o or o["out"].info.c_contiguous else adapter.empty(out_shape, dtype_out, A.obj)
     kernel_out = adapter.reshape(target, (gemm_batch, gemm_m, n)) if gemm_batch > 1 else adapter.reshape(target, (gemm_m, n))
     result = execute(op, {"a": a_arr, "b": b_arr, "bias": bias_arr}, kernel_out, adapter, device,
-                     variant=variant, config=config, doctor=doctor, user_arrays={"a": a, "b": b, "bias": bias})
+                     variant=variant, config=config, doctor=doctor, user_arrays={"a": a, "b": b, "bias": bias_arr})
     if result is not kernel_out:  # a framework fallback computed it
         if "out" not in o:
             return result
@@ -152,7 +152,7 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
         raise InvalidArgumentError("groups", groups, "a positive integer")
     if cg * groups != c:
         raise ShapeError("w", w, f"C/groups = {c}/{groups} input channels per group (got {cg})")
-    dtype_out = DType.parse(out_dtype, "out_dtype") if out_dtype is not None else (
+    dtype_out = ops_args.check_out_dtype(DType.parse(out_dtype, "out_dtype")) if out_dtype is not None else (
         o["out"].info.dtype if "out" in o else X.info.dtype)
     op = Conv2dOp(n, c, h, wd, k, r, s, stride=ops_args.pair("stride", stride),
                   padding=ops_args.pair("padding", padding), dilation=ops_args.pair("dilation", dilation),
@@ -165,7 +165,7 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
     bias_arr = ops_args.bias_operand(o.get("b"), k, dtype_out, "one value per output channel")
     phys = adapter.empty(op.out_shape, dtype_out, like=X.obj)
     result = execute(op, {"x": x_arr, "w": w_arr, "bias": bias_arr}, phys, adapter, device, variant=variant,
-                     config=config, doctor=doctor, user_arrays={"x": x, "w": w, "bias": b})
+                     config=config, doctor=doctor, user_arrays={"x": x, "w": w, "bias": bias_arr})
     if result is not phys:  # a framework fallback computed it in the user's layout
         if "out" in o and result is not o["out"].obj:
             adapter.copy_(o["out"].obj, result)

@@ -183,6 +183,15 @@ class TorchAdapter(ArrayAdapter):
     def copy_(self, dst: Any, src: Any) -> None:
         dst.copy_(src)
 
+    def write_error(self, obj: Any) -> str | None:
+        import torch
+
+        if obj.requires_grad and torch.is_grad_enabled():
+            return "it requires grad (out= tensors cannot take part in autograd, as in torch)"
+        if obj.is_inference() and not torch.is_inference_mode_enabled():
+            return "it is an inference tensor, which cannot be written outside torch.inference_mode()"
+        return None
+
     def cuda_stream(self, obj: Any) -> int:
         """The raw ``cudaStream_t`` of torch's current stream on ``obj``'s device (0 for CPU)."""
         if obj.device.type != "cuda":

@@ -142,6 +142,11 @@ class ArrayAdapter:
         """Copy ``src`` (same adapter) into ``dst`` elementwise."""
         dst[...] = src
 
+    def write_error(self, obj: Any) -> str | None:
+        """Why ``obj`` cannot be written as an ``out=`` argument (read-only memory, a tensor autograd
+        tracks ...), or None when it can."""
+        return None
+
 
 class NumpyAdapter(ArrayAdapter):
     """NumPy ndarrays (always ``cpu:0``)."""
@@ -178,6 +183,9 @@ class NumpyAdapter(ArrayAdapter):
 
     def to_numpy(self, obj: np.ndarray) -> np.ndarray:
         return obj
+
+    def write_error(self, obj: np.ndarray) -> str | None:
+        return None if obj.flags.writeable else "it is read-only (writeable=False, e.g. a read-only memmap)"
 
     def from_numpy(self, arr: np.ndarray, device: Device) -> np.ndarray:
         if device.kind != "cpu":

@@ -93,7 +93,13 @@ def execute(op: Op, arrays: dict[str, Any], out: Any, adapter: Any, device: Devi
 
 
 def _fallback(doctor: Doctor, op: Op, arrays: dict[str, Any], out: Any, reason: str) -> Any:
-    result = doctor.pm.hook.tracea_fallback_run(op=op, arrays=arrays, out=out, reason=reason)
+    try:
+        result = doctor.pm.hook.tracea_fallback_run(op=op, arrays=arrays, out=out, reason=reason)
+    except TraceaError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the framework's own error, in Tracea's hierarchy
+        raise BackendError(f"the framework fallback for {op.describe()} failed ({reason}): "
+                           f"{type(exc).__name__}: {exc}", backend="fallback") from exc
     if result is not None:
         fallbacks.record(op.kind.value, reason)
     return result
