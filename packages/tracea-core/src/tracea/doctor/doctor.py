@@ -276,9 +276,13 @@ class Doctor:
             return float("inf")
 
     def invalidate(self) -> None:
-        """Forget memoised decisions (after tuning, or when the cache changed)."""
+        """Forget memoised decisions and every call plan built from them (after tuning, or when the
+        cache changed)."""
         with self._lock:
             self._decisions.clear()
+        from ..runtime import plans
+
+        plans.invalidate("Doctor.invalidate()")
 
     def explain(self, op: Op, device: Device | str | None = None) -> str:
         """:meth:`Decision.explain` for ``op``, or the NoVariantError text."""
@@ -326,4 +330,7 @@ def reset_doctor() -> None:
     global _doctor
     with _doctor_lock:
         _doctor = None
+    from ..runtime import plans
+
+    plans.invalidate("reset_doctor()")
 

@@ -147,6 +147,17 @@ class ArrayAdapter:
         tracks ...), or None when it can."""
         return None
 
+    def may_overlap(self, out: Any, other: Any) -> bool:
+        """Whether ``out`` may share memory with ``other`` (an input of the same call, or None).
+        Called on every call that passes ``out``: keep it cheap (a bounds check is enough)."""
+        return False
+
+    def signature(self, obj: Any) -> Any:
+        """A cheap hashable description of everything about ``obj`` that dispatch decisions depend on
+        (shape, strides, dtype, device), for the plan cache; None when there is none (every call then
+        takes the full path). Called on every call: keep it to a few attribute reads."""
+        return None
+
 
 class NumpyAdapter(ArrayAdapter):
     """NumPy ndarrays (always ``cpu:0``)."""
@@ -186,6 +197,12 @@ class NumpyAdapter(ArrayAdapter):
 
     def write_error(self, obj: np.ndarray) -> str | None:
         return None if obj.flags.writeable else "it is read-only (writeable=False, e.g. a read-only memmap)"
+
+    def may_overlap(self, out: np.ndarray, other: Any) -> bool:
+        return isinstance(other, np.ndarray) and np.may_share_memory(out, other)
+
+    def signature(self, obj: np.ndarray) -> Any:
+        return obj.shape, obj.strides, obj.dtype
 
     def from_numpy(self, arr: np.ndarray, device: Device) -> np.ndarray:
         if device.kind != "cpu":

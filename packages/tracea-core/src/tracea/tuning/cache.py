@@ -212,6 +212,9 @@ class TuningCache:
         self._entries, self._by_op_variant = entries, by
         self._state, self._loaded = state, True
         self._generation += 1
+        from ..runtime import plans
+
+        plans.cache_changed(self)
 
     def reload(self) -> None:
         """Re-read the file now."""
