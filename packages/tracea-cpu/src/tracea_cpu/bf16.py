@@ -149,6 +149,7 @@ class CpuGemmBf16Variant(CpuVariant):
                 if rc:
                     _check_rc(rc, "bf16 gemm")
 
+            launch.pointer_only = True  # type: ignore[attr-defined]
             return launch
         widen = op.out_dtype is DType.BF16  # the bias arrives in the output dtype; the epilogue runs in fp32
 
@@ -159,6 +160,7 @@ class CpuGemmBf16Variant(CpuVariant):
             if rc:
                 _check_rc(rc, "bf16 gemm")
 
+        launch_bias.pointer_only = True  # type: ignore[attr-defined]
         return launch_bias
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:

@@ -152,6 +152,7 @@ class CpuGemmVariant(CpuVariant):
             if rc:
                 _check_rc(rc, "gemm")
 
+        launch.pointer_only = True  # type: ignore[attr-defined]
         return launch
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
@@ -231,6 +232,7 @@ class CpuConv2dVariant(CpuVariant):
             if rc:
                 _check_rc(rc, "conv2d")
 
+        launch.pointer_only = True  # type: ignore[attr-defined]
         return launch
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
@@ -287,6 +289,7 @@ class CpuAttentionVariant(CpuVariant):
             if rc:
                 _check_rc(rc, "attention")
 
+        launch.pointer_only = True  # type: ignore[attr-defined]
         return launch
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:

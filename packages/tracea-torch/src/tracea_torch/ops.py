@@ -134,23 +134,26 @@ def _private(name: str, default):  # type: ignore[no-untyped-def]
 _dispatch_modes = _private("_len_torch_dispatch_stack", lambda: 1)
 _function_modes = _private("_is_torch_function_mode_enabled", lambda: True)
 _tracing_state = _private("_get_tracing_state", lambda: True)
-_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: True)
+_transforms_active = getattr(getattr(torch._C, "_functorch", None), "_are_functorch_transforms_active", None) or \
+    _private("_are_functorch_transforms_active", lambda: True)
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_any_autocast = _private("_is_any_autocast_enabled", lambda: True)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _direct(*tensors: Optional[Tensor]) -> bool:
+def _direct(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     """True when the custom op's machinery has nothing to do for this call, so the kernel can be called
     directly (saves ~50 us of dispatcher and autograd-wrapper time per call): eager mode (not compiling,
-    not jit-tracing, no torch function or dispatch mode), plain tensors (no subclass, no functorch
-    wrapper) and no gradient to record. Anything else goes through ``torch.ops.tracea.*``."""
-    if torch.compiler.is_compiling() or _tracing_state() is not None or _dispatch_modes() or _function_modes():
+    not jit-tracing, no torch function or dispatch mode, no functorch transform), plain tensors (no
+    subclass) and no gradient to record. Anything else goes through ``torch.ops.tracea.*``."""
+    if _is_compiling() or _tracing_state() is not None or _dispatch_modes() or _function_modes() \
+            or _transforms_active():
         return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) not in _PLAIN or (grad and t.requires_grad) or _functorch_wrapped(t):
-            return False
+    if type(x) not in _PLAIN or type(weight) not in _PLAIN or (bias is not None and type(bias) not in _PLAIN):
+        return False
+    if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return False
     return True
 
 
@@ -170,13 +173,15 @@ def _pair(value: int | Sequence[int], arg: str) -> list[int]:
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")  # device types torch.autocast knows (not meta)
 
 
-def _autocast(*tensors: Optional[Tensor]) -> list[Optional[Tensor]]:
+def _autocast(*tensors: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+    if not _any_autocast():  # ~0.1 us: the common case costs no device or dtype queries
+        return tensors
     ref = next(t for t in tensors if t is not None)
     dev = ref.device.type
     if dev not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(dev):
-        return list(tensors)
+        return tensors
     dtype = torch.get_autocast_dtype(dev)
-    return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
 
 
 def _same_padding(x: Tensor, weight: Tensor, dilation: list[int]) -> tuple[Tensor, list[int]]:

@@ -163,6 +163,9 @@ def tracea_bind_variant(variant: "KernelVariant", op: "Op", config: "PipelineCon
     describes, then the output. It must do no per-call work that depends only on the signature
     (parse the config, render, look up kernels), must not synchronize, allocate only through
     ``adapter`` or the framework's stream-ordered allocator, and raise like ``tracea_run_variant``.
+    A launcher that reads nothing of its arrays but their data addresses may say so with an attribute
+    ``pointer_only = True``: callers may then pass any array with the same memory (a channels_last
+    tensor for an NHWC operand, an (..., k) tensor for an (m, k) one) and skip building views.
     Implemented by backends that can launch faster than through ``tracea_run_variant``; the core
     fallback (called last) returns ``variant.bind(...)`` or, when that is None or another plugin
     intercepts ``tracea_run_variant``, a launcher that calls ``tracea_run_variant`` each time.

@@ -75,6 +75,7 @@ def bind(variant: KernelVariant, op: Op, config: PipelineConfig, profile: Device
         except Exception as exc:  # noqa: BLE001 - one hierarchy for callers
             raise _wrap(exc, variant, op, config) from exc
 
+    guarded.pointer_only = getattr(launch, "pointer_only", False)  # type: ignore[attr-defined]
     return guarded
 
 
