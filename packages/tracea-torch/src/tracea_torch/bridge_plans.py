@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from tracea.doctor.decision import Decision
 from tracea.dtypes import DType
-from tracea.errors import BackendError, DTypeError, NoVariantError, UnsupportedDeviceError
+from tracea.errors import BackendError, CaptureError, DTypeError, NoVariantError, UnsupportedDeviceError
 from tracea.ir.epilogue import Epilogue
 from tracea.ir.ops import Conv2dOp, GemmOp, Layout
 from tracea.runtime import plans
@@ -64,10 +64,17 @@ def _plain_bias(bias: torch.Tensor | None, length: int) -> bool:
     return bias is None or (bias.dim() == 1 and bias.shape[0] == length and bias.is_contiguous())
 
 
+class _NotNow(Exception):
+    """Internal: Tracea cannot start this signature *now* (its first call is inside a CUDA graph
+    capture): PyTorch computes this call, and nothing is remembered, so a later call binds the kernel."""
+
+
 def _launcher(decision: Decision) -> Callable[..., None]:
     c = decision.chosen
     try:
         return bind(c.variant, decision.op, c.config, decision.profile, _torch_adapter())
+    except CaptureError as exc:
+        raise _NotNow(f"first call inside CUDA graph capture ({str(exc).splitlines()[0][:160]})") from exc
     except (NoVariantError, UnsupportedDeviceError) as exc:
         raise Fallback(fallback_reason(exc)) from exc
     except BackendError as exc:
@@ -92,6 +99,8 @@ def _kernel_plan(key: Any, kind: str, op: Any, extra: tuple, run: Callable[..., 
     def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         try:
             out = run(x, w, bias)
+        except CaptureError as exc:  # a step that cannot happen inside a capture: PyTorch, this call only
+            return eager_plan(f"inside CUDA graph capture ({str(exc).splitlines()[0][:160]})")(x, w, bias)
         except (BackendError, NoVariantError, UnsupportedDeviceError) as exc:
             reason = _backend_failure(exc) if isinstance(exc, BackendError) else fallback_reason(exc)
             fb = eager_plan(reason)
@@ -129,6 +138,8 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         else:
             plan = _kernel_plan(key, "conv2d", op, conf, _conv_run(op, _launcher(decision), w),
                                 lambda reason: _conv_eager(op, act, conf, reason))
+    except _NotNow as why:
+        return _conv_eager(op, act, conf, str(why))
     except Fallback as fb:
         plan = _conv_eager(op, act, conf, str(fb))
     return _store(key, plan)
@@ -235,6 +246,8 @@ def linear_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         else:
             plan = _kernel_plan(key, "linear", op, (activation,), _linear_run(op, _launcher(decision), x),
                                 lambda reason: _linear_eager(op, act, activation, reason))
+    except _NotNow as why:
+        return _linear_eager(op, act, activation, str(why))
     except Fallback as fb:
         plan = _linear_eager(op, act, activation, str(fb))
     return _store(key, plan)

@@ -211,7 +211,7 @@ def _deliver(result: Any, kout: Any, target: Any, user_out: Any, copy_: Callable
 # ------------------------------------------------------------------------------------------------
 
 def _is_channels_last(op: ops_args.Operand) -> bool:
-    st, (n, c, h, w) = op.info.strides, op.info.shape
+    st, (_, c, h, w) = op.info.strides, op.info.shape
     if st is None or c == 1 or op.info.c_contiguous:
         return False
     return st[1] == 1 and (h == 1 or st[2] == w * c) and (w == 1 or st[3] == c)
