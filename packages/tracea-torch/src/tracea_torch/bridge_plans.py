@@ -24,7 +24,7 @@ from tracea.ir.ops import Conv2dOp, GemmOp, Layout
 from tracea.runtime import plans
 from tracea.runtime.dispatch import bind, fallback_reason
 
-from . import eager, fallbacks, recording
+from . import arbiter, eager, fallbacks, recording
 from .adapter import tracea_dtype
 from .bridge import SERVED_DTYPES, Fallback, choose, epilogue_for, fp32_precision, output_memory_format, \
     parse_activation
@@ -133,11 +133,10 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         dtype = _common_checks((x, w, bias))
         op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
         decision = choose(op, x.device)
-        if decision.variant.fallback_only or not _plain_bias(bias, op.k):
-            plan = _conv_via_ops(key, op, act, conf)
-        else:
-            plan = _kernel_plan(key, "conv2d", op, conf, _conv_run(op, _launcher(decision), w),
-                                lambda reason: _conv_eager(op, act, conf, reason))
+        run = (_conv_via_ops(op, act) if decision.variant.fallback_only or not _plain_bias(bias, op.k)
+               else _conv_run(op, _launcher(decision), w))
+        plan = _arbitrated(key, "conv2d", op, conf, decision, x.device, run, _conv_torch(op, act, conf),
+                           lambda reason: _conv_eager(op, act, conf, reason), (x, w, bias))
     except _NotNow as why:
         return _conv_eager(op, act, conf, str(why))
     except Fallback as fb:
@@ -194,7 +193,7 @@ def _conv_run(op: Conv2dOp, launch: Callable[..., None], w_sample: torch.Tensor)
     return run
 
 
-def _conv_via_ops(key: Any, op: Conv2dOp, act: str | None, conf: tuple) -> Callable[..., torch.Tensor]:
+def _conv_via_ops(op: Conv2dOp, act: str | None) -> Callable[..., torch.Tensor]:
     """Calls Tracea serves only through ``tracea.ops`` (the reference oracle, an unusual bias)."""
     from tracea import ops
 
@@ -203,18 +202,16 @@ def _conv_via_ops(key: Any, op: Conv2dOp, act: str | None, conf: tuple) -> Calla
                          fp32_precision=op.fp32_precision)
         return out.contiguous(memory_format=output_memory_format(x))
 
-    return _kernel_plan(key, "conv2d", op, conf, run, lambda reason: _conv_eager(op, act, conf, reason))
+    return run
 
 
-def _conv_eager(op: Conv2dOp | None, act: str | None, conf: tuple, reason: str) -> Callable[..., torch.Tensor]:
-    stride, padding, dilation, groups, activation = conf
+def _conv_torch(op: Conv2dOp | None, act: str | None, conf: tuple) -> Callable[..., torch.Tensor]:
+    """PyTorch computing the call (what a fallback runs and what the arbiter times)."""
+    stride, padding, dilation, groups, _ = conf
     nchw = None if op is None else (op if op.layout is Layout.NCHW else replace(op, layout=Layout.NCHW))
     epi = Epilogue.of(act) if act else None
 
-    def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        fallbacks.record("conv2d", reason)
-        if recording._recorder is not None:
-            recording.note("conv2d", op, reason, (x, w, bias, stride, padding, dilation, groups, activation))
+    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if nchw is not None:
             out = eager.conv2d(nchw, x, w, bias)
         else:
@@ -222,6 +219,19 @@ def _conv_eager(op: Conv2dOp | None, act: str | None, conf: tuple, reason: str) 
             if epi is not None:
                 out = eager.apply_epilogue(out, epi, None, 1)
         return out.contiguous(memory_format=output_memory_format(x))
+
+    return run
+
+
+def _conv_eager(op: Conv2dOp | None, act: str | None, conf: tuple, reason: str) -> Callable[..., torch.Tensor]:
+    stride, padding, dilation, groups, activation = conf
+    compute = _conv_torch(op, act, conf)
+
+    def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        fallbacks.record("conv2d", reason)
+        if recording._recorder is not None:
+            recording.note("conv2d", op, reason, (x, w, bias, stride, padding, dilation, groups, activation))
+        return compute(x, w, bias)
 
     plan.op = op  # type: ignore[attr-defined]
     plan.fallback = reason  # type: ignore[attr-defined]
@@ -241,11 +251,10 @@ def linear_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         dtype = _common_checks((x, w, bias))
         op = _linear_op(x, w, bias, act, dtype)
         decision = choose(op, x.device)
-        if decision.variant.fallback_only or not _plain_bias(bias, op.n):
-            plan = _linear_via_ops(key, op, act, activation)
-        else:
-            plan = _kernel_plan(key, "linear", op, (activation,), _linear_run(op, _launcher(decision), x),
-                                lambda reason: _linear_eager(op, act, activation, reason))
+        run = (_linear_via_ops(op, act) if decision.variant.fallback_only or not _plain_bias(bias, op.n)
+               else _linear_run(op, _launcher(decision), x))
+        plan = _arbitrated(key, "linear", op, (activation,), decision, x.device, run, _linear_torch(act),
+                           lambda reason: _linear_eager(op, act, activation, reason), (x, w, bias))
     except _NotNow as why:
         return _linear_eager(op, act, activation, str(why))
     except Fallback as fb:
@@ -294,28 +303,61 @@ def _linear_run(op: GemmOp, launch: Callable[..., None], x_sample: torch.Tensor)
     return run
 
 
-def _linear_via_ops(key: Any, op: GemmOp, act: str | None, activation: str | None) -> Callable[..., torch.Tensor]:
+def _linear_via_ops(op: GemmOp, act: str | None) -> Callable[..., torch.Tensor]:
     from tracea import ops
 
     def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         out = ops.matmul(x.reshape(op.m, op.k), w.t(), bias=bias, activation=act, fp32_precision=op.fp32_precision)
         return out.reshape(*x.shape[:-1], op.n).contiguous()
 
-    return _kernel_plan(key, "linear", op, (activation,), run, lambda reason: _linear_eager(op, act, activation, reason))
+    return run
 
 
-def _linear_eager(op: GemmOp | None, act: str | None, activation: str | None, reason: str) -> Callable[..., torch.Tensor]:
+def _linear_torch(act: str | None) -> Callable[..., torch.Tensor]:
+    """PyTorch computing the call (what a fallback runs and what the arbiter times)."""
     epi = Epilogue.of(act) if act else None
 
-    def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        fallbacks.record("gemm", reason)
-        if recording._recorder is not None:
-            recording.note("linear", op, reason, (x, w, bias, activation))
+    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         out = F.linear(x, w, bias)
         if epi is not None:
             out = eager.apply_epilogue(out, epi, None, -1)
         return out.contiguous()
 
+    return run
+
+
+def _linear_eager(op: GemmOp | None, act: str | None, activation: str | None, reason: str) -> Callable[..., torch.Tensor]:
+    compute = _linear_torch(act)
+
+    def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        fallbacks.record("gemm", reason)
+        if recording._recorder is not None:
+            recording.note("linear", op, reason, (x, w, bias, activation))
+        return compute(x, w, bias)
+
     plan.op = op  # type: ignore[attr-defined]
     plan.fallback = reason  # type: ignore[attr-defined]
     return plan
+
+
+# ------------------------------------------------------------------------------------------------
+# the arbiter
+# ------------------------------------------------------------------------------------------------
+
+def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, device: torch.device,
+                run: Callable[..., torch.Tensor], torch_run: Callable[..., torch.Tensor],
+                eager_plan: Callable[[str], Callable[..., torch.Tensor]], args: tuple) -> Callable[..., torch.Tensor]:
+    """The kernel plan, unless the arbiter (see :mod:`tracea_torch.arbiter`) finds PyTorch faster for
+    this signature or Tracea's result wrong: then the eager plan, with the verdict as its reason."""
+    if arbiter.enabled() and not decision.variant.fallback_only:
+        try:
+            verdict = arbiter.judge(decision, device, run, torch_run, args)
+        except CaptureError as exc:
+            raise _NotNow(f"first call inside CUDA graph capture ({str(exc).splitlines()[0][:160]})") from exc
+        except BackendError as exc:
+            return eager_plan(_backend_failure(exc))
+        except (NoVariantError, UnsupportedDeviceError) as exc:
+            return eager_plan(fallback_reason(exc))
+        if verdict.winner != "tracea":
+            return eager_plan(verdict.reason)
+    return _kernel_plan(key, kind, op, extra, run, eager_plan)

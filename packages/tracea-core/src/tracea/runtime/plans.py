@@ -132,12 +132,14 @@ def _recheck() -> None:
         invalidate("tuning cache changed")
 
 
-def cache_changed(cache: Any) -> None:
-    """Called by the tuning cache when its entries change in this process: drop plans at once."""
+def cache_changed(cache: Any, decisive: bool = True) -> None:
+    """Called by the tuning cache when its entries change in this process: drop plans at once, unless
+    the change decides nothing (``decisive=False``); the new generation is noted either way."""
     global _watch
     if _watch is not None and _watch[0] is cache:
         _watch = (cache, getattr(cache, "_generation", 0))
-    invalidate("tuning cache changed")
+    if decisive:
+        invalidate("tuning cache changed")
 
 
 # ------------------------------------------------------------------------------------------------

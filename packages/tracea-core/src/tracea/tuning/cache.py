@@ -124,6 +124,7 @@ class TuningCache:
         self._fp_fast: dict[tuple[str, int], tuple[DeviceProfile, tuple[str, dict[str, Any]] | None]] = {}
         self._variants: dict[str, Any] | None = None
         self._generation = 0
+        self._quiet = False
 
     @property
     def generation(self) -> int:
@@ -214,7 +215,7 @@ class TuningCache:
         self._generation += 1
         from ..runtime import plans
 
-        plans.cache_changed(self)
+        plans.cache_changed(self, decisive=not self._quiet)
 
     def reload(self) -> None:
         """Re-read the file now."""
@@ -295,12 +296,18 @@ class TuningCache:
                           device_fp=fp.device_fingerprint(profile), op=_op_json(op), env=facts,
                           tuned_at=time.time())
 
-    def put(self, *entries: CacheEntry) -> bool:
+    def put(self, *entries: CacheEntry, quiet: bool = False) -> bool:
         """Record entries (replacing same-key ones) and persist them atomically; True when written.
 
-        An unwritable location warns and keeps the entries in memory for this process.
+        An unwritable location warns and keeps the entries in memory for this process. ``quiet``: the
+        entries change no dispatch decision (the torch arbiter's verdicts), so this process's call plans
+        are kept.
         """
-        return self._update(lambda raw: raw.update({e.key: e.to_json() for e in entries}))
+        self._quiet = quiet
+        try:
+            return self._update(lambda raw: raw.update({e.key: e.to_json() for e in entries}))
+        finally:
+            self._quiet = False
 
     def remove(self, predicate: Callable[[CacheEntry], bool]) -> int:
         """Delete the entries for which ``predicate`` is true; returns how many."""
