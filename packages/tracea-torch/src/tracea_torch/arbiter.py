@@ -9,9 +9,10 @@ cuDNN versions) and tied to the Tracea variant and config it judged: a new Trace
 say) is judged again. Verdicts show in :func:`tracea_torch.fallbacks.report` (PyTorch winning counts as
 a fallback with reason ``arbiter: ...``), ``tracea doctor`` and ``tracea cache ls``.
 
-What is timed is the work each side puts on the device: on CUDA, back-to-back calls between events with
-the stream held busy while they are queued (so host time does not count: in CUDA graphs only the kernels
-remain, and eager host time per call is already on a par); on the CPU, the calls themselves.
+On CUDA two things are timed, because they decide two different situations: eager calls (back to back
+between two events, nothing queued ahead: host time counts where it exceeds the kernel's) and calls
+captured in CUDA graphs (device time only: the stream is held busy while the calls are queued). Each has
+its own winner, and a call is routed by whether its stream is capturing. On the CPU, the calls themselves.
 """
 
 from __future__ import annotations
@@ -45,18 +46,28 @@ class Verdict:
     device: str
     variant: str
     config: str
-    winner: str
-    tracea_s: float
+    winner: str  # who serves eager calls
+    tracea_s: float  # device time per call
     torch_s: float
     rel_err: float
     source: str  # "measured" or "cache"
     note: str = ""
+    graph_winner: str = ""  # who serves calls captured in CUDA graphs (device time only); "" = winner
+    tracea_eager_s: float = float("nan")  # back-to-back time per call, host included (CUDA)
+    torch_eager_s: float = float("nan")
+
+    @property
+    def captured_winner(self) -> str:
+        return self.graph_winner or self.winner
 
     @property
     def reason(self) -> str:
         """The fallback reason recorded when PyTorch wins."""
         if self.note:
             return f"arbiter: {self.note}"
+        if self.tracea_eager_s == self.tracea_eager_s:
+            return (f"arbiter: PyTorch faster (eager {self.torch_eager_s * 1e6:.1f} vs {self.tracea_eager_s * 1e6:.1f} "
+                    f"us, device {self.torch_s * 1e6:.1f} vs {self.tracea_s * 1e6:.1f} us, {self.variant})")
         return (f"arbiter: PyTorch faster ({self.torch_s * 1e6:.1f} us vs {self.tracea_s * 1e6:.1f} us "
                 f"for {self.variant})")
 
@@ -101,7 +112,8 @@ def judge(decision: Decision, device: torch.device, run_tracea: Callable[..., to
     cached = _from_cache(op, profile, c.variant.name, cfg_key)
     if cached is not None:
         v = Verdict(op.describe(), str(device), c.variant.name, cfg_key, cached["winner"], cached["tracea_s"],
-                    cached["torch_s"], cached["rel_err"], "cache", cached.get("note", ""))
+                    cached["torch_s"], cached["rel_err"], "cache", cached.get("note", ""), cached["graph_winner"],
+                    cached["tracea_eager_s"], cached["torch_eager_s"])
     else:
         v = _measure(op.describe(), device, c.variant.name, cfg_key, run_tracea, run_torch, args)
         _to_cache(op, profile, v)
@@ -120,9 +132,15 @@ def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run
                           f"PyTorch computes it", RuntimeWarning, stacklevel=4)
             return Verdict(op_desc, str(device), variant, cfg_key, "torch", float("nan"), float("nan"), rel,
                            "measured", f"result differed from PyTorch's (rel. error {rel:.1e})")
-        t_ours, t_theirs = _paired(lambda: run_tracea(*args), lambda: run_torch(*args), device)
-    winner = "tracea" if t_ours <= t_theirs else "torch"
-    return Verdict(op_desc, str(device), variant, cfg_key, winner, t_ours, t_theirs, rel, "measured")
+        fa, fb = (lambda: run_tracea(*args)), (lambda: run_torch(*args))
+        t_ours, t_theirs = _paired(fa, fb, device, _gpu_batch if device.type == "cuda" else _cpu_batch)
+        if device.type != "cuda":
+            return Verdict(op_desc, str(device), variant, cfg_key, "tracea" if t_ours <= t_theirs else "torch",
+                           t_ours, t_theirs, rel, "measured")
+        e_ours, e_theirs = _paired(fa, fb, device, _gpu_back_to_back)
+    return Verdict(op_desc, str(device), variant, cfg_key, "tracea" if e_ours <= e_theirs else "torch", t_ours,
+                   t_theirs, rel, "measured", graph_winner="tracea" if t_ours <= t_theirs else "torch",
+                   tracea_eager_s=e_ours, torch_eager_s=e_theirs)
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -137,9 +155,9 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(diff.norm() / ref.norm().clamp_min(1e-300))
 
 
-def _paired(fa: Callable[[], Any], fb: Callable[[], Any], device: torch.device) -> tuple[float, float]:
-    """Median seconds per call of ``fa`` and ``fb``, interleaved over :data:`ROUNDS` rounds."""
-    timer = _gpu_batch if device.type == "cuda" else _cpu_batch
+def _paired(fa: Callable[[], Any], fb: Callable[[], Any], device: torch.device,
+            timer: Callable[[Callable[[], Any], int], float]) -> tuple[float, float]:
+    """Median seconds per call of ``fa`` and ``fb`` by ``timer``, interleaved over :data:`ROUNDS` rounds."""
     target = GPU_TARGET_S if device.type == "cuda" else CPU_TARGET_S
     one = max(timer(fa, 1), timer(fb, 1), 1e-7)
     reps = max(1, min(50, int(target / one)))
@@ -155,6 +173,19 @@ def _gpu_batch(fn: Callable[[], Any], reps: int) -> float:
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(int(60_000 * reps) + 100_000)  # keep the GPU busy while the calls are queued
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
+def _gpu_back_to_back(fn: Callable[[], Any], reps: int) -> float:
+    """What an eager forward sees: calls back to back between two events, nothing queued ahead (a call
+    whose host time exceeds its device time is timed by its host time)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
         fn()
@@ -196,9 +227,12 @@ def _from_cache(op: Any, profile: Any, variant: str, cfg_key: str) -> dict[str, 
     p = dict(entry.config.params)
     if p.get("variant") != variant or p.get("config") != cfg_key or p.get("winner") not in ("tracea", "torch"):
         return None  # judged another Tracea choice: judge again
+    graph = p.get("graph_winner", "")
     try:
         out = {"winner": p["winner"], "tracea_s": float(p["tracea_s"]), "torch_s": float(p["torch_s"]),
-               "rel_err": float(p["rel_err"]), "note": str(p.get("note", ""))}
+               "rel_err": float(p["rel_err"]), "note": str(p.get("note", "")),
+               "graph_winner": graph if graph in ("tracea", "torch") else "",
+               "tracea_eager_s": float(p.get("tracea_eager_s", "nan")), "torch_eager_s": float(p.get("torch_eager_s", "nan"))}
     except (KeyError, TypeError, ValueError):
         return None
     return out
@@ -209,7 +243,9 @@ def _to_cache(op: Any, profile: Any, v: Verdict) -> None:
     if cache is None:
         return
     params = (("variant", v.variant), ("config", v.config), ("winner", v.winner), ("tracea_s", _num(v.tracea_s)),
-              ("torch_s", _num(v.torch_s)), ("rel_err", _num(v.rel_err)), ("note", v.note))
+              ("torch_s", _num(v.torch_s)), ("rel_err", _num(v.rel_err)), ("note", v.note),
+              ("graph_winner", v.graph_winner), ("tracea_eager_s", _num(v.tracea_eager_s)),
+              ("torch_eager_s", _num(v.torch_eager_s)))
     best = v.tracea_s if v.winner == "tracea" else v.torch_s
     try:
         entry = cache.make_entry(op, _Judge(), profile, PipelineConfig(params=params),

@@ -31,7 +31,7 @@ from tracea.errors import NoVariantError, UnsupportedDeviceError
 from tracea.ir.epilogue import Epilogue
 from tracea.ir.ops import Op
 from tracea.runtime.dispatch import fallback_reason
-from tracea.runtime.plans import Uncacheable, lookup, signature
+from tracea.runtime.plans import _SIGS, Uncacheable, lookup, signature
 
 from .adapter import device_of
 from .policy import reference_allowed
@@ -116,11 +116,17 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
            padding: Sequence[int], dilation: Sequence[int], groups: int, activation: str | None) -> torch.Tensor:
     """4-D NCHW ``x`` (any memory format) conv ``w`` (+ bias, + activation): a fresh output tensor in
     :func:`output_memory_format` of ``x``."""
-    stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
+    if type(stride) is not tuple:
+        stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
+    elif type(padding) is not tuple or type(dilation) is not tuple:
+        padding, dilation = tuple(padding), tuple(dilation)
+    prec = (_cudnn.allow_tf32 if x.is_cuda else _matmul_precision()) if x.dtype is _F32 else None
     try:
-        prec = (_cudnn.allow_tf32 if x.is_cuda else _matmul_precision()) if x.dtype is _F32 else None
-        key: Any = ("torch.conv2d", signature(x), signature(w), signature(bias), stride, padding, dilation, groups,
-                    activation, prec)
+        try:  # the signatures, without the frames of plans.signature in the common case
+            sx, sw, sb = _SIGS[type(x)](x), _SIGS[type(w)](w), _SIGS[type(bias)](bias)
+        except KeyError:
+            sx, sw, sb = signature(x), signature(w), signature(bias)
+        key: Any = ("torch.conv2d", sx, sw, sb, stride, padding, dilation, groups, activation, prec)
         plan = lookup(key)
     except (Uncacheable, TypeError):
         key = plan = None
@@ -134,8 +140,11 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activation: str | None) -> torch.Tensor:
     """``act(x @ w.T + bias)`` for ``x`` of shape (..., in_features): a fresh contiguous output."""
     try:
-        key: Any = ("torch.linear", signature(x), signature(w), signature(bias), activation,
-                    _matmul_precision() if x.dtype is _F32 else None)
+        try:  # the signatures, without the frames of plans.signature in the common case
+            sx, sw, sb = _SIGS[type(x)](x), _SIGS[type(w)](w), _SIGS[type(bias)](bias)
+        except KeyError:
+            sx, sw, sb = signature(x), signature(w), signature(bias)
+        key: Any = ("torch.linear", sx, sw, sb, activation, _matmul_precision() if x.dtype is _F32 else None)
         plan = lookup(key)
     except (Uncacheable, TypeError):
         key = plan = None

@@ -158,6 +158,8 @@ def _direct(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
 
 
 def _pair(value: int | Sequence[int], arg: str) -> list[int]:
+    if type(value) is tuple and len(value) == 2:  # what nn.Conv2d holds: the common case, no copy
+        return value  # type: ignore[return-value]
     if isinstance(value, int):
         return [value, value]
     out = [int(v) for v in value]
@@ -174,8 +176,8 @@ _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")  # device types torch.autocast
 
 
 def _autocast(*tensors: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
-    if not _any_autocast():  # ~0.1 us: the common case costs no device or dtype queries
-        return tensors
+    """Cast floating inputs to the autocast dtype where autocast is on for their device (callers test
+    ``_any_autocast()`` first: ~0.1 us, and the common case costs no device or dtype queries)."""
     ref = next(t for t in tensors if t is not None)
     dev = ref.device.type
     if dev not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(dev):
@@ -204,7 +206,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int
     (erf), ``"gelu_tanh"``, ``"silu"``). Accepts batched (N, C, H, W) or unbatched (C, H, W) input and
     ``padding`` as int, pair, ``"valid"`` or ``"same"``. Differentiable; traceable by torch.compile."""
     stride_, dilation_ = _pair(stride, "stride"), _pair(dilation, "dilation")
-    x, weight, bias = _autocast(x, weight, bias)
+    if _any_autocast():
+        x, weight, bias = _autocast(x, weight, bias)
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
@@ -227,14 +230,15 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int
     if _direct(x, weight, bias):
         out = bridge.conv2d(x, weight, bias, stride_, pad, dilation_, int(groups), act)
     else:
-        out = torch.ops.tracea.conv2d(x, weight, bias, stride_, pad, dilation_, int(groups), act)
+        out = torch.ops.tracea.conv2d(x, weight, bias, list(stride_), list(pad), list(dilation_), int(groups), act)
     return out.squeeze(0) if unbatched else out
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
     """``F.linear`` computed by Tracea as one GEMM with the bias (and ``activation``) fused into its
     epilogue. Differentiable; traceable by torch.compile."""
-    x, weight, bias = _autocast(x, weight, bias)
+    if _any_autocast():
+        x, weight, bias = _autocast(x, weight, bias)
     if _direct(x, weight, bias):
         return bridge.linear(x, weight, bias, activation or "none")
     return torch.ops.tracea.linear(x, weight, bias, activation or "none")

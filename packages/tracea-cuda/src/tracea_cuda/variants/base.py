@@ -129,6 +129,8 @@ class CudaVariant(KernelVariant):
         builds[(0, 0, 0, 0)] = build((0, 0, 0, 0))
         name = self.name
 
+        current = toolkit.cupy().cuda.runtime.getDevice
+
         def launch(x0: Any, x1: Any, bias: Any, out: Any) -> None:
             po = ptr(out)
             ptrs = (ptr(x0), ptr(x1), po, po if bias is None else ptr(bias))
@@ -137,8 +139,11 @@ class CudaVariant(KernelVariant):
             if fl is None:  # misaligned views: another compiled variant of the kernel
                 launcher.refuse_if_capturing(s, name)
                 fl = builds[launcher.align_key(ptrs)] = build(launcher.align_key(ptrs))
-            with device():
+            if current() == dev:
                 fl(s, ptrs)
+            else:
+                with device():
+                    fl(s, ptrs)
 
         launch.pointer_only = True  # type: ignore[attr-defined]
         return launch

@@ -210,6 +210,7 @@ class WgmmaGemm(CudaVariant):
         specs[0] = kernel_for(0)
         memo: dict[tuple[int, ...], tuple] = {}
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
+        current = toolkit.cupy().cuda.runtime.getDevice
         lock = threading.Lock()
 
         def build(p: tuple[int, ...], out_mod: int) -> tuple:
@@ -243,11 +244,15 @@ class WgmmaGemm(CudaVariant):
             fptr, (gx, gy, gz), threads, smem, cargs, slots = hit
             values = [p for i, p in enumerate((p0, p1)) if i not in mapped] + [po, po if bias is None else ptr(bias)]
             s = stream()
-            with device(), lock:
+            with lock:
                 for holder, role in slots:
                     holder.value = values[role]
                 try:
-                    drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
+                    if current() == dev:
+                        drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
+                    else:
+                        with device():
+                            drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
                 except Exception as exc:  # noqa: BLE001
                     raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
 
