@@ -14,7 +14,6 @@ from torch import nn
 
 import tracea
 import tracea_torch
-from tracea import PipelineConfig
 from tracea_torch import fallbacks
 
 pytestmark = [pytest.mark.cuda, pytest.mark.torch,

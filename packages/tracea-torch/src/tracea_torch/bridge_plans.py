@@ -26,7 +26,7 @@ from tracea.runtime.dispatch import bind, fallback_reason
 
 from . import arbiter, eager, fallbacks, recording
 from .adapter import tracea_dtype
-from .bridge import SERVED_DTYPES, Fallback, choose, epilogue_for, fp32_precision, output_memory_format, \
+from .choice import SERVED_DTYPES, Fallback, choose, epilogue_for, fp32_precision, output_memory_format, \
     parse_activation
 
 _warned_failures: set[str] = set()

@@ -15,7 +15,8 @@ from ..errors import NoVariantError, PluginError, UnsupportedDeviceError
 from ..ir.device import Device
 from ..ir.ops import Op
 from ..plugins.backend_info import BackendInfo
-from ..plugins.manager import TraceaPluginManager, get_plugin_manager
+from ..plugins.manager import TraceaPluginManager, get_plugin_manager, on_change as on_plugin_change
+from ..runtime import plans
 from ..runtime.arrays import ArrayAdapter, builtin_adapters
 from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
@@ -280,8 +281,6 @@ class Doctor:
         cache changed)."""
         with self._lock:
             self._decisions.clear()
-        from ..runtime import plans
-
         plans.invalidate("Doctor.invalidate()")
 
     def explain(self, op: Op, device: Device | str | None = None) -> str:
@@ -330,7 +329,9 @@ def reset_doctor() -> None:
     global _doctor
     with _doctor_lock:
         _doctor = None
-    from ..runtime import plans
-
     plans.invalidate("reset_doctor()")
+
+
+on_plugin_change(reset_doctor)  # a new plugin manager: new backends, new decisions
+plans.adapters_from(lambda: get_doctor().adapters())
 

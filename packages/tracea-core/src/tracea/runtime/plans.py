@@ -113,15 +113,33 @@ def _env_changed() -> None:
     invalidate("environment changed")
 
 
+# Who to ask (registered by the modules that own them, so this module imports none of them):
+_cache_source: Callable[[], Any] | None = None  # the process tuning cache (tracea.tuning.cache)
+_adapter_source: Callable[[], Any] | None = None  # the array adapters (the Doctor)
+
+
+def watch_cache(source: Callable[[], Any]) -> None:
+    """Register the function returning the process tuning cache, whose changes drop plans."""
+    global _cache_source
+    _cache_source = source
+
+
+def adapters_from(source: Callable[[], Any]) -> None:
+    """Register the function returning the array adapters, in descending priority."""
+    global _adapter_source
+    _adapter_source = source
+
+
 def _recheck() -> None:
     """Notice a tuning cache that changed under us (another process's write, a new working directory
     or cache location): the Doctor's decisions and every plan depend on it."""
     global _watch
+    if _cache_source is None:
+        return
     try:
-        from ..tuning.cache import get_cache
-        cache = get_cache()
+        cache = _cache_source()
         generation = cache.generation  # re-reads the file when its stat changed
-    except Exception:  # noqa: BLE001 - no tuner (optuna missing) or an unreadable cache: nothing to watch
+    except Exception:  # noqa: BLE001 - an unreadable cache: nothing to watch
         return
     if _watch is None or _watch[0] is not cache:
         changed = _watch is not None
@@ -172,9 +190,7 @@ def state(obj: Any) -> Any:
 
 
 def _learn(obj: Any) -> tuple[Any, Any]:
-    from ..doctor.doctor import get_doctor
-
-    for adapter in get_doctor().adapters():
+    for adapter in (_adapter_source() if _adapter_source is not None else ()):
         if adapter.owns(obj):
             probe = adapter.signature(obj)
             if probe is None:

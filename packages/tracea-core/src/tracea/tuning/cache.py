@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 from .._version import __version__
 from ..doctor.profile import DeviceProfile
 from ..ir.ops import Op
+from ..runtime import plans
 from ..semantic.config import PipelineConfig
 from . import cache_file, fingerprint as fp
 from .cache_file import TuningCacheWarning
@@ -168,11 +169,6 @@ class TuningCache:
         if self._variants is None:
             found: dict[str, Any] = {}
             try:
-                if self._pm is None:  # the process Doctor's registry: the same objects dispatch uses
-                    from ..doctor.doctor import get_doctor
-
-                    for v in get_doctor().variants():
-                        found.setdefault(v.name, v)
                 for r in self.plugin_manager.hook.tracea_register_variants():
                     for v in (r if isinstance(r, (list, tuple)) else [r]) if r else []:
                         found.setdefault(v.name, v)
@@ -213,8 +209,6 @@ class TuningCache:
         self._entries, self._by_op_variant = entries, by
         self._state, self._loaded = state, True
         self._generation += 1
-        from ..runtime import plans
-
         plans.cache_changed(self, decisive=not self._quiet)
 
     def reload(self) -> None:
@@ -425,5 +419,7 @@ def set_cache(cache: TuningCache | str | os.PathLike[str] | None) -> None:
             _default = cache if isinstance(cache, TuningCache) else TuningCache(cache)
             _explicit = True
 
+
+plans.watch_cache(get_cache)
 
 __all__ = ["CacheEntry", "TuningCache", "TuningCacheWarning", "get_cache", "set_cache", "default_path"]
