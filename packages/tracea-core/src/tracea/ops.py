@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .runtime import plan_ops
+from .runtime.dispatch import Quarantined
 from .runtime.plans import Uncacheable, lookup, signature, state
 from .semantic.config import PipelineConfig
 
@@ -42,7 +43,10 @@ def matmul(a: Any, b: Any, *, bias: Any = None, epilogue: Any = None, activation
     except (Uncacheable, TypeError):  # an array kind without a signature, an unhashable argument
         key = plan = None
     if plan is not None:
-        return plan(a, b, bias, out)
+        try:
+            return plan(a, b, bias, out)
+        except Quarantined:  # its variant failed at run time: decide again (the next candidate)
+            pass
     return plan_ops.matmul(key, a, b, bias, epilogue, activation, out, out_dtype, fp32_precision, variant, config)
 
 
@@ -74,7 +78,10 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
     except (Uncacheable, TypeError):
         key = plan = None
     if plan is not None:
-        return plan(x, w, b, out)
+        try:
+            return plan(x, w, b, out)
+        except Quarantined:
+            pass
     return plan_ops.conv2d(key, x, w, b, stride, padding, dilation, groups, layout, epilogue, activation, out,
                            out_dtype, fp32_precision, variant, config)
 
@@ -96,7 +103,10 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | No
     except (Uncacheable, TypeError):
         key = plan = None
     if plan is not None:
-        return plan(q, k, v, out)
+        try:
+            return plan(q, k, v, out)
+        except Quarantined:
+            pass
     return plan_ops.attention(key, q, k, v, causal, scale, out, variant, config)
 
 

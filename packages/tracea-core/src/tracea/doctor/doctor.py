@@ -41,6 +41,7 @@ class Doctor:
         self._adapters: tuple[ArrayAdapter, ...] | None = None
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._env: dict[Device, dict[str, str]] = {}
+        self._quarantine: dict[tuple[str, Any], str] = {}  # (variant, op) -> why it is not chosen again
         self.registry_errors: list[str] = []
 
     @property
@@ -232,6 +233,10 @@ class Doctor:
             if v.name in excluded:
                 rejected.append(Rejection(v.name, v.backend, [f"excluded by {ENV_EXCLUDE}"]))
                 continue
+            why = self._quarantine.get((v.name, op))
+            if why is not None and forced is None:
+                rejected.append(Rejection(v.name, v.backend, [f"quarantined: {why}"]))
+                continue
             reasons = self.check(v, op, profile)
             if reasons:
                 rejected.append(Rejection(v.name, v.backend, reasons))
@@ -275,6 +280,20 @@ class Doctor:
             return float(v.estimate_seconds(op, profile, cfg))
         except Exception:  # noqa: BLE001
             return float("inf")
+
+    def quarantine(self, variant: str, op: Op, why: str) -> None:
+        """Never choose ``variant`` for ``op`` again in this process (it failed at run time): the next
+        candidate runs instead. A tuning-cache entry that made it the winner is removed, so no other
+        process reuses it. Forcing the variant by name still runs it (tests, debugging)."""
+        with self._lock:
+            self._quarantine[(variant, op)] = why
+        try:
+            cache = _tuning_cache()
+            if cache is not None:
+                cache.remove(lambda e: e.variant == variant and e.op_key == op.key)
+        except Exception:  # noqa: BLE001 - a cache problem never blocks dispatch
+            pass
+        self.invalidate()
 
     def invalidate(self) -> None:
         """Forget memoised decisions and every call plan built from them (after tuning, or when the

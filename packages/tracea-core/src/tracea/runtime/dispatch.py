@@ -8,13 +8,14 @@ lets a framework integration compute it instead; that is counted in :mod:`tracea
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 from ..doctor.decision import Decision
 from ..doctor.doctor import Doctor, get_doctor
 from ..doctor.profile import DeviceProfile
 from ..doctor.variant import KernelVariant, OpArgs, run_launcher
-from ..errors import BackendError, NoVariantError, TraceaError, UnsupportedDeviceError
+from ..errors import BackendError, CaptureError, NoVariantError, TraceaError, UnsupportedDeviceError
 from ..ir.device import Device
 from ..ir.ops import Op
 from ..semantic.config import PipelineConfig
@@ -49,9 +50,11 @@ def prepare(variant: KernelVariant, op: Op, config: PipelineConfig, profile: Dev
 
 
 def bind(variant: KernelVariant, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any,
-         doctor: Doctor | None = None) -> Launcher:
+         doctor: Doctor | None = None, *, quarantine_failures: bool = False) -> Launcher:
     """Prepare then bind ``variant``: a launcher ``launch(*inputs, out)`` (inputs in ``op.roles`` order)
-    whose failures are :class:`~tracea.errors.BackendError` naming the variant."""
+    whose failures are :class:`~tracea.errors.BackendError` naming the variant. With
+    ``quarantine_failures``, a run-time failure (not a :class:`CaptureError`) quarantines the variant for
+    ``op`` and raises :class:`Quarantined` instead (the caller decides again)."""
     doctor = doctor or get_doctor()
     prepare(variant, op, config, profile, doctor)
     hook = doctor.pm.hook
@@ -70,13 +73,39 @@ def bind(variant: KernelVariant, op: Op, config: PipelineConfig, profile: Device
     def guarded(*arrays: Any) -> None:
         try:
             launch(*arrays)
-        except TraceaError:
+        except TraceaError as exc:
+            if quarantine_failures and isinstance(exc, BackendError) and not isinstance(exc, CaptureError):
+                raise quarantine(variant, op, exc, doctor) from exc
             raise
         except Exception as exc:  # noqa: BLE001 - one hierarchy for callers
-            raise _wrap(exc, variant, op, config) from exc
+            err = _wrap(exc, variant, op, config)
+            if quarantine_failures:
+                raise quarantine(variant, op, err, doctor) from exc
+            raise err from exc
 
     guarded.pointer_only = getattr(launch, "pointer_only", False)  # type: ignore[attr-defined]
     return guarded
+
+
+class Quarantined(TraceaError):
+    """Internal signal: the variant a plan ran failed at run time and is quarantined for that op; the
+    call is decided again (the next candidate runs)."""
+
+
+def quarantine(variant: KernelVariant, op: Op, exc: BackendError, doctor: Doctor | None = None) -> Quarantined:
+    """Quarantine ``variant`` for ``op`` after ``exc`` (warned once per variant and op kind) and return the
+    :class:`Quarantined` signal to raise."""
+    first = str(exc).splitlines()[0]
+    key = (variant.name, op.kind)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"tracea: {variant.name} failed on {op.describe()} and is not used for it again in this "
+                      f"process; the next candidate runs: {first}", RuntimeWarning, stacklevel=4)
+    (doctor or get_doctor()).quarantine(variant.name, op, first[:300])
+    return Quarantined(first)
+
+
+_warned: set[tuple[str, Any]] = set()
 
 
 def prepare_and_run(variant: KernelVariant, op: Op, config: PipelineConfig, args: OpArgs,
@@ -137,25 +166,35 @@ def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], ou
     """
     doctor = doctor or get_doctor()
     free = variant is None and config is None
-    try:
-        decision = doctor.decide(op, device, variant=variant, config=config)
-    except (NoVariantError, UnsupportedDeviceError) as exc:
-        if free:
-            reason = fallback_reason(exc)
+    while True:
+        try:
+            decision = doctor.decide(op, device, variant=variant, config=config)
+        except (NoVariantError, UnsupportedDeviceError) as exc:
+            if free:
+                reason = fallback_reason(exc)
+                result = _fallback(doctor, op, user_arrays, out, reason)
+                if result is not None:
+                    return Runner(op, None, None, reason), result
+            raise
+        if free and decision.variant.fallback_only and not adapter.allows_fallback_only():
+            rejected = {r.variant: r.reasons for r in decision.rejected}
+            reason = (fallback_reason(NoVariantError("", rejected)) if rejected
+                      else f"no {op.kind.value} kernel for {device.kind} installed") + " (only the reference oracle)"
             result = _fallback(doctor, op, user_arrays, out, reason)
             if result is not None:
-                return Runner(op, None, None, reason), result
-        raise
-    if free and decision.variant.fallback_only and not adapter.allows_fallback_only():
-        rejected = {r.variant: r.reasons for r in decision.rejected}
-        reason = (fallback_reason(NoVariantError("", rejected)) if rejected
-                  else f"no {op.kind.value} kernel for {device.kind} installed") + " (only the reference oracle)"
-        result = _fallback(doctor, op, user_arrays, out, reason)
-        if result is not None:
-            return Runner(op, decision, None, reason), result
-    c = decision.chosen
-    launch = bind(c.variant, decision.op, c.config, decision.profile, adapter, doctor)
-    return Runner(op, decision, launch, None), None
+                return Runner(op, decision, None, reason), result
+        c = decision.chosen
+        try:
+            launch = bind(c.variant, decision.op, c.config, decision.profile, adapter, doctor,
+                          quarantine_failures=free)
+        except CaptureError:
+            raise
+        except BackendError as exc:  # it does not compile or load here: the next candidate, when free
+            if not free:
+                raise
+            quarantine(c.variant, decision.op, exc, doctor)
+            continue
+        return Runner(op, decision, launch, None), None
 
 
 def fallback(runner_: Runner, user_arrays: dict[str, Any], out: Any, doctor: Doctor | None = None) -> Any:

@@ -94,10 +94,27 @@ def _finish(key: Any, plan: Callable[..., Any], first: Callable[[], Any]) -> Any
     return first()
 
 
+def retrying(build: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a builder again when the variant it chose failed at run time and was quarantined
+    (:class:`dispatch.Quarantined`): the Doctor then picks the next candidate. Bounded: a variant is
+    quarantined at most once per op, and the reference oracle does not fail."""
+    def run(*args: Any) -> Any:
+        for _ in range(8):
+            try:
+                return build(*args)
+            except dispatch.Quarantined:
+                continue
+        return build(*args)
+
+    run.__doc__, run.__name__ = build.__doc__, build.__name__
+    return run
+
+
 # ------------------------------------------------------------------------------------------------
 # matmul
 # ------------------------------------------------------------------------------------------------
 
+@retrying
 def matmul(key: Any, a: Any, b: Any, bias: Any, epilogue: Any, activation: Any, out: Any, out_dtype: Any,
            fp32_precision: Any, variant: str | None, config: Any) -> Any:
     """The full path of ``tracea.ops.matmul`` (see its docstring for the arguments)."""
@@ -217,6 +234,7 @@ def _is_channels_last(op: ops_args.Operand) -> bool:
     return st[1] == 1 and (h == 1 or st[2] == w * c) and (w == 1 or st[3] == c)
 
 
+@retrying
 def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: Any,
            layout: Any, epilogue: Any, activation: Any, out: Any, out_dtype: Any, fp32_precision: Any,
            variant: str | None, config: Any) -> Any:
@@ -321,6 +339,7 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
 # attention
 # ------------------------------------------------------------------------------------------------
 
+@retrying
 def attention(key: Any, q: Any, k: Any, v: Any, causal: Any, scale: Any, out: Any, variant: str | None,
               config: Any) -> Any:
     """The full path of ``tracea.ops.attention`` (see its docstring for the arguments)."""
