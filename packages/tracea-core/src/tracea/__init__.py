@@ -24,6 +24,7 @@ from .errors import (BackendError, CaptureError, CompilationError, DTypeError, I
                      ShapeError, TraceaError, UnsupportedConfigError, UnsupportedDeviceError)
 from .gpuinfo import GPUInfo
 from .graph import Graph
+from .runtime.first_use import set_tuning, tuning_mode
 from .ir import (AttentionOp, Conv2dOp, Device, Epilogue, EpilogueKind, GemmOp, LayerType, Layout,
                  ProblemDescriptor, Shape)
 from .semantic import BarrierMode, PipelineConfig, SearchSpace, SwizzleMode
@@ -56,6 +57,6 @@ __all__ = [
     "LayerType", "Layout", "NoVariantError", "OpArgs", "OptimizationGoal", "PipelineConfig", "ProblemDescriptor",
     "Requirements", "SearchSpace", "Shape", "ShapeError", "SwizzleMode", "TraceaConv2d", "TraceaError",
     "TraceaLinear", "UnsupportedConfigError", "UnsupportedDeviceError", "__version__", "bf16", "errors", "f16",
-    "f32", "f64", "fp8_e4m3", "fp8_e5m2", "get_doctor", "int8", "ops", "patch_conv2d", "patch_linear", "tf32",
+    "f32", "f64", "fp8_e4m3", "fp8_e5m2", "get_doctor", "int8", "ops", "patch_conv2d", "patch_linear", "set_tuning", "tf32", "tuning_mode",
     "unpatch_conv2d", "unpatch_linear",
 ]

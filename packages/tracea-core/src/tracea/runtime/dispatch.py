@@ -19,7 +19,7 @@ from ..errors import BackendError, CaptureError, NoVariantError, TraceaError, Un
 from ..ir.device import Device
 from ..ir.ops import Op
 from ..semantic.config import PipelineConfig
-from . import fallbacks
+from . import fallbacks, first_use
 
 Launcher = Callable[..., None]
 
@@ -155,7 +155,7 @@ class Runner:
 
 def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], out: Any, *,
            variant: str | None = None, config: PipelineConfig | None = None,
-           doctor: Doctor | None = None) -> tuple[Runner, Any]:
+           doctor: Doctor | None = None, inputs: tuple | None = None) -> tuple[Runner, Any]:
     """Decide ``op`` and build its :class:`Runner`, trying a fallback on the first call's arrays
     (``user_arrays`` by role as the user passed them, ``out`` the kernel output) where dispatch would.
 
@@ -163,6 +163,8 @@ def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], ou
     fallback (the hook computes on a call's arrays, so finding out whether it serves them runs it), else
     None (the caller launches). A fallback happens only when no variant or config is forced, and:
     nothing serves the op, or only a fallback-only oracle does and the adapter prefers its framework.
+    With the first-use tuning policy (:mod:`tracea.runtime.first_use`) and ``inputs`` (the call's packed
+    inputs, ``out`` its kernel output), an untuned signature times its top candidates first.
     """
     doctor = doctor or get_doctor()
     free = variant is None and config is None
@@ -183,6 +185,12 @@ def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], ou
             result = _fallback(doctor, op, user_arrays, out, reason)
             if result is not None:
                 return Runner(op, decision, None, reason), result
+        if inputs is not None and first_use.wants_tuning(decision, free):
+            def bind_config(v: KernelVariant, cfg: PipelineConfig, d: Decision = decision) -> Launcher:
+                return bind(v, d.op, cfg, d.profile, adapter, doctor)
+
+            if first_use.tune(decision, inputs, out, adapter, bind_config):
+                continue  # the tuned entry now ranks the winner
         c = decision.chosen
         try:
             launch = bind(c.variant, decision.op, c.config, decision.profile, adapter, doctor,

@@ -180,7 +180,8 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
     x0, y0, z0, out0 = first
     inputs0, target0, kout0 = kernel_args(x0, y0, z0, out0)
     user0 = dict(zip(roles, (x0, y0, inputs0[2] if roles[2] == "bias" else z0)))
-    run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor)
+    run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor,
+                                   inputs=inputs0)
     launch = run.launch
 
     if launch is None:  # a framework computes every call of this signature
@@ -298,7 +299,7 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
 
     inputs0, phys0 = kernel_args(x, w, b)
     run, result0 = dispatch.runner(op, device, adapter, {"x": x, "w": w, "bias": inputs0[2]}, phys0,
-                                   variant=variant, config=config, doctor=doctor)
+                                   variant=variant, config=config, doctor=doctor, inputs=inputs0)
     launch = run.launch
 
     def deliver(result: Any, phys: Any, user_out: Any) -> Any:
