@@ -1,0 +1,95 @@
+"""``cuda.gemm.gemv``: few-row GEMMs against an (N, K) weight (LLM decode, small-batch ``nn.Linear``),
+bound by reading the weight once; see :mod:`tracea_cuda.emit.gemv`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import Requirements
+from tracea.dtypes import DType
+from tracea.ir.ops import GemmOp, LayerType
+from tracea.semantic.config import PipelineConfig, Validity
+from tracea.semantic.search_space import SearchSpace
+from tracea.errors import UnsupportedConfigError
+
+from .. import compiler, toolkit
+from ..emit.gemv import KERNEL_NAME, MAX_ROWS, WARPS, GemvSpec, render
+from .base import FLOAT_IO, CudaVariant, aligned, u64
+
+#: fraction of the measured copy bandwidth the kernel is expected to reach on large weights
+BANDWIDTH_SHARE = 0.85
+
+
+def _rows(m: int) -> int:
+    """The compile-time row bound for ``m`` rows (powers of two keep the kernel count small)."""
+    return next(r for r in (1, 2, 4, 8, 16) if r >= m)
+
+
+class GemvGemm(CudaVariant):
+    name = "cuda.gemm.gemv"
+    description = ("few-row GEMM (M <= 16) against an (N, K) weight, e.g. nn.Linear decode: 16-byte streaming "
+                   "loads of the weight, fp32 accumulation, warp reduction, fused epilogue; f16/bf16/f32 (f32 exact)")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM,
+                                dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
+                                min_compute_capability=(7, 0), batched=False, max_dims={"m": MAX_ROWS})
+    efficiency = 0.05  # memory-bound: the estimate below is a bandwidth one
+    priority = 30
+
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        reasons = []
+        if op.trans_a:
+            reasons.append("A stored (K, M) (transposed) is not read by the GEMV kernel")
+        if not op.trans_b:
+            reasons.append("B stored (K, N): the GEMV kernel reads B stored (N, K) (an nn.Linear weight); "
+                           "the mma/wgmma variants serve it")
+        if op.n * op.k >= 2**62:
+            reasons.append("weight larger than the 64-bit index range")
+        return reasons
+
+    def estimate_seconds(self, op: GemmOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        bw = max(profile.bandwidth_gbs, 1.0) * 1e9 * BANDWIDTH_SHARE
+        return op.min_bytes / bw + 3e-6
+
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> GemvSpec:
+        epv = 16 // op.dtype_a.storage.itemsize
+        vec = epv if op.k % epv == 0 and aligned(ptrs, "a") and aligned(ptrs, "b") else 1
+        npw = config.get("npw") or 2
+        if not isinstance(npw, int) or isinstance(npw, bool):
+            raise UnsupportedConfigError(f"param npw={npw!r} must be an integer")
+        bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
+        return GemvSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, _rows(op.m), npw, vec)
+
+    def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        try:
+            self.spec(op, config, None).check()
+        except UnsupportedConfigError as exc:
+            return Validity(False, exc.reason)
+        return Validity(True)
+
+    def _kernel(self, spec: GemvSpec, profile: DeviceProfile) -> compiler.Kernel:
+        arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))
+        return compiler.load(render(spec), KERNEL_NAME, arch, smem=0, threads=spec.threads)
+
+    def grid(self, op: GemmOp, spec: GemvSpec) -> tuple[int, int, int]:
+        rows_per_block = WARPS * spec.npw
+        return (-(-op.n // rows_per_block), 1, 1)
+
+    def kernel_args(self, op: GemmOp, ptrs: dict) -> tuple:
+        bias = ptrs.get("bias") or ptrs["out"]
+        return (u64(ptrs["a"]), u64(ptrs["b"]), u64(ptrs["out"]), u64(bias), np.int32(op.m), np.int32(op.n),
+                np.int32(op.k))
+
+    def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
+        return (SearchSpace().param("npw", [1, 2, 4])
+                .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
+
+    def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        # Enough warps to keep every SM's memory pipes busy: one row per warp for narrow weights.
+        warps_wanted = 8 * max(profile.compute_units, 1) * WARPS
+        first = 1 if op.n < warps_wanted else 2
+        npws = [first] + [n for n in (2, 4, 1) if n != first and _rows(op.m) * n <= 32]
+        return [PipelineConfig(params=(("npw", n),)) for n in npws]
+
+
+GEMV_VARIANTS = [GemvGemm]
