@@ -120,6 +120,14 @@ class TorchAdapter(ArrayAdapter):
     def contiguous(self, obj: Any) -> Any:
         return obj.contiguous()
 
+    def empty_factory(self, shape: Sequence[int], dtype: DType, like: Any) -> Any:
+        import torch
+
+        shape, tdt, dev, empty = tuple(int(s) for s in shape), torch_dtype(dtype), like.device, torch.empty
+        if dev.type == "cpu":
+            return lambda obj: empty(shape, dtype=tdt)
+        return lambda obj: empty(shape, dtype=tdt, device=dev)
+
     def swap_last(self, obj: Any) -> Any:
         return obj.transpose(-1, -2)
 

@@ -88,6 +88,12 @@ class ArrayAdapter:
         """``obj`` as a packed row-major array (a copy only when needed)."""
         raise NotImplementedError
 
+    def empty_factory(self, shape: Sequence[int], dtype: DType, like: Any) -> Any:
+        """A function ``new(like)`` allocating what :meth:`empty` would for arrays with ``like``'s signature
+        (the plan cache calls it on every call: adapters precompute what they can)."""
+        shape = tuple(int(s) for s in shape)
+        return lambda obj: self.empty(shape, dtype, obj)
+
     def swap_last(self, obj: Any) -> Any:
         """A view of ``obj`` with its last two axes swapped (no copy)."""
         raise NotImplementedError
@@ -195,6 +201,12 @@ class NumpyAdapter(ArrayAdapter):
 
     def contiguous(self, obj: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(obj)
+
+    def empty_factory(self, shape: Sequence[int], dtype: DType, like: Any) -> Any:
+        shape, np_dtype, empty = tuple(int(s) for s in shape), dtype.numpy, np.empty
+        if np_dtype is None:
+            return super().empty_factory(shape, dtype, like)
+        return lambda obj: empty(shape, np_dtype)
 
     def swap_last(self, obj: np.ndarray) -> np.ndarray:
         return np.swapaxes(obj, -1, -2)

@@ -44,6 +44,22 @@ def _prep(op: ops_args.Operand) -> Callable[[Any], Any] | None:
     return None if op.info.c_contiguous else op.adapter.contiguous
 
 
+def _view(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Mark a prep that only builds a view (same memory): pointer-only launchers skip it."""
+    def view(x: Any) -> Any:
+        return fn(x)
+
+    view.is_view = True  # type: ignore[attr-defined]
+    return view
+
+
+def _lean(prep: Callable[[Any], Any] | None, launch: Any) -> Callable[[Any], Any] | None:
+    """``prep``, or None when it only builds a view and the launcher reads data pointers alone."""
+    if prep is not None and getattr(prep, "is_view", False) and getattr(launch, "pointer_only", False):
+        return None
+    return prep
+
+
 def _prep_maybe_transposed(op: ops_args.Operand) -> tuple[Callable[[Any], Any] | None, bool]:
     """(packing, transposed): a column-major operand is used through its transposed view, no copy."""
     if op.info.c_contiguous:
@@ -51,7 +67,7 @@ def _prep_maybe_transposed(op: ops_args.Operand) -> tuple[Callable[[Any], Any] |
     if op.info.ndim >= 2 and op.info.strides is not None:
         swapped = op.adapter.swap_last(op.obj)
         if op.adapter.info(swapped).c_contiguous:
-            return op.adapter.swap_last, True
+            return _view(op.adapter.swap_last), True
     return op.adapter.contiguous, False
 
 
@@ -150,7 +166,7 @@ def matmul(key: Any, a: Any, b: Any, bias: Any, epilogue: Any, activation: Any, 
         if ta:
             prep_a, ta = adapter.contiguous, False
         inner, shape2 = prep_a, (batch * m, k)
-        prep_a = (lambda x: adapter.reshape(inner(x), shape2)) if inner else (lambda x: adapter.reshape(x, shape2))
+        prep_a = (lambda x: adapter.reshape(inner(x), shape2)) if inner else _view(lambda x: adapter.reshape(x, shape2))
         gemm_m, gemm_batch = batch * m, 1
     op = GemmOp(gemm_m, n, k, gemm_batch, trans_a=ta, trans_b=tb, dtype_a=A.info.dtype, dtype_b=B.info.dtype,
                 dtype_out=dtype_out, epilogue=epi, fp32_precision=_precision(fp32_precision, adapter))
@@ -166,23 +182,27 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
     """The plan of an op whose kernel output is the user's output in row-major order, viewed as
     ``kshape`` (GEMM, attention): written in place when ``out`` is packed, else through a temporary."""
     doctor = get_doctor()
-    pa, pb, pc = preps
-    empty, reshape, copy_ = adapter.empty, adapter.reshape, adapter.copy_
+    x0, y0, z0, out0 = first
+    reshape, copy_ = adapter.reshape, adapter.copy_
+    new_out = adapter.empty_factory(out_shape, dtype_out, x0)
     direct_out = U is not None and U.info.c_contiguous
-    view = tuple(kshape) != tuple(out_shape)
     check_out = _out_checks(U, inputs)
 
-    def kernel_args(x: Any, y: Any, z: Any, user_out: Any) -> tuple[tuple, Any, Any]:
-        inputs_ = (x if pa is None else pa(x), y if pb is None else pb(y), z if (z is None or pc is None) else pc(z))
-        target = user_out if direct_out else empty(out_shape, dtype_out, x)
-        return inputs_, target, (reshape(target, kshape) if view else target)
+    def arg_builder(pa: Any, pb: Any, pc: Any, view: bool) -> Callable[..., tuple[tuple, Any, Any]]:
+        def kernel_args(x: Any, y: Any, z: Any, user_out: Any) -> tuple[tuple, Any, Any]:
+            inputs_ = (x if pa is None else pa(x), y if pb is None else pb(y),
+                       z if (z is None or pc is None) else pc(z))
+            target = user_out if direct_out else new_out(x)
+            return inputs_, target, (reshape(target, kshape) if view else target)
+        return kernel_args
 
-    x0, y0, z0, out0 = first
-    inputs0, target0, kout0 = kernel_args(x0, y0, z0, out0)
+    inputs0, target0, kout0 = arg_builder(*preps, tuple(kshape) != tuple(out_shape))(x0, y0, z0, out0)
     user0 = dict(zip(roles, (x0, y0, inputs0[2] if roles[2] == "bias" else z0)))
     run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor,
                                    inputs=inputs0)
     launch = run.launch
+    lean = launch is not None and getattr(launch, "pointer_only", False)
+    kernel_args = arg_builder(*(_lean(p, launch) for p in preps), tuple(kshape) != tuple(out_shape) and not lean)
 
     if launch is None:  # a framework computes every call of this signature
         def plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
@@ -289,13 +309,13 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
     ops_args.check_no_overlap(U, [X, W, o.get("b")])
     prep_b = _bias_prep(o.get("b"), k, dtype_out, "one value per output channel")
     check_out = _out_checks(U, [X, W, o.get("b")])
-    empty, copy_ = adapter.empty, adapter.copy_
-    phys_shape = op.out_shape
+    copy_ = adapter.copy_
+    new_out = adapter.empty_factory(op.out_shape, dtype_out, x)
     to_logical = logical and lay is Layout.NHWC
 
     def kernel_args(xx: Any, ww: Any, bb: Any) -> tuple[tuple, Any]:
         return ((xx if prep_x is None else prep_x(xx), ww if prep_w is None else prep_w(ww),
-                 bb if (bb is None or prep_b is None) else prep_b(bb)), empty(phys_shape, dtype_out, xx))
+                 bb if (bb is None or prep_b is None) else prep_b(bb)), new_out(xx))
 
     inputs0, phys0 = kernel_args(x, w, b)
     run, result0 = dispatch.runner(op, device, adapter, {"x": x, "w": w, "bias": inputs0[2]}, phys0,

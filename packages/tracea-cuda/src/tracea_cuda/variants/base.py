@@ -70,6 +70,15 @@ class CudaVariant(KernelVariant):
     def extra_checks(self, op: Op, profile: DeviceProfile) -> list[str]:
         return []
 
+    def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        """Roofline on the Tensor Core peak of the math the variant runs (f16, bf16, TF32; 3xTF32 does
+        three TF32 products), times :attr:`efficiency`, and on the device bandwidth."""
+        mode = math_mode(op.dtypes[0].storage, getattr(op, "fp32_precision", Fp32Precision.HIGHEST))
+        dtype = {"f16": "float16", "bf16": "bfloat16", "tf32": "tf32", "3xtf32": "tf32"}[mode]
+        factor = 3.0 if mode == "3xtf32" else 1.0
+        flop_t = op.flops * factor / (profile.peak(dtype) * 1e9 * max(self.efficiency, 1e-6))
+        return max(flop_t, op.min_bytes / (max(profile.bandwidth_gbs, 1.0) * 1e9)) + 5e-6
+
     # -- spec / compile ----------------------------------------------------------------------
     def spec(self, op: Op, config: PipelineConfig, arrays: dict[str, int] | None) -> MmaSpec:
         raise NotImplementedError

@@ -17,6 +17,9 @@ from .. import compiler, toolkit
 from ..emit.gemv import KERNEL_NAME, MAX_ROWS, WARPS, GemvSpec, render
 from .base import FLOAT_IO, CudaVariant, aligned, u64
 
+#: rows served: from 8 rows on, the per-row reads of A outweigh the weight stream (measured on an H100:
+#: x16 @ W4096x4096.T ran at 13% of the copy bandwidth) and the mma/wgmma variants do better
+SERVED_ROWS = 4
 #: fraction of the measured copy bandwidth the kernel is expected to reach on large weights
 BANDWIDTH_SHARE = 0.85
 
@@ -32,7 +35,7 @@ class GemvGemm(CudaVariant):
                    "loads of the weight, fp32 accumulation, warp reduction, fused epilogue; f16/bf16/f32 (f32 exact)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM,
                                 dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
-                                min_compute_capability=(7, 0), batched=False, max_dims={"m": MAX_ROWS})
+                                min_compute_capability=(7, 0), batched=False, max_dims={"m": SERVED_ROWS})
     efficiency = 0.05  # memory-bound: the estimate below is a bandwidth one
     priority = 30
 

@@ -1,0 +1,174 @@
+"""``tracea.ops`` on shapes the project did not tune for, against PyTorch (cuBLAS / cuDNN) in the same run:
+the user path (default settings, untuned, calls back to back between CUDA events, nothing queued ahead).
+
+    python benchmarks/user_path/bench_shapes.py                   # every group
+    python benchmarks/user_path/bench_shapes.py --groups decode,prefill --json out.json
+    TRACEA_TUNING=first-use python benchmarks/user_path/bench_shapes.py   # the first-use tuning policy
+
+Groups: ``decode`` (``x @ W.T``, M = 1 / 4 / 16 / 128 tokens, projections of 7B / 13B / 70B-class models;
+also reports the weight bandwidth against a measured device-to-device copy), ``prefill`` (M = 512 / 2048
+on the same projections), ``odd`` (odd sizes), ``bmm`` (batched), ``conv`` (conv layers of several CNN
+families at batch 1 and 32, channels_last fp16 and NCHW fp32). Ratios are PyTorch time / Tracea time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+import tracea
+
+PROJ = {"7B": [(4096, 4096), (11008, 4096), (4096, 11008)], "13B": [(5120, 5120), (13824, 5120)],
+        "70B": [(8192, 8192), (28672, 8192), (1024, 8192)]}
+
+
+def b2b(fn: Callable[[], Any], calls: int) -> float:
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(calls):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / 1e3 / calls
+
+
+def paired(fa: Callable[[], Any], fb: Callable[[], Any], rounds: int = 7) -> tuple[float, float]:
+    for f in (fa, fb):
+        f()
+    one = max(b2b(fa, 1), b2b(fb, 1))
+    calls = max(3, min(200, int(2e-3 / max(one, 1e-7))))
+    ta, tb = [], []
+    for r in range(rounds):
+        for f, acc in ((fa, ta), (fb, tb)) if r % 2 == 0 else ((fb, tb), (fa, ta)):
+            acc.append(b2b(f, calls))
+    return statistics.median(ta), statistics.median(tb)
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = statistics.median(b2b(lambda: dst.copy_(src), 20) for _ in range(5))
+    return 2 * src.numel() / t  # bytes read + written per second
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def report(rows: list, group: str, what: str, t: float, a: float, err: float, **extra: Any) -> None:
+    print(f"  {what:<52} tracea {t * 1e6:9.1f} us  torch {a * 1e6:9.1f} us  ratio {a / t:5.2f}x  err {err:.1e}"
+          + "".join(f"  {k} {v}" for k, v in extra.items()), flush=True)
+    rows.append({"group": group, "what": what, "tracea_s": t, "torch_s": a, "ratio": a / t, "rel_err": err, **extra})
+
+
+def gemm_group(rows: list, group: str, ms: list[int], dtype: torch.dtype, bw: float) -> None:
+    for model, shapes in PROJ.items():
+        for n, k in shapes:
+            w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
+            for m in ms:
+                x = torch.randn(m, k, device="cuda", dtype=dtype)
+                t, a = paired(lambda: tracea.ops.matmul(x, w.t()), lambda: x @ w.t())
+                extra = {}
+                if group == "decode":
+                    extra["bw%"] = f"{100 * n * k * x.element_size() / t / bw:.0f}"
+                report(rows, group, f"{model} x{m} @ W{n}x{k}.T {str(dtype)[6:]}", t, a,
+                       rel(tracea.ops.matmul(x, w.t()), x @ w.t()), **extra)
+
+
+def odd_group(rows: list) -> None:
+    for (m, n, k) in [(3000, 5000, 777), (1000, 1000, 1000), (4097, 4095, 1023), (257, 12345, 4096),
+                      (96, 96, 96)]:
+        for dtype in (torch.bfloat16, torch.float16):
+            a_, b_ = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
+            t, a = paired(lambda: tracea.ops.matmul(a_, b_), lambda: a_ @ b_)
+            report(rows, "odd", f"{m}x{n}x{k} {str(dtype)[6:]}", t, a, rel(tracea.ops.matmul(a_, b_), a_ @ b_))
+    for tf32 in (True, False):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        a_, b_ = torch.randn(4096, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
+        t, a = paired(lambda: tracea.ops.matmul(a_, b_), lambda: a_ @ b_)
+        report(rows, "odd", f"4096^3 fp32 {'TF32 allowed' if tf32 else 'exact'}", t, a,
+               rel(tracea.ops.matmul(a_, b_), a_ @ b_))
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def bmm_group(rows: list) -> None:
+    for (b, m, n, k) in [(64, 512, 512, 512), (32, 128, 128, 64), (8, 2048, 2048, 128)]:
+        x = torch.randn(b, m, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.randn(b, k, n, device="cuda", dtype=torch.bfloat16)
+        t, a = paired(lambda: tracea.ops.matmul(x, y), lambda: torch.bmm(x, y))
+        report(rows, "bmm", f"bmm {b}x{m}x{n}x{k} bf16", t, a, rel(tracea.ops.matmul(x, y), torch.bmm(x, y)))
+
+
+CONVS = {  # family: (C, K, H, R, stride)
+    "resnet": [(64, 64, 56, 3, 1), (128, 128, 28, 3, 1), (256, 256, 14, 3, 1), (512, 512, 7, 3, 1),
+               (256, 64, 56, 1, 1), (64, 256, 56, 1, 1), (3, 64, 224, 7, 2)],
+    "vgg": [(64, 128, 112, 3, 1), (256, 256, 56, 3, 1)],
+    "mobilenet/efficientnet pointwise": [(32, 16, 112, 1, 1), (96, 24, 56, 1, 1), (240, 40, 28, 1, 1)],
+    "unet": [(128, 64, 128, 3, 1), (512, 256, 32, 3, 1)],
+}
+
+
+def conv_group(rows: list) -> None:
+    for family, layers in CONVS.items():
+        for (c, k, h, r, s) in layers:
+            for batch in (1, 32):
+                for dtype, cl in ((torch.float16, True), (torch.float32, False)):
+                    fmt = torch.channels_last if cl else torch.contiguous_format
+                    x = torch.randn(batch, c, h, h, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+                    w = (torch.randn(k, c, r, r, device="cuda", dtype=dtype) / (c * r * r) ** 0.5).contiguous(
+                        memory_format=fmt)
+                    bias = torch.randn(k, device="cuda", dtype=dtype)
+                    pad = r // 2
+                    ours = lambda: tracea.ops.conv2d(x, w, bias, stride=s, padding=pad)  # noqa: E731
+                    theirs = lambda: F.conv2d(x, w, bias, stride=s, padding=pad)  # noqa: E731
+                    t, a = paired(ours, theirs)
+                    report(rows, "conv", f"{family} {c}->{k} {r}x{r}/{s} @{h}^2 b{batch} {str(dtype)[6:]}"
+                           f"{' CL' if cl else ''}", t, a, rel(ours(), theirs()))
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--groups", default="decode,prefill,odd,bmm,conv")
+    p.add_argument("--json", default="")
+    args = p.parse_args(argv)
+    groups = set(args.groups.split(","))
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: device-to-device copy {bw / 1e12:.2f} TB/s (read + write); "
+          f"tuning policy {tracea.tuning_mode()}")
+    rows: list = []
+    if "decode" in groups:
+        print("\n[decode] x @ W.T, few tokens")
+        gemm_group(rows, "decode", [1, 4, 16, 128], torch.bfloat16, bw)
+    if "prefill" in groups:
+        print("\n[prefill] x @ W.T, many tokens")
+        gemm_group(rows, "prefill", [512, 2048], torch.bfloat16, bw)
+    if "odd" in groups:
+        print("\n[odd] odd sizes, fp32 modes")
+        odd_group(rows)
+    if "bmm" in groups:
+        print("\n[bmm] batched")
+        bmm_group(rows)
+    if "conv" in groups:
+        print("\n[conv] CNN layers")
+        conv_group(rows)
+    ratios = [r["ratio"] for r in rows]
+    if ratios:
+        print(f"\nall {len(ratios)} cases: median {statistics.median(ratios):.2f}x, min {min(ratios):.2f}x, "
+              f"below 0.9x: {sum(r < 0.9 for r in ratios)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "policy": tracea.tuning_mode(),
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
