@@ -126,6 +126,8 @@ def parse(raw: bytes) -> Parsed:
         return Parsed(problem=f"not a Tracea tuning cache (expected an object with format={FORMAT!r} "
                               f"and an 'entries' object)")
     version = data.get("version", VERSION)
+    if isinstance(version, HugeInt):  # an integer all the same: far newer (or older) than this Tracea
+        version = 0 if version.digits.startswith("-") else VERSION + 1
     if isinstance(version, bool) or not isinstance(version, int):
         return Parsed(problem=f"format version {_short(version)} is not an integer")
     out = Parsed(duplicates=dups[0], version=version)
