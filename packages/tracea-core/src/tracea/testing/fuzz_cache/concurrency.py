@@ -2,10 +2,10 @@
 entries, tuning and dispatching ops on one cache file at once.
 
 Clean run: every entry a ``put`` reported written must be in the final file, the file must be a
-valid cache, no temporary file may be left, no process may fail. Vandal run: one more process
+valid cache, no temporary file may be left, no process may fail. Vandal run: a thread of the parent
 truncates or overwrites the file now and then; entries may then be lost (the vandal destroyed
-them), but nothing may crash or hang, every damaged file must be set aside, and the final file must
-be a valid cache.
+them), but nothing may crash or hang, damage must be set aside (never a valid file: that would be a
+good file another process wrote moved aside by mistake), and the final file must be a valid cache.
 
 Worker: ``python -m tracea.testing.fuzz_cache.concurrency worker PATH WHO ITERATIONS THREADS TUNE``.
 """
@@ -64,9 +64,12 @@ def run(workdir: str, *, processes: int = 3, threads: int = 2, iterations: int =
     if glob.glob(path + ".tmp-*"):
         problems.append(f"temporary files left: {glob.glob(path + '.tmp-*')[:3]}")
     asides = glob.glob(path + ".corrupt-*")
-    if vandal:
+    if vandal:  # (damage a writer replaces before anyone reads it leaves nothing to set aside)
         if acts and not asides:
             problems.append(f"the vandal damaged the file {len(acts)} times but nothing was set aside")
+        valid = [a for a in asides if _entries(a) is not None]
+        if valid:  # every vandal act leaves invalid JSON: a valid file set aside was a good one
+            problems.append(f"{len(valid)} valid cache files were set aside, e.g. {valid[0]}")
     else:
         lost = [k for k in written if k not in final]
         if lost:
