@@ -1,34 +1,58 @@
 #!/usr/bin/env bash
-# Run the CUDA backend's GPU tests and GPU benchmarks in one go (on the H200), print a table of
-# ratios vs cuBLAS / cuBLASLt / cuDNN. Logs and JSON go to $OUT (default /tmp/tracea-gpu).
-#   scripts/gpu_run.sh [--quick] [--tests-only|--bench-only] [extra bench args...]
+# Everything the GPU machine checks, in one go: the CUDA and torch GPU tests (CUDA-graph capture of every
+# variant path, torch.compile), the user-path benchmark (patched layers and models vs PyTorch, eager and
+# in CUDA graphs), the isolated-kernel benchmark, and the public-ops fuzzer on CUDA tensors.
+# Logs and JSON go to $OUT (default /tmp/tracea-gpu).
+#   scripts/gpu_run.sh [--quick] [--tests-only|--bench-only|--user-only|--fuzz-only] [--pytest-k EXPR] [bench args...]
+# Carry .whl (optuna's wheels: ../shared/tools/device-wheels.sh) for the tuner's tests.
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 1
+if [ -d .whl ] && ! python3 -c "import optuna" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 source scripts/srcenv.sh
 OUT="${OUT:-/tmp/tracea-gpu}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export TRACEA_CUDA_CACHE_DIR="${TRACEA_CUDA_CACHE_DIR:-/tmp/tracea-cuda-cache}"
-mode=all; quick=""; extra=()
-for arg in "$@"; do
-  case "$arg" in
+export TRACEA_CACHE_PATH="${TRACEA_CACHE_PATH:-/tmp/tracea-tuning-cache.json}"
+mode=all; quick=""; extra=(); kexpr=""; fuzz_cases="${FUZZ_CASES:-10000}"
+while [ $# -gt 0 ]; do
+  case "$1" in
     --quick) quick="--quick" ;;
     --tests-only) mode=tests ;;
     --bench-only) mode=bench ;;
-    *) extra+=("$arg") ;;
+    --user-only) mode=user ;;
+    --fuzz-only) mode=fuzz ;;
+    --pytest-k) shift; kexpr="$1" ;;
+    *) extra+=("$1") ;;
   esac
+  shift
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
   | tee "$OUT/gpu.txt"
+lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/gpu.txt"
 rc=0
-if [ "$mode" != bench ]; then
+if [ "$mode" = all ] || [ "$mode" = tests ]; then
   xdist=""
-  python -c "import xdist" 2>/dev/null && xdist="-n 8"
-  python -m pytest packages/tracea-cuda/tests -m cuda -q -p no:cacheprovider $xdist 2>&1 | tee "$OUT/tests.log" | tail -40
+  python -c "import xdist" 2>/dev/null && xdist="-n 12"
+  python -m pytest packages/tracea-cuda/tests packages/tracea-torch/tests -m cuda -q -p no:cacheprovider $xdist \
+    ${kexpr:+-k "$kexpr"} 2>&1 | tee "$OUT/tests.log" | tail -40
   rc=$?
 fi
-if [ "$mode" != tests ]; then
+if [ "$mode" = all ] || [ "$mode" = user ]; then
+  python benchmarks/user_path/bench_user_path.py --device cuda --json "$OUT/user_path.json" \
+    --timm "${TIMM_MODELS:-resnet50,convnext_tiny}" 2>&1 | tee "$OUT/user_path.log" | tail -60
+  rc=$(( rc || $? ))
+fi
+if [ "$mode" = all ] || [ "$mode" = bench ]; then
   python benchmarks/cuda/bench_cuda.py --json "$OUT/bench.json" $quick "${extra[@]}" 2>&1 | tee "$OUT/bench.log" | tail -60
+  rc=$(( rc || $? ))
+fi
+if [ "$mode" = fuzz ] && python -c "import tracea.fuzzing" 2>/dev/null; then
+  python -m tracea.fuzzing --device cuda --cases "$fuzz_cases" --jobs 8 --report "$OUT/fuzz.json" \
+    --sanitize "${FUZZ_SANITIZE:-50}" 2>&1 | tee "$OUT/fuzz.log" | tail -40
   rc=$(( rc || $? ))
 fi
 exit $rc

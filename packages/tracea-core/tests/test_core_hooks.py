@@ -204,6 +204,36 @@ def test_hook_tracea_run_variant():
     assert np.all(out == -1.0)  # the plugin's implementation ran instead of variant.run
 
 
+def test_hook_tracea_bind_variant():
+    """A plugin's launcher is bound once per signature and called on every call with the inputs in
+    op.roles order and the output."""
+    calls = []
+
+    @hookimpl
+    def tracea_bind_variant(variant, op, config, profile, adapter):
+        if variant.backend != "toy":
+            return None
+        calls.append("bind")
+
+        def launch(a, b, bias, out):
+            calls.append("launch")
+            adapter.to_numpy(out)[...] = adapter.to_numpy(a) @ adapter.to_numpy(b) + 1.0
+
+        return launch
+
+    d = _doctor(_toy_plugin(tracea_bind_variant=tracea_bind_variant))
+    from tracea.runtime.arrays import NumpyAdapter
+    from tracea.runtime.dispatch import bind
+
+    v = d.registry.get("toy.gemm")
+    launch = bind(v, OP, PipelineConfig(), d.profile_for("toydev"), NumpyAdapter(), d)
+    a = np.ones((8, 8), np.float32)
+    out = np.zeros((8, 8), np.float32)
+    launch(a, a, None, out)
+    launch(a, a, None, out)
+    assert calls == ["bind", "launch", "launch"] and np.all(out == 9.0)
+
+
 def test_hook_tracea_measure():
     @hookimpl
     def tracea_measure(variant, op, config, args, profile, warmup, repeats):
@@ -266,11 +296,16 @@ def test_hook_tracea_fallback_run():
 
     d = _doctor(_toy_plugin(tracea_fallback_run=tracea_fallback_run))
     from tracea.runtime.arrays import NumpyAdapter
-    from tracea.runtime.dispatch import execute
+    from tracea.runtime.dispatch import fallback, runner
 
     int_op = GemmOp(8, 8, 8, dtype_a="int8", dtype_b="int8")  # no variant serves int8
-    result = execute(int_op, {}, None, NumpyAdapter(), Device.cpu(), doctor=d)
-    assert result == "computed elsewhere"
+    run, result = runner(int_op, Device.cpu(), NumpyAdapter(), {}, None, doctor=d)
+    assert result == "computed elsewhere" and run.launch is None and "int8" in run.reason
+    assert fallback(run, {}, None, d) == "computed elsewhere"  # what every later call of the plan runs
+    counted = fallbacks.counts()
+    assert sum(counted.values()) == 2 and next(iter(counted))[0] == "gemm"
+    fallbacks.reset()
+    run, result = runner(int_op, Device.cpu(), NumpyAdapter(), {}, None, doctor=d)
     counted = fallbacks.counts()
     assert sum(counted.values()) == 1 and next(iter(counted))[0] == "gemm"
     assert "int8" in next(iter(counted))[1]
@@ -315,7 +350,7 @@ def test_trace_env_prints_hook_calls(monkeypatch, capsys):
 def test_adapter_declining_the_oracle_gets_the_framework_fallback(monkeypatch):
     monkeypatch.setenv("TRACEA_PLUGINS", "")  # no CPU backend: only the reference serves cpu ops
     from tracea.runtime.arrays import NumpyAdapter
-    from tracea.runtime.dispatch import execute
+    from tracea.runtime.dispatch import runner
 
     class NoOracle(NumpyAdapter):
         def allows_fallback_only(self):
@@ -331,9 +366,10 @@ def test_adapter_declining_the_oracle_gets_the_framework_fallback(monkeypatch):
     d = _doctor(_toy_plugin(tracea_fallback_run=tracea_fallback_run))
     a = np.ones((8, 8), np.float32)
     out = np.zeros((8, 8), np.float32)
-    execute(OP, {"a": a, "b": a, "bias": None}, out, NoOracle(), Device.cpu(), doctor=d)
-    assert np.all(out == 7.0)  # only the reference served cpu: the framework computed it instead
+    run, _ = runner(OP, Device.cpu(), NoOracle(), {"a": a, "b": a, "bias": None}, out, doctor=d)
+    assert np.all(out == 7.0) and run.launch is None  # only the reference served cpu: the framework computed it
     assert "only the reference oracle" in next(iter(fallbacks.counts()))[1]
     out[...] = 0
-    execute(OP, {"a": a, "b": a, "bias": None}, out, NumpyAdapter(), Device.cpu(), doctor=d)
-    assert np.all(out == 8.0)  # NumPy arrays accept the oracle
+    run, _ = runner(OP, Device.cpu(), NumpyAdapter(), {"a": a, "b": a, "bias": None}, out, doctor=d)
+    run.launch(a, a, None, out)
+    assert np.all(out == 8.0) and run.variant == "reference.gemm"  # NumPy arrays accept the oracle

@@ -79,6 +79,18 @@ def _clean_counters():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _arbiter_off_unless_asked(request, monkeypatch):
+    """The arbiter (on by default for users) times each new layer signature against PyTorch and may route
+    it to PyTorch: tests that check which kernel ran switch it off; tests marked ``arbiter`` keep it, with a
+    tuning cache of their own."""
+    if request.node.get_closest_marker("arbiter") is None:
+        monkeypatch.setenv("TRACEA_ARBITER", "0")
+    else:
+        monkeypatch.setenv("TRACEA_ARBITER", "1")
+        monkeypatch.setenv("TRACEA_CACHE_PATH", str(request.getfixturevalue("tmp_path") / "tuning_cache.json"))
+
+
 @pytest.fixture
 def restricted_backend(monkeypatch):
     """A Doctor with the testkit variants and no other backend; the reference oracle is not used for

@@ -301,3 +301,47 @@ def test_reference_ranked_first_still_runs_the_real_kernel(restricted_backend, m
     out = tracea_torch.ops.linear(x, w)
     assert restricted_backend.gemm.calls == 1 and fallbacks.total() == 0
     assert rel_err(out, F.linear(x, w)) < 1e-5
+
+
+# --- bad out= / out_dtype / bias dtype through tracea.ops on torch tensors (fuzz findings, issue 13) ---
+
+def test_tracea_ops_torch_expanded_out_is_refused():
+    from tracea import ops
+    from tracea.errors import InvalidArgumentError
+
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    out = torch.zeros(8).expand(8, 8)
+    with pytest.raises(InvalidArgumentError, match="'out'"):
+        ops.matmul(a, b, out=out)
+
+
+def test_tracea_ops_torch_out_requiring_grad_is_refused():
+    from tracea import ops
+    from tracea.errors import InvalidArgumentError
+
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    out = torch.zeros(8, 8, requires_grad=True)
+    with pytest.raises(InvalidArgumentError, match="'out'.*grad"):
+        ops.matmul(a, b, out=out)
+
+
+def test_tracea_ops_torch_int_out_dtype_like_numpy():
+    from tracea import ops
+    from tracea.errors import DTypeError
+
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with pytest.raises(DTypeError, match="out_dtype"):
+        ops.matmul(a, b, out_dtype="int32")
+
+
+def test_tracea_ops_torch_fp16_conv_with_float64_bias():
+    """The bias is converted to the output dtype before anything (kernel or PyTorch fallback) sees it."""
+    from tracea import ops
+
+    x = torch.randn(1, 3, 8, 8, dtype=torch.float16)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float16)
+    b = torch.randn(4, dtype=torch.float64)
+    out = ops.conv2d(x, w, b, padding=1)
+    ref = F.conv2d(x.double(), w.double(), b, padding=1)
+    assert out.dtype == torch.float16
+    assert float((out.double() - ref).norm() / ref.norm()) < 5e-3

@@ -20,7 +20,7 @@ from ._version import __version__
 from .context import Context
 from .doctor import Decision, DeviceProfile, Doctor, KernelVariant, OpArgs, Requirements, get_doctor
 from .dtypes import DType, Fp32Precision, bf16, f16, f32, f64, fp8_e4m3, fp8_e5m2, int8, tf32
-from .errors import (BackendError, CompilationError, DTypeError, InvalidArgumentError, LaunchError, NoVariantError,
+from .errors import (BackendError, CaptureError, CompilationError, DTypeError, InvalidArgumentError, LaunchError, NoVariantError,
                      ShapeError, TraceaError, UnsupportedConfigError, UnsupportedDeviceError)
 from .gpuinfo import GPUInfo
 from .graph import Graph
@@ -50,7 +50,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "AttentionOp", "AutoTuner", "BackendError", "BarrierMode", "CompilationError", "Context", "Conv2dOp",
+    "AttentionOp", "AutoTuner", "BackendError", "BarrierMode", "CaptureError", "CompilationError", "Context", "Conv2dOp",
     "DType", "DTypeError", "Decision", "Device", "DeviceProfile", "Doctor", "Epilogue", "EpilogueKind",
     "Fp32Precision", "GPUInfo", "GemmOp", "Graph", "InvalidArgumentError", "KernelVariant", "LaunchError",
     "LayerType", "Layout", "NoVariantError", "OpArgs", "OptimizationGoal", "PipelineConfig", "ProblemDescriptor",

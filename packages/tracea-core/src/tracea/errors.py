@@ -88,6 +88,12 @@ class LaunchError(BackendError):
     """A compiled kernel failed to launch or run."""
 
 
+class CaptureError(LaunchError):
+    """A launch cannot happen *now*: it would need a step that is illegal while its stream captures a
+    CUDA graph (compiling or loading a kernel on the first call of a signature). Refused before the
+    stream was touched, so the capture stays valid; the same call outside a capture works."""
+
+
 class CacheError(TraceaError):
     """The tuning cache cannot be read or written (the message names the file and what was done)."""
 

@@ -139,6 +139,30 @@ class CpuGemmBf16Variant(CpuVariant):
         self._last = (op, config, plan)
         return plan
 
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        assert isinstance(op, GemmOp)
+        fn, call, ref = self.prepare(op, config, profile)
+        ptr, nth = adapter.data_ptr, self.threads(op, config, profile)
+        if not op.epilogue.has_bias:
+            def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+                rc = fn(ref, ptr(a), ptr(b), ptr(out), None, nth)
+                if rc:
+                    _check_rc(rc, "bf16 gemm")
+
+            launch.pointer_only = True  # type: ignore[attr-defined]
+            return launch
+        widen = op.out_dtype is DType.BF16  # the bias arrives in the output dtype; the epilogue runs in fp32
+
+        def launch_bias(a: Any, b: Any, bias: Any, out: Any) -> None:
+            # the fp32 bias must outlive the kernel call: hold it in a local until the call returns
+            b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if widen else bias
+            rc = fn(ref, ptr(a), ptr(b), ptr(out), b32.ctypes.data if widen else ptr(b32), nth)
+            if rc:
+                _check_rc(rc, "bf16 gemm")
+
+        launch_bias.pointer_only = True  # type: ignore[attr-defined]
+        return launch_bias
+
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)
         fn, call, ref = self.prepare(op, config, profile)

@@ -38,6 +38,10 @@ def blocked_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctype
     lib.tr_gemm_route.restype = _I
     lib.tr_conv2d.argtypes = CONV_ARGTYPES
     lib.tr_conv2d.restype = _I
+    lib.tr_gemm_call.argtypes = [_P, _P, _P, _P, _P]
+    lib.tr_gemm_call.restype = _I
+    lib.tr_conv2d_call.argtypes = [_P, _P, _P, _P, _P]
+    lib.tr_conv2d_call.restype = _I
     return lib
 
 
@@ -67,6 +71,8 @@ def attention_library(isa_name: str, bq: int, bk: int) -> ctypes.CDLL:
     lib = build(attention_source(isa, bq, bk), isa.cflags, f"attention-{isa_name}-{bq}x{bk}")
     lib.tr_attention.argtypes = ATTN_ARGTYPES
     lib.tr_attention.restype = _I
+    lib.tr_attention_call.argtypes = [_P, _F, _P, _P, _P, _P]
+    lib.tr_attention_call.restype = _I
     return lib
 
 
@@ -79,6 +85,12 @@ def max_threads() -> int:
     """Most threads one call may use: 4 per core, at least 64, at most 1024. OpenMP given a million
     threads (a damaged config) dies creating them, and every thread gets its own packing buffer."""
     return min(1024, max(64, 4 * (os.cpu_count() or 1)))
+
+
+def call_params(names: tuple[str, ...], values: dict[str, int]) -> ctypes.Array:
+    """The ``long`` parameter block of a ``*_call`` entry point (see :mod:`.emit.calls`), in ``names``
+    order; every name must be given."""
+    return (_L * len(names))(*(int(values[n]) for n in names))
 
 
 def thread_count(requested: int, cores: int) -> int:

@@ -18,6 +18,7 @@ from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
+from .emit.calls import ATTENTION_PARAMS, CONV_PARAMS, GEMM_PARAMS
 from .emit.gemv import unpacked_driver
 from .isa import ALL_ISAS, Isa
 from .toolchain import compiler_or_reason
@@ -135,6 +136,25 @@ class CpuGemmVariant(CpuVariant):
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
         return _blocked_plan(self, op, config)
 
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        assert isinstance(op, GemmOp)
+        lib, mc, nc, kc = self.prepare(op, config, profile)
+        m, n, k = op.m, op.n, op.k
+        rsa, csa = (1, m) if op.trans_a else (k, 1)
+        rsb, csb = (1, k) if op.trans_b else (n, 1)
+        params = kernels.call_params(GEMM_PARAMS, dict(
+            batch=op.batch, M=m, N=n, K=k, rsa=rsa, csa=csa, sa=m * k, rsb=rsb, csb=csb, sb=k * n, ldc=n, sc=m * n,
+            mc=mc, nc=nc, kc=kc, nth=self.threads(op, config, profile)))
+        fn, ptr, has_bias = lib.tr_gemm_call, adapter.data_ptr, op.epilogue.has_bias
+
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            rc = fn(params, ptr(a), ptr(b), ptr(out), ptr(bias) if has_bias else None)
+            if rc:
+                _check_rc(rc, "gemm")
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)
         lib, mc, nc, kc = self.prepare(op, config, profile)
@@ -197,6 +217,24 @@ class CpuConv2dVariant(CpuVariant):
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
         return _blocked_plan(self, op, config)
 
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        assert isinstance(op, Conv2dOp)
+        lib, mc, nc, kc = self.prepare(op, config, profile)
+        params = kernels.call_params(CONV_PARAMS, dict(
+            layout=0 if op.layout is Layout.NCHW else 1, n=op.n, C=op.c, H=op.h, W=op.w, K=op.k, R=op.r, S=op.s,
+            sh=op.stride[0], sw=op.stride[1], ph=op.padding[0], pw=op.padding[1], dh=op.dilation[0],
+            dw=op.dilation[1], groups=op.groups, P=op.p, Q=op.q, mc=mc, nc=nc, kc=kc,
+            nth=self.threads(op, config, profile), indirect=int(config.get("indirect", 0) or 0)))
+        fn, ptr, has_bias = lib.tr_conv2d_call, adapter.data_ptr, op.epilogue.has_bias
+
+        def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
+            rc = fn(params, ptr(x), ptr(w), ptr(bias) if has_bias else None, ptr(out))
+            if rc:
+                _check_rc(rc, "conv2d")
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, Conv2dOp)
         lib, mc, nc, kc = self.prepare(op, config, profile)
@@ -237,6 +275,22 @@ class CpuAttentionVariant(CpuVariant):
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
         return _attention_plan(self, op, config)
+
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        assert isinstance(op, AttentionOp)
+        lib = self.prepare(op, config, profile)
+        params = kernels.call_params(ATTENTION_PARAMS, dict(
+            B=op.batch, H=op.heads, KVH=int(op.kv_heads or op.heads), Sq=op.seq_q, Skv=op.seq_kv, D=op.head_dim,
+            causal=int(op.causal), nth=self.threads(op, config, profile)))
+        fn, ptr, scale = lib.tr_attention_call, adapter.data_ptr, float(op.scale)
+
+        def launch(q: Any, k: Any, v: Any, out: Any) -> None:
+            rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(out))
+            if rc:
+                _check_rc(rc, "attention")
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, AttentionOp)

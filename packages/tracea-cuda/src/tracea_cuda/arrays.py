@@ -66,6 +66,28 @@ class CupyAdapter(ArrayAdapter):
     def copy_(self, dst: Any, src: Any) -> None:
         dst[...] = src
 
+    def data_ptr(self, obj: Any) -> int:
+        return obj.data.ptr
+
+    def signature(self, obj: Any) -> Any:
+        return obj.shape, obj.strides, obj.dtype, obj.device.id
+
+    def may_overlap(self, out: Any, other: Any) -> bool:
+        if not self.owns(other) or other.device.id != out.device.id:
+            return False
+        a, b = _span(out), _span(other)
+        return a[0] < b[1] and b[0] < a[1]
+
+
+def _span(arr: Any) -> tuple[int, int]:
+    """[first byte, last byte + 1) of the memory a CuPy view can touch."""
+    start = int(arr.data.ptr)
+    if arr.size == 0:
+        return start, start
+    lo = sum((n - 1) * st for n, st in zip(arr.shape, arr.strides) if st < 0)
+    hi = sum((n - 1) * st for n, st in zip(arr.shape, arr.strides) if st > 0)
+    return start + lo, start + hi + arr.itemsize
+
 
 def data_ptr(obj: Any, arg: str) -> int:
     """The device address of ``obj``'s first element, for any CUDA array kind, without copying."""

@@ -123,6 +123,11 @@ def load(source: str, name: str, arch: str, *, smem: int, threads: int) -> Kerne
         STATS["memory_hits"] += 1
         return hit
     cp = toolkit.cupy()
+    from .launcher import CaptureRefused, capturing_now  # noqa: PLC0415
+
+    if capturing_now():  # loading a module inside a capture would invalidate it: refuse first
+        raise CaptureRefused(f"kernel {name} is not loaded yet and a CUDA graph is capturing on the current stream; "
+                             "run the call once before capturing", backend="cuda")
     use_disk = os.environ.get("TRACEA_CUDA_NO_DISK_CACHE", "") not in ("1", "true", "yes")
     path = cache_dir() / f"{key}.cubin"
     cubin = None

@@ -21,12 +21,23 @@ def total(kind: str | None = None, contains: str = "") -> int:
 
 
 def report() -> str:
-    """The counters as a small table (empty string when nothing fell back)."""
+    """The counters as a small table, then the arbiter's verdicts of this process (empty string when
+    nothing fell back and nothing was judged)."""
+    from .arbiter import verdicts
+
     rows = sorted(counts().items(), key=lambda kv: (-kv[1], kv[0]))
-    if not rows:
-        return ""
-    width = max(len(k) for (k, _), _ in rows)
-    return "\n".join(f"{k:<{width}}  {n:>6}  {r}" for (k, r), n in rows)
+    lines = []
+    if rows:
+        width = max(len(k) for (k, _), _ in rows)
+        lines += [f"{k:<{width}}  {n:>6}  {r}" for (k, r), n in rows]
+    judged = verdicts()
+    if judged:
+        lines.append("arbiter verdicts (tracea vs PyTorch, device time per call):")
+        for v in judged:
+            times = (f"{v.tracea_s * 1e6:.1f} us vs {v.torch_s * 1e6:.1f} us" if v.tracea_s == v.tracea_s
+                     else v.note)
+            lines.append(f"  {v.winner:<6} {v.op} on {v.device} ({v.variant}; {times}; {v.source})")
+    return "\n".join(lines)
 
 
 __all__ = ["ENV_WARN", "FallbackWarning", "counts", "record", "report", "reset", "total"]

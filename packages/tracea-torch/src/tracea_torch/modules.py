@@ -61,7 +61,10 @@ class TraceaConv2d(nn.Conv2d):
         return new
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
-        return conv2d_forward(self, input, self.activation)
+        if self.padding_mode != "zeros":
+            return conv2d_forward(self, input, self.activation)
+        return ops.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
+                          activation=self.activation)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation}" if self.activation else ""
@@ -92,7 +95,7 @@ class TraceaLinear(nn.Linear):
         return new
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return linear_forward(self, input, self.activation)
+        return ops.linear(input, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation}" if self.activation else ""

@@ -30,10 +30,14 @@ def reference_allowed() -> bool:
 @contextlib.contextmanager
 def allow_reference(enabled: bool = True) -> Iterator[None]:
     """Within the block, let (or with False, forbid) the reference backend serve torch calls."""
+    from tracea.runtime import plans
+
     with _lock:
         _override.append(bool(enabled))
+    plans.invalidate("tracea_torch.policy.allow_reference")  # plans were built under the other policy
     try:
         yield
     finally:
         with _lock:
             _override.pop()
+        plans.invalidate("tracea_torch.policy.allow_reference")

@@ -47,6 +47,14 @@ def _caps(d: dict[str, Any]) -> str:
     return "; ".join(bits)
 
 
+def _us(seconds: Any) -> str:
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        return "?"
+    return f"{value * 1e6:.1f} us" if value >= 0 else "-"
+
+
 def _cache(d: dict[str, Any]) -> str:
     return " ".join(f"{k} {v // 1024} KiB" for k, v in d.get("caches", {}).items() if v)
 
@@ -77,6 +85,15 @@ def render_text(r: dict[str, Any]) -> str:
     if r["fallbacks"]:
         out.append(section("Framework fallbacks in this process"))
         out.append(render(["op", "count", "reason"], [[f["op"], f["count"], f["reason"]] for f in r["fallbacks"]]))
+    if r.get("verdicts"):
+        out.append(section("Arbiter verdicts (tuning cache): who serves each patched-layer signature"))
+        out.append(render(["op", "device", "winner", "tracea variant", "tracea", "framework", "note"],
+                          [[v["op"], v["device"], v["winner"], v["tracea_variant"], _us(v["tracea_s"]),
+                            _us(v["framework_s"]), v["note"]] for v in r["verdicts"]], max_col=60))
+    plan_stats = r.get("plans") or {}
+    if plan_stats:
+        out.append(f"  call plans in this process: {plan_stats.get('plans', 0)} stored, {plan_stats.get('builds', 0)} "
+                   f"built, {plan_stats.get('invalidations', 0)} invalidations")
     for d in r["decisions"]:
         out.append(section(f"Decision: {d['describe']} on {d['device']}"))
         if d.get("ok"):

@@ -15,7 +15,8 @@ from ..errors import NoVariantError, PluginError, UnsupportedDeviceError
 from ..ir.device import Device
 from ..ir.ops import Op
 from ..plugins.backend_info import BackendInfo
-from ..plugins.manager import TraceaPluginManager, get_plugin_manager
+from ..plugins.manager import TraceaPluginManager, get_plugin_manager, on_change as on_plugin_change
+from ..runtime import plans
 from ..runtime.arrays import ArrayAdapter, builtin_adapters
 from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
@@ -41,6 +42,7 @@ class Doctor:
         self._adapters: tuple[ArrayAdapter, ...] | None = None
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._env: dict[Device, dict[str, str]] = {}
+        self._quarantine: dict[tuple[str, Any], str] = {}  # (variant, op) -> why it is not chosen again
         self.registry_errors: list[str] = []
 
     @property
@@ -232,6 +234,10 @@ class Doctor:
             if v.name in excluded:
                 rejected.append(Rejection(v.name, v.backend, [f"excluded by {ENV_EXCLUDE}"]))
                 continue
+            why = self._quarantine.get((v.name, op))
+            if why is not None and forced is None:
+                rejected.append(Rejection(v.name, v.backend, [f"quarantined: {why}"]))
+                continue
             reasons = self.check(v, op, profile)
             if reasons:
                 rejected.append(Rejection(v.name, v.backend, reasons))
@@ -281,10 +287,26 @@ class Doctor:
         except Exception:  # noqa: BLE001
             return float("inf")
 
+    def quarantine(self, variant: str, op: Op, why: str) -> None:
+        """Never choose ``variant`` for ``op`` again in this process (it failed at run time): the next
+        candidate runs instead. A tuning-cache entry that made it the winner is removed, so no other
+        process reuses it. Forcing the variant by name still runs it (tests, debugging)."""
+        with self._lock:
+            self._quarantine[(variant, op)] = why
+        try:
+            cache = _tuning_cache()
+            if cache is not None:
+                cache.remove(lambda e: e.variant == variant and e.op_key == op.key)
+        except Exception:  # noqa: BLE001 - a cache problem never blocks dispatch
+            pass
+        self.invalidate()
+
     def invalidate(self) -> None:
-        """Forget memoised decisions (after tuning, or when the cache changed)."""
+        """Forget memoised decisions and every call plan built from them (after tuning, or when the
+        cache changed)."""
         with self._lock:
             self._decisions.clear()
+        plans.invalidate("Doctor.invalidate()")
 
     def explain(self, op: Op, device: Device | str | None = None) -> str:
         """:meth:`Decision.explain` for ``op``, or the NoVariantError text."""
@@ -332,4 +354,9 @@ def reset_doctor() -> None:
     global _doctor
     with _doctor_lock:
         _doctor = None
+    plans.invalidate("reset_doctor()")
+
+
+on_plugin_change(reset_doctor)  # a new plugin manager: new backends, new decisions
+plans.adapters_from(lambda: get_doctor().adapters())
 

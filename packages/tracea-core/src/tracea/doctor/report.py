@@ -10,7 +10,7 @@ from .._version import __version__
 from ..errors import NoVariantError, TraceaError
 from ..ir.device import Device
 from ..ir.ops import Op
-from ..runtime import fallbacks
+from ..runtime import fallbacks, plans
 from .doctor import Doctor
 
 
@@ -33,6 +33,8 @@ def build_report(doctor: Doctor, ops: Sequence[Op] = (), device: Device | str | 
         "variants": [{"name": v.name, "backend": v.backend, "op": v.op_kind.value, "device_kind": v.device_kind,
                       "description": v.description} for v in doctor.variants()],
         "fallbacks": [{"op": k, "reason": r, "count": n} for (k, r), n in sorted(fallbacks.counts().items())],
+        "verdicts": _verdicts(),
+        "plans": plans.stats(),
         "decisions": [],
     }
     target = Device.parse(device) if device is not None else None
@@ -49,3 +51,21 @@ def build_report(doctor: Doctor, ops: Sequence[Op] = (), device: Device | str | 
             entry.update(ok=False, error=str(exc), rejected=[])
         report["decisions"].append(entry)
     return report
+
+
+def _verdicts() -> list[dict[str, Any]]:
+    """The framework arbiter's persisted verdicts (tuning-cache entries of ``*.arbiter`` pseudo-variants):
+    which side serves each layer signature, with both times."""
+    try:
+        from ..tuning.cache import get_cache
+
+        entries = [e for e in get_cache().entries() if e.variant.endswith(".arbiter")]
+    except Exception:  # noqa: BLE001 - no tuner or no readable cache: nothing to show
+        return []
+    out = []
+    for e in entries:
+        p = dict(e.config.params)
+        out.append({"op": e.op_key, "device": e.device, "arbiter": e.variant, "winner": p.get("winner"),
+                    "tracea_variant": p.get("variant"), "tracea_s": p.get("tracea_s"), "framework_s": p.get("torch_s"),
+                    "note": p.get("note", "")})
+    return out

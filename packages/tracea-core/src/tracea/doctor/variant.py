@@ -223,8 +223,27 @@ class KernelVariant:
         """Compute ``op`` on ``args`` with ``config``, writing ``args.out``."""
         raise NotImplementedError(f"{type(self).__name__}.run")
 
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        """A fast launcher ``launch(*inputs, out)`` for the plan cache (inputs in ``op.roles`` order),
+        or None to be run through :meth:`run` on every call. Called once per call signature, after
+        :meth:`prepare`; see the ``tracea_bind_variant`` hook for the contract."""
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+
+def run_launcher(run: Any, variant: KernelVariant, op: Op, config: PipelineConfig, profile: DeviceProfile,
+                 adapter: Any) -> Any:
+    """A launcher ``launch(*inputs, out)`` calling ``run(variant=, op=, config=, args=, profile=)`` (the
+    ``tracea_run_variant`` hook, or its default) on every call, for variants without :meth:`bind`."""
+    roles = op.roles
+
+    def launch(*arrays: Any) -> None:
+        run(variant=variant, op=op, config=config, args=OpArgs(dict(zip(roles, arrays)), arrays[-1], adapter),
+            profile=profile)
+
+    return launch
 
 
 def flatten(results: Iterable[Any]) -> list[Any]:

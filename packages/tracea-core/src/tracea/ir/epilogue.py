@@ -60,8 +60,9 @@ class Epilogue:
         return cls(tuple(steps))
 
     @classmethod
-    def parse(cls, spec: "Epilogue | str | Iterable[StepLike] | None") -> "Epilogue":
-        """Accept an Epilogue, None, a ``"+"``/``","`` separated string, or an iterable of steps."""
+    def parse(cls, spec: "Epilogue | str | Iterable[StepLike] | None", arg: str = "epilogue") -> "Epilogue":
+        """Accept an Epilogue, None, a ``"+"``/``","`` separated string, or an iterable of steps;
+        ``arg`` names the argument in errors."""
         if spec is None:
             return cls.empty()
         if isinstance(spec, Epilogue):
@@ -71,8 +72,17 @@ class Epilogue:
             parts = [p for p in text.replace(",", "+").split("+") if p.strip()]
             if text.strip().lower() in ("", "none", "empty"):
                 parts = []
+        elif isinstance(spec, (bytes, bytearray)) or not hasattr(spec, "__iter__"):
+            raise InvalidArgumentError(arg, spec, "an Epilogue, None, a step name or spec string such as "
+                                       "'bias+gelu', or a sequence of step names")
+        else:
+            parts = list(spec)
+        try:
             return cls(tuple(parts))
-        return cls(tuple(spec))
+        except InvalidArgumentError as exc:
+            if arg == exc.arg:
+                raise
+            raise InvalidArgumentError(arg, exc.value, exc.expected) from None
 
     def _then(self, kind: EpilogueKind) -> "Epilogue":
         return Epilogue(self.steps + (kind,))

@@ -54,6 +54,8 @@ class Op:
     """Common protocol of :class:`GemmOp`, :class:`Conv2dOp` and :class:`AttentionOp`."""
 
     kind: ClassVar[LayerType]
+    #: input array roles in the order launchers take them (see ``KernelVariant.bind``)
+    roles: ClassVar[tuple[str, ...]] = ()
 
     @property
     def flops(self) -> int:  # pragma: no cover - abstract
@@ -129,6 +131,7 @@ class GemmOp(Op):
     """
 
     kind: ClassVar[LayerType] = LayerType.GEMM
+    roles: ClassVar[tuple[str, ...]] = ("a", "b", "bias")
     m: int
     n: int
     k: int
@@ -198,6 +201,7 @@ class Conv2dOp(Op):
     """
 
     kind: ClassVar[LayerType] = LayerType.CONV2D
+    roles: ClassVar[tuple[str, ...]] = ("x", "w", "bias")
     n: int
     c: int
     h: int
@@ -314,6 +318,7 @@ class AttentionOp(Op):
     """
 
     kind: ClassVar[LayerType] = LayerType.ATTENTION
+    roles: ClassVar[tuple[str, ...]] = ("q", "k", "v")
     batch: int
     heads: int
     seq_q: int

@@ -28,3 +28,12 @@ def tracea_prepare_variant(variant: Any, op: Any, config: Any, profile: Any) -> 
 def tracea_run_variant(variant: Any, op: Any, config: Any, args: Any, profile: Any) -> Any:
     variant.run(op, config, args, profile)
     return True
+
+
+
+@hookimpl(trylast=True)
+def tracea_bind_variant(variant: Any, op: Any, config: Any, profile: Any, adapter: Any) -> Any:
+    from ..doctor.variant import run_launcher
+
+    launch = variant.bind(op, config, profile, adapter)
+    return launch if launch is not None else run_launcher(tracea_run_variant, variant, op, config, profile, adapter)

@@ -153,6 +153,30 @@ def tracea_run_variant(variant: "KernelVariant", op: "Op", config: "PipelineConf
 
 
 @hookspec(firstresult=True)
+def tracea_bind_variant(variant: "KernelVariant", op: "Op", config: "PipelineConfig", profile: "DeviceProfile",
+                        adapter: "ArrayAdapter") -> Any:
+    """Bind ``variant`` with ``config`` for ``op`` into a launcher for the plan cache.
+
+    Called once per call signature, after ``tracea_prepare_variant``. The launcher is called on every
+    later call with that signature as ``launch(*inputs, out)``: the input arrays in ``op.roles`` order
+    (``a, b, bias`` / ``x, w, bias`` / ``q, k, v``; absent ones None), packed as :class:`OpArgs`
+    describes, then the output. It must do no per-call work that depends only on the signature
+    (parse the config, render, look up kernels), must not synchronize, allocate only through
+    ``adapter`` or the framework's stream-ordered allocator, and raise like ``tracea_run_variant``.
+    A launcher that reads nothing of its arrays but their data addresses may say so with an attribute
+    ``pointer_only = True``: callers may then pass any array with the same memory (a channels_last
+    tensor for an NHWC operand, an (..., k) tensor for an (m, k) one) and skip building views.
+    Implemented by backends that can launch faster than through ``tracea_run_variant``; the core
+    fallback (called last) returns ``variant.bind(...)`` or, when that is None or another plugin
+    intercepts ``tracea_run_variant``, a launcher that calls ``tracea_run_variant`` each time.
+    Stops at first non-None result.
+
+    :param adapter: the :class:`~tracea.runtime.arrays.ArrayAdapter` owning the arrays.
+    :returns: a callable ``launch(*inputs, out) -> None``.
+    """
+
+
+@hookspec(firstresult=True)
 def tracea_measure(variant: "KernelVariant", op: "Op", config: "PipelineConfig", args: "OpArgs",
                    profile: "DeviceProfile", warmup: int, repeats: int) -> "list[float] | None":
     """Time ``repeats`` runs of ``variant`` with ``config`` on ``args`` after ``warmup`` untimed runs.

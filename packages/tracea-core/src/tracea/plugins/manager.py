@@ -158,6 +158,13 @@ def set_plugin_manager(pm: TraceaPluginManager | None) -> None:
     global _manager
     with _lock:
         _manager = pm
-    from ..doctor import doctor as _doctor
+    for fn in list(_on_change):
+        fn()
 
-    _doctor.reset_doctor()
+
+_on_change: list[Any] = []
+
+
+def on_change(fn: Any) -> None:
+    """Call ``fn()`` whenever the process-wide manager is replaced (the Doctor resets itself)."""
+    _on_change.append(fn)

@@ -9,6 +9,7 @@ but not run.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -19,6 +20,7 @@ from ..errors import DTypeError, InvalidArgumentError, UnsupportedDeviceError
 from ..ir.device import Device
 
 _HOST = Device("cpu", 0)
+_addressof, _byte_at = ctypes.addressof, ctypes.c_byte.from_buffer
 
 # DLPack device type codes (dlpack.h) -> Tracea device kinds.
 DLPACK_DEVICE_KINDS = {1: "cpu", 2: "cuda", 3: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm",
@@ -142,6 +144,27 @@ class ArrayAdapter:
         """Copy ``src`` (same adapter) into ``dst`` elementwise."""
         dst[...] = src
 
+    def write_error(self, obj: Any) -> str | None:
+        """Why ``obj`` cannot be written as an ``out=`` argument (read-only memory, a tensor autograd
+        tracks ...), or None when it can."""
+        return None
+
+    def may_overlap(self, out: Any, other: Any) -> bool:
+        """Whether ``out`` may share memory with ``other`` (an input of the same call, or None).
+        Called on every call that passes ``out``: keep it cheap (a bounds check is enough)."""
+        return False
+
+    def data_ptr(self, obj: Any) -> int:
+        """The address of ``obj``'s first element (host memory for host arrays, device memory for
+        device arrays), for launchers; called on every call."""
+        return int(self.to_numpy(obj).__array_interface__["data"][0])
+
+    def signature(self, obj: Any) -> Any:
+        """A cheap hashable description of everything about ``obj`` that dispatch decisions depend on
+        (shape, strides, dtype, device), for the plan cache; None when there is none (every call then
+        takes the full path). Called on every call: keep it to a few attribute reads."""
+        return None
+
 
 class NumpyAdapter(ArrayAdapter):
     """NumPy ndarrays (always ``cpu:0``)."""
@@ -178,6 +201,21 @@ class NumpyAdapter(ArrayAdapter):
 
     def to_numpy(self, obj: np.ndarray) -> np.ndarray:
         return obj
+
+    def write_error(self, obj: np.ndarray) -> str | None:
+        return None if obj.flags.writeable else "it is read-only (writeable=False, e.g. a read-only memmap)"
+
+    def may_overlap(self, out: np.ndarray, other: Any) -> bool:
+        return isinstance(other, np.ndarray) and np.may_share_memory(out, other)
+
+    def signature(self, obj: np.ndarray) -> Any:
+        return obj.shape, obj.strides, obj.dtype
+
+    def data_ptr(self, obj: np.ndarray) -> int:
+        try:  # ~0.2 us; __array_interface__ builds a dict (~1 us)
+            return _addressof(_byte_at(obj))
+        except (TypeError, ValueError):  # read-only or non-contiguous memory
+            return int(obj.__array_interface__["data"][0])
 
     def from_numpy(self, arr: np.ndarray, device: Device) -> np.ndarray:
         if device.kind != "cpu":

@@ -1,50 +1,125 @@
-"""Runtime dispatch: op + arrays -> Doctor decision -> prepared kernel -> launch.
+"""Runtime dispatch: op -> Doctor decision -> prepared, bound launcher (or a framework fallback).
 
-:func:`execute` is what :mod:`tracea.ops` calls after validating arguments. When every variant rejects
-an op (or no backend serves the arrays' device), the ``tracea_fallback_run`` hook lets a framework
-integration compute it instead; that is counted in :mod:`tracea.runtime.fallbacks`.
+:func:`runner` is what the plan builders (:mod:`tracea.runtime.plan_ops`, ``tracea_torch``) call once per
+call signature; the :class:`Runner` it returns is what every later call with that signature runs. When
+every variant rejects an op (or no backend serves the arrays' device), the ``tracea_fallback_run`` hook
+lets a framework integration compute it instead; that is counted in :mod:`tracea.runtime.fallbacks`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from typing import Any, Callable
 
 from ..doctor.decision import Decision
 from ..doctor.doctor import Doctor, get_doctor
 from ..doctor.profile import DeviceProfile
-from ..doctor.variant import KernelVariant, OpArgs
-from ..errors import BackendError, NoVariantError, TraceaError, UnsupportedDeviceError
+from ..doctor.variant import KernelVariant, OpArgs, run_launcher
+from ..errors import BackendError, CaptureError, NoVariantError, TraceaError, UnsupportedDeviceError
 from ..ir.device import Device
 from ..ir.ops import Op
 from ..semantic.config import PipelineConfig
 from . import fallbacks
 
+Launcher = Callable[..., None]
 
 # (variant, op, config, device) already prepared in this process: the prepare hook runs once per key.
 _prepared: set[tuple[Any, ...]] = set()
 
 
-def prepare_and_run(variant: KernelVariant, op: Op, config: PipelineConfig, args: OpArgs,
-                    profile: DeviceProfile, doctor: Doctor | None = None) -> None:
-    """Prepare (compile, cached by the backend) then run ``variant`` through the plugin hooks.
+def _wrap(exc: Exception, variant: KernelVariant, op: Op, config: PipelineConfig) -> BackendError:
+    return BackendError(f"variant {variant.name} failed on {op.describe()} with config {config.key}: "
+                        f"{type(exc).__name__}: {exc}", backend=variant.backend)
 
-    Exceptions that are not :class:`~tracea.errors.TraceaError` are wrapped in
-    :class:`~tracea.errors.BackendError` naming the variant, so callers see one hierarchy.
-    """
-    hook = (doctor or get_doctor()).pm.hook
+
+def prepare(variant: KernelVariant, op: Op, config: PipelineConfig, profile: DeviceProfile,
+            doctor: Doctor | None = None) -> None:
+    """Compile (cached by the backend) what running ``variant`` needs; once per key and process."""
     key = (variant.name, op, config, profile.device)
+    if key in _prepared:
+        return
     try:
-        if key not in _prepared:
-            hook.tracea_prepare_variant(variant=variant, op=op, config=config, profile=profile)
-            if len(_prepared) > 4096:
-                _prepared.clear()
-            _prepared.add(key)
-        hook.tracea_run_variant(variant=variant, op=op, config=config, args=args, profile=profile)
+        (doctor or get_doctor()).pm.hook.tracea_prepare_variant(variant=variant, op=op, config=config, profile=profile)
     except TraceaError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise BackendError(f"variant {variant.name} failed on {op.describe()} with config {config.key}: "
-                           f"{type(exc).__name__}: {exc}", backend=variant.backend) from exc
+        raise _wrap(exc, variant, op, config) from exc
+    if len(_prepared) > 4096:
+        _prepared.clear()
+    _prepared.add(key)
+
+
+def bind(variant: KernelVariant, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any,
+         doctor: Doctor | None = None, *, quarantine_failures: bool = False) -> Launcher:
+    """Prepare then bind ``variant``: a launcher ``launch(*inputs, out)`` (inputs in ``op.roles`` order)
+    whose failures are :class:`~tracea.errors.BackendError` naming the variant. With
+    ``quarantine_failures``, a run-time failure (not a :class:`CaptureError`) quarantines the variant for
+    ``op`` and raises :class:`Quarantined` instead (the caller decides again)."""
+    doctor = doctor or get_doctor()
+    prepare(variant, op, config, profile, doctor)
+    hook = doctor.pm.hook
+    try:
+        if any(impl.plugin_name != "delegate" for impl in hook.tracea_run_variant.get_hookimpls()):
+            # a plugin intercepts runs: honour it on every call (no backend fast launcher)
+            launch = run_launcher(hook.tracea_run_variant, variant, op, config, profile, adapter)
+        else:
+            launch = hook.tracea_bind_variant(variant=variant, op=op, config=config, profile=profile,
+                                              adapter=adapter)
+    except TraceaError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _wrap(exc, variant, op, config) from exc
+
+    def guarded(*arrays: Any) -> None:
+        try:
+            launch(*arrays)
+        except TraceaError as exc:
+            if quarantine_failures and isinstance(exc, BackendError) and not isinstance(exc, CaptureError):
+                raise quarantine(variant, op, exc, doctor) from exc
+            raise
+        except Exception as exc:  # noqa: BLE001 - one hierarchy for callers
+            err = _wrap(exc, variant, op, config)
+            if quarantine_failures:
+                raise quarantine(variant, op, err, doctor) from exc
+            raise err from exc
+
+    guarded.pointer_only = getattr(launch, "pointer_only", False)  # type: ignore[attr-defined]
+    return guarded
+
+
+class Quarantined(TraceaError):
+    """Internal signal: the variant a plan ran failed at run time and is quarantined for that op; the
+    call is decided again (the next candidate runs)."""
+
+
+def quarantine(variant: KernelVariant, op: Op, exc: BackendError, doctor: Doctor | None = None) -> Quarantined:
+    """Quarantine ``variant`` for ``op`` after ``exc`` (warned once per variant and op kind) and return the
+    :class:`Quarantined` signal to raise."""
+    first = str(exc).splitlines()[0]
+    key = (variant.name, op.kind)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"tracea: {variant.name} failed on {op.describe()} and is not used for it again in this "
+                      f"process; the next candidate runs: {first}", RuntimeWarning, stacklevel=4)
+    (doctor or get_doctor()).quarantine(variant.name, op, first[:300])
+    return Quarantined(first)
+
+
+_warned: set[tuple[str, Any]] = set()
+
+
+def prepare_and_run(variant: KernelVariant, op: Op, config: PipelineConfig, args: OpArgs,
+                    profile: DeviceProfile, doctor: Doctor | None = None) -> None:
+    """Prepare then run ``variant`` once through the plugin hooks (tests, tools; calls from ``tracea.ops``
+    go through bound launchers). Foreign exceptions become :class:`BackendError`."""
+    doctor = doctor or get_doctor()
+    prepare(variant, op, config, profile, doctor)
+    try:
+        doctor.pm.hook.tracea_run_variant(variant=variant, op=op, config=config, args=args, profile=profile)
+    except TraceaError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _wrap(exc, variant, op, config) from exc
 
 
 def run_decision(decision: Decision, args: OpArgs, doctor: Doctor | None = None) -> None:
@@ -63,37 +138,83 @@ def fallback_reason(exc: TraceaError) -> str:
     return str(exc).split("\n")[0]
 
 
-def execute(op: Op, arrays: dict[str, Any], out: Any, adapter: Any, device: Device, *,
-            variant: str | None = None, config: PipelineConfig | None = None,
-            doctor: Doctor | None = None, user_arrays: dict[str, Any] | None = None) -> Any:
-    """Decide and run ``op`` on ``arrays`` (packed, by role), writing ``out``; returns ``out``.
+class Runner:
+    """What one call signature runs: a bound kernel (:attr:`launch`, ``launch(*inputs, out)``) or, when
+    :attr:`launch` is None, a framework fallback for :attr:`reason` (run with :func:`fallback`)."""
 
-    Falls back through ``tracea_fallback_run`` only when nothing serves the op and the caller did not
-    force a variant or config. ``user_arrays`` (the arrays as the user passed them, before packing)
-    are what the fallback hook receives; default ``arrays``.
+    __slots__ = ("op", "decision", "launch", "reason")
+
+    def __init__(self, op: Op, decision: Decision | None, launch: Launcher | None, reason: str | None) -> None:
+        self.op, self.decision, self.launch, self.reason = op, decision, launch, reason
+
+    @property
+    def variant(self) -> str | None:
+        """The variant that runs (None for a fallback)."""
+        return None if self.decision is None or self.launch is None else self.decision.chosen.variant.name
+
+
+def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], out: Any, *,
+           variant: str | None = None, config: PipelineConfig | None = None,
+           doctor: Doctor | None = None) -> tuple[Runner, Any]:
+    """Decide ``op`` and build its :class:`Runner`, trying a fallback on the first call's arrays
+    (``user_arrays`` by role as the user passed them, ``out`` the kernel output) where dispatch would.
+
+    Returns ``(runner, first_result)``: the fallback's result of the first call when the runner is a
+    fallback (the hook computes on a call's arrays, so finding out whether it serves them runs it), else
+    None (the caller launches). A fallback happens only when no variant or config is forced, and:
+    nothing serves the op, or only a fallback-only oracle does and the adapter prefers its framework.
     """
     doctor = doctor or get_doctor()
     free = variant is None and config is None
-    try:
-        decision = doctor.decide(op, device, variant=variant, config=config)
-    except (NoVariantError, UnsupportedDeviceError) as exc:
-        result = _fallback(doctor, op, user_arrays or arrays, out, fallback_reason(exc)) if free else None
-        if result is not None:
-            return result
-        raise
-    if free and decision.variant.fallback_only and not adapter.allows_fallback_only():
-        rejected = {r.variant: r.reasons for r in decision.rejected}
-        reason = (fallback_reason(NoVariantError("", rejected)) if rejected
-                  else f"no {op.kind.value} kernel for {device.kind} installed") + " (only the reference oracle)"
-        result = _fallback(doctor, op, user_arrays or arrays, out, reason)
-        if result is not None:
-            return result
-    run_decision(decision, OpArgs(arrays, out, adapter), doctor)
-    return out
+    while True:
+        try:
+            decision = doctor.decide(op, device, variant=variant, config=config)
+        except (NoVariantError, UnsupportedDeviceError) as exc:
+            if free:
+                reason = fallback_reason(exc)
+                result = _fallback(doctor, op, user_arrays, out, reason)
+                if result is not None:
+                    return Runner(op, None, None, reason), result
+            raise
+        if free and decision.variant.fallback_only and not adapter.allows_fallback_only():
+            rejected = {r.variant: r.reasons for r in decision.rejected}
+            reason = (fallback_reason(NoVariantError("", rejected)) if rejected
+                      else f"no {op.kind.value} kernel for {device.kind} installed") + " (only the reference oracle)"
+            result = _fallback(doctor, op, user_arrays, out, reason)
+            if result is not None:
+                return Runner(op, decision, None, reason), result
+        c = decision.chosen
+        try:
+            launch = bind(c.variant, decision.op, c.config, decision.profile, adapter, doctor,
+                          quarantine_failures=free)
+        except CaptureError:
+            raise
+        except BackendError as exc:  # it does not compile or load here: the next candidate, when free
+            if not free:
+                raise
+            quarantine(c.variant, decision.op, exc, doctor)
+            continue
+        return Runner(op, decision, launch, None), None
+
+
+def fallback(runner_: Runner, user_arrays: dict[str, Any], out: Any, doctor: Doctor | None = None) -> Any:
+    """Run a fallback runner's framework computation for one call (counted). Returns its result."""
+    doctor = doctor or get_doctor()
+    result = _fallback(doctor, runner_.op, user_arrays, out, runner_.reason or "")
+    if result is None:  # the plugin stopped serving these arrays (it was unloaded?)
+        raise NoVariantError(f"no kernel variant can run {runner_.op.describe()} and no framework fallback "
+                             f"took it ({runner_.reason})")
+    return result
 
 
 def _fallback(doctor: Doctor, op: Op, arrays: dict[str, Any], out: Any, reason: str) -> Any:
-    result = doctor.pm.hook.tracea_fallback_run(op=op, arrays=arrays, out=out, reason=reason)
+    try:
+        result = doctor.pm.hook.tracea_fallback_run(op=op, arrays=arrays, out=out, reason=reason)
+    except TraceaError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the framework's own error, in Tracea's hierarchy
+        raise BackendError(f"the framework fallback for {op.describe()} failed ({reason}): "
+                           f"{type(exc).__name__}: {exc}", backend="fallback") from exc
     if result is not None:
         fallbacks.record(op.kind.value, reason)
     return result

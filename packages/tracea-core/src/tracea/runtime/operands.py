@@ -90,12 +90,43 @@ def packed_maybe_transposed(op: Operand) -> tuple[Any, bool]:
 
 
 def check_out(out: Operand | None, shape: tuple[int, ...], dtype: DType | None) -> None:
+    """``out`` must have ``shape`` and ``dtype``, be writeable and have no two elements in one place."""
     if out is None:
         return
     if tuple(out.info.shape) != tuple(shape):
         raise ShapeError("out", out.obj, f"shape {tuple(shape)}")
     if dtype is not None and out.info.dtype is not dtype:
         raise DTypeError("out.dtype", out.info.dtype.value, f"{dtype.value}")
+    why = out.adapter.write_error(out.obj)
+    if why:
+        raise InvalidArgumentError("out", out.obj, "an array Tracea may write into", hint=why)
+    if may_self_overlap(out.info):
+        raise InvalidArgumentError("out", out.obj, "an array whose elements occupy distinct memory",
+                                   hint=f"strides {out.info.strides} make elements share memory (an expanded or "
+                                        "broadcast view?); pass a fresh array")
+
+
+def may_self_overlap(info: ArrayInfo) -> bool:
+    """True unless the strides prove that no two elements share memory (sorted by stride, each
+    dimension must step past the whole extent of the ones inside it). Unknown strides (NumPy byte
+    strides that are not a multiple of the item size) are not judged: such outputs are written by a
+    copy of the framework's own."""
+    if info.strides is None:
+        return False
+    dims = [(abs(st), size) for size, st in zip(info.shape, info.strides) if size > 1]
+    span = 1
+    for stride, size in sorted(dims):
+        if stride < span:
+            return True
+        span = stride * size
+    return False
+
+
+def check_out_dtype(dtype: DType) -> DType:
+    """Outputs are floating point (the kernels accumulate in float)."""
+    if dtype not in FLOATS:
+        raise DTypeError("out_dtype", dtype.value, "float64, float32, float16 or bfloat16")
+    return dtype
 
 
 def check_no_overlap(out: Operand | None, inputs: Sequence[Operand | None]) -> None:

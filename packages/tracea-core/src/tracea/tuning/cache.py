@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 from .._version import __version__
 from ..doctor.profile import DeviceProfile
 from ..ir.ops import Op
+from ..runtime import plans
 from ..semantic.config import PipelineConfig
 from . import cache_file, fingerprint as fp
 from .cache_file import TuningCacheWarning
@@ -122,6 +123,7 @@ class TuningCache:
         self._variants: dict[str, Any] | None = None
         self._generation = 0
         self._unsaved: dict[str, dict[str, Any]] = {}  # entries a failed write kept in memory only
+        self._quiet = False
 
     @property
     def generation(self) -> int:
@@ -165,11 +167,6 @@ class TuningCache:
         if self._variants is None:
             found: dict[str, Any] = {}
             try:
-                if self._pm is None:  # the process Doctor's registry: the same objects dispatch uses
-                    from ..doctor.doctor import get_doctor
-
-                    for v in get_doctor().variants():
-                        found.setdefault(v.name, v)
                 for r in self.plugin_manager.hook.tracea_register_variants():
                     for v in (r if isinstance(r, (list, tuple)) else [r]) if r else []:
                         found.setdefault(v.name, v)
@@ -217,6 +214,7 @@ class TuningCache:
         self._entries, self._by_op_variant = entries, by
         self._state, self._loaded = state, True
         self._generation += 1
+        plans.cache_changed(self, decisive=not self._quiet)
 
     def reload(self) -> None:
         """Re-read the file now."""
@@ -297,12 +295,14 @@ class TuningCache:
                           device_fp=fp.device_fingerprint(profile), op=_op_json(op), env=facts,
                           tuned_at=time.time())
 
-    def put(self, *entries: CacheEntry) -> bool:
+    def put(self, *entries: CacheEntry, quiet: bool = False) -> bool:
         """Record entries (replacing same-key ones) and persist them atomically; True when written.
 
         An entry that would not survive reading back (a non-finite or negative time, an oversized
         field: see :func:`tracea.tuning.cache_schema.entry_problem`) is not recorded and warns. An
-        unwritable location warns and keeps the entries in memory for this process.
+        unwritable location warns and keeps the entries in memory for this process. ``quiet``: the
+        entries change no dispatch decision (the torch arbiter's verdicts), so this process's call plans
+        are kept.
         """
         good: dict[str, dict[str, Any]] = {}
         for e in entries:
@@ -314,7 +314,11 @@ class TuningCache:
                 cache_file.warn(f"not recording the tuning-cache entry {e.key[:120]} in {self.path}: {why}")
         if not good:
             return False
-        return self._update(lambda raw: raw.update(good))
+        self._quiet = quiet
+        try:
+            return self._update(lambda raw: raw.update(good))
+        finally:
+            self._quiet = False
 
     def remove(self, predicate: Callable[[CacheEntry], bool]) -> int:
         """Delete the entries for which ``predicate`` is true; returns how many."""
@@ -447,5 +451,7 @@ def set_cache(cache: TuningCache | str | os.PathLike[str] | None) -> None:
             _default = cache if isinstance(cache, TuningCache) else TuningCache(cache)
             _explicit = True
 
+
+plans.watch_cache(get_cache)
 
 __all__ = ["CacheEntry", "TuningCache", "TuningCacheWarning", "get_cache", "set_cache", "default_path"]

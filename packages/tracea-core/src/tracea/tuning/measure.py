@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 
 from ..errors import BackendError, CompilationError, LaunchError, TraceaError, UnsupportedConfigError
 from ..plugins.manager import hookimpl

@@ -10,6 +10,7 @@ heads of a GQA group. Causal masking is top-left aligned (key j visible to query
 from __future__ import annotations
 
 from ..isa import Isa
+from .calls import ATTENTION_CALL
 from .common import prologue
 
 
@@ -177,5 +178,5 @@ def attention_source(isa: Isa, bq: int, bk: int, dv: int = 4) -> str:
     parts = [prologue(isa), f"#define BQ {bq}\n#define BK {bk}\n#define RG {rg}\n#define DV {dv}\n"
              "#define BQP TR_ROUNDUP(BQ, VW)\n",
              _s_tile(isa, bq, bk), _pv(isa, bq, rg, dv, "tr_pv_wide"),
-             _pv(isa, bq, rg, 1, "tr_pv_narrow"), BODY]
+             _pv(isa, bq, rg, 1, "tr_pv_narrow"), BODY, ATTENTION_CALL]
     return "\n".join(parts)

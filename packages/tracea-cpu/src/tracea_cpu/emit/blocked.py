@@ -14,6 +14,7 @@ from __future__ import annotations
 from tracea.ir.epilogue import Epilogue
 
 from ..isa import Isa
+from .calls import GEMM_CONV_CALLS
 from .common import epilogue_c, prologue
 from .conv import CONV
 from .gemv import gemv_source
@@ -376,4 +377,4 @@ def blocked_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue, ku: int = 8) 
     if not isa.fits(mr, nr):
         raise ValueError(f"tile {mr}x{nr} does not fit {isa.name}'s registers")
     return "\n".join([prologue(isa), epilogue_c(epilogue), microkernel_c(isa, mr, nr, ku), PACKERS, NCHW,
-                      gemv_source(isa), DRIVER, CONV])
+                      gemv_source(isa), DRIVER, CONV, GEMM_CONV_CALLS])

@@ -13,7 +13,7 @@ from tracea.ir.ops import Op
 from tracea.semantic.config import PipelineConfig, SwizzleMode, Validity
 from tracea.errors import UnsupportedConfigError
 
-from .. import compiler, toolkit
+from .. import compiler, launcher, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
 from ..emit.mma import KERNEL_NAME, MmaSpec, render
 
@@ -97,6 +97,68 @@ class CudaVariant(KernelVariant):
         with cp.cuda.Device(profile.device.index):
             return self._kernel(self.spec(op, config, None), profile)
 
+    # -- binding (the plan cache) -----------------------------------------------------------------
+    def fast_launch_ok(self, op: Op, config: PipelineConfig) -> bool:
+        """Whether one kernel with pointer-only arguments computes ``op`` (no scratch, no second kernel):
+        then :meth:`bind` returns a :class:`~tracea_cuda.launcher.FastLaunch`-based launcher."""
+        return True
+
+    def preload(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> None:
+        """Compile and load every kernel :meth:`run` launches for ``op`` (so none compiles later, when a
+        CUDA graph may be capturing). The default loads the main kernel of aligned operands."""
+        self.prepare(op, config, profile)
+
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        dev = profile.device.index
+        stream = launcher.stream_getter(adapter, dev)
+        launcher.refuse_if_capturing(stream(), self.name)
+        if not self.fast_launch_ok(op, config):
+            return self._bind_run(op, config, profile, adapter)
+        ptr, device = adapter.data_ptr, launcher.on_device(dev)
+        roles = (op.roles[0], op.roles[1], "out", "bias")
+        builds: dict[tuple[int, ...], launcher.FastLaunch] = {}
+
+        def build(key: tuple[int, ...]) -> launcher.FastLaunch:
+            # the pointers' residues mod 16 stand in for the pointers: alignment is all a spec reads of them
+            spec = self.spec(op, config, dict(zip(roles, key)))
+            with device():
+                kernel = self._kernel(spec, profile)
+            params = launcher.ParamBlock.from_args(lambda p: self.kernel_args(op, p), roles)
+            return launcher.FastLaunch(kernel.function, self.grid(op, spec), spec.threads, spec.smem_bytes, params)
+
+        builds[(0, 0, 0, 0)] = build((0, 0, 0, 0))
+        name = self.name
+
+        current = toolkit.cupy().cuda.runtime.getDevice
+
+        def launch(x0: Any, x1: Any, bias: Any, out: Any) -> None:
+            po = ptr(out)
+            ptrs = (ptr(x0), ptr(x1), po, po if bias is None else ptr(bias))
+            s = stream()
+            fl = builds.get((ptrs[0] & 15, ptrs[1] & 15, po & 15, ptrs[3] & 15))
+            if fl is None:  # misaligned views: another compiled variant of the kernel
+                launcher.refuse_if_capturing(s, name)
+                fl = builds[launcher.align_key(ptrs)] = build(launcher.align_key(ptrs))
+            if current() == dev:
+                fl(s, ptrs)
+            else:
+                with device():
+                    fl(s, ptrs)
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
+    def _bind_run(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        """A launcher running :meth:`run` (several kernels, scratch): everything compiled now."""
+        with toolkit.cupy().cuda.Device(profile.device.index):
+            self.preload(op, config, profile)
+        roles = op.roles
+
+        def launch(*arrays: Any) -> None:
+            self.run(op, config, OpArgs(dict(zip(roles, arrays)), arrays[-1], adapter), profile)
+
+        return launch
+
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
         cp = toolkit.cupy()
         ptrs: dict[str, Any] = {name: data_ptr(arr, name) for name, arr in args.arrays.items() if arr is not None}
@@ -123,17 +185,10 @@ class CudaVariant(KernelVariant):
             kernel.launch(grid, self.kernel_args(op, ptrs), stream if stream is not None else launch_stream(args))
 
 
-def scratch_buffer(cache: dict, dev: int, stream: Any, role: str, n: int, zeroed: bool = False) -> Any:
-    """A float32 buffer of at least ``n`` elements cached in ``cache`` per (device, stream, role); reused
-    only on the same stream, so stream order keeps consecutive calls from racing. ``zeroed``: zero-filled
-    when allocated (for counters that the kernels using them return to zero)."""
-    key = (dev, int(stream.ptr), role)
-    buf = cache.get(key)
-    if buf is None or buf.size < n:
-        cp = toolkit.cupy()
-        buf = cp.zeros(max(n, 1), dtype=np.float32) if zeroed else cp.empty(max(n, 1), dtype=np.float32)
-        cache[key] = buf
-    return buf
+def scratch_buffer(args: OpArgs, n: int, zeroed: bool = False) -> Any:
+    """A float32 scratch buffer of ``n`` elements for one call, from the caller's framework allocator
+    on the call's stream (see :func:`tracea_cuda.launcher.scratch`)."""
+    return launcher.scratch(args.adapter, args.out, n, zeroed)
 
 
 def aligned(ptrs: dict[str, int] | None, name: str, nbytes: int = 16) -> bool:

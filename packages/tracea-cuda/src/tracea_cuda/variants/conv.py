@@ -17,21 +17,23 @@ from tracea.semantic.search_space import SearchSpace
 
 from ..emit import operands
 from ..emit.mma import MmaSpec
-from .. import compiler, toolkit
+from .. import helpers_kernels, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
-from ..emit import splitk, transpose
 from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, scratch_buffer, tile_shape, u64
 
 
-def to_channels_last(op: Conv2dOp, px: int, pw: int, scratch: Any, stream: Any, arch: str) -> tuple[Any, Any]:
-    """Transpose float32 NCHW x and KCRS w into NHWC / KRSC scratch buffers on ``stream`` (so they are
-    ordered before the conv that reads them). ``scratch(role, n)`` returns a buffer of >= n floats."""
-    x_t = scratch("x", op.n * op.c * op.h * op.w)
-    w_t = scratch("w", op.k * op.c * op.r * op.s)
-    tk = compiler.load(transpose.render(op.dtype), transpose.KERNEL_NAME, arch, smem=0, threads=256)
+def to_channels_last(op: Conv2dOp, px: int, pw: int, args: Any, stream: Any, arch: str) -> tuple[Any, Any]:
+    """Transpose float32 NCHW x and KCRS w into NHWC / KRSC scratch buffers (see
+    :func:`~.base.scratch_buffer`) on ``stream``, so they are ordered before the conv that reads them.
+    The caller keeps the returned buffers referenced until the conv is enqueued."""
+    x_t = scratch_buffer(args, op.n * op.c * op.h * op.w)
+    w_t = scratch_buffer(args, op.k * op.c * op.r * op.s)
+    tk = helpers_kernels.transposer(op.dtype, arch)
     hw, rs = op.h * op.w, op.r * op.s
-    tk.launch((-(-hw // 32), -(-op.c // 32), op.n), (u64(px), u64(x_t.data.ptr), np.int32(op.c), np.int32(hw)), stream)
-    tk.launch((-(-rs // 32), -(-op.c // 32), op.k), (u64(pw), u64(w_t.data.ptr), np.int32(op.c), np.int32(rs)), stream)
+    tk.launch((-(-hw // 32), -(-op.c // 32), op.n), (u64(px), u64(data_ptr(x_t, "x")), np.int32(op.c), np.int32(hw)),
+              stream)
+    tk.launch((-(-rs // 32), -(-op.c // 32), op.k), (u64(pw), u64(data_ptr(w_t, "w")), np.int32(op.c), np.int32(rs)),
+              stream)
     return x_t, w_t
 
 
@@ -86,6 +88,19 @@ class ImplicitGemmConv(CudaVariant):
             store=operands.conv_output(op, op.k % 2 == 0 and aligned(ptrs, "out", 2 * op.out_dtype.itemsize)),
             **tile_shape(config))
 
+    def fast_launch_ok(self, op: Conv2dOp, config: PipelineConfig) -> bool:
+        return not self.transforms_input(op, config) and int(config.get("split_k") or 1) == 1
+
+    def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
+        self.prepare(op, config, profile)
+        arch = toolkit.arch_name(profile.compute_capability or (8, 0))
+        if self.transforms_input(op, config):
+            helpers_kernels.transposer(op.dtype, arch)
+        splits = int(config.get("split_k") or 1)
+        if splits > 1:
+            helpers_kernels.reducer(op.out_dtype, op.out_dtype, op.epilogue, splits,
+                                    op.p * op.q if op.layout is Layout.NCHW else 0, arch)
+
     def run(self, op: Conv2dOp, config: PipelineConfig, args, profile: DeviceProfile, stream: Any = None) -> None:
         splits = int(config.get("split_k") or 1)
         transform = self.transforms_input(op, config)
@@ -98,34 +113,23 @@ class ImplicitGemmConv(CudaVariant):
             stream = stream if stream is not None else launch_stream(args)
             arrays = dict(args.arrays)
             if transform:
-                x_t, w_t = to_channels_last(op, data_ptr(arrays["x"], "x"), data_ptr(arrays["w"], "w"),
-                                            lambda role, n: self._scratch(dev, stream, role, n), stream, arch)
+                x_t, w_t = to_channels_last(op, data_ptr(arrays["x"], "x"), data_ptr(arrays["w"], "w"), args, stream,
+                                            arch)
                 arrays.update(x=x_t, w=w_t)
             out = args.out
             m, n, _ = op.gemm_mnk
             if splits > 1:
-                out = self._scratch(dev, stream, "ws", splits * m * n)
+                out = scratch_buffer(args, splits * m * n)
             super().run(op, config, type(args)(arrays, out, args.adapter), profile, stream)
             if splits > 1:
                 bias = args.arrays.get("bias")
                 bias_dtype = DType.parse(bias.dtype, arg="bias") if bias is not None else op.out_dtype
-                rkey = (op.out_dtype, bias_dtype, op.epilogue, splits, op.layout, op.p * op.q, arch)
-                rk = self._reducers.get(rkey) if hasattr(self, "_reducers") else None
-                if rk is None:
-                    src = splitk.render(op.out_dtype, bias_dtype, op.epilogue, splits,
-                                        op.p * op.q if op.layout is Layout.NCHW else 0)
-                    rk = compiler.load(src, splitk.KERNEL_NAME, arch, smem=0, threads=256)
-                    self._reducers = getattr(self, "_reducers", {})
-                    self._reducers[rkey] = rk
+                rk = helpers_kernels.reducer(op.out_dtype, bias_dtype, op.epilogue, splits,
+                                             op.p * op.q if op.layout is Layout.NCHW else 0, arch)
                 optr = data_ptr(args.out, "out")
                 rk.launch((-(-(m * n) // 256), 1, 1),
-                          (u64(out.data.ptr), u64(optr), u64(data_ptr(bias, "bias") if bias is not None else optr),
-                           np.int32(m), np.int32(n)), stream)
-
-    def _scratch(self, dev: int, stream: Any, role: str, n: int) -> Any:
-        if not hasattr(self, "_scratch_bufs"):
-            self._scratch_bufs: dict = {}
-        return scratch_buffer(self._scratch_bufs, dev, stream, role, n)
+                          (u64(data_ptr(out, "ws")), u64(optr),
+                           u64(data_ptr(bias, "bias") if bias is not None else optr), np.int32(m), np.int32(n)), stream)
 
     def grid(self, op: Conv2dOp, spec: MmaSpec) -> tuple[int, int, int]:
         m, n, _ = op.gemm_mnk

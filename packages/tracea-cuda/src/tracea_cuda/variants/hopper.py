@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import replace
 from typing import Any
 
@@ -12,9 +13,9 @@ from tracea.dtypes import DType, Fp32Precision
 from tracea.ir.ops import GemmOp, LayerType
 from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode, Validity
 from tracea.semantic.search_space import SearchSpace
-from tracea.errors import UnsupportedConfigError
+from tracea.errors import LaunchError, UnsupportedConfigError
 
-from .. import compiler, stream_k, tma, toolkit
+from .. import compiler, helpers_kernels, launcher, stream_k, tma, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
 from ..emit.wgmma import KERNEL_NAME, WgmmaSpec, render
 from .base import FLOAT_IO, CudaVariant, scratch_buffer
@@ -49,12 +50,10 @@ class WgmmaGemm(CudaVariant):
 
     def __init__(self) -> None:
         self._fallback = MmaGemm16()
+        # memos of run() (the tuner's path): compiled spec per (op, config, device, bias dtype, out
+        # alignment), packed TMA launch per pointers
         self._plans: dict = {}
         self._launches: dict = {}
-        self._scratch: dict = {}
-
-    def _buf(self, dev: int, stream: Any, role: str, n: int) -> Any:
-        return scratch_buffer(self._scratch, dev, stream, role, n)
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         return [f"{n}={getattr(op, n)} exceeds the TMA coordinate range" for n in ("m", "n", "k")
@@ -98,16 +97,20 @@ class WgmmaGemm(CudaVariant):
                           ctypes.c_int32(op.m), ctypes.c_int32(op.n), ctypes.c_int32(op.k), ctypes.c_int32(b)])
         return grid, cargs
 
-    def _stream_k_buffers(self, op: GemmOp, spec: WgmmaSpec, profile: DeviceProfile, dev: int, stream: Any,
+    def _stream_k_buffers(self, op: GemmOp, spec: WgmmaSpec, profile: DeviceProfile, args: OpArgs,
                           ptrs: dict) -> None:
-        """Stream-K split for this launch plus its fp32 partial-sum workspace and (zeroed) tile counters."""
+        """Stream-K split for this launch plus its fp32 partial-sum workspace and zeroed tile counters, for
+        this call only (kept alive in ``ptrs["_keep"]`` until the kernel is enqueued)."""
         kop = self.kernel_op(op)
         tiles = self._tiles(kop, spec)  # stream-K runs without clusters: the grid is min(tiles, SMs)
         p = stream_k.plan(tiles, min(tiles, profile.compute_units), -(-kop.k // (128 // spec.dtype_in.itemsize)))
         per_slot = 2 * 128 * spec.subs * spec.bn // 2  # two consumer warpgroups x their accumulators
+        ws = scratch_buffer(args, p.sk_tiles * p.max_contributors * per_slot)
+        flags = scratch_buffer(args, 2 * p.sk_tiles, zeroed=True)
+        ptrs.setdefault("_keep", []).extend((ws, flags))
         ptrs["sk_plan"] = p
-        ptrs["sk_ws"] = self._buf(dev, stream, "sk_ws", p.sk_tiles * p.max_contributors * per_slot).data.ptr
-        ptrs["sk_flags"] = scratch_buffer(self._scratch, dev, stream, "sk_flags", 2 * p.sk_tiles, zeroed=True).data.ptr
+        ptrs["sk_ws"] = data_ptr(ws, "sk_ws")
+        ptrs["sk_flags"] = data_ptr(flags, "sk_flags")
 
     def kernel_op(self, op: GemmOp) -> GemmOp:
         """The GEMM as the kernel sees it (M and N exchanged when the operands are swapped)."""
@@ -177,6 +180,85 @@ class WgmmaGemm(CudaVariant):
         with toolkit.cupy().cuda.Device(profile.device.index):
             return self._kernel(self.spec(op, config, None), profile)
 
+    #: roles whose pointers live inside TMA tensor maps (the others are plain kernel parameters)
+    mapped_roles: tuple[str, ...] = ("a", "b")
+
+    def fast_launch_ok(self, op: GemmOp, config: PipelineConfig) -> bool:
+        return not bool(config.get("stream_k", False))
+
+    def bind(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        """Tensor maps are built per distinct pointer of the mapped operands (weights: once; torch's caching
+        allocator mostly hands activations the same blocks each step) and memoised; every other pointer
+        is written into the parameter block per call. Misaligned operands take :meth:`run` (the mma
+        fallback)."""
+        dev = profile.device.index
+        stream = launcher.stream_getter(adapter, dev)
+        launcher.refuse_if_capturing(stream(), self.name)
+        if not self.fast_launch_ok(op, config):
+            return self._bind_run(op, config, profile, adapter)
+        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
+        r0, r1 = self.roles
+        mapped = [i for i, r in enumerate((r0, r1)) if r in self.mapped_roles]
+        plain_roles = [r for r in (r0, r1) if r not in self.mapped_roles] + ["out", "bias"]
+        specs: dict[int, tuple[Any, WgmmaSpec]] = {}
+
+        def kernel_for(out_mod: int) -> tuple[Any, WgmmaSpec]:
+            spec = self.spec(op, config, {"out": out_mod})
+            with device():
+                return self._kernel(spec, profile), spec
+
+        specs[0] = kernel_for(0)
+        memo: dict[tuple[int, ...], tuple] = {}
+        drv_launch = toolkit.cupy().cuda.driver.launchKernel
+        current = toolkit.cupy().cuda.runtime.getDevice
+        lock = threading.Lock()
+
+        def build(p: tuple[int, ...], out_mod: int) -> tuple:
+            ks = specs.get(out_mod)
+            if ks is None:
+                launcher.refuse_if_capturing(stream(), name)
+                ks = specs[out_mod] = kernel_for(out_mod)
+            kernel, spec = ks
+            sentinels = {r: 0x7E57_0000_0000 + (i + 1) * 0x1000_0000 for i, r in enumerate(plain_roles)}
+            ptrs = {**sentinels, r0: p[0] if 0 in mapped else sentinels.get(r0), r1: p[1] if 1 in mapped else
+                    sentinels.get(r1)}
+            pa, pb = self.operands(op, None, ptrs, None)  # type: ignore[arg-type]
+            grid, cargs = self._build_launch(op, spec, pa, pb, ptrs, profile, kernel)
+            back = {v: i for i, v in enumerate(sentinels.values())}
+            slots = [(h, back[h.value]) for h in cargs.holders
+                     if isinstance(h, ctypes.c_uint64) and h.value in back]
+            return int(kernel.function.ptr), grid, spec.threads, spec.smem_bytes, cargs, slots
+
+        def launch(x0: Any, x1: Any, bias: Any, out: Any) -> None:
+            p0, p1 = ptr(x0), ptr(x1)
+            if (p0 | p1) & 15:  # TMA needs 16-byte aligned bases: the documented mma fallback
+                self.run(op, config, OpArgs({r0: x0, r1: x1, "bias": bias}, out, adapter), profile)
+                return
+            po = ptr(out)
+            key = (p0 if 0 in mapped else 0, p1 if 1 in mapped else 0, po & 15)
+            hit = memo.get(key)
+            if hit is None:
+                if len(memo) >= 64:
+                    memo.clear()
+                hit = memo[key] = build((p0, p1), po & 15)
+            fptr, (gx, gy, gz), threads, smem, cargs, slots = hit
+            values = [p for i, p in enumerate((p0, p1)) if i not in mapped] + [po, po if bias is None else ptr(bias)]
+            s = stream()
+            with lock:
+                for holder, role in slots:
+                    holder.value = values[role]
+                try:
+                    if current() == dev:
+                        drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
+                    else:
+                        with device():
+                            drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
+                except Exception as exc:  # noqa: BLE001
+                    raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         ra, rb = self.roles
         ptrs: dict[str, Any] = {r: data_ptr(args.arrays[r], r) for r in self.roles}
@@ -201,7 +283,7 @@ class WgmmaGemm(CudaVariant):
             stream = launch_stream(args)
             pa, pb = self.operands(op, args, ptrs, stream)
             if spec.stream_k:
-                self._stream_k_buffers(op, spec, profile, dev, stream, ptrs)
+                self._stream_k_buffers(op, spec, profile, args, ptrs)
             # Tensor maps and the packed parameter block depend only on the pointers: cache them so a
             # repeated call costs one dict lookup and one cuLaunchKernel.
             lkey = (key, pa, pb, ptrs["out"], ptrs.get("bias"), ptrs.get("sk_ws"), ptrs.get("sk_flags"))
@@ -272,21 +354,32 @@ class WgmmaGemmTf32(WgmmaGemm):
         return [_hero(256, 4, 16, cluster=1), _hero(256, 4, cluster=1), _hero(128, 4, 16, bm=256, cluster=1),
                 _hero(256, 4, 16, cluster=2), _hero(128, 6, cluster=1), _hero(256, 4, 16, cluster=1, stream_k=True)]
 
+    def transposes_b(self, op: GemmOp) -> bool:
+        """A stored (K, M) and B (K, N): B is transposed to (N, K) in scratch first."""
+        return not self.swapped(op) and not op.trans_b
+
     def operands(self, op: GemmOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
         import numpy as np  # noqa: PLC0415
-
-        from ..emit import transpose  # noqa: PLC0415
 
         if self.swapped(op):
             return ptrs["b"], ptrs["a"]
         pa, pb = ptrs["a"], ptrs["b"]
-        if not op.trans_b:  # A (K, M) and B (K, N): B (K, N) -> (N, K)
-            tk = compiler.load(transpose.render(DType.F32), transpose.KERNEL_NAME, "sm_90a", smem=0, threads=256)
-            buf = self._buf(device_index(args.out), stream, "b", op.batch * op.n * op.k)
+        if self.transposes_b(op):
+            tk = helpers_kernels.transposer(DType.F32, "sm_90a")
+            buf = scratch_buffer(args, op.batch * op.n * op.k)
+            ptrs.setdefault("_keep", []).append(buf)  # alive until the GEMM reading it is enqueued
             tk.launch((-(-op.n // 32), -(-op.k // 32), op.batch),
-                      (np.uint64(pb), np.uint64(buf.data.ptr), np.int32(op.k), np.int32(op.n)), stream)
-            pb = buf.data.ptr
+                      (np.uint64(pb), np.uint64(data_ptr(buf, "b")), np.int32(op.k), np.int32(op.n)), stream)
+            pb = data_ptr(buf, "b")
         return pa, pb
+
+    def fast_launch_ok(self, op: GemmOp, config: PipelineConfig) -> bool:
+        return super().fast_launch_ok(op, config) and not self.transposes_b(op)
+
+    def preload(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> None:
+        super().preload(op, config, profile)
+        if self.transposes_b(op):
+            helpers_kernels.transposer(DType.F32, "sm_90a")
 
 
 class WgmmaGemm3xTf32(WgmmaGemmTf32):
@@ -324,25 +417,34 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
             _hero(128, 5, cluster=1).replace(partial_stages=4), _hero(128, 4, cluster=1).replace(partial_stages=4),
             _hero(128, 4, 16, cluster=1).replace(partial_stages=8)]
 
+    def split_op(self, op: GemmOp) -> GemmOp:
+        """The TF32 GEMM the split operands feed: K' = 3K, both operands K-major."""
+        return replace(op, k=3 * op.k, trans_a=False, trans_b=True)
+
+    def fast_launch_ok(self, op: GemmOp, config: PipelineConfig) -> bool:
+        return False  # two split passes into scratch, then the GEMM
+
+    def preload(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> None:
+        self.prepare(self.split_op(op), config, profile)
+        helpers_kernels.splitter("sm_90a")
+
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         import numpy as np  # noqa: PLC0415
-
-        from ..emit import split  # noqa: PLC0415
 
         cp = toolkit.cupy()
         dev = device_index(args.out)
         with cp.cuda.Device(dev):
             stream = launch_stream(args)
-            sk = compiler.load(split.render(), split.KERNEL_NAME, "sm_90a", smem=0, threads=256)
+            sk = helpers_kernels.splitter("sm_90a")
             bufs = {}
             for role, rows, trans, order in (("a", op.m, op.trans_a, 0), ("b", op.n, not op.trans_b, 1)):
-                buf = self._buf(dev, stream, role + "3", op.batch * rows * 3 * op.k)
+                buf = scratch_buffer(args, op.batch * rows * 3 * op.k)
                 r, c = (op.k, rows) if trans else (rows, op.k)
                 sk.launch((-(-c // 32), -(-r // 32), op.batch),
-                          (np.uint64(data_ptr(args.arrays[role], role)), np.uint64(buf.data.ptr), np.int32(r),
+                          (np.uint64(data_ptr(args.arrays[role], role)), np.uint64(data_ptr(buf, role)), np.int32(r),
                            np.int32(c), np.int32(0 if trans else 1), np.int32(order)), stream)
                 bufs[role] = buf
-            op3 = replace(op, k=3 * op.k, trans_a=False, trans_b=True)
+            op3 = self.split_op(op)
             inner = OpArgs({**args.arrays, "a": bufs["a"], "b": bufs["b"]}, args.out, args.adapter)
             WgmmaGemm.run(self, op3, config, inner, profile)
 

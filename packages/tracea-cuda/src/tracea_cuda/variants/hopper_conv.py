@@ -22,8 +22,8 @@ from tracea.ir.ops import Conv2dOp, LayerType, Layout
 from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode
 from tracea.semantic.search_space import SearchSpace
 
-from .. import tma
-from ..arrays import device_index
+from .. import helpers_kernels, tma
+from ..arrays import data_ptr
 from ..emit import im2col, operands
 from ..emit.wgmma import WgmmaSpec
 from .base import FLOAT_IO, aligned
@@ -43,6 +43,7 @@ class WgmmaConv(WgmmaGemm):
     efficiency = 0.75
     priority = 20
     roles = ("x", "w")
+    mapped_roles = ("w",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -114,10 +115,17 @@ class WgmmaConv(WgmmaGemm):
         NHWC / KRSC scratch buffers first (same stream, so ordered)."""
         if op.layout is not Layout.NCHW:
             return ptrs["x"], ptrs["w"]
-        dev = device_index(args.out)
-        x_t, w_t = to_channels_last(op, ptrs["x"], ptrs["w"], lambda role, n: self._buf(dev, stream, role, n),
-                                    stream, "sm_90a")
-        return x_t.data.ptr, w_t.data.ptr
+        x_t, w_t = to_channels_last(op, ptrs["x"], ptrs["w"], args, stream, "sm_90a")
+        ptrs.setdefault("_keep", []).extend((x_t, w_t))  # alive until the conv reading them is enqueued
+        return data_ptr(x_t, "x"), data_ptr(w_t, "w")
+
+    def fast_launch_ok(self, op: Conv2dOp, config: PipelineConfig) -> bool:
+        return op.layout is Layout.NHWC and not bool(config.get("stream_k", False))
+
+    def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
+        self.prepare(op, config, profile)
+        if op.layout is Layout.NCHW:
+            helpers_kernels.transposer(op.dtype, "sm_90a")
 
     def _build_launch(self, op: Conv2dOp, spec: WgmmaSpec, px: int, pw: int, ptrs: dict, profile: DeviceProfile,
                       kernel: Any = None):

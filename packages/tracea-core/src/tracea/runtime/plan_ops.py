@@ -1,0 +1,370 @@
+"""Plans for the public ops (``tracea.ops.matmul`` / ``conv2d`` / ``attention``): the full path of a call.
+
+Each builder validates the arguments of one call, builds the op, decides (:func:`dispatch.runner`),
+works out everything the call's signature fixes (which operands need packing or a transposed view, the
+output's shape and whether it goes through a temporary) and returns a *plan*: a closure that runs any
+call with the same signature doing only per-call work (per-call checks of ``out``, the packing the
+layout needs, the output allocation, the launch). The builder stores the plan under the caller's key
+(see :mod:`tracea.runtime.plans`) and runs it for this first call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..doctor.doctor import get_doctor
+from ..dtypes import DType, Fp32Precision
+from ..errors import InvalidArgumentError, ShapeError
+from ..ir.epilogue import Epilogue, EpilogueKind
+from ..ir.ops import AttentionOp, Conv2dOp, GemmOp, Layout, Op
+from . import dispatch, operands as ops_args, plans
+
+_NONE = object()
+
+
+def _epilogue(epilogue: Any, activation: Any, has_bias: bool) -> Epilogue:
+    epi = Epilogue.parse(epilogue)
+    if activation is not None:
+        epi = Epilogue(epi.steps + Epilogue.parse(activation, "activation").steps)
+    if has_bias and not epi.has_bias:
+        epi = Epilogue((EpilogueKind.BIAS,) + epi.steps)
+    if epi.has_bias and not has_bias:
+        raise InvalidArgumentError("bias", None, "a bias array, since the epilogue has a bias step")
+    return epi
+
+
+def _precision(value: Any, adapter: Any) -> Fp32Precision:
+    if value is not None:
+        return Fp32Precision.parse(value)
+    return Fp32Precision.parse(adapter.fp32_precision() or Fp32Precision.HIGHEST)
+
+
+def _prep(op: ops_args.Operand) -> Callable[[Any], Any] | None:
+    """How to pack this operand on every call with its signature (None: used as it is)."""
+    return None if op.info.c_contiguous else op.adapter.contiguous
+
+
+def _prep_maybe_transposed(op: ops_args.Operand) -> tuple[Callable[[Any], Any] | None, bool]:
+    """(packing, transposed): a column-major operand is used through its transposed view, no copy."""
+    if op.info.c_contiguous:
+        return None, False
+    if op.info.ndim >= 2 and op.info.strides is not None:
+        swapped = op.adapter.swap_last(op.obj)
+        if op.adapter.info(swapped).c_contiguous:
+            return op.adapter.swap_last, True
+    return op.adapter.contiguous, False
+
+
+def _bias_prep(bias: ops_args.Operand | None, length: int, out_dtype: DType, what: str) -> Callable[[Any], Any] | None:
+    """Check the bias vector; return how to convert it to the output dtype and pack it (None: as is)."""
+    if bias is None:
+        return None
+    if bias.info.ndim != 1 or bias.info.shape[0] != length:
+        raise ShapeError("bias", bias.obj, f"a 1-D array of length {length} ({what})")
+    ops_args.check_float(bias)
+    adapter = bias.adapter
+    if bias.info.dtype is out_dtype:
+        return None if bias.info.c_contiguous else adapter.contiguous
+    return lambda x: adapter.contiguous(adapter.astype(x, out_dtype))
+
+
+def _out_checks(out: ops_args.Operand | None, inputs: list[ops_args.Operand | None]) -> Callable[..., None] | None:
+    """Per-call checks of a user ``out`` (writeable, not overlapping an input): its memory can change
+    between calls of one signature."""
+    if out is None:
+        return None
+    adapter = out.adapter
+    names = [i.name for i in inputs if i is not None]
+
+    def check(out_obj: Any, *arrays: Any) -> None:
+        why = adapter.write_error(out_obj)
+        if why:
+            raise InvalidArgumentError("out", out_obj, "an array Tracea may write into", hint=why)
+        for name, arr in zip(names, arrays):
+            if adapter.may_overlap(out_obj, arr):
+                raise InvalidArgumentError("out", out_obj, f"an array that does not overlap input '{name}'")
+
+    return check
+
+
+def _finish(key: Any, plan: Callable[..., Any], first: Callable[[], Any]) -> Any:
+    """Store ``plan`` under ``key`` (when the call is cacheable) and run the first call."""
+    if key is not None:
+        plans.store(key, plan)
+    return first()
+
+
+def retrying(build: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a builder again when the variant it chose failed at run time and was quarantined
+    (:class:`dispatch.Quarantined`): the Doctor then picks the next candidate. Bounded: a variant is
+    quarantined at most once per op, and the reference oracle does not fail."""
+    def run(*args: Any) -> Any:
+        for _ in range(8):
+            try:
+                return build(*args)
+            except dispatch.Quarantined:
+                continue
+        return build(*args)
+
+    run.__doc__, run.__name__ = build.__doc__, build.__name__
+    return run
+
+
+# ------------------------------------------------------------------------------------------------
+# matmul
+# ------------------------------------------------------------------------------------------------
+
+@retrying
+def matmul(key: Any, a: Any, b: Any, bias: Any, epilogue: Any, activation: Any, out: Any, out_dtype: Any,
+           fp32_precision: Any, variant: str | None, config: Any) -> Any:
+    """The full path of ``tracea.ops.matmul`` (see its docstring for the arguments)."""
+    doctor = get_doctor()
+    adapter, device, o = ops_args.operands(doctor, [("a", a), ("b", b), ("bias", bias), ("out", out)])
+    A, B = o["a"], o["b"]
+    ops_args.check_rank(A, (2, 3), "(m, k) or (batch, m, k)")
+    ops_args.check_rank(B, (2, 3), "(k, n) or (batch, k, n)")
+    ops_args.check_float(A)
+    ops_args.same_dtype(A, B)
+    *ba, m, k = A.info.shape
+    *bb, k2, n = B.info.shape
+    if k2 != k:
+        raise ShapeError("b", b, f"shape ({'batch, ' if bb else ''}{k}, n) to match a's k={k}")
+    if ba and bb and ba != bb:
+        raise ShapeError("b", b, f"batch {ba[0]} like a")
+    if bb and not ba:
+        raise ShapeError("a", a, f"a 3-D (batch={bb[0]}, m, k) array when b is 3-D (broadcast a explicitly)")
+    batch = ba[0] if ba else 1
+    dtype_out = ops_args.check_out_dtype(DType.parse(out_dtype, "out_dtype")) if out_dtype is not None else (
+        o["out"].info.dtype if "out" in o else A.info.dtype)
+    out_shape = (batch, m, n) if ba else (m, n)
+    U = o.get("out")
+    ops_args.check_out(U, out_shape, dtype_out)
+    ops_args.check_no_overlap(U, [A, B, o.get("bias")])
+    epi = _epilogue(epilogue, activation, "bias" in o)
+    prep_bias = _bias_prep(o.get("bias"), n, dtype_out, "one value per output column")
+
+    prep_a, ta = _prep_maybe_transposed(A)
+    prep_b, tb = _prep_maybe_transposed(B)
+    gemm_m, gemm_batch = m, batch
+    if ba and not bb:  # (batch, m, k) @ (k, n) is one GEMM with M = batch*m
+        if ta:
+            prep_a, ta = adapter.contiguous, False
+        inner, shape2 = prep_a, (batch * m, k)
+        prep_a = (lambda x: adapter.reshape(inner(x), shape2)) if inner else (lambda x: adapter.reshape(x, shape2))
+        gemm_m, gemm_batch = batch * m, 1
+    op = GemmOp(gemm_m, n, k, gemm_batch, trans_a=ta, trans_b=tb, dtype_a=A.info.dtype, dtype_b=B.info.dtype,
+                dtype_out=dtype_out, epilogue=epi, fp32_precision=_precision(fp32_precision, adapter))
+    kshape = (gemm_batch, gemm_m, n) if gemm_batch > 1 else (gemm_m, n)
+    return _packed_out_plan(key, op, device, adapter, (prep_a, prep_b, prep_bias), ("a", "b", "bias"),
+                                 U, out_shape, kshape, dtype_out, [A, B, o.get("bias")], variant, config,
+                                 (a, b, bias, out))
+
+
+def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, roles: tuple[str, ...],
+                          U: ops_args.Operand | None, out_shape: tuple[int, ...], kshape: tuple[int, ...],
+                          dtype_out: DType, inputs: list, variant: Any, config: Any, first: tuple) -> Any:
+    """The plan of an op whose kernel output is the user's output in row-major order, viewed as
+    ``kshape`` (GEMM, attention): written in place when ``out`` is packed, else through a temporary."""
+    doctor = get_doctor()
+    pa, pb, pc = preps
+    empty, reshape, copy_ = adapter.empty, adapter.reshape, adapter.copy_
+    direct_out = U is not None and U.info.c_contiguous
+    view = tuple(kshape) != tuple(out_shape)
+    check_out = _out_checks(U, inputs)
+
+    def kernel_args(x: Any, y: Any, z: Any, user_out: Any) -> tuple[tuple, Any, Any]:
+        inputs_ = (x if pa is None else pa(x), y if pb is None else pb(y), z if (z is None or pc is None) else pc(z))
+        target = user_out if direct_out else empty(out_shape, dtype_out, x)
+        return inputs_, target, (reshape(target, kshape) if view else target)
+
+    x0, y0, z0, out0 = first
+    inputs0, target0, kout0 = kernel_args(x0, y0, z0, out0)
+    user0 = dict(zip(roles, (x0, y0, inputs0[2] if roles[2] == "bias" else z0)))
+    run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor)
+    launch = run.launch
+
+    if launch is None:  # a framework computes every call of this signature
+        def plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
+            if check_out is not None:
+                check_out(user_out, x, y, z)
+            inputs_, target, kout = kernel_args(x, y, z, user_out)
+            result = dispatch.fallback(run, dict(zip(roles, (x, y, inputs_[2] if roles[2] == "bias" else z))), kout)
+            return _deliver(result, kout, target, user_out, copy_)
+
+        def first_call() -> Any:
+            return _deliver(result0, kout0, target0, out0, copy_)
+    else:
+        def plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
+            if check_out is not None:
+                check_out(user_out, x, y, z)
+            inputs_, target, kout = kernel_args(x, y, z, user_out)
+            launch(*inputs_, kout)
+            if user_out is None:
+                return target
+            if target is not user_out:
+                copy_(user_out, target)
+            return user_out
+
+        def first_call() -> Any:
+            return plan(x0, y0, z0, out0)
+
+    plan.runner = run  # type: ignore[attr-defined]  (for tools and tests: what this plan runs)
+    return _finish(key, plan, first_call)
+
+
+def _deliver(result: Any, kout: Any, target: Any, user_out: Any, copy_: Callable[[Any, Any], None]) -> Any:
+    """The result of a fallback: its own array, or copied into the user's ``out``."""
+    if result is kout:
+        result = target
+    if user_out is None:
+        return result
+    if result is not user_out:
+        copy_(user_out, result)
+    return user_out
+
+
+# ------------------------------------------------------------------------------------------------
+# conv2d
+# ------------------------------------------------------------------------------------------------
+
+def _is_channels_last(op: ops_args.Operand) -> bool:
+    st, (_, c, h, w) = op.info.strides, op.info.shape
+    if st is None or c == 1 or op.info.c_contiguous:
+        return False
+    return st[1] == 1 and (h == 1 or st[2] == w * c) and (w == 1 or st[3] == c)
+
+
+@retrying
+def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: Any,
+           layout: Any, epilogue: Any, activation: Any, out: Any, out_dtype: Any, fp32_precision: Any,
+           variant: str | None, config: Any) -> Any:
+    """The full path of ``tracea.ops.conv2d`` (see its docstring for the arguments)."""
+    doctor = get_doctor()
+    adapter, device, o = ops_args.operands(doctor, [("x", x), ("w", w), ("b", b), ("out", out)])
+    X, W = o["x"], o["w"]
+    ops_args.check_rank(X, (4,), "(N, C, H, W) or (N, H, W, C)")
+    ops_args.check_rank(W, (4,), "(K, C/groups, R, S) or (K, R, S, C/groups)")
+    ops_args.check_float(X)
+    ops_args.same_dtype(X, W)
+    logical = bool(getattr(adapter, "logical_nchw", False))
+    permute, contiguous = adapter.permute, adapter.contiguous
+    if logical:
+        if layout is not None and Layout.parse(layout) is Layout.NHWC:
+            raise InvalidArgumentError("layout", layout, "None for torch tensors (use channels_last memory)")
+        lay = Layout.NHWC if _is_channels_last(X) else Layout.NCHW
+        if lay is Layout.NCHW:
+            prep_x, prep_w = _prep(X), _prep(W)
+        else:
+            x_view = permute(X.obj, (0, 2, 3, 1))
+            packed_view = adapter.info(x_view).c_contiguous
+            prep_x = (lambda t: permute(t, (0, 2, 3, 1))) if packed_view else (
+                lambda t: contiguous(permute(t, (0, 2, 3, 1))))
+            prep_w = lambda t: contiguous(permute(t, (0, 2, 3, 1)))  # noqa: E731
+        n, c, h, wd = X.info.shape
+        k, cg, r, s = W.info.shape
+    else:
+        lay = Layout.parse(layout or "NCHW")
+        prep_x, prep_w = _prep(X), _prep(W)
+        if lay is Layout.NCHW:
+            n, c, h, wd = X.info.shape
+            k, cg, r, s = W.info.shape
+        else:
+            n, h, wd, c = X.info.shape
+            k, r, s, cg = W.info.shape
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise InvalidArgumentError("groups", groups, "a positive integer")
+    if cg * groups != c:
+        raise ShapeError("w", w, f"C/groups = {c}/{groups} input channels per group (got {cg})")
+    dtype_out = ops_args.check_out_dtype(DType.parse(out_dtype, "out_dtype")) if out_dtype is not None else (
+        o["out"].info.dtype if "out" in o else X.info.dtype)
+    op = Conv2dOp(n, c, h, wd, k, r, s, stride=ops_args.pair("stride", stride),
+                  padding=ops_args.pair("padding", padding), dilation=ops_args.pair("dilation", dilation),
+                  groups=groups, layout=lay, dtype=X.info.dtype, dtype_out=dtype_out,
+                  epilogue=_epilogue(epilogue, activation, "b" in o),
+                  fp32_precision=_precision(fp32_precision, adapter))
+    user_shape = (n, k, op.p, op.q) if (logical or lay is Layout.NCHW) else op.out_shape
+    U = o.get("out")
+    ops_args.check_out(U, user_shape, dtype_out)
+    ops_args.check_no_overlap(U, [X, W, o.get("b")])
+    prep_b = _bias_prep(o.get("b"), k, dtype_out, "one value per output channel")
+    check_out = _out_checks(U, [X, W, o.get("b")])
+    empty, copy_ = adapter.empty, adapter.copy_
+    phys_shape = op.out_shape
+    to_logical = logical and lay is Layout.NHWC
+
+    def kernel_args(xx: Any, ww: Any, bb: Any) -> tuple[tuple, Any]:
+        return ((xx if prep_x is None else prep_x(xx), ww if prep_w is None else prep_w(ww),
+                 bb if (bb is None or prep_b is None) else prep_b(bb)), empty(phys_shape, dtype_out, xx))
+
+    inputs0, phys0 = kernel_args(x, w, b)
+    run, result0 = dispatch.runner(op, device, adapter, {"x": x, "w": w, "bias": inputs0[2]}, phys0,
+                                   variant=variant, config=config, doctor=doctor)
+    launch = run.launch
+
+    def deliver(result: Any, phys: Any, user_out: Any) -> Any:
+        if result is phys:
+            result = permute(phys, (0, 3, 1, 2)) if to_logical else phys
+        if user_out is None:
+            return result
+        if result is not user_out:
+            copy_(user_out, result)
+        return user_out
+
+    if launch is None:
+        def plan(xx: Any, ww: Any, bb: Any, user_out: Any) -> Any:
+            if check_out is not None:
+                check_out(user_out, xx, ww, bb)
+            inputs_, phys = kernel_args(xx, ww, bb)
+            return deliver(dispatch.fallback(run, {"x": xx, "w": ww, "bias": inputs_[2]}, phys), phys, user_out)
+
+        def first_call() -> Any:
+            return deliver(result0, phys0, out)
+    else:
+        def plan(xx: Any, ww: Any, bb: Any, user_out: Any) -> Any:
+            if check_out is not None:
+                check_out(user_out, xx, ww, bb)
+            inputs_, phys = kernel_args(xx, ww, bb)
+            launch(*inputs_, phys)
+            return deliver(phys, phys, user_out)
+
+        def first_call() -> Any:
+            launch(*inputs0, phys0)
+            return deliver(phys0, phys0, out)
+
+    plan.runner = run  # type: ignore[attr-defined]
+    return _finish(key, plan, first_call)
+
+
+# ------------------------------------------------------------------------------------------------
+# attention
+# ------------------------------------------------------------------------------------------------
+
+@retrying
+def attention(key: Any, q: Any, k: Any, v: Any, causal: Any, scale: Any, out: Any, variant: str | None,
+              config: Any) -> Any:
+    """The full path of ``tracea.ops.attention`` (see its docstring for the arguments)."""
+    doctor = get_doctor()
+    adapter, device, o = ops_args.operands(doctor, [("q", q), ("k", k), ("v", v), ("out", out)])
+    Q, K, V = o["q"], o["k"], o["v"]
+    for t in (Q, K, V):
+        ops_args.check_rank(t, (3, 4), "(batch, heads, seq, head_dim)")
+    ops_args.check_float(Q)
+    ops_args.same_dtype(Q, K, V)
+    if not (Q.info.ndim == K.info.ndim == V.info.ndim):
+        raise ShapeError("k", k, f"a {Q.info.ndim}-D array like q")
+    shp = lambda t: t.info.shape if t.info.ndim == 4 else (1,) + tuple(t.info.shape)  # noqa: E731
+    bq, hq, sq, d = shp(Q)
+    bk, hk, sk, dk = shp(K)
+    if (bk, dk) != (bq, d):
+        raise ShapeError("k", k, f"batch {bq} and head_dim {d} like q")
+    if tuple(shp(V)) != (bk, hk, sk, dk):
+        raise ShapeError("v", v, f"the shape of k {tuple(K.info.shape)}")
+    if hq % hk:
+        raise ShapeError("k", k, f"kv heads dividing q's {hq} heads")
+    op = AttentionOp(bq, hq, sq, sk, d, causal=bool(causal), scale=scale, kv_heads=hk, dtype=Q.info.dtype)
+    U = o.get("out")
+    ops_args.check_out(U, tuple(Q.info.shape), Q.info.dtype)
+    ops_args.check_no_overlap(U, [Q, K, V])
+    shape = tuple(Q.info.shape)
+    return _packed_out_plan(key, op, device, adapter, (_prep(Q), _prep(K), _prep(V)), ("q", "k", "v"), U,
+                                 shape, shape, Q.info.dtype, [Q, K, V], variant, config, (q, k, v, out))

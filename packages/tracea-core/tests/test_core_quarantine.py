@@ -1,0 +1,88 @@
+"""Failures do not stick: a variant that raises at run time is quarantined for that op and the next
+candidate runs (warned once); a cached winner that fails is removed from the tuning cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tracea import ops
+from tracea.doctor.variant import KernelVariant, Requirements
+from tracea.dtypes import DType
+from tracea.ir.ops import LayerType
+from tracea.plugins import create_plugin_manager, hookimpl, set_plugin_manager
+from tracea.runtime import plans
+from tracea.semantic.config import PipelineConfig
+from tracea.tuning.cache import TuningCache, get_cache, set_cache
+
+
+class _Broken(KernelVariant):
+    name = "broken.gemm"
+    backend = "broken"
+    description = "raises at run time"
+    priority = 10_000
+    efficiency = 1e6  # the estimate ranks it first
+    requirements = Requirements("cpu", LayerType.GEMM, dtypes=frozenset({DType.F32}))
+    runs = 0
+
+    def hero_configs(self, op, profile):  # noqa: ANN001
+        return [PipelineConfig(warps=1)]
+
+    def run(self, op, config, args, profile):  # noqa: ANN001
+        type(self).runs += 1
+        raise RuntimeError("kernel exploded")
+
+
+class _Plugin:
+    @hookimpl
+    def tracea_register_variants(self):  # noqa: ANN201
+        return [_Broken()]
+
+
+@pytest.fixture
+def broken(tmp_path):
+    set_cache(TuningCache(tmp_path / "cache.json"))
+    pm = create_plugin_manager()
+    pm.register_plugin(_Plugin(), "broken", "test")
+    set_plugin_manager(pm)
+    _Broken.runs = 0
+    from tracea.runtime import dispatch
+
+    dispatch._warned.clear()  # warned once per process: each test sees its warning
+    yield
+    set_plugin_manager(None)
+    set_cache(None)
+
+
+def test_failing_variant_is_quarantined_and_the_next_candidate_runs(broken, rng):
+    a = rng.standard_normal((9, 7), dtype=np.float32)
+    b = rng.standard_normal((7, 5), dtype=np.float32)
+    with pytest.warns(RuntimeWarning, match="broken.gemm failed"):
+        out = ops.matmul(a, b)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    out = ops.matmul(a, b)  # the plan of the next candidate: the broken variant is not tried again
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    assert _Broken.runs == 1
+    from tracea.errors import BackendError
+
+    with pytest.raises(BackendError, match="kernel exploded"):  # forcing it still runs it (and fails)
+        ops.matmul(a, b, variant="broken.gemm")
+
+
+def test_a_failing_cached_winner_is_removed_from_the_cache(broken, rng):
+    a = rng.standard_normal((9, 7), dtype=np.float32)
+    b = rng.standard_normal((7, 5), dtype=np.float32)
+    from tracea.doctor.doctor import get_doctor
+    from tracea.ir.ops import GemmOp
+
+    d = get_doctor()
+    op = GemmOp(9, 5, 7)
+    v = d.registry.get("broken.gemm")
+    cache = get_cache()
+    cache.put(cache.make_entry(op, v, d.profile_for("cpu"), PipelineConfig(warps=1), {"median_s": 1e-12}))
+    plans.invalidate("test")
+    assert d.decide(op, "cpu").chosen.variant.name == "broken.gemm"
+    with pytest.warns(RuntimeWarning):
+        out = ops.matmul(a, b)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    assert not [e for e in get_cache().entries() if e.variant == "broken.gemm"]

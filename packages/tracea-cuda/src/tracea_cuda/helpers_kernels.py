@@ -1,0 +1,50 @@
+"""The small helper kernels the GEMM/conv variants launch beside their main kernel (transposes, the
+3xTF32 split, the split-K reduction), loaded once per (kind, arguments, device) and then a dict lookup:
+rendering and hashing a source costs more than a small conv's whole launch."""
+
+from __future__ import annotations
+
+import functools
+
+from tracea.dtypes import DType
+from tracea.ir.epilogue import Epilogue
+
+from . import compiler, toolkit
+from .emit import split, splitk, transpose
+
+
+def _device() -> int:
+    return int(toolkit.cupy().cuda.runtime.getDevice())
+
+
+def transposer(dtype: DType, arch: str) -> compiler.Kernel:
+    """The batched 2-D transpose for ``dtype`` on the current device."""
+    return _transposer(dtype, arch, _device())
+
+
+@functools.lru_cache(maxsize=64)
+def _transposer(dtype: DType, arch: str, dev: int) -> compiler.Kernel:
+    return compiler.load(transpose.render(dtype), transpose.KERNEL_NAME, arch, smem=0, threads=256)
+
+
+def splitter(arch: str) -> compiler.Kernel:
+    """The 3xTF32 operand split on the current device."""
+    return _splitter(arch, _device())
+
+
+@functools.lru_cache(maxsize=16)
+def _splitter(arch: str, dev: int) -> compiler.Kernel:
+    return compiler.load(split.render(), split.KERNEL_NAME, arch, smem=0, threads=256)
+
+
+def reducer(dtype_out: DType, bias_dtype: DType, epilogue: Epilogue, splits: int, nchw_pq: int,
+            arch: str) -> compiler.Kernel:
+    """The split-K reduction (with the epilogue) on the current device."""
+    return _reducer(dtype_out, bias_dtype, epilogue, splits, nchw_pq, arch, _device())
+
+
+@functools.lru_cache(maxsize=256)
+def _reducer(dtype_out: DType, bias_dtype: DType, epilogue: Epilogue, splits: int, nchw_pq: int, arch: str,
+             dev: int) -> compiler.Kernel:
+    src = splitk.render(dtype_out, bias_dtype, epilogue, splits, nchw_pq)
+    return compiler.load(src, splitk.KERNEL_NAME, arch, smem=0, threads=256)

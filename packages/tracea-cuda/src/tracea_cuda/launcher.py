@@ -1,0 +1,181 @@
+"""Fast, capture-safe launches for the plan cache.
+
+A launcher is bound once per call signature (``KernelVariant.bind``): it compiles what it needs *then*,
+and on every call only reads the data pointers, writes them into a prepared parameter block and calls
+``cuLaunchKernel`` on the caller's current stream (torch's for torch tensors, CuPy's otherwise).
+
+CUDA-graph safety (``torch.cuda.graph`` / ``make_graphed_callables`` / CuPy graphs) comes from three rules:
+
+* nothing is compiled or loaded while the launch stream is capturing: a first call of a signature
+  inside a capture raises :class:`CaptureRefused` *before* touching the stream (tracea-torch then lets
+  PyTorch compute that call; run the model once before capturing to get Tracea's kernels);
+* scratch memory (transposes, 3xTF32 splits, split-K / stream-K partials) comes from the framework's
+  stream-ordered allocator on every call (:func:`scratch`), so a capture allocates from the graph's
+  pool and consecutive calls never race;
+* no synchronization and no host reads of device data on the launch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tracea.errors import CaptureError, LaunchError
+
+from . import toolkit
+
+
+#: raised when a launch would need compilation (or another capture-unsafe step) while its stream is
+#: capturing a CUDA graph; refused before anything touched the stream, so the capture stays valid.
+CaptureRefused = CaptureError
+
+
+def stream_getter(adapter: Any, dev: int) -> Callable[[], int]:
+    """A function returning the raw ``cudaStream_t`` the caller's framework issues on, on device ``dev``:
+    torch's current stream for torch tensors (an int, no Stream object: ~0.1 us), CuPy's otherwise."""
+    if getattr(adapter, "name", "") == "torch":
+        import torch  # noqa: PLC0415 - the caller already uses torch
+
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return lambda: raw(dev)
+        return lambda: int(torch.cuda.current_stream(dev).cuda_stream)
+    cp = toolkit.cupy()
+    return lambda: int(cp.cuda.get_current_stream().ptr)
+
+
+def is_capturing(stream_ptr: int) -> bool:
+    """Whether ``stream_ptr`` is capturing a CUDA graph (or its capture was invalidated)."""
+    rt = toolkit.cupy().cuda.runtime
+    query = getattr(rt, "streamIsCapturing", None)
+    if query is not None:
+        try:
+            return int(query(stream_ptr)) != 0
+        except Exception:  # noqa: BLE001 - an unknown stream handle: ask torch below
+            pass
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def capturing_now() -> bool:
+    """Whether the current stream of torch or CuPy is capturing (for code that does not know its stream)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return True
+    cp = toolkit.cupy()
+    return is_capturing(int(cp.cuda.get_current_stream().ptr))
+
+
+def refuse_if_capturing(stream_ptr: int, what: str) -> None:
+    """Raise :class:`CaptureRefused` when ``stream_ptr`` is capturing (call before compiling)."""
+    if is_capturing(stream_ptr):
+        raise CaptureRefused(f"{what}: the first call of this signature happens inside CUDA graph capture, where "
+                             f"kernels cannot be compiled or loaded; run it once before capturing", backend="cuda")
+
+
+def scratch(adapter: Any, like: Any, n: int, zeroed: bool = False) -> Any:
+    """A float32 buffer of ``n`` elements from the framework's stream-ordered allocator on ``like``'s
+    device: torch's caching allocator for torch tensors (graph-aware during capture), CuPy's pool
+    otherwise. Allocated per call and released after the launch: stream order makes reuse safe."""
+    if getattr(adapter, "name", "") == "torch":
+        import torch  # noqa: PLC0415
+
+        make = torch.zeros if zeroed else torch.empty
+        return make(max(n, 1), dtype=torch.float32, device=like.device)
+    cp = toolkit.cupy()
+    make = cp.zeros if zeroed else cp.empty
+    return make(max(n, 1), dtype=np.float32)
+
+
+def to_ctypes(value: Any) -> Any:
+    """A kernel argument as a ctypes value (NumPy scalars from ``kernel_args``, ints, ctypes values)."""
+    if isinstance(value, (ctypes._SimpleCData, ctypes.Structure)):
+        return value
+    if isinstance(value, np.uint64):
+        return ctypes.c_uint64(int(value))
+    if isinstance(value, np.int64):
+        return ctypes.c_int64(int(value))
+    if isinstance(value, np.int32):
+        return ctypes.c_int32(int(value))
+    if isinstance(value, np.float32):
+        return ctypes.c_float(float(value))
+    raise LaunchError(f"cannot pass {type(value).__name__} to a kernel", backend="cuda")
+
+
+class ParamBlock:
+    """A kernel's parameters as ctypes values, the ``void*[]`` pointing at them, and which of them hold
+    which data pointer (found by building the arguments once with distinct sentinel addresses)."""
+
+    def __init__(self, values: Sequence[Any], slots: Sequence[tuple[Any, int]]) -> None:
+        self.holders = [to_ctypes(v) for v in values]
+        self.params = (ctypes.c_void_p * len(self.holders))(
+            *[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in self.holders])
+        self.address = ctypes.addressof(self.params)
+        self.slots = [(self.holders[i], role) for i, role in slots]
+
+    @classmethod
+    def from_args(cls, make_args: Callable[[dict[str, int]], Sequence[Any]], roles: Sequence[str]) -> "ParamBlock":
+        """Build from ``make_args(ptrs)`` (a variant's ``kernel_args``), locating each role's pointer."""
+        sentinels = {role: (0x7E57_0000_0000 + (i + 1) * 0x1000_0000) for i, role in enumerate(roles)}
+        values = list(make_args(dict(sentinels)))
+        back = {v: i for i, v in enumerate(sentinels.values())}
+        slots = []
+        for j, v in enumerate(values):
+            if isinstance(v, (np.uint64, int)) and int(v) in back:
+                slots.append((j, back[int(v)]))
+        if sorted({r for _, r in slots}) != list(range(len(roles))):
+            missing = [roles[i] for i in range(len(roles)) if i not in {r for _, r in slots}]
+            if any(r != "bias" for r in missing):
+                raise LaunchError(f"kernel arguments do not carry pointers {missing}", backend="cuda")
+        return cls(values, slots)
+
+
+class FastLaunch:
+    """One kernel with a fixed grid and parameter block; ``launch(stream, ptrs)`` sets the pointers
+    (by role index) and calls ``cuLaunchKernel``. A lock keeps threads from interleaving the two."""
+
+    def __init__(self, function: Any, grid: tuple[int, int, int], block: int, smem: int, params: ParamBlock) -> None:
+        self.fptr = int(function.ptr)
+        self.grid, self.block, self.smem, self.params = grid, block, smem, params
+        self._lock = threading.Lock()
+        self._launch = toolkit.cupy().cuda.driver.launchKernel
+
+    def __call__(self, stream: int, ptrs: Sequence[int]) -> None:
+        gx, gy, gz = self.grid
+        with self._lock:
+            for holder, role in self.params.slots:
+                holder.value = ptrs[role]
+            try:
+                self._launch(self.fptr, gx, gy, gz, self.block, 1, 1, self.smem, stream, self.params.address, 0)
+            except Exception as exc:  # noqa: BLE001
+                raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
+
+
+def on_device(dev: int) -> Callable[[], Any]:
+    """A context-manager factory making ``dev`` current only when it is not already (the common case
+    costs one ``cudaGetDevice``)."""
+    cp = toolkit.cupy()
+    get = cp.cuda.runtime.getDevice
+
+    class _Same:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    same = _Same()
+    return lambda: same if get() == dev else cp.cuda.Device(dev)
+
+
+def align_key(ptrs: Sequence[int]) -> tuple[int, ...]:
+    """The alignment class of a call's pointers (what the compiled variant depends on)."""
+    return tuple(p & 15 for p in ptrs)
+
+
+__all__ = ["CaptureRefused", "FastLaunch", "ParamBlock", "align_key", "capturing_now", "is_capturing", "on_device",
+           "refuse_if_capturing", "scratch", "stream_getter"]

@@ -1,0 +1,259 @@
+"""The no-regression arbiter: a patched layer never runs slower than PyTorch's own kernel.
+
+On the first call of a new layer signature on a device (on by default; ``TRACEA_ARBITER=0`` turns it off),
+the plan Tracea would run is timed against PyTorch computing the same call, interleaved, a few runs each,
+and the two outputs are compared. The faster one (Tracea only when its output also agrees) serves that
+signature from then on. The verdict is persisted in the tuning cache as an entry of the pseudo-variant
+``torch.arbiter``, fingerprinted like every entry (device, driver and toolkit facts, Tracea, torch and
+cuDNN versions) and tied to the Tracea variant and config it judged: a new Tracea choice (after tuning,
+say) is judged again. Verdicts show in :func:`tracea_torch.fallbacks.report` (PyTorch winning counts as
+a fallback with reason ``arbiter: ...``), ``tracea doctor`` and ``tracea cache ls``.
+
+On CUDA two things are timed, because they decide two different situations: eager calls (back to back
+between two events, nothing queued ahead: host time counts where it exceeds the kernel's) and calls
+captured in CUDA graphs (device time only: the stream is held busy while the calls are queued). Each has
+its own winner, and a call is routed by whether its stream is capturing. On the CPU, the calls themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from tracea.doctor.decision import Decision
+from tracea.semantic.config import PipelineConfig
+
+ENV = "TRACEA_ARBITER"
+NAME = "torch.arbiter"
+#: relative error above which Tracea's output is taken to disagree with PyTorch's (by storage dtype)
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-2, torch.float16: 3e-2, torch.bfloat16: 5e-2}
+ROUNDS = 3
+GPU_TARGET_S = 300e-6  # device time per timed batch
+CPU_TARGET_S = 2e-3
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which side serves a signature: ``winner`` is ``"tracea"`` or ``"torch"``."""
+
+    op: str
+    device: str
+    variant: str
+    config: str
+    winner: str  # who serves eager calls
+    tracea_s: float  # device time per call
+    torch_s: float
+    rel_err: float
+    source: str  # "measured" or "cache"
+    note: str = ""
+    graph_winner: str = ""  # who serves calls captured in CUDA graphs (device time only); "" = winner
+    tracea_eager_s: float = float("nan")  # back-to-back time per call, host included (CUDA)
+    torch_eager_s: float = float("nan")
+
+    @property
+    def captured_winner(self) -> str:
+        return self.graph_winner or self.winner
+
+    @property
+    def reason(self) -> str:
+        """The fallback reason recorded when PyTorch wins."""
+        if self.note:
+            return f"arbiter: {self.note}"
+        if self.tracea_eager_s == self.tracea_eager_s:
+            return (f"arbiter: PyTorch faster (eager {self.torch_eager_s * 1e6:.1f} vs {self.tracea_eager_s * 1e6:.1f} "
+                    f"us, device {self.torch_s * 1e6:.1f} vs {self.tracea_s * 1e6:.1f} us, {self.variant})")
+        return (f"arbiter: PyTorch faster ({self.torch_s * 1e6:.1f} us vs {self.tracea_s * 1e6:.1f} us "
+                f"for {self.variant})")
+
+
+_verdicts: dict[tuple[str, str], Verdict] = {}
+
+
+def enabled() -> bool:
+    """Whether patched layers are arbitrated (``TRACEA_ARBITER`` unset, or not 0/false/off)."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def verdicts() -> list[Verdict]:
+    """Every verdict reached or read in this process."""
+    return list(_verdicts.values())
+
+
+def reset() -> None:
+    """Forget this process's verdict list (persisted verdicts stay in the tuning cache)."""
+    _verdicts.clear()
+
+
+class _Judge:
+    """The pseudo-variant the verdicts are cached under; its fingerprint covers torch and cuDNN."""
+
+    name = NAME
+    backend = "torch"
+
+    @staticmethod
+    def source_hash() -> str:
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return f"torch {torch.__version__} cudnn {cudnn}"
+
+
+def judge(decision: Decision, device: torch.device, run_tracea: Callable[..., torch.Tensor],
+          run_torch: Callable[..., torch.Tensor], args: tuple) -> Verdict:
+    """The verdict for ``decision``'s op on ``device``: from the tuning cache, else measured on ``args``
+    (the first call's tensors) and persisted."""
+    c = decision.chosen
+    op, profile = decision.op, decision.profile
+    cfg_key = c.config.key
+    cached = _from_cache(op, profile, c.variant.name, cfg_key)
+    if cached is not None:
+        v = Verdict(op.describe(), str(device), c.variant.name, cfg_key, cached["winner"], cached["tracea_s"],
+                    cached["torch_s"], cached["rel_err"], "cache", cached.get("note", ""), cached["graph_winner"],
+                    cached["tracea_eager_s"], cached["torch_eager_s"])
+    else:
+        v = _measure(op.describe(), device, c.variant.name, cfg_key, run_tracea, run_torch, args)
+        _to_cache(op, profile, v)
+    _verdicts[(v.op, v.device)] = v
+    return v
+
+
+def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run_tracea: Callable[..., Any],
+             run_torch: Callable[..., Any], args: tuple) -> Verdict:
+    with torch.no_grad():
+        ours, theirs = run_tracea(*args), run_torch(*args)
+        rel = _rel_err(ours, theirs)
+        tol = TOLERANCE.get(theirs.dtype, 5e-2)
+        if not rel <= tol:  # also NaN: Tracea's output is not trusted, PyTorch serves
+            warnings.warn(f"tracea: {op_desc} with {variant}: result differs from PyTorch's (rel. error {rel:.2e}); "
+                          f"PyTorch computes it", RuntimeWarning, stacklevel=4)
+            return Verdict(op_desc, str(device), variant, cfg_key, "torch", float("nan"), float("nan"), rel,
+                           "measured", f"result differed from PyTorch's (rel. error {rel:.1e})")
+        fa, fb = (lambda: run_tracea(*args)), (lambda: run_torch(*args))
+        t_ours, t_theirs = _paired(fa, fb, device, _gpu_batch if device.type == "cuda" else _cpu_batch)
+        if device.type != "cuda":
+            return Verdict(op_desc, str(device), variant, cfg_key, "tracea" if t_ours <= t_theirs else "torch",
+                           t_ours, t_theirs, rel, "measured")
+        e_ours, e_theirs = _paired(fa, fb, device, _gpu_back_to_back)
+    return Verdict(op_desc, str(device), variant, cfg_key, "tracea" if e_ours <= e_theirs else "torch", t_ours,
+                   t_theirs, rel, "measured", graph_winner="tracea" if t_ours <= t_theirs else "torch",
+                   tracea_eager_s=e_ours, torch_eager_s=e_theirs)
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a64, b64 = a.detach().double(), b.detach().double()
+    finite = torch.isfinite(b64)
+    if not torch.equal(finite, torch.isfinite(a64)) or not torch.equal(torch.isnan(a64), torch.isnan(b64)):
+        return float("inf")
+    if not bool(finite.any()):
+        return 0.0
+    diff = torch.where(finite, a64 - b64, torch.zeros_like(a64))
+    ref = torch.where(finite, b64, torch.zeros_like(b64))
+    return float(diff.norm() / ref.norm().clamp_min(1e-300))
+
+
+def _paired(fa: Callable[[], Any], fb: Callable[[], Any], device: torch.device,
+            timer: Callable[[Callable[[], Any], int], float]) -> tuple[float, float]:
+    """Median seconds per call of ``fa`` and ``fb`` by ``timer``, interleaved over :data:`ROUNDS` rounds."""
+    target = GPU_TARGET_S if device.type == "cuda" else CPU_TARGET_S
+    one = max(timer(fa, 1), timer(fb, 1), 1e-7)
+    reps = max(1, min(50, int(target / one)))
+    ta, tb = [], []
+    for r in range(ROUNDS):
+        pair = ((fa, ta), (fb, tb)) if r % 2 == 0 else ((fb, tb), (fa, ta))
+        for f, acc in pair:
+            acc.append(timer(f, reps))
+    return statistics.median(ta), statistics.median(tb)
+
+
+def _gpu_batch(fn: Callable[[], Any], reps: int) -> float:
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(60_000 * reps) + 100_000)  # keep the GPU busy while the calls are queued
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
+def _gpu_back_to_back(fn: Callable[[], Any], reps: int) -> float:
+    """What an eager forward sees: calls back to back between two events, nothing queued ahead (a call
+    whose host time exceeds its device time is timed by its host time)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
+def _cpu_batch(fn: Callable[[], Any], reps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+# ------------------------------------------------------------------------------------------------
+# persistence (the tuning cache; any failure there only means measuring again next time)
+# ------------------------------------------------------------------------------------------------
+
+def _cache() -> Any:
+    try:
+        from tracea.tuning.cache import get_cache
+
+        return get_cache()
+    except Exception:  # noqa: BLE001 - optuna missing or no cache: verdicts live for this process only
+        return None
+
+
+def _from_cache(op: Any, profile: Any, variant: str, cfg_key: str) -> dict[str, Any] | None:
+    cache = _cache()
+    if cache is None:
+        return None
+    try:
+        entry = cache.lookup(op, _Judge(), profile)
+    except Exception:  # noqa: BLE001
+        return None
+    if entry is None:
+        return None
+    p = dict(entry.config.params)
+    if p.get("variant") != variant or p.get("config") != cfg_key or p.get("winner") not in ("tracea", "torch"):
+        return None  # judged another Tracea choice: judge again
+    graph = p.get("graph_winner", "")
+    try:
+        out = {"winner": p["winner"], "tracea_s": float(p["tracea_s"]), "torch_s": float(p["torch_s"]),
+               "rel_err": float(p["rel_err"]), "note": str(p.get("note", "")),
+               "graph_winner": graph if graph in ("tracea", "torch") else "",
+               "tracea_eager_s": float(p.get("tracea_eager_s", "nan")), "torch_eager_s": float(p.get("torch_eager_s", "nan"))}
+    except (KeyError, TypeError, ValueError):
+        return None
+    return out
+
+
+def _to_cache(op: Any, profile: Any, v: Verdict) -> None:
+    cache = _cache()
+    if cache is None:
+        return
+    params = (("variant", v.variant), ("config", v.config), ("winner", v.winner), ("tracea_s", _num(v.tracea_s)),
+              ("torch_s", _num(v.torch_s)), ("rel_err", _num(v.rel_err)), ("note", v.note),
+              ("graph_winner", v.graph_winner), ("tracea_eager_s", _num(v.tracea_eager_s)),
+              ("torch_eager_s", _num(v.torch_eager_s)))
+    best = v.tracea_s if v.winner == "tracea" else v.torch_s
+    try:
+        entry = cache.make_entry(op, _Judge(), profile, PipelineConfig(params=params),
+                                 {"median_s": _num(best) if best == best else 0.0})
+        cache.put(entry, quiet=True)
+    except Exception:  # noqa: BLE001 - an unwritable cache costs a re-measurement next process
+        pass
+
+
+def _num(x: float) -> float:
+    return x if x == x and abs(x) != float("inf") else -1.0

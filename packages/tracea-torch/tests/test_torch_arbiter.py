@@ -1,0 +1,120 @@
+"""The no-regression arbiter (on by default for patched layers): each new layer signature is timed against
+PyTorch, the faster side serves it, wrong results never win, verdicts persist in the tuning cache."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import tracea_torch
+from tracea.runtime import plans
+from tracea.tuning.cache import get_cache
+from tracea_torch import arbiter, fallbacks
+
+pytestmark = [pytest.mark.torch, pytest.mark.arbiter]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    arbiter.reset()
+    plans.invalidate("test")
+    yield
+    arbiter.reset()
+    plans.invalidate("test")
+
+
+def _linear(n: int = 24) -> tuple[nn.Module, torch.Tensor]:
+    lin = nn.Linear(n, n)
+    tracea_torch.patch_linear(lin)
+    return lin, torch.randn(5, n)
+
+
+def test_fast_correct_kernel_wins_and_the_verdict_persists(restricted_backend, rel_err):
+    lin, x = _linear()
+    with torch.no_grad():
+        out = lin(x)
+    ref = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    assert rel_err(out, ref) < 1e-5
+    (v,) = arbiter.verdicts()
+    assert v.source == "measured" and v.variant == "testkit.gemm" and v.tracea_s > 0 and v.torch_s > 0
+    stored = [e for e in get_cache().entries() if e.variant == arbiter.NAME]
+    assert len(stored) == 1 and dict(stored[0].config.params)["winner"] == v.winner
+    # a new process (plans and verdict list gone) reads the verdict instead of measuring again
+    arbiter.reset()
+    plans.invalidate("new process")
+    calls = restricted_backend.gemm.calls
+    with torch.no_grad():
+        lin(x)
+    (v2,) = arbiter.verdicts()
+    assert v2.source == "cache" and v2.winner == v.winner
+    assert restricted_backend.gemm.calls == calls + (1 if v.winner == "tracea" else 0)  # no timing runs
+
+
+def test_slower_kernel_loses_to_pytorch(restricted_backend, monkeypatch, rel_err):
+    run = type(restricted_backend.gemm).run
+
+    def slow(self, *a, **k):  # noqa: ANN001, ANN002, ANN003
+        time.sleep(0.05)  # far slower than F.linear even on a loaded 2-core machine
+        return run(self, *a, **k)
+
+    monkeypatch.setattr(type(restricted_backend.gemm), "run", slow)
+    lin, x = _linear()
+    with torch.no_grad():
+        out = lin(x)
+        calls = restricted_backend.gemm.calls
+        out2 = lin(x)
+    ref = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    assert rel_err(out, ref) < 1e-5 and rel_err(out2, ref) < 1e-5
+    (v,) = arbiter.verdicts()
+    assert v.winner == "torch" and v.torch_s < v.tracea_s
+    assert restricted_backend.gemm.calls == calls  # later calls: PyTorch, not the slow kernel
+    assert fallbacks.total("gemm", "arbiter: PyTorch faster") >= 1
+
+
+def test_wrong_result_never_wins(restricted_backend, monkeypatch, rel_err):
+    run = type(restricted_backend.gemm).run
+
+    def wrong(self, op, config, args, profile):  # noqa: ANN001
+        run(self, op, config, args, profile)
+        args.host("out")[...] *= 1.5
+
+    monkeypatch.setattr(type(restricted_backend.gemm), "run", wrong)
+    lin, x = _linear()
+    with pytest.warns(RuntimeWarning, match="differs from PyTorch"), torch.no_grad():
+        out = lin(x)
+    assert rel_err(out, torch.nn.functional.linear(x, lin.weight, lin.bias)) < 1e-5
+    (v,) = arbiter.verdicts()
+    assert v.winner == "torch" and "differed" in v.reason
+
+
+def test_switched_off_by_environment(restricted_backend, monkeypatch):
+    monkeypatch.setenv("TRACEA_ARBITER", "0")
+    lin, x = _linear()
+    with torch.no_grad():
+        lin(x)
+        lin(x)
+    assert arbiter.verdicts() == [] and restricted_backend.gemm.calls == 2
+    assert not [e for e in get_cache().entries() if e.variant == arbiter.NAME]
+
+
+def test_another_tracea_choice_is_judged_again(restricted_backend):
+    lin, x = _linear()
+    with torch.no_grad():
+        lin(x)
+    entry = next(e for e in get_cache().entries() if e.variant == arbiter.NAME)
+    # pretend the verdict judged another config: the cached verdict no longer applies
+    params = dict(entry.config.params)
+    params["config"] = "some-other-config"
+    from dataclasses import replace
+
+    from tracea.semantic.config import PipelineConfig
+    get_cache().put(replace(entry, config=PipelineConfig(params=tuple(params.items()))), quiet=True)
+    arbiter.reset()
+    plans.invalidate("new process")
+    with torch.no_grad():
+        lin(x)
+    (v,) = arbiter.verdicts()
+    assert v.source == "measured"
