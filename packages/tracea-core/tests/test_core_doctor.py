@@ -12,6 +12,7 @@ from tracea.doctor import Doctor, KernelVariant, Requirements
 from tracea.doctor.cpu_probe import probe_cpu
 from tracea.errors import NoVariantError, UnsupportedDeviceError
 from tracea.plugins import create_plugin_manager, hookimpl
+from tracea.semantic.search_space import SearchSpace
 
 OP = GemmOp(64, 64, 64)
 
@@ -41,6 +42,9 @@ class _Slow(KernelVariant):
 
     def hero_configs(self, op, profile):
         return [PipelineConfig(tile_m=16, warps=1)]
+
+    def search_space(self, op, profile):
+        return SearchSpace().tile_m([16, 64]).warps([1])
 
 
 class _Picky(KernelVariant):
@@ -102,6 +106,16 @@ def test_cache_evidence_beats_estimates(doctor, monkeypatch):
     d = doctor.decide(OP, "cpu")
     assert d.variant.name == "t.slow" and d.chosen.source == "cache" and d.config.tile_m == 64
     assert d.chosen.measured_s == 1e-4
+
+
+def test_cache_entry_outside_heroes_and_space_is_ignored(doctor, monkeypatch):
+    cfg = PipelineConfig(tile_m=64, warps=2)  # warps is not a dimension of t.slow's space
+    _no_cache(monkeypatch, _Cache({"t.slow": _Entry(cfg, 1e-9, "t.slow")}))
+    with pytest.warns(UserWarning, match="neither a hero config nor a point"):
+        d = doctor.decide(OP, "cpu")
+    slow = next(c for c in d.candidates if c.variant.name == "t.slow")
+    assert slow.source == "hero" and slow.measured_s is None and "ignored" in slow.note
+    assert d.variant.name == "t.fast"
 
 
 def test_size_limits_reject(doctor, monkeypatch):

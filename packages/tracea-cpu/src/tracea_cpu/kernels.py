@@ -7,7 +7,7 @@ import ctypes
 import functools
 import os
 
-from tracea.errors import InvalidArgumentError
+from tracea.errors import InvalidArgumentError, UnsupportedConfigError
 from tracea.ir.epilogue import Epilogue
 
 from .emit.attention import attention_source
@@ -76,6 +76,17 @@ def attention_library(isa_name: str, bq: int, bk: int) -> ctypes.CDLL:
     return lib
 
 
+#: largest mc / nc / kc cache block a config may ask for (the spaces offer at most 8192; the C
+#: drivers round blocks up with ``long`` arithmetic, which overflows near 2**63 and then never ends).
+MAX_BLOCK = 1 << 16
+
+
+def max_threads() -> int:
+    """Most threads one call may use: 4 per core, at least 64, at most 1024. OpenMP given a million
+    threads (a damaged config) dies creating them, and every thread gets its own packing buffer."""
+    return min(1024, max(64, 4 * (os.cpu_count() or 1)))
+
+
 def call_params(names: tuple[str, ...], values: dict[str, int]) -> ctypes.Array:
     """The ``long`` parameter block of a ``*_call`` entry point (see :mod:`.emit.calls`), in ``names``
     order; every name must be given."""
@@ -84,8 +95,13 @@ def call_params(names: tuple[str, ...], values: dict[str, int]) -> ctypes.Array:
 
 def thread_count(requested: int, cores: int) -> int:
     """Threads for one call: the config's ``threads`` when positive, else ``$TRACEA_NUM_THREADS``,
-    else every usable core."""
+    else every usable core. A config asking for more than :func:`max_threads` is refused
+    (UnsupportedConfigError); the environment variable is capped at it."""
+    limit = max_threads()
     if requested and requested > 0:
+        if requested > limit:
+            raise UnsupportedConfigError(f"threads={requested} exceeds the limit of {limit} threads per call",
+                                         reason=f"threads > {limit}")
         return int(requested)
     env = os.environ.get("TRACEA_NUM_THREADS")
     if env:
@@ -95,8 +111,8 @@ def thread_count(requested: int, cores: int) -> int:
             raise InvalidArgumentError("TRACEA_NUM_THREADS", env, "a positive integer") from None
         if value <= 0:
             raise InvalidArgumentError("TRACEA_NUM_THREADS", env, "a positive integer")
-        return value
-    return max(1, cores)
+        return min(value, limit)
+    return max(1, min(cores, limit))
 
 
 def check_tile(isa: Isa, mr: int, nr: int) -> str | None:

@@ -63,7 +63,7 @@ class CpuVariant(KernelVariant):
         return super().estimate_seconds(op, profile, config) + 10e-6
 
     def threads(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> int:
-        requested = int(config.get("threads", 0) or 0)
+        requested = _requested_threads(config)
         if requested == 0 and spaces.small_problem(op):
             return 1
         return kernels.thread_count(requested, profile.compute_units)
@@ -126,7 +126,7 @@ class CpuGemmVariant(CpuVariant):
         # The GEMV / axpy drivers are memory-bound: a second thread pays off from ~256 KiB of B
         # (measured M = 1, weights 256 x 256: 41 -> 49 GB/s, 512 x 512: 57 -> 95 GB/s, from one to two
         # threads), far below the flop-based small-problem cut.
-        if _gemv(op) and not int(config.get("threads", 0) or 0):
+        if _gemv(op) and not _requested_threads(config):
             assert isinstance(op, GemmOp)
             if 4 * op.n * op.k * op.batch < GEMV_THREADS_BYTES:
                 return 1
@@ -268,9 +268,9 @@ class CpuAttentionVariant(CpuVariant):
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         bq, bk = config.get("bq"), config.get("bk")
-        if not isinstance(bq, int) or not isinstance(bk, int):
+        if not isinstance(bq, int) or not isinstance(bk, int) or isinstance(bq, bool) or isinstance(bk, bool):
             return Validity(False, "attention configs need integer params bq and bk")
-        why = kernels.check_tile(self.isa, bq, bk)
+        why = kernels.check_tile(self.isa, bq, bk) or _threads_problem(config)
         return Validity(False, why) if why else VALID
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
@@ -332,8 +332,29 @@ def _validate_blocked(isa: Isa, config: PipelineConfig) -> Validity:
     for n, v in zip(names, values):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             return Validity(False, f"param {n}={v!r} must be a positive integer")
-    why = kernels.check_tile(isa, values[0], values[1])
+    for n, v in zip(names[2:], values[2:]):
+        if v > kernels.MAX_BLOCK:
+            return Validity(False, f"param {n}={v} exceeds the largest cache block, {kernels.MAX_BLOCK}")
+    why = kernels.check_tile(isa, values[0], values[1]) or _threads_problem(config)
     return Validity(False, why) if why else VALID
+
+
+def _threads_problem(config: PipelineConfig) -> str | None:
+    """Why the config's ``threads`` param (0 or absent: automatic) cannot be used, or None."""
+    t = config.get("threads", 0)
+    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        return f"param threads={t!r} must be a non-negative integer (0: automatic)"
+    if t > kernels.max_threads():
+        return f"param threads={t} exceeds the limit of {kernels.max_threads()} threads per call"
+    return None
+
+
+def _requested_threads(config: PipelineConfig) -> int:
+    """The config's ``threads`` (0: automatic), or UnsupportedConfigError for a value no kernel may get."""
+    why = _threads_problem(config)
+    if why:
+        raise UnsupportedConfigError(f"config {config.key}: {why}", reason=why)
+    return int(config.get("threads", 0) or 0)
 
 
 def all_variants() -> list[CpuVariant]:

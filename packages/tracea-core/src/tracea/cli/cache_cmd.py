@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import sys
 from typing import Any
 
@@ -79,19 +80,32 @@ def _select(cache: Any, args: argparse.Namespace) -> list[Any]:
 
 def validity(cache: Any, entry: Any) -> str:
     """``current`` when the entry's fingerprint matches this environment, ``stale`` when not, ``?``
-    when its variant or device is not available here."""
+    when its variant or device is not available here, ``invalid`` when it matches but dispatch
+    ignores it (see :mod:`tracea.doctor.cached_config`)."""
+    return entry_status(cache, entry)[0]
+
+
+def entry_status(cache: Any, entry: Any) -> tuple[str, str]:
+    """(:func:`validity`, why it is ``invalid``; empty otherwise)."""
     try:
+        from ..doctor.cached_config import doctor_entry_problem
         from ..doctor.doctor import get_doctor
         from ..ir.device import Device
         from ..ir.ops import op_from_dict
 
-        if cache._variant_obj(entry.variant) is None:
-            return "?"
-        profile = get_doctor().profile_for(Device.parse(entry.device or "cpu"))
-        fp, _ = cache.fingerprint(entry.variant, op_from_dict(dict(entry.op)), profile)
-        return "current" if fp == entry.fingerprint else "stale"
+        variant = cache._variant_obj(entry.variant)
+        if variant is None:
+            return "?", ""
+        doctor = get_doctor()
+        profile = doctor.profile_for(Device.parse(entry.device or "cpu"))
+        op = op_from_dict(dict(entry.op))
+        fp, _ = cache.fingerprint(variant, op, profile)
+        if fp != entry.fingerprint:
+            return "stale", ""
+        why = doctor_entry_problem(doctor, entry, variant, op, profile)
+        return ("invalid", why) if why else ("current", "")
     except Exception:  # noqa: BLE001 - the listing must work without backends or a Doctor
-        return "?"
+        return "?", ""
 
 
 def _describe(entry: Any) -> str:
@@ -100,23 +114,53 @@ def _describe(entry: Any) -> str:
     try:
         return op_from_dict(dict(entry.op)).describe()
     except Exception:  # noqa: BLE001
-        return entry.op_key
+        return str(entry.op_key)
+
+
+def _us(seconds: Any, digits: int = 2) -> str:
+    """Seconds as microseconds, or ``?(value)`` for a value that is not a sensible time."""
+    try:
+        if math.isfinite(seconds) and 0 <= seconds < 1e9:
+            return f"{seconds * 1e6:.{digits}f} us"
+    except TypeError:
+        pass
+    return f"?({seconds!r})"
+
+
+def _when(stamp: Any) -> str:
+    """A UTC date for a POSIX timestamp, or ``?(value)`` for one no calendar holds."""
+    try:
+        return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    except (OverflowError, OSError, ValueError, TypeError):
+        return f"?({stamp!r})"
+
+
+def _clip(text: Any, width: int = 120) -> str:
+    text = str(text)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _row(i: int, cache: Any, e: Any) -> tuple[str, ...]:
+    try:
+        status, _ = entry_status(cache, e)
+        return (str(i), _clip(_describe(e), 60), _clip(e.variant, 40), str(e.goal.value),
+                _clip(f"{e.device} {e.device_name}", 28), _us(e.median_s), str(e.trials), status,
+                _when(e.tuned_at), _clip(e.config.key))
+    except Exception as exc:  # noqa: BLE001 - show the rest of the cache whatever one entry holds
+        return (str(i), _clip(getattr(e, "op_key", "?"), 60), "?", "?", "?", "?", "?",
+                f"unreadable ({type(exc).__name__})", "?", "?")
 
 
 def _ls(cache: Any, args: argparse.Namespace) -> int:
     entries = _select(cache, args)
     if args.json:
-        print(json.dumps([dict(e.to_json(), index=i, key=e.key, status=validity(cache, e))
-                          for i, e in enumerate(entries)], indent=1))
+        print(json.dumps([_json(cache, e, index=i) for i, e in enumerate(entries)], indent=1))
         return 0
     if not entries:
         print(f"no entries in {cache.path}")
         return 0
     rows = [("#", "op", "variant", "goal", "device", "median", "trials", "status", "tuned", "config")]
-    for i, e in enumerate(entries):
-        when = datetime.datetime.fromtimestamp(e.tuned_at, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-        rows.append((str(i), _describe(e), e.variant, e.goal.value, f"{e.device} {e.device_name}"[:28],
-                     f"{e.median_s * 1e6:.2f} us", str(e.trials), validity(cache, e), when, e.config.key))
+    rows += [_row(i, cache, e) for i, e in enumerate(entries)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -124,26 +168,38 @@ def _ls(cache: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _json(cache: Any, e: Any, **extra: Any) -> dict[str, Any]:
+    status, why = entry_status(cache, e)
+    out = dict(e.to_json(), key=e.key, status=status, **extra)
+    if why:
+        out["invalid_reason"] = why
+    return out
+
+
 def _show(cache: Any, args: argparse.Namespace) -> int:
     entries = cache.entries()
-    chosen = [entries[int(args.which)]] if args.which.isdigit() and int(args.which) < len(entries) else \
-        [e for e in entries if args.which in e.key]
+    which = str(args.which)
+    index = int(which) if which.isdecimal() and which.isascii() and len(which) < 10 else None
+    chosen = [entries[index]] if index is not None and index < len(entries) else \
+        [e for e in entries if which in e.key]
     if not chosen:
-        print(f"no entry matches {args.which!r} (see 'tracea cache ls')", file=sys.stderr)
+        print(f"no entry matches {_clip(which)!r} (see 'tracea cache ls')", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps([dict(e.to_json(), key=e.key, status=validity(cache, e)) for e in chosen], indent=1))
+        print(json.dumps([_json(cache, e) for e in chosen], indent=1))
         return 0
     for e in chosen:
+        status, why = entry_status(cache, e)
         print(f"{_describe(e)}  [{e.variant}]")
         print(f"  key          {e.key}")
-        print(f"  status       {validity(cache, e)} (fingerprint {e.fingerprint})")
-        print(f"  goal         {e.goal.name}: score {e.score_s * 1e6:.3f} us")
-        print(f"  median/p90   {e.median_s * 1e6:.3f} us / {e.p90_s * 1e6:.3f} us, cv {e.cv:.3f}, {e.trials} trials")
+        print(f"  status       {status} (fingerprint {e.fingerprint})" + (f": {why}" if why else ""))
+        print(f"  goal         {e.goal.name}: score {_us(e.score_s, 3)}")
+        print(f"  median/p90   {_us(e.median_s, 3)} / {_us(e.p90_s, 3)}, cv {e.cv:.3f}, {e.trials} trials")
         print(f"  config       {e.config.key}")
         print(f"  device       {e.device} {e.device_name}")
-        for k, v in sorted(e.env.items()):
-            print(f"  env.{k:<9} {v}")
+        print(f"  tuned        {_when(e.tuned_at)}")
+        for k, v in sorted(e.env.items(), key=lambda kv: str(kv[0])):
+            print(f"  env.{k:<9} {_clip(v, 200)}")
     return 0
 
 

@@ -105,6 +105,9 @@ def render_text(r: dict[str, Any]) -> str:
                      f"{c['measured_s'] * 1e3:.3f} ms (tuned)" if c["measured_s"] is not None
                      else f"{c['estimate_s'] * 1e3:.3f} ms (estimate)"] for c in d["candidates"]]
             out.append(render(["accepted (ranked)", "source", "config", "time"], rows))
+            for c in d["candidates"]:
+                if c.get("note"):
+                    out.append(f"  {c['variant']}: {c['note']}")
         else:
             out.append(f"  NO VARIANT: {d['error']}")
         if d.get("elsewhere"):

@@ -18,7 +18,8 @@ class Candidate:
 
     ``source`` is ``"forced"`` (caller pinned the config), ``"cache"`` (tuned result), ``"hero"`` (a hero
     config) or ``"space"`` (first valid point of the search space). ``measured_s`` is the tuned median
-    from the cache, when there is one.
+    from the cache, when there is one. ``note`` says why a cache entry for this variant was ignored
+    (see :mod:`tracea.doctor.cached_config`), empty otherwise.
     """
 
     variant: KernelVariant
@@ -26,6 +27,7 @@ class Candidate:
     source: str
     estimate_s: float
     measured_s: float | None = None
+    note: str = ""
 
     @property
     def rank_key(self) -> tuple[int, int, float, int]:
@@ -38,7 +40,8 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"variant": self.variant.name, "backend": self.variant.backend, "config": self.config.key,
-                "source": self.source, "estimate_s": self.estimate_s, "measured_s": self.measured_s}
+                "source": self.source, "estimate_s": self.estimate_s, "measured_s": self.measured_s,
+                "note": self.note}
 
 
 @dataclass
@@ -85,10 +88,12 @@ class Decision:
         why = (f"tuned median {c.measured_s * 1e3:.3f} ms" if c.measured_s is not None
                else f"estimate {c.estimate_s * 1e3:.3f} ms")
         lines.append(f"    because: {why}; ranked first of {len(self.candidates)} accepted")
+        if c.note:
+            lines.append(f"    note: {c.note}")
         for other in self.candidates[1:]:
             t = (f"tuned {other.measured_s * 1e3:.3f} ms" if other.measured_s is not None
                  else f"estimate {other.estimate_s * 1e3:.3f} ms")
-            lines.append(f"  also accepted: {other.variant.name} ({t})")
+            lines.append(f"  also accepted: {other.variant.name} ({t})" + (f"; note: {other.note}" if other.note else ""))
         for r in self.rejected:
             lines.append(f"  rejected: {r.variant}: {'; '.join(r.reasons)}")
         if self.elsewhere:

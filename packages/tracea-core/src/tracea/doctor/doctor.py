@@ -20,6 +20,7 @@ from ..runtime import plans
 from ..runtime.arrays import ArrayAdapter, builtin_adapters
 from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
+from .cached_config import doctor_entry_problem, warn_ignored
 from .decision import Candidate, Decision, Rejection
 from .profile import DeviceProfile
 from .registry import VariantRegistry
@@ -265,14 +266,19 @@ class Doctor:
                 entry = cache.lookup(op, v.name, profile)
             except Exception:  # noqa: BLE001 - a cache problem never blocks dispatch
                 entry = None
-        if entry is not None and v.validate_config(op, entry.config, profile):
-            return Candidate(v, entry.config, "cache", self._estimate(v, op, profile, entry.config),
-                             measured_s=float(entry.median_s))
+        note = ""
+        if entry is not None:  # cached configs are data from outside: run only what the tuner could produce
+            why = doctor_entry_problem(self, entry, v, op, profile)
+            if why is None:
+                return Candidate(v, entry.config, "cache", self._estimate(v, op, profile, entry.config),
+                                 measured_s=float(entry.median_s))
+            warn_ignored(entry, why)
+            note = f"tuning-cache entry ignored: {why}"
         found = self.default_config(v, op, profile)
         if isinstance(found, str):
-            return found
+            return found + (f" ({note})" if note else "")
         cfg, source = found
-        return Candidate(v, cfg, source, self._estimate(v, op, profile, cfg))
+        return Candidate(v, cfg, source, self._estimate(v, op, profile, cfg), note=note)
 
     @staticmethod
     def _estimate(v: KernelVariant, op: Op, profile: DeviceProfile, cfg: PipelineConfig) -> float:

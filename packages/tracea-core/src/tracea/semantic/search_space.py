@@ -115,11 +115,23 @@ class SearchSpace:
         return None
 
     def contains(self, config: PipelineConfig) -> bool:
-        """True when every dimension's value of ``config`` is one of the candidates and constraints hold."""
+        """True when ``config`` is a point of this space: each dimension's value is one of its
+        candidates (equal *and* of the same type, so ``1``, ``1.0`` and ``True`` differ), ``config``
+        has no parameters beyond the dimensions, core fields that are not dimensions have their
+        default (as :meth:`make` gives them), and the constraints hold. Never raises."""
+        if not isinstance(config, PipelineConfig):
+            return False
+        assignment: dict[str, Any] = {}
         for name, vals in self.dims:
-            if config.get(name) not in vals:
+            value = config.get(name)
+            if not any(type(c) is type(value) and c == value for c in vals):
                 return False
-        return self.rejection(config) is None
+            assignment[name] = value
+        try:
+            point = self.make(assignment)
+            return point == config and point.key == config.key and self.rejection(config) is None
+        except Exception:  # noqa: BLE001 - a constraint failing on an odd config: not a member
+            return False
 
     def __iter__(self) -> Iterator[PipelineConfig]:
         """Every config satisfying the constraints, in lexicographic order of the dimensions."""

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..doctor.cached_config import config_problem, entry_problem, warn_ignored
 from ..doctor.profile import DeviceProfile
 from ..errors import NoVariantError, TraceaError, UnsupportedConfigError
 from ..ir.device import Device
@@ -206,6 +207,8 @@ class AutoTuner:
         for v, prof in pairs:
             cache = self.cache
             hit = None if (force or cache is None) else cache.lookup(op, v, prof, goal_)
+            if hit is not None and self._ignored(hit, op, v, prof):
+                hit = None  # an entry dispatch would not run is retuned, not reported as the answer
             if hit is not None:
                 results[v.name] = VariantResult(v.name, hit.config, hit.score_s, hit.median_s, [], True, hit)
                 continue
@@ -272,14 +275,27 @@ class AutoTuner:
             out.extend(r if isinstance(r, (list, tuple)) else [r] if r else [])
         return out
 
+    def cache_entry_problem(self, entry: CacheEntry, op: Op, variant: Any, profile: DeviceProfile) -> str | None:
+        """Why the tuner must not use ``entry`` (a result, a seed) for ``op``: the rule dispatch
+        applies to cached configs (:mod:`tracea.doctor.cached_config`); warns once per entry."""
+        why = entry_problem(entry, variant, op, profile, space=lambda: self._space(op, variant, profile),
+                            heroes=lambda: self._heroes(op, variant, profile))
+        if why is not None:
+            warn_ignored(entry, why)
+        return why
+
+    def _ignored(self, entry: CacheEntry, op: Op, variant: Any, profile: DeviceProfile) -> bool:
+        return self.cache_entry_problem(entry, op, variant, profile) is not None
+
     def _tune_variant(self, op: Op, variant: Any, profile: DeviceProfile, goal: OptimizationGoal, trials: int,
                       measurer: Measurer, seeds: Sequence[PipelineConfig], deadline: float | None,
                       start_number: int) -> VariantResult:
         space = self._space(op, variant, profile)
         cache = self.cache
         seed_list: list[tuple[PipelineConfig, str]] = []
-        if cache is not None:
-            seed_list += [(e.config, "cache") for e in cache.stale(op, variant)]
+        if cache is not None:  # old entries, as long as they pass the rule dispatch applies
+            seed_list += [(e.config, "cache") for e in cache.stale(op, variant)
+                          if not self._ignored(e, op, variant, profile)]
         seed_list += [(c, "hero") for c in self._heroes(op, variant, profile)]
         seed_list += [(c, "similar") for c in seeds]
 
@@ -301,9 +317,17 @@ class AutoTuner:
             return VariantResult(variant.name, None, math.inf, math.inf, records)
         best = min(ok, key=lambda r: r.score_s)
         entry = None
+        # Dispatch runs only hero configs and points of the space (tracea.doctor.cached_config): a
+        # caller's seed outside them may win the search, but the cache keeps the best config that
+        # dispatch accepts.
+        keep = None
         if cache is not None:
-            stats = dict(best.stats, score_s=best.score_s)
-            entry = cache.make_entry(op, variant, profile, best.config, stats, goal=goal,
+            heroes = self._heroes(op, variant, profile)
+            keep = next((r for r in sorted(ok, key=lambda r: r.score_s)
+                         if config_problem(variant, op, profile, r.config, space=space, heroes=heroes) is None), None)
+        if cache is not None and keep is not None:
+            stats = dict(keep.stats, score_s=keep.score_s)
+            entry = cache.make_entry(op, variant, profile, keep.config, stats, goal=goal,
                                      trials=sum(1 for r in records if r.status != "invalid"))
             cache.put(entry)
         return VariantResult(variant.name, best.config, best.score_s, best.median_s, records, False, entry)

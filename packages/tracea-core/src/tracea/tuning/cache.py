@@ -27,6 +27,7 @@ from ..runtime import plans
 from ..semantic.config import PipelineConfig
 from . import cache_file, fingerprint as fp
 from .cache_file import TuningCacheWarning
+from .cache_schema import entry_key, entry_problem
 from .filelock import FileLock
 from .goals import OptimizationGoal
 
@@ -84,10 +85,6 @@ class CacheEntry:
                    tuned_at=float(d.get("tuned_at", 0.0)), tracea_version=str(d.get("tracea_version", "")))
 
 
-def entry_key(op_key: str, variant: str, fingerprint: str, goal: OptimizationGoal) -> str:
-    return f"{op_key}|{variant}|{fingerprint}|{goal.value}"
-
-
 def default_path() -> str:
     """Where the default cache lives, from the environment (see the module docstring).
 
@@ -125,6 +122,7 @@ class TuningCache:
         self._fp_fast: dict[tuple[str, int], tuple[DeviceProfile, tuple[str, dict[str, Any]] | None]] = {}
         self._variants: dict[str, Any] | None = None
         self._generation = 0
+        self._unsaved: dict[str, dict[str, Any]] = {}  # entries a failed write kept in memory only
         self._quiet = False
 
     @property
@@ -193,7 +191,14 @@ class TuningCache:
             state = cache_file.file_state(self.path)
             if self._loaded and state == self._state:
                 return
-            raw, _ = cache_file.read_entries(self.path)
+            try:
+                raw = cache_file.load(self.path).entries
+            except Exception as exc:  # noqa: BLE001 - a cache problem never blocks dispatch
+                cache_file.warn_once(f"load:{self.path}:{type(exc).__name__}",
+                                     f"tuning cache {self.path} could not be read ({type(exc).__name__}: "
+                                     f"{exc}); continuing without it")
+                raw = {}
+            raw.update(self._unsaved)
             self._install(raw, cache_file.file_state(self.path))
 
     def _install(self, raw: dict[str, dict[str, Any]], state: tuple[int, int, int] | None) -> None:
@@ -201,7 +206,7 @@ class TuningCache:
         for key, d in raw.items():
             try:
                 entries[key] = CacheEntry.from_json(d)
-            except Exception:  # noqa: BLE001 - already validated structurally; skip odd values
+            except Exception:  # noqa: BLE001 - validated by cache_schema already; never fatal
                 continue
         by: dict[tuple[str, str], list[CacheEntry]] = {}
         for e in entries.values():
@@ -293,13 +298,25 @@ class TuningCache:
     def put(self, *entries: CacheEntry, quiet: bool = False) -> bool:
         """Record entries (replacing same-key ones) and persist them atomically; True when written.
 
-        An unwritable location warns and keeps the entries in memory for this process. ``quiet``: the
+        An entry that would not survive reading back (a non-finite or negative time, an oversized
+        field: see :func:`tracea.tuning.cache_schema.entry_problem`) is not recorded and warns. An
+        unwritable location warns and keeps the entries in memory for this process. ``quiet``: the
         entries change no dispatch decision (the torch arbiter's verdicts), so this process's call plans
         are kept.
         """
+        good: dict[str, dict[str, Any]] = {}
+        for e in entries:
+            d = e.to_json()
+            why = entry_problem(e.key, d)
+            if why is None:
+                good[e.key] = d
+            else:
+                cache_file.warn(f"not recording the tuning-cache entry {e.key[:120]} in {self.path}: {why}")
+        if not good:
+            return False
         self._quiet = quiet
         try:
-            return self._update(lambda raw: raw.update({e.key: e.to_json() for e in entries}))
+            return self._update(lambda raw: raw.update(good))
         finally:
             self._quiet = False
 
@@ -334,10 +351,16 @@ class TuningCache:
         """Merge the entries of another cache file (its own fingerprints are kept, so they only hit
         where the environment matches). Existing entries win unless ``replace``; returns how many
         entries were added or replaced."""
-        raw, corrupt = cache_file.read_entries(os.path.abspath(path), handle_corrupt=False)
-        if corrupt and not raw:
-            from ..errors import CacheError
-            raise CacheError(f"{path} is not a readable Tracea tuning cache")
+        from ..errors import CacheError
+
+        loaded = cache_file.load(os.path.abspath(path), handle_corrupt=False)
+        if loaded.state == cache_file.MISSING:
+            raise CacheError(f"{path} does not exist")
+        if loaded.state in (cache_file.CORRUPT, cache_file.UNUSABLE):
+            raise CacheError(f"{path} is not a readable Tracea tuning cache ({loaded.why})")
+        if loaded.state == cache_file.DAMAGED:
+            cache_file.warn(f"importing {path} without its bad parts: {loaded.why}")
+        raw = loaded.entries
         added: list[str] = []
 
         def edit(cur: dict[str, dict[str, Any]]) -> None:
@@ -353,12 +376,17 @@ class TuningCache:
         with self._lock:
             try:
                 with FileLock(self.path + ".lock"):
-                    raw, corrupt = cache_file.read_entries(self.path)
-                    if corrupt:  # keep what this process still knows from before the damage
-                        for key, e in self._entries.items():
+                    loaded = cache_file.load(self.path, locked=True)
+                    if not loaded.writable:  # a directory, FIFO, unreadable file ...: not ours to replace
+                        raise OSError(f"{loaded.why}; it is left alone")
+                    raw = loaded.entries
+                    if loaded.state in (cache_file.CORRUPT, cache_file.DAMAGED):
+                        for key, e in self._entries.items():  # keep what this process knew before the damage
                             raw.setdefault(key, e.to_json())
+                    raw.update(self._unsaved)
                     edit(raw)
                     cache_file.write_entries(self.path, raw)
+                    self._unsaved.clear()
                     self._install(raw, cache_file.file_state(self.path))
                     self._checked_at = time.monotonic()
                 return True
@@ -368,7 +396,11 @@ class TuningCache:
             except Exception as exc:  # noqa: BLE001 - CacheError from a lock timeout
                 cache_file.warn(f"could not update the tuning cache {self.path}: {exc}")
             raw = {k: e.to_json() for k, e in self._entries.items()}
+            before = dict(raw)
             edit(raw)
+            for key in set(before) - set(raw):
+                self._unsaved.pop(key, None)
+            self._unsaved.update({k: d for k, d in raw.items() if before.get(k) is not d})
             self._install(raw, self._state)
             return False
 

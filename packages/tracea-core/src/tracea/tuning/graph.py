@@ -175,17 +175,30 @@ def _estimate(tuner: AutoTuner, op: Op, device: Any) -> float:
     return min(ests) if ests else float(op.flops) * 1e-12
 
 
+def _usable_entry(tuner: AutoTuner, entry: Any, op: Op) -> bool:
+    """Whether a cache entry's config passes the cached-config rule for the op it was tuned for (a
+    damaged or hand-edited entry must not reach a kernel as a seed)."""
+    try:
+        variant = tuner.doctor.registry.get(entry.variant)
+        if variant is None:
+            return False
+        profile = tuner.profile_for(entry.device or None)
+        return tuner.cache_entry_problem(entry, op, variant, profile) is None
+    except Exception:  # noqa: BLE001 - an unknown device or a broken hook: not a seed
+        return False
+
+
 def _similar_seeds(tuner: AutoTuner, op: Op,
                    done: Iterable[GraphNodeReport]) -> tuple[dict[str, list[PipelineConfig]], list[str]]:
     """Best configs per variant of the nearest already-tuned ops (this run, then the cache)."""
-    found: list[tuple[float, str, str, PipelineConfig]] = []
+    found: list[tuple[float, str, str, PipelineConfig, Any]] = []
     for d in done:
         if d.result is None:
             continue
         dist = shape_distance(op, d.op)
         for name, vr in d.result.variants.items():
             if vr.config is not None and math.isfinite(dist):
-                found.append((dist, d.op.key, name, vr.config))
+                found.append((dist, d.op.key, name, vr.config, None))
     cache = tuner.cache
     if cache is not None:
         from ..ir.ops import op_from_dict
@@ -199,13 +212,15 @@ def _similar_seeds(tuner: AutoTuner, op: Op,
                 continue
             dist = shape_distance(op, other)
             if math.isfinite(dist):
-                found.append((dist, entry.op_key, entry.variant, entry.config))
+                found.append((dist, entry.op_key, entry.variant, entry.config, (entry, other)))
     found.sort(key=lambda t: t[0])
     seeds: dict[str, list[PipelineConfig]] = {}
     sources: list[str] = []
-    for _, key, variant, config in found:
+    for _, key, variant, config, cached in found:
         lst = seeds.setdefault(variant, [])
         if len(lst) < SIMILAR_SEEDS and all(c.key != config.key for c in lst):
+            if cached is not None and not _usable_entry(tuner, *cached):
+                continue
             lst.append(config)
             if key not in sources:
                 sources.append(key)

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DType, Fp32Precision
-from .ir.epilogue import Epilogue, EpilogueKind
-from .ir.ops import AttentionOp, Conv2dOp, GemmOp, Op
-from .reference import reference
+from ..dtypes import DType, Fp32Precision
+from ..ir.epilogue import Epilogue, EpilogueKind
+from ..ir.ops import AttentionOp, Conv2dOp, GemmOp, Op
+from ..reference import reference
 
 
 def tolerance(dtype: DType, precision: Fp32Precision = Fp32Precision.HIGHEST) -> float:
@@ -34,7 +34,7 @@ def tolerance(dtype: DType, precision: Fp32Precision = Fp32Precision.HIGHEST) ->
 def rel_err(out: Any, ref: np.ndarray) -> float:
     """``||out - ref|| / ||ref||`` in float64; NaN anywhere (or a size mismatch) gives ``inf``. The same
     measure the tuner applies (:func:`tracea.tuning.inputs.relative_error`)."""
-    from .tuning.inputs import relative_error
+    from ..tuning.inputs import relative_error
 
     return relative_error(out, ref)
 
@@ -92,10 +92,10 @@ def random_inputs(op: Op, rng: np.random.Generator) -> dict[str, np.ndarray]:
 def run_variant_on_host(variant: Any, op: Op, inputs: dict[str, np.ndarray], config: Any = None,
                         profile: Any = None) -> np.ndarray:
     """Run one variant directly (no dispatch) on host inputs with a NaN-poisoned output; returns it."""
-    from .doctor.doctor import get_doctor
-    from .doctor.variant import OpArgs
-    from .runtime.arrays import NumpyAdapter
-    from .runtime.dispatch import prepare_and_run
+    from ..doctor.doctor import get_doctor
+    from ..doctor.variant import OpArgs
+    from ..runtime.arrays import NumpyAdapter
+    from ..runtime.dispatch import prepare_and_run
 
     doctor = get_doctor()
     profile = profile or doctor.profile_for("cpu")
