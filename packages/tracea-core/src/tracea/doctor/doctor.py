@@ -194,7 +194,7 @@ class Doctor:
         device = Device.parse(device)
         forced = variant or self._env_variant(op)
         cache = _tuning_cache() if use_cache else None
-        memo_key = (op, device, forced, config, id(cache), getattr(cache, "generation", 0))
+        memo_key = (op, device, forced, config, cache, _generation(cache))
         with self._lock:
             hit = self._decisions.get(memo_key)
         if hit is not None:
@@ -317,6 +317,14 @@ class Doctor:
 
 
 _get_cache: Any = None
+
+
+def _generation(cache: Any) -> int:
+    """The cache's generation (re-reading a changed file); 0 when it cannot be read."""
+    try:
+        return int(getattr(cache, "generation", 0))
+    except Exception:  # noqa: BLE001 - an unreadable cache must not stop dispatch
+        return 0
 
 
 def _tuning_cache() -> Any:

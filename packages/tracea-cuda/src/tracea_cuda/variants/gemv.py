@@ -14,7 +14,7 @@ from tracea.semantic.search_space import SearchSpace
 from tracea.errors import UnsupportedConfigError
 
 from .. import compiler, toolkit
-from ..emit.gemv import KERNEL_NAME, MAX_ROWS, WARPS, GemvSpec, render
+from ..emit.gemv import KERNEL_NAME, WARPS, GemvSpec, render
 from .base import FLOAT_IO, CudaVariant, aligned, u64
 
 #: rows served: from 8 rows on, the per-row reads of A outweigh the weight stream (measured on an H100:
