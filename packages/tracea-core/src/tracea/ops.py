@@ -17,7 +17,7 @@ from typing import Any
 
 from .runtime import plan_ops
 from .runtime.dispatch import Quarantined
-from .runtime.plans import Uncacheable, lookup, signature, state
+from .runtime.plans import _SIGS, Uncacheable, lookup, signature, state
 from .semantic.config import PipelineConfig
 
 
@@ -37,8 +37,12 @@ def matmul(a: Any, b: Any, *, bias: Any = None, epilogue: Any = None, activation
     :returns: the result, of the inputs' array kind.
     """
     try:
-        key: Any = ("matmul", signature(a), signature(b), signature(bias), signature(out), epilogue, activation,
-                    out_dtype, fp32_precision, variant, config, state(a))
+        try:  # the signatures without a frame each in the common case (see plans.signature)
+            sa, sb, sc, so = _SIGS[type(a)](a), _SIGS[type(b)](b), _SIGS[type(bias)](bias), _SIGS[type(out)](out)
+        except KeyError:
+            sa, sb, sc, so = signature(a), signature(b), signature(bias), signature(out)
+        key: Any = ("matmul", sa, sb, sc, so, epilogue, activation, out_dtype, fp32_precision, variant, config,
+                    state(a))
         plan = lookup(key)
     except (Uncacheable, TypeError):  # an array kind without a signature, an unhashable argument
         key = plan = None

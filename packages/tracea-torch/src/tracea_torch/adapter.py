@@ -76,6 +76,15 @@ def tracea_dtype(torch_dtype_: Any) -> DType:
     return found
 
 
+def _matmul_precision() -> str:
+    """``torch.get_float32_matmul_precision()`` (bound on first use: this runs on every call's key)."""
+    global _matmul_precision
+    import torch
+
+    _matmul_precision = torch.get_float32_matmul_precision  # type: ignore[assignment]
+    return _matmul_precision()
+
+
 def _span(t: Any) -> tuple[int, int]:
     """[first byte, last byte + 1) of the memory a tensor view can touch."""
     start = t.data_ptr()
@@ -142,9 +151,7 @@ class TorchAdapter(ArrayAdapter):
 
     def fp32_precision(self) -> Any:
         """torch's ``get_float32_matmul_precision()`` (``"highest"``, ``"high"`` = TF32, ``"medium"``)."""
-        import torch
-
-        return torch.get_float32_matmul_precision()
+        return _matmul_precision()
 
     def to_numpy(self, obj: Any) -> np.ndarray:
         """A zero-copy NumPy view of a CPU tensor (writes through to the tensor)."""

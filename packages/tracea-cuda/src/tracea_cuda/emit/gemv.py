@@ -62,12 +62,12 @@ def _vec_load(dtype: DType, vec: int) -> str:
                 f"{{ out[0] = {load_expr(dtype, '__ldg(p)')}; }}\n")
     if dtype.storage is DType.F32:
         return ("static __device__ __forceinline__ void load_vec(const float* p, float* out) {\n"
-                "    float4 v; asm volatile(\"ld.global.nc.L1::no_allocate.v4.f32 {%0,%1,%2,%3}, [%4];\"\n"
+                "    float4 v; asm(\"ld.global.nc.L1::no_allocate.v4.f32 {%0,%1,%2,%3}, [%4];\"\n"
                 "        : \"=f\"(v.x), \"=f\"(v.y), \"=f\"(v.z), \"=f\"(v.w) : \"l\"(p));\n"
                 "    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;\n}\n")
     cvt = "bf16_to_f32" if dtype.storage is DType.BF16 else "f16_to_f32"
     return ("static __device__ __forceinline__ void load_vec(const u16* p, float* out) {\n"
-            "    u32 r[4]; asm volatile(\"ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\"\n"
+            "    u32 r[4]; asm(\"ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\"\n"
             "        : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"l\"(p));\n"
             "    #pragma unroll\n"
             "    for (int i = 0; i < 4; ++i) {\n"
@@ -103,6 +103,7 @@ def render(spec: GemvSpec) -> str:
 #define NPW {spec.npw}
 #define VEC {spec.vec}
 #define WARPS {WARPS}
+#define UNR {max(1, 4 // spec.npw)}
 {epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
 {_vec_load(spec.dtype_in, spec.vec)}
 {_a_load(spec.dtype_in, spec.vec)}
@@ -120,20 +121,37 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) {KERNEL_NAME}(
     const {tin}* brow[NPW];
     #pragma unroll
     for (int j = 0; j < NPW; ++j) brow[j] = B + (n0 + j < N ? n0 + j : n0) * (long long)K;
-    #pragma unroll 2
-    for (int k = lane * VEC; k < K; k += 32 * VEC) {{
-        float b[NPW][VEC];
+    // UNR vectors of each B row are loaded before any is used: UNR * NPW independent 16-byte loads in
+    // flight per lane (the stream is latency-bound otherwise).
+    for (int k0 = lane * VEC; k0 < K; k0 += 32 * VEC * UNR) {{
+        float b[UNR][NPW][VEC];
         #pragma unroll
-        for (int j = 0; j < NPW; ++j) load_vec(brow[j] + k, b[j]);
-        #pragma unroll
-        for (int m = 0; m < MR; ++m) {{
-            if (m < M) {{
-                float a[VEC];
-                load_a(A + (long long)m * K + k, a);
-                #pragma unroll
-                for (int j = 0; j < NPW; ++j)
+        for (int u = 0; u < UNR; ++u) {{
+            const int k = k0 + u * 32 * VEC;
+            #pragma unroll
+            for (int j = 0; j < NPW; ++j) {{
+                if (k < K) load_vec(brow[j] + k, b[u][j]);
+                else {{
                     #pragma unroll
-                    for (int v = 0; v < VEC; ++v) acc[m][j] = fmaf(a[v], b[j][v], acc[m][j]);
+                    for (int v = 0; v < VEC; ++v) b[u][j][v] = 0.0f;
+                }}
+            }}
+        }}
+        #pragma unroll
+        for (int u = 0; u < UNR; ++u) {{
+            const int k = k0 + u * 32 * VEC;
+            if (k < K) {{
+                #pragma unroll
+                for (int m = 0; m < MR; ++m) {{
+                    if (m < M) {{
+                        float a[VEC];
+                        load_a(A + (long long)m * K + k, a);
+                        #pragma unroll
+                        for (int j = 0; j < NPW; ++j)
+                            #pragma unroll
+                            for (int v = 0; v < VEC; ++v) acc[m][j] = fmaf(a[v], b[u][j][v], acc[m][j]);
+                    }}
+                }}
             }}
         }}
     }}
