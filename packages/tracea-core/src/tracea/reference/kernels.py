@@ -23,7 +23,15 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 def apply_epilogue(acc: np.ndarray, epilogue: Epilogue, bias: np.ndarray | None, axis: int = -1) -> np.ndarray:
-    """Apply ``epilogue`` to a float64 accumulator; the bias broadcasts along ``axis``."""
+    """Apply ``epilogue`` to a float64 accumulator; the bias broadcasts along ``axis``.
+
+    NaN and Inf propagate by IEEE arithmetic, as in PyTorch: relu(NaN) = NaN, relu(-inf) = 0,
+    gelu(+inf) = silu(+inf) = +inf, gelu(-inf) = silu(-inf) = NaN (-inf * 0, -inf / inf)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _apply_steps(acc, epilogue, bias, axis)
+
+
+def _apply_steps(acc: np.ndarray, epilogue: Epilogue, bias: np.ndarray | None, axis: int) -> np.ndarray:
     y = acc
     for step in epilogue:
         if step is EpilogueKind.BIAS:
@@ -33,7 +41,7 @@ def apply_epilogue(acc: np.ndarray, epilogue: Epilogue, bias: np.ndarray | None,
             shape[axis] = -1
             y = y + np.asarray(bias, dtype=np.float64).reshape(shape)
         elif step is EpilogueKind.RELU:
-            y = np.maximum(y, 0.0)
+            y = np.maximum(y, 0.0)  # NaN-propagating, like torch.relu
         elif step is EpilogueKind.GELU_TANH:
             y = 0.5 * y * (1.0 + np.tanh(_SQRT_2_OVER_PI * (y + 0.044715 * y**3)))
         elif step is EpilogueKind.GELU_ERF:
