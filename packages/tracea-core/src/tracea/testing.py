@@ -148,8 +148,9 @@ def inject_nonfinite(rng: np.random.Generator, arr: Any, count: int = 1,
 
 
 def nonfinite_mismatch(out: Any, ref: Any, atol: float = 1e-4) -> str | None:
-    """None when ``out`` has NaN, +Inf and -Inf exactly where ``ref`` has them and the finite values
-    agree to ``atol * max(1, max |finite ref|)``; otherwise a description of where they differ."""
+    """None when ``out`` has NaN, +Inf and -Inf exactly where ``ref`` has them and every finite value
+    agrees to ``atol * max(1, |ref|)`` (relative, absolute below 1); otherwise a description of where
+    they differ."""
     o = np.asarray(out, dtype=np.float64)
     r = np.asarray(ref, dtype=np.float64).reshape(o.shape)
     for name, test in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
@@ -160,8 +161,9 @@ def nonfinite_mismatch(out: Any, ref: Any, atol: float = 1e-4) -> str | None:
                     + ", ".join(f"{w}: got {o[w]!r}, expected {r[w]!r}" for w in where))
     finite = np.isfinite(r)
     if finite.any():
-        scale = max(1.0, float(np.abs(r[finite]).max()))
-        err = float(np.abs(o[finite] - r[finite]).max())
-        if err > atol * scale:
-            return f"finite values differ by {err:.3e} (> {atol:.1e} x {scale:.3g})"
+        err = np.abs(o[finite] - r[finite]) / np.maximum(1.0, np.abs(r[finite]))
+        worst = int(np.argmax(err))
+        if err[worst] > atol:
+            at = tuple(int(i) for i in np.argwhere(finite)[worst])
+            return f"finite values differ by {err[worst]:.3e} (> {atol:.1e}) at {at}: got {o[at]!r}, expected {r[at]!r}"
     return None
