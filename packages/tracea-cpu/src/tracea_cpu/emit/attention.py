@@ -108,14 +108,15 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
                         long jj = jb * BK + j;
                         kt[(jb * D + d) * BK + j] = jj < Skv ? ks[jj * D + d] : 0.0f;
                     }
-            long bad = -1;
             for (long j = 0; j < Skp; j++)
-                for (long d = 0; d < Dp; d++) {
-                    float x = (j < Skv && d < D) ? vs[j * D + d] : 0.0f;
-                    vp[j * Dp + d] = x;
-                    if (!(x - x == 0.0f)) bad = j;  /* NaN or +-Inf */
-                }
-            vbad[bh] = (float)bad;
+                for (long d = 0; d < Dp; d++) vp[j * Dp + d] = (j < Skv && d < D) ? vs[j * D + d] : 0.0f;
+            long bad = Skv - 1;  /* causal only: the last key whose v row has a NaN or Inf */
+            for (; causal && bad >= 0; bad--) {
+                V t = VZERO();
+                for (long d = 0; d < Dp; d += VW) t = VFMA(VLOAD(vp + bad * Dp + d), VZERO(), t);
+                if (VANYNAN(t)) break;
+            }
+            vbad[bh] = causal ? (float)bad : -1.0f;
         }
         float *qt = tws + (size_t)tid * per_thread, *s = qt + D * BQ, *o = s + BQ * BK;
         float *m = o + BQ * Dp, *mnew = m + BQP, *mref = mnew + BQP, *alpha = mref + BQP, *lv = alpha + BQP;
