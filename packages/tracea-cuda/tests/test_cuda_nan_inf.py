@@ -31,6 +31,8 @@ GEMMS = [("cuda.gemm.mma_f16", "float16", "highest", False, NONFINITE),
          ("cuda.gemm.mma_f16", "bfloat16", "highest", False, NONFINITE),
          ("cuda.gemm.mma_tf32", "float32", "high", False, NONFINITE),
          ("cuda.gemm.mma_3xtf32", "float32", "highest", False, NAN_ONLY),
+         ("cuda.gemm.gemv", "float16", "highest", False, NONFINITE),
+         ("cuda.gemm.gemv", "float32", "highest", False, NONFINITE),
          ("cuda.gemm.wgmma", "float16", "highest", True, NONFINITE),
          ("cuda.gemm.wgmma", "bfloat16", "highest", True, NONFINITE),
          ("cuda.gemm.wgmma_tf32", "float32", "high", True, NONFINITE),
@@ -74,7 +76,8 @@ def test_gemm_random_nonfinite(name, dt, prec, hopper, values):
     variant = VARIANTS[name]
     rng = np.random.default_rng(len(name) + len(dt))
     for trial, epi in enumerate(EPILOGUES):
-        op = GemmOp(136, 264, 72, trans_b=bool(trial % 2), dtype_a=dt, dtype_b=dt, fp32_precision=prec, epilogue=epi)
+        m, tb = (3 + trial, True) if name.endswith("gemv") else (136, bool(trial % 2))  # GEMV: few rows, (N, K) B
+        op = GemmOp(m, 264, 72, trans_b=tb, dtype_a=dt, dtype_b=dt, fp32_precision=prec, epilogue=epi)
         assert not variant.check(op, profile), variant.check(op, profile)
         for config in _configs(variant, op, profile):
             t = T.gemm_inputs(op, seed=trial)
@@ -99,22 +102,25 @@ def test_activation_of_special_values(name, dt, prec, hopper, values, out):
     profile = _profile(hopper)
     variant = VARIANTS[name]
     vals = torch.tensor(SPECIAL, device="cuda")
+    gemv = name.endswith("gemv")  # few rows: the special values go along N (B stored (N, K)) instead
     for epi in ["relu", "bias+relu", "gelu", "gelu_erf", "bias+silu"]:
-        op = GemmOp(len(SPECIAL), 64, 8, dtype_a=dt, dtype_b=dt, dtype_out=out, fp32_precision=prec, epilogue=epi)
+        m, n = (4, len(SPECIAL)) if gemv else (len(SPECIAL), 64)
+        op = GemmOp(m, n, 8, trans_b=gemv, dtype_a=dt, dtype_b=dt, dtype_out=out, fp32_precision=prec, epilogue=epi)
         if variant.check(op, profile):
             continue
         for config in _configs(variant, op, profile):
             t = T.gemm_inputs(op)
-            t["a"].zero_()
-            t["a"][0, :, 0] = vals.to(t["a"].dtype)
-            t["b"].fill_(1.0)
+            values, ones = (t["b"], t["a"]) if gemv else (t["a"], t["b"])
+            values.zero_()
+            values[0, :, 0] = vals.to(values.dtype)
+            ones.fill_(1.0)
             if name.endswith("mma_3xtf32"):  # +-Inf operands become NaN there (documented)
-                t["a"][0, :, 0] = torch.where(torch.isinf(t["a"][0, :, 0]), 0.0, t["a"][0, :, 0])
+                values[0, :, 0] = torch.where(torch.isinf(values[0, :, 0]), 0.0, values[0, :, 0])
             variant.run(op, config, T.op_args(t), profile)
             ref = T.gemm_reference(op, t)
             got = t["out"]
             if _deferred_f16(op, config):  # rows whose accumulator is -Inf: -0 here (documented)
-                acc = t["a"][0, :, 0].double()
+                acc = values[0, :, 0].double()
                 assert (got[0, acc == -float("inf")] == 0).all()
                 keep = acc != -float("inf")
                 got, ref = got[:, keep], ref[:, keep]

@@ -18,7 +18,7 @@ from tracea.ir.device import Device
 from tracea.ir.ops import Conv2dOp, GemmOp
 
 from tracea_cuda.device import isa_flags
-from tracea_cuda.emit import mma, split, splitk, wgmma
+from tracea_cuda.emit import gemv, mma, split, splitk, wgmma
 from tracea_cuda.offline import GENCODE, bundle, compile_report, nvcc_path
 from tracea_cuda.variants import all_variants
 
@@ -34,8 +34,8 @@ ACTIVATIONS = ["bias+relu", "gelu", "bias+gelu_erf", "silu"]
 
 def _sources() -> dict[str, tuple[str, str]]:
     """name -> (arch, CUDA source) for kernels whose epilogues carry each activation: mma.sync GEMM and
-    conv, the split-K reducer, the Hopper GEMM with its deferred fp16 / bf16 epilogues, the Hopper
-    conv, and the 3xTF32 split pass."""
+    conv, the split-K reducer, the few-row GEMV, the Hopper GEMM with its deferred fp16 / bf16
+    epilogues, the Hopper conv, and the 3xTF32 split pass."""
     from tracea_cuda.variants.hopper import _hero
 
     out: dict[str, tuple[str, str]] = {}
@@ -47,6 +47,11 @@ def _sources() -> dict[str, tuple[str, str]]:
         cop = Conv2dOp(2, 64, 14, 14, 64, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue=epi)
         out[f"conv_{epi}"] = ("sm_80", mma.render(conv.spec(cop, conv.hero_configs(cop, A100)[0], None), name=f"m{len(out)}"))
         out[f"splitk_{epi}"] = ("sm_80", splitk.render(op.out_dtype, op.out_dtype, op.epilogue, 4))
+        gv = VARIANTS["cuda.gemm.gemv"]
+        for dt in ("float16", "float32"):
+            gop = GemmOp(4, 4096, 4096, trans_b=True, dtype_a=dt, dtype_b=dt, epilogue=epi)
+            src = gemv.render(gv.spec(gop, gv.hero_configs(gop, A100)[0], None))
+            out[f"gemv_{dt}_{epi}"] = ("sm_80", src)
         hop = VARIANTS["cuda.gemm.wgmma"]
         for dt in ("float16", "bfloat16"):
             wop = GemmOp(4096, 4096, 4096, dtype_a=dt, dtype_b=dt, epilogue=epi)
@@ -107,7 +112,7 @@ def _renamed(sources: dict[str, str]) -> dict[str, str]:
     """Kernel sources with unique entry names (the reducer and the split pass have fixed names)."""
     out = {}
     for i, (name, src) in enumerate(sources.items()):
-        for fixed in (splitk.KERNEL_NAME, split.KERNEL_NAME):
+        for fixed in (splitk.KERNEL_NAME, split.KERNEL_NAME, gemv.KERNEL_NAME):
             src = src.replace(fixed, f"{fixed}_{i}")
         out[f"k{i}"] = src
     return out
