@@ -12,6 +12,7 @@ import pytest
 
 from tracea.ir.epilogue import Epilogue
 from tracea.ir.ops import AttentionOp, Conv2dOp
+from tracea.testing import inject_nonfinite, nonfinite_mismatch
 from tracea_cpu import cross
 from tracea_cpu.emit.attention import attention_source
 from tracea_cpu.emit.blocked import blocked_source
@@ -157,3 +158,50 @@ def test_neon_attention_runs_under_qemu(causal, tmp_path):
         q, k, v = rand(rng, b, heads, sq, d), rand(rng, b, kvh, skv, d), rand(rng, b, kvh, skv, d)
         out = _run(exe, ["a", b, heads, kvh, sq, skv, d, int(causal), 125000], q, k, v).reshape(q.shape)
         assert rel_err(out, attention_ref(q, k, v, op)) < 1e-5, (sq, skv, d)
+
+
+@needs_runner
+@pytest.mark.parametrize("epi", ["bias+relu", "gelu_tanh", "bias+gelu_erf", "silu"])
+def test_neon_nan_inf_gemm_and_conv_under_qemu(epi, tmp_path):
+    """NaN / +-Inf at random positions (docs/architecture.md, "Numerics"): every GEMM driver (blocked,
+    GEMV, axpy), every conv algorithm (a corner-tap weight poisoned: 0 * Inf over the zero padding)."""
+    rng = np.random.default_rng(len(epi))
+    chain = Epilogue.parse(epi)
+    exe = _exe(tmp_path, blocked_source(NEON, 8, 12, chain), "gemm")
+    for m, n, k, tb in [(37, 29, 53, 0), (3, 40, 64, 1), (2, 40, 30, 0)]:
+        a, b, bias = rand(rng, 1, m, k), rand(rng, 1, *((n, k) if tb else (k, n))), rand(rng, n)
+        inject_nonfinite(rng, (a, b)[m % 2], 2)
+        out = _run(exe, ["g", 1, m, n, k, 0, tb, 1, 16, 24, 16], a, b, bias).reshape(1, m, n)
+        b64 = b.astype(np.float64).transpose(0, 2, 1) if tb else b.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ref = epilogue_ref(a.astype(np.float64) @ b64, chain.steps, bias, axis=2)
+        assert nonfinite_mismatch(out, ref) is None, (m, n, k, nonfinite_mismatch(out, ref))
+    for layout in ("nchw", "nhwc"):
+        op = Conv2dOp(1, 16, 7, 9, 20, 3, 3, padding=1, layout=layout, epilogue=chain)
+        x, wt, bias = rand(rng, *op.x_shape), rand(rng, *op.w_shape), rand(rng, 20)
+        inject_nonfinite(rng, x, 1)
+        wt[4, 0, 0, 0] = np.inf
+        with np.errstate(invalid="ignore", over="ignore"):
+            ref = epilogue_ref(conv2d_ref(x, wt, op), chain.steps, bias, axis=1 if layout == "nchw" else 3)
+        for indirect in (0, 1, 2):
+            args = ["c", 0 if layout == "nchw" else 1, 1, 16, 7, 9, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, op.p, op.q, 1, 16,
+                    24, 40, indirect]
+            out = _run(exe, args, x, wt, bias).reshape(op.out_shape)
+            assert nonfinite_mismatch(out, ref) is None, (layout, indirect, nonfinite_mismatch(out, ref))
+
+
+@needs_runner
+@pytest.mark.parametrize("causal", [False, True])
+def test_neon_nan_inf_attention_under_qemu(causal, tmp_path):
+    rng = np.random.default_rng(8 + causal)
+    h = ATTN_HEROES["neon"][0]
+    exe = _exe(tmp_path, attention_source(NEON, h["bq"], h["bk"]), "attn")
+    for trial in range(6):
+        b, heads, kvh, sq, skv, d = 1, 4, 2, 37, 53, 16
+        op = AttentionOp(b, heads, sq, skv, d, causal=causal, kv_heads=kvh, scale=0.125)
+        q, k, v = rand(rng, b, heads, sq, d), rand(rng, b, kvh, skv, d), rand(rng, b, kvh, skv, d)
+        inject_nonfinite(rng, (q, k, v)[trial % 3], 1)
+        out = _run(exe, ["a", b, heads, kvh, sq, skv, d, int(causal), 125000], q, k, v).reshape(q.shape)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ref = attention_ref(q, k, v, op)
+        assert nonfinite_mismatch(out, ref) is None, (trial, nonfinite_mismatch(out, ref))

@@ -10,7 +10,7 @@ from tracea.doctor.profile import DeviceProfile
 from tracea.ir.device import Device
 from tracea.ir.ops import Conv2dOp, GemmOp
 
-from tracea_cuda.emit import mma, wgmma
+from tracea_cuda.emit import gemv, mma, wgmma
 from tracea_cuda.device import isa_flags
 from tracea_cuda.offline import bundle, compile_report, nvcc_path
 from tracea_cuda.variants import all_variants
@@ -45,6 +45,9 @@ OPS = {
                              GemmOp(512, 384, 256, fp32_precision="high", dtype_out="float16", epilogue="silu")],
     "cuda.gemm.mma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="relu")],
     "cuda.gemm.mma_3xtf32": [GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="highest", epilogue="bias")],
+    "cuda.gemm.gemv": [GemmOp(1, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
+                       GemmOp(16, 4096, 1024, trans_b=True, dtype_a="float16", dtype_b="float16", epilogue="relu"),
+                       GemmOp(4, 1000, 333, trans_b=True, epilogue="bias+silu")],
     "cuda.conv2d.wgmma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),
         Conv2dOp(32, 512, 7, 7, 512, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
@@ -59,6 +62,11 @@ OPS = {
 }
 
 
+def _gemv_render(spec, name: str) -> str:
+    """The GEMV kernel under its own entry name (its renderer has a fixed one)."""
+    return gemv.render(spec).replace(gemv.KERNEL_NAME, name)
+
+
 def _sources(arch: str) -> dict[str, str]:
     profile = PROFILES[arch]
     sources: dict[str, str] = {}
@@ -67,7 +75,8 @@ def _sources(arch: str) -> dict[str, str]:
             if variant.requirements.check(op, profile):
                 assert arch != "sm_90a", (variant.name, variant.requirements.check(op, profile))
                 continue  # e.g. wgmma on sm_80
-            render = wgmma.render if ".wgmma" in variant.name else mma.render
+            render = (wgmma.render if ".wgmma" in variant.name else _gemv_render if variant.name == "cuda.gemm.gemv"
+                      else mma.render)
             for i, config in enumerate(variant.hero_configs(op, profile)):
                 assert variant.validate_config(op, config, profile), (variant.name, config.key)
                 name = f"k{len(sources)}"

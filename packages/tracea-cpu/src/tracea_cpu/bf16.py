@@ -69,22 +69,34 @@ def _tensor_ptr(obj: Any, dtype_name: str, size: int) -> int | None:
     return None
 
 
-def bf16_ptr(args: OpArgs, name: str, shape: tuple[int, ...]) -> int:
-    """The data address of bf16 argument ``name`` (checked: dtype, host memory, packed, size)."""
+def bf16_operand(args: OpArgs, name: str, shape: tuple[int, ...]) -> tuple[int, Any]:
+    """``(data address, owner)`` of bf16 argument ``name`` (checked: dtype, host memory, packed, size).
+
+    The caller must keep ``owner`` referenced until the kernel has returned: it is the object whose
+    memory the address points into (the tensor itself, or the NumPy view holding it)."""
     obj = args.out if name == "out" else args.arrays.get(name)
     ptr = _tensor_ptr(obj, "bfloat16", math.prod(shape))
-    return ptr if ptr is not None else _ptr(host_bf16(args, name, shape))
+    if ptr is not None:
+        return ptr, obj
+    bits = host_bf16(args, name, shape)
+    return _ptr(bits), bits
 
 
-def f32_ptr(args: OpArgs, name: str, shape: tuple[int, ...]) -> int:
-    """The data address of float32 argument ``name`` (checked like the fp32 kernels' operands)."""
+def f32_operand(args: OpArgs, name: str, shape: tuple[int, ...]) -> tuple[int, Any]:
+    """``(data address, owner)`` of float32 argument ``name`` (checked like the fp32 kernels'
+    operands); keep ``owner`` referenced until the kernel has returned."""
     obj = args.out if name == "out" else args.arrays.get(name)
     ptr = _tensor_ptr(obj, "float32", math.prod(shape))
-    return ptr if ptr is not None else _ptr(_host(args, name, shape))
+    if ptr is not None:
+        return ptr, obj
+    arr = _host(args, name, shape)
+    return _ptr(arr), arr
 
 
 def bias_f32(args: OpArgs, n: int) -> np.ndarray:
-    """The bias as fp32 (the kernel's epilogue runs in fp32): float32 as is, bf16 widened (n values)."""
+    """The bias as fp32 (the kernel's epilogue runs in fp32): float32 as is (a view), bf16 widened into
+    a new array (n values). The result may be the only reference to its memory: hold it in a variable
+    until the kernel reading it has returned (never ``_ptr(bias_f32(...))``)."""
     obj = args.arrays.get("bias")
     dtype = args.adapter.info(obj).dtype
     if dtype is DType.F32:
@@ -167,11 +179,15 @@ class CpuGemmBf16Variant(CpuVariant):
         assert isinstance(op, GemmOp)
         fn, call, ref = self.prepare(op, config, profile)
         bt, m, n, k = op.batch, op.m, op.n, op.k
-        a = bf16_ptr(args, "a", (bt, m, k))
-        b = bf16_ptr(args, "b", (bt, k, n))
-        out = bf16_ptr(args, "out", (bt, m, n)) if call.out_bf16 else f32_ptr(args, "out", (bt, m, n))
-        bias = _ptr(bias_f32(args, n)) if op.epilogue.has_bias else None
-        _check_rc(fn(ref, a, b, out, bias, self.threads(op, config, profile)), "bf16 gemm")
+        # Every (address, owner) pair keeps its owner referenced in this frame until the kernel has
+        # returned: a widened bf16 bias is a fresh array whose only reference is here.
+        a, a_owner = bf16_operand(args, "a", (bt, m, k))
+        b, b_owner = bf16_operand(args, "b", (bt, k, n))
+        out, out_owner = (bf16_operand if call.out_bf16 else f32_operand)(args, "out", (bt, m, n))
+        bias_arr = bias_f32(args, n) if op.epilogue.has_bias else None
+        rc = fn(ref, a, b, out, _ptr(bias_arr), self.threads(op, config, profile))
+        del a_owner, b_owner, out_owner, bias_arr  # alive until here, after the kernel returned
+        _check_rc(rc, "bf16 gemm")
 
 
 @functools.lru_cache(maxsize=256)

@@ -18,7 +18,9 @@ class Isa:
     :param width: fp32 lanes per vector register.
     :param registers: architectural vector registers (bounds the micro-tile).
     :param tiles: (mr, nr) register tiles offered to the tuner, best first.
-    :param prelude: C text defining the ``V*`` macro layer.
+    :param prelude: C text defining the ``V*`` macro layer. ``VMAX(a, b)`` / ``VMIN(a, b)`` return ``b``
+        when either operand is NaN on x86 and in the scalar layer (NEON returns NaN): code that must
+        carry a NaN through puts that value second. ``VANYNAN(a)``: whether any lane is NaN.
     :param machines: ``platform.machine()`` values this ISA can run on.
     """
 
@@ -69,6 +71,7 @@ typedef __m512i VI;
 #define VORBITS(a, s) _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a), s))
 #define VHMAX(a) _mm512_reduce_max_ps(a)
 #define VHSUM(a) _mm512_reduce_add_ps(a)
+#define VANYNAN(a) (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) != 0)
 #define VPREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 """
 
@@ -107,6 +110,7 @@ static inline float tr_hsum(__m256 a) {
 }
 #define VHMAX(a) tr_hmax(a)
 #define VHSUM(a) tr_hsum(a)
+#define VANYNAN(a) (_mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)) != 0)
 #define VPREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 """
 
@@ -133,6 +137,7 @@ typedef uint32x4_t VI;
 #define VORBITS(a, s) vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(a), s))
 #define VHMAX(a) vmaxvq_f32(a)
 #define VHSUM(a) vaddvq_f32(a)
+#define VANYNAN(a) (vminvq_u32(vceqq_f32(a, a)) == 0)
 #define VPREFETCH(p) __builtin_prefetch((p))
 """
 
@@ -163,6 +168,7 @@ static inline float tr_orbits(float a, unsigned int s) { unsigned int u; memcpy(
 #define VORBITS(a, s) tr_orbits(a, s)
 #define VHMAX(a) (a)
 #define VHSUM(a) (a)
+#define VANYNAN(a) ((a) != (a))
 #define VPREFETCH(p) __builtin_prefetch((p))
 """
 

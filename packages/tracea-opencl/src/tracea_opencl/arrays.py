@@ -12,7 +12,7 @@ from tracea.errors import DTypeError, UnsupportedDeviceError
 from tracea.ir.device import Device
 from tracea.runtime.arrays import ArrayAdapter, ArrayInfo
 
-from . import runtime
+from . import inflight, runtime
 
 
 def is_cl_array(obj: Any) -> bool:
@@ -95,8 +95,10 @@ class PyOpenCLAdapter(ArrayAdapter):
             raise UnsupportedDeviceError("copy_ needs arrays of equal shape and dtype")
         pcl = runtime.cl()
         src_c = self.contiguous(src)
-        pcl.enqueue_copy(queue_of(dst), dst.base_data, src_c.base_data, byte_count=src_c.nbytes,
-                         dst_offset=dst.offset, src_offset=src_c.offset)
+        event = pcl.enqueue_copy(queue_of(dst), dst.base_data, src_c.base_data, byte_count=src_c.nbytes,
+                                 dst_offset=dst.offset, src_offset=src_c.offset)
+        # The copy runs after this returns; src (often a temporary output of tracea.ops) must outlive it.
+        inflight.hold(event, src_c, src)
 
 
 def to_device(arr: np.ndarray, device: Device | int | str | None = None) -> Any:

@@ -6,8 +6,11 @@ from tracea.ir.epilogue import Epilogue, EpilogueKind
 
 # GELU (tanh form): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's approximate="tanh".
 # GELU (erf form): 0.5 x (1 + erf(x / sqrt(2))). SiLU: x / (1 + exp(-x)).
+# NaN and Inf as PyTorch (docs/architecture.md, "Numerics"): ReLU is a select that lets NaN through
+# (fmax returns the other operand when one is NaN); the formulas give GELU / SiLU +inf at +inf and NaN
+# at -inf (-inf * 0, -inf / inf), like torch's.
 ACTIVATION_FUNCTIONS = """
-inline float tr_relu(float x) { return fmax(x, 0.0f); }
+inline float tr_relu(float x) { return x < 0.0f ? 0.0f : x; }
 inline float tr_gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }

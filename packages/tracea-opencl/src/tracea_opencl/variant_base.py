@@ -17,7 +17,7 @@ from tracea.ir.ops import Op
 from tracea.semantic.config import PipelineConfig, Validity, VALID
 from tracea.semantic.search_space import SearchSpace
 
-from . import pack, programs, runtime, spaces
+from . import inflight, pack, programs, runtime, spaces
 from .arrays import device_of, is_cl_array, queue_of
 from .render import KernelSpec, render
 from .tiling import Tiling
@@ -158,6 +158,7 @@ class OpenCLVariant(KernelVariant):
         kernel = self._kernel(out.context, queue.device, spec)
         m, n, k, depth = self.gemm_view(op)
         events = []
+        packed = None
         if spec.pack_b:
             packed, pack_event = pack.pack_b(queue, inputs[1], *self.pack_dims(op)[:3], tiling.tile_n,
                                              self.pack_dims(op)[3])
@@ -178,6 +179,8 @@ class OpenCLVariant(KernelVariant):
                 event = kernel(queue, gsize, lsize, *kargs)
         except pcl.Error as exc:
             raise LaunchError(f"{self.name} launch failed ({config.key}): {exc}", backend="opencl") from exc
+        if packed is not None:  # only the enqueued kernel references the packed B now
+            inflight.hold(event, packed)
         if runtime.context_queue(dev)[1] is not queue:
             runtime.note_queue(dev.index, queue)
         return [*events, event]

@@ -23,7 +23,15 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 def apply_epilogue(acc: np.ndarray, epilogue: Epilogue, bias: np.ndarray | None, axis: int = -1) -> np.ndarray:
-    """Apply ``epilogue`` to a float64 accumulator; the bias broadcasts along ``axis``."""
+    """Apply ``epilogue`` to a float64 accumulator; the bias broadcasts along ``axis``.
+
+    NaN and Inf propagate by IEEE arithmetic, as in PyTorch: relu(NaN) = NaN, relu(-inf) = 0,
+    gelu(+inf) = silu(+inf) = +inf, gelu(-inf) = silu(-inf) = NaN (-inf * 0, -inf / inf)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _apply_steps(acc, epilogue, bias, axis)
+
+
+def _apply_steps(acc: np.ndarray, epilogue: Epilogue, bias: np.ndarray | None, axis: int) -> np.ndarray:
     y = acc
     for step in epilogue:
         if step is EpilogueKind.BIAS:
@@ -33,7 +41,7 @@ def apply_epilogue(acc: np.ndarray, epilogue: Epilogue, bias: np.ndarray | None,
             shape[axis] = -1
             y = y + np.asarray(bias, dtype=np.float64).reshape(shape)
         elif step is EpilogueKind.RELU:
-            y = np.maximum(y, 0.0)
+            y = np.maximum(y, 0.0)  # NaN-propagating, like torch.relu
         elif step is EpilogueKind.GELU_TANH:
             y = 0.5 * y * (1.0 + np.tanh(_SQRT_2_OVER_PI * (y + 0.044715 * y**3)))
         elif step is EpilogueKind.GELU_ERF:
@@ -54,7 +62,8 @@ def gemm(op: GemmOp, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = Non
         a64 = np.swapaxes(a64, -1, -2)
     if op.trans_b:
         b64 = np.swapaxes(b64, -1, -2)
-    acc = np.matmul(a64, b64)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf operands: IEEE results, no warnings
+        acc = np.matmul(a64, b64)
     return apply_epilogue(acc, op.epilogue, bias, axis=-1)
 
 
@@ -65,10 +74,18 @@ def conv2d(op: Conv2dOp, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None =
     if op.layout is Layout.NHWC:  # work in NCHW / KCRS
         x64 = x64.transpose(0, 3, 1, 2)
         w64 = w64.transpose(0, 3, 1, 2)
-    (sh, sw), (ph, pw), (dh, dw) = op.stride, op.padding, op.dilation
-    xp = np.pad(x64, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    g, cg, kg = op.groups, op.c // op.groups, op.k // op.groups
+    ph, pw = op.padding
+    xp = np.pad(x64, ((0, 0), (0, 0), (ph, ph), (pw, pw)))  # zeros: 0 * Inf = NaN there, as in PyTorch
     out = np.empty((op.n, op.k, op.p, op.q), dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf operands: IEEE results, no warnings
+        _conv_groups(op, xp, w64, out)
+    out = apply_epilogue(out, op.epilogue, bias, axis=1)
+    return out.transpose(0, 2, 3, 1) if op.layout is Layout.NHWC else out
+
+
+def _conv_groups(op: Conv2dOp, xp: np.ndarray, w64: np.ndarray, out: np.ndarray) -> None:
+    (sh, sw), (dh, dw) = op.stride, op.dilation
+    g, cg, kg = op.groups, op.c // op.groups, op.k // op.groups
     for gi in range(g):
         xs = xp[:, gi * cg:(gi + 1) * cg]
         ws = w64[gi * kg:(gi + 1) * kg]  # (kg, cg, r, s)
@@ -79,12 +96,15 @@ def conv2d(op: Conv2dOp, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None =
                 patch = xs[:, :, h0:h0 + sh * (op.p - 1) + 1:sh, w0:w0 + sw * (op.q - 1) + 1:sw]  # (n, cg, p, q)
                 acc += np.einsum("ncpq,kc->nkpq", patch, ws[:, :, r, s], optimize=True)
         out[:, gi * kg:(gi + 1) * kg] = acc
-    out = apply_epilogue(out, op.epilogue, bias, axis=1)
-    return out.transpose(0, 2, 3, 1) if op.layout is Layout.NHWC else out
 
 
 def attention(op: AttentionOp, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Softmax attention in float64 with PyTorch's top-left causal convention; returns (B, H, Sq, D)."""
+    """Softmax attention in float64 with PyTorch's top-left causal convention; returns (B, H, Sq, D).
+
+    NaN and Inf: ``softmax(masked_fill(scale q k^T, mask, -inf)) @ v`` in IEEE arithmetic, as PyTorch
+    computes it: a NaN or +inf logit makes its row NaN, a masked key's logit is replaced (its k never
+    matters) while its weight 0 still multiplies its v (0 x NaN = 0 x Inf = NaN), and a row whose
+    logits are all -inf gets weights 0 (PyTorch's convention for fully masked rows), not 0/0."""
     kvh = int(op.kv_heads or op.heads)
     q64 = np.asarray(q, dtype=np.float64).reshape(op.batch, op.heads, op.seq_q, op.head_dim)
     k64 = np.asarray(k, dtype=np.float64).reshape(op.batch, kvh, op.seq_kv, op.head_dim)
@@ -93,11 +113,13 @@ def attention(op: AttentionOp, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> n
     if rep > 1:
         k64 = np.repeat(k64, rep, axis=1)
         v64 = np.repeat(v64, rep, axis=1)
-    s = np.einsum("bhqd,bhkd->bhqk", q64, k64, optimize=True) * float(op.scale)  # type: ignore[arg-type]
-    if op.causal:
-        mask = np.arange(op.seq_kv)[None, :] > np.arange(op.seq_q)[:, None]
-        s = np.where(mask, -np.inf, s)
-    s = s - s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    return np.einsum("bhqk,bhkd->bhqd", p, v64, optimize=True)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf operands: IEEE results, no warnings
+        s = np.einsum("bhqd,bhkd->bhqk", q64, k64, optimize=True) * float(op.scale)  # type: ignore[arg-type]
+        if op.causal:
+            mask = np.arange(op.seq_kv)[None, :] > np.arange(op.seq_q)[:, None]
+            s = np.where(mask, -np.inf, s)
+        m = s.max(axis=-1, keepdims=True)
+        p = np.exp(s - np.where(m == -np.inf, 0.0, m))  # all -inf: exp(-inf) = 0, not exp(NaN)
+        total = p.sum(axis=-1, keepdims=True)
+        p /= np.where(total == 0.0, 1.0, total)
+        return np.einsum("bhqk,bhkd->bhqd", p, v64, optimize=True)

@@ -3,7 +3,9 @@
 - :func:`random_inputs` draws fresh random operands for an op (never zeros);
 - :func:`check_against_reference` runs an op through :mod:`tracea.ops` (optionally pinned to a variant)
   on poisoned outputs and compares with the float64 reference by ``||out - ref|| / ||ref||``;
-- :func:`tolerance` is the accepted relative error for a dtype / fp32 precision (PERFORMANCE.md's method).
+- :func:`tolerance` is the accepted relative error for a dtype / fp32 precision (PERFORMANCE.md's method);
+- :func:`inject_nonfinite` and :func:`nonfinite_mismatch` test NaN / Inf propagation (docs/architecture.md,
+  "Numerics"): NaN, +Inf and -Inf must sit exactly where the float64 reference (or PyTorch) has them.
 """
 
 from __future__ import annotations
@@ -127,3 +129,41 @@ def check_variant(variant: Any, op: Op, rng: np.random.Generator, config: Any = 
     limit = tol if tol is not None else tolerance(op.dtypes[0], getattr(op, "fp32_precision", Fp32Precision.HIGHEST))
     assert err <= limit, f"{getattr(variant, 'name', variant)} on {op.describe()} config {config}: rel err {err:.3e} > {limit:.1e}"
     return err
+
+
+NONFINITE = (float("nan"), float("inf"), float("-inf"))
+
+
+def inject_nonfinite(rng: np.random.Generator, arr: Any, count: int = 1,
+                     values: tuple[float, ...] = NONFINITE) -> list[tuple[tuple[int, ...], float]]:
+    """Write ``count`` values drawn from ``values`` (default NaN, +Inf, -Inf) at random positions of
+    ``arr`` in place (a NumPy array or a torch tensor); returns ``[(index, value), ...]`` (for messages)."""
+    done = []
+    for _ in range(count):
+        idx = tuple(int(rng.integers(0, n)) for n in arr.shape)
+        val = float(values[int(rng.integers(0, len(values)))])
+        arr[idx] = val
+        done.append((idx, val))
+    return done
+
+
+def nonfinite_mismatch(out: Any, ref: Any, atol: float = 1e-4) -> str | None:
+    """None when ``out`` has NaN, +Inf and -Inf exactly where ``ref`` has them and every finite value
+    agrees to ``atol * max(1, |ref|)`` (relative, absolute below 1); otherwise a description of where
+    they differ."""
+    o = np.asarray(out, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64).reshape(o.shape)
+    for name, test in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
+        diff = np.argwhere(test(o) != test(r))
+        if diff.size:
+            where = [tuple(int(i) for i in d) for d in diff[:4]]
+            return (f"{name} differs at {len(diff)} of {o.size} positions, e.g. "
+                    + ", ".join(f"{w}: got {o[w]!r}, expected {r[w]!r}" for w in where))
+    finite = np.isfinite(r)
+    if finite.any():
+        err = np.abs(o[finite] - r[finite]) / np.maximum(1.0, np.abs(r[finite]))
+        worst = int(np.argmax(err))
+        if err[worst] > atol:
+            at = tuple(int(i) for i in np.argwhere(finite)[worst])
+            return f"finite values differ by {err[worst]:.3e} (> {atol:.1e}) at {at}: got {o[at]!r}, expected {r[at]!r}"
+    return None

@@ -5,6 +5,15 @@ Both products are register-tiled micro-kernels: S = Q K^T broadcasts Q^T (packed
 in) against BK-wide K^T panels; O += P V broadcasts P against rows of V padded to a multiple of the
 vector width. K^T panels and padded V are packed once per (batch, kv head) and shared by the query
 heads of a GQA group. Causal masking is top-left aligned (key j visible to query i when j <= i).
+
+NaN and Inf follow ``softmax(masked_fill(scale Q K^T, mask, -inf)) @ V`` in IEEE arithmetic, as the
+float64 reference and PyTorch do: a NaN or +inf logit makes its row NaN (``exp(NaN)`` and
+``exp(inf - inf)`` are NaN: ``tr_vexp`` propagates NaN and gives exactly 0 at -inf and +inf at +inf); a
+row whose logits are all -inf gets weights 0 (PyTorch's convention, not 0/0); a masked key's logit is
+replaced, so its k never matters, but its weight 0 still multiplies its v (0 x NaN and 0 x Inf are
+NaN). The kernel never reads the keys after a causal row block's last visible one, so a non-finite v
+there is found when V is packed (the last such key per kv head) and written into the rows that would
+have multiplied it.
 """
 
 from __future__ import annotations
@@ -77,9 +86,11 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
     if (nth <= 0) nth = tr_threads_available();
     if ((double)Sq * Skv * D * H * B < 65536.0) nth = 1;
     int owned;
-    float *ws = tr_ws_get((size_t)B * KVH * per_head + (size_t)nth * per_thread + 16, &owned);
+    float *ws = tr_ws_get((size_t)B * KVH * per_head + (size_t)nth * per_thread + 16 + B * KVH, &owned);
     if (!ws) return 1;
     float *tws = ws + (size_t)B * KVH * per_head;
+    /* per (batch, kv head): the last key whose v has a NaN or Inf, -1 if none (as floats: keys < 2^24) */
+    float *vbad = tws + (size_t)nth * per_thread + 16;
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
 #ifdef _OPENMP
@@ -99,6 +110,13 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
                     }
             for (long j = 0; j < Skp; j++)
                 for (long d = 0; d < Dp; d++) vp[j * Dp + d] = (j < Skv && d < D) ? vs[j * D + d] : 0.0f;
+            long bad = Skv - 1;  /* causal only: the last key whose v row has a NaN or Inf */
+            for (; causal && bad >= 0; bad--) {
+                V t = VZERO();
+                for (long d = 0; d < Dp; d += VW) t = VFMA(VLOAD(vp + bad * Dp + d), VZERO(), t);
+                if (VANYNAN(t)) break;
+            }
+            vbad[bh] = causal ? (float)bad : -1.0f;
         }
         float *qt = tws + (size_t)tid * per_thread, *s = qt + D * BQ, *o = s + BQ * BK;
         float *m = o + BQ * Dp, *mnew = m + BQP, *mref = mnew + BQP, *alpha = mref + BQP, *lv = alpha + BQP;
@@ -159,8 +177,20 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
             }
             float *os = out + (bh * Sq + q0) * D;
             for (long i = 0; i < rows; i++) {
-                float inv = 1.0f / VHSUM(VLOAD(lv + i * VW));
+                /* l = 0: every logit of the row was -inf (weights 0, PyTorch's convention) */
+                float l = VHSUM(VLOAD(lv + i * VW)), inv = l == 0.0f ? 1.0f : 1.0f / l;
                 for (long d = 0; d < D; d++) os[i * D + d] = o[i * Dp + d] * inv;
+            }
+            /* Causal: keys from jvis on were never read; weight 0 times a NaN / Inf v there is NaN. */
+            long jvis = TR_ROUNDUP(kend, BK);
+            if (causal && (long)vbad[kvh] >= jvis) {
+                const float *vv = v + kvh * Skv * D;
+                for (long d = 0; d < D; d++) {
+                    int hit = 0;
+                    for (long j = jvis; j < Skv && !hit; j++) hit = !(vv[j * D + d] - vv[j * D + d] == 0.0f);
+                    if (hit)
+                        for (long i = 0; i < rows; i++) os[i * D + d] = NAN;
+                }
             }
         }
     }

@@ -170,7 +170,7 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
                                     dst = tr_tile_begin(c, ldc, i, j, mr, nr, first, img_cols, img_stride, sc, &ld);
                                 }
                                 tr_ukernel_ind(1, lens, offs, skip, rows + r * MR, bbuf + jr * NR * kcp, dst, ld,
-                                               mr, nr, first, last, bb, bias_row);
+                                               mr, nr, first, last, bb, bias_row, 0);
                                 if (ctrans) tr_tile_io_t(c, ldc, img_cols, img_stride, i, j, mr, nr, sc, 0);
                                 else if (dst == sc) tr_tile_end(c, ldc, i, j, mr, nr, img_cols, img_stride, sc);
                             }
@@ -203,10 +203,11 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
    the other's arithmetic, and packed panels stay in that core's L2.
    nchw (NCHW weights and output): K blocks are channel blocks of KCRS weights (pb unused) and the last
    K block stores its tiles transposed into nchw->out; c (NHWC) holds partial sums between K blocks and
-   may be null when K is one block. */
+   may be null when K is one block. keep_all: no tap over padding is skipped (see tr_rows_nhwc); nf
+   (unless null) is set to 1 when some tile's accumulators held a NaN or Inf. */
 static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, float *c, long ldc,
                         const float *bias, long mc, long kc, int nth, const tr_conv *ind,
-                        const tr_ind_nchw *nchw) {
+                        const tr_ind_nchw *nchw, int keep_all, int *nf) {
     long RS = ind->R * ind->S, nkb, nsmax;
     if (nchw) {
         kc = nchw->cb * RS;
@@ -242,7 +243,7 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
         const float **rows = (const float **)(bp + TR_ROUNDUP((size_t)kc * NR + (nchw ? RS * TR_SEG_PAD : 0), 16));
         tr_seg segs[nsmax];
         long lens[nsmax], klen[nsmax], koff[nsmax];
-        int kskip[nsmax];
+        int kskip[nsmax], tnf = 0;
         /* NCHW output, one K block: finished tiles of consecutive pixels collect here (up to TR_SBUF
            pixels) and go to the output 16 pixels per channel at a time, not MR (masked) at a time. */
         float sc[(TR_SBUF + MR) * NR] __attribute__((aligned(64)));
@@ -270,11 +271,12 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
                     long i = t * MR;
                     int mr = (int)TR_MIN(MR, M - i);
                     int kseg = tr_rows_nhwc(ind, i, mr, segs, lens, nseg, zeros, rows, klen, koff, kskip,
-                                            nchw ? TR_SEG_PAD : 0);
+                                            nchw ? TR_SEG_PAD : 0, keep_all);
                     int direct = !nchw || !last, staged = !direct && first;
                     float *dst = staged ? sc + sb_n * NR : c + i * ldc + j;
                     long ld = staged ? NR : ldc;
-                    tr_ukernel_ind(kseg, klen, koff, kskip, rows, bp, dst, ld, mr, nr, first, last, bias ? bias + j : 0, 0);
+                    tr_ukernel_ind(kseg, klen, koff, kskip, rows, bp, dst, ld, mr, nr, first, last, bias ? bias + j : 0, 0,
+                                   nf ? &tnf : 0);
                     TR_PROBE_LAP(2, tid);
                     if (direct) continue;
                     if (!staged) { tr_store_nchw(dst, ld, nchw, i, j, mr, nr); TR_PROBE_LAP(3, tid); continue; }
@@ -290,6 +292,7 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
                 }
             }
         }
+        if (tnf) __atomic_store_n(nf, 1, __ATOMIC_RELAXED);
     }
     tr_ws_put(ws, owned);
     return 0;

@@ -38,9 +38,18 @@ void tr_probe_read(double *dst) { memcpy(dst, tr_probe_ns, sizeof tr_probe_ns); 
 
 # Cephes-style expf: x = n*ln2 + r, |r| <= ln2/2, degree-6 polynomial; relative error ~1e-7.
 # erf: Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7).
+#
+# NaN and Inf (docs/architecture.md, "Numerics"): VMAX(a, b) / VMIN(a, b) return b when either is NaN
+# (x86 maxps/minps; the scalar layer's ?: has the same rule; NEON returns NaN either way), so the value
+# that must carry NaN through is always the *second* operand. exp's clamp keeps n = round(x log2 e) in
+# [-127, 128], where VPOW2I builds 0 (n = -127) and +inf (n = 128) exactly: exp(-inf) = 0,
+# exp(+inf) = +inf (from x > 88.37: the finite values up to FLT_MAX at 88.72 are not needed by any
+# caller), exp(NaN) = NaN. ReLU is VMAX(0, x): relu(NaN) = NaN. The activations then follow IEEE
+# arithmetic as PyTorch does: gelu(+inf) = silu(+inf) = +inf, gelu(-inf) = silu(-inf) = NaN
+# (-inf * 0 and -inf / inf).
 MATH = r"""
 static inline V tr_vexp(V x) {
-    x = VMIN(VMAX(x, VSET1(-87.3f)), VSET1(88.3f));
+    x = VMIN(VSET1(89.0f), VMAX(VSET1(-88.0f), x));
     V n = VROUND(VMUL(x, VSET1(1.44269504088896341f)));
     V r = VFMA(n, VSET1(-0.693359375f), x);
     r = VFMA(n, VSET1(2.12194440e-4f), r);
@@ -120,7 +129,7 @@ int tr_threads_available(void) {
 
 _STEP_C = {
     EpilogueKind.BIAS: "x = VADD(x, bias);",
-    EpilogueKind.RELU: "x = VMAX(x, VZERO());",
+    EpilogueKind.RELU: "x = VMAX(VZERO(), x);",  # x second: NaN passes (see MATH)
     EpilogueKind.GELU_TANH: "x = tr_vgelu_tanh(x);",
     EpilogueKind.GELU_ERF: "x = tr_vgelu_erf(x);",
     EpilogueKind.SILU: "x = tr_vsilu(x);",

@@ -13,6 +13,34 @@ CONV = r"""
 #define TR_XCOPY_PIX_MAXF (1L << 18)
 #endif
 
+/* Whether every kernel tap reads the image (not only padding) for some output pixel. */
+static int tr_taps_all_hit(const tr_conv *g) {
+    for (long r = 0; r < g->R; r++) {
+        long lo = g->ph - r * g->dh, p = lo <= 0 ? 0 : (lo + g->sh - 1) / g->sh;  /* first p reading row >= 0 */
+        if (p >= g->P || p * g->sh - g->ph + r * g->dh >= g->H) return 0;
+    }
+    for (long s = 0; s < g->S; s++) {
+        long lo = g->pw - s * g->dw, q = lo <= 0 ? 0 : (lo + g->sw - 1) / g->sw;
+        if (q >= g->Q || q * g->sw - g->pw + s * g->dw >= g->W) return 0;
+    }
+    return 1;
+}
+
+/* tr_drive_ind with PyTorch's NaN / Inf result. The indirect algorithm skips the products of taps that
+   fall in the zero padding; they are 0 unless a weight is Inf or NaN, where PyTorch (and the float64
+   reference) get 0 * Inf = NaN. When every tap reads the image for some output pixel, a NaN or Inf
+   weight makes some accumulator NaN or Inf, which the micro-kernel reports (one FMA per accumulator
+   per tile): only then does the conv run again without skipping. When some tap never reads the image
+   (tiny images), nothing is skipped at all. */
+static int tr_drive_ind_exact(long M, long N, long K, tr_pack_fn pb, const void *cb, float *c, long ldc,
+                              const float *bias, long mc, long kc, int nth, const tr_conv *ind,
+                              const tr_ind_nchw *nchw) {
+    int keep = !tr_taps_all_hit(ind), nf = 0;
+    int rc = tr_drive_ind(M, N, K, pb, cb, c, ldc, bias, mc, kc, nth, ind, nchw, keep, keep ? 0 : &nf);
+    if (!rc && nf) rc = tr_drive_ind(M, N, K, pb, cb, c, ldc, bias, mc, kc, nth, ind, nchw, 1, 0);
+    return rc;
+}
+
 /* layout 0: NCHW x, KCRS w, NCHW out (out = W x im2col per group; columns are the pixels of all images, bias per row).
    layout 1: NHWC x, KRSC w, NHWC out (out = im2col x W^T per group over all images, bias per column). */
 int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S, long sh, long sw,
@@ -59,8 +87,8 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
             tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, RS};
             tr_ind_nchw o = {&B, cb, out + gi * Kg * PQ, PQ, K * PQ};
-            rc = tr_drive_ind(n * PQ, Kg, CRS, 0, 0, ot ? ot + gi * Kg : 0, K, bias ? bias + gi * Kg : 0,
-                              mc, kc, nth, &A, &o);
+            rc = tr_drive_ind_exact(n * PQ, Kg, CRS, 0, 0, ot ? ot + gi * Kg : 0, K, bias ? bias + gi * Kg : 0,
+                                    mc, kc, nth, &A, &o);
         }
         if (ot) tr_ws_release(2, ot, ot_owned);
         tr_ws_release(1, xt, xt_owned);
@@ -99,7 +127,8 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
             tr_conv A = {x + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             tr_dense B = {w + gi * Kg * CRS, 1, CRS};
             if (indirect == 1) {
-                int rc = tr_drive_ind(n * P * Q, Kg, CRS, tr_pack_b_dense, &B, out + gi * Kg, K, bg, mc, kc, nth, &A, 0);
+                int rc = tr_drive_ind_exact(n * P * Q, Kg, CRS, tr_pack_b_dense, &B, out + gi * Kg, K, bg, mc, kc,
+                                            nth, &A, 0);
                 if (rc) return rc;
                 continue;
             }

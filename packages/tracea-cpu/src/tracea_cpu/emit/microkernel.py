@@ -45,10 +45,31 @@ def _packed_kernel(isa: Isa, mr: int, nr: int, ku: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _store(isa: Isa, mr: int, nr: int, acc: list[list[str]]) -> list[str]:
-    """Finish a tile: full tiles in registers (accumulate, epilogue, store), edge tiles via a buffer."""
+def _store(isa: Isa, mr: int, nr: int, acc: list[list[str]], nonfinite: bool = False) -> list[str]:
+    """Finish a tile: full tiles in registers (accumulate, epilogue, store), edge tiles via a buffer.
+
+    ``nonfinite``: the kernel takes an ``int *nfp``; when it is not null, ``*nfp`` is set to 1 if an
+    accumulator of this K block is NaN or +-Inf: their sum times 0 is NaN then (or when the sum
+    overflows, a harmless false alarm), a tree of adds, a multiply and a compare per tile (~1/kc of
+    its FMAs). The indirect conv uses it to find out whether the taps it skipped over padding would
+    have made 0 * Inf = NaN (see ``tr_conv2d``)."""
     nv = nr // isa.width
     lines: list[str] = []
+    if nonfinite:
+        terms = [a for row in acc for a in row]
+        lines.append("    if (nfp) {")
+        level = 0
+        while len(terms) > 1:  # pairwise: depth log2(MR * NV), not a chain of MR * NV dependent adds
+            nxt = []
+            for q in range(0, len(terms) - 1, 2):
+                name = f"nf{level}_{q // 2}"
+                lines.append(f"        V {name} = VADD({terms[q]}, {terms[q + 1]});")
+                nxt.append(name)
+            if len(terms) % 2:
+                nxt.append(terms[-1])
+            terms, level = nxt, level + 1
+        lines.append(f"        if (VANYNAN(VMUL({terms[0]}, VZERO()))) *nfp = 1;")
+        lines.append("    }")
     # Full tile: finish in registers.
     lines.append("    if (mr == MR && nr == NR) {")
     lines.append("        if (last && TR_HAS_EPI) {")
@@ -96,13 +117,14 @@ def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
     """Like ``tr_ukernel`` but A row i of segment sg is ``rows[sg*MR + i][0:seg_len[sg]]`` (unit stride),
     against B panel rows from ``b + seg_off[sg]``: the NHWC conv gathers nothing, each pointer is an
     input pixel's channel run (or a zero row). ``seg_skip[sg]`` bit 0 / bit 1: tile row 0 / row MR-1
-    reads only padding in that segment, and its FMAs are left out (a row tile's left / right border)."""
+    reads only padding in that segment, and its FMAs are left out (a row tile's left / right border).
+    ``nfp``: see :func:`_store`."""
     nv = nr // isa.width
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
     lines = ["static void tr_ukernel_ind(int nseg, const long *restrict seg_len, const long *restrict seg_off,\n"
              "                           const int *restrict seg_skip, const float *const *restrict rows,\n"
              "                           const float *restrict b, float *restrict c, long ldc, int mr, int nr,\n"
-             "                           int first, int last, const float *bias, int bias_row) {"]
+             "                           int first, int last, const float *bias, int bias_row, int *nfp) {"]
     for i in range(mr):
         lines.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[i]) + ";")
     lines.append("    for (int sg = 0; sg < nseg; sg++) {")
@@ -138,6 +160,6 @@ def _indirect_kernel(isa: Isa, mr: int, nr: int) -> str:
         lines.append("        }")
         lines.append("        }")
     lines.append("    }")
-    lines += _store(isa, mr, nr, acc)
+    lines += _store(isa, mr, nr, acc, nonfinite=True)
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -243,9 +243,12 @@ static void tr_tile_io_t(float *c, long ldc, long rows, long img_stride, long i,
    reads padding). A segment whose rows all read padding is dropped (it would only multiply zeros:
    the padded border taps of a tile that is one output row): returns the kept count, with each kept
    segment's length and offset in the B panel (segments are stored back to back, seg_pad floats apart) in klen / koff, and
-   in kskip whether tile row 0 (bit 0) / row MR-1 (bit 1) reads only padding there. */
+   in kskip whether tile row 0 (bit 0) / row MR-1 (bit 1) reads only padding there. keep_all: nothing
+   is dropped or skipped, padding taps multiply the zero row (0 * Inf = NaN where a weight is Inf or
+   NaN, as PyTorch's zero padding gives). */
 static int tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, const long *lens, int nseg,
-                        const float *zeros, const float **rows, long *klen, long *koff, int *kskip, long seg_pad) {
+                        const float *zeros, const float **rows, long *klen, long *koff, int *kskip, long seg_pad,
+                        int keep_all) {
     long PQ = g->P * g->Q, ih0[MR], iw0[MR], off = 0;
     long img = i0 / PQ, p = (i0 % PQ) / g->Q, q = i0 % g->Q;
     const float *base[MR];
@@ -267,9 +270,9 @@ static int tr_rows_nhwc(const tr_conv *g, long i0, long mr, const tr_seg *segs, 
             rw[i] = valid ? base[i] + (ih * g->W + iw) * g->C + segs[sg].c0 : zeros;
             any |= valid;
         }
-        if (any) {
+        if (any || keep_all) {
             klen[kept] = lens[sg]; koff[kept] = off;
-            kskip[kept] = (rw[0] == zeros) | (rw[MR - 1] == zeros) << 1;
+            kskip[kept] = keep_all ? 0 : (rw[0] == zeros) | (rw[MR - 1] == zeros) << 1;
             kept++;
         }
         off += lens[sg] * NR + seg_pad;

@@ -55,6 +55,16 @@ static __device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+// max(a, b) that returns NaN when either is NaN (fmaxf returns the other operand): ReLU and clamps
+// must let NaN through, as PyTorch does. One FMNMX.NAN on sm_80+ (PTX max.NaN), else compare + select.
+static __device__ __forceinline__ float max_nan_f(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+#else
+    return (a != a || a > b) ? a : b;
+#endif
+}
+static __device__ __forceinline__ float relu_f(float x) { return max_nan_f(x, 0.0f); }
 static __device__ __forceinline__ float gelu_tanh_f(float x) {
     float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
     return 0.5f * x * (1.0f + tanhf(u));
@@ -80,7 +90,9 @@ static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __e
 _LOAD = {DType.F32: "({v})", DType.F16: "f16_to_f32({v})", DType.BF16: "bf16_to_f32({v})"}
 _STORE = {DType.F32: "({v})", DType.F16: "f32_to_f16({v})", DType.BF16: "f32_to_bf16({v})"}
 
-_ACT = {EpilogueKind.RELU: "fmaxf({v}, 0.0f)", EpilogueKind.GELU_TANH: "gelu_tanh_f({v})",
+# NaN and Inf as PyTorch (docs/architecture.md, "Numerics"): relu_f keeps NaN (fmaxf would drop it);
+# the GELU / SiLU formulas give +inf at +inf and NaN at -inf (-inf * 0, -inf / inf) like torch's.
+_ACT = {EpilogueKind.RELU: "relu_f({v})", EpilogueKind.GELU_TANH: "gelu_tanh_f({v})",
         EpilogueKind.GELU_ERF: "gelu_erf_f({v})", EpilogueKind.SILU: "silu_f({v})"}
 
 

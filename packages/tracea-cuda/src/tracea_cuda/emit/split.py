@@ -1,7 +1,12 @@
 """3xTF32 operand split for the Hopper fp32-accurate GEMM: one pass writes an operand K-major and three
 times as wide along K, as big/small TF32 parts (``big = x`` with the low 13 mantissa bits cleared,
 ``small = x - big``, exact in fp32). A gets segments (small, big, big), B gets (big, small, big), so a
-single TF32 GEMM over K' = 3K computes small*big + big*small + big*big."""
+single TF32 GEMM over K' = 3K computes small*big + big*small + big*big.
+
+A NaN or +-Inf x goes whole into the third segment, with zeros in the other two (for A and B alike):
+its small part would be inf - inf = NaN, and its big part against the other operand's small part
+(0 when that one is a TF32 value) would make inf * 0 = NaN, where fp32 math gives +-Inf. So every
+product a*b comes out as IEEE fp32 has it: a*b from the third segments, 0 from the other two."""
 
 from __future__ import annotations
 
@@ -12,8 +17,11 @@ def render() -> str:
     return r"""
 static __device__ __forceinline__ float tf32_big(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
 static __device__ __forceinline__ void put3(float* o, long long K, float x, int order) {
+    const bool finite = (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
     const float big = tf32_big(x), small = x - big;
-    o[0] = order ? big : small; o[K] = order ? small : big; o[2 * K] = big;
+    o[0] = finite ? (order ? big : small) : 0.0f;
+    o[K] = finite ? (order ? small : big) : 0.0f;
+    o[2 * K] = finite ? big : x;
 }
 // in: [batch][R][C]. kmajor: R = rows, C = K -> out[b][r][seg*K + c]; else R = K, C = rows -> out[b][c][seg*K + r].
 extern "C" __global__ void __launch_bounds__(256) tracea_split3(const float* __restrict__ in, float* __restrict__ out,

@@ -374,8 +374,11 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         unpack = ('asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" '
                   ': "=f"(v0), "=f"(v1) : "r"(x[q]));' if f16 else
                   "v0 = __uint_as_float(x[q] << 16); v1 = __uint_as_float(x[q] & 0xffff0000u);")
-        if f16 and act:  # a stash value below -65504 became -inf: GELU/SiLU of it would be NaN, not 0
-            act = "v0 = fmaxf(v0, -65504.0f); v1 = fmaxf(v1, -65504.0f); " + act
+        # A stash value below -65504 became -inf in fp16: GELU/SiLU of it would be NaN, not -0. The
+        # clamp must keep NaN (fmaxf turned it into -65504, then -0); an accumulator that was -inf itself
+        # is indistinguishable here and also gives -0 (PyTorch: NaN), see docs/backends/cuda.md.
+        if f16 and act:
+            act = "v0 = max_nan_f(v0, -65504.0f); v1 = max_nan_f(v1, -65504.0f); " + act
         defer_src = DEFER_CHUNK.format(bn8=bn // 8, ldb=ldb, vs=int(spec.vec_store), act=act,
                                        unpack=unpack, suffix=suffix)
         defer_decl = f"    int pend = 0, prow = 0, pn0 = 0;  // chunks of the previous tile still to finish\n    {tout}* pC = C;\n"
