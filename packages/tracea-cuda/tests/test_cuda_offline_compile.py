@@ -46,7 +46,7 @@ OPS = {
     "cuda.gemm.mma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="relu")],
     "cuda.gemm.mma_3xtf32": [GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="highest", epilogue="bias")],
     "cuda.gemm.gemv": [GemmOp(1, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
-                       GemmOp(16, 4096, 1024, trans_b=True, dtype_a="float16", dtype_b="float16", epilogue="relu"),
+                       GemmOp(4, 4096, 1024, trans_b=True, dtype_a="float16", dtype_b="float16", epilogue="relu"),
                        GemmOp(4, 1000, 333, trans_b=True, epilogue="bias+silu")],
     "cuda.conv2d.wgmma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),

@@ -49,8 +49,8 @@ class GemvSpec:
             raise UnsupportedConfigError(f"GEMV rows mr={self.mr} outside 1..{MAX_ROWS}")
         if self.npw not in (1, 2, 4):
             raise UnsupportedConfigError(f"GEMV rows per warp npw={self.npw} not in 1, 2, 4")
-        if self.mr * self.npw > 32:
-            raise UnsupportedConfigError(f"mr*npw={self.mr * self.npw} accumulators exceed 32 per lane")
+        if self.mr * self.npw > 32 or (self.npw == 4 and self.mr > 2):
+            raise UnsupportedConfigError(f"mr={self.mr} x npw={self.npw}: too many accumulators per lane (spills)")
         if self.vec not in (1, 16 // self.dtype_in.storage.itemsize):
             raise UnsupportedConfigError(f"vector width {self.vec} is not 1 or 16 bytes")
 
@@ -103,7 +103,6 @@ def render(spec: GemvSpec) -> str:
 #define NPW {spec.npw}
 #define VEC {spec.vec}
 #define WARPS {WARPS}
-#define UNR {max(1, 4 // spec.npw)}
 {epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
 {_vec_load(spec.dtype_in, spec.vec)}
 {_a_load(spec.dtype_in, spec.vec)}
@@ -121,37 +120,22 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) {KERNEL_NAME}(
     const {tin}* brow[NPW];
     #pragma unroll
     for (int j = 0; j < NPW; ++j) brow[j] = B + (n0 + j < N ? n0 + j : n0) * (long long)K;
-    // UNR vectors of each B row are loaded before any is used: UNR * NPW independent 16-byte loads in
-    // flight per lane (the stream is latency-bound otherwise).
-    for (int k0 = lane * VEC; k0 < K; k0 += 32 * VEC * UNR) {{
-        float b[UNR][NPW][VEC];
+    // Unrolled so that several 16-byte loads per lane are in flight (non-volatile loads: the compiler
+    // hoists them ahead of the FMAs); the stream is latency-bound otherwise.
+    #pragma unroll {max(1, 4 // spec.npw)}
+    for (int k = lane * VEC; k < K; k += 32 * VEC) {{
+        float b[NPW][VEC];
         #pragma unroll
-        for (int u = 0; u < UNR; ++u) {{
-            const int k = k0 + u * 32 * VEC;
-            #pragma unroll
-            for (int j = 0; j < NPW; ++j) {{
-                if (k < K) load_vec(brow[j] + k, b[u][j]);
-                else {{
-                    #pragma unroll
-                    for (int v = 0; v < VEC; ++v) b[u][j][v] = 0.0f;
-                }}
-            }}
-        }}
+        for (int j = 0; j < NPW; ++j) load_vec(brow[j] + k, b[j]);
         #pragma unroll
-        for (int u = 0; u < UNR; ++u) {{
-            const int k = k0 + u * 32 * VEC;
-            if (k < K) {{
+        for (int m = 0; m < MR; ++m) {{
+            if (m < M) {{
+                float a[VEC];
+                load_a(A + (long long)m * K + k, a);
                 #pragma unroll
-                for (int m = 0; m < MR; ++m) {{
-                    if (m < M) {{
-                        float a[VEC];
-                        load_a(A + (long long)m * K + k, a);
-                        #pragma unroll
-                        for (int j = 0; j < NPW; ++j)
-                            #pragma unroll
-                            for (int v = 0; v < VEC; ++v) acc[m][j] = fmaf(a[v], b[u][j][v], acc[m][j]);
-                    }}
-                }}
+                for (int j = 0; j < NPW; ++j)
+                    #pragma unroll
+                    for (int v = 0; v < VEC; ++v) acc[m][j] = fmaf(a[v], b[j][v], acc[m][j]);
             }}
         }}
     }}

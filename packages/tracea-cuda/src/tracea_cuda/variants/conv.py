@@ -10,7 +10,7 @@ import numpy as np
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import Requirements
-from tracea.dtypes import DType, Fp32Precision
+from tracea.dtypes import DType
 from tracea.ir.ops import Conv2dOp, LayerType, Layout
 from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode
 from tracea.semantic.search_space import SearchSpace

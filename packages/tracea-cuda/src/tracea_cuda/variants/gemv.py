@@ -91,7 +91,7 @@ class GemvGemm(CudaVariant):
         # Enough warps to keep every SM's memory pipes busy: one row per warp for narrow weights.
         warps_wanted = 8 * max(profile.compute_units, 1) * WARPS
         first = 1 if op.n < warps_wanted else 2
-        npws = [first] + [n for n in (2, 4, 1) if n != first and _rows(op.m) * n <= 32]
+        npws = [first] + [n for n in (2, 4, 1) if n != first and (n < 4 or _rows(op.m) <= 2)]
         return [PipelineConfig(params=(("npw", n),)) for n in npws]
 
 
