@@ -25,7 +25,7 @@ from tracea.semantic.config import Validity
 
 from . import kernels, spaces
 from .isa import AVX512_BF16
-from .variants import CpuVariant, _check_rc, _host, _ptr, _require, _validate_blocked
+from .variant_base import CpuVariant, _check_rc, _host, _ptr, _require, _validate_blocked
 
 # Measured share of the bf16 dot-product peak (2x the fp32 FMA rate) the kernel reaches.
 BF16_EFFICIENCY = 0.85

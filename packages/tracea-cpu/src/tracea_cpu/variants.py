@@ -4,97 +4,28 @@ instruction set (AVX-512, AVX2+FMA, NEON, portable scalar)."""
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
-import numpy as np
 
 from tracea.doctor.profile import DeviceProfile
-from tracea.doctor.variant import KernelVariant, OpArgs, Requirements
+from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
-from tracea.errors import InvalidArgumentError, LaunchError, LayoutError, UnsupportedConfigError
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp, LayerType, Layout, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
+from .bf16 import CpuGemmBf16Variant
 from .emit.calls import ATTENTION_PARAMS, CONV_PARAMS, GEMM_PARAMS
 from .emit.gemv import unpacked_driver
 from .isa import ALL_ISAS, Isa
-from .toolchain import compiler_or_reason
-
-_LANES = {"avx512": 16, "avx512bf16": 16, "avx2": 8, "neon": 4, "scalar": 1}
-# Fraction of the per-lane peak each ISA's kernels reach (measured); scalar code gets what the
-# compiler's auto-vectorisation gives.
-_BASE_EFFICIENCY = {"avx512": 0.85, "avx512bf16": 0.7, "avx2": 0.8, "neon": 0.7, "scalar": 0.5}
-# B bytes from which the packing-free GEMM drivers use every thread (see CpuGemmVariant.threads).
-GEMV_THREADS_BYTES = 256 * 1024
-_PRIORITY = {"avx512": 30, "avx512bf16": 40, "avx2": 20, "neon": 20, "scalar": 0}
-
-
-class CpuVariant(KernelVariant):
-    """Shared logic of the CPU variants: ISA availability, compiler checks, estimates."""
-
-    backend = "cpu"
-    isa: Isa
-
-    def __init__(self, isa: Isa) -> None:
-        self.isa = isa
-        self.priority = _PRIORITY[isa.name]
-
-    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
-        reasons = super().check(op, profile)
-        if reasons and reasons[0].startswith(("serves ", "runs on ")):
-            return reasons
-        if not self.isa.runs_here():
-            reasons.append(f"{self.isa.name} code does not run on this machine's architecture")
-        cc, why = compiler_or_reason()
-        if cc is None:
-            reasons.append(why)
-        return reasons
-
-    def efficiency_on(self, profile: DeviceProfile) -> float:
-        best = str(profile.extras.get("best_isa", self.isa.name))
-        share = min(1.0, self.isa.width / _LANES.get(best, self.isa.width))
-        return _BASE_EFFICIENCY[self.isa.name] * share
-
-    def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
-        self.efficiency = self.efficiency_on(profile)
-        return super().estimate_seconds(op, profile, config) + 10e-6
-
-    def threads(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> int:
-        requested = _requested_threads(config)
-        if requested == 0 and spaces.small_problem(op):
-            return 1
-        return kernels.thread_count(requested, profile.compute_units)
-
+from .variant_base import (GEMV_THREADS_BYTES, CpuVariant, _check_rc, _host, _ptr, _require,  # noqa: F401
+                           _requested_threads, _threads_problem, _validate_blocked)
 
 def _gemv(op: Op) -> bool:
     """Whether ``tr_gemm`` runs this GEMM through a packing-free driver (GEMV or axpy, see
     :mod:`.emit.gemv`), where the tile and cache blocks of the config are unused."""
     return isinstance(op, GemmOp) and unpacked_driver(op.m, op.n, op.k, op.trans_b) is not None
-
-
-def _host(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-    arr = args.host(name)
-    if arr is None:
-        return None
-    if arr.dtype != np.float32:
-        raise InvalidArgumentError(name, arr, "a float32 array")
-    if not arr.flags.c_contiguous:
-        raise LayoutError(name, arr, "a packed row-major (C-contiguous) array")
-    if arr.size != math.prod(shape):
-        raise InvalidArgumentError(name, arr, f"{math.prod(shape)} elements (shape {shape})")
-    return arr
-
-
-def _ptr(arr: np.ndarray | None) -> int | None:
-    return None if arr is None else arr.__array_interface__["data"][0]
-
-
-def _check_rc(rc: int, what: str) -> None:
-    if rc != 0:
-        raise LaunchError(f"{what} kernel failed (status {rc}: workspace allocation)", backend="cpu")
 
 
 class CpuGemmVariant(CpuVariant):
@@ -320,48 +251,9 @@ def _attention_plan(variant: "CpuAttentionVariant", op: Op, config: PipelineConf
     return kernels.attention_library(variant.isa.name, int(config.get("bq")), int(config.get("bk")))
 
 
-def _require(validity: Validity, name: str, config: PipelineConfig) -> None:
-    if not validity:
-        raise UnsupportedConfigError(f"config {config.key} is invalid for {name}: {validity.reason}",
-                                     reason=validity.reason)
-
-
-def _validate_blocked(isa: Isa, config: PipelineConfig) -> Validity:
-    names = ("mr", "nr", "mc", "nc", "kc")
-    values = [config.get(n) for n in names]
-    for n, v in zip(names, values):
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            return Validity(False, f"param {n}={v!r} must be a positive integer")
-    for n, v in zip(names[2:], values[2:]):
-        if v > kernels.MAX_BLOCK:
-            return Validity(False, f"param {n}={v} exceeds the largest cache block, {kernels.MAX_BLOCK}")
-    why = kernels.check_tile(isa, values[0], values[1]) or _threads_problem(config)
-    return Validity(False, why) if why else VALID
-
-
-def _threads_problem(config: PipelineConfig) -> str | None:
-    """Why the config's ``threads`` param (0 or absent: automatic) cannot be used, or None."""
-    t = config.get("threads", 0)
-    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-        return f"param threads={t!r} must be a non-negative integer (0: automatic)"
-    if t > kernels.max_threads():
-        return f"param threads={t} exceeds the limit of {kernels.max_threads()} threads per call"
-    return None
-
-
-def _requested_threads(config: PipelineConfig) -> int:
-    """The config's ``threads`` (0: automatic), or UnsupportedConfigError for a value no kernel may get."""
-    why = _threads_problem(config)
-    if why:
-        raise UnsupportedConfigError(f"config {config.key}: {why}", reason=why)
-    return int(config.get("threads", 0) or 0)
-
-
 def all_variants() -> list[CpuVariant]:
     """Every CPU variant, for every ISA (the Doctor filters by the host's flags)."""
     out: list[CpuVariant] = []
     for isa in ALL_ISAS:
         out += [CpuGemmVariant(isa), CpuConv2dVariant(isa), CpuAttentionVariant(isa)]
-    from .bf16 import CpuGemmBf16Variant
-
     return out + [CpuGemmBf16Variant()]
