@@ -66,6 +66,18 @@ class CupyAdapter(ArrayAdapter):
     def copy_(self, dst: Any, src: Any) -> None:
         dst[...] = src
 
+    def memory_span(self, obj: Any) -> tuple[int, int] | None:
+        """Byte range of the array's elements (CuPy strides may be negative)."""
+        if obj.size == 0:
+            return None
+        start = end = int(obj.data.ptr)
+        for n, st in zip(obj.shape, obj.strides):
+            if st < 0:
+                start += (int(n) - 1) * int(st)
+            else:
+                end += (int(n) - 1) * int(st)
+        return start, end + int(obj.itemsize)
+
 
 def data_ptr(obj: Any, arg: str) -> int:
     """The device address of ``obj``'s first element, for any CUDA array kind, without copying."""

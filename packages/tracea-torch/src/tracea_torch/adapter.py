@@ -192,6 +192,14 @@ class TorchAdapter(ArrayAdapter):
             return "it is an inference tensor, which cannot be written outside torch.inference_mode()"
         return None
 
+    def memory_span(self, obj: Any) -> tuple[int, int] | None:
+        """Byte range of the tensor's elements (torch strides are never negative)."""
+        if obj.numel() == 0:
+            return None
+        start = int(obj.data_ptr())
+        last = sum((int(n) - 1) * int(st) for n, st in zip(obj.shape, obj.stride()))
+        return start, start + (last + 1) * obj.element_size()
+
     def cuda_stream(self, obj: Any) -> int:
         """The raw ``cudaStream_t`` of torch's current stream on ``obj``'s device (0 for CPU)."""
         if obj.device.type != "cuda":

@@ -147,6 +147,11 @@ class ArrayAdapter:
         tracks ...), or None when it can."""
         return None
 
+    def memory_span(self, obj: Any) -> tuple[int, int] | None:
+        """``(first, end)`` byte addresses of the memory ``obj``'s elements lie in, or None when unknown
+        (or empty); ``tracea.ops`` refuses an ``out`` whose span meets an input's."""
+        return None
+
 
 class NumpyAdapter(ArrayAdapter):
     """NumPy ndarrays (always ``cpu:0``)."""
