@@ -50,3 +50,48 @@ def test_memory_span():
     assert TorchAdapter().memory_span(torch.zeros(0, 3)) is None
     e = torch.zeros(3, 1)
     assert TorchAdapter().memory_span(e.expand(3, 4)) == (e.data_ptr(), e.data_ptr() + 3 * 4)
+
+
+# ---- the PyTorch fallback (tracea_torch.eager) ------------------------------------------------------
+
+def test_fallback_honours_a_wider_out_dtype():
+    # float16 inputs, float32 output: the fallback computed in float16 and rounded (rel. error ~5e-4).
+    a, b = torch.randn(33, 64, dtype=torch.float16), torch.randn(64, 17, dtype=torch.float16)
+    got = ops.matmul(a, b, out_dtype="float32", activation="silu")
+    want = torch.nn.functional.silu(a.double() @ b.double())
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    x, w = torch.randn(1, 4, 9, 9, dtype=torch.bfloat16), torch.randn(3, 4, 3, 3, dtype=torch.bfloat16)
+    got = ops.conv2d(x, w, out_dtype="float32")
+    want = torch.nn.functional.conv2d(x.double(), w.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_fallback_conv_with_bias_and_another_out_dtype():
+    # The bias (converted to the output dtype) met float32 inputs in F.conv2d: a BackendError.
+    x, w, b = torch.randn(1, 6, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    got = ops.conv2d(x, w, b, groups=2, activation="relu", out_dtype="bfloat16")
+    want = torch.relu(torch.nn.functional.conv2d(x, w, b.bfloat16().float(), groups=2))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_fallback_grouped_query_attention_on_3d_inputs():
+    # (heads, seq, d) with fewer kv heads: the kv heads were repeated along seq (a BackendError).
+    q = torch.randn(4, 7, 16, dtype=torch.float16)
+    k, v = torch.randn(2, 5, 16, dtype=torch.float16), torch.randn(2, 5, 16, dtype=torch.float16)
+    got = ops.attention(q, k, v, causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(2, 0), v.double().repeat_interleave(2, 0), is_causal=True)
+    assert got.shape == (4, 7, 16)
+    torch.testing.assert_close(got.double(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_fallback_gelu_of_inf_is_inf():
+    from tracea.ir.epilogue import Epilogue
+    from tracea_torch import eager
+
+    x = torch.tensor([float("inf"), -1.0, float("nan")])
+    y = eager.apply_epilogue(x, Epilogue.of("gelu_erf"), None, 0)
+    assert y[0] == float("inf") and torch.isnan(y[2])
+    torch.testing.assert_close(y[1], torch.nn.functional.gelu(torch.tensor(-1.0)))
