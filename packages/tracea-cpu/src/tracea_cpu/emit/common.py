@@ -36,11 +36,13 @@ void tr_probe_read(double *dst) { memcpy(dst, tr_probe_ns, sizeof tr_probe_ns); 
 #endif
 """
 
-# Cephes-style expf: x = n*ln2 + r, |r| <= ln2/2, degree-6 polynomial; relative error ~1e-7.
+# Cephes-style expf: x = n*ln2 + r, |r| <= ln2/2, degree-6 polynomial; relative error ~1e-7. The upper
+# clamp lets n reach 128, whose 2^n is +Inf: exp overflows to +Inf from x ~ 88.4 (so silu(-inf) is
+# -inf/inf = NaN like PyTorch, not -inf; a clamp at 88.3 kept exp finite).
 # erf: Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7).
 MATH = r"""
 static inline V tr_vexp(V x) {
-    x = VMIN(VMAX(x, VSET1(-87.3f)), VSET1(88.3f));
+    x = VMIN(VMAX(x, VSET1(-87.3f)), VSET1(89.0f));
     V n = VROUND(VMUL(x, VSET1(1.44269504088896341f)));
     V r = VFMA(n, VSET1(-0.693359375f), x);
     r = VFMA(n, VSET1(2.12194440e-4f), r);
