@@ -414,6 +414,18 @@ def _out(g: _G, case: Case, shape: tuple[int, ...], dtype: str, kind: str, input
     return out_dtype if spec.dtype in FLOAT_DTYPES else dtype
 
 
+def _maybe_variant(g: _G, case: Case, p: float = 0.07) -> None:
+    """Sometimes pin ``variant=`` (documented for tests and experiments): reaches the AVX2 and scalar
+    kernels a machine with AVX-512 never chooses. A variant that rejects the call raises."""
+    if not g.chance(p):
+        return
+    kind = "gemm" if case.op in ("matmul", "gemm") else case.op
+    names = [f"cpu.{kind}.{isa}" for isa in ("avx512", "avx2", "scalar", "avx2", "scalar", "neon")]
+    names += [f"reference.{kind}", "no.such.variant"] + (["cpu.gemm.avx512bf16"] if kind == "gemm" else [])
+    case.kwargs["variant"] = g.pick(names)
+    case.mark("either", f"variant={case.kwargs['variant']!r} pinned (refused when it rejects the call)")
+
+
 def _mixed(g: _G, case: Case, names: list[str]) -> None:
     """Make one argument of another array kind (documented as an error)."""
     name = g.pick([n for n in names if n in case.arrays])
@@ -526,6 +538,7 @@ def _matmul(g: _G, case: Case) -> None:
         _mixed(g, case, ["b", "bias", "out", "a"])
     elif g.chance(0.02):
         _mixed_dtype(g, case, ["b"])
+    _maybe_variant(g, case)
     case.model = {"steps": steps, "out_dtype": out_dtype, "precision": precision, "k": k}
 
 
@@ -653,12 +666,9 @@ def _conv2d(g: _G, case: Case) -> None:
         case.kwargs["layout"] = g.pick(["NHWC", "nhwc", "channels_last"])
     elif g.chance(0.1):
         case.kwargs["layout"] = g.pick(["NCHW", "nchw"])
-    if g.chance(0.02):
-        case.kwargs["layout"] = g.pick(["NCWH", 3, "NHWC"])
-        if kind == "torch" or case.kwargs["layout"] != "NHWC":
-            case.mark("invalid", f"layout={case.kwargs['layout']!r}")
-        else:
-            case.mark("invalid", "NHWC layout with NCHW-shaped arrays")
+    if g.chance(0.02):  # (NHWC names the NumPy arrays' order, so it is only wrong for torch tensors)
+        case.kwargs["layout"] = g.pick(["NCWH", 3] + (["NHWC", "channels_last"] if kind == "torch" else []))
+        case.mark("invalid", f"layout={case.kwargs['layout']!r}" + (" with torch tensors" if kind == "torch" else ""))
     steps = _epilogue(g, case, has_bias)
     out_dtype = _out_dtype(g, case, kind, dtype)
     precision = _precision(g, case, dtype)
@@ -671,6 +681,7 @@ def _conv2d(g: _G, case: Case) -> None:
         _mixed(g, case, ["w", "b", "out", "x"])
     elif g.chance(0.02):
         _mixed_dtype(g, case, ["w"])
+    _maybe_variant(g, case)
     case.model = {"steps": steps, "out_dtype": out_dtype, "precision": precision, "stride": list(stride),
                   "padding": list(padding), "dilation": list(dilation), "groups": groups, "layout": layout,
                   "k": cg * r * s}
@@ -753,4 +764,5 @@ def _attention(g: _G, case: Case) -> None:
         _mixed(g, case, ["k", "v", "out", "q"])
     elif g.chance(0.02):
         _mixed_dtype(g, case, ["k", "v"])
+    _maybe_variant(g, case)
     case.model = {"causal": bool(causal), "scale": scale, "out_dtype": dtype, "k": d}

@@ -114,10 +114,36 @@ def attention(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference
         absl = absl.masked_fill(~mask, 0.0)
     p = torch.softmax(logits, dim=-1)
     mag = torch.matmul(p, v.abs())
+    # IEEE arithmetic without PyTorch's special cases (SDPA returns 0 for a row whose logits are all
+    # -inf; plain softmax gives NaN): either is accepted.
+    alt = torch.matmul(p, v)
     logit_mag = absl.amax(dim=-1, keepdim=True) if absl.shape[-1] else torch.zeros(absl.shape[:-1] + (1,), dtype=absl.dtype)
     if three:
-        ref, mag, logit_mag = ref[0], mag[0], logit_mag[0]
-    return Reference(ref.numpy(), ref.numpy(), mag.numpy(), logit_mag.numpy())
+        ref, alt, mag, logit_mag = ref[0], alt[0], mag[0], logit_mag[0]
+    return Reference(ref.numpy(), alt.numpy(), mag.numpy(), logit_mag.numpy())
+
+
+def torch_in_dtype(op: str, values: dict[str, np.ndarray], model: dict[str, Any], dtype: str) -> np.ndarray | None:
+    """PyTorch's own attention result computed in the inputs' ``dtype`` (float64 copy), or None for the
+    other ops: when PyTorch computed a call (the fallback), its reduced-precision kernels' handling of
+    NaN / Inf is accepted (e.g. float16 SDPA gives 0 where its float64 path gives NaN)."""
+    if op != "attention" or dtype not in ("float32", "float16", "bfloat16"):
+        return None
+    torch = _torch()
+    F = torch.nn.functional
+    dt = getattr(torch, dtype)
+    q, k, v = (_t(values[n]).to(dt) for n in ("q", "k", "v"))
+    three = q.dim() == 3
+    if three:
+        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scale = model["scale"]
+    scale = (1.0 / q.shape[-1] ** 0.5) if scale is None else float(scale)
+    with torch.no_grad():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=model["causal"], scale=scale)
+    return (out[0] if three else out).to(torch.float64).numpy()
 
 
 def compute(op: str, values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:

@@ -163,6 +163,7 @@ class Tally:
         self.findings: list[dict[str, Any]] = []
         self.known: Counter[str] = Counter()
         self.harness: list[dict[str, Any]] = []
+        self.closest: dict[str, tuple[float, str]] = {}  # backend/op/dtype -> (max err/bound, case)
         self.done = 0
         self.ran: list[tuple[int, str]] = []
 
@@ -184,6 +185,11 @@ class Tally:
                 slot = self.refusals.setdefault(key, {"expect": key[0], "message": key[1], "count": 0,
                                                       "example": f"{rec['seed']}:{rec['index']}"})
                 slot["count"] += 1
+            if rec.get("err_ratio") is not None and not rec["findings"]:
+                row["checked"] += 1
+                key = f"{backend} {rec['op'] if rec['op'] != 'gemm' else 'matmul'} {rec.get('dtype')}"
+                if rec["err_ratio"] > self.closest.get(key, (-1.0, ""))[0]:
+                    self.closest[key] = (rec["err_ratio"], f"{rec['seed']}:{rec['index']}")
             for k in rec.get("known", []):
                 self.known[k] += 1
                 row["known"] += 1
@@ -314,7 +320,7 @@ def _progress(cfg: RunConfig, tally: Tally, t0: float) -> None:
 def build_report(cfg: RunConfig, tally: Tally, seconds: float) -> dict[str, Any]:
     import platform
 
-    summary = {b: {c: int(row.get(c, 0)) for c in ("cases",) + CATEGORIES + ("known",)}
+    summary = {b: {c: int(row.get(c, 0)) for c in ("cases", "checked") + CATEGORIES + ("known",)}
                for b, row in sorted(tally.rows.items())}
     return {
         "tool": "tracea.fuzzing (ops)", "seed": cfg.seed, "start": cfg.start, "cases": tally.done,
@@ -324,6 +330,7 @@ def build_report(cfg: RunConfig, tally: Tally, seconds: float) -> dict[str, Any]
         "summary": summary, "expect": dict(tally.expect), "variants": dict(tally.variants.most_common()),
         "refusals": sorted(tally.refusals.values(), key=lambda r: (-r["count"], r["message"])),
         "findings": tally.findings, "known": dict(tally.known), "harness_errors": tally.harness,
+        "closest_to_bound": {k: {"err_over_bound": r, "case": c} for k, (r, c) in sorted(tally.closest.items())},
         "ran": tally.ran,
     }
 
