@@ -109,3 +109,19 @@ def test_non_float_out_is_refused(ab, dtype):
     with pytest.raises(DTypeError, match="'out.dtype'"):
         ops.conv2d(np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 1, 1), np.float32),
                    out=np.zeros((1, 3, 4, 4), dtype))
+
+
+def test_conv2d_accepts_numpy_integer_groups(rng):
+    # groups=np.int64(2) was "expected a positive integer"
+    x, w = rng.standard_normal((1, 4, 5, 5)), rng.standard_normal((6, 2, 3, 3))
+    got = ops.conv2d(x, w, groups=np.int64(2))
+    np.testing.assert_allclose(got, ops.conv2d(x, w, groups=2))
+
+
+def test_numpy_bf16_out_dtype_error_names_out_dtype(ab):
+    from tracea.dtypes import DType
+
+    if DType.BF16.numpy is not None:
+        pytest.skip("ml_dtypes is installed: NumPy stores bfloat16")
+    with pytest.raises(DTypeError, match="argument 'out_dtype'"):
+        ops.matmul(*ab, out_dtype="bfloat16")

@@ -8,6 +8,7 @@ into ``out`` when given. Arguments ``variant=`` and ``config=`` pin the choice (
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from .doctor.doctor import get_doctor
@@ -148,7 +149,7 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
         else:
             n, h, wd, c = X.info.shape
             k, r, s, cg = W.info.shape
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups <= 0:  # NumPy ints too
         raise InvalidArgumentError("groups", groups, "a positive integer")
     if cg * groups != c:
         raise ShapeError("w", w, f"C/groups = {c}/{groups} input channels per group (got {cg})")
@@ -156,7 +157,7 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
         o["out"].info.dtype if "out" in o else X.info.dtype)
     op = Conv2dOp(n, c, h, wd, k, r, s, stride=ops_args.pair("stride", stride),
                   padding=ops_args.pair("padding", padding), dilation=ops_args.pair("dilation", dilation),
-                  groups=groups, layout=lay, dtype=X.info.dtype, dtype_out=dtype_out,
+                  groups=int(groups), layout=lay, dtype=X.info.dtype, dtype_out=dtype_out,
                   epilogue=_epilogue(epilogue, activation, "b" in o),
                   fp32_precision=_precision(fp32_precision, adapter))
     user_shape = (n, k, op.p, op.q) if (logical or lay is Layout.NCHW) else op.out_shape

@@ -43,7 +43,7 @@ class CupyAdapter(ArrayAdapter):
         cp = toolkit.cupy()
         np_dtype = dtype.numpy
         if np_dtype is None:
-            raise DTypeError("dtype_out", dtype.value, "a dtype CuPy can allocate (float32/float16)")
+            raise DTypeError("out_dtype", dtype.value, "a dtype CuPy can allocate (float32/float16)")
         with cp.cuda.Device(like.device.id):
             return cp.empty(tuple(shape), dtype=np_dtype)
 

@@ -661,7 +661,10 @@ def _conv2d(g: _G, case: Case) -> None:
     if g.chance(0.03):
         bad = g.pick([0, -1, True, 2.0, {"$np": ["int64", groups]}])
         case.kwargs["groups"] = bad
-        case.mark("either" if isinstance(bad, dict) else "invalid", f"groups={bad!r}")
+        if isinstance(bad, dict):
+            case.kwargs["groups"] = {"$np": ["int64", groups]}  # a NumPy integer: accepted
+        else:
+            case.mark("invalid", f"groups={bad!r}")
     if layout == "NHWC":
         case.kwargs["layout"] = g.pick(["NHWC", "nhwc", "channels_last"])
     elif g.chance(0.1):

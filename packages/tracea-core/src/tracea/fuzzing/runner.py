@@ -212,6 +212,7 @@ def normalize(message: str) -> str:
     """A refusal message with numbers and array reprs folded, for counting by kind."""
     text = message.splitlines()[0] if message else ""
     text = re.sub(r"\(shape=\([^)]*\), dtype=[^)]*\)", "(...)", text)
+    text = re.sub(r"got \[.*?(?=, expected)", "got [...]", text)  # Python lists
     text = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", text)
     return text[:200]
 

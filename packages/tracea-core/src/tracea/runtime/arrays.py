@@ -177,7 +177,7 @@ class NumpyAdapter(ArrayAdapter):
     def empty(self, shape: Sequence[int], dtype: DType, like: Any) -> np.ndarray:
         np_dtype = dtype.numpy
         if np_dtype is None:
-            raise DTypeError("dtype_out", dtype.value, "a dtype NumPy can store (install ml_dtypes for bf16/fp8)")
+            raise DTypeError("out_dtype", dtype.value, "a dtype NumPy can store (install ml_dtypes for bf16/fp8)")
         return np.empty(tuple(shape), dtype=np_dtype)
 
     def contiguous(self, obj: np.ndarray) -> np.ndarray:
