@@ -206,3 +206,57 @@ def test_importing_the_fuzzer_imports_no_framework():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_known_issues_are_tolerated_only_when_switched_on(monkeypatch):
+    from tracea.fuzzing import known_issues
+    from tracea.fuzzing.oracle import Verdict, compare
+    from tracea.fuzzing.reference import Reference
+
+    monkeypatch.delenv(known_issues.ENV, raising=False)
+    assert not known_issues.enabled()
+    ref = Reference(np.array([np.nan, 2.0]), np.array([np.nan, 2.0]), np.array([np.nan, 2.0]))
+    got = np.array([0.0, 2.0])  # ReLU swallowed the NaN
+    ctx = {"op": "matmul", "model": {"k": 4, "steps": ["relu"]}, "out_dtype": "float32", "in_dtype": "float32",
+           "backend": "cpu", "variants": ["cpu.gemm.avx512"], "steps": ["relu"], "nonfinite_inputs": True}
+    off, on = Verdict(), Verdict()
+    compare(ctx, got, ref, off, tolerate=False)
+    compare(ctx, got, ref, on, tolerate=True)
+    assert [f.category for f in off.findings] == ["wrong"] and not off.known
+    assert not on.findings and on.known == ["relu-nonfinite-cpu"]
+    # the same mismatch on another backend is not explained
+    other = Verdict()
+    compare({**ctx, "backend": "reference"}, got, ref, other, tolerate=True)
+    assert [f.category for f in other.findings] == ["wrong"]
+    monkeypatch.setenv(known_issues.ENV, "1")
+    assert known_issues.enabled()
+
+
+def test_cuda_cases_materialise_as_device_kinds(monkeypatch):
+    """``--device cuda`` cannot run here; check what it would build: NumPy-kind arrays become CuPy arrays
+    (or CUDA tensors without CuPy), layouts only NumPy has become contiguous, torch views stay."""
+    pytest.importorskip("torch")
+    monkeypatch.setitem(sys.modules, "cupy", None)  # no CuPy: NumPy-kind arrays become CUDA tensors
+    assert arrays.resolve_kind("numpy", "cuda") == "torch"
+    assert arrays.resolve_kind("list", "cuda") == "list" and arrays.resolve_kind("numpy", "cpu") == "numpy"
+    assert arrays.effective_view(ArraySpec((3, 4), view="reversed"), "cupy") == "reversed"
+    assert arrays.effective_view(ArraySpec((3, 4), view="unaligned"), "torch") == "contig"
+    seen = []
+    real = arrays._device_buffer
+
+    def on_host(data, kind, device):  # stand-in for the copy to the GPU
+        seen.append((kind, device))
+        return real(data, kind, "cpu")
+
+    monkeypatch.setattr(arrays, "_device_buffer", on_host)
+    for i in range(60):
+        c = cases.generate(21, i)
+        built, bufs = arrays.build_arrays(c.arrays, np.random.default_rng([21, i]), "cuda")
+        for name, b in built.items():
+            if b.kind in ("list", "scalar"):
+                continue
+            assert b.kind == "torch" and tuple(b.obj.shape) == tuple(c.arrays[name].shape)
+            if b.obj.is_floating_point():
+                np.testing.assert_array_equal(b.obj.detach().double().numpy(), b.values)
+        bufs.snapshot()
+    assert seen and all(k == "torch" and d == "cuda" for k, d in seen)
