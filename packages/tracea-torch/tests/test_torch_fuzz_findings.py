@@ -95,3 +95,15 @@ def test_fallback_gelu_of_inf_is_inf():
     y = eager.apply_epilogue(x, Epilogue.of("gelu_erf"), None, 0)
     assert y[0] == float("inf") and torch.isnan(y[2])
     torch.testing.assert_close(y[1], torch.nn.functional.gelu(torch.tensor(-1.0)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_fallback_attention_with_overlapping_query_rows(dtype):
+    # PyTorch's CPU SDPA gets rows that share memory wrong (errors of ~3, or NaN); the fallback packs them.
+    base = torch.randn(2 * 4 * 1056 + 64, dtype=dtype)
+    q = torch.as_strided(base, (2, 4, 32, 33), (4224, 1056, 1, 1))
+    k, v = torch.randn(2, 4, 5, 33, dtype=dtype), torch.randn(2, 4, 1, 33, dtype=dtype).expand(2, 4, 5, 33)
+    got = ops.attention(q, k, v, scale=1.0)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double().contiguous(), k.double(), v.double().contiguous(),
+                                                            scale=1.0)
+    torch.testing.assert_close(got.double(), want, rtol=5e-3, atol=5e-3)

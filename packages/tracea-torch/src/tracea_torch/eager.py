@@ -89,6 +89,9 @@ def gemm(op: GemmOp, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
 def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Scaled dot-product attention with grouped-query heads expanded to match ``q``."""
     group = op.heads // int(op.kv_heads or op.heads)
+    # Packed copies of strided views: PyTorch's CPU SDPA returns wrong values (or NaN) for inputs whose
+    # rows overlap in memory (as_strided windows), in every dtype (found by tracea.fuzzing).
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if group > 1:  # heads are dim -3 of (batch, heads, seq, d) and of 3-D (heads, seq, d)
         k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=op.causal, scale=op.scale)
