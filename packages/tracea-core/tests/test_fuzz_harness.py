@@ -215,7 +215,7 @@ def test_known_issues_are_tolerated_only_when_switched_on(monkeypatch):
 
     monkeypatch.delenv(known_issues.ENV, raising=False)
     assert not known_issues.enabled()
-    ref = Reference(np.array([np.nan, 2.0]), np.array([np.nan, 2.0]), np.array([np.nan, 2.0]))
+    ref = Reference(np.array([np.nan, 2.0]), [], np.array([np.nan, 2.0]))
     got = np.array([0.0, 2.0])  # ReLU swallowed the NaN
     ctx = {"op": "matmul", "model": {"k": 4, "steps": ["relu"]}, "out_dtype": "float32", "in_dtype": "float32",
            "backend": "cpu", "variants": ["cpu.gemm.avx512"], "steps": ["relu"], "nonfinite_inputs": True}
@@ -260,3 +260,17 @@ def test_cuda_cases_materialise_as_device_kinds(monkeypatch):
                 np.testing.assert_array_equal(b.obj.detach().double().numpy(), b.values)
         bufs.snapshot()
     assert seen and all(k == "torch" and d == "cuda" for k, d in seen)
+
+
+def test_conv_reference_accepts_both_readings_of_zero_padding():
+    pytest.importorskip("torch")
+    from tracea.fuzzing.reference import compute
+
+    x = np.ones((1, 1, 3, 3))
+    w = np.ones((1, 1, 3, 3))
+    w[0, 0, 0, 0] = np.inf  # the top-left tap: in the padding for the first output row and column
+    model = {"steps": [], "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "layout": "NCHW"}
+    ref = compute("conv2d", {"x": x, "w": w}, model)
+    assert np.isnan(ref.ref[0, 0, 0, 0])  # 0 * inf: PyTorch's float64 conv multiplies the padding
+    skipped = ref.alts[-2]
+    assert skipped[0, 0, 0, 0] == 4.0 and np.isinf(skipped[0, 0, 1, 1])  # taps in the padding skipped

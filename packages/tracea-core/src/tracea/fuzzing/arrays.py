@@ -294,7 +294,9 @@ def build_arrays(specs: dict[str, ArraySpec], rng: np.random.Generator, device: 
             continue
         view = effective_view(spec, kind)
         geo = geometry(spec, view)
-        root = spec.share if spec.share in plans else name
+        # a buffer holds arrays of one kind (a case may have turned the sharer into another kind)
+        share_ok = spec.share in plans and resolve_kind(specs[spec.share].kind, device) == kind
+        root = spec.share if share_ok else name
         if root != name:
             geo = Geometry(geo.offset + spec.share_offset * ITEMSIZE[spec.dtype], geo.strides,
                            geo.nbytes + spec.share_offset * ITEMSIZE[spec.dtype])

@@ -428,9 +428,14 @@ def _maybe_variant(g: _G, case: Case, p: float = 0.07) -> None:
 
 def _mixed(g: _G, case: Case, names: list[str]) -> None:
     """Make one argument of another array kind (documented as an error)."""
-    name = g.pick([n for n in names if n in case.arrays])
+    main = case.kind
+    candidates = [n for n in names if n in case.arrays and case.arrays[n].kind == main]
+    if main not in ("numpy", "torch") or not candidates:
+        return
+    name = g.pick(candidates)
     spec = case.arrays[name]
-    spec.kind = "numpy" if spec.kind == "torch" else "torch"
+    spec.kind = "numpy" if main == "torch" else "torch"
+    spec.share = None
     if spec.view in ("reversed", "unaligned", "record"):
         spec.view, spec.param = "contig", {}
     if spec.kind == "numpy" and spec.dtype == "bfloat16":

@@ -17,9 +17,12 @@ bf16 2^-8; ``mag`` the op on absolute values, see :mod:`.reference`):
   (float32 inputs only), ``steps`` the epilogue steps (each may round to the output dtype) and ``a``
   = 1e-6 the error of the kernels' vectorised exp/tanh/erf (1e-12 for float64 inputs). ``K * u`` is
   Higham's deterministic bound; for float32 at K = 4096 it is 2.4e-4 of ``mag``.
-* for calls PyTorch computed (the framework fallback), PyTorch's own NaN / Inf pattern in the inputs'
-  dtype is accepted as well: its reduced-precision attention kernels handle non-finite inputs unlike its
-  float64 path (see :func:`.reference.torch_in_dtype`);
+* alternatives that differ only where values are not finite are accepted too (see :mod:`.reference`:
+  activation limits, conv padding taps skipped, IEEE softmax); for calls PyTorch computed (the
+  framework fallback) positions where the reference is NaN / Inf are not judged, nor, when an input
+  holds NaN / Inf, positions where the result is: PyTorch's CPU kernels disagree among themselves
+  there (float16 vs float64 SDPA, oneDNN's channels_last conv skipping padding taps, its bf16 conv
+  spreading a NaN input beyond its receptive field), so that is PyTorch's behaviour, not Tracea's;
 * attention with head_dim ``d`` over ``S`` keys: the logits' error ``e = L * (d * u_acc + u_low)``
   (``L`` = |scale| * max_j |q_i||k_j| per query row; ``u_low`` = u(input) for f16/bf16, which may
   round logits) moves each probability by at most ``2e`` relative, so
@@ -131,14 +134,14 @@ def compare(ctx: dict[str, Any], got: np.ndarray, ref: Any, verdict: Verdict, to
         finite = np.isfinite(got) & np.isfinite(ref.ref) & np.isfinite(tol) & (tol > 0)
         if finite.any():
             verdict.ratio = float(np.max(np.abs(got - ref.ref)[finite] / tol[finite]))
-    ok = matches(got, ref.ref, tol, out_dtype) | matches(got, ref.alt, tol, out_dtype)
+    ok = matches(got, ref.ref, tol, out_dtype)
+    for alt in ref.alts:
+        ok |= matches(got, alt, tol, out_dtype)
+    if ctx["backend"] == "fallback":  # PyTorch computed it: its NaN / Inf pattern is PyTorch's business
+        ok |= ~np.isfinite(round_to(ref.ref, out_dtype))
+        if ctx["nonfinite_inputs"]:  # (oneDNN's bf16 conv spreads a NaN input beyond its receptive field)
+            ok |= ~np.isfinite(got)
     bad = ~ok
-    if bad.any() and ctx["backend"] == "fallback" and ctx.get("same_dtype") is not None:
-        # PyTorch computed it: its own NaN / Inf pattern in the inputs' dtype is accepted there
-        theirs = ctx["same_dtype"]()
-        if theirs is not None:
-            nonfinite = ~np.isfinite(theirs) | ~np.isfinite(ref.ref)
-            bad &= ~(nonfinite & matches(got, theirs, np.zeros_like(tol), out_dtype))
     if not bad.any():
         return
     if tolerate:

@@ -5,7 +5,10 @@ Besides the result it returns what the error bound needs: ``mag``, the same op o
 (``|A| @ |B| + |bias|``, ``conv(|x|, |w|) + |b|``, ``softmax(...) @ |V|``), so a bound scales with the
 terms that were summed rather than with a result that may have cancelled; and ``alt``, the result with
 activations at +-Inf taken at their limits (``gelu(-inf) = silu(-inf) = 0``) where torch computes
-``-inf * 0 = NaN``: a kernel may return either.
+``-inf * 0 = NaN``: a kernel may return either. For conv2d, zero padding has two readings once a weight
+is NaN / Inf: padding zeros multiplied by it (NaN, PyTorch's float64 conv) or padding taps skipped (a
+finite border; Tracea's CPU kernels and oneDNN's NHWC conv); both are accepted. For attention, plain
+IEEE softmax (NaN for a row whose logits are all -inf) is accepted besides SDPA (0 there).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import numpy as np
 
 @dataclass
 class Reference:
-    """``ref``: torch's float64 result; ``alt``: the same with activation limits at +-Inf; ``mag``: the
+    """``ref``: torch's float64 result; ``alts``: other accepted results that differ only where values
+    are not finite (activation limits at +-Inf, IEEE softmax, conv padding taps skipped); ``mag``: the
     error scale per element; ``logit_mag`` (attention): |scale| * max_j |q_i||k_j| per query row."""
 
     ref: np.ndarray
-    alt: np.ndarray
+    alts: list[np.ndarray]
     mag: np.ndarray
     logit_mag: np.ndarray | None = None
 
@@ -68,7 +72,7 @@ def matmul(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:
         mag = mag + bias.abs()
     ref = apply_steps(acc, model["steps"], bias, -1, False)
     alt = apply_steps(acc, model["steps"], bias, -1, True)
-    return Reference(ref.numpy(), alt.numpy(), mag.numpy())
+    return Reference(ref.numpy(), [alt.numpy()], mag.numpy())
 
 
 def conv2d(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:
@@ -85,11 +89,35 @@ def conv2d(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:
     mag = F.conv2d(x.abs(), w.abs(), None, **kw)
     if bias is not None:
         mag = mag + bias.abs().reshape(1, -1, 1, 1)
-    ref = apply_steps(acc, model["steps"], bias, 1, False)
-    alt = apply_steps(acc, model["steps"], bias, 1, True)
+    outs = [apply_steps(acc, model["steps"], bias, 1, False), apply_steps(acc, model["steps"], bias, 1, True)]
+    if not bool(torch.isfinite(w).all()):
+        skipped = _conv_skipping_padding(x, w, model)
+        outs += [apply_steps(skipped, model["steps"], bias, 1, lim) for lim in (False, True)]
     if nhwc:
-        ref, alt, mag = (t.permute(0, 2, 3, 1) for t in (ref, alt, mag))
-    return Reference(ref.contiguous().numpy(), alt.contiguous().numpy(), mag.contiguous().numpy())
+        outs, mag = [t.permute(0, 2, 3, 1) for t in outs], mag.permute(0, 2, 3, 1)
+    outs = [t.contiguous().numpy() for t in outs]
+    return Reference(outs[0], outs[1:], mag.contiguous().numpy())
+
+
+def _conv_skipping_padding(x: Any, w: Any, model: dict[str, Any]) -> Any:
+    """conv2d where taps that fall into the zero padding contribute nothing even for a NaN / Inf
+    weight (finite weights through F.conv2d, each non-finite weight added over its inside taps)."""
+    torch = _torch()
+    F = torch.nn.functional
+    (sh, sw), (ph, pw), (dh, dw), groups = model["stride"], model["padding"], model["dilation"], model["groups"]
+    finite = torch.isfinite(w)
+    acc = F.conv2d(x, torch.where(finite, w, torch.zeros_like(w)), None, stride=(sh, sw), padding=(ph, pw),
+                   dilation=(dh, dw), groups=groups)
+    p, q = acc.shape[-2:]
+    xp = F.pad(x, (pw, pw, ph, ph))
+    inside = F.pad(torch.ones(x.shape[-2:], dtype=torch.bool), (pw, pw, ph, ph))
+    kg, cg = w.shape[0] // groups, w.shape[1]
+    for k, c, r, s in (~finite).nonzero().tolist():
+        rows = slice(r * dh, r * dh + sh * (p - 1) + 1, sh)
+        cols = slice(s * dw, s * dw + sw * (q - 1) + 1, sw)
+        taps = xp[:, (k // kg) * cg + c, rows, cols] * w[k, c, r, s]
+        acc[:, k] += torch.where(inside[rows, cols], taps, torch.zeros_like(taps))
+    return acc
 
 
 def attention(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:
@@ -120,30 +148,7 @@ def attention(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference
     logit_mag = absl.amax(dim=-1, keepdim=True) if absl.shape[-1] else torch.zeros(absl.shape[:-1] + (1,), dtype=absl.dtype)
     if three:
         ref, alt, mag, logit_mag = ref[0], alt[0], mag[0], logit_mag[0]
-    return Reference(ref.numpy(), alt.numpy(), mag.numpy(), logit_mag.numpy())
-
-
-def torch_in_dtype(op: str, values: dict[str, np.ndarray], model: dict[str, Any], dtype: str) -> np.ndarray | None:
-    """PyTorch's own attention result computed in the inputs' ``dtype`` (float64 copy), or None for the
-    other ops: when PyTorch computed a call (the fallback), its reduced-precision kernels' handling of
-    NaN / Inf is accepted (e.g. float16 SDPA gives 0 where its float64 path gives NaN)."""
-    if op != "attention" or dtype not in ("float32", "float16", "bfloat16"):
-        return None
-    torch = _torch()
-    F = torch.nn.functional
-    dt = getattr(torch, dtype)
-    q, k, v = (_t(values[n]).to(dt) for n in ("q", "k", "v"))
-    three = q.dim() == 3
-    if three:
-        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scale = model["scale"]
-    scale = (1.0 / q.shape[-1] ** 0.5) if scale is None else float(scale)
-    with torch.no_grad():
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=model["causal"], scale=scale)
-    return (out[0] if three else out).to(torch.float64).numpy()
+    return Reference(ref.numpy(), [alt.numpy()], mag.numpy(), logit_mag.numpy())
 
 
 def compute(op: str, values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:

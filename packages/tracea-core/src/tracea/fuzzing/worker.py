@@ -127,7 +127,7 @@ def _expected_kind(built: dict[str, Built]) -> str:
 
 def _check_result(case: Case, built: dict[str, Built], result: Any, events: list[dict[str, Any]], device: str,
                   verdict: Verdict, tolerate: bool) -> None:
-    from .reference import compute, torch_in_dtype
+    from .reference import compute
 
     values = {n: b.values for n, b in built.items() if b.values is not None}
     ref = compute(case.op, values, case.model)
@@ -163,7 +163,6 @@ def _check_result(case: Case, built: dict[str, Built], result: Any, events: list
            "nonfinite_inputs": any(b.values is not None and b.values.dtype.kind == "f" and not np.isfinite(b.values).all()
                                    for n, b in built.items() if n != "out"),
            "seq_kv": int(built["k"].values.shape[-2]) if "k" in built and built["k"].values is not None else 0}
-    ctx["same_dtype"] = lambda: torch_in_dtype(case.op, values, case.model, in_dtype)
     compare(ctx, got, ref, verdict, tolerate)
 
 
