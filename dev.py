@@ -4,6 +4,7 @@
     python3 dev.py demo    # Doctor report, then real kernels tuned and run on the best backend present
     python3 dev.py test    # the whole test suite (what CI runs)
     python3 dev.py bench   # benchmark scripts of the backends present (slow; big shapes)
+    python3 dev.py fuzz --minutes 20 --jobs 2   # fuzz tracea.ops (python -m tracea.fuzzing; docs/fuzzing.md)
     python3 dev.py env     # only create/refresh the virtual environment (.venv)
 
 The first run creates ``.venv`` and installs every package of the monorepo in editable mode, with torch
@@ -105,6 +106,9 @@ def main(argv: list[str]) -> int:
     if cmd == "demo":
         py = ensure_env()
         return subprocess.run([str(py), str(ROOT / "examples" / "demo.py"), *rest], cwd=ROOT, env=_env()).returncode
+    if cmd == "fuzz":  # options: --cases --seed --minutes --device cpu|cuda --report --jobs --sanitize ...
+        py = ensure_env()
+        return subprocess.run([str(py), "-m", "tracea.fuzzing", *rest], cwd=ROOT, env=_env()).returncode
     if cmd == "bench":
         py = ensure_env()
         code = 0

@@ -10,7 +10,6 @@ import types
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tracea import GemmOp, LayerType, PipelineConfig, SearchSpace
 from tracea.doctor import Doctor, DeviceProfile, KernelVariant, Requirements

@@ -12,7 +12,7 @@ from tracea.ir.ops import GemmOp
 from tracea_cpu import kernels
 from tracea_cpu.isa import ISA_BY_NAME
 from tracea_cpu.spaces import GEMM_HEROES
-from tracea_cpu.testing import BEST, HAVE_CC, ISAS, config, epilogue_ref, poisoned, rand, rel_err, run_gemm
+from tracea_cpu.testing import BEST, HAVE_CC, ISAS, config, epilogue_ref, rand, rel_err, run_gemm
 from tracea_cpu.variants import CpuGemmVariant
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")

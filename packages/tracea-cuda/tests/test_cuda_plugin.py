@@ -70,3 +70,14 @@ def test_search_space_is_nonempty_and_valid():
     op = Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="float16")
     configs = list(v.search_space(op, H200))
     assert configs and all(v.validate_config(op, c, H200) for c in configs[:50])
+
+
+def test_cupy_memory_span_handles_negative_strides():
+    # tracea.ops refuses an out= whose span meets an input's (found by the ops fuzzer); no GPU needed.
+    from types import SimpleNamespace
+
+    from tracea_cuda.arrays import CupyAdapter
+
+    arr = SimpleNamespace(size=12, shape=(3, 4), strides=(-16, 4), itemsize=4, data=SimpleNamespace(ptr=1000))
+    assert CupyAdapter().memory_span(arr) == (1000 - 32, 1000 + 12 + 4)
+    assert CupyAdapter().memory_span(SimpleNamespace(size=0)) is None

@@ -43,7 +43,7 @@ class CupyAdapter(ArrayAdapter):
         cp = toolkit.cupy()
         np_dtype = dtype.numpy
         if np_dtype is None:
-            raise DTypeError("dtype_out", dtype.value, "a dtype CuPy can allocate (float32/float16)")
+            raise DTypeError("out_dtype", dtype.value, "a dtype CuPy can allocate (float32/float16)")
         with cp.cuda.Device(like.device.id):
             return cp.empty(tuple(shape), dtype=np_dtype)
 
@@ -72,21 +72,17 @@ class CupyAdapter(ArrayAdapter):
     def signature(self, obj: Any) -> Any:
         return obj.shape, obj.strides, obj.dtype, obj.device.id
 
-    def may_overlap(self, out: Any, other: Any) -> bool:
-        if not self.owns(other) or other.device.id != out.device.id:
-            return False
-        a, b = _span(out), _span(other)
-        return a[0] < b[1] and b[0] < a[1]
-
-
-def _span(arr: Any) -> tuple[int, int]:
-    """[first byte, last byte + 1) of the memory a CuPy view can touch."""
-    start = int(arr.data.ptr)
-    if arr.size == 0:
-        return start, start
-    lo = sum((n - 1) * st for n, st in zip(arr.shape, arr.strides) if st < 0)
-    hi = sum((n - 1) * st for n, st in zip(arr.shape, arr.strides) if st > 0)
-    return start + lo, start + hi + arr.itemsize
+    def memory_span(self, obj: Any) -> tuple[int, int] | None:
+        """Byte range of the array's elements (CuPy strides may be negative)."""
+        if obj.size == 0:
+            return None
+        start = end = int(obj.data.ptr)
+        for n, st in zip(obj.shape, obj.strides):
+            if st < 0:
+                start += (int(n) - 1) * int(st)
+            else:
+                end += (int(n) - 1) * int(st)
+        return start, end + int(obj.itemsize)
 
 
 def data_ptr(obj: Any, arg: str) -> int:

@@ -55,7 +55,7 @@ class PyOpenCLAdapter(ArrayAdapter):
     def empty(self, shape: Sequence[int], dtype: DType, like: Any) -> Any:
         np_dtype = dtype.numpy
         if np_dtype is None:
-            raise DTypeError("dtype_out", dtype.value, "a dtype NumPy/pyopencl can store")
+            raise DTypeError("out_dtype", dtype.value, "a dtype NumPy/pyopencl can store")
         import pyopencl.array as cla  # noqa: PLC0415
 
         return cla.empty(queue_of(like), tuple(shape), np_dtype)

@@ -85,17 +85,6 @@ def _matmul_precision() -> str:
     return _matmul_precision()
 
 
-def _span(t: Any) -> tuple[int, int]:
-    """[first byte, last byte + 1) of the memory a tensor view can touch."""
-    start = t.data_ptr()
-    if t.numel() == 0:
-        return start, start
-    size = t.element_size()
-    lo = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st < 0)
-    hi = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)
-    return start + lo * size, start + (hi + 1) * size
-
-
 class TorchAdapter(ArrayAdapter):
     """``torch.Tensor`` (and subclasses such as ``nn.Parameter``) on ``cpu`` and ``cuda``."""
 
@@ -215,15 +204,6 @@ class TorchAdapter(ArrayAdapter):
     def signature(self, obj: Any) -> Any:
         return obj.shape, obj.stride(), obj.dtype, obj.device
 
-    def may_overlap(self, out: Any, other: Any) -> bool:
-        """Whether the memory spans of two tensors intersect (a bounds check, as NumPy's
-        ``may_share_memory``): different storages never overlap."""
-        torch = sys.modules["torch"]
-        if not isinstance(other, torch.Tensor) or out.device != other.device:
-            return False
-        a, b = _span(out), _span(other)
-        return a[0] < b[1] and b[0] < a[1]
-
     def write_error(self, obj: Any) -> str | None:
         import torch
 
@@ -232,6 +212,14 @@ class TorchAdapter(ArrayAdapter):
         if obj.is_inference() and not torch.is_inference_mode_enabled():
             return "it is an inference tensor, which cannot be written outside torch.inference_mode()"
         return None
+
+    def memory_span(self, obj: Any) -> tuple[int, int] | None:
+        """Byte range of the tensor's elements (torch strides are never negative)."""
+        if obj.numel() == 0:
+            return None
+        start = int(obj.data_ptr())
+        last = sum((int(n) - 1) * int(st) for n, st in zip(obj.shape, obj.stride()))
+        return start, start + (last + 1) * obj.element_size()
 
     def cuda_stream(self, obj: Any) -> int:
         """The raw ``cudaStream_t`` of torch's current stream on ``obj``'s device (0 for CPU)."""

@@ -19,17 +19,34 @@ from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp, Layout, Op
 
 from .adapter import torch_dtype
 
+def _gelu_erf(t: torch.Tensor) -> torch.Tensor:
+    # torch's vectorised float32/bfloat16 CPU GELU gives NaN for +inf (float64 gives +inf, the limit).
+    return torch.where(torch.isposinf(t), t, F.gelu(t))
+
+
 ACTIVATIONS = {
     EpilogueKind.RELU: torch.relu,
     EpilogueKind.GELU_TANH: lambda t: F.gelu(t, approximate="tanh"),
-    EpilogueKind.GELU_ERF: F.gelu,
+    EpilogueKind.GELU_ERF: _gelu_erf,
     EpilogueKind.SILU: F.silu,
 }
+_PRECISION = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
 
 
 def _cast(t: torch.Tensor, dtype: DType) -> torch.Tensor:
     want = torch_dtype(dtype)
     return t if t.dtype == want else t.to(want)
+
+
+def compute_dtype(inputs: torch.dtype, out: DType) -> torch.dtype:
+    """The dtype to compute in: the inputs' unless the output is more precise (float16 inputs with a
+    float32 output accumulate and apply the epilogue in float32, as Tracea's kernels do); float16 <->
+    bfloat16 in float32."""
+    want = torch_dtype(out)
+    have, rank = _PRECISION.get(inputs, 0), _PRECISION.get(want, 0)
+    if want == inputs or rank < have:
+        return inputs
+    return want if rank > have else torch.float32
 
 
 def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue | tuple[EpilogueKind, ...], bias: torch.Tensor | None,
@@ -51,7 +68,9 @@ def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
     """``op`` on arrays in its physical layout (NCHW/KCRS or NHWC/KRSC); result in that layout."""
     if op.layout is Layout.NHWC:
         x, w = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
-    fused_bias = bias if op.epilogue.steps[:1] == (EpilogueKind.BIAS,) else None
+    dt = compute_dtype(x.dtype, op.out_dtype)
+    x, w = x.to(dt), w.to(dt)
+    fused_bias = bias.to(dt) if bias is not None and op.epilogue.steps[:1] == (EpilogueKind.BIAS,) else None
     acc = F.conv2d(x, w, fused_bias, op.stride, op.padding, op.dilation, op.groups)
     rest = op.epilogue.steps[1:] if fused_bias is not None else op.epilogue.steps
     out = _cast(apply_epilogue(acc, rest, bias, 1), op.out_dtype)
@@ -60,8 +79,9 @@ def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
 
 def gemm(op: GemmOp, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``op`` on ``a`` ((batch,) m x k, or k x m when ``trans_a``) and ``b`` ((batch,) k x n or n x k)."""
-    lhs = a.transpose(-1, -2) if op.trans_a else a
-    rhs = b.transpose(-1, -2) if op.trans_b else b
+    dt = compute_dtype(a.dtype, op.out_dtype)
+    lhs = (a.transpose(-1, -2) if op.trans_a else a).to(dt)
+    rhs = (b.transpose(-1, -2) if op.trans_b else b).to(dt)
     acc = torch.matmul(lhs, rhs)
     return _cast(apply_epilogue(acc, op.epilogue, bias, acc.dim() - 1), op.out_dtype)
 
@@ -69,8 +89,11 @@ def gemm(op: GemmOp, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
 def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Scaled dot-product attention with grouped-query heads expanded to match ``q``."""
     group = op.heads // int(op.kv_heads or op.heads)
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    # Packed copies of strided views: PyTorch's CPU SDPA returns wrong values (or NaN) for inputs whose
+    # rows overlap in memory (as_strided windows), in every dtype (found by tracea.fuzzing).
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if group > 1:  # heads are dim -3 of (batch, heads, seq, d) and of 3-D (heads, seq, d)
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=op.causal, scale=op.scale)
     return _cast(out, op.out_dtype)
 

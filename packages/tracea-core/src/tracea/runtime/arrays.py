@@ -155,10 +155,18 @@ class ArrayAdapter:
         tracks ...), or None when it can."""
         return None
 
+    def memory_span(self, obj: Any) -> tuple[int, int] | None:
+        """``(first, end)`` byte addresses of the memory ``obj``'s elements lie in, or None when unknown
+        (or empty); ``tracea.ops`` refuses an ``out`` whose span meets an input's."""
+        return None
+
     def may_overlap(self, out: Any, other: Any) -> bool:
-        """Whether ``out`` may share memory with ``other`` (an input of the same call, or None).
-        Called on every call that passes ``out``: keep it cheap (a bounds check is enough)."""
-        return False
+        """Whether ``out`` may share memory with ``other`` (an input of the same call, or None): their
+        :meth:`memory_span` ranges meet. Called on every call that passes ``out``."""
+        if other is None or not self.owns(other):
+            return False
+        a, b = self.memory_span(out), self.memory_span(other)
+        return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
 
     def data_ptr(self, obj: Any) -> int:
         """The address of ``obj``'s first element (host memory for host arrays, device memory for
@@ -196,7 +204,7 @@ class NumpyAdapter(ArrayAdapter):
     def empty(self, shape: Sequence[int], dtype: DType, like: Any) -> np.ndarray:
         np_dtype = dtype.numpy
         if np_dtype is None:
-            raise DTypeError("dtype_out", dtype.value, "a dtype NumPy can store (install ml_dtypes for bf16/fp8)")
+            raise DTypeError("out_dtype", dtype.value, "a dtype NumPy can store (install ml_dtypes for bf16/fp8)")
         return np.empty(tuple(shape), dtype=np_dtype)
 
     def contiguous(self, obj: np.ndarray) -> np.ndarray:

@@ -35,7 +35,13 @@ def operands(doctor: Doctor, named: Sequence[tuple[str, Any]]) -> tuple[ArrayAda
         if obj is None:
             continue
         adapter = find_adapter(obj, adapters, name)
-        found[name] = Operand(name, obj, adapter, adapter.info(obj))
+        try:
+            info = adapter.info(obj)
+        except DTypeError as exc:  # an adapter names the dtype; say whose it is
+            if exc.arg != "dtype":
+                raise
+            raise DTypeError(f"{name}.dtype", exc.value, exc.expected, hint=exc.hint) from None
+        found[name] = Operand(name, obj, adapter, info)
     first = next(iter(found.values()))
     for op in found.values():
         if op.adapter.name != first.adapter.name:
@@ -95,6 +101,8 @@ def check_out(out: Operand | None, shape: tuple[int, ...], dtype: DType | None) 
         return
     if tuple(out.info.shape) != tuple(shape):
         raise ShapeError("out", out.obj, f"shape {tuple(shape)}")
+    if out.info.dtype not in FLOATS:
+        raise DTypeError("out.dtype", out.info.dtype.value, "float64, float32, float16 or bfloat16")
     if dtype is not None and out.info.dtype is not dtype:
         raise DTypeError("out.dtype", out.info.dtype.value, f"{dtype.value}")
     why = out.adapter.write_error(out.obj)
@@ -130,11 +138,22 @@ def check_out_dtype(dtype: DType) -> DType:
 
 
 def check_no_overlap(out: Operand | None, inputs: Sequence[Operand | None]) -> None:
-    """Outputs may not alias inputs (checked for NumPy arrays, where it is cheap)."""
-    if out is None or not isinstance(out.obj, np.ndarray):
+    """Outputs may not alias inputs: NumPy's ``may_share_memory``, else the adapters' memory spans
+    (torch tensors, CuPy arrays) on one device."""
+    if out is None:
         return
+    span = None
     for i in inputs:
-        if i is not None and isinstance(i.obj, np.ndarray) and np.may_share_memory(out.obj, i.obj):
+        if i is None:
+            continue
+        if isinstance(out.obj, np.ndarray) and isinstance(i.obj, np.ndarray):
+            overlap = bool(np.may_share_memory(out.obj, i.obj))
+        else:
+            if span is None:
+                span = out.adapter.memory_span(out.obj) or (0, 0)
+            other = i.adapter.memory_span(i.obj) if i.info.device == out.info.device else None
+            overlap = other is not None and span[0] < other[1] and other[0] < span[1]
+        if overlap:
             raise InvalidArgumentError("out", out.obj, f"an array that does not overlap input '{i.name}'")
 
 
@@ -150,10 +169,8 @@ def bias_operand(bias: Operand | None, length: int, out_dtype: DType, what: str)
 
 
 def pair(arg: str, value: Any) -> tuple[int, int]:
-    if isinstance(value, (list, tuple)):
-        if len(value) != 2:
-            raise InvalidArgumentError(arg, value, "an int or a pair of ints")
-        return int(value[0]), int(value[1])
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    """An int or a pair of ints (Python or NumPy integers; not bools, floats or strings) as a pair."""
+    items = value if isinstance(value, (list, tuple)) else (value, value)
+    if len(items) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in items):
         raise InvalidArgumentError(arg, value, "an int or a pair of ints")
-    return int(value), int(value)
+    return int(items[0]), int(items[1])

@@ -10,6 +10,7 @@ layout needs, the output allocation, the launch). The builder stores the plan un
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable
 
 from ..doctor.doctor import get_doctor
@@ -302,8 +303,9 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
         else:
             n, h, wd, c = X.info.shape
             k, r, s, cg = W.info.shape
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups <= 0:  # NumPy ints too
         raise InvalidArgumentError("groups", groups, "a positive integer")
+    groups = int(groups)
     if cg * groups != c:
         raise ShapeError("w", w, f"C/groups = {c}/{groups} input channels per group (got {cg})")
     dtype_out = ops_args.check_out_dtype(DType.parse(out_dtype, "out_dtype")) if out_dtype is not None else (

@@ -36,7 +36,9 @@ void tr_probe_read(double *dst) { memcpy(dst, tr_probe_ns, sizeof tr_probe_ns); 
 #endif
 """
 
-# Cephes-style expf: x = n*ln2 + r, |r| <= ln2/2, degree-6 polynomial; relative error ~1e-7.
+# Cephes-style expf: x = n*ln2 + r, |r| <= ln2/2, degree-6 polynomial; relative error ~1e-7. The upper
+# clamp lets n reach 128, whose 2^n is +Inf: exp overflows to +Inf from x ~ 88.4 (so silu(-inf) is
+# -inf/inf = NaN like PyTorch, not -inf; a clamp at 88.3 kept exp finite).
 # erf: Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7).
 #
 # NaN and Inf (docs/architecture.md, "Numerics"): VMAX(a, b) / VMIN(a, b) return b when either is NaN

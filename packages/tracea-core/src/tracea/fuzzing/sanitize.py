@@ -1,0 +1,61 @@
+"""Replays under a memory checker: each sampled case runs alone in its own process under
+``compute-sanitizer --tool memcheck --error-exitcode 99`` (``SANITIZER_CMD``), as
+``python -m tracea.fuzzing --replay SEED:INDEX --device DEVICE``. Exit status 99 is a sanitizer
+error; another non-zero status is a finding of the replay itself (or a crash) and is counted apart.
+
+``sanitizer_cmd`` can be any command prefix (tests use ``env`` or a shell that exits 99).
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any
+
+SANITIZER_CMD = "compute-sanitizer --tool memcheck --error-exitcode 99"
+SANITIZER_EXIT = 99
+
+
+def sample(seed: int, ran: list[tuple[int, str]], k: int, device: str) -> list[int]:
+    """``k`` case indices to replay: cases that ran on a kernel of ``device``'s backend first (those
+    that reached no kernel teach a memory checker nothing), then any others."""
+    rng = random.Random(f"tracea-fuzz-sanitize:{seed}")
+    kernel_backends = {"cuda"} if device == "cuda" else {"cpu", "reference"}
+    first = [i for i, b in ran if b in kernel_backends]
+    rest = [i for i, b in ran if b not in kernel_backends]
+    rng.shuffle(first)
+    rng.shuffle(rest)
+    return sorted((first + rest)[:k])
+
+
+def run(seed: int, indices: list[int], device: str, sanitizer_cmd: str = SANITIZER_CMD, timeout: float = 600.0,
+        python: str = sys.executable, env: dict[str, str] | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Replay ``indices`` each under ``sanitizer_cmd``; counts and the failing cases with output tails."""
+    out: dict[str, Any] = {"command": sanitizer_cmd, "cases": 0, "sanitizer_errors": 0, "other_failures": 0,
+                           "timeouts": 0, "failures": []}
+    for index in indices:
+        argv = shlex.split(sanitizer_cmd) + [python, "-m", "tracea.fuzzing", "--replay", f"{seed}:{index}",
+                                             "--device", device]
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout, env=env)
+            rc: int | None = proc.returncode
+            text = (proc.stdout or "") + (proc.stderr or "")
+        except subprocess.TimeoutExpired as exc:
+            rc, text = None, f"timed out after {timeout:g} s\n{exc.stdout or ''}{exc.stderr or ''}"
+        except FileNotFoundError as exc:
+            rc, text = 127, f"cannot run {argv[0]!r}: {exc}"
+        out["cases"] += 1
+        if rc == 0:
+            continue
+        kind = "timeout" if rc is None else ("sanitizer" if rc == SANITIZER_EXIT else "other")
+        out["timeouts" if rc is None else ("sanitizer_errors" if rc == SANITIZER_EXIT else "other_failures")] += 1
+        out["failures"].append({"index": index, "seed": seed, "kind": kind, "returncode": rc,
+                                "seconds": round(time.monotonic() - t0, 1), "command": shlex.join(argv),
+                                "output_tail": text[-4000:]})
+        if not quiet:
+            print(f"  sanitizer: case {seed}:{index}: {kind} (exit {rc})", file=sys.stderr, flush=True)
+    return out
