@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tracea.dtypes import DType
+from tracea.dtypes import DType, Fp32Precision
 from tracea.ir.epilogue import Epilogue, EpilogueKind
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp, Layout, Op
 
@@ -64,6 +64,15 @@ def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue | tuple[EpilogueKind, .
     return acc
 
 
+def _cudnn_exact(op: Op, t: torch.Tensor) -> Any:
+    """cuDNN without TF32 for a float32 op that asks for fp32 accuracy (cuDNN's own default is TF32)."""
+    import contextlib
+
+    if t.is_cuda and t.dtype == torch.float32 and op.fp32_precision is Fp32Precision.HIGHEST:
+        return torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False)
+    return contextlib.nullcontext()
+
+
 def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``op`` on arrays in its physical layout (NCHW/KCRS or NHWC/KRSC); result in that layout."""
     if op.layout is Layout.NHWC:
@@ -71,7 +80,8 @@ def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
     dt = compute_dtype(x.dtype, op.out_dtype)
     x, w = x.to(dt), w.to(dt)
     fused_bias = bias.to(dt) if bias is not None and op.epilogue.steps[:1] == (EpilogueKind.BIAS,) else None
-    acc = F.conv2d(x, w, fused_bias, op.stride, op.padding, op.dilation, op.groups)
+    with _cudnn_exact(op, x):
+        acc = F.conv2d(x, w, fused_bias, op.stride, op.padding, op.dilation, op.groups)
     rest = op.epilogue.steps[1:] if fused_bias is not None else op.epilogue.steps
     out = _cast(apply_epilogue(acc, rest, bias, 1), op.out_dtype)
     return out.permute(0, 2, 3, 1) if op.layout is Layout.NHWC else out
