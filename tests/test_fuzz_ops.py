@@ -11,9 +11,8 @@ from tracea.fuzzing import runner
 
 SEED = 20251
 CASES = 300
-# Known defects being fixed in parallel (tracea/fuzzing/known_issues.py) are tolerated here so this
-# test guards everything else; set to False once those fixes have landed.
-TOLERATE_KNOWN_ISSUES = True
+# The defects listed in tracea/fuzzing/known_issues.py are fixed: none is tolerated.
+TOLERATE_KNOWN_ISSUES = False
 
 
 def test_ops_fuzz_short_run_has_no_findings():

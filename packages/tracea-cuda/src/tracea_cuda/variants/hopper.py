@@ -354,6 +354,13 @@ class WgmmaGemmTf32(WgmmaGemm):
         return [_hero(256, 4, 16, cluster=1), _hero(256, 4, cluster=1), _hero(128, 4, 16, bm=256, cluster=1),
                 _hero(256, 4, 16, cluster=2), _hero(128, 6, cluster=1), _hero(256, 4, 16, cluster=1, stream_k=True)]
 
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        reasons = super().extra_checks(op, profile)
+        if self.transposes_b(op) and op.k % 4:
+            reasons.append(f"K={op.k} is not a multiple of 4: the (N, K) copy of B would have rows TMA cannot "
+                           "address (16-byte strides)")
+        return reasons
+
     def transposes_b(self, op: GemmOp) -> bool:
         """A stored (K, M) and B (K, N): B is transposed to (N, K) in scratch first."""
         return not self.swapped(op) and not op.trans_b
@@ -416,6 +423,13 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
         return [_hero(128, 4, cluster=c).replace(partial_stages=8) for c in (1, 2)] + [
             _hero(128, 5, cluster=1).replace(partial_stages=4), _hero(128, 4, cluster=1).replace(partial_stages=4),
             _hero(128, 4, 16, cluster=1).replace(partial_stages=8)]
+
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        reasons = WgmmaGemm.extra_checks(self, op, profile)
+        if op.k % 4:
+            reasons.append(f"K={op.k} is not a multiple of 4: the split operands' rows (3K floats) would not be "
+                           "16-byte aligned for TMA")
+        return reasons
 
     def split_op(self, op: GemmOp) -> GemmOp:
         """The TF32 GEMM the split operands feed: K' = 3K, both operands K-major."""
