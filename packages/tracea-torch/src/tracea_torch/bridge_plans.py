@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from tracea.doctor.decision import Decision
 from tracea.dtypes import DType
-from tracea.errors import BackendError, CaptureError, DTypeError, NoVariantError, UnsupportedDeviceError
+from tracea.errors import (BackendError, CaptureError, DTypeError, KernelFailureWarning, NoVariantError,
+                           UnsupportedDeviceError)
 from tracea.ir.epilogue import Epilogue
 from tracea.ir.ops import Conv2dOp, GemmOp, Layout
 from tracea.runtime import plans
@@ -86,7 +87,7 @@ def _backend_failure(exc: BackendError) -> str:
     first = str(exc).splitlines()[0]
     if first not in _warned_failures:
         _warned_failures.add(first)
-        warnings.warn(f"tracea: a kernel failed, PyTorch computes this call instead: {first}", RuntimeWarning,
+        warnings.warn(f"tracea: a kernel failed, PyTorch computes this call instead: {first}", KernelFailureWarning,
                       stacklevel=5)
     return f"backend error: {first[:200]}"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import warnings
 
-from tracea.errors import UnsupportedConfigError
+from tracea.errors import UnsupportedConfigError, VersionWarning
 
 #: Oldest supported torch (custom_op, register_fake, register_autograd, opcheck).
 TORCH_MIN = (2, 4)
@@ -49,5 +49,5 @@ def check_torch_version(version: tuple[int, int] | None = None) -> tuple[int, in
         _warned = True
         warnings.warn(f"tracea-torch is tested with torch {TORCH_MIN[0]}.{TORCH_MIN[1]} to "
                       f"{TORCH_TESTED_MAX[0]}.{TORCH_TESTED_MAX[1]}; torch {ver[0]}.{ver[1]} is newer and "
-                      "untested", RuntimeWarning, stacklevel=3)
+                      "untested", VersionWarning, stacklevel=3)
     return ver

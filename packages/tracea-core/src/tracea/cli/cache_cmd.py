@@ -10,10 +10,11 @@ import sys
 from typing import Any
 
 from ..errors import TraceaError
+from .rst import plain
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("cache", help="inspect and manage the tuning cache", description=__doc__)
+    p = subparsers.add_parser("cache", help="inspect and manage the tuning cache", description=plain(__doc__))
     p.add_argument("--cache", metavar="FILE", default=None,
                    help="cache file (default: TRACEA_CACHE_PATH or ./.tracea/tuning_cache.json)")
     sub = p.add_subparsers(dest="cache_cmd", metavar="{ls,show,clear,export,import}")

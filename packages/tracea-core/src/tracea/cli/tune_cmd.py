@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from ..errors import InvalidArgumentError, TraceaError
+from .rst import plain
 
 def parse_op_spec(spec: str) -> Any:
     """Build an op from a command-line spec: ``gemm:MxNxK`` / ``gemm:BxMxNxK`` shorthand, else
@@ -34,7 +35,7 @@ def parse_op_spec(spec: str) -> Any:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("tune", help="tune an op or a graph and store the best configs in the cache",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("op", nargs="?", help="op spec, e.g. gemm:1024x1024x1024 (or use --graph)")
     p.add_argument("--graph", metavar="FILE", help="JSON graph description to tune instead of one op")
     p.add_argument("--device", default=None,
@@ -116,8 +117,14 @@ def _run_graph(args: argparse.Namespace, cache: Any) -> int:
     from ..ir.ops import op_from_dict
     from ..tuning.graph import optimize_graph
 
-    with open(args.graph, encoding="utf-8") as f:
-        desc = json.load(f)
+    try:
+        with open(args.graph, encoding="utf-8") as f:
+            desc = json.load(f)
+    except OSError as exc:
+        raise InvalidArgumentError("--graph", args.graph, "a readable JSON graph file",
+                                   hint=exc.strerror or str(exc)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError("--graph", args.graph, "a JSON graph file", hint=f"not valid JSON: {exc}") from None
     if not isinstance(desc, dict) or not isinstance(desc.get("nodes"), list) or not desc["nodes"]:
         raise InvalidArgumentError("--graph", args.graph, 'a JSON object with a non-empty "nodes" list')
     ops = [op_from_dict(dict(n)) for n in desc["nodes"]]

@@ -15,7 +15,8 @@ from ..doctor.decision import Decision
 from ..doctor.doctor import Doctor, get_doctor
 from ..doctor.profile import DeviceProfile
 from ..doctor.variant import KernelVariant, OpArgs, run_launcher
-from ..errors import BackendError, CaptureError, NoVariantError, TraceaError, UnsupportedDeviceError
+from ..errors import (BackendError, CaptureError, KernelFailureWarning, NoVariantError, TraceaError,
+                      UnsupportedDeviceError)
 from ..ir.device import Device
 from ..ir.ops import Op
 from ..semantic.config import PipelineConfig
@@ -100,7 +101,7 @@ def quarantine(variant: KernelVariant, op: Op, exc: BackendError, doctor: Doctor
     if key not in _warned:
         _warned.add(key)
         warnings.warn(f"tracea: {variant.name} failed on {op.describe()} and is not used for it again in this "
-                      f"process; the next candidate runs: {first}", RuntimeWarning, stacklevel=4)
+                      f"process; the next candidate runs: {first}", KernelFailureWarning, stacklevel=4)
     (doctor or get_doctor()).quarantine(variant.name, op, first[:300])
     return Quarantined(first)
 

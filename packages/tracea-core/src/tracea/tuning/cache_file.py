@@ -41,6 +41,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import TuningCacheWarning
 from .cache_schema import FORMAT, VERSION, Parsed, parse
 
 #: largest cache file read; a larger one is corrupt (moved aside).
@@ -52,10 +53,6 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 MISSING, OK, DAMAGED, CORRUPT, UNUSABLE = "missing", "ok", "damaged", "corrupt", "unusable"
-
-
-class TuningCacheWarning(UserWarning):
-    """A tuning-cache file could not be read or written; the message names the file and what was done."""
 
 
 def warn(message: str) -> None:
