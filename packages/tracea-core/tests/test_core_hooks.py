@@ -371,4 +371,4 @@ def test_adapter_declining_the_oracle_gets_the_framework_fallback(monkeypatch):
     out[...] = 0
     run, _ = runner(OP, Device.cpu(), NumpyAdapter(), {"a": a, "b": a, "bias": None}, out, doctor=d)
     run.launch(a, a, None, out)
-    assert np.all(out == 8.0) and run.variant == "reference.gemm"  # NumPy arrays accept the oracle
+    assert np.all(out == 8.0) and run.variant == "reference.gemm_blas"  # NumPy arrays accept the reference backend

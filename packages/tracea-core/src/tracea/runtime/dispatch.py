@@ -12,6 +12,7 @@ import warnings
 from typing import Any, Callable
 
 from ..doctor.decision import Decision
+from ..doctor import recommend
 from ..doctor.doctor import Doctor, get_doctor
 from ..doctor.profile import DeviceProfile
 from ..doctor.variant import KernelVariant, OpArgs, run_launcher
@@ -193,6 +194,8 @@ def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], ou
             if first_use.tune(decision, inputs, out, adapter, bind_config):
                 continue  # the tuned entry now ranks the winner
         c = decision.chosen
+        if free and c.variant.fallback_only and c.variant.backend == "reference":
+            recommend.warn_reference_only(doctor, op.kind.value, device.kind, c.variant.name)
         try:
             launch = bind(c.variant, decision.op, c.config, decision.profile, adapter, doctor,
                           quarantine_failures=free)
