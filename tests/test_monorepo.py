@@ -88,3 +88,19 @@ def test_every_warning_tracea_emits_is_a_tracea_warning():
             if not (isinstance(cls, type) and issubclass(cls, errors.TraceaWarning)):
                 bad.append(f"{path.name}: {cats[-1]}")
     assert not bad, bad
+
+
+@pytest.mark.parametrize("pkg", PACKAGES, ids=lambda p: p.name)
+def test_package_is_complete_for_an_index(pkg):
+    """What PyPI shows and a type checker needs: license file, py.typed, classifiers, project URLs,
+    and a README whose links work outside the repository."""
+    meta = tomllib.loads((pkg / "pyproject.toml").read_text())["project"]
+    module = pkg.name.replace("tracea-core", "tracea").replace("-", "_")
+    assert (pkg / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and meta["license"] == "Apache-2.0"
+    assert (pkg / "src" / module / "py.typed").exists()
+    assert "Typing :: Typed" in meta["classifiers"] and len(meta["classifiers"]) >= 8
+    assert {"Homepage", "Documentation", "Repository", "Issues"} <= set(meta["urls"])
+    links = re.findall(r"\]\(([^)]+)\)", (pkg / "README.md").read_text())
+    relative = [link for link in links if not link.startswith(("https://", "http://", "#"))]
+    assert not relative, f"{pkg.name}/README.md links that break on PyPI: {relative}"
