@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import TraceaError
 from .rst import plain
+from .table import aligned
 
 
 def register(subparsers: Any) -> None:
@@ -162,9 +163,7 @@ def _ls(cache: Any, args: argparse.Namespace) -> int:
         return 0
     rows = [("#", "op", "variant", "goal", "device", "median", "trials", "status", "tuned", "config")]
     rows += [_row(i, cache, e) for i, e in enumerate(entries)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    print("\n".join(aligned(rows)))
     print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in {cache.path}")
     return 0
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError, TraceaError
 from .rst import plain
+from .table import aligned
 
 def parse_op_spec(spec: str) -> Any:
     """Build an op from a command-line spec: ``gemm:MxNxK`` / ``gemm:BxMxNxK`` shorthand, else
@@ -99,8 +100,7 @@ def format_result(result: Any, cache_path: str) -> str:
         rows.append((name, "cache" if vr.from_cache else "tuned", str(len(vr.trials) - pruned), str(failed),
                      str(pruned), best, gf,
                      vr.config.key if vr.config else "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines += aligned(rows, indent="  ")
     if result.ok:
         lines.append(f"best: {result.variant} {result.config.key} ({result.median_s * 1e6:.2f} us median)")
     reasons = {}

@@ -368,8 +368,6 @@ def summary_table(report: dict[str, Any]) -> str:
         rows.append((backend,) + tuple(str(row.get(k, 0)) for k, _ in COLUMNS))
         total.update(row)
     rows.append(("total",) + tuple(str(total.get(k, 0)) for k, _ in COLUMNS))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    lines.insert(len(lines) - 1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    from ..cli.table import aligned
+
+    return "\n".join(aligned(rows, right=range(1, len(rows[0])), rules=(1, len(rows) - 1)))
