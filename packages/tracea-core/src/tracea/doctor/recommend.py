@@ -16,6 +16,7 @@ import sys
 import threading
 import warnings
 from dataclasses import asdict, dataclass
+from types import FrameType
 from typing import Any
 
 from ..errors import ReferenceBackendWarning
@@ -110,7 +111,8 @@ def warn_reference_only(doctor: Any, kind: str, device_kind: str, variant: str) 
 def _caller_level() -> int:
     """The ``stacklevel`` that points a warning at the first frame outside the ``tracea`` package."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root + os.sep):
         frame, level = frame.f_back, level + 1
     return level

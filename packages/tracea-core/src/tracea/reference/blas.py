@@ -41,8 +41,8 @@ def gemm(op: GemmOp, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = Non
     dtype (float64 when there is an epilogue). With ``out`` (C-contiguous, of the compute dtype) and no
     epilogue the product is written straight into it, and ``out`` is returned."""
     ct = _compute_dtype(a, b)
-    a2 = np.asarray(a).astype(ct, copy=False).reshape(op.batch, *((op.k, op.m) if op.trans_a else (op.m, op.k)))
-    b2 = np.asarray(b).astype(ct, copy=False).reshape(op.batch, *((op.n, op.k) if op.trans_b else (op.k, op.n)))
+    a2: np.ndarray = np.asarray(a).astype(ct, copy=False).reshape(op.batch, *((op.k, op.m) if op.trans_a else (op.m, op.k)))
+    b2: np.ndarray = np.asarray(b).astype(ct, copy=False).reshape(op.batch, *((op.n, op.k) if op.trans_b else (op.k, op.n)))
     if op.trans_a:
         a2 = np.swapaxes(a2, -1, -2)  # a transposed view: BLAS reads it with its trans flag
     if op.trans_b:
