@@ -142,7 +142,8 @@ class OpArgs:
 
     GEMM: ``a``, ``b``, ``bias`` (or None), ``out``. conv2d: ``x``, ``w``, ``bias``, ``out``.
     attention: ``q``, ``k``, ``v``, ``out``. Every array is packed row-major in the physical shape the
-    op describes (GEMM ``a`` is (batch, m, k), or (batch, k, m) when ``trans_a``). ``adapter`` is the
+    op describes: GEMM ``a`` is (m, k), or (k, m) when ``trans_a``, with a leading batch axis when
+    ``op.batch > 1`` (one of size 1 may be present or not: reshape by the op's fields). ``adapter`` is the
     :class:`~tracea.runtime.arrays.ArrayAdapter` owning them (``adapter.to_numpy`` gives host views).
     """
 
