@@ -213,7 +213,7 @@ class CpuAttentionVariant(CpuVariant):
         params = kernels.call_params(ATTENTION_PARAMS, dict(
             B=op.batch, H=op.heads, KVH=int(op.kv_heads or op.heads), Sq=op.seq_q, Skv=op.seq_kv, D=op.head_dim,
             causal=int(op.causal), nth=self.threads(op, config, profile)))
-        fn, ptr, scale = lib.tr_attention_call, adapter.data_ptr, float(op.scale)
+        fn, ptr, scale = lib.tr_attention_call, adapter.data_ptr, float(op.scale)  # type: ignore[arg-type]
 
         def launch(q: Any, k: Any, v: Any, out: Any) -> None:
             rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(out))
@@ -231,7 +231,7 @@ class CpuAttentionVariant(CpuVariant):
         k = _host(args, "k", (op.batch, kvh, op.seq_kv, op.head_dim))
         v = _host(args, "v", (op.batch, kvh, op.seq_kv, op.head_dim))
         out = _host(args, "out", (op.batch, op.heads, op.seq_q, op.head_dim))
-        rc = lib.tr_attention(op.batch, op.heads, kvh, op.seq_q, op.seq_kv, op.head_dim, float(op.scale),
+        rc = lib.tr_attention(op.batch, op.heads, kvh, op.seq_q, op.seq_kv, op.head_dim, float(op.scale),  # type: ignore[arg-type]
                               int(op.causal), _ptr(q), _ptr(k), _ptr(v), _ptr(out),
                               self.threads(op, config, profile))
         _check_rc(rc, "attention")
@@ -241,7 +241,7 @@ class CpuAttentionVariant(CpuVariant):
 def _blocked_plan(variant: "CpuVariant", op: Op, config: PipelineConfig) -> tuple[Any, int, int, int]:
     """Validated config -> (compiled library, mc, nc, kc), memoised so a call costs one dict lookup."""
     _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
-    lib = kernels.blocked_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+    lib = kernels.blocked_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)  # type: ignore[attr-defined]
     return lib, int(config.get("mc")), int(config.get("nc")), int(config.get("kc"))
 
 

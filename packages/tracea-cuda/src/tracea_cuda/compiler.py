@@ -142,7 +142,7 @@ def load(source: str, name: str, arch: str, *, smem: int, threads: int) -> Kerne
                 pass
         raise CompilationError(f"cannot load compiled module for {name}: {exc}", backend="cuda") from None
     kernel = Kernel(function, key, smem, threads)
-    kernel.module = module  # keep the module alive with the function
+    kernel.module = module  # type: ignore[attr-defined]  # keep the module alive with the function
     with _LOCK:
         _MEMORY[mem_key] = kernel
     return kernel

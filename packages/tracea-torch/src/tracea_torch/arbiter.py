@@ -162,7 +162,8 @@ def _paired(fa: Callable[[], Any], fb: Callable[[], Any], device: torch.device,
     target = GPU_TARGET_S if device.type == "cuda" else CPU_TARGET_S
     one = max(timer(fa, 1), timer(fb, 1), 1e-7)
     reps = max(1, min(50, int(target / one)))
-    ta, tb = [], []
+    ta: list[float] = []
+    tb: list[float] = []
     for r in range(ROUNDS):
         pair = ((fa, ta), (fb, tb)) if r % 2 == 0 else ((fb, tb), (fa, ta))
         for f, acc in pair:

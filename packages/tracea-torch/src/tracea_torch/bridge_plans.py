@@ -187,7 +187,7 @@ def _conv_run(op: Conv2dOp, launch: Callable[..., None], w_sample: torch.Tensor)
         return run
     shape = op.out_shape
 
-    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[no-redef]
         out = empty(shape, dtype=dt, device=dev)
         launch(x, w if w.is_contiguous() else w.contiguous(), bias, out)
         return out
@@ -297,7 +297,7 @@ def _linear_run(op: GemmOp, launch: Callable[..., None], x_sample: torch.Tensor)
                 return out
         return run
 
-    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[no-redef]
         out = empty((m, n), dtype=dt, device=dev)
         launch(x.view(m, k), w if trans_b else w.t(), bias, out)
         return out.view(out_shape)

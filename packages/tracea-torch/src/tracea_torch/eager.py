@@ -68,7 +68,7 @@ def _cudnn_exact(op: Op, t: torch.Tensor) -> Any:
     """cuDNN without TF32 for a float32 op that asks for fp32 accuracy (cuDNN's own default is TF32)."""
     import contextlib
 
-    if t.is_cuda and t.dtype == torch.float32 and op.fp32_precision is Fp32Precision.HIGHEST:
+    if t.is_cuda and t.dtype == torch.float32 and op.fp32_precision is Fp32Precision.HIGHEST:  # type: ignore[attr-defined]
         return torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False)
     return contextlib.nullcontext()
 

@@ -69,7 +69,7 @@ def _activation_grad(grad: Tensor, act: Optional[str], output: Tensor, pre: "cal
         return grad
     if act == "relu":
         return torch.ops.aten.threshold_backward(grad, output, 0)
-    z = pre()
+    z = pre()  # type: ignore[misc]
     if act == "silu":
         return torch.ops.aten.silu_backward(grad, z)
     return torch.ops.aten.gelu_backward(grad, z, approximate=_GELU_APPROX[act])
@@ -207,7 +207,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int
     ``padding`` as int, pair, ``"valid"`` or ``"same"``. Differentiable; traceable by torch.compile."""
     stride_, dilation_ = _pair(stride, "stride"), _pair(dilation, "dilation")
     if _any_autocast():
-        x, weight, bias = _autocast(x, weight, bias)
+        x, weight, bias = _autocast(x, weight, bias)  # type: ignore[assignment]
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
@@ -238,7 +238,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
     """``F.linear`` computed by Tracea as one GEMM with the bias (and ``activation``) fused into its
     epilogue. Differentiable; traceable by torch.compile."""
     if _any_autocast():
-        x, weight, bias = _autocast(x, weight, bias)
+        x, weight, bias = _autocast(x, weight, bias)  # type: ignore[assignment]
     if _direct(x, weight, bias):
         return bridge.linear(x, weight, bias, activation or "none")
     return torch.ops.tracea.linear(x, weight, bias, activation or "none")

@@ -140,15 +140,15 @@ def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fu
     changed: list[nn.Module] = []
     with _lock:
         for name, m in model.named_modules():
-            if type(m) is not base or m in _SWAPPED or (filter is not None and not filter(name, m)):
+            if type(m) is not base or m in _SWAPPED or (filter is not None and not filter(name, m)):  # type: ignore[arg-type]
                 continue
             act_module = pairs.get(id(m))
-            _SWAPPED[m] = (kind, type(m), m.__dict__.get("activation"))
+            _SWAPPED[m] = (kind, type(m), m.__dict__.get("activation"))  # type: ignore[index]
             m.__class__ = target
-            m.activation = None
-            changed.append(m)
+            m.activation = None  # type: ignore[attr-defined]
+            changed.append(m)  # type: ignore[arg-type]
             if act_module is not None and act_module not in _SWAPPED:
-                m.activation = parse_activation(_ACTIVATION_MODULES[type(act_module)](act_module))
+                m.activation = parse_activation(_ACTIVATION_MODULES[type(act_module)](act_module))  # type: ignore[attr-defined]
                 _SWAPPED[act_module] = ("activation:" + kind, type(act_module), None)
                 act_module.__class__ = FusedActivation
                 changed.append(act_module)

@@ -162,7 +162,7 @@ def _ls(cache: Any, args: argparse.Namespace) -> int:
         print(f"no entries in {cache.path}")
         return 0
     rows = [("#", "op", "variant", "goal", "device", "median", "trials", "status", "tuned", "config")]
-    rows += [_row(i, cache, e) for i, e in enumerate(entries)]
+    rows += [_row(i, cache, e) for i, e in enumerate(entries)]  # type: ignore[misc]
     print("\n".join(aligned(rows)))
     print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in {cache.path}")
     return 0

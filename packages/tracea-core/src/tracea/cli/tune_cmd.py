@@ -30,7 +30,7 @@ def parse_op_spec(spec: str) -> Any:
         if len(dims) not in (3, 4) or not all(d.isdigit() for d in dims):
             raise InvalidArgumentError("op", spec, "gemm:MxNxK, gemm:BATCHxMxNxK or gemm:m=..,n=..,k=..")
         vals = [int(d) for d in dims]
-        return GemmOp(*vals[-3:], batch=vals[0] if len(vals) == 4 else 1)
+        return GemmOp(*vals[-3:], batch=vals[0] if len(vals) == 4 else 1)  # type: ignore[arg-type,misc]
     return parse_op(spec)
 
 
@@ -103,7 +103,7 @@ def format_result(result: Any, cache_path: str) -> str:
     lines += aligned(rows, indent="  ")
     if result.ok:
         lines.append(f"best: {result.variant} {result.config.key} ({result.median_s * 1e6:.2f} us median)")
-    reasons = {}
+    reasons: dict[str, str] = {}
     for t in result.history:
         if not t.ok:
             reasons.setdefault(t.status, t.reason)

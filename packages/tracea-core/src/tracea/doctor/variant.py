@@ -77,7 +77,7 @@ class Requirements:
         outs = self.out_dtypes if self.out_dtypes is not None else frozenset(op.dtypes)
         if op.out_dtype not in outs:
             reasons.append(f"output dtype {op.out_dtype.value} not supported")
-        for step in op.epilogue:
+        for step in op.epilogue:  # type: ignore[attr-defined]
             if step not in self.epilogues:
                 reasons.append(f"epilogue step {step.value} not supported")
         missing = [f for f in self.isa if not profile.has(f)]

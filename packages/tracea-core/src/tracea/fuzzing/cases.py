@@ -645,7 +645,7 @@ def _conv2d(g: _G, case: Case) -> None:
     if layout == "NHWC":
         w_shape = (kk, r, s, w_shape[1])
     if g.chance(0.03):
-        x_shape = x_shape[1:]
+        x_shape = x_shape[1:]  # type: ignore[assignment]
         case.mark("invalid", "3-D conv input")
     _zero_sizes(case, {"x": x_shape, "w": w_shape})
     case.arrays["x"] = _array(g, case, x_shape, dtype, kind)

@@ -187,9 +187,9 @@ class Tally:
                 slot["count"] += 1
             if rec.get("err_ratio") is not None and not rec["findings"]:
                 row["checked"] += 1
-                key = f"{backend} {rec['op'] if rec['op'] != 'gemm' else 'matmul'} {rec.get('dtype')}"
-                if rec["err_ratio"] > self.closest.get(key, (-1.0, ""))[0]:
-                    self.closest[key] = (rec["err_ratio"], f"{rec['seed']}:{rec['index']}")
+                key = f"{backend} {rec['op'] if rec['op'] != 'gemm' else 'matmul'} {rec.get('dtype')}"  # type: ignore[assignment]
+                if rec["err_ratio"] > self.closest.get(key, (-1.0, ""))[0]:  # type: ignore[call-overload]
+                    self.closest[key] = (rec["err_ratio"], f"{rec['seed']}:{rec['index']}")  # type: ignore[index]
             for k in rec.get("known", []):
                 self.known[k] += 1
                 row["known"] += 1

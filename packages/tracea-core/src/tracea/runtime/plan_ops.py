@@ -197,13 +197,13 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
             return inputs_, target, (reshape(target, kshape) if view else target)
         return kernel_args
 
-    inputs0, target0, kout0 = arg_builder(*preps, tuple(kshape) != tuple(out_shape))(x0, y0, z0, out0)
+    inputs0, target0, kout0 = arg_builder(*preps, tuple(kshape) != tuple(out_shape))(x0, y0, z0, out0)  # type: ignore[call-arg]
     user0 = dict(zip(roles, (x0, y0, inputs0[2] if roles[2] == "bias" else z0)))
     run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor,
                                    inputs=inputs0)
     launch = run.launch
     lean = launch is not None and getattr(launch, "pointer_only", False)
-    kernel_args = arg_builder(*(_lean(p, launch) for p in preps), tuple(kshape) != tuple(out_shape) and not lean)
+    kernel_args = arg_builder(*(_lean(p, launch) for p in preps), tuple(kshape) != tuple(out_shape) and not lean)  # type: ignore[arg-type,call-arg]
 
     if launch is None:  # a framework computes every call of this signature
         def plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
@@ -240,7 +240,7 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
         def first_call() -> Any:
             return plan(x0, y0, z0, out0)
 
-    plan.runner = run  # type: ignore[attr-defined]  (for tools and tests: what this plan runs)
+    plan.runner = run  # type: ignore[attr-defined]  # for tools and tests: what this plan runs
     return _finish(key, plan, first_call)
 
 
