@@ -51,11 +51,11 @@ def main() -> None:
             a = rng.standard_normal((n, n)).astype(dtype)
             b = rng.standard_normal((n, n)).astype(dtype)
             if dtype == np.float16:  # NumPy has no float16 BLAS: the anchor is what a NumPy user writes
-                ref = _median_s(lambda: (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16), args.reps)
+                ref = _median_s(lambda a=a, b=b: (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16), args.reps)
             else:
-                ref = _median_s(lambda: a @ b, args.reps)
-            user = _median_s(lambda: tracea.ops.matmul(a, b), args.reps)
-            oracle = _median_s(lambda: tracea.ops.matmul(a, b, variant="reference.gemm"), max(2, args.reps // 3))
+                ref = _median_s(lambda a=a, b=b: a @ b, args.reps)
+            user = _median_s(lambda a=a, b=b: tracea.ops.matmul(a, b), args.reps)
+            oracle = _median_s(lambda a=a, b=b: tracea.ops.matmul(a, b, variant="reference.gemm"), max(2, args.reps // 3))
             print(f"{np.dtype(dtype).name:8} {n:>6} {ref * 1e3:>10.2f} {user * 1e3:>10.2f} {oracle * 1e3:>10.2f} "
                   f"{ref / user:>12.2f}x {ref / oracle:>12.2f}x")
     print("ratios: NumPy time / Tracea time (>1: Tracea faster). float16 anchor: NumPy in float32, cast back.")
