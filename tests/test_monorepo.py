@@ -57,6 +57,7 @@ def _source_files():
     for pkg in PACKAGES:
         yield from sorted((pkg / "src").rglob("*.py"))
     yield ROOT / "dev.py"
+    yield ROOT / "conftest.py"
 
 
 def test_every_environment_variable_read_is_documented_in_the_readme():
