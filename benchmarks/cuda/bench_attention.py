@@ -74,12 +74,31 @@ def prefill(quick: bool) -> list[dict]:
                 user = _time([ours, theirs], 10, False)
                 kern = _time([ours, theirs], 10, True)
                 fl = _flops(b, h, s, s, d, causal)
+                heroes = _heroes(q, k, v, causal, theirs) if not quick else {}
                 rows.append(dict(part="prefill", dtype=str(dt).split(".")[1], d=d, causal=causal,
                                  tracea_tflops=fl / kern[0] / 1e12, sdpa_tflops=fl / kern[1] / 1e12,
                                  ratio_kernel=kern[1] / kern[0], ratio_user=user[1] / user[0], rel_err=err,
-                                 variant=_variant(q, k, v, causal)))
+                                 variant=_variant(q, k, v, causal),
+                                 heroes={c: round(fl / t / 1e12, 1) for c, t in heroes.items()}))
                 print(_fmt(rows[-1]), flush=True)
     return rows
+
+
+def _heroes(q, k, v, causal, theirs) -> dict:  # noqa: ANN001
+    """Isolated-kernel time (queued ahead) of every hero config of the flash variant, by config key."""
+    from tracea.doctor.doctor import get_doctor
+    from tracea.ir.ops import AttentionOp
+    from tracea_cuda.variants.attention import FlashAttention
+    from tracea_torch.adapter import device_of
+
+    b, h, s, d = q.shape
+    op = AttentionOp(b, h, s, s, d, causal=causal, dtype=str(q.dtype).split(".")[1])
+    profile = get_doctor().profile_for(device_of(q.device))
+    out = {}
+    for cfg in FlashAttention().hero_configs(op, profile):
+        fn = lambda c=cfg: tracea.ops.attention(q, k, v, is_causal=causal, variant=FlashAttention.name, config=c)  # noqa: E731
+        out[cfg.key] = _time([fn, theirs], 10, True)[0]
+    return out
 
 
 def _variant(q, k, v, causal) -> str:  # noqa: ANN001

@@ -60,10 +60,11 @@ class FlashSpec:
     causal: bool
     mask: int = 0  # 0 none, 1 bool, 2 additive
     splits: int = 1  # > 1: split-KV partials (fp32) for the combine kernel
+    mt: int = 1  # 16-row m-tiles per warp (2: each K / V fragment feeds two MMAs; Q read from smem)
 
     @property
     def warps(self) -> int:
-        return self.bm // 16
+        return self.bm // (16 * self.mt)
 
     @property
     def threads(self) -> int:
@@ -79,12 +80,12 @@ class FlashSpec:
             raise UnsupportedConfigError(f"flash attention runs float16 / bfloat16, not {self.dtype.value}")
         if self.head_dim not in (64, 128):
             raise UnsupportedConfigError(f"head_dim={self.head_dim}: the flash kernel is built for 64 and 128")
-        if self.bm % 16 or not 1 <= self.warps <= 8:
-            raise UnsupportedConfigError(f"bm={self.bm} must be 16 x (1..8 warps)")
+        if self.mt not in (1, 2) or self.bm % (16 * self.mt) or not 1 <= self.warps <= 8:
+            raise UnsupportedConfigError(f"bm={self.bm} must be 16 x mt={self.mt} x (1..8 warps)")
         if self.bn not in (32, 64, 128):
             raise UnsupportedConfigError(f"bn={self.bn} must be 32, 64 or 128")
-        # accumulators per thread: O (head_dim / 2) + S (bn / 2) + Q fragments (head_dim / 4)
-        if self.head_dim // 2 + self.bn // 2 + self.head_dim // 4 > 160:
+        # accumulators per thread: O (head_dim / 2) + S (bn / 2) per m-tile + Q fragments (head_dim / 4, mt 1)
+        if self.mt * (self.head_dim // 2 + self.bn // 2) + (self.head_dim // 4 if self.mt == 1 else 8) > 176:
             raise UnsupportedConfigError(f"bn={self.bn} with head_dim={self.head_dim} needs more than 255 registers")
         if self.mask not in (0, 1, 2) or self.splits < 1:
             raise UnsupportedConfigError(f"mask={self.mask} / splits={self.splits} out of range")
@@ -167,36 +168,49 @@ extern "C" __global__ void __launch_bounds__(NT) KERNEL(
     }
     cp_async_commit();
 
-    // this thread's two rows (warp rows gq and gq + 8) and their query / head indices
-    int row[2], qi[2], qh[2];
+    // this thread's rows: m-tile mt, rows gq and gq + 8 of it; their query / head indices
+    int row[MT][2], qi[MT][2], qh[MT][2];
     #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        row[h] = m0 + warp * 16 + gq + h * 8;
-        const int rr = min(row[h], M - 1);
-        qi[h] = rr % Sq;
-        qh[h] = kvh * G + rr / Sq;
+    for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            row[mt][h] = m0 + (warp * MT + mt) * 16 + gq + h * 8;
+            const int rr = min(row[mt][h], M - 1);
+            qi[mt][h] = rr % Sq;
+            qh[mt][h] = kvh * G + rr / Sq;
+        }
     }
-    const u16* mrow[2] = {0, 0};
-    if (MASK) {
+    const u16* mrow[MT][2];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
         #pragma unroll
         for (int h = 0; h < 2; ++h)
-            mrow[h] = mask + (((size_t)(MB > 1 ? b : 0) * MH + (MH > 1 ? qh[h] : 0)) * Sq + qi[h]) * Skv;
+            mrow[mt][h] = MASK ? mask + (((size_t)(MB > 1 ? b : 0) * MH + (MH > 1 ? qh[mt][h] : 0)) * Sq + qi[mt][h]) * Skv
+                               : mask;
     }
 
-    float o[D / 8][4];
+    float o[MT][D / 8][4];
     #pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
-    u32 qf[D / 16][4];
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int j = 0; j < D / 8; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
+    float mrun[MT][2], lrun[MT][2];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) mrun[mt][0] = mrun[mt][1] = -INFINITY, lrun[mt][0] = lrun[mt][1] = 0.0f;
+#if MT == 1
+    u32 qf[D / 16][4];  // one m-tile: Q fragments stay in registers
+#endif
 
     cp_async_wait<1>();
     __syncthreads();
+#if MT == 1
     #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         const int mi = lane >> 3;
         const int r = warp * 16 + (mi & 1) * 8 + (lane & 7), c = kk * 16 + (mi >> 1) * 8;
         ldsm_x4(qf[kk], smem_u32(sQ + swz(r, c)));
     }
+#endif
 
     for (int t = 0; t < ntiles; ++t) {
         const int n0 = kbeg + t * BN;
@@ -211,113 +225,150 @@ extern "C" __global__ void __launch_bounds__(NT) KERNEL(
         const u16* cK = sK + buf * BN * D;
         const u16* cV = sV + buf * BN * D;
 
-        float s[BN / 8][4];
+        float s[MT][BN / 8][4];
         #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        for (int mt = 0; mt < MT; ++mt)
+            #pragma unroll
+            for (int j = 0; j < BN / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
         #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
+#if MT == 1
+            const u32* af0 = qf[kk];
+#else
+            u32 af[MT][4];  // several m-tiles: Q fragments from shared memory, each K fragment feeds MT
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const int mi = lane >> 3;
+                const int r = (warp * MT + mt) * 16 + (mi & 1) * 8 + (lane & 7), c = kk * 16 + (mi >> 1) * 8;
+                ldsm_x4(af[mt], smem_u32(sQ + swz(r, c)));
+            }
+#endif
             #pragma unroll
             for (int nn = 0; nn < BN / 16; ++nn) {
                 u32 bf[4];
                 const int mi = lane >> 3;
                 const int r = nn * 16 + (mi >> 1) * 8 + (lane & 7), c = kk * 16 + (mi & 1) * 8;
                 ldsm_x4(bf, smem_u32(cK + swz(r, c)));
-                mma16816(s[2 * nn], qf[kk], bf[0], bf[1]);
-                mma16816(s[2 * nn + 1], qf[kk], bf[2], bf[3]);
+                #pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+#if MT == 1
+                    const u32* a = af0;
+#else
+                    const u32* a = af[mt];
+#endif
+                    mma16816(s[mt][2 * nn], a, bf[0], bf[1]);
+                    mma16816(s[mt][2 * nn + 1], a, bf[2], bf[3]);
+                }
             }
         }
         // scale (base-2 units), masks
         const bool edge = n0 + BN > Skv || (CAUSAL && n0 + BN - 1 > i_min);
         #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
+        for (int mt = 0; mt < MT; ++mt) {
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = e >> 1, key = n0 + j * 8 + 2 * tq + (e & 1);
-                float x = s[j][e] * scale_log2;
-                if (edge) {
-                    if (key >= Skv) x = -INFINITY;
-                    else if (CAUSAL && key > qi[h]) x = -INFINITY;
+            for (int j = 0; j < BN / 8; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e >> 1, key = n0 + j * 8 + 2 * tq + (e & 1);
+                    float x = s[mt][j][e] * scale_log2;
+                    if (edge) {
+                        if (key >= Skv) x = -INFINITY;
+                        else if (CAUSAL && key > qi[mt][h]) x = -INFINITY;
+                    }
+                    if (MASK == 1) {
+                        if (key < Skv && TO32(mrow[mt][h][key]) == 0.0f) x = -INFINITY;
+                    } else if (MASK == 2) {
+                        if (key < Skv) x += TO32(mrow[mt][h][key]) * 1.4426950408889634f;
+                    }
+                    s[mt][j][e] = x;
                 }
-                if (MASK == 1) {
-                    if (key < Skv && TO32(mrow[h][key]) == 0.0f) x = -INFINITY;
-                } else if (MASK == 2) {
-                    if (key < Skv) x += TO32(mrow[h][key]) * 1.4426950408889634f;
-                }
-                s[j][e] = x;
             }
         }
         // online softmax: row max over the quad, rescale, exponentials, partial row sums
-        float alpha[2];
         #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = -INFINITY;
+        for (int mt = 0; mt < MT; ++mt) {
+            float alpha[2];
             #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(mrun[h], mx);
-            const float msafe = mnew == -INFINITY ? 0.0f : mnew;
-            alpha[h] = exp2f(mrun[h] - msafe);
-            mrun[h] = mnew;
-            float sum = 0.0f;
-            #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                s[j][2 * h] = exp2f(s[j][2 * h] - msafe);
-                s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - msafe);
-                sum += s[j][2 * h] + s[j][2 * h + 1];
+            for (int h = 0; h < 2; ++h) {
+                float mx = -INFINITY;
+                #pragma unroll
+                for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(mrun[mt][h], mx);
+                const float msafe = mnew == -INFINITY ? 0.0f : mnew;
+                alpha[h] = exp2f(mrun[mt][h] - msafe);
+                mrun[mt][h] = mnew;
+                float sum = 0.0f;
+                #pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    s[mt][j][2 * h] = exp2f(s[mt][j][2 * h] - msafe);
+                    s[mt][j][2 * h + 1] = exp2f(s[mt][j][2 * h + 1] - msafe);
+                    sum += s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+                }
+                lrun[mt][h] = lrun[mt][h] * alpha[h] + sum;
             }
-            lrun[h] = lrun[h] * alpha[h] + sum;
-        }
-        #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+            #pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                o[mt][j][0] *= alpha[0]; o[mt][j][1] *= alpha[0];
+                o[mt][j][2] *= alpha[1]; o[mt][j][3] *= alpha[1];
+            }
         }
         // O += P V: P from the S accumulators (two key tiles = one k16 A fragment), V by ldmatrix.trans
         #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            u32 pa[4];
-            pa[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            u32 pa[MT][4];
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
             #pragma unroll
             for (int dd = 0; dd < D / 16; ++dd) {
                 u32 bf[4];
                 const int mi = lane >> 3;
                 const int r = kk * 16 + (mi & 1) * 8 + (lane & 7), c = dd * 16 + (mi >> 1) * 8;
                 ldsm_x4_t(bf, smem_u32(cV + swz(r, c)));
-                mma16816(o[2 * dd], pa, bf[0], bf[1]);
-                mma16816(o[2 * dd + 1], pa, bf[2], bf[3]);
+                #pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816(o[mt][2 * dd], pa[mt], bf[0], bf[1]);
+                    mma16816(o[mt][2 * dd + 1], pa[mt], bf[2], bf[3]);
+                }
             }
         }
     }
 
     // finish: row sums over the quad, normalise, store
     #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = lrun[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l == 0.0f ? 1.0f : 1.0f / l;  // l = 0: every logit -inf, weights 0 (PyTorch)
-        if (row[h] >= M) continue;
-        if (SPLITS > 1) {
-            const size_t prow = ((size_t)split * B * H * Sq) + (head0 * Sq + row[h]);
-            float* dst = part + prow * D;
-            #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                dst[j * 8 + 2 * tq] = o[j][2 * h] * inv;
-                dst[j * 8 + 2 * tq + 1] = o[j][2 * h + 1] * inv;
+    for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = lrun[mt][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l == 0.0f ? 1.0f : 1.0f / l;  // l = 0: every logit -inf, weights 0 (PyTorch)
+            if (row[mt][h] >= M) continue;
+            if (SPLITS > 1) {
+                const size_t prow = ((size_t)split * B * H * Sq) + (head0 * Sq + row[mt][h]);
+                float* dst = part + prow * D;
+                #pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    dst[j * 8 + 2 * tq] = o[mt][j][2 * h] * inv;
+                    dst[j * 8 + 2 * tq + 1] = o[mt][j][2 * h + 1] * inv;
+                }
+                if (tq == 0) {
+                    const float msafe = mrun[mt][h] == -INFINITY ? 0.0f : mrun[mt][h];
+                    part_lse[prow] = l == 0.0f ? -INFINITY : msafe + log2f(l);
+                }
+            } else {
+                u16* dst = out + (head0 * Sq + row[mt][h]) * D;
+                #pragma unroll
+                for (int j = 0; j < D / 8; ++j)
+                    *reinterpret_cast<u32*>(dst + j * 8 + 2 * tq) =
+                        pack2(o[mt][j][2 * h] * inv, o[mt][j][2 * h + 1] * inv);
             }
-            if (tq == 0) {
-                const float msafe = mrun[h] == -INFINITY ? 0.0f : mrun[h];
-                part_lse[prow] = l == 0.0f ? -INFINITY : msafe + log2f(l);
-            }
-        } else {
-            u16* dst = out + (head0 * Sq + row[h]) * D;
-            #pragma unroll
-            for (int j = 0; j < D / 8; ++j)
-                *reinterpret_cast<u32*>(dst + j * 8 + 2 * tq) = pack2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
         }
     }
 }
@@ -353,7 +404,7 @@ def _defines(spec: FlashSpec) -> str:
     bf = spec.dtype is DType.BF16
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BM {spec.bm}", f"#define BN {spec.bn}", f"#define WARPS {spec.warps}",
-        f"#define CAUSAL {int(spec.causal)}", f"#define MASK {spec.mask}", f"#define SPLITS {spec.splits}",
+        f"#define CAUSAL {int(spec.causal)}", f"#define MT {spec.mt}", f"#define MASK {spec.mask}", f"#define SPLITS {spec.splits}",
         f'#define MMA_KIND "{"bf16" if bf else "f16"}"',
         f"#define TO16(x) {'f32_to_bf16' if bf else 'f32_to_f16'}(x)",
         f"#define TO32(x) {'bf16_to_f32' if bf else 'f16_to_f32'}(x)",
@@ -365,7 +416,7 @@ def render(spec: FlashSpec, name: str = KERNEL_NAME) -> str:
     """Complete CUDA source of the flash-attention forward kernel ``name`` for ``spec``."""
     spec.check()
     head = (f"// Tracea flash attention forward: {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
-            f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits}\n")
+            f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits} mt={spec.mt}\n")
     return head + PRELUDE + _defines(spec) + f"\n#define KERNEL {name}\n" + BODY
 
 

@@ -3,8 +3,9 @@ float16 / bfloat16, head dims 64 and 128, causal or not, GQA / MQA, seq_q != seq
 and additive masks, and a split-KV path (partials + a combine kernel) that fills the GPU when the query
 rows alone cannot (one-token decode over a long KV cache).
 
-Config: ``tile_m`` = query rows per CTA (16 per warp, ``warps = tile_m / 16``), ``tile_n`` = keys per
-tile, param ``splits`` (0: chosen from the grid size and the SM count, 1: none, n: n key chunks).
+Config: ``tile_m`` = query rows per CTA, param ``mt`` = 16-row m-tiles per warp (``warps = tile_m / (16 mt)``),
+``tile_n`` = keys per tile, param ``splits`` (0: chosen from the grid size and the SM count, 1: none,
+n: n key chunks).
 """
 
 from __future__ import annotations
@@ -68,14 +69,15 @@ class FlashAttention(CudaVariant):
 
     # -- configs ---------------------------------------------------------------------------------
     def spec(self, op: AttentionOp, config: PipelineConfig, ptrs: Any = None, profile: DeviceProfile | None = None) -> FlashSpec:
-        if config.tile_m % 16:
-            raise UnsupportedConfigError(f"tile_m={config.tile_m} must be a multiple of 16")
+        mt = int(config.get("mt", 1) or 1)
+        if config.tile_m % (16 * mt):
+            raise UnsupportedConfigError(f"tile_m={config.tile_m} must be a multiple of 16 x mt={mt}")
         splits = int(config.get("splits", 0) or 0)
         if splits <= 0:
             sms = profile.compute_units if profile is not None and profile.compute_units > 1 else 132
             splits = auto_splits(op, config.tile_m, config.tile_n, sms)
         return FlashSpec(op.dtype.storage, op.head_dim, config.tile_m, config.tile_n, op.causal, _MASKS[op.mask],
-                         min(splits, MAX_SPLITS))
+                         min(splits, MAX_SPLITS), mt)
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -84,26 +86,30 @@ class FlashAttention(CudaVariant):
         except UnsupportedConfigError as exc:
             return Validity(False, exc.reason)
         if config.warps != spec.warps:
-            return Validity(False, f"warps={config.warps} must be tile_m / 16 = {spec.warps}")
+            return Validity(False, f"warps={config.warps} must be tile_m / (16 mt) = {spec.warps}")
         return config.validate(profile, smem_bytes=spec.smem_bytes)
 
     def search_space(self, op: AttentionOp, profile: DeviceProfile) -> SearchSpace:
         return (SearchSpace().tile_m([16, 32, 64, 128]).tile_n([32, 64, 128]).tile_k([op.head_dim]).stages([2])
-                .warps([1, 2, 4, 8]).param("splits", [0, 1, 2, 4, 8, 16, 32])
+                .warps([1, 2, 4, 8]).param("mt", [1, 2]).param("splits", [0, 1, 2, 4, 8, 16, 32])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
         kvh = int(op.kv_heads or op.heads)
         rows = (op.heads // kvh) * op.seq_q
 
-        def h(bm: int, bn: int) -> PipelineConfig:
-            return hero(bm, bn, op.head_dim, 2, bm // 16, splits=0)
+        def h(bm: int, bn: int, mt: int = 1) -> PipelineConfig:
+            return hero(bm, bn, op.head_dim, 2, bm // (16 * mt), mt=mt, splits=0)
 
         if rows <= 16:
             return [h(16, 64), h(32, 64), h(64, 64)]
         if rows <= 64:
             return [h(64, 64), h(16, 64), h(128, 64)]
-        return [h(128, 64), h(64, 64), h(128, 32)]
+        if op.head_dim <= 64:
+            return [h(128, 64, 2), h(128, 64), h(64, 64), h(128, 32)]
+        if op.causal or op.mask is not None:  # d128 with two m-tiles per warp spills a little with masking
+            return [h(128, 64), h(128, 32, 2), h(64, 64)]
+        return [h(128, 32, 2), h(128, 64), h(64, 64)]
 
     # -- compile and launch ----------------------------------------------------------------------
     def _kernels(self, spec: FlashSpec, profile: DeviceProfile) -> tuple[compiler.Kernel, compiler.Kernel | None]:
