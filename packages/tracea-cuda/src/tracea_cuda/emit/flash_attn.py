@@ -180,6 +180,11 @@ extern "C" __global__ void __launch_bounds__(NT) KERNEL(
             qh[mt][h] = kvh * G + rr / Sq;
         }
     }
+    int klim[MT][2];  // keys visible to each row: [0, klim)
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) klim[mt][h] = CAUSAL ? min(Skv, qi[mt][h] + 1) : Skv;
     const u16* mrow[MT][2];
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -271,10 +276,7 @@ extern "C" __global__ void __launch_bounds__(NT) KERNEL(
                 for (int e = 0; e < 4; ++e) {
                     const int h = e >> 1, key = n0 + j * 8 + 2 * tq + (e & 1);
                     float x = s[mt][j][e] * scale_log2;
-                    if (edge) {
-                        if (key >= Skv) x = -INFINITY;
-                        else if (CAUSAL && key > qi[mt][h]) x = -INFINITY;
-                    }
+                    if (edge && key >= klim[mt][h]) x = -INFINITY;  // past seq_kv, or causally hidden
                     if (MASK == 1) {
                         if (key < Skv && TO32(mrow[mt][h][key]) == 0.0f) x = -INFINITY;
                     } else if (MASK == 2) {
