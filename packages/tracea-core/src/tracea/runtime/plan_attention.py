@@ -16,6 +16,8 @@ import math
 import numbers
 from typing import Any, Callable
 
+import numpy as np
+
 from ..doctor.doctor import get_doctor
 from ..errors import DTypeError, InvalidArgumentError, ShapeError
 from ..ir.ops import AttentionOp
@@ -69,7 +71,8 @@ def _packed_as(adapter: Any, packed: bool, kshape: tuple[int, ...], same_shape: 
 
 
 def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, numbers.Integral)) or value not in (0, 1):
+    """A bool argument: Python or NumPy bools, or the integers 0 and 1."""
+    if not isinstance(value, (bool, np.bool_, numbers.Integral)) or value not in (0, 1):
         raise InvalidArgumentError(name, value, "True or False")
     return bool(value)
 
