@@ -123,9 +123,19 @@ def decode(quick: bool) -> list[dict]:
             user = _time([ours, theirs], 20, False)
             kern = _time([ours, theirs], 20, True)
             gbytes = 2 * b * 8 * skv * 128 * 2 / 1e9
+            splits = {}
+            if b == 1:  # isolated kernel time by split count (the default picks one from the grid size)
+                from tracea_cuda.variants.attention import FlashAttention
+                from tracea_cuda.variants.base import hero
+
+                for n in (8, 16, 32, 64):
+                    cfg = hero(16, 64, 128, 2, 1, mt=1, splits=n)
+                    fn = lambda c=cfg: tracea.ops.attention(q, k, v, enable_gqa=True, variant=FlashAttention.name,  # noqa: E731
+                                                            config=c)
+                    splits[n] = round(_time([fn, theirs], 20, True)[0] * 1e6, 1)
             rows.append(dict(part="decode", b=b, kv=skv, tracea_us=kern[0] * 1e6, sdpa_us=kern[1] * 1e6,
                              tracea_tbs=gbytes / kern[0] / 1e3, ratio_kernel=kern[1] / kern[0],
-                             ratio_user=user[1] / user[0], rel_err=err))
+                             ratio_user=user[1] / user[0], rel_err=err, splits_us=splits))
             print(_fmt(rows[-1]), flush=True)
     return rows
 

@@ -68,6 +68,24 @@ def test_flash_attention_matches_float64(dt, causal, case):
     torch.testing.assert_close(dflt, out, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_flash_attention_decode_split_counts(splits):
+    """Any split count gives the same result (chunks of whole key tiles; empty chunks included)."""
+    import torch
+
+    import tracea
+    from tracea_cuda.variants.base import hero
+
+    g = torch.Generator(device="cuda").manual_seed(splits)
+    q = torch.randn(2, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(2, 8, 5000, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(2, 8, 5000, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    for bm in (16, 64):
+        cfg = hero(bm, 64, 128, 2, bm // 16, mt=1, splits=splits)
+        out = tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT, config=cfg)
+        assert _rel(out, _ref(q, k, v)) < TOL["bfloat16"], (bm, splits)
+
+
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 def test_flash_attention_masks_and_scale(kind):
     import torch

@@ -34,15 +34,16 @@ MAX_SPLITS = 64
 
 
 def auto_splits(op: AttentionOp, bm: int, bn: int, sms: int) -> int:
-    """Key chunks for split-KV: enough CTAs for about two waves when the query blocks alone leave most
-    SMs idle, each chunk at least four key tiles long; 1 when the grid is already full."""
+    """Key chunks for split-KV: about four CTAs per SM when the query blocks alone leave most SMs idle
+    (small decode CTAs: several per SM hide the load latency), each chunk at least two key tiles long;
+    1 when the grid is already full."""
     kvh = int(op.kv_heads or op.heads)
     rows = (op.heads // kvh) * op.seq_q
     ctas = -(-rows // bm) * kvh * op.batch
     if ctas >= sms or op.causal and op.seq_q > 1:
         return 1
-    by_len = max(1, op.seq_kv // (4 * bn))
-    return int(max(1, min(MAX_SPLITS, -(-2 * sms // ctas), by_len)))
+    by_len = max(1, op.seq_kv // (2 * bn))
+    return int(max(1, min(MAX_SPLITS, -(-4 * sms // ctas), by_len)))
 
 
 class FlashAttention(CudaVariant):
