@@ -1,5 +1,6 @@
-"""Without a GPU: the flash-attention variant's Doctor checks, configs and heroes, and its kernels compile
-for sm_80 and sm_90a with nvcc without register spills (the nvcc part skips when nvcc is absent)."""
+"""Without a GPU: the flash-attention variant's Doctor checks, configs and heroes, and its split-KV
+combine kernel compiles for sm_80 and sm_90a (the hero kernels are compiled with every other variant's
+in ``test_cuda_offline_compile.py``; the nvcc parts skip when nvcc is absent)."""
 
 from __future__ import annotations
 
@@ -43,16 +44,12 @@ def test_heroes_are_valid_and_decode_splits_the_keys():
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_hero_kernels_compile_without_spills(arch):
-    for op in OPS:
-        config = V.hero_configs(op, H100)[0]
-        spec = V.spec(op, config, None, H100)
-        report = compile_report(flash_attn.render(spec), arch)
-        res = report[flash_attn.KERNEL_NAME]
-        # the one known exception: causal d128 with two m-tiles per warp spills 20 B on sm_90a, and
-        # measured 1.2x faster than the spill-free one-m-tile config on an H100 (bench_attention.py)
-        allowed = 32 if (spec.causal and spec.head_dim == 128 and spec.mt == 2 and arch == "sm_90a") else 0
-        assert res.spill_stores <= allowed and res.spill_loads <= 2 * allowed, (op.describe(), spec, res)
-        if spec.splits > 1:
-            assert flash_attn.COMBINE_NAME in compile_report(flash_attn.render_combine(spec), arch)
+def test_split_combine_kernel_compiles():
+    """The main kernels of every hero compile without spills in ``test_cuda_offline_compile.py``; the
+    split-KV combine kernel is compiled here."""
+    decode = OPS[2]
+    spec = V.spec(decode, V.hero_configs(decode, H100)[0], None, H100)
+    assert spec.splits > 1
+    for arch in ("sm_80", "sm_90a"):
+        res = compile_report(flash_attn.render_combine(spec), arch)[flash_attn.COMBINE_NAME]
+        assert res.spill_stores == 0 and res.spill_loads == 0

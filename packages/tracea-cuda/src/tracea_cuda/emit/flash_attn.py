@@ -87,6 +87,8 @@ class FlashSpec:
         # accumulators per thread: O (head_dim / 2) + S (bn / 2) per m-tile + Q fragments (head_dim / 4, mt 1)
         if self.mt * (self.head_dim // 2 + self.bn // 2) + (self.head_dim // 4 if self.mt == 1 else 8) > 176:
             raise UnsupportedConfigError(f"bn={self.bn} with head_dim={self.head_dim} needs more than 255 registers")
+        if self.mask and self.mt == 2 and self.head_dim == 128:
+            raise UnsupportedConfigError("mt=2 with head_dim=128 and a mask needs more than 255 registers (spills)")
         if self.mask not in (0, 1, 2) or self.splits < 1:
             raise UnsupportedConfigError(f"mask={self.mask} / splits={self.splits} out of range")
 
@@ -104,6 +106,11 @@ static __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, 
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// the lane index read anew where fragment addresses are formed: an opaque value keeps the compiler
+// from hoisting every (k-step, tile) address of the unrolled loops into registers (it spilled)
+static __device__ __forceinline__ int lane_now() {
+    int l; asm volatile("mov.u32 %0, %%laneid;" : "=r"(l)); return l;
+}
 static __device__ __forceinline__ u32 pack2(float lo, float hi) {
     return (u32)TO16(lo) | ((u32)TO16(hi) << 16);
 }
@@ -120,7 +127,7 @@ static __device__ __forceinline__ void load_tile(u16* s, const u16* g, int r0, i
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) KERNEL(
+extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ out,
         const u16* __restrict__ mask, float* __restrict__ part, float* __restrict__ part_lse,
         int B, int H, int KVH, int Sq, int Skv, float scale_log2, int MB, int MH) {
@@ -243,16 +250,16 @@ extern "C" __global__ void __launch_bounds__(NT) KERNEL(
             u32 af[MT][4];  // several m-tiles: Q fragments from shared memory, each K fragment feeds MT
             #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                const int mi = lane >> 3;
-                const int r = (warp * MT + mt) * 16 + (mi & 1) * 8 + (lane & 7), c = kk * 16 + (mi >> 1) * 8;
+                const int ln = lane_now(), mi = ln >> 3;
+                const int r = (warp * MT + mt) * 16 + (mi & 1) * 8 + (ln & 7), c = kk * 16 + (mi >> 1) * 8;
                 ldsm_x4(af[mt], smem_u32(sQ + swz(r, c)));
             }
 #endif
             #pragma unroll
             for (int nn = 0; nn < BN / 16; ++nn) {
                 u32 bf[4];
-                const int mi = lane >> 3;
-                const int r = nn * 16 + (mi >> 1) * 8 + (lane & 7), c = kk * 16 + (mi & 1) * 8;
+                const int ln = lane_now(), mi = ln >> 3;
+                const int r = nn * 16 + (mi >> 1) * 8 + (ln & 7), c = kk * 16 + (mi & 1) * 8;
                 ldsm_x4(bf, smem_u32(cK + swz(r, c)));
                 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
@@ -330,8 +337,8 @@ extern "C" __global__ void __launch_bounds__(NT) KERNEL(
             #pragma unroll
             for (int dd = 0; dd < D / 16; ++dd) {
                 u32 bf[4];
-                const int mi = lane >> 3;
-                const int r = kk * 16 + (mi & 1) * 8 + (lane & 7), c = dd * 16 + (mi >> 1) * 8;
+                const int ln = lane_now(), mi = ln >> 3;
+                const int r = kk * 16 + (mi & 1) * 8 + (ln & 7), c = dd * 16 + (mi >> 1) * 8;
                 ldsm_x4_t(bf, smem_u32(cV + swz(r, c)));
                 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
