@@ -33,7 +33,8 @@ from .tuning.goals import OptimizationGoal
 
 _TORCH_NAMES = ("patch_conv2d", "unpatch_conv2d", "TraceaConv2d", "patch_linear", "unpatch_linear", "TraceaLinear")
 _TUNING_NAMES = {"AutoTuner": "tracea.tuning.autotuner", "tune_kernel": "tracea.usertune.interface",
-                 "run_kernel": "tracea.usertune.interface", "kernel": "tracea.usertune.decorator"}
+                 "run_kernel": "tracea.usertune.interface", "kernel": "tracea.usertune.decorator",
+                 "KernelLaunch": "tracea.usertune.decorator"}
 
 
 def __getattr__(name: str) -> Any:
@@ -55,7 +56,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AttentionOp", "AutoTuner", "BackendError", "BarrierMode", "CaptureError", "CompilationError", "Context", "Conv2dOp",
     "DType", "DTypeError", "Decision", "Device", "DeviceProfile", "Doctor", "Epilogue", "EpilogueKind",
-    "Fp32Precision", "GPUInfo", "GemmOp", "Graph", "InvalidArgumentError", "KernelVariant", "LaunchError",
+    "Fp32Precision", "GPUInfo", "GemmOp", "Graph", "InvalidArgumentError", "KernelLaunch", "KernelVariant", "LaunchError",
     "LayerType", "Layout", "NoVariantError", "OpArgs", "OptimizationGoal", "PipelineConfig", "ProblemDescriptor",
     "Requirements", "SearchSpace", "Shape", "ShapeError", "SwizzleMode", "TraceaConv2d", "TraceaError",
     "TraceaLinear", "UnsupportedConfigError", "UnsupportedDeviceError", "UnsupportedOptionError", "VerificationError", "__version__", "bf16", "errors", "f16",

@@ -66,13 +66,14 @@ class CRunner:
     def environment(self) -> dict[str, str]:
         return {"CC Version": self.cxx_version, "compiler": self.cxx}
 
-    def prepare_arguments(self, arguments: Sequence[Any]) -> list[Any]:
+    def prepare_arguments(self, arguments: Sequence[Any], inplace: bool = False) -> list[Any]:
         out = []
         for i, a in enumerate(arguments):
             if isinstance(a, np.ndarray):
                 if a.dtype.hasobject:
                     raise InvalidArgumentError(f"arguments[{i}]", a, "a NumPy array of numbers")
-                out.append([a, np.array(a, order="C", copy=True)])
+                direct = inplace and a.flags.c_contiguous and a.flags.writeable
+                out.append([a, a if direct else np.array(a, order="C", copy=True)])
             elif isinstance(a, np.generic):
                 if a.dtype.name not in _SCALARS:
                     raise InvalidArgumentError(f"arguments[{i}]", a, f"a NumPy scalar of {', '.join(_SCALARS)}")
@@ -122,7 +123,7 @@ class CRunner:
 
     def reset_arguments(self, args: list[Any]) -> None:
         for orig, cur in args:
-            if isinstance(cur, np.ndarray):
+            if isinstance(cur, np.ndarray) and cur is not orig:
                 cur[...] = orig
 
     def run(self, kernel: Any, args: list[Any], launch: Launch) -> float:
@@ -141,8 +142,10 @@ class CRunner:
     def results(self, args: list[Any]) -> list[Any]:
         return [cur.copy() if isinstance(cur, np.ndarray) else cur for _, cur in args]
 
-    def copy_back(self, args: list[Any], originals: Sequence[Any]) -> None:
-        return None
+    def copy_back(self, args: list[Any]) -> None:
+        for orig, cur in args:
+            if isinstance(cur, np.ndarray) and cur is not orig and orig.flags.writeable:
+                orig[...] = cur
 
     def close(self) -> None:
         self._libs.clear()

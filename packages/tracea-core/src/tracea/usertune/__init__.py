@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from .interface import run_kernel, tune_kernel
 
-__all__ = ["kernel", "run_kernel", "tune_kernel", "TunableKernel"]
+__all__ = ["KernelLaunch", "kernel", "run_kernel", "tune_kernel", "TunableKernel"]
 
 
 def __getattr__(name: str):  # noqa: ANN202 - PEP 562 lazy attributes
-    if name in ("kernel", "TunableKernel"):
+    if name in ("kernel", "TunableKernel", "KernelLaunch"):
         from . import decorator
 
         return getattr(decorator, name)

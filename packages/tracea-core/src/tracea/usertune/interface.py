@@ -104,7 +104,8 @@ def tune_kernel(kernel_name: str, kernel_source: Any, problem_size: Any, argumen
                 cache: Any = None, metrics: Mapping[str, Any] | None = None, simulation_mode: Any = None,
                 parallel: Any = None, observers: Any = None, objective: str | None = None,
                 objective_higher_is_better: bool | None = None, objectives: Any = None, seed: int | None = None,
-                *, retune: bool = False, tracea_cache: bool = True, **unknown: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                *, retune: bool = False, tracea_cache: bool = True, heroes: Sequence[Mapping[str, Any]] = (),
+                **unknown: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Tune a user kernel like Kernel Tuner's ``tune_kernel``; returns ``(results, env)``.
 
     Same arguments and meanings as Kernel Tuner (``kernel_name``, ``kernel_source``, ``problem_size``,
@@ -116,7 +117,8 @@ def tune_kernel(kernel_name: str, kernel_source: Any, problem_size: Any, argumen
     ``"brute_force"`` and ``"random_sample"`` behave as in Kernel Tuner.
 
     Tracea's own options: ``retune=True`` ignores Tracea's tuning cache and tunes again;
-    ``tracea_cache=False`` neither reads nor writes it.
+    ``tracea_cache=False`` neither reads nor writes it; ``heroes``: known-good configs (dicts) measured
+    first (Tracea's sampler learns from them).
 
     :returns: ``results``: one dict per evaluated config with the parameters, ``time`` (ms, the mean of
         ``times``), ``times``, ``compile_time``, ``verification_time``, ``benchmark_time``, metrics and
@@ -126,10 +128,11 @@ def tune_kernel(kernel_name: str, kernel_source: Any, problem_size: Any, argumen
     :raises InvalidArgumentError: (and subclasses) for malformed arguments, naming them.
     :raises VerificationError: when a config's output does not match ``answer``.
     """
+    cache_only = bool(unknown.pop("_cache_only", False))  # @tracea.kernel's probe of Tracea's cache
     if unknown:
         name = sorted(unknown)[0]
         raise UnsupportedOptionError(name, "unknown option of tune_kernel (Kernel Tuner's options and Tracea's "
-                                           "retune / tracea_cache are accepted)")
+                                           "retune / tracea_cache / heroes are accepted)")
     for name, value in (("texmem_args", texmem_args), ("simulation_mode", simulation_mode), ("parallel", parallel),
                         ("observers", observers), ("objectives", objectives)):
         _off(name, value)
@@ -176,6 +179,11 @@ def tune_kernel(kernel_name: str, kernel_source: Any, problem_size: Any, argumen
             hit = _from_cache(tcache, op, variant, runner, names, preds, session, space, env, obj)
             if hit is not None:
                 return hit
+        if cache_only:
+            from .decorator import _NotCached
+
+            raise _NotCached()
+        seeds = _check_heroes(heroes, params)
         kt = KTCache(cache, device_name=runner.device_name, kernel_name=kernel_name, problem_size=problem_size,
                      tune_params=params, objective=obj) if cache else None
         results: list[dict[str, Any]] = []
@@ -200,7 +208,7 @@ def tune_kernel(kernel_name: str, kernel_source: Any, problem_size: Any, argumen
             return _score(res, obj, higher)
 
         try:
-            evaluations = strategies.run(strat, sopts, space, names, evaluate, seed)
+            evaluations = strategies.run(strat, sopts, space, names, evaluate, seed, seeds)
         finally:
             if kt is not None:
                 kt.close()
@@ -225,6 +233,18 @@ def tune_kernel(kernel_name: str, kernel_source: Any, problem_size: Any, argumen
         return results, env
     finally:
         runner.close()
+
+
+def _check_heroes(heroes: Any, params: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    if not isinstance(heroes, (list, tuple)):
+        raise InvalidArgumentError("heroes", heroes, "a list of config dicts")
+    out = []
+    for i, h in enumerate(heroes):
+        if not isinstance(h, Mapping) or set(h) != set(params) or any(h[k] not in params[k] for k in params):
+            raise InvalidArgumentError(f"heroes[{i}]", h, f"a dict giving every tunable parameter one of its values "
+                                                          f"({', '.join(params)})")
+        out.append({k: h[k] for k in params})
+    return out
 
 
 def _score(result: Mapping[str, Any], objective: str, higher: bool) -> float:

@@ -52,9 +52,11 @@ class KernelRunner(Protocol):
     def environment(self) -> dict[str, str]:
         """Facts that make a timing valid here (compiler, driver versions); merged into the env dict."""
 
-    def prepare_arguments(self, arguments: Sequence[Any]) -> Any:
+    def prepare_arguments(self, arguments: Sequence[Any], inplace: bool = False) -> Any:
         """Check ``arguments`` (raise :class:`~tracea.errors.InvalidArgumentError` naming the index) and
-        make them launchable (device copies for GPU runners). Host originals stay untouched."""
+        make them launchable. By default private copies (the caller's arrays stay untouched, as tuning
+        must not write them); ``inplace=True`` launches on the caller's arrays where the device can
+        (then :meth:`copy_back` writes the rest), for ``@tracea.kernel`` calls."""
 
     def compile(self, launch: Launch) -> Any:
         """Compile ``launch``; raise :class:`~tracea.errors.CompilationError` with the log on failure."""
@@ -71,8 +73,8 @@ class KernelRunner(Protocol):
     def results(self, args: Any) -> list[Any]:
         """Host (NumPy) copies of every argument's current contents (scalars as they are)."""
 
-    def copy_back(self, args: Any, originals: Sequence[Any]) -> None:
-        """Write the final argument contents into the caller's arrays (run_kernel); no-op when shared."""
+    def copy_back(self, args: Any) -> None:
+        """After an ``inplace`` run: write results into caller arrays that were not launched on directly."""
 
     def close(self) -> None:
         """Release compiled modules and device buffers."""

@@ -25,6 +25,8 @@ KIND = "user_kernel"
 def _describe_value(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
+    if hasattr(v, "src") and hasattr(v, "run"):  # a Triton JITFunction
+        return str(v.src)
     if callable(v):
         try:
             return inspect.getsource(v)

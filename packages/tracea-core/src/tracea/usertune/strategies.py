@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 import random
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import InvalidArgumentError, UnsupportedOptionError
 from ..semantic.search_space import SearchSpace
-from .space import from_config
+from .space import from_config, to_config
 
 STRATEGIES = ("tracea", "bayes_opt", "brute_force", "random_sample")
 #: evaluations Tracea's sampler spends when ``max_fevals`` is not given (see docs/kernel_tuner.md)
@@ -51,10 +51,12 @@ def resolve(strategy: Any, options: Mapping[str, Any] | None) -> tuple[str, dict
 
 
 def run(name: str, opts: Mapping[str, Any], space: SearchSpace, names: list[str],
-        evaluate: Callable[[dict[str, Any]], float], seed: int | None) -> int:
-    """Drive ``evaluate`` over ``space`` with strategy ``name``; returns how many configs were evaluated."""
+        evaluate: Callable[[dict[str, Any]], float], seed: int | None, heroes: Sequence[dict[str, Any]] = ()) -> int:
+    """Drive ``evaluate`` over ``space`` with strategy ``name``; returns how many configs were evaluated.
+    ``heroes`` (valid ones) are evaluated first by the sampling strategies."""
     deadline = time.monotonic() + float(opts["time_limit"]) if "time_limit" in opts else None
     seed = opts.get("seed", seed)
+    hero_configs = [c for c in (to_config(h) for h in heroes) if space.rejection(c) is None]
     if name == "brute_force":
         count = 0
         for config in space:
@@ -67,17 +69,19 @@ def run(name: str, opts: Mapping[str, Any], space: SearchSpace, names: list[str]
         valid = list(space)
         n = int(opts["max_fevals"]) if "max_fevals" in opts else max(1, int(math.ceil(opts.get("fraction", 0.1) * len(valid))))
         count = 0
-        for config in random.Random(seed).sample(valid, min(n, len(valid))):
+        keys = {c.key for c in hero_configs}
+        order = hero_configs + [c for c in random.Random(seed).sample(valid, min(n, len(valid))) if c.key not in keys]
+        for config in order[:n]:
             if deadline is not None and time.monotonic() > deadline:
                 break
             evaluate(from_config(config, names))
             count += 1
         return count
-    return _bayes(opts, space, names, evaluate, seed, deadline)
+    return _bayes(opts, space, names, evaluate, seed, deadline, hero_configs)
 
 
 def _bayes(opts: Mapping[str, Any], space: SearchSpace, names: list[str], evaluate: Callable[[dict[str, Any]], float],
-           seed: int | None, deadline: float | None) -> int:
+           seed: int | None, deadline: float | None, heroes: Sequence[Any] = ()) -> int:
     from ..tuning.goals import OptimizationGoal
     from ..tuning.loop import Validator, search
     from ..tuning.measure import Measurement
@@ -90,5 +94,6 @@ def _bayes(opts: Mapping[str, Any], space: SearchSpace, names: list[str], evalua
 
     records = search(space, measure, variant="user", goal=OptimizationGoal.MaximizeTFLOPS,
                      trials=int(opts.get("max_fevals", DEFAULT_MAX_FEVALS)), validator=Validator(space, lambda c: None),
-                     sampler="auto", seed=seed, n_startup=opts.get("n_startup"), deadline=deadline)
+                     sampler="auto", seed=seed, n_startup=opts.get("n_startup"), deadline=deadline,
+                     seeds=[(c, "hero") for c in heroes])
     return sum(1 for r in records if r.status != "invalid")
