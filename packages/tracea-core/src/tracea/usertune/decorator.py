@@ -182,10 +182,11 @@ class TunableKernel:
                     self.tune(*args)
                     if key in self.best:
                         return self.best[key]
+            base = {k: v[0] for k, v in self.tune_params.items()}
             if self.heroes:
-                return dict(self.heroes[0])
+                return {**base, **self.heroes[0]}
             if self.configs:
-                return dict(self.configs[0])
+                return {**base, **self.configs[0]}
             return {**{k: v[0] for k, v in self.tune_params.items()}, **self.fixed} if self.tune_params else dict(self.fixed)
 
     def _cached(self, spec: KernelLaunch, name: str, arguments: Sequence[Any]) -> dict[str, Any] | None:

@@ -169,11 +169,11 @@ def tune_kernel(kernel_name: str, kernel_source: Any, problem_size: Any, argumen
         from .launch import problem_dims
 
         op = store.op_for(lang_n, kernel_name, problem_dims(problem_size, first) if not callable(problem_size) else (0, 0, 0),
-                          arguments, source=text if text is not None else kernel_source, problem_size=problem_size,
+                          arguments, runner.environment(), source=text if text is not None else kernel_source, problem_size=problem_size,
                           tune_params={k: list(v) for k, v in params.items()}, grid_div=[grid_div_x, grid_div_y, grid_div_z],
                           block_size_names=bsn, compiler_options=list(copts), defines=defines, objective=obj,
                           smem=smem_args, cmem=sorted((cmem_args or {}).keys()))
-        variant = store.variant_for(lang_n, kernel_name, runner.environment())
+        variant = store.variant_for(lang_n, kernel_name)
         tcache = _tracea_cache() if tracea_cache else None
         if tcache is not None and not retune:
             hit = _from_cache(tcache, op, variant, runner, names, preds, session, space, env, obj)

@@ -74,25 +74,28 @@ class UserKernelOp:
 
 @dataclass(frozen=True)
 class UserKernelVariant:
-    """Stands in for a variant in fingerprints: ``source_hash`` carries the runner's environment."""
+    """Stands in for a variant in fingerprints (the device facts); the runner's own facts (compiler)
+    are part of the op key, since fingerprints are memoised per variant name."""
 
     name: str
     backend: str
-    source_hash: str
 
 
 _BACKENDS = {"C": "cpu", "CUDA": "cuda", "TRITON": "cuda", "OPENCL": "opencl"}
 
 
-def variant_for(lang: str, kernel_name: str, runner_env: Mapping[str, Any]) -> UserKernelVariant:
-    env = json.dumps({str(k): str(v) for k, v in runner_env.items()}, sort_keys=True)
-    return UserKernelVariant(name=f"user.{lang.lower()}.{kernel_name}", backend=_BACKENDS.get(lang, lang.lower()),
-                             source_hash=hashlib.sha256(env.encode()).hexdigest()[:16])
+def variant_for(lang: str, kernel_name: str) -> UserKernelVariant:
+    return UserKernelVariant(name=f"user.{lang.lower()}.{kernel_name}", backend=_BACKENDS.get(lang, lang.lower()))
 
 
-def op_for(lang: str, kernel_name: str, problem: Sequence[int], arguments: Sequence[Any], **parts: Any) -> UserKernelOp:
+def op_for(lang: str, kernel_name: str, problem: Sequence[int], arguments: Sequence[Any],
+           runner_env: Mapping[str, Any], **parts: Any) -> UserKernelOp:
+    """The op of one tuning problem; ``runner_env`` (the runner's compiler and driver facts) and
+    ``parts`` (source, space, options) go into its digest."""
     args = tuple(str(_describe_value(a)) for a in arguments)
-    digest = signature_hash(lang=lang, kernel_name=kernel_name, problem=list(problem), arguments=list(args), **parts)
+    env = {str(k): str(v) for k, v in runner_env.items()}
+    digest = signature_hash(lang=lang, kernel_name=kernel_name, problem=list(problem), arguments=list(args),
+                            runner_env=env, **parts)
     return UserKernelOp(lang, kernel_name, digest, tuple(problem), args)
 
 
