@@ -116,7 +116,7 @@ def test_decorator_fixed_and_autotune_configs(rng):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name,kwargs,budget", [("matmul_cuda", {"n": 512}, 12), ("convolution_cuda", {"h": 300, "w": 520}, 10),
-                                                ("stencil_cuda", {"width": 1000, "height": 300}, None)])
+                                                ("stencil_cuda", {"width": 1000, "height": 300}, 8)])
 def test_cuda_examples(name, kwargs, budget):
     why = _gpu()
     if why:
@@ -186,14 +186,14 @@ def test_triton_kernel_tuned_by_tracea(rng):
     x = torch.randn(n, device="cuda")
     y = torch.randn(n, device="cuda")
     out = torch.zeros(n, device="cuda")
-    tp = {"BLOCK": [128, 256, 1024, 4096], "num_warps": [2, 4, 8]}
+    tp = {"BLOCK": [256, 1024], "num_warps": [2, 4]}
     results, env = tracea.tune_kernel("add_kernel", add_kernel, n, [x, y, out, n], tp, grid_div_x="BLOCK",
                                       answer=[None, None, (x + y).cpu().numpy(), None], atol=1e-6,
                                       strategy="brute_force", iterations=3, quiet=True)
-    assert len(results) == 12 and all(isinstance(r["time"], float) for r in results)
+    assert len(results) == 4 and all(isinstance(r["time"], float) for r in results)
     assert env["lang"] == "TRITON" and not out.any()
 
-    @tracea.kernel(target="triton", autotune=True, tune_params=tp, strategy_options={"max_fevals": 4}, iterations=2)
+    @tracea.kernel(target="triton", autotune=True, tune_params=tp, strategy_options={"max_fevals": 2}, iterations=2)
     def add(x, y, out):
         return tracea.KernelLaunch(add_kernel, problem_size=x.numel(), grid_div_x="BLOCK",
                                    arguments=[x, y, out, x.numel()])

@@ -66,28 +66,33 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def _precompile_cuda(mod: Any, kwargs: dict[str, Any], jobs: int) -> None:
-    """Fill CuPy's on-disk kernel cache from a process pool so the sequential measure hits it."""
+    """Fill CuPy's on-disk kernel cache from a process pool so the sequential measure hits it: the
+    instance sources are built exactly as ``tune_kernel`` builds them (same defines, same grid)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from tracea.usertune.launch import grid_dims, prepare_source, problem_dims
-    from tracea.usertune.space import block_dims, build_space, check_tune_params, compile_restrictions, from_config
+    from tracea.usertune.session import Session
+    from tracea.usertune.space import build_space, check_tune_params, compile_restrictions, from_config
 
     params, restrictions = mod.space()
     checked = check_tune_params(params)
-    space = build_space(checked, compile_restrictions(restrictions, list(checked)), ["block_size_x", "block_size_y"], 1024)
-    src = mod.source(kwargs["h"], kwargs["w"]) if hasattr(mod, "source") else mod.KERNEL.replace("#define N 2048", f"#define N {kwargs.get('n', 2048)}")
+    names = list(checked)
+    bsn = ["block_size_x", "block_size_y", "block_size_z"]
+    space = build_space(checked, compile_restrictions(restrictions, names), bsn, 1024)
+    if mod.__name__ == "matmul_cuda":
+        n = kwargs["n"]
+        name, src, problem = "matmul_kernel", mod.KERNEL.replace("#define N 2048", f"#define N {n}"), (n, n)
+    else:
+        name, src, problem = "convolution_kernel", mod.source(kwargs["h"], kwargs["w"]), (kwargs["w"], kwargs["h"])
+    grid_div = (["block_size_x", "tile_size_x"], ["block_size_y", "tile_size_y"], None)
+    session = Session(runner=None, kernel_name=name, kernel_source=src, problem_size=problem, arguments=[], args=None,
+                      grid_div=grid_div, block_size_names=bsn, lang="CUDA")
     jobs_list = []
     for c in space:
-        p = from_config(c, list(checked))
-        block = block_dims(p, ["block_size_x", "block_size_y"])
-        name, text = prepare_source(_kernel_name(mod), src, p, (1, 1, 1), block, ["block_size_x", "block_size_y", "block_size_z"], "CUDA", None)
-        jobs_list.append((name, text))
+        launch = session.launch_for(from_config(c, names))
+        jobs_list.append((launch.name, launch.source))
     with ProcessPoolExecutor(jobs) as pool:
-        list(pool.map(_compile_one, jobs_list, chunksize=4))
-
-
-def _kernel_name(mod: Any) -> str:
-    return {"matmul_cuda": "matmul_kernel", "convolution_cuda": "convolution_kernel", "stencil_cuda": "stencil_kernel"}[mod.__name__]
+        done = list(pool.map(_compile_one, jobs_list, chunksize=4))
+    print(f"precompiled {sum(done)} of {len(done)} instances")
 
 
 def _compile_one(job: tuple[str, str]) -> bool:

@@ -72,13 +72,12 @@ def space() -> tuple[dict, list]:
 
 
 def reference(inp: np.ndarray, filt: np.ndarray, h: int, w: int) -> np.ndarray:
+    """float64 correlation through the FFT (exact to ~1e-12 here, and fast for 4096^2 images)."""
     img = inp.reshape(h + FH - 1, w + FW - 1).astype(np.float64)
-    f = filt.reshape(FH, FW).astype(np.float64)
-    out = np.zeros((h, w))
-    for i in range(FH):
-        for j in range(FW):
-            out += img[i:i + h, j:j + w] * f[i, j]
-    return out.astype(np.float32).ravel()
+    f = np.zeros_like(img)
+    f[:FH, :FW] = filt.reshape(FH, FW)
+    full = np.fft.irfft2(np.fft.rfft2(img) * np.conj(np.fft.rfft2(f)), s=img.shape)
+    return full[:h, :w].astype(np.float32).ravel()
 
 
 def problem(h: int = 4096, w: int = 4096):

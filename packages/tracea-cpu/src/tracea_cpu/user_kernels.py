@@ -139,8 +139,9 @@ class CRunner:
                               backend="cpu")
         return times
 
-    def results(self, args: list[Any]) -> list[Any]:
-        return [cur.copy() if isinstance(cur, np.ndarray) else cur for _, cur in args]
+    def results(self, args: list[Any], only: Sequence[int] | None = None) -> list[Any]:
+        return [cur.copy() if isinstance(cur, np.ndarray) and (only is None or i in only) else
+                (cur if not isinstance(cur, np.ndarray) else None) for i, (_, cur) in enumerate(args)]
 
     def copy_back(self, args: list[Any]) -> None:
         for orig, cur in args:

@@ -128,8 +128,9 @@ class TritonRunner:
                 times.append(float(start.elapsed_time(end)))
         return times
 
-    def results(self, args: list[Any]) -> list[Any]:
-        return [cur.detach().cpu().numpy() if isinstance(cur, self.torch.Tensor) else cur for _, cur in args]
+    def results(self, args: list[Any], only: Sequence[int] | None = None) -> list[Any]:
+        return [(cur.detach().cpu().numpy() if only is None or i in only else None)
+                if isinstance(cur, self.torch.Tensor) else cur for i, (_, cur) in enumerate(args)]
 
     def copy_back(self, args: list[Any]) -> None:
         for orig, cur in args:

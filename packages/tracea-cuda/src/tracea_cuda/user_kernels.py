@@ -97,11 +97,15 @@ class CudaRunner:
                 raise CompilationError(f"{launch.name} failed to compile or load", backend="cuda",
                                        log=str(exc)[-4000:]) from None
             threads = launch.block[0] * launch.block[1] * launch.block[2]
-            if threads > fn.max_threads_per_block:
-                raise UnsupportedConfigError(f"{threads} threads per block exceed the {fn.max_threads_per_block} this "
-                                             f"kernel can launch with (registers)")
+            limit = int(getattr(fn, "max_threads_per_block", self.max_threads))
+            if threads > limit:
+                raise UnsupportedConfigError(f"{threads} threads per block exceed the {limit} this kernel can "
+                                             f"launch with (registers)")
             if launch.smem_bytes > 48 * 1024:
-                fn.max_dynamic_shared_size_bytes = launch.smem_bytes
+                try:
+                    fn.max_dynamic_shared_size_bytes = launch.smem_bytes
+                except Exception as exc:  # noqa: BLE001
+                    raise UnsupportedConfigError(f"cannot opt in to {launch.smem_bytes} B of shared memory: {exc}") from None
         self._module = module
         return fn
 
@@ -143,9 +147,10 @@ class CudaRunner:
                 raise LaunchError(f"{launch.name} failed while timing: {exc}", backend="cuda") from None
         return times
 
-    def results(self, args: list[Any]) -> list[Any]:
+    def results(self, args: list[Any], only: Sequence[int] | None = None) -> list[Any]:
         with self.dev:
-            return [self.cp.asnumpy(cur) if not isinstance(cur, np.generic) else cur for _, _, cur in args]
+            return [cur if isinstance(cur, np.generic) else (self.cp.asnumpy(cur) if only is None or i in only else None)
+                    for i, (_, _, cur) in enumerate(args)]
 
     def copy_back(self, args: list[Any]) -> None:
         with self.dev:

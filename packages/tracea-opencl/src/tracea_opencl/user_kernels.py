@@ -121,10 +121,12 @@ class OpenCLRunner:
             raise LaunchError(f"{launch.name} failed while timing: {exc}", backend="opencl") from None
         return times
 
-    def results(self, args: list[Any]) -> list[Any]:
+    def results(self, args: list[Any], only: Sequence[int] | None = None) -> list[Any]:
         out = []
-        for host, cur, _ in args:
-            if isinstance(host, np.ndarray):
+        for i, (host, cur, _) in enumerate(args):
+            if isinstance(host, np.ndarray) and only is not None and i not in only:
+                out.append(None)
+            elif isinstance(host, np.ndarray):
                 res = np.empty_like(host)
                 self.cl.enqueue_copy(self.queue, res, cur)
                 out.append(res)

@@ -70,8 +70,9 @@ class KernelRunner(Protocol):
     def benchmark(self, kernel: Any, args: Any, launch: Launch, iterations: int) -> list[float]:
         """``iterations`` timed launches (after one untimed); times in ms."""
 
-    def results(self, args: Any) -> list[Any]:
-        """Host (NumPy) copies of every argument's current contents (scalars as they are)."""
+    def results(self, args: Any, only: Sequence[int] | None = None) -> list[Any]:
+        """Host (NumPy) copies of every argument's current contents (scalars as they are); with
+        ``only``, the other positions may hold None (skips copies nobody checks)."""
 
     def copy_back(self, args: Any) -> None:
         """After an ``inplace`` run: write results into caller arrays that were not launched on directly."""
