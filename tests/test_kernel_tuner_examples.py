@@ -146,7 +146,7 @@ def test_cuda_decorator_on_cupy_and_torch_arrays(rng):
     def stencil(new, old, width, height):
         src = mod.KERNEL.replace("#define WIDTH 4096\n#define HEIGHT 2048", f"#define WIDTH {width}\n#define HEIGHT {height}")
         return tracea.KernelLaunch(src, problem_size=(width, height), grid_div_x=["block_size_x"],
-                                   grid_div_y=["block_size_y"], arguments=[new, old])
+                                   grid_div_y=["block_size_y"], arguments=[new, old], name="stencil_kernel")
 
     w, h = 333, 129
     old = rng.standard_normal(w * h).astype(np.float32)

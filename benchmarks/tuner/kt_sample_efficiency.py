@@ -116,7 +116,12 @@ def evals_to_target(trace: list[float], best: float, within: float, budget: int)
     return budget + 1
 
 
-def tracea_trace(table: dict[str, Any], mod: Any, lang: str, budget: int, seed: int) -> list[float]:
+class _Reached(Exception):
+    """Stops a Tracea replay once the target is reached (the rest of the trace is not needed)."""
+
+
+def tracea_trace(table: dict[str, Any], mod: Any, lang: str, budget: int, seed: int,
+                 stop_below: float = -math.inf) -> list[float]:
     from tracea.usertune import strategies
     from tracea.usertune.space import build_space, check_tune_params, compile_restrictions
 
@@ -133,10 +138,15 @@ def tracea_trace(table: dict[str, Any], mod: Any, lang: str, budget: int, seed: 
         t = e.get("time") if e else None
         t = float(t) if isinstance(t, (int, float)) else math.inf
         trace.append(t)
+        if t <= stop_below:
+            raise _Reached()
         return t
 
     name, opts = strategies.resolve(None, {"max_fevals": budget})
-    strategies.run(name, opts, space, names, evaluate, seed)
+    try:
+        strategies.run(name, opts, space, names, evaluate, seed)
+    except _Reached:
+        pass
     return trace
 
 
@@ -161,6 +171,8 @@ def kt_replay(args: argparse.Namespace) -> None:
     mod_name, kname, _, lang = KERNELS[args.kernel]
     mod = importlib.import_module(mod_name)
     params, restrictions = mod.space()
+    if lang == "CUDA":  # the real runs skipped blocks over the device's 1024 threads; simulation must too
+        restrictions = list(restrictions) + ["block_size_x * block_size_y <= 1024"]
     table = _table(args.table)
     ps = table["problem_size"]
     src = (mod.source(ps[1], ps[0]) if hasattr(mod, "source") else mod.KERNEL)
@@ -201,8 +213,9 @@ def replay(args: argparse.Namespace) -> None:
     seeds = list(range(args.seeds))
     rows = []
     runs: dict[str, list[int]] = {}
-    runs["tracea (default)"] = [evals_to_target(tracea_trace(table, mod, lang, budget, s), best, args.within, budget)
-                                for s in seeds]
+    target = best * (1 + args.within)
+    runs["tracea (default)"] = [evals_to_target(tracea_trace(table, mod, lang, budget, s, target), best, args.within,
+                                                budget) for s in seeds]
     if args.kt_python:
         for strat in ("bayes_opt", "random_sample", "brute_force"):
             sd = seeds if strat != "brute_force" else [0]
