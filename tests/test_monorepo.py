@@ -68,7 +68,7 @@ def test_every_environment_variable_read_is_documented_in_the_readme():
     names = set()
     for path in _source_files():
         names |= set(re.findall(r"\b(TRACEA_[A-Z0-9_]*[A-Z0-9])\b", path.read_text()))
-    names |= {"CC", "XDG_CACHE_HOME"}
+    names |= {"CC", "CXX", "XDG_CACHE_HOME"}
     missing = sorted(n for n in names if f"`{n}`" not in table)
     assert not missing, f"environment variables read but not in README's table: {missing}"
 

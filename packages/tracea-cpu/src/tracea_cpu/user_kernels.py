@@ -77,7 +77,7 @@ class CRunner:
             elif isinstance(a, np.generic):
                 if a.dtype.name not in _SCALARS:
                     raise InvalidArgumentError(f"arguments[{i}]", a, f"a NumPy scalar of {', '.join(_SCALARS)}")
-                out.append([a, a])
+                out.append([a, a])  # type: ignore[list-item]
             else:
                 raise InvalidArgumentError(f"arguments[{i}]", a, "a NumPy array or a NumPy scalar such as np.int32(n) "
                                                                  "(C kernels take pointers and typed values)")

@@ -146,4 +146,4 @@ class TritonRunner:
                 orig[...] = cupy.asarray(cur).reshape(orig.shape)
 
     def close(self) -> None:
-        self._scratch = None
+        self._scratch = None  # type: ignore[assignment]

@@ -122,7 +122,7 @@ class OpenCLRunner:
         return times
 
     def results(self, args: list[Any], only: Sequence[int] | None = None) -> list[Any]:
-        out = []
+        out: list[Any] = []
         for i, (host, cur, _) in enumerate(args):
             if isinstance(host, np.ndarray) and only is not None and i not in only:
                 out.append(None)
@@ -136,7 +136,7 @@ class OpenCLRunner:
         return out
 
     def copy_back(self, args: list[Any]) -> None:
-        for (host, _, user), res in zip(args, self.results(args)):
+        for (_host, _, user), res in zip(args, self.results(args)):
             if isinstance(user, np.ndarray) and user.flags.writeable:
                 user[...] = res.reshape(user.shape)
 

@@ -105,7 +105,7 @@ def sdpa_plan(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: to
         return _store(key, _torch_plan(conf, reason, True))
 
     def tracea_run(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, mm: torch.Tensor | None) -> torch.Tensor:
-        return core(qq, kk, vv, mm, None)
+        return core(qq, kk, vv, mm, None)  # type: ignore[misc]
 
     def torch_run(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, mm: torch.Tensor | None) -> torch.Tensor:
         return TORCH_SDPA(qq, kk, vv, mm, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)

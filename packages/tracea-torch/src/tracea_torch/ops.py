@@ -314,7 +314,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         return bridge_attention.TORCH_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                            enable_gqa=enable_gqa)
     if _any_autocast():
-        query, key, value, attn_mask = _autocast(query, key, value, attn_mask)
+        query, key, value, attn_mask = _autocast(query, key, value, attn_mask)  # type: ignore[assignment]
     if _direct_sdpa(query, key, value, attn_mask):
         return bridge_attention.sdpa(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
     return torch.ops.tracea.sdpa(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))

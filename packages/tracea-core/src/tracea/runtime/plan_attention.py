@@ -65,7 +65,7 @@ def _packed_as(adapter: Any, packed: bool, kshape: tuple[int, ...], same_shape: 
         if same_shape:
             return None
         view = lambda x: reshape(x, kshape)  # noqa: E731
-        view.is_view = True  # type: ignore[attr-defined]  (pointer-only launchers skip it)
+        view.is_view = True  # type: ignore[attr-defined]  # pointer-only launchers skip it
         return view
     return lambda x: reshape(contiguous(x), kshape)
 
@@ -211,5 +211,5 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
                 copy_(out, target0)
             return out
 
-    plan.runner = run  # type: ignore[attr-defined]  (for tools and tests: what this plan runs)
+    plan.runner = run  # type: ignore[attr-defined]  # for tools and tests: what this plan runs
     return _finish(key, plan, first_call)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import InvalidArgumentError
-from .space import DEFAULT_BLOCK_NAMES, block_dims
+from .space import DEFAULT_BLOCK_NAMES
 
 _TOKEN = re.compile(r"([A-Za-z0-9_]+)")
 

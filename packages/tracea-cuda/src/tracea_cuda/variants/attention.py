@@ -142,7 +142,7 @@ class FlashAttention(CudaVariant):
         grid = (-(-rows // spec.bm), kvh, op.batch * spec.splits)
         mb, mh = op.mask_shape or (1, 1)
         scalars = (np.int32(op.batch), np.int32(op.heads), np.int32(kvh), np.int32(op.seq_q), np.int32(op.seq_kv),
-                   np.float32(float(op.scale) * flash_attn.LOG2E), np.int32(mb), np.int32(mh))
+                   np.float32(float(op.scale) * flash_attn.LOG2E), np.int32(mb), np.int32(mh))  # type: ignore[arg-type]
         roles = ("q", "k", "v", "out", "mask", "part", "lse")
 
         def main_args(p: dict[str, int]) -> tuple:
