@@ -10,10 +10,11 @@ import os
 from tracea.errors import InvalidArgumentError, UnsupportedConfigError
 from tracea.ir.epilogue import Epilogue
 
+from .emit.amx import amx_gemm_source
 from .emit.attention import attention_source
 from .emit.bf16 import bf16_gemm_source
 from .emit.blocked import blocked_source
-from .isa import AVX512_BF16, ISA_BY_NAME, Isa
+from .isa import AMX_BF16, AVX512_BF16, ISA_BY_NAME, Isa
 from .toolchain import build
 
 _L, _P, _I, _F = ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -50,6 +51,19 @@ def bf16_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     """The AVX512_BF16 GEMM library for one register tile and epilogue chain (compiled once)."""
     source = bf16_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
     lib = build(source, AVX512_BF16.cflags, f"gemm-bf16-{mr}x{nr}")
+    lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES
+    lib.tb_gemm.restype = _I
+    lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]
+    lib.tb_gemm_call.restype = _I
+    return lib
+
+
+@functools.lru_cache(maxsize=64)
+def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The AMX bf16 GEMM library for one MR x NR block of tiles and epilogue chain (compiled once;
+    call :func:`tracea_cpu.amx.amx_permission` before running it)."""
+    source = amx_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
+    lib = build(source, AMX_BF16.cflags, f"gemm-amx-{mr}x{nr}")
     lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES
     lib.tb_gemm.restype = _I
     lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]

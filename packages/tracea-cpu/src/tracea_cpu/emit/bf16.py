@@ -93,12 +93,14 @@ def _store(mr: int, nr: int, acc: list[list[str]]) -> list[str]:
     return out
 
 
-PACKERS = r"""
+DENSE = r"""
 /* Dense bf16 operand X(i, k) = p[i*rs + k*cs] (A) or X(k, j) = p[k*rs + j*cs] (B). */
 typedef struct { const bf16 *p; long rs, cs; } tb_dense;
 
 static inline long tb_pairs(long kc) { return TR_ROUNDUP((kc + 1) / 2, KU); }
+"""
 
+PACK_A = r"""
 /* A micro-panel: rows [i0, i0+mr), k in [p0, p0+kc) -> dst[t*MR + i] = (A(i, 2t), A(i, 2t+1)),
    zero padded to MR rows and tb_pairs(kc) pairs. */
 static void tb_pack_a(const tb_dense *x, long i0, long mr, long p0, long kc, uint32_t *dst) {
@@ -124,6 +126,9 @@ static void tb_pack_a(const tb_dense *x, long i0, long mr, long p0, long kc, uin
     }
 }
 
+"""
+
+PACK_B = r"""
 /* 16 x 16 transpose of 32-bit words held in r[0..15]. */
 static inline void tb_t16(__m512i *r) {
     __m512i t[16];
@@ -211,7 +216,17 @@ static void tb_pack_b(const tb_dense *x, long j0, long nr, long p0, long kc, uin
 }
 """
 
+PACKERS = DENSE + PACK_A + PACK_B
+
 DRIVER = r"""
+/* TB_THREAD_BEGIN() / TB_THREAD_DONE(): run by every thread when it enters / leaves a parallel region
+   (AMX loads its tile configuration / releases its tiles). */
+#ifndef TB_THREAD_BEGIN
+#define TB_THREAD_BEGIN() do {} while (0)
+#endif
+#ifndef TB_THREAD_DONE
+#define TB_THREAD_DONE() do {} while (0)
+#endif
 #ifndef TR_ROWS_DRIVER
 #define TR_ROWS_DRIVER 1
 #endif
@@ -236,6 +251,7 @@ __attribute__((noinline)) static int tb_drive_rows(long M, long N, long K, const
         int tid = 0;
 #endif
         uint32_t *bp = bbase + (size_t)tid * NR * kpmax;
+        TB_THREAD_BEGIN();
         for (long pc = 0; pc < K; pc += kc) {
             long kcur = TR_MIN(kc, K - pc), kp = tb_pairs(kcur);
             int first = pc == 0, last = pc + kcur >= K;
@@ -254,6 +270,7 @@ __attribute__((noinline)) static int tb_drive_rows(long M, long N, long K, const
                 }
             }
         }
+        TB_THREAD_DONE();
     }
     tr_ws_put((float *)ws, owned);
     return 0;
@@ -288,6 +305,7 @@ static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B
         int T = 1, tid = 0;
 #endif
         uint32_t *abuf = abase + (size_t)tid * mc * kpmax;
+        TB_THREAD_BEGIN();
         for (long jc = 0; jc < N; jc += nc) {
             long ncur = TR_MIN(nc, N - jc), npan = (ncur + NR - 1) / NR;
             for (long pc = 0; pc < K; pc += kc) {
@@ -328,6 +346,7 @@ static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B
                 }
             }
         }
+        TB_THREAD_DONE();
     }
     tr_ws_put((float *)ws, owned);
     return 0;
