@@ -24,6 +24,7 @@ from __future__ import annotations
 from tracea.ir.epilogue import Epilogue
 
 from ..isa import Isa
+from .amx_rows import rows_source
 from .bf16 import BF16_LAYER, DENSE, DRIVER, PACK_B
 from .common import epilogue_c, prologue
 
@@ -52,7 +53,6 @@ def microkernel_c(mr: int, nr: int) -> str:
     atile = [mt * nt + i for i in range(mt)]
     all_b = mt * nt + mt + nt <= 8  # every B tile of a k step held at once, else one reloaded per column group
     btile = [mt * nt + mt + (j if all_b else 0) for j in range(nt)]
-    used = mt * nt + mt + (nt if all_b else 1)
     lines = [f"#define MR {mr}", f"#define NR {nr}", "#define KU 16", f"#define NV {nr // 16}",
              "typedef struct __attribute__((packed)) { uint8_t palette, start_row, reserved[14];",
              "    uint16_t colsb[16]; uint8_t rows[16]; } tb_tilecfg;",
@@ -60,7 +60,7 @@ def microkernel_c(mr: int, nr: int) -> str:
              "    tb_tilecfg cfg;",
              "    memset(&cfg, 0, sizeof cfg);",
              "    cfg.palette = 1;",
-             f"    for (int t = 0; t < {used}; t++) {{ cfg.rows[t] = 16; cfg.colsb[t] = 64; }}",
+             "    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }",
              "    _tile_loadconfig(&cfg);",
              "}",
              "#define TB_THREAD_BEGIN() tb_tiles_on()",
@@ -156,4 +156,4 @@ def amx_gemm_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue) -> str:
     """Complete C source of the AMX bf16 GEMM library for one MR x NR block and epilogue chain
     (``isa``: the AVX-512 ISA whose ``V*`` layer the fp32 epilogue is written against)."""
     return "\n".join([prologue(isa), BF16_LAYER, epilogue_c(epilogue), microkernel_c(mr, nr), DENSE, PACK_A,
-                      PACK_B, DRIVER])
+                      PACK_B, rows_source(), DRIVER])

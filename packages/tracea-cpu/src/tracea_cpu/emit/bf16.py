@@ -287,6 +287,11 @@ static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B
     if (nth <= 0) nth = tr_threads_available();
     if ((double)M * N * K < 65536.0) nth = 1;
     if (o && K > kc && !c) return 2;
+#ifdef TB_WA_DRIVER
+    /* AMX: few rows against transposed weights, the weights loaded as tiles in place (emit/amx_rows.py). */
+    if (A->cs == 1 && B->rs == 1 && M <= TB_WA_MAXM)
+        return tb_drive_wa(M, N, K, A->p, A->rs, B->p, B->cs, c, ldc, o, ldo, bias, nth);
+#endif
     /* Up to 256 rows against a transposed B (nn.Linear weights, N x K): panels packed and used per
        thread. Measured at M x 4096 x 4096 (4x64 tile): M = 1 / 8 / 64 / 128 / 256: 1.9 / 2.2 / 6.9 /
        15.5 / 26.0 ms -> 1.1 / 1.4 / 5.6 / 11.0 / 21.0 ms; a row-major B gained nothing (each panel reads
