@@ -39,6 +39,8 @@ AMX_EFFICIENCY = 0.45
 #: B bytes per second the packing and tile loads sustain per core when the weights stream from
 #: memory (few rows: the GEMM is bound by reading B once).
 AMX_STREAM_GBS_PER_CORE = 12.0
+#: most rows of the few-rows driver (``TB_WA_MAXM`` in :mod:`.emit.amx_rows`)
+ROWS_MAXM = 128
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,6 +63,12 @@ def amx_permission() -> str | None:
     except (OSError, AttributeError) as exc:
         return f"cannot ask the OS for AMX tile data: {exc}"
     return None
+
+
+def rows_driver(op: GemmOp) -> bool:
+    """Whether the AMX library runs ``op`` through its few-rows driver (:mod:`.emit.amx_rows`):
+    at most 128 rows of a row-major A against transposed (N x K) weights."""
+    return op.m <= ROWS_MAXM and op.trans_b and not op.trans_a
 
 
 def amx_peak_gflops(profile: DeviceProfile) -> float:
@@ -108,13 +116,22 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
         # Tiles compute whole 16-row blocks: a few rows cost a full tile's flops.
         m_pad = -(-op.m // 16) * 16
         flop_time = 2.0 * op.batch * m_pad * op.n * op.k / (amx_peak_gflops(profile) * 1e9 * AMX_EFFICIENCY)
+        memory = op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)
+        if rows_driver(op):
+            # The weights are read in place, once: bound by memory (or the padded tile flops).
+            return max(flop_time, memory) + 10e-6
         stream = op.batch * op.n * op.k * 2 / (AMX_STREAM_GBS_PER_CORE * profile.compute_units * 1e9)
-        return max(flop_time, stream, op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)) + 15e-6
+        return max(flop_time, stream, memory) + 15e-6
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        if isinstance(op, GemmOp) and rows_driver(op):
+            return spaces.amx_rows_space(profile)
         return spaces.amx_space(profile)
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        # The few-rows driver uses no tile block or cache block: one hero (one compiled library).
+        if isinstance(op, GemmOp) and rows_driver(op):
+            return spaces.amx_heroes(op)[:1]
         return spaces.amx_heroes(op)
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:

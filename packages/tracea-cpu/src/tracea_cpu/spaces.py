@@ -204,6 +204,15 @@ def amx_space(profile: DeviceProfile) -> SearchSpace:
             .param("nc", [512, 1024, 2048, 4096]).param("threads", threads).where(fits))
 
 
+def amx_rows_space(profile: DeviceProfile) -> SearchSpace:
+    """GEMMs the AMX few-rows driver runs (the blocks are unused there): the default hero's values and
+    the thread count."""
+    space = SearchSpace()
+    for name in ("mr", "nr", "kc", "mc", "nc"):
+        space = space.param(name, [AMX_HEROES[0][name]])
+    return space.param("threads", [0, 1] if profile.compute_units > 1 else [1])
+
+
 def amx_heroes(op: Op) -> list[PipelineConfig]:
     """The AMX heroes, those whose block wastes least on this op's M x N edges first."""
     return _least_waste_first([PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in AMX_HEROES],
