@@ -71,6 +71,21 @@ def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     return lib
 
 
+@functools.lru_cache(maxsize=4)
+def int8_linear_library() -> ctypes.CDLL:
+    """The AMX int8 linear library (``ti_linear``; compiled once; call
+    :func:`tracea_cpu.amx.amx_permission` before running it)."""
+    from .emit.amx_int8 import int8_linear_source
+    from .emit.bf16 import T16
+    from .emit.common import prologue
+    from .isa import AMX_INT8
+
+    lib = build(int8_linear_source(prologue(ISA_BY_NAME["avx512"]), T16), AMX_INT8.cflags, "linear-int8-amx")
+    lib.ti_linear.argtypes = [_L, _L, _L, _P, _L, _P, _L, _P, _P, _P, _L, _I]
+    lib.ti_linear.restype = _I
+    return lib
+
+
 class Bf16Call(ctypes.Structure):
     """``tb_call``: the constants of one bf16 GEMM (op shape, operand strides, blocks) for ``tb_gemm_call``."""
 

@@ -14,6 +14,9 @@ load reads past the operands (garbage times a zero pad could be NaN).
 from __future__ import annotations
 
 ROWS_DRIVER = r"""
+#ifndef TR_WPF
+#define TR_WPF 2
+#endif
 #define TB_WA_MAXM 128
 /* X^T as tile B operands: xp[(s*MP + m)*16 + u]... stored per k step s (16 pairs) and token m:
    xp[s*16*MP + u*MP + m] = (X(m, 32s + 2u), X(m, 32s + 2u + 1)), zero padded to MP tokens and whole steps. */
@@ -71,6 +74,10 @@ def rows_kernel_c(ra: int, tb: int) -> str:
              f"    int edge = n0 + {16 * ra} > N;"]
     lines += [f"    _tile_zero({c[i][j]});" for i in range(ra) for j in range(tb)]
     lines.append("    for (long s = 0; s < steps; s++) {")
+    # Software prefetch of the weight rows PF steps ahead: each row is its own page-strided stream (too
+    # many for the hardware streamer).
+    lines.append(f"        if (s + TR_WPF < full) for (int r = 0; r < {16 * ra}; r++) "
+                 f"_mm_prefetch((const char *)(w + (n0 + r) * ldw + 32 * (s + TR_WPF)), _MM_HINT_T0);")
     for j in range(tb):
         lines.append(f"        _tile_loadd({bt0 + j}, xp + s * 16 * MP + m0 + {16 * j}, MP * 4);")
     for i in range(ra):

@@ -128,7 +128,7 @@ static void tb_pack_a(const tb_dense *x, long i0, long mr, long p0, long kc, uin
 
 """
 
-PACK_B = r"""
+T16 = r"""
 /* 16 x 16 transpose of 32-bit words held in r[0..15]. */
 static inline void tb_t16(__m512i *r) {
     __m512i t[16];
@@ -154,6 +154,9 @@ static inline void tb_t16(__m512i *r) {
     }
 }
 
+"""
+
+PACK_B = T16 + r"""
 /* B micro-panel: k in [p0, p0+kc), columns [j0, j0+nr) -> dst[t*NR + j] = (B(2t, j), B(2t+1, j)). */
 static void tb_pack_b(const tb_dense *x, long j0, long nr, long p0, long kc, uint32_t *dst) {
     long kp = tb_pairs(kc), full = kc / 2;
