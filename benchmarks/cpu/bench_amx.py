@@ -11,6 +11,9 @@ Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
 * ``linear``: bf16 ``nn.Linear(4096, 4096)`` (with bias) at 1 / 8 / 32 / 128 tokens: the patched
   module (``tracea_torch.patch_linear``, default settings) and the two variants run directly, against
   ``F.linear``.
+* ``int8``: ``tracea_cpu.int8.linear_int8`` (the public call: per-row int8 activations, per-channel int8
+  weights, AMX ``tdpbssd``) against ``torch.ao.nn.quantized.dynamic.Linear`` (qint8 per-channel
+  weights, same values) at 1 / 8 / 32 / 128 tokens x 4096^2 and a 1024^3 GEMM shape.
 * ``interference``: one bf16 GEMM and its torch anchor timed alone (back to back) and interleaved with
   a NumPy (OpenBLAS) fp32 matmul and a torch fp32 matmul between calls, 5 runs; prints both ratios.
 """
@@ -109,6 +112,29 @@ def bench_linear(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) ->
             rows.append(dict(kind="linear", m=m, **_line(f"{m} tokens", 2.0 * m * n * k, compare(fns), "torch")))
 
 
+def bench_int8(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) -> None:
+    import warnings
+
+    from tracea_cpu.int8 import fallback_reason, linear_int8, quantize_weight
+
+    print(f"\nint8 linear {k} -> {n} with bias (fp32 in/out), medians, ratio = torch dynamic quantized Linear "
+          f"time / ours; ours: {fallback_reason() or 'AMX tdpbssd'}")
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    qw = quantize_weight(w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qlin = torch.ao.nn.quantized.dynamic.Linear(k, n, dtype=torch.qint8)
+        wq = torch.quantize_per_channel(w, torch.from_numpy(qw.scale).double(), torch.zeros(n, dtype=torch.long),
+                                        0, torch.qint8)
+        qlin.set_weight_bias(wq, bias)
+    for m in tokens:
+        x = torch.randn(m, k, generator=gen)
+        fns = {"linear_int8": lambda: linear_int8(x, qw, bias), "torch": lambda: qlin(x)}
+        rows.append(dict(kind="int8", m=m, **_line(f"{m} tokens", 2.0 * m * n * k, compare(fns), "torch")))
+
+
 def bench_interference(n: int, rows: list, runs: int = 5) -> None:
     print(f"\ninterference: bf16 GEMM {n}^3 user path vs torch.matmul, alone and with NumPy + torch fp32 "
           f"matmuls (512^2) between calls; ratio = torch time / ours")
@@ -143,7 +169,7 @@ def bench_interference(n: int, rows: list, runs: int = 5) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="gemm,linear,interference")
+    ap.add_argument("--only", default="gemm,linear,int8,interference")
     ap.add_argument("--sizes", default="512,1024,2048,3072,4096")
     ap.add_argument("--tokens", default="1,8,32,128")
     ap.add_argument("--json", default=None)
@@ -157,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_gemm([int(s) for s in ns.sizes.split(",")], rows)
     if "linear" in only:
         bench_linear([int(s) for s in ns.tokens.split(",")], rows)
+    if "int8" in only:
+        bench_int8([int(s) for s in ns.tokens.split(",")] + [1024], rows)
     if "interference" in only:
         bench_interference(1024, rows)
     if ns.json:
