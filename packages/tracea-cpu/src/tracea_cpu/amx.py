@@ -16,7 +16,9 @@ import platform
 from typing import Any
 
 from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import Requirements
 from tracea.dtypes import DType
+from tracea.errors import BackendError
 from tracea.ir.ops import GemmOp, LayerType, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
@@ -26,7 +28,6 @@ from .bf16 import CpuGemmBf16Variant
 from .emit.amx import check_amx_tile
 from .isa import AMX_BF16
 from .variant_base import _threads_problem
-from tracea.doctor.variant import Requirements
 
 _SYS_ARCH_PRCTL = 158  # x86_64
 _ARCH_GET_XCOMP_PERM = 0x1022
@@ -95,7 +96,6 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
     def library(self, mr: int, nr: int, epilogue_key: str) -> Any:
         why = amx_permission()
         if why:
-            from tracea.errors import BackendError
             raise BackendError(why, backend="cpu")
         return kernels.amx_gemm_library(mr, nr, epilogue_key)
 
