@@ -152,7 +152,7 @@ int ti_linear(long M, long N, long K, const float *x, long ldx, const int8_t *w,
         {
             int8_t scratch[16 * 64] __attribute__((aligned(64)));
             ti_tiles_on();
-            #pragma omp for schedule(static)
+            #pragma omp for schedule(dynamic, 1)  /* a descheduled peer leaves its blocks to the others */
             for (long b = 0; b < nblk; b++) {
                 long n0 = b * rows;
                 if (MP <= 16)

@@ -113,7 +113,7 @@ static int tb_drive_wa(long M, long N, long K, const bf16 *x, long ldx, const bf
     {
         bf16 scratch[16 * 32] __attribute__((aligned(64)));
         TB_THREAD_BEGIN();
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 1)  /* a descheduled peer leaves its blocks to the others */
         for (long b = 0; b < nblk; b++) {
             long n0 = b * rows;
             if (MP <= 16)
