@@ -74,6 +74,13 @@ def test_declines_with_the_os_reason_when_refused(monkeypatch):
         VARIANT.library(32, 32, "")
 
 
+def test_declines_when_the_compiler_cannot_build_amx(monkeypatch):
+    monkeypatch.setattr(amx_mod, "amx_compiler_reason", lambda kind="bf16": "the C compiler cannot build AMX (test)")
+    op = GemmOp(32, 32, 32, dtype_a="bf16", dtype_b="bf16")
+    reasons = VARIANT.check(op, PROFILE.with_(isa=tuple(PROFILE.isa) + ("amx_tile", "amx_bf16", "avx512_bf16")))
+    assert any("cannot build AMX" in r for r in reasons)
+
+
 def test_cpu_without_amx_is_declined():
     op = GemmOp(32, 32, 32, dtype_a="bf16", dtype_b="bf16")
     no_amx = PROFILE.with_(isa=tuple(f for f in PROFILE.isa if not f.startswith("amx")))

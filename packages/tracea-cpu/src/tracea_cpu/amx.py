@@ -66,6 +66,25 @@ def amx_permission() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4)
+def amx_compiler_reason(kind: str = "bf16") -> str | None:
+    """None when the C compiler builds AMX code (``kind``: ``bf16`` or ``int8`` intrinsics), else why
+    not (GCC < 11 and clang < 12 lack ``-mamx-tile``). Compiled once, then found in the kernel cache."""
+    from tracea.errors import CompilationError
+
+    from .isa import AMX_INT8
+    from .toolchain import build
+
+    isa = AMX_BF16 if kind == "bf16" else AMX_INT8
+    op = "_tile_dpbf16ps(0, 1, 2)" if kind == "bf16" else "_tile_dpbssd(0, 1, 2)"
+    src = f"#include <immintrin.h>\nvoid tr_amx_probe(void) {{ _tile_zero(0); {op}; _tile_release(); }}\n"
+    try:
+        build(src, isa.cflags, f"amx-probe-{kind}")
+    except (CompilationError, BackendError) as exc:
+        return f"the C compiler cannot build AMX {kind} code ({isa.cflags[-2]} {isa.cflags[-1]}): {exc}"
+    return None
+
+
 def rows_driver(op: GemmOp) -> bool:
     """Whether the AMX library runs ``op`` through its few-rows driver (:mod:`.emit.amx_rows`):
     at most 128 rows of a row-major A against transposed (N x K) weights."""
@@ -103,7 +122,7 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
         reasons = [f"needs AMX (amx_tile, amx_bf16): {r}" if r.startswith("device lacks") else r
                    for r in super(CpuGemmBf16Variant, self).check(op, profile)]
         if not reasons:
-            why = amx_permission()
+            why = amx_compiler_reason("bf16") or amx_permission()
             if why:
                 reasons.append(why)
         return reasons

@@ -77,7 +77,7 @@ def _amx_ready() -> str | None:
     """None when the AMX int8 kernel can run here, else why not."""
     from tracea.doctor.host_plugin import host_profile
 
-    from .amx import amx_permission
+    from .amx import amx_compiler_reason, amx_permission
     from .isa import AMX_INT8
     from .toolchain import compiler_or_reason
 
@@ -85,7 +85,7 @@ def _amx_ready() -> str | None:
         return "this CPU lacks AMX-INT8"
     if compiler_or_reason()[0] is None:
         return compiler_or_reason()[1]
-    return amx_permission()
+    return amx_compiler_reason("int8") or amx_permission()
 
 
 def fallback_reason() -> str | None:
