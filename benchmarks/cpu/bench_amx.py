@@ -2,7 +2,7 @@
 
     source scripts/srcenv.sh
     flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_amx.py [--only gemm,linear,interference]
-        [--sizes 512,1024,2048,4096] [--json out.json]
+        [--sizes 512,1024,2048,4096] [--threads T] [--json out.json]
 
 Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
 * ``gemm``: bf16 C = A @ B, n^3. ``user`` is ``tracea.ops.matmul(a, b)`` with default settings (the
@@ -172,11 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="gemm,linear,int8,interference")
     ap.add_argument("--sizes", default="512,1024,2048,3072,4096")
     ap.add_argument("--tokens", default="1,8,32,128")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads for Tracea ($TRACEA_NUM_THREADS) and torch (default: every core); one "
+                         "thread gives comparable figures on a machine other processes keep busy")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
+    if ns.threads:
+        os.environ["TRACEA_NUM_THREADS"] = str(ns.threads)
+        torch.set_num_threads(ns.threads)
     why = amx_permission() if PROFILE.has("amx_tile", "amx_bf16") else "this CPU lacks AMX-BF16"
     print(f"machine: {PROFILE.name}, {PROFILE.compute_units} cores, {PROFILE.extras.get('isa_summary')}; "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads); AMX: {why or 'usable'}")
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads); AMX: {why or 'usable'}; "
+          f"load average {os.getloadavg()[0]:.1f}")
     rows: list = []
     only = ns.only.split(",")
     if "gemm" in only:
@@ -187,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_int8([int(s) for s in ns.tokens.split(",")] + [1024], rows)
     if "interference" in only:
         bench_interference(1024, rows)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(dict(machine=PROFILE.name, python=sys.version, platform=platform.platform(), rows=rows), f,
