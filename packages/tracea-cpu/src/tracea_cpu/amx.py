@@ -34,11 +34,11 @@ _ARCH_GET_XCOMP_PERM = 0x1022
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
-#: Measured share of the AMX bf16 peak (1024 flops per cycle and core) the kernel reaches on large
-#: GEMMs (see docs/backends/cpu.md, "AMX").
-AMX_EFFICIENCY = 0.45
-#: B bytes per second the packing and tile loads sustain per core when the weights stream from
-#: memory (few rows: the GEMM is bound by reading B once).
+#: Share of the AMX bf16 peak (1024 flops per cycle and core) the kernel reaches on large GEMMs:
+#: ~1.0 TFLOP/s per core at 1024^3 on the 2.6 GHz Xeon (docs/backends/cpu.md, "AMX").
+AMX_EFFICIENCY = 0.4
+#: B bytes per second per core that packing and tile loads sustain when the weights stream from memory
+#: (an assumption, not measured: the machine was never quiet enough).
 AMX_STREAM_GBS_PER_CORE = 12.0
 #: most rows of the few-rows driver (``TB_WA_MAXM`` in :mod:`.emit.amx_rows`)
 ROWS_MAXM = 128

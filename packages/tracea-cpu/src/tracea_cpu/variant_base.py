@@ -18,13 +18,13 @@ from . import kernels, spaces
 from .isa import Isa
 from .toolchain import compiler_or_reason
 
-_LANES = {"avx512": 16, "avx512bf16": 16, "amxbf16": 16, "avx2": 8, "neon": 4, "scalar": 1}
+_LANES = {"avx512": 16, "avx512bf16": 16, "avx2": 8, "neon": 4, "scalar": 1}
 # Fraction of the per-lane peak each ISA's kernels reach (measured); scalar code gets what the
 # compiler's auto-vectorisation gives.
-_BASE_EFFICIENCY = {"avx512": 0.85, "avx512bf16": 0.7, "amxbf16": 0.5, "avx2": 0.8, "neon": 0.7, "scalar": 0.5}
+_BASE_EFFICIENCY = {"avx512": 0.85, "avx512bf16": 0.7, "avx2": 0.8, "neon": 0.7, "scalar": 0.5}
 # B bytes from which the packing-free GEMM drivers use every thread (see CpuGemmVariant.threads).
 GEMV_THREADS_BYTES = 256 * 1024
-_PRIORITY = {"avx512": 30, "avx512bf16": 40, "amxbf16": 45, "avx2": 20, "neon": 20, "scalar": 0}
+_PRIORITY = {"avx512": 30, "avx512bf16": 40, "avx2": 20, "neon": 20, "scalar": 0}
 
 
 class CpuVariant(KernelVariant):
