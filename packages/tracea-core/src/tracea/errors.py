@@ -98,6 +98,20 @@ class CacheError(TraceaError):
     """The tuning cache cannot be read or written (the message names the file and what was done)."""
 
 
+class UnsupportedOptionError(TraceaError, ValueError):
+    """An option of :func:`tracea.tune_kernel` / :func:`tracea.run_kernel` that Tracea does not
+    support (or an unknown one); ``option`` names it."""
+
+    def __init__(self, option: str, why: str) -> None:
+        self.option = option
+        super().__init__(f"option {option!r}: {why}")
+
+
+class VerificationError(TraceaError, RuntimeError):
+    """A user kernel's output differs from the ``answer`` it was checked against (Kernel Tuner raises
+    a RuntimeError here too); the message names the config, the argument and the largest error."""
+
+
 class PluginError(TraceaError):
     """A plugin could not be loaded or violates the hook contract."""
 

@@ -44,3 +44,13 @@ def tracea_environment(profile) -> dict | None:
     if cc is None:
         return {"cpu_compiler": "none"}
     return {"cpu_compiler": cc.version, "cpu_openmp": OPENMP_FLAG if cc.openmp else "off"}
+
+
+@hookimpl
+def tracea_kernel_runner(lang: str, device, options: dict):
+    """User C kernels for ``tracea.tune_kernel(lang="C")`` (see :mod:`tracea_cpu.user_kernels`)."""
+    if lang != "C":
+        return None
+    from .user_kernels import runner
+
+    return runner(lang, device, options)

@@ -72,3 +72,13 @@ def tracea_measure(variant: Any, op: Any, config: Any, args: Any, profile: Any, 
     from .measure import measure  # noqa: PLC0415
 
     return measure(variant, op, config, args, profile, warmup, repeats)
+
+
+@hookimpl
+def tracea_kernel_runner(lang: str, device: Any, options: dict) -> Any:
+    """User CUDA kernels (CuPy/NVRTC) and Triton kernels for ``tracea.tune_kernel``."""
+    if lang not in ("CUDA", "TRITON"):
+        return None
+    from .user_kernels import runner
+
+    return runner(lang, device, options)

@@ -110,7 +110,10 @@ def entry_status(cache: Any, entry: Any) -> tuple[str, str]:
 
 def _describe(entry: Any) -> str:
     from ..ir.ops import op_from_dict
+    from ..usertune import store
 
+    if store.is_user_entry(entry):
+        return store.describe_entry(entry)
     try:
         return op_from_dict(dict(entry.op)).describe()
     except Exception:  # noqa: BLE001
@@ -142,10 +145,13 @@ def _clip(text: Any, width: int = 120) -> str:
 
 def _row(i: int, cache: Any, e: Any) -> tuple[str, ...]:
     try:
-        status, _ = entry_status(cache, e)
+        from ..usertune import store
+
+        user = store.is_user_entry(e)
+        status = store.entry_status(e) if user else entry_status(cache, e)[0]
         return (str(i), _clip(_describe(e), 60), _clip(e.variant, 40), str(e.goal.value),
                 _clip(f"{e.device} {e.device_name}", 28), _us(e.median_s), str(e.trials), status,
-                _when(e.tuned_at), _clip(e.config.key))
+                _when(e.tuned_at), _clip(store.config_text(e) if user else e.config.key))
     except Exception as exc:  # noqa: BLE001 - show the rest of the cache whatever one entry holds
         return (str(i), _clip(getattr(e, "op_key", "?"), 60), "?", "?", "?", "?", "?",
                 f"unreadable ({type(exc).__name__})", "?", "?")

@@ -41,6 +41,9 @@ class Requirements:
     :param groups: whether conv2d groups > 1 is served.
     :param dilation: whether conv2d dilation != 1 is served.
     :param causal: whether causal attention is served.
+    :param masks: attention mask kinds served (``"bool"``, ``"additive"``); empty: no ``attn_mask``.
+    :param value_head_dim: whether attention with V's head dim unlike Q's and K's is served.
+    :param dropout: whether attention dropout (``dropout_p`` > 0) is served.
     :param alignment: every contiguous (leading) dimension must be a multiple of this many elements.
     :param max_dims: upper limits by op field name (``{"head_dim": 256}``).
     :param min_dims: lower limits by op field name.
@@ -60,6 +63,9 @@ class Requirements:
     groups: bool = True
     dilation: bool = True
     causal: bool = True
+    masks: frozenset[str] = frozenset()
+    value_head_dim: bool = False
+    dropout: bool = False
     alignment: int = 1
     max_dims: Mapping[str, int] = field(default_factory=dict)
     min_dims: Mapping[str, int] = field(default_factory=dict)
@@ -106,8 +112,15 @@ class Requirements:
                 reasons.append(f"groups={op.groups} not supported (only 1)")
             if not self.dilation and op.dilation != (1, 1):
                 reasons.append(f"dilation={op.dilation} not supported (only 1)")
-        if isinstance(op, AttentionOp) and not self.causal and op.causal:
-            reasons.append("causal masking not supported")
+        if isinstance(op, AttentionOp):
+            if not self.causal and op.causal:
+                reasons.append("causal masking not supported")
+            if op.mask is not None and op.mask not in self.masks:
+                reasons.append(f"{op.mask} attn_mask not supported")
+            if op.head_dim_v is not None and not self.value_head_dim:
+                reasons.append(f"value head dim {op.head_dim_v} unlike head_dim {op.head_dim} not supported")
+            if op.dropout_p and not self.dropout:
+                reasons.append(f"dropout_p={op.dropout_p:g}: no Tracea kernel applies dropout")
         if self.alignment > 1:
             for name, size in leading_dims(op).items():
                 if size % self.alignment:

@@ -57,12 +57,14 @@ class ReferenceConv2d(_ReferenceVariant):
 
 class ReferenceAttention(_ReferenceVariant):
     name = "reference.attention"
-    description = "NumPy float64 softmax attention, causal and GQA"
-    requirements = Requirements("cpu", LayerType.ATTENTION, dtypes=FLOAT_DTYPES, out_dtypes=_OUT)
+    description = "NumPy float64 softmax attention, causal, GQA, bool and additive masks"
+    requirements = Requirements("cpu", LayerType.ATTENTION, dtypes=FLOAT_DTYPES, out_dtypes=_OUT,
+                                masks=frozenset({"bool", "additive"}), value_head_dim=True)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, AttentionOp)
-        self._store(args, kernels.attention(op, args.host("q"), args.host("k"), args.host("v")))
+        self._store(args, kernels.attention(op, args.host("q"), args.host("k"), args.host("v"),
+                                                   args.host("mask")))
 
 
 VARIANTS = (ReferenceGemm(), ReferenceConv2d(), ReferenceAttention())

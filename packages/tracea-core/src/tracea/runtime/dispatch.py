@@ -131,9 +131,15 @@ def run_decision(decision: Decision, args: OpArgs, doctor: Doctor | None = None)
 def fallback_reason(exc: TraceaError) -> str:
     """A short, stable reason for the fallback counters."""
     if isinstance(exc, NoVariantError):
-        reasons = sorted({r for name, rs in exc.rejections.items() if not name.startswith("reference.") for r in rs})
-        if not reasons:
-            reasons = sorted({r for rs in exc.rejections.values() for r in rs})
+        lists = [rs for name, rs in exc.rejections.items() if not name.startswith("reference.")]
+        if not any(lists):
+            lists = list(exc.rejections.values())
+        seen: dict[str, int] = {}
+        for rs in lists:
+            for r in dict.fromkeys(rs):
+                seen[r] = seen.get(r, 0) + 1
+        # the reasons most variants share first (dropout, a mask kind), then alphabetically
+        reasons = sorted(seen, key=lambda r: (-seen[r], r))
         return "; ".join(reasons[:3]) or "no variant"
     return str(exc).split("\n")[0]
 

@@ -40,8 +40,10 @@ def array_shapes(op: Op) -> dict[str, tuple[int, ...] | None]:
                 "out": op.out_shape}
     if isinstance(op, AttentionOp):
         q = (op.batch, op.heads, op.seq_q, op.head_dim)
-        kv = (op.batch, int(op.kv_heads or op.heads), op.seq_kv, op.head_dim)
-        return {"q": q, "k": kv, "v": kv, "out": q}
+        kv = (op.batch, int(op.kv_heads or op.heads), op.seq_kv)
+        mask = None if op.mask_shape is None else tuple(op.mask_shape) + (op.seq_q, op.seq_kv)
+        return {"q": q, "k": kv + (op.head_dim,), "v": kv + (op.dv,), "mask": mask,
+                "out": q[:3] + (op.dv,)}
     raise DTypeError("op", type(op).__name__, "a GemmOp, Conv2dOp or AttentionOp")
 
 
@@ -102,7 +104,9 @@ def random_host_inputs(op: Op, rng: np.random.Generator) -> dict[str, np.ndarray
             out[role] = None
             continue
         dt = input_dtype(op, role)
-        if dt in (DType.INT8, DType.INT32):
+        if role == "mask" and getattr(op, "mask", None) == "bool":  # 0: masked; most keys are kept
+            out[role] = (rng.uniform(size=shape) < 0.8).astype(_np_dtype(dt))
+        elif dt in (DType.INT8, DType.INT32):
             out[role] = rng.integers(-8, 8, size=shape).astype(_np_dtype(dt))
         else:
             out[role] = rng.uniform(-1.0, 1.0, size=shape).astype(_np_dtype(dt))
