@@ -28,6 +28,23 @@ def test_host_profile_lists_isa_and_caches(core_doctor):
     assert cpu.fingerprint() == core_doctor.profile_for("cpu:0").fingerprint()
 
 
+def test_isa_summary_names_amx_with_its_types_and_os_state():
+    """A CPU with AMX is not reported as "best ISA: avx512" alone: the summary adds AMX, the tile data
+    types the CPU has and whether the OS lets the process use tile data."""
+    import dataclasses
+
+    from tracea.doctor.cpu_probe import amx_os_state
+
+    info = probe_cpu()
+    base = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma")
+    amx = dataclasses.replace(info, simd=base + ("amx_tile", "amx_bf16", "amx_int8"))
+    assert amx.matrix_isa == "amx"
+    assert amx.isa_summary == f"avx512 + amx (bf16 int8; OS: {amx_os_state()})"
+    plain = dataclasses.replace(info, simd=base)
+    assert plain.matrix_isa == "" and plain.isa_summary == "avx512"
+    assert amx_os_state().startswith(("tile data allowed", "kernel lacks", "unknown"))
+
+
 class _Fast(KernelVariant):
     name, backend, efficiency, description = "t.fast", "t", 0.9, "fast"
     requirements = Requirements("cpu", LayerType.GEMM, max_dims={"k": 1000})

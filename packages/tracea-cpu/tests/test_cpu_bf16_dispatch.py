@@ -1,4 +1,4 @@
-"""How bf16 reaches the CPU backend: the Doctor's verdict (chosen where AVX512_BF16 exists, "needs
+"""How bf16 reaches the CPU backend: the Doctor's verdict (AMX where usable, else AVX512_BF16, "needs
 avx512_bf16" where not), ``tracea.ops.matmul`` on torch bf16 tensors end to end, ml_dtypes arrays when
 installed, and a DTypeError for arrays the kernel cannot read as bf16."""
 
@@ -37,8 +37,12 @@ def test_bf16_variant_rejects_fp32_and_f16_outputs_it_cannot_store():
 
 @needs_bf16
 def test_doctor_chooses_bf16_variant():
+    from tracea_cpu.amx import amx_permission
+
+    # AMX (tdpbf16ps) serves bf16 GEMMs where the CPU has it and the OS grants tile data.
+    amx = PROFILE.has("amx_tile", "amx_bf16") and amx_permission() is None
     decision = tracea.Doctor().decide(OP, "cpu:0")
-    assert decision.variant.name == "cpu.gemm.avx512bf16"
+    assert decision.variant.name == ("cpu.gemm.amxbf16" if amx else "cpu.gemm.avx512bf16")
 
 
 @needs_bf16

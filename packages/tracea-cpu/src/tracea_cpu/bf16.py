@@ -119,6 +119,10 @@ class CpuGemmBf16Variant(CpuVariant):
         self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.BF16}),
                                          out_dtypes=frozenset({DType.BF16, DType.F32}), isa=AVX512_BF16.requires)
 
+    def library(self, mr: int, nr: int, epilogue_key: str) -> Any:
+        """The compiled ``tb_gemm`` library for one register tile and epilogue chain."""
+        return kernels.bf16_gemm_library(mr, nr, epilogue_key)
+
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
         return [f"needs avx512_bf16 (vdpbf16ps): {r}" if r.startswith("device lacks") else r
                 for r in super().check(op, profile)]
@@ -196,7 +200,7 @@ def _bf16_plan(variant: CpuGemmBf16Variant, op: Op, config: PipelineConfig) -> t
     memoised so a call costs one lookup."""
     _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
     assert isinstance(op, GemmOp)
-    lib = kernels.bf16_gemm_library(int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+    lib = variant.library(int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
     rsa, csa = (1, op.m) if op.trans_a else (op.k, 1)
     rsb, csb = (1, op.k) if op.trans_b else (op.n, 1)
     call = kernels.Bf16Call(op.batch, op.m, op.n, op.k, rsa, csa, rsb, csb, int(config.get("mc")),

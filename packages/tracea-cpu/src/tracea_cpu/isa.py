@@ -186,3 +186,11 @@ ISA_BY_NAME = {i.name: i for i in ALL_ISAS}
 # ISAs every fp32 op is emitted for.
 AVX512_BF16 = Isa("avx512bf16", AVX512.cflags + ("-mavx512bf16",), AVX512.requires + ("avx512_bf16",), 16, 32,
                   ((6, 64), (14, 32), (8, 48), (12, 32), (4, 64)), _AVX512, _X86)
+# bf16 GEMM on AMX tiles (``tdpbf16ps``): the AVX512_BF16 layer (packing, epilogue, bf16 stores) plus
+# AMX-TILE and AMX-BF16. ``tiles``: MR x NR blocks of 16 x 16 accumulator tiles (not vector registers).
+AMX_BF16 = Isa("amxbf16", AVX512_BF16.cflags + ("-mamx-tile", "-mamx-bf16"),
+               AVX512_BF16.requires + ("amx_tile", "amx_bf16"), 16, 8,
+               ((32, 32), (16, 64), (16, 32)), _AVX512, _X86)
+# int8 linear layers on AMX tiles (``tdpbssd``): the AVX-512 layer plus AMX-TILE and AMX-INT8.
+AMX_INT8 = Isa("amxint8", AVX512.cflags + ("-mamx-tile", "-mamx-int8"), AVX512.requires + ("amx_tile", "amx_int8"),
+               16, 8, ((32, 32),), _AVX512, _X86)

@@ -10,10 +10,11 @@ import os
 from tracea.errors import InvalidArgumentError, UnsupportedConfigError
 from tracea.ir.epilogue import Epilogue
 
+from .emit.amx import amx_gemm_source
 from .emit.attention import attention_source
 from .emit.bf16 import bf16_gemm_source
 from .emit.blocked import blocked_source
-from .isa import AVX512_BF16, ISA_BY_NAME, Isa
+from .isa import AMX_BF16, AVX512_BF16, ISA_BY_NAME, Isa
 from .toolchain import build
 
 _L, _P, _I, _F = ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -54,6 +55,34 @@ def bf16_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     lib.tb_gemm.restype = _I
     lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]
     lib.tb_gemm_call.restype = _I
+    return lib
+
+
+@functools.lru_cache(maxsize=64)
+def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The AMX bf16 GEMM library for one MR x NR block of tiles and epilogue chain (compiled once;
+    call :func:`tracea_cpu.amx.amx_permission` before running it)."""
+    source = amx_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
+    lib = build(source, AMX_BF16.cflags, f"gemm-amx-{mr}x{nr}")
+    lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES
+    lib.tb_gemm.restype = _I
+    lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]
+    lib.tb_gemm_call.restype = _I
+    return lib
+
+
+@functools.lru_cache(maxsize=4)
+def int8_linear_library() -> ctypes.CDLL:
+    """The AMX int8 linear library (``ti_linear``; compiled once; call
+    :func:`tracea_cpu.amx.amx_permission` before running it)."""
+    from .emit.amx_int8 import int8_linear_source
+    from .emit.bf16 import T16
+    from .emit.common import prologue
+    from .isa import AMX_INT8
+
+    lib = build(int8_linear_source(prologue(ISA_BY_NAME["avx512"]), T16), AMX_INT8.cflags, "linear-int8-amx")
+    lib.ti_linear.argtypes = [_L, _L, _L, _P, _L, _P, _L, _P, _P, _P, _L, _I]
+    lib.ti_linear.restype = _I
     return lib
 
 

@@ -1,7 +1,8 @@
 """Tracea plugin entry point for the cpu package (entry-point group ``tracea``, name ``cpu``).
 
 Importing this module never compiles anything and never fails when no C compiler is installed: the
-backend then reports itself unavailable and every variant's ``check`` carries the reason.
+backend then reports itself unavailable and every variant's ``check`` carries the reason. It sets
+``GOMP_SPINCOUNT`` when no OpenMP runtime is loaded yet and the user set none (:mod:`.omp_env`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,12 @@ from __future__ import annotations
 from tracea.plugins import BackendInfo, hookimpl
 
 from ._version import __version__
+from .omp_env import apply_spin_default
 from .toolchain import OPENMP_FLAG, cache_dir, compiler_or_reason
+
+# The Doctor loads this plugin before tracea-torch's (which imports torch and with it libgomp): set the
+# OpenMP spin default now, while Tracea may still be the first to load the runtime (see omp_env).
+apply_spin_default()
 
 
 @hookimpl

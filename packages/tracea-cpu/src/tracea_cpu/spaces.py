@@ -172,3 +172,48 @@ def small_problem(op: Op) -> bool:
     if isinstance(op, AttentionOp):
         return op.flops < 2e6
     return op.flops < 4e6
+
+
+# AMX bf16 GEMM: mr x nr blocks of 16 x 16 accumulator tiles; kc in bf16 elements (a multiple of 32,
+# one tile of K). Measured on the 2-core Intel Xeon with AMX (docs/backends/cpu.md, "AMX").
+AMX_HEROES: list[dict[str, int]] = [
+    dict(mr=32, nr=32, mc=256, nc=512, kc=2048), dict(mr=32, nr=32, mc=64, nc=512, kc=2048),
+    dict(mr=16, nr=64, mc=128, nc=512, kc=2048), dict(mr=32, nr=32, mc=128, nc=2048, kc=1024)]
+
+
+def amx_space(profile: DeviceProfile) -> SearchSpace:
+    """The AMX bf16 GEMM's tile blocks, cache blocks (2-byte elements) and threads."""
+    from .emit.amx import AMX_TILES
+
+    l2 = _cache(profile, "L2", 1 << 20)
+    tiles = [t for t in AMX_TILES if t in ((32, 32), (16, 64), (16, 32))]
+
+    def fits(c: PipelineConfig) -> bool | str:
+        mr, nr, mc, nc, kc = (c.get(x) for x in ("mr", "nr", "mc", "nc", "kc"))
+        if (mr, nr) not in tiles:
+            return f"AMX block {mr}x{nr} not offered"
+        if mc % mr or nc % nr:
+            return "mc must be a multiple of mr and nc of nr"
+        if 2 * mc * kc > l2:
+            return f"A block {mc}x{kc} exceeds L2 ({l2} B)"
+        return True
+
+    threads = [0, 1] if profile.compute_units > 1 else [1]
+    return (SearchSpace().param("mr", [16, 32]).param("nr", [32, 64])
+            .param("kc", [256, 512, 768, 1024, 1536, 2048, 4096]).param("mc", [32, 64, 128, 192, 256, 384, 512])
+            .param("nc", [512, 1024, 2048, 4096]).param("threads", threads).where(fits))
+
+
+def amx_rows_space(profile: DeviceProfile) -> SearchSpace:
+    """GEMMs the AMX few-rows driver runs (the blocks are unused there): the default hero's values and
+    the thread count."""
+    space = SearchSpace()
+    for name in ("mr", "nr", "kc", "mc", "nc"):
+        space = space.param(name, [AMX_HEROES[0][name]])
+    return space.param("threads", [0, 1] if profile.compute_units > 1 else [1])
+
+
+def amx_heroes(op: Op) -> list[PipelineConfig]:
+    """The AMX heroes, those whose block wastes least on this op's M x N edges first."""
+    return _least_waste_first([PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in AMX_HEROES],
+                              *gemm_view(op))

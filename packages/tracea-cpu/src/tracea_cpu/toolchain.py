@@ -23,6 +23,8 @@ from tracea.errors import BackendError, CompilationError
 from tracea.fileio import publish
 from tracea.paths import user_cache_dir
 
+from .omp_env import apply_spin_default
+
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
               "-Wall", "-Wno-unused-function", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
 OPENMP_FLAG = "-fopenmp"
@@ -130,6 +132,7 @@ def build(source: str, flags: tuple[str, ...], name: str = "kernel") -> ctypes.C
         target = directory / f"{name}-{digest}.so"
         if not target.exists():
             _compile(cc, source, all_flags, directory, target)
+        apply_spin_default()  # before the first kernel loads libgomp (see omp_env)
         try:
             lib = ctypes.CDLL(str(target))
         except OSError as exc:

@@ -41,7 +41,7 @@ def _caps(d: dict[str, Any]) -> str:
     isa = [f for f in d.get("isa", []) if not f.startswith("isa:")]
     if isa:
         bits.append(" ".join(isa))
-    best = d.get("extras", {}).get("best_isa")
+    best = d.get("extras", {}).get("isa_summary") or d.get("extras", {}).get("best_isa")
     if best:
         bits.append(f"(best ISA: {best})")
     return "; ".join(bits)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 # ISA flags Tracea cares about, as Linux names them (NEON is 'asimd' on aarch64 Linux).
 SIMD_FLAGS = ("sse2", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq",
-              "avx512vl", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "neon", "asimd",
+              "avx512vl", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8",
+              "amx_fp16", "neon", "asimd",
               "sve", "sve2", "bf16", "i8mm")
 
 
@@ -44,6 +45,21 @@ class CpuInfo:
             return "neon"
         return "scalar"
 
+    @property
+    def matrix_isa(self) -> str:
+        """The CPU's matrix (tile) extension: ``"amx"`` (AMX-TILE with AMX-BF16) or ``""``."""
+        return "amx" if {"amx_tile", "amx_bf16"} <= set(self.simd) else ""
+
+    @property
+    def isa_summary(self) -> str:
+        """What ``tracea doctor`` prints as the best ISA: the vector ISA, plus AMX with its data
+        types and whether the OS lets this process use tile data (e.g. ``avx512 + amx (bf16 int8;
+        OS: tile data allowed)``)."""
+        if not self.matrix_isa:
+            return self.best_isa
+        kinds = " ".join(k for k in ("bf16", "int8", "fp16") if f"amx_{k}" in self.simd)
+        return f"{self.best_isa} + amx ({kinds}; OS: {amx_os_state()})"
+
     def peak_gflops_f32(self) -> float:
         """A rough fp32 FMA peak for estimates (2 FMA pipes x vector lanes x 2 flops x clock)."""
         lanes = {"avx512": 16, "avx2": 8, "neon": 4, "scalar": 1}[self.best_isa]
@@ -51,6 +67,29 @@ class CpuInfo:
             lanes = 8  # Zen 4 executes 512-bit FMAs on 256-bit pipes (half rate); Zen 5 (family 26) is full width
         ghz = (self.mhz or 3000.0) / 1000.0
         return self.cores * 2 * lanes * 2 * ghz
+
+
+def amx_os_state() -> str:
+    """Whether Linux lets this process use AMX tile data (``arch_prctl`` ARCH_GET_XCOMP_SUPP / _PERM;
+    asking for it is left to the backend that runs AMX code): ``tile data allowed``, ``tile data
+    allowed on request``, ``kernel lacks AMX tile data support``, or ``unknown (...)``."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"unknown ({platform.system()} {platform.machine()})"
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        supp, perm = ctypes.c_ulong(0), ctypes.c_ulong(0)
+        if libc.syscall(158, 0x1021, ctypes.byref(supp)) != 0:
+            return "unknown (kernel without arch_prctl XCOMP queries, older than 5.16)"
+        libc.syscall(158, 0x1022, ctypes.byref(perm))
+    except (OSError, AttributeError) as exc:
+        return f"unknown ({exc})"
+    if perm.value >> 18 & 1:
+        return "tile data allowed"
+    if supp.value >> 18 & 1:
+        return "tile data allowed on request"
+    return "kernel lacks AMX tile data support"
 
 
 def _read(path: str) -> str:

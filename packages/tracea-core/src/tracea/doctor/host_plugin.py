@@ -20,10 +20,18 @@ def host_profile() -> DeviceProfile:
         max_threads_per_block=cpu.cores, caches=dict(cpu.caches),
         # bf16: AVX512_BF16's vdpbf16ps does two products per fp32 lane (measured 2x the FMA rate on Zen 4).
         peak_gflops={"float32": peak, "float64": peak / 2, "float16": peak / 4,
-                     "bfloat16": peak * 2 if "avx512_bf16" in cpu.simd else peak / 4},
+                     "bfloat16": _bf16_peak(cpu, peak)},
         bandwidth_gbs=20.0 * max(1, min(cpu.cores, 8)),
         extras={"logical_cpus": str(cpu.logical_cpus), "best_isa": cpu.best_isa,
+                "isa_summary": cpu.isa_summary, "matrix_isa": cpu.matrix_isa,
                 "mhz": f"{cpu.mhz:.0f}" if cpu.mhz else "unknown"})
+
+
+def _bf16_peak(cpu, peak: float) -> float:
+    """bf16 GFLOP/s: AMX 1024 flops per cycle and core; AVX512_BF16 twice the fp32 FMA rate."""
+    if cpu.matrix_isa == "amx":
+        return cpu.cores * 1024 * (cpu.mhz or 2000.0) / 1000.0
+    return peak * 2 if "avx512_bf16" in cpu.simd else peak / 4
 
 
 @hookimpl

@@ -93,12 +93,14 @@ def _store(mr: int, nr: int, acc: list[list[str]]) -> list[str]:
     return out
 
 
-PACKERS = r"""
+DENSE = r"""
 /* Dense bf16 operand X(i, k) = p[i*rs + k*cs] (A) or X(k, j) = p[k*rs + j*cs] (B). */
 typedef struct { const bf16 *p; long rs, cs; } tb_dense;
 
 static inline long tb_pairs(long kc) { return TR_ROUNDUP((kc + 1) / 2, KU); }
+"""
 
+PACK_A = r"""
 /* A micro-panel: rows [i0, i0+mr), k in [p0, p0+kc) -> dst[t*MR + i] = (A(i, 2t), A(i, 2t+1)),
    zero padded to MR rows and tb_pairs(kc) pairs. */
 static void tb_pack_a(const tb_dense *x, long i0, long mr, long p0, long kc, uint32_t *dst) {
@@ -124,6 +126,9 @@ static void tb_pack_a(const tb_dense *x, long i0, long mr, long p0, long kc, uin
     }
 }
 
+"""
+
+T16 = r"""
 /* 16 x 16 transpose of 32-bit words held in r[0..15]. */
 static inline void tb_t16(__m512i *r) {
     __m512i t[16];
@@ -149,6 +154,9 @@ static inline void tb_t16(__m512i *r) {
     }
 }
 
+"""
+
+PACK_B = T16 + r"""
 /* B micro-panel: k in [p0, p0+kc), columns [j0, j0+nr) -> dst[t*NR + j] = (B(2t, j), B(2t+1, j)). */
 static void tb_pack_b(const tb_dense *x, long j0, long nr, long p0, long kc, uint32_t *dst) {
     long kp = tb_pairs(kc), full = kc / 2;
@@ -211,7 +219,17 @@ static void tb_pack_b(const tb_dense *x, long j0, long nr, long p0, long kc, uin
 }
 """
 
+PACKERS = DENSE + PACK_A + PACK_B
+
 DRIVER = r"""
+/* TB_THREAD_BEGIN() / TB_THREAD_DONE(): run by every thread when it enters / leaves a parallel region
+   (AMX loads its tile configuration / releases its tiles). */
+#ifndef TB_THREAD_BEGIN
+#define TB_THREAD_BEGIN() do {} while (0)
+#endif
+#ifndef TB_THREAD_DONE
+#define TB_THREAD_DONE() do {} while (0)
+#endif
 #ifndef TR_ROWS_DRIVER
 #define TR_ROWS_DRIVER 1
 #endif
@@ -236,6 +254,7 @@ __attribute__((noinline)) static int tb_drive_rows(long M, long N, long K, const
         int tid = 0;
 #endif
         uint32_t *bp = bbase + (size_t)tid * NR * kpmax;
+        TB_THREAD_BEGIN();
         for (long pc = 0; pc < K; pc += kc) {
             long kcur = TR_MIN(kc, K - pc), kp = tb_pairs(kcur);
             int first = pc == 0, last = pc + kcur >= K;
@@ -254,6 +273,7 @@ __attribute__((noinline)) static int tb_drive_rows(long M, long N, long K, const
                 }
             }
         }
+        TB_THREAD_DONE();
     }
     tr_ws_put((float *)ws, owned);
     return 0;
@@ -270,6 +290,11 @@ static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B
     if (nth <= 0) nth = tr_threads_available();
     if ((double)M * N * K < 65536.0) nth = 1;
     if (o && K > kc && !c) return 2;
+#ifdef TB_WA_DRIVER
+    /* AMX: few rows against transposed weights, the weights loaded as tiles in place (emit/amx_rows.py). */
+    if (A->cs == 1 && B->rs == 1 && M <= TB_WA_MAXM)
+        return tb_drive_wa(M, N, K, A->p, A->rs, B->p, B->cs, c, ldc, o, ldo, bias, nth);
+#endif
     /* Up to 256 rows against a transposed B (nn.Linear weights, N x K): panels packed and used per
        thread. Measured at M x 4096 x 4096 (4x64 tile): M = 1 / 8 / 64 / 128 / 256: 1.9 / 2.2 / 6.9 /
        15.5 / 26.0 ms -> 1.1 / 1.4 / 5.6 / 11.0 / 21.0 ms; a row-major B gained nothing (each panel reads
@@ -288,6 +313,7 @@ static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B
         int T = 1, tid = 0;
 #endif
         uint32_t *abuf = abase + (size_t)tid * mc * kpmax;
+        TB_THREAD_BEGIN();
         for (long jc = 0; jc < N; jc += nc) {
             long ncur = TR_MIN(nc, N - jc), npan = (ncur + NR - 1) / NR;
             for (long pc = 0; pc < K; pc += kc) {
@@ -328,6 +354,7 @@ static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B
                 }
             }
         }
+        TB_THREAD_DONE();
     }
     tr_ws_put((float *)ws, owned);
     return 0;

@@ -1,0 +1,206 @@
+"""bf16 on AMX against torch CPU (oneDNN), interleaved in one run, medians.
+
+    source scripts/srcenv.sh
+    flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_amx.py [--only gemm,linear,interference]
+        [--sizes 512,1024,2048,4096] [--threads T] [--json out.json]
+
+Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
+* ``gemm``: bf16 C = A @ B, n^3. ``user`` is ``tracea.ops.matmul(a, b)`` with default settings (the
+  Doctor's pick, untuned); ``amx`` / ``avx512bf16`` are the two variants run directly with their first
+  hero config (isolated kernels). Anchor: ``torch.matmul``.
+* ``linear``: bf16 ``nn.Linear(4096, 4096)`` (with bias) at 1 / 8 / 32 / 128 tokens: the patched
+  module (``tracea_torch.patch_linear``, default settings) and the two variants run directly, against
+  ``F.linear``.
+* ``int8``: ``tracea_cpu.int8.linear_int8`` (the public call: per-row int8 activations, per-channel int8
+  weights, AMX ``tdpbssd``) against ``torch.ao.nn.quantized.dynamic.Linear`` (qint8 per-channel
+  weights, same values) at 1 / 8 / 32 / 128 tokens x 4096^2 and a 1024^3 GEMM shape.
+* ``interference``: one bf16 GEMM and its torch anchor timed alone (back to back) and interleaved with
+  a NumPy (OpenBLAS) fp32 matmul and a torch fp32 matmul between calls, 5 runs; prints both ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # as bench_cpu.py: before NumPy loads OpenBLAS
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import tracea  # noqa: E402
+from tracea.doctor.host_plugin import host_profile  # noqa: E402
+from tracea.doctor.variant import OpArgs  # noqa: E402
+from tracea.ir.ops import GemmOp  # noqa: E402
+from tracea_cpu.amx import CpuGemmAmxVariant, amx_permission  # noqa: E402
+from tracea_cpu.bf16 import CpuGemmBf16Variant  # noqa: E402
+from tracea_torch.adapter import TorchAdapter  # noqa: E402
+
+PROFILE = host_profile()
+
+
+def compare(fns: dict, min_rounds: int = 7, budget: float = 2.0) -> dict:
+    """Interleaved medians (A B C A B C ...) of several callables, seconds, after one warm-up call each."""
+    for fn in fns.values():
+        fn()
+    times: dict = {name: [] for name in fns}
+    start, rounds = time.perf_counter(), 0
+    while rounds < min_rounds or (time.perf_counter() - start < budget and rounds < 50):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+        rounds += 1
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _line(label: str, flops: float, t: dict, anchor: str) -> dict:
+    cells = "  ".join(f"{n} {flops / s / 1e9:7.0f} GF/s {t[anchor] / s:5.2f}x" if n != anchor
+                      else f"{n} {flops / s / 1e9:7.0f} GF/s" for n, s in t.items())
+    print(f"{label:>22}  {cells}")
+    return dict(label=label, gflops={n: flops / s / 1e9 for n, s in t.items()},
+                ratio={n: t[anchor] / s for n, s in t.items()})
+
+
+def _variants(op: GemmOp, args: OpArgs) -> dict:
+    fns = {}
+    for v in (CpuGemmAmxVariant(), CpuGemmBf16Variant()):
+        if v.check(op, PROFILE):
+            continue
+        cfg = v.hero_configs(op, PROFILE)[0]
+        fns[v.isa.name] = (lambda v=v, cfg=cfg: v.run(op, cfg, args, PROFILE))
+    return fns
+
+
+def bench_gemm(sizes: list[int], rows: list) -> None:
+    print("\nbf16 GEMM n^3 (bf16 in/out, fp32 accumulate), medians, ratio = torch.matmul time / ours")
+    gen = torch.Generator().manual_seed(0)
+    for n in sizes:
+        a = torch.randn(n, n, generator=gen).bfloat16()
+        b = torch.randn(n, n, generator=gen).bfloat16()
+        out = torch.empty(n, n, dtype=torch.bfloat16)
+        op = GemmOp(n, n, n, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16")
+        fns = {"user": lambda: tracea.ops.matmul(a, b)}
+        fns.update(_variants(op, OpArgs({"a": a, "b": b, "bias": None}, out, TorchAdapter())))
+        fns["torch"] = lambda: torch.matmul(a, b)
+        rows.append(dict(kind="gemm", n=n, **_line(str(n), 2.0 * n ** 3, compare(fns), "torch")))
+
+
+def bench_linear(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) -> None:
+    import tracea_torch
+
+    print(f"\nbf16 nn.Linear({k}, {n}) with bias, medians, ratio = F.linear time / ours")
+    gen = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(k, n).bfloat16()
+    patched = torch.nn.Sequential(torch.nn.Linear(k, n).bfloat16())
+    patched[0].load_state_dict(lin.state_dict())
+    tracea_torch.patch_linear(patched)
+    w, bias = lin.weight.detach(), lin.bias.detach()
+    for m in tokens:
+        x = torch.randn(m, k, generator=gen).bfloat16()
+        out = torch.empty(m, n, dtype=torch.bfloat16)
+        op = GemmOp(m, n, k, trans_b=True, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16", epilogue="bias")
+        fns = {"patched": lambda: patched(x)}
+        fns.update(_variants(op, OpArgs({"a": x, "b": w, "bias": bias}, out, TorchAdapter())))
+        fns["torch"] = lambda: torch.nn.functional.linear(x, w, bias)
+        with torch.no_grad():
+            rows.append(dict(kind="linear", m=m, **_line(f"{m} tokens", 2.0 * m * n * k, compare(fns), "torch")))
+
+
+def bench_int8(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) -> None:
+    import warnings
+
+    from tracea_cpu.int8 import fallback_reason, linear_int8, quantize_weight
+
+    print(f"\nint8 linear {k} -> {n} with bias (fp32 in/out), medians, ratio = torch dynamic quantized Linear "
+          f"time / ours; ours: {fallback_reason() or 'AMX tdpbssd'}")
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    qw = quantize_weight(w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qlin = torch.ao.nn.quantized.dynamic.Linear(k, n, dtype=torch.qint8)
+        wq = torch.quantize_per_channel(w, torch.from_numpy(qw.scale).double(), torch.zeros(n, dtype=torch.long),
+                                        0, torch.qint8)
+        qlin.set_weight_bias(wq, bias)
+    for m in tokens:
+        x = torch.randn(m, k, generator=gen)
+        fns = {"linear_int8": lambda: linear_int8(x, qw, bias), "torch": lambda: qlin(x)}
+        rows.append(dict(kind="int8", m=m, **_line(f"{m} tokens", 2.0 * m * n * k, compare(fns), "torch")))
+
+
+def bench_interference(n: int, rows: list, runs: int = 5) -> None:
+    print(f"\ninterference: bf16 GEMM {n}^3 user path vs torch.matmul, alone and with NumPy + torch fp32 "
+          f"matmuls (512^2) between calls; ratio = torch time / ours")
+    a = torch.randn(n, n).bfloat16()
+    b = torch.randn(n, n).bfloat16()
+    an, bn = np.random.rand(512, 512).astype(np.float32), np.random.rand(512, 512).astype(np.float32)
+    at, bt = torch.from_numpy(an.copy()), torch.from_numpy(bn.copy())
+    ours, theirs = (lambda: tracea.ops.matmul(a, b)), (lambda: torch.matmul(a, b))
+
+    def block(fn, others, reps=15):
+        fn()
+        ts = []
+        for _ in range(reps):
+            for o in others:
+                o()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
+
+    alone, mixed = [], []
+    for _ in range(runs):
+        alone.append(block(theirs, []) / block(ours, []))
+        others = [lambda: an @ bn, lambda: at @ bt]
+        mixed.append(block(theirs, others) / block(ours, others))
+    dev = [abs(m / a - 1) for a, m in zip(alone, mixed)]
+    print("  alone       " + " ".join(f"{r:5.2f}x" for r in alone))
+    print("  interleaved " + " ".join(f"{r:5.2f}x" for r in mixed))
+    print(f"  median |interleaved/alone - 1| = {100 * statistics.median(dev):.1f}% (target <= 10%)")
+    rows.append(dict(kind="interference", n=n, alone=alone, interleaved=mixed))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="gemm,linear,int8,interference")
+    ap.add_argument("--sizes", default="512,1024,2048,3072,4096")
+    ap.add_argument("--tokens", default="1,8,32,128")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads for Tracea ($TRACEA_NUM_THREADS) and torch (default: every core); one "
+                         "thread gives comparable figures on a machine other processes keep busy")
+    ap.add_argument("--json", default=None)
+    ns = ap.parse_args(argv)
+    if ns.threads:
+        os.environ["TRACEA_NUM_THREADS"] = str(ns.threads)
+        torch.set_num_threads(ns.threads)
+    why = amx_permission() if PROFILE.has("amx_tile", "amx_bf16") else "this CPU lacks AMX-BF16"
+    print(f"machine: {PROFILE.name}, {PROFILE.compute_units} cores, {PROFILE.extras.get('isa_summary')}; "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads); AMX: {why or 'usable'}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    rows: list = []
+    only = ns.only.split(",")
+    if "gemm" in only:
+        bench_gemm([int(s) for s in ns.sizes.split(",")], rows)
+    if "linear" in only:
+        bench_linear([int(s) for s in ns.tokens.split(",")], rows)
+    if "int8" in only:
+        bench_int8([int(s) for s in ns.tokens.split(",")] + [1024], rows)
+    if "interference" in only:
+        bench_interference(1024, rows)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(dict(machine=PROFILE.name, python=sys.version, platform=platform.platform(), rows=rows), f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

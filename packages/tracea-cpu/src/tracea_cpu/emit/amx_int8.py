@@ -1,0 +1,181 @@
+"""int8 linear layer on AMX (``tdpbssd``): y = dequant(quant(X) @ Wq^T) + bias, emitted as one C library
+(``ti_linear``).
+
+* Activations X (M x K, fp32) are quantized per row, symmetric: ``sx[m] = max|X[m, :]| / 127``,
+  ``xq = round_half_even(X / sx)`` in [-127, 127] (a row with NaN or Inf gets ``sx = NaN``, so its
+  output row is NaN; an all-zero row gets ``sx = 0`` and outputs the bias).
+* Weights Wq (N x K, int8, row-major, quantized once by the caller with per-output-channel scales
+  ``sw[n]``) are the tile A operand, loaded in place: 16 rows of 64 int8 of K, ``K`` bytes apart.
+* ``tdpbssd`` adds 4 signed int8 products per int32 lane: the B operand holds X^T as *k quads*,
+  ``xp[s*16*MP + u*MP + m]`` = ``xq[m, 64s+4u .. 64s+4u+3]`` (one 32-bit word), 16 tokens per tile.
+* int32 accumulation over the whole K in the tiles (exact: |sum| <= K * 127^2 < 2^31 for K < 133000),
+  then per 16 x 16 tile: convert to fp32, transpose in registers, ``y = acc * sw[n] * sx[m] + bias[n]``,
+  fp32 out. Token chunks of 256 rows bound the packed activations (L2) for large M.
+"""
+
+from __future__ import annotations
+
+INT8_LAYER = r"""
+#ifndef TR_WPF
+#define TR_WPF 2
+#endif
+#define TI_MAXK 131072
+/* Quantize rows [0, M) of x (fp32, row stride ldx) into quads for tile B: xp as above; sx per row. */
+static void ti_pack_x(const float *x, long M, long MP, long K, long ldx, uint32_t *xp, float *sx) {
+    long steps = (K + 63) / 64;
+    memset(xp, 0, sizeof(uint32_t) * steps * 16 * MP);
+    __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                     _mm512_set1_epi32((int)MP));
+    for (long m = 0; m < M; m++) {
+        const float *r = x + m * ldx;
+        __m512 mx = _mm512_setzero_ps();
+        __mmask16 bad = 0;
+        for (long k = 0; k < K; k += 16) {
+            __mmask16 km = (__mmask16)(K - k >= 16 ? 0xffff : (1u << (K - k)) - 1);
+            __m512 v = _mm512_maskz_loadu_ps(km, r + k);
+            bad |= _mm512_mask_cmp_ps_mask(km, v, v, _CMP_UNORD_Q) | _mm512_mask_cmp_ps_mask(km, _mm512_abs_ps(v), _mm512_set1_ps(INFINITY), _CMP_EQ_OQ);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+        }
+        float amax = _mm512_reduce_max_ps(mx);
+        if (bad) { sx[m] = NAN; continue; }
+        sx[m] = amax / 127.0f;
+        if (amax == 0.0f) continue;
+        __m512 inv = _mm512_set1_ps(127.0f / amax);
+        for (long s = 0; s < steps; s++) {
+            __m128i q[4];
+            for (int h = 0; h < 4; h++) {
+                long k = 64 * s + 16 * h;
+                __mmask16 km = (__mmask16)(k >= K ? 0 : K - k >= 16 ? 0xffff : (1u << (K - k)) - 1);
+                __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(km, r + k), inv);
+                __m512i iv = _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                q[h] = _mm512_cvtsepi32_epi8(_mm512_max_epi32(iv, _mm512_set1_epi32(-127)));
+            }
+            __m512i w = _mm512_inserti32x4(_mm512_castsi128_si512(q[0]), q[1], 1);
+            w = _mm512_inserti32x4(w, q[2], 2);
+            w = _mm512_inserti32x4(w, q[3], 3);
+            _mm512_i32scatter_epi32(xp + s * 16 * MP + m, idx, w, 4);
+        }
+    }
+}
+
+/* Copy rows [n0, n0+rows) x k in [k0, k0+kn) of W (int8, row stride ldw) into a zero-padded 16 x 64 tile. */
+static inline void ti_copy_tile(const int8_t *w, long ldw, long n0, long rows, long k0, long kn, int8_t *dst) {
+    __mmask64 km = kn >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << kn) - 1);
+    for (long r = 0; r < 16; r++)
+        _mm512_storeu_si512(dst + r * 64, r < rows ? _mm512_maskz_loadu_epi8(km, w + (n0 + r) * ldw + k0)
+                                                   : _mm512_setzero_si512());
+}
+
+/* The int32 C^T tile (16 outputs n0.. x 16 tokens m0..) -> y rows m0.., columns n0.., dequantized. */
+static inline void ti_store(const int32_t *t, long m0, long mn, long n0, long nn, const float *sw, const float *sx,
+                            const float *bias, float *y, long ldy) {
+    __m512i r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const __m512i *)(t + 16 * i));
+    tb_t16(r);
+    __mmask16 m = (__mmask16)(nn >= 16 ? 0xffff : (1u << nn) - 1);
+    __m512 swv = _mm512_maskz_loadu_ps(m, sw + n0);
+    __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + n0) : _mm512_setzero_ps();
+    for (long i = 0; i < mn; i++) {
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(r[i]), _mm512_mul_ps(swv, _mm512_set1_ps(sx[m0 + i])));
+        _mm512_mask_storeu_ps(y + (m0 + i) * ldy + n0, m, _mm512_add_ps(v, bv));
+    }
+}
+"""
+
+
+def int8_block_c(ra: int, tb: int) -> str:
+    """``ti_block_RA_TB``: 16*ra outputs x 16*tb tokens over the whole K (C tiles ra x tb, A one at a time)."""
+    assert ra * tb + 1 + tb <= 8
+    c = [[i * tb + j for j in range(tb)] for i in range(ra)]
+    at, bt0 = ra * tb, ra * tb + 1
+    lines = [f"static void ti_block_{ra}_{tb}(const int8_t *w, long ldw, long N, long K, long n0, const uint32_t *xp,",
+             "        long MP, long m0, long M, const float *sw, const float *sx, const float *bias, float *y, long ldy,",
+             "        int8_t *scratch) {",
+             "    long full = K / 64, steps = (K + 63) / 64;",
+             f"    int edge = n0 + {16 * ra} > N;"]
+    lines += [f"    _tile_zero({c[i][j]});" for i in range(ra) for j in range(tb)]
+    lines.append("    for (long s = 0; s < steps; s++) {")
+    # Software prefetch of the weight rows PF steps ahead: each row is its own page-strided stream (too
+    # many for the hardware streamer).
+    lines.append(f"        if (s + TR_WPF < full) for (int r = 0; r < {16 * ra}; r++) "
+                 f"_mm_prefetch((const char *)(w + (n0 + r) * ldw + 64 * (s + TR_WPF)), _MM_HINT_T0);")
+    for j in range(tb):
+        lines.append(f"        _tile_loadd({bt0 + j}, xp + s * 16 * MP + m0 + {16 * j}, MP * 4);")
+    for i in range(ra):
+        lines.append(f"        if (s < full && !edge) _tile_loadd({at}, w + (n0 + {16 * i}) * ldw + 64 * s, ldw);")
+        lines.append(f"        else {{ ti_copy_tile(w, ldw, n0 + {16 * i}, TR_MAX(0, TR_MIN(16, N - n0 - {16 * i})), "
+                     f"64 * s, K - 64 * s, scratch); _tile_loadd({at}, scratch, 64); }}")
+        for j in range(tb):
+            lines.append(f"        _tile_dpbssd({c[i][j]}, {at}, {bt0 + j});")
+    lines.append("    }")
+    lines.append("    int32_t t[256] __attribute__((aligned(64)));")
+    for i in range(ra):
+        for j in range(tb):
+            lines.append(f"    if (n0 + {16 * i} < N && m0 + {16 * j} < M) {{ _tile_stored({c[i][j]}, t, 64);")
+            lines.append(f"        ti_store(t, m0 + {16 * j}, TR_MIN(16, M - m0 - {16 * j}), n0 + {16 * i}, "
+                         f"N - n0 - {16 * i}, sw, sx, bias, y, ldy); }}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+DRIVER = r"""
+typedef struct __attribute__((packed)) { uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16]; uint8_t rows[16]; } ti_tilecfg;
+static void ti_tiles_on(void) {
+    ti_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+    _tile_loadconfig(&cfg);
+}
+
+#define TI_CHUNK 256
+/* y (M x N, fp32, row stride ldy) = dequant(quant(x) @ w^T) + bias. x: M x K fp32 (row stride ldx);
+   w: N x K int8 (row stride ldw); sw: N per-channel weight scales; bias: N fp32 or null.
+   Returns 0, 1 (workspace allocation failed) or 2 (K too large for exact int32 sums). */
+int ti_linear(long M, long N, long K, const float *x, long ldx, const int8_t *w, long ldw, const float *sw,
+              const float *bias, float *y, long ldy, int nth) {
+    if (K > TI_MAXK) return 2;
+    if (nth <= 0) nth = tr_threads_available();
+    long steps = (K + 63) / 64, chunk = TR_MIN(M, TI_CHUNK), MPmax = TR_ROUNDUP(chunk, 16);
+    int owned;
+    uint32_t *xp = (uint32_t *)tr_ws_get((size_t)steps * 16 * MPmax + MPmax + 16, &owned);
+    if (!xp) return 1;
+    float *sx = (float *)(xp + (size_t)steps * 16 * MPmax);
+    for (long c0 = 0; c0 < M; c0 += TI_CHUNK) {
+        long Mc = TR_MIN(TI_CHUNK, M - c0), MP = TR_ROUNDUP(Mc, 16);
+        ti_pack_x(x + c0 * ldx, Mc, MP, K, ldx, xp, sx);
+        long rows = MP <= 16 ? 64 : 32, nblk = (N + rows - 1) / rows;
+        int nt = nblk < 2 * nth ? 1 : nth;
+        float *yc = y + c0 * ldy;
+        #pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+            int8_t scratch[16 * 64] __attribute__((aligned(64)));
+            ti_tiles_on();
+            #pragma omp for schedule(dynamic, 1)  /* a descheduled peer leaves its blocks to the others */
+            for (long b = 0; b < nblk; b++) {
+                long n0 = b * rows;
+                if (MP <= 16)
+                    ti_block_4_1(w, ldw, N, K, n0, xp, MP, 0, Mc, sw, sx, bias, yc, ldy, scratch);
+                else
+                    for (long m0 = 0; m0 < Mc; m0 += 32) {
+                        if (Mc - m0 > 16)
+                            ti_block_2_2(w, ldw, N, K, n0, xp, MP, m0, Mc, sw, sx, bias, yc, ldy, scratch);
+                        else
+                            ti_block_2_1(w, ldw, N, K, n0, xp, MP, m0, Mc, sw, sx, bias, yc, ldy, scratch);
+                    }
+            }
+            _tile_release();
+        }
+    }
+    tr_ws_put((float *)xp, owned);
+    return 0;
+}
+"""
+
+
+def int8_linear_source(prologue_text: str, transpose16: str) -> str:
+    """Complete C source of the int8 linear library (``prologue_text``: the AVX-512 prologue;
+    ``transpose16``: C text defining ``tb_t16``)."""
+    return "\n".join([prologue_text, transpose16, INT8_LAYER, int8_block_c(4, 1), int8_block_c(2, 2),
+                      int8_block_c(2, 1), DRIVER])

@@ -1,0 +1,140 @@
+"""AMX driver for few rows against transposed weights (``nn.Linear``: X (M x K) @ W^T, W stored N x K),
+M <= 128: computes C^T = W X^T so that the *weights* are the tile A operand, loaded straight from
+their row-major storage (16 rows of W, 64 bytes of K each, ``K * 2`` bytes apart) with no packing,
+and only the activations are packed (into the pair-interleaved B layout, 16 tokens per tile).
+
+A W block of ``16 * RA`` rows stays in the tile registers' accumulators for the whole K (C tiles:
+RA x TB, TB = token tiles of 16; RA * TB + 1 + TB <= 8), so each weight byte is read from memory once
+per 16 * TB tokens; the result tile (rows: outputs n, columns: tokens m) is transposed 16 x 16 in
+registers on the way out, where the fp32 epilogue (bias per output n) and the bf16 / fp32 store run.
+Edges: a K tail (K % 32) and a last W block past N are copied into zero-padded scratch tiles, so no
+load reads past the operands (garbage times a zero pad could be NaN).
+"""
+
+from __future__ import annotations
+
+ROWS_DRIVER = r"""
+#ifndef TR_WPF
+#define TR_WPF 2
+#endif
+#define TB_WA_MAXM 128
+/* X^T as tile B operands: xp[(s*MP + m)*16 + u]... stored per k step s (16 pairs) and token m:
+   xp[s*16*MP + u*MP + m] = (X(m, 32s + 2u), X(m, 32s + 2u + 1)), zero padded to MP tokens and whole steps. */
+static void tb_wa_pack_x(const bf16 *x, long M, long MP, long K, long ldx, uint32_t *xp) {
+    long steps = (K + 31) / 32;
+    memset(xp, 0, sizeof(uint32_t) * steps * 16 * MP);
+    for (long m = 0; m < M; m++) {
+        const bf16 *r = x + m * ldx;
+        for (long s = 0; s < steps; s++) {
+            long k0 = 32 * s, n = TR_MIN(32, K - k0);
+            __m512i v = _mm512_maskz_loadu_epi16((__mmask32)(n == 32 ? 0xffffffffu : (1u << n) - 1), r + k0);
+            _mm512_i32scatter_epi32(xp + s * 16 * MP + m, _mm512_mullo_epi32(_mm512_set_epi32(
+                15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32((int)MP)), v, 4);
+        }
+    }
+}
+
+/* Copy rows [n0, n0+rows) x k in [k0, k0+kn) of W (row stride ldw) into a zero-padded 16-row x 32
+   bf16 tile (64-byte rows). */
+static inline void tb_wa_copy_tile(const bf16 *w, long ldw, long n0, long rows, long k0, long kn, bf16 *dst) {
+    __mmask32 km = (__mmask32)(kn >= 32 ? 0xffffffffu : (1u << kn) - 1);
+    for (long r = 0; r < 16; r++)
+        _mm512_storeu_si512(dst + r * 32, r < rows ? _mm512_maskz_loadu_epi16(km, w + (n0 + r) * ldw + k0)
+                                                   : _mm512_setzero_si512());
+}
+
+/* The C^T tile (16 outputs n0.. x 16 tokens m0..) in t[16][16] -> out rows m0.. columns n0.., after the
+   epilogue (bias per n). */
+static inline void tb_wa_store(float *t, long m0, long mn, long n0, long nn, float *c, long ldc, bf16 *o, long ldo,
+                               const float *bias) {
+    __m512i r[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const __m512i *)(t + 16 * i));
+    tb_t16(r);
+    __mmask16 m = (__mmask16)(nn >= 16 ? 0xffff : (1u << nn) - 1);
+    V bv = TR_HAS_BIAS ? _mm512_maskz_loadu_ps(m, bias + n0) : VZERO();
+    for (long i = 0; i < mn; i++) {
+        V x = _mm512_castsi512_ps(r[i]);
+        if (TR_HAS_EPI) x = tr_epi(x, bv);
+        if (o) _mm256_mask_storeu_epi16(o + (m0 + i) * ldo + n0, m, (__m256i)_mm512_cvtneps_pbh(x));
+        else _mm512_mask_storeu_ps(c + (m0 + i) * ldc + n0, m, x);
+    }
+}
+"""
+
+
+def rows_kernel_c(ra: int, tb: int) -> str:
+    """``tb_wa_block_RA_TB``: one block of 16*ra outputs x 16*tb tokens over the whole K."""
+    assert ra * tb + 1 + tb <= 8
+    c = [[i * tb + j for j in range(tb)] for i in range(ra)]
+    at, bt0 = ra * tb, ra * tb + 1
+    name = f"tb_wa_block_{ra}_{tb}"
+    lines = [f"static void {name}(const bf16 *w, long ldw, long N, long K, long n0, const uint32_t *xp, long MP,",
+             "        long m0, long M, float *c, long ldc, bf16 *o, long ldo, const float *bias, bf16 *scratch) {",
+             "    long full = K / 32, steps = (K + 31) / 32;",
+             f"    int edge = n0 + {16 * ra} > N;"]
+    lines += [f"    _tile_zero({c[i][j]});" for i in range(ra) for j in range(tb)]
+    lines.append("    for (long s = 0; s < steps; s++) {")
+    # Software prefetch of the weight rows PF steps ahead: each row is its own page-strided stream (too
+    # many for the hardware streamer).
+    lines.append(f"        if (s + TR_WPF < full) for (int r = 0; r < {16 * ra}; r++) "
+                 f"_mm_prefetch((const char *)(w + (n0 + r) * ldw + 32 * (s + TR_WPF)), _MM_HINT_T0);")
+    for j in range(tb):
+        lines.append(f"        _tile_loadd({bt0 + j}, xp + s * 16 * MP + m0 + {16 * j}, MP * 4);")
+    for i in range(ra):
+        lines.append(f"        if (s < full && !edge) _tile_loadd({at}, w + (n0 + {16 * i}) * ldw + 32 * s, ldw * 2);")
+        lines.append(f"        else {{ tb_wa_copy_tile(w, ldw, n0 + {16 * i}, TR_MAX(0, TR_MIN(16, N - n0 - {16 * i})), "
+                     f"32 * s, K - 32 * s, scratch); _tile_loadd({at}, scratch, 64); }}")
+        for j in range(tb):
+            lines.append(f"        _tile_dpbf16ps({c[i][j]}, {at}, {bt0 + j});")
+    lines.append("    }")
+    lines.append("    float t[256] __attribute__((aligned(64)));")
+    for i in range(ra):
+        for j in range(tb):
+            lines.append(f"    if (n0 + {16 * i} < N && m0 + {16 * j} < M) {{ _tile_stored({c[i][j]}, t, 64);")
+            lines.append(f"        tb_wa_store(t, m0 + {16 * j}, TR_MIN(16, M - m0 - {16 * j}), n0 + {16 * i}, "
+                         f"N - n0 - {16 * i}, c, ldc, o, ldo, bias); }}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+ROWS_DRIVE = r"""
+/* C (M x N) = X (M x K, row-major) @ W^T (W: N x K, row-major), M <= TB_WA_MAXM, the whole K at once. */
+static int tb_drive_wa(long M, long N, long K, const bf16 *x, long ldx, const bf16 *w, long ldw, float *c, long ldc,
+                       bf16 *o, long ldo, const float *bias, int nth) {
+    long MP = TR_ROUNDUP(M, 16), steps = (K + 31) / 32;
+    int owned;
+    uint32_t *xp = (uint32_t *)tr_ws_get((size_t)steps * 16 * MP + 16, &owned);
+    if (!xp) return 1;
+    tb_wa_pack_x(x, M, MP, K, ldx, xp);
+    /* Token groups: 16 tokens with 64-output blocks (4 x 1 tiles), else 32 tokens with 32-output blocks. */
+    long rows = MP <= 16 ? 64 : 32, nblk = (N + rows - 1) / rows;
+    if (nblk < 2 * nth) nth = 1;
+    #pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        bf16 scratch[16 * 32] __attribute__((aligned(64)));
+        TB_THREAD_BEGIN();
+        #pragma omp for schedule(dynamic, 1)  /* a descheduled peer leaves its blocks to the others */
+        for (long b = 0; b < nblk; b++) {
+            long n0 = b * rows;
+            if (MP <= 16)
+                tb_wa_block_4_1(w, ldw, N, K, n0, xp, MP, 0, M, c, ldc, o, ldo, bias, scratch);
+            else
+                for (long m0 = 0; m0 < M; m0 += 32) {
+                    if (M - m0 > 16)
+                        tb_wa_block_2_2(w, ldw, N, K, n0, xp, MP, m0, M, c, ldc, o, ldo, bias, scratch);
+                    else
+                        tb_wa_block_2_1(w, ldw, N, K, n0, xp, MP, m0, M, c, ldc, o, ldo, bias, scratch);
+                }
+        }
+        TB_THREAD_DONE();
+    }
+    tr_ws_put((float *)xp, owned);
+    return 0;
+}
+#define TB_WA_DRIVER 1
+"""
+
+
+def rows_source() -> str:
+    """The C text of the few-rows AMX driver (after the packers: it uses ``tb_t16``)."""
+    return ROWS_DRIVER + rows_kernel_c(4, 1) + rows_kernel_c(2, 2) + rows_kernel_c(2, 1) + ROWS_DRIVE
