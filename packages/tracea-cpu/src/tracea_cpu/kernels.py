@@ -64,7 +64,7 @@ def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     call :func:`tracea_cpu.amx.amx_permission` before running it)."""
     source = amx_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
     lib = build(source, AMX_BF16.cflags, f"gemm-amx-{mr}x{nr}")
-    lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES
+    lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES  # type: ignore[assignment]
     lib.tb_gemm.restype = _I
     lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]
     lib.tb_gemm_call.restype = _I
