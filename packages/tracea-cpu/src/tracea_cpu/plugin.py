@@ -38,3 +38,13 @@ def tracea_environment(profile) -> dict | None:
     if cc is None:
         return {"cpu_compiler": "none"}
     return {"cpu_compiler": cc.version, "cpu_openmp": OPENMP_FLAG if cc.openmp else "off"}
+
+
+@hookimpl
+def tracea_perf_data(profile) -> list | None:
+    """The measured data of this backend's variants (``perf_data/<arch>.json``) for the performance model."""
+    if profile.device.kind != "cpu":
+        return None
+    from pathlib import Path  # noqa: PLC0415
+
+    return sorted(str(p) for p in (Path(__file__).parent / "perf_data").glob("*.json"))

@@ -72,3 +72,13 @@ def tracea_measure(variant: Any, op: Any, config: Any, args: Any, profile: Any, 
     from .measure import measure  # noqa: PLC0415
 
     return measure(variant, op, config, args, profile, warmup, repeats)
+
+
+@hookimpl
+def tracea_perf_data(profile: Any) -> list[str] | None:
+    """The measured data of this backend's variants (``perf_data/<arch>.json``) for the performance model."""
+    if profile.device.kind != "cuda":
+        return None
+    from pathlib import Path  # noqa: PLC0415
+
+    return sorted(str(p) for p in (Path(__file__).parent / "perf_data").glob("*.json"))

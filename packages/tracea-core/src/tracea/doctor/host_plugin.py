@@ -22,7 +22,7 @@ def host_profile() -> DeviceProfile:
         peak_gflops={"float32": peak, "float64": peak / 2, "float16": peak / 4,
                      "bfloat16": peak * 2 if "avx512_bf16" in cpu.simd else peak / 4},
         bandwidth_gbs=20.0 * max(1, min(cpu.cores, 8)),
-        extras={"logical_cpus": str(cpu.logical_cpus), "best_isa": cpu.best_isa,
+        extras={"logical_cpus": str(cpu.logical_cpus), "best_isa": cpu.best_isa, "microarch": cpu.microarch,
                 "mhz": f"{cpu.mhz:.0f}" if cpu.mhz else "unknown"})
 
 
