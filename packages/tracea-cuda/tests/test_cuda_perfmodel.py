@@ -136,3 +136,15 @@ def test_bad_rows_are_skipped_not_fatal(monkeypatch, tmp_path):
     doc = _doctor(monkeypatch, H100, [str(path)])
     d = doc.decide(GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0", use_cache=False)
     assert "4 malformed row(s) skipped" in d.explain()
+
+
+def test_doctor_cli_text_explains_the_ranking(monkeypatch):
+    from tracea.cli.doctor_cmd import render_text
+    from tracea.doctor.report import build_report
+
+    doc = _doctor(monkeypatch, H100)
+    op = GemmOp(8192, 8192, 8192, fp32_precision="high")
+    text = render_text(build_report(doc, [op], "cuda:0"))
+    assert "estimated by (roofline)" in text and "knn (" in text
+    assert "ranking of untuned candidates: performance model for sm_90" in text
+    assert "data near: gemm 8192x8192x8192" in text
