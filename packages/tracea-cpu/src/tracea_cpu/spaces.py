@@ -24,6 +24,19 @@ GEMM_HEROES: dict[str, list[dict[str, int]]] = {
     "neon": [dict(mr=8, nr=12, mc=64, nc=4092, kc=512), dict(mr=6, nr=16, mc=48, nc=4096, kc=512)],
     "scalar": [dict(mr=4, nr=4, mc=64, nc=2048, kc=256)],
 }
+# GEMM hero orders for CPU families (``profile.extras["microarch"]``, see
+# tracea.doctor.cpu_probe.CpuInfo.microarch) measured on that family; a family without an entry uses its
+# ISA's table above (measured on AMD Zen 4 / Zen 5). Intel AVX-512 (Sapphire Rapids class, 2 cores, 2 MB
+# L2 per core), benchmarks/cpu/probes/hero_study.py, every config and NumPy interleaved, medians, under
+# heavy load from other processes (load average 10-11): M blocks of 96-192 rows (fewer block-level thread
+# synchronisations, A blocks of 200-300 KB that the 2 MB L2 holds) ran 1.5-4x faster than the 48-row
+# default at 512-1024 and level at 2048; 4x64 mc72 kc384 was slowest (0.83x NumPy at 2048), so it is not
+# offered here (the least-waste order put it first on multiples of 4).
+MICROARCH_GEMM_HEROES: dict[str, list[dict[str, int]]] = {
+    "intel-avx512": [dict(mr=6, nr=64, mc=192, nc=4096, kc=384), dict(mr=14, nr=32, mc=112, nc=4096, kc=512),
+                     dict(mr=8, nr=48, mc=96, nc=4080, kc=512), dict(mr=12, nr=32, mc=96, nc=4096, kc=512),
+                     dict(mr=6, nr=64, mc=96, nc=4096, kc=512)],
+}
 # Indirect conv heroes whose tile is an equal part of one output row (Q % mr == 0): tiles in the top
 # or bottom output row skip the taps that read only padding (~10% of a 3x3 conv on 7^2 images).
 # Measured on ResNet-50 512@7^2 NCHW, batch 8: 7x32 230 GFLOP/s, 7x48 210 (11 panels of 48 for 512
@@ -87,7 +100,7 @@ def gemv_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
 def blocked_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
     """The fp32 GEMM's register tiles, cache blocks and threads."""
     return _blocking_space(isa, profile, 4, [128, 256, 384, 512, 768, 1024, 1152, 2304, STATIONARY_KC],
-                           [24, 28, 32, 42, 48, 64, 72, 96, 120, 144, 168, 192, 240, 288, 336, 384, 480],
+                           [24, 28, 32, 42, 48, 56, 64, 72, 96, 112, 120, 144, 168, 192, 240, 288, 336, 384, 480],
                            [1024, 2016, 2048, 4032, 4080, 4092, 4096, 8192])
 
 
@@ -130,10 +143,21 @@ def heroes(table: dict[str, list[dict[str, int]]], isa: Isa) -> list[PipelineCon
     return [PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in table[isa.name]]
 
 
-def blocked_heroes(isa: Isa, op: Op, indirect: int = 0) -> list[PipelineConfig]:
+def blocked_heroes(isa: Isa, op: Op, indirect: int = 0, profile: DeviceProfile | None = None) -> list[PipelineConfig]:
     """The ISA's GEMM heroes, those whose register tile wastes least on this op's M x N edges first
-    (``indirect``: the conv2d algorithm, see :func:`gemm_view`)."""
-    return _least_waste_first(heroes(GEMM_HEROES, isa), *gemm_view(op, indirect))
+    (``indirect``: the conv2d algorithm, see :func:`gemm_view`). With ``profile``, the hero table of its
+    CPU family (:data:`MICROARCH_GEMM_HEROES`) when it has one for this ISA."""
+    return _least_waste_first(gemm_hero_table(isa, profile), *gemm_view(op, indirect))
+
+
+def gemm_hero_table(isa: Isa, profile: DeviceProfile | None = None) -> list[PipelineConfig]:
+    """The GEMM heroes of ``isa`` for ``profile``'s CPU family: its own table when measured (and of this
+    ISA: an AVX2 variant on an AVX-512 machine keeps the AVX2 table), else the ISA's."""
+    micro = str(profile.extras.get("microarch", "")) if profile is not None else ""
+    table = MICROARCH_GEMM_HEROES.get(micro)
+    if table and micro.endswith("-" + isa.name):
+        return [PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in table]
+    return heroes(GEMM_HEROES, isa)
 
 
 def _least_waste_first(cfgs: list[PipelineConfig], m: int, n: int) -> list[PipelineConfig]:

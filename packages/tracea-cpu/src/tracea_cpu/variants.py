@@ -48,7 +48,7 @@ class CpuGemmVariant(CpuVariant):
         # The GEMV / axpy drivers use no tile: one hero (one compiled library), not one per tile.
         if _gemv(op):
             return [spaces.heroes(spaces.GEMM_HEROES, self.isa)[0]]
-        return spaces.blocked_heroes(self.isa, op)
+        return spaces.blocked_heroes(self.isa, op, profile=profile)
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         return _validate_blocked(self.isa, config)
