@@ -58,7 +58,7 @@ class DataFile:
     backend: str = ""
     device_name: str = ""
     observations: tuple[Observation, ...] = ()
-    anchor: tuple[tuple[Op, float, str, str], ...] = ()
+    anchor_rows: tuple[Any, ...] = ()
     profile: dict[str, Any] | None = None
     problem: str = ""          # why the whole file was refused ('' when loaded)
     skipped_rows: int = 0      # malformed rows left out
@@ -66,6 +66,20 @@ class DataFile:
     @property
     def ok(self) -> bool:
         return not self.problem
+
+    @property
+    def anchor(self) -> tuple[tuple[Op, float, str, str], ...]:
+        """(op, seconds, family, split) of the anchor (e.g. PyTorch) rows, parsed on first use (reports
+        only: dispatch never reads them); malformed rows are left out."""
+        out = []
+        for row in self.anchor_rows:
+            try:
+                op, secs = op_from_dict(dict(row[0])), float(row[1])
+                if _positive(secs):
+                    out.append((op, secs, str(row[2]) if len(row) > 2 else "", str(row[3]) if len(row) > 3 else "fit"))
+            except Exception:  # noqa: BLE001 - anchors are for reports only
+                continue
+        return tuple(out)
 
 
 def load_file(path: str | os.PathLike[str]) -> DataFile:
@@ -116,22 +130,16 @@ def parse(raw: Any, path: str = "<data>") -> DataFile:
     index = {c: i for i, c in enumerate(cols)}
     obs: list[Observation] = []
     source = os.path.basename(path)
+    ops: dict[str, Op] = {}  # rows of one shape share its op (several variants were timed on it)
     for row in rows:
-        o = _row(row, index, source)
+        o = _row(row, index, source, ops)
         if o is None:
             out.skipped_rows += 1
         else:
             obs.append(o)
     out.observations = tuple(obs)
-    anchors = []
-    for row in raw.get("anchor") or []:
-        try:
-            op, secs = op_from_dict(dict(row[0])), float(row[1])
-            if _positive(secs):
-                anchors.append((op, secs, str(row[2]) if len(row) > 2 else "", str(row[3]) if len(row) > 3 else "fit"))
-        except Exception:  # noqa: BLE001 - anchors are for reports only
-            continue
-    out.anchor = tuple(anchors)
+    anchor = raw.get("anchor")
+    out.anchor_rows = tuple(r for r in anchor if isinstance(r, list) and len(r) >= 2) if isinstance(anchor, list) else ()
     return out
 
 
@@ -139,7 +147,7 @@ def _positive(v: float) -> bool:
     return isinstance(v, float) and math.isfinite(v) and v > 0
 
 
-def _row(row: Any, index: dict[str, int], source: str) -> Observation | None:
+def _row(row: Any, index: dict[str, int], source: str, ops: dict[str, Op]) -> Observation | None:
     if not isinstance(row, list) or len(row) < len(index):
         return None
     try:
@@ -155,7 +163,10 @@ def _row(row: Any, index: dict[str, int], source: str) -> Observation | None:
         op_raw = row[index["op"]]
         if not isinstance(op_raw, dict):
             return None
-        op = op_from_dict(dict(op_raw))
+        key = json.dumps(op_raw, sort_keys=True)
+        op = ops.get(key)
+        if op is None:
+            op = ops[key] = op_from_dict(dict(op_raw))
         family = str(row[index["family"]]) if "family" in index else ""
         split = str(row[index["split"]]) if "split" in index else "fit"
         tile = (0, 0)
