@@ -94,6 +94,46 @@ def test_split3_sends_nonfinite_values_whole_to_the_third_segment():
     assert "o[2 * K] = finite ? big : x;" in src and "0x7f800000u" in src
 
 
+def _tf32_rna(x):
+    """cvt.rna.tf32.f32 on float32 values: 10 mantissa bits, round half away from zero; NaN/Inf kept."""
+    import numpy as np
+
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    finite = np.isfinite(x)
+    rounded = ((bits + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+    return np.where(finite, rounded, x).astype(np.float32)
+
+
+def test_mma_3xtf32_split_keeps_ieee_products_of_special_values():
+    """The register split of the mma.sync 3xTF32 path (emit/mma.py: tf32_rest, tf32_finite), emulated in
+    float32 on every pair of special and ordinary values: the three products sum to a*b's class (NaN, the
+    signed Inf, or a finite value within 2^-20 relative). Before, Inf - Inf made the small part NaN."""
+    import numpy as np
+
+    src = mma.render(VARIANTS["cuda.gemm.mma_3xtf32"].spec(
+        GemmOp(64, 64, 64, fp32_precision="highest"),
+        VARIANTS["cuda.gemm.mma_3xtf32"].hero_configs(GemmOp(64, 64, 64, fp32_precision="highest"), A100)[0], None))
+    assert "tf32_rest(" in src and "tf32_finite(" in src
+    vals = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 1.0000001, 0.99999994, -3.3333333,
+                     1e-30, 7.1e37, -2.5e-3], np.float32)
+    a, b = (v.ravel() for v in np.meshgrid(vals, vals))
+    with np.errstate(invalid="ignore", over="ignore"):
+        def parts(x):
+            big = _tf32_rna(x)
+            rest = x - big
+            small = _tf32_rna(np.where(np.isnan(rest), np.float32(0), rest))
+            return big, small, np.where(np.isfinite(big), big, np.float32(0))
+        ab, as_, af = parts(a)
+        bb, bs, bf = parts(b)
+        got = (as_ * bf + af * bs) + ab * bb
+        ref = a * b  # IEEE float32 product (float64's would not underflow / overflow like fp32)
+    assert (np.isnan(got) == np.isnan(ref)).all()
+    inf = np.isinf(ref)
+    assert (got[inf] == ref[inf]).all()
+    fin = np.isfinite(ref)
+    assert np.allclose(got[fin], ref[fin], rtol=2.0 ** -20, atol=1e-37)
+
+
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
 
 

@@ -354,6 +354,20 @@ static __device__ __forceinline__ void mma_tf32(float* d, const u32* a, const u3
 }
 """
 
+# 3xTF32 keeps IEEE non-finite results: a*b ~ as*bb + ab*bs + ab*bb, where x - big is NaN for x = +-Inf and
+# a zero small part times an Inf big part is NaN. So the small parts of non-finite values are 0, and the
+# two correction products only see finite operands (a non-finite big part is 0 there): a NaN or +-Inf
+# reaches the sum through ab*bb alone, which gives the IEEE product.
+_TF32_REST = r"""
+static __device__ __forceinline__ u32 tf32_rest(float x, u32 big) {
+    const float r = x - __uint_as_float(big);
+    return f32_to_tf32(r == r ? r : 0.0f);
+}
+static __device__ __forceinline__ u32 tf32_finite(u32 big) {
+    return (big & 0x7f800000u) == 0x7f800000u ? 0u : big;
+}
+"""
+
 _MMA = {
     "f16": _mma16("f16"),
     "bf16": _mma16("bf16"),
@@ -366,15 +380,17 @@ static __device__ __forceinline__ void mma_step(float* d, const float* a, const 
     mma_tf32(d, ar, br);
 }
 """,
-    "3xtf32": _TF32_CORE + r"""
+    "3xtf32": _TF32_CORE + _TF32_REST + r"""
 static __device__ __forceinline__ void mma_step(float* d, const float* a, const float* b) {
     u32 ab[4], as[4], bb[2], bs[2];
     #pragma unroll
-    for (int e = 0; e < 4; ++e) { ab[e] = f32_to_tf32(a[e]); as[e] = f32_to_tf32(a[e] - __uint_as_float(ab[e])); }
+    for (int e = 0; e < 4; ++e) { ab[e] = f32_to_tf32(a[e]); as[e] = tf32_rest(a[e], ab[e]); }
     #pragma unroll
-    for (int e = 0; e < 2; ++e) { bb[e] = f32_to_tf32(b[e]); bs[e] = f32_to_tf32(b[e] - __uint_as_float(bb[e])); }
-    mma_tf32(d, as, bb);
-    mma_tf32(d, ab, bs);
+    for (int e = 0; e < 2; ++e) { bb[e] = f32_to_tf32(b[e]); bs[e] = tf32_rest(b[e], bb[e]); }
+    u32 af[4] = {tf32_finite(ab[0]), tf32_finite(ab[1]), tf32_finite(ab[2]), tf32_finite(ab[3])};
+    u32 bf[2] = {tf32_finite(bb[0]), tf32_finite(bb[1])};
+    mma_tf32(d, as, bf);
+    mma_tf32(d, af, bs);
     mma_tf32(d, ab, bb);
 }
 """,
