@@ -50,3 +50,17 @@ def test_shipped_cpu_data_is_keyed_by_family():
     assert files and all(f.ok for f in files)
     assert {f.arch_key for f in files} >= {"cpu-intel-avx512"}
     assert arch_key(_profile("amd-zen4-avx512")) not in {f.arch_key for f in files}
+
+
+def test_row_heroes_first_per_family():
+    from tracea.ir.ops import Conv2dOp
+    from tracea_cpu.variants import CpuConv2dVariant
+
+    v = CpuConv2dVariant(ISA_BY_NAME["avx512"])
+    op = Conv2dOp(1, 128, 28, 28, 128, 3, 3, padding=1)
+    intel = v.hero_configs(op, _profile("intel-avx512"))[0]
+    amd = v.hero_configs(op, _profile("amd-zen4-avx512"))[0]
+    assert (intel.get("mr"), intel.get("nr")) == (7, 32) and intel.get("indirect") == 1
+    assert (amd.get("mr"), amd.get("nr")) != (7, 32)
+    small = Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1)
+    assert v.hero_configs(small, _profile("amd-zen4-avx512"))[0].get("mr") == 7  # 7^2: rows first everywhere

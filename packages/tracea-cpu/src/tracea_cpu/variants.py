@@ -134,7 +134,7 @@ class CpuConv2dVariant(CpuVariant):
             short = [h for h in ind if h.get("mr") <= 6] + [h for h in ind if h.get("mr") > 6]
             rows = spaces.row_heroes(self.isa, op)
             # Small images: the padding taps skipped by row tiles are a large share of the work.
-            short = rows + short if op.q <= 14 else short + rows
+            short = rows + short if op.q <= spaces.row_first_max_q(profile) else short + rows
             indirect = [h.with_params(indirect=1) for h in short]
         # (Weights-stationary was first for NCHW 512@7^2 at batch 1 until the NCHW indirect path read the
         # KCRS weights in channel blocks and skipped padding taps: now 176 vs 153 GFLOP/s there.)
