@@ -179,8 +179,11 @@ def test_cache_keeps_default_time(tmp_path):
     again = TuningCache(tmp_path / "c.json")
     assert again.entries()[0].default_s == 3e-5
     raw = json.loads((tmp_path / "c.json").read_text())
-    key = next(k for k in raw if isinstance(raw[k], dict) and "variant" in raw[k]) if "entries" not in raw else None
-    assert key is None or raw[key]["default_s"] == 3e-5
+    assert [e["default_s"] for e in raw["entries"].values()] == [3e-5]
+    bad = dict(next(iter(raw["entries"].values())), default_s=-1.0)
+    from tracea.tuning.cache_schema import entry_problem
+
+    assert "default_s" in entry_problem(e.key, bad)
 
 
 class _Plugin:

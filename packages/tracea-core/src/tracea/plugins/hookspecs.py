@@ -236,5 +236,7 @@ def tracea_perf_data(profile: "DeviceProfile") -> "list[str] | None":
     Implemented by backends that ship measured data (tracea-cuda, tracea-cpu); results of all plugins
     are concatenated.
 
+    :param profile: the device whose decisions the model ranks (its ``device.kind`` says whether the
+        backend's files apply).
     :returns: file paths, or None for devices of other kinds.
     """
