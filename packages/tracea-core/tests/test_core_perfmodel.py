@@ -105,8 +105,12 @@ def test_load_and_fit_three_tiers(tmp_path):
     ef, es = model.estimate(FAST, near, prof), model.estimate(SLOW, near, prof)
     assert ef.method == es.method == "knn" and ef.seconds > 2.5 * es.seconds and ef.neighbors
     assert ef.roofline_s < es.roofline_s  # the roofline ranked them the other way
-    far = GemmOp(64, 64, 200000)
-    assert model.estimate(FAST, far, prof).method == "calibrated"
+    middle = GemmOp(256, 256, 6 * 256)  # K 6x the nearest measured square: calibrated by the shapes around
+    e = model.estimate(FAST, middle, prof)
+    assert e.method == "calibrated" and e.seconds > 2 * FAST.estimate_seconds(middle, prof)
+    far = GemmOp(2, 2, 2)  # nothing measured within a factor of 8: no extrapolation, the roofline
+    e = model.estimate(FAST, far, prof)
+    assert e.method == "roofline" and e.seconds == pytest.approx(FAST.estimate_seconds(far, prof))
     other = GemmOp(700, 700, 700, fp32_precision="high")
     e = model.estimate(FAST, other, prof)
     assert e.method == "roofline" and e.seconds == pytest.approx(FAST.estimate_seconds(other, prof))

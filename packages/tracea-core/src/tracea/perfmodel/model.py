@@ -6,11 +6,14 @@ other shapes of this architecture, as residuals against the variant's own roofli
 ``r = ln(measured / roofline)``. An op's estimate is its roofline times ``exp(r̂)`` where ``r̂`` is
 
 1. **knn**: the Gaussian-weighted mean residual of the nearest measured shapes within
-   :data:`RADIUS` (log2 units: "a factor of 2.8 in one dimension"), shrunk towards the variant's
-   calibrated residual (2.) when the neighbours are few or far; else
-2. **calibrated**: the median residual of every measured shape of the variant in the op's group,
-   shrunk towards 0 by its count (the variant's measured efficiency replaces the hand-set constant); else
-3. **roofline**: 0 -- no data for this variant, op group or architecture: the roofline estimate as is.
+   :data:`RADIUS` (log2 units: "a factor of 2.8 in one dimension"), shrunk towards the local
+   calibration (2.) when the neighbours are few or far; else
+2. **calibrated**: the median residual of the variant's measured shapes within :data:`CALIBRATION_RADIUS`
+   (a factor of 8 in one dimension), shrunk towards 0 by their count: the variant's measured efficiency
+   in this region replaces the hand-set constant; else
+3. **roofline**: 0 -- no data for this variant, op group or architecture near the op: the roofline
+   estimate as is. (A variant-wide calibration would extrapolate: a scalar CPU kernel measured only on
+   small shapes looks efficient relative to its roofline everywhere.)
 
 Plain NumPy, a few thousand points at most; an estimate costs tens of microseconds and the Doctor
 memoises decisions.
@@ -35,7 +38,9 @@ BANDWIDTH = 0.6
 K_NEAREST = 8
 #: pseudo-weight of the calibrated residual in the neighbour average (one neighbour at distance 0 weighs 1)
 PRIOR_WEIGHT = 0.15
-#: pseudo-count shrinking the variant-wide median residual towards the roofline
+#: measured shapes within this distance calibrate the variant's efficiency (tier 2, and knn's shrink target)
+CALIBRATION_RADIUS = 3.0
+#: pseudo-count shrinking the calibrated median residual towards the roofline
 CALIBRATION_SHRINK = 2.0
 
 
@@ -158,8 +163,9 @@ class PerfModel:
         d = np.sqrt((((table.x - shape_vector(op)) ** 2).sum(axis=1)))
         order = np.argsort(d, kind="stable")[:K_NEAREST]
         near = order[d[order] <= RADIUS]
-        n = len(table.r)
-        r_cal = float(np.median(table.r)) * n / (n + CALIBRATION_SHRINK)
+        local = d <= CALIBRATION_RADIUS
+        n = int(local.sum())
+        r_cal = float(np.median(table.r[local])) * n / (n + CALIBRATION_SHRINK) if n else 0.0
         if len(near):
             w = table.w[near] * np.exp(-0.5 * (d[near] / BANDWIDTH) ** 2)
             r_hat = float(((w * table.r[near]).sum() + PRIOR_WEIGHT * r_cal) / (w.sum() + PRIOR_WEIGHT))
@@ -168,12 +174,15 @@ class PerfModel:
             return Estimate(est, "knn", base, f"{len(near)} measured shape(s) within {RADIUS} (nearest "
                             f"{nb[0].op} at {nb[0].distance:.2f}: {nb[0].seconds * 1e3:.4g} ms); "
                             f"{est / base:.2f}x the roofline", nb)
-        est = base * math.exp(r_cal)
         i = int(order[0])
         nb = (Neighbor(table.ops[i], float(table.secs[i]), float(d[i]), table.sources[i]),)
+        if not n:
+            return Estimate(base, "roofline", base, f"no measured shape within {CALIBRATION_RADIUS} on {self.arch} "
+                            f"(nearest {table.ops[i]} at {d[i]:.2f}): roofline estimate", nb)
+        est = base * math.exp(r_cal)
         return Estimate(est, "calibrated", base, f"no measured shape within {RADIUS} (nearest {table.ops[i]} at "
-                        f"{d[i]:.2f}); the variant's median measured/roofline ratio over {n} shapes: "
-                        f"{est / base:.2f}x the roofline", nb)
+                        f"{d[i]:.2f}); the variant's median measured/roofline ratio over the {n} shapes within "
+                        f"{CALIBRATION_RADIUS}: {est / base:.2f}x the roofline", nb)
 
     def describe(self) -> str:
         """One line: architecture, data points, sources."""
