@@ -274,3 +274,18 @@ def test_conv_reference_accepts_both_readings_of_zero_padding():
     assert np.isnan(ref.ref[0, 0, 0, 0])  # 0 * inf: PyTorch's float64 conv multiplies the padding
     skipped = ref.alts[-2]
     assert skipped[0, 0, 0, 0] == 4.0 and np.isinf(skipped[0, 0, 1, 1])  # taps in the padding skipped
+
+
+def test_attention_reference_accepts_float32_weight_underflow():
+    """Fuzz case 5151:1018: a key whose softmax weight is tiny in float64 but 0 in float32 (kernels flush
+    below the normal range) times an Inf in v: float64 gives Inf, a float32 kernel NaN (0 * Inf)."""
+    pytest.importorskip("torch")
+    from tracea.fuzzing.reference import compute
+
+    q = np.zeros((1, 1, 1, 2))
+    q[..., 0] = 200.0
+    k = np.array([[[[1.0, 0.0], [0.0, 0.0]]]])  # logits 200*scale and 0: weight of key 1 ~ e^-141
+    v = np.array([[[[1.0], [np.inf]]]])
+    ref = compute("attention", {"q": q, "k": k, "v": v}, {"scale": 1.0 / np.sqrt(2), "causal": False})
+    assert np.isinf(ref.ref[0, 0, 0, 0])
+    assert any(np.isnan(alt[0, 0, 0, 0]) for alt in ref.alts)

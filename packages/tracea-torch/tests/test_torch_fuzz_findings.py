@@ -107,3 +107,27 @@ def test_fallback_attention_with_overlapping_query_rows(dtype):
     want = torch.nn.functional.scaled_dot_product_attention(q.double().contiguous(), k.double(), v.double().contiguous(),
                                                             scale=1.0)
     torch.testing.assert_close(got.double(), want, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cpu_conv_fallback_avoids_onednn_wrong_shapes(dtype, channels_last):
+    """Fuzz case 5151:5767: PyTorch's CPU conv (oneDNN, torch 2.13 on an AMX Xeon) returned errors ~20 for a
+    1-channel 7x7 input, 5x5 kernel, stride (1, 3) in bfloat16, and in float32 once the input is
+    channels_last (a 1-channel tensor whose contiguous() keeps the NHWC strides). The fallback computes in
+    float32 on row-major copies and keeps the caller's memory format."""
+    from tracea.ir.ops import Conv2dOp
+    from tracea_torch import eager
+
+    g = torch.Generator().manual_seed(5767)
+    x = torch.randn(1, 1, 7, 7, generator=g).to(dtype)
+    w = torch.randn(16, 1, 5, 5, generator=g).to(dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    ref = torch.nn.functional.conv2d(x.double().contiguous(), w.double(), stride=(1, 3), padding=(2, 0))
+    op = Conv2dOp(1, 1, 7, 7, 16, 5, 5, stride=(1, 3), padding=(2, 0), dtype=str(dtype).split(".")[1])
+    got = eager.run_logical(op, {"x": x, "w": w, "bias": None})
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert (got.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+    y = ops.conv2d(x, w, stride=(1, 3), padding=(2, 0))
+    assert (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item()

@@ -73,17 +73,42 @@ def _cudnn_exact(op: Op, t: torch.Tensor) -> Any:
     return contextlib.nullcontext()
 
 
+def _nchw_strides(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the exact row-major strides: ``contiguous()`` keeps a channels_last tensor with one
+    channel as it is (size-1 dims do not count), and PyTorch then still takes its NHWC path."""
+    expected, step = [], 1
+    for size in reversed(t.shape):
+        expected.append(step)
+        step *= max(size, 1)
+    if t.stride() == tuple(reversed(expected)):
+        return t
+    return t.clone(memory_format=torch.contiguous_format) if t.is_contiguous() else t.contiguous()
+
+
 def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``op`` on arrays in its physical layout (NCHW/KCRS or NHWC/KRSC); result in that layout."""
     if op.layout is Layout.NHWC:
         x, w = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
     dt = compute_dtype(x.dtype, op.out_dtype)
+    cpu_nhwc = False
+    if not x.is_cuda:
+        # PyTorch's CPU convolution (oneDNN) returns wrong values for some shapes (torch 2.13 on an AMX
+        # Xeon, found by tracea.fuzzing: 1-channel 7x7 input, 5x5 kernel, stride (1, 3), output width 1:
+        # errors ~20 in bfloat16, and in float32 when the input is channels_last). Its float32 NCHW path
+        # is right there; float32 accumulation is also what Tracea's kernels do. So a CPU fallback computes
+        # in float32 on NCHW-contiguous copies and gives back the caller's memory format.
+        if dt in (torch.float16, torch.bfloat16):
+            dt = torch.float32
+        cpu_nhwc = op.layout is Layout.NCHW and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+        x, w = _nchw_strides(x), _nchw_strides(w)
     x, w = x.to(dt), w.to(dt)
     fused_bias = bias.to(dt) if bias is not None and op.epilogue.steps[:1] == (EpilogueKind.BIAS,) else None
     with _cudnn_exact(op, x):
         acc = F.conv2d(x, w, fused_bias, op.stride, op.padding, op.dilation, op.groups)
     rest = op.epilogue.steps[1:] if fused_bias is not None else op.epilogue.steps
     out = _cast(apply_epilogue(acc, rest, bias, 1), op.out_dtype)
+    if cpu_nhwc:
+        out = out.contiguous(memory_format=torch.channels_last)
     return out.permute(0, 2, 3, 1) if op.layout is Layout.NHWC else out
 
 

@@ -145,10 +145,16 @@ def attention(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference
     # IEEE arithmetic without PyTorch's special cases (SDPA returns 0 for a row whose logits are all
     # -inf; plain softmax gives NaN): either is accepted.
     alt = torch.matmul(p, v)
+    # The same in float32, where kernels compute softmax: a weight that underflows to exactly 0 there
+    # (tiny but positive in float64; vectorised exp flushes below float32's normal range) times an Inf
+    # in v gives NaN instead of the float64 reference's Inf.
+    p32 = torch.softmax(logits.float(), dim=-1)
+    p32 = torch.where(p32 < torch.finfo(torch.float32).tiny, torch.zeros_like(p32), p32)
+    alt32 = torch.matmul(p32, v.float()).double()
     logit_mag = absl.amax(dim=-1, keepdim=True) if absl.shape[-1] else torch.zeros(absl.shape[:-1] + (1,), dtype=absl.dtype)
     if three:
-        ref, alt, mag, logit_mag = ref[0], alt[0], mag[0], logit_mag[0]
-    return Reference(ref.numpy(), [alt.numpy()], mag.numpy(), logit_mag.numpy())
+        ref, alt, alt32, mag, logit_mag = ref[0], alt[0], alt32[0], mag[0], logit_mag[0]
+    return Reference(ref.numpy(), [alt.numpy(), alt32.numpy()], mag.numpy(), logit_mag.numpy())
 
 
 def compute(op: str, values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:
