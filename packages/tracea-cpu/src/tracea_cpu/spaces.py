@@ -27,15 +27,14 @@ GEMM_HEROES: dict[str, list[dict[str, int]]] = {
 # GEMM hero orders for CPU families (``profile.extras["microarch"]``, see
 # tracea.doctor.cpu_probe.CpuInfo.microarch) measured on that family; a family without an entry uses its
 # ISA's table above (measured on AMD Zen 4 / Zen 5). Intel AVX-512 (Sapphire Rapids class, 2 cores, 2 MB
-# L2 per core), benchmarks/cpu/probes/hero_study.py, every config and NumPy interleaved, medians, under
-# heavy load from other processes (load average 10-11): M blocks of 96-192 rows (fewer block-level thread
-# synchronisations, A blocks of 200-300 KB that the 2 MB L2 holds) ran 1.5-4x faster than the 48-row
-# default at 512-1024 and level at 2048; 4x64 mc72 kc384 was slowest (0.83x NumPy at 2048), so it is not
-# offered here (the least-waste order put it first on multiples of 4).
+# L2 per core), benchmarks/cpu/probes/hero_study.py (every config and NumPy interleaved, medians), quiet
+# machine: 14x32 mc112 kc512 2.12x / 1.03x / 0.88x NumPy at 512 / 1024 / 2048, where the ISA default
+# (6x64 mc48 kc1024) ran 2.14x / 0.87x / 0.87x; it was also among the fastest under heavy load (load
+# average 10-11). 6x64 tiles are left out: the least-waste order would put them first on multiples of 6 /
+# 1024 (6x64 mc96 kc512: 0.91x at 1024), and 4x64 mc72 kc384 (first on multiples of 4) ran 0.81x at 2048.
 MICROARCH_GEMM_HEROES: dict[str, list[dict[str, int]]] = {
-    "intel-avx512": [dict(mr=6, nr=64, mc=192, nc=4096, kc=384), dict(mr=14, nr=32, mc=112, nc=4096, kc=512),
-                     dict(mr=8, nr=48, mc=96, nc=4080, kc=512), dict(mr=12, nr=32, mc=96, nc=4096, kc=512),
-                     dict(mr=6, nr=64, mc=96, nc=4096, kc=512)],
+    "intel-avx512": [dict(mr=14, nr=32, mc=112, nc=4096, kc=512), dict(mr=14, nr=32, mc=56, nc=4096, kc=1024),
+                     dict(mr=12, nr=32, mc=96, nc=4096, kc=512), dict(mr=8, nr=48, mc=96, nc=4080, kc=512)],
 }
 # Indirect conv heroes whose tile is an equal part of one output row (Q % mr == 0): tiles in the top
 # or bottom output row skip the taps that read only padding (~10% of a 3x3 conv on 7^2 images).

@@ -155,7 +155,10 @@ def cache_changed(cache: Any, decisive: bool = True) -> None:
     """Called by the tuning cache when its entries change in this process: drop plans at once, unless
     the change decides nothing (``decisive=False``); the new generation is noted either way."""
     global _watch
-    if _watch is not None and _watch[0] is cache:
+    if (_watch is not None and _watch[0] is cache) or decisive:
+        # decisive: every plan is dropped now, so the plans built next are built under this cache; watching
+        # it avoids dropping them once more when the periodic recheck first sees it (a plan built right
+        # after a put could vanish on the next lookup)
         _watch = (cache, getattr(cache, "_generation", 0))
     if decisive:
         invalidate("tuning cache changed")
