@@ -41,9 +41,19 @@ if [ "$mode" = all ] || [ "$mode" = tests ]; then
     ${kexpr:+-k "$kexpr"} 2>&1 | tee "$OUT/tests.log" | tail -40
   rc=$?
 fi
+if [ "$mode" = all ] || [ "$mode" = tests ]; then
+  # every hero config of every CUDA variant on small odd shapes under compute-sanitizer memcheck
+  compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 30 python scripts/memcheck_heroes.py \
+    --json "$OUT/memcheck.json" > "$OUT/memcheck.log" 2>&1
+  rc=$(( rc || $? )); grep -v '^ok' "$OUT/memcheck.log" | tail -8
+fi
 if [ "$mode" = all ] || [ "$mode" = user ]; then
   python benchmarks/user_path/bench_user_path.py --device cuda --json "$OUT/user_path.json" \
     --timm "${TIMM_MODELS:-resnet50,convnext_tiny}" 2>&1 | tee "$OUT/user_path.log" | tail -60
+  rc=$(( rc || $? ))
+  python benchmarks/user_path/bench_shapes.py --json "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.log" | tail -70
+  rc=$(( rc || $? ))
+  python benchmarks/cuda/bench_attention.py --quick --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -30
   rc=$(( rc || $? ))
 fi
 if [ "$mode" = all ] || [ "$mode" = bench ]; then

@@ -162,4 +162,4 @@ def test_reference_oracle_ranks_last_whatever_the_estimates(doctor, monkeypatch)
     monkeypatch.setattr(_Fast, "estimate_seconds", lambda self, op, profile, config=None: 10.0)
     monkeypatch.setattr(_Slow, "estimate_seconds", lambda self, op, profile, config=None: 20.0)
     d = doctor.decide(GemmOp(3, 3, 3), "cpu")
-    assert [c.variant.name for c in d.candidates] == ["t.fast", "t.slow", "reference.gemm"]
+    assert [c.variant.name for c in d.candidates] == ["t.fast", "t.slow", "reference.gemm_blas", "reference.gemm"]

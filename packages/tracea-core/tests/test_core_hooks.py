@@ -392,4 +392,27 @@ def test_adapter_declining_the_oracle_gets_the_framework_fallback(monkeypatch):
     out[...] = 0
     run, _ = runner(OP, Device.cpu(), NumpyAdapter(), {"a": a, "b": a, "bias": None}, out, doctor=d)
     run.launch(a, a, None, out)
-    assert np.all(out == 8.0) and run.variant == "reference.gemm"  # NumPy arrays accept the oracle
+    assert np.all(out == 8.0) and run.variant == "reference.gemm_blas"  # NumPy arrays accept the reference backend
+
+
+def test_hook_tracea_kernel_runner():
+    import pytest
+
+    from tracea.errors import UnsupportedDeviceError
+    from tracea.usertune.runner import get_runner
+
+    mod = types.ModuleType("toy_runner_plugin")
+    seen = []
+
+    @hookimpl
+    def tracea_kernel_runner(lang, device, options):
+        seen.append((lang, device, options))
+        return ("toy-runner", device, options.get("platform")) if lang == "C" else None
+
+    mod.tracea_kernel_runner = tracea_kernel_runner
+    pm = create_plugin_manager(autoload=False)
+    pm.register(mod, name="toyrunner")
+    assert get_runner("C", 3, {"platform": 1}, pm=pm) == ("toy-runner", 3, 1)
+    with pytest.raises(UnsupportedDeviceError, match="install"):
+        get_runner("OPENCL", 0, {}, pm=pm)
+    assert [s[0] for s in seen] == ["C", "OPENCL"]

@@ -8,9 +8,9 @@ import pytest
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.ir.device import Device
-from tracea.ir.ops import Conv2dOp, GemmOp
+from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp
 
-from tracea_cuda.emit import gemv, mma, wgmma
+from tracea_cuda.emit import flash_attn, gemv, mma, wgmma
 from tracea_cuda.device import isa_flags
 from tracea_cuda.offline import bundle, compile_report, nvcc_path
 from tracea_cuda.variants import all_variants
@@ -54,6 +54,14 @@ OPS = {
         Conv2dOp(32, 256, 14, 14, 256, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high",
                  epilogue="bias+relu"),
     ],
+    "cuda.attention.flash_mma": [
+        AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16"),
+        AttentionOp(4, 16, 4096, 4096, 128, dtype="float16"),
+        AttentionOp(4, 16, 4096, 4096, 64, causal=True, dtype="bfloat16"),
+        AttentionOp(1, 32, 1, 32768, 128, kv_heads=8, dtype="bfloat16"),
+        AttentionOp(2, 8, 77, 300, 64, kv_heads=2, dtype="bfloat16", mask="additive", mask_shape=(2, 1)),
+        AttentionOp(2, 8, 300, 300, 128, dtype="float16", causal=True, mask="bool", mask_shape=(1, 1)),
+    ],
     "cuda.conv2d.implicit_mma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
         Conv2dOp(32, 128, 28, 28, 128, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high"),
@@ -76,11 +84,13 @@ def _sources(arch: str) -> dict[str, str]:
                 assert arch != "sm_90a", (variant.name, variant.requirements.check(op, profile))
                 continue  # e.g. wgmma on sm_80
             render = (wgmma.render if ".wgmma" in variant.name else _gemv_render if variant.name == "cuda.gemm.gemv"
-                      else mma.render)
+                      else flash_attn.render if variant.name == "cuda.attention.flash_mma" else mma.render)
             for i, config in enumerate(variant.hero_configs(op, profile)):
                 assert variant.validate_config(op, config, profile), (variant.name, config.key)
                 name = f"k{len(sources)}"
-                sources[name] = render(variant.spec(op, config, None), name=name)
+                spec = (variant.spec(op, config, None, profile) if isinstance(op, AttentionOp)
+                        else variant.spec(op, config, None))
+                sources[name] = render(spec, name=name)
     return sources
 
 

@@ -21,7 +21,8 @@ from .context import Context
 from .doctor import Decision, DeviceProfile, Doctor, KernelVariant, OpArgs, Requirements, get_doctor
 from .dtypes import DType, Fp32Precision, bf16, f16, f32, f64, fp8_e4m3, fp8_e5m2, int8, tf32
 from .errors import (BackendError, CaptureError, CompilationError, DTypeError, InvalidArgumentError, LaunchError, NoVariantError,
-                     ShapeError, TraceaError, UnsupportedConfigError, UnsupportedDeviceError)
+                     ShapeError, TraceaError, UnsupportedConfigError, UnsupportedDeviceError, UnsupportedOptionError,
+                     VerificationError)
 from .gpuinfo import GPUInfo
 from .graph import Graph
 from .runtime.first_use import set_tuning, tuning_mode
@@ -31,7 +32,9 @@ from .semantic import BarrierMode, PipelineConfig, SearchSpace, SwizzleMode
 from .tuning.goals import OptimizationGoal
 
 _TORCH_NAMES = ("patch_conv2d", "unpatch_conv2d", "TraceaConv2d", "patch_linear", "unpatch_linear", "TraceaLinear")
-_TUNING_NAMES = {"AutoTuner": "tracea.tuning.autotuner"}
+_TUNING_NAMES = {"AutoTuner": "tracea.tuning.autotuner", "tune_kernel": "tracea.usertune.interface",
+                 "run_kernel": "tracea.usertune.interface", "kernel": "tracea.usertune.decorator",
+                 "KernelLaunch": "tracea.usertune.decorator"}
 
 
 def __getattr__(name: str) -> Any:
@@ -53,10 +56,10 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AttentionOp", "AutoTuner", "BackendError", "BarrierMode", "CaptureError", "CompilationError", "Context", "Conv2dOp",
     "DType", "DTypeError", "Decision", "Device", "DeviceProfile", "Doctor", "Epilogue", "EpilogueKind",
-    "Fp32Precision", "GPUInfo", "GemmOp", "Graph", "InvalidArgumentError", "KernelVariant", "LaunchError",
+    "Fp32Precision", "GPUInfo", "GemmOp", "Graph", "InvalidArgumentError", "KernelLaunch", "KernelVariant", "LaunchError",
     "LayerType", "Layout", "NoVariantError", "OpArgs", "OptimizationGoal", "PipelineConfig", "ProblemDescriptor",
     "Requirements", "SearchSpace", "Shape", "ShapeError", "SwizzleMode", "TraceaConv2d", "TraceaError",
-    "TraceaLinear", "UnsupportedConfigError", "UnsupportedDeviceError", "__version__", "bf16", "errors", "f16",
-    "f32", "f64", "fp8_e4m3", "fp8_e5m2", "get_doctor", "int8", "ops", "patch_conv2d", "patch_linear", "set_tuning", "tf32", "tuning_mode",
+    "TraceaLinear", "UnsupportedConfigError", "UnsupportedDeviceError", "UnsupportedOptionError", "VerificationError", "__version__", "bf16", "errors", "f16",
+    "f32", "f64", "fp8_e4m3", "fp8_e5m2", "get_doctor", "int8", "kernel", "ops", "run_kernel", "patch_conv2d", "patch_linear", "set_tuning", "tf32", "tune_kernel", "tuning_mode",
     "unpatch_conv2d", "unpatch_linear",
 ]

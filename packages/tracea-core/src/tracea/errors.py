@@ -1,7 +1,11 @@
-"""The one exception hierarchy of Tracea.
+"""The one exception and warning hierarchy of Tracea.
 
 Every error a user can trigger is a :class:`TraceaError`. Argument errors name the argument, the value
 that was given and what was expected, so a message alone tells the user what to change.
+
+Every warning Tracea emits is a :class:`TraceaWarning`, so one filter silences or escalates them all::
+
+    warnings.filterwarnings("ignore", category=tracea.errors.TraceaWarning)   # or "error"
 """
 
 from __future__ import annotations
@@ -98,8 +102,59 @@ class CacheError(TraceaError):
     """The tuning cache cannot be read or written (the message names the file and what was done)."""
 
 
+class UnsupportedOptionError(TraceaError, ValueError):
+    """An option of :func:`tracea.tune_kernel` / :func:`tracea.run_kernel` that Tracea does not
+    support (or an unknown one); ``option`` names it."""
+
+    def __init__(self, option: str, why: str) -> None:
+        self.option = option
+        super().__init__(f"option {option!r}: {why}")
+
+
+class VerificationError(TraceaError, RuntimeError):
+    """A user kernel's output differs from the ``answer`` it was checked against (Kernel Tuner raises
+    a RuntimeError here too); the message names the config, the argument and the largest error."""
+
+
 class PluginError(TraceaError):
     """A plugin could not be loaded or violates the hook contract."""
+
+
+class TraceaWarning(UserWarning):
+    """Base class of every warning Tracea emits."""
+
+
+class TuningCacheWarning(TraceaWarning):
+    """A tuning-cache file or entry was unusable and was set aside or ignored (results stay correct)."""
+
+
+class FallbackWarning(TraceaWarning):
+    """A framework fallback computed an op Tracea has no kernel for (opt-in: ``TRACEA_WARN_FALLBACK=1``)."""
+
+
+class ReferenceBackendWarning(TraceaWarning):
+    """No compute backend is installed for the device: calls run on the NumPy reference backend in the
+    core. Emitted once per process and device kind; the message names the package to install."""
+
+
+class SamplerFallbackWarning(TraceaWarning):
+    """The requested tuning sampler cannot run here (a dependency is missing); another one is used."""
+
+
+class KernelFailureWarning(TraceaWarning, RuntimeWarning):
+    """A kernel failed at run time; the call was computed by the next candidate or by the framework."""
+
+
+class ResultMismatchWarning(TraceaWarning, RuntimeWarning):
+    """A Tracea kernel's result differed from the framework's; the framework computes that signature."""
+
+
+class BusyMachineWarning(TraceaWarning, RuntimeWarning):
+    """Tuning ran while other processes kept the CPU busy, so the timings may mislead."""
+
+
+class VersionWarning(TraceaWarning, RuntimeWarning):
+    """An integrated library (torch) is newer than the versions Tracea was tested with."""
 
 
 def _show(value: Any) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runtime import plan_ops
+from .runtime import plan_attention, plan_conv_compat, plan_ops
 from .runtime.dispatch import Quarantined
 from .runtime.plans import _SIGS, Uncacheable, lookup, signature, state
 from .semantic.config import PipelineConfig
@@ -65,11 +65,14 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
            config: PipelineConfig | None = None) -> Any:
     """2-D convolution (cross-correlation, like ``torch.nn.functional.conv2d``) with a fused epilogue.
 
-    :param x: input. NCHW: (N, C, H, W); NHWC: (N, H, W, C). torch tensors are always logically NCHW
-        and channels_last memory selects the NHWC kernels.
+    :param x: input. NCHW: (N, C, H, W); NHWC: (N, H, W, C); unbatched (C, H, W) / (H, W, C) gives an
+        unbatched result. torch tensors are always logically NCHW and channels_last memory selects the
+        NHWC kernels.
     :param w: weight. NCHW: (K, C/groups, R, S); NHWC: (K, R, S, C/groups).
     :param b: optional bias of length K.
-    :param stride: int or (sh, sw). ``padding``: int or (ph, pw) (zeros). ``dilation``: int or pair.
+    :param stride: int or (sh, sw). ``padding``: int or (ph, pw) (zeros), or ``"valid"`` (0) or ``"same"``
+        (stride 1; an odd total padding puts the extra row / column at the end, as PyTorch does).
+        ``dilation``: int or pair.
     :param groups: channel groups (C and K must be divisible by it).
     :param layout: ``"NCHW"`` (default) or ``"NHWC"`` for arrays whose shapes are physical (NumPy, CuPy).
     :param activation: ``"relu"``, ``"gelu"``, ``"gelu_erf"`` or ``"silu"``, fused after the bias.
@@ -86,32 +89,56 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
             return plan(x, w, b, out)
         except Quarantined:
             pass
+    if plan_conv_compat.needs_adapting(x, padding):
+        return plan_conv_compat.conv2d(key, x, w, b, stride, padding, dilation, groups, layout, out, dict(
+            epilogue=epilogue, activation=activation, out_dtype=out_dtype, fp32_precision=fp32_precision,
+            variant=variant, config=config))
     return plan_ops.conv2d(key, x, w, b, stride, padding, dilation, groups, layout, epilogue, activation, out,
                            out_dtype, fp32_precision, variant, config)
 
 
-def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None, out: Any = None,
+def attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+              scale: float | None = None, enable_gqa: bool = False, *, causal: bool | None = None, out: Any = None,
               variant: str | None = None, config: PipelineConfig | None = None) -> Any:
-    """Scaled dot-product attention, like ``torch.nn.functional.scaled_dot_product_attention``.
+    """Scaled dot-product attention with the arguments of ``torch.nn.functional.scaled_dot_product_attention``.
 
-    :param q: (batch, heads, seq_q, head_dim) or (heads, seq_q, head_dim).
-    :param k: (batch, kv_heads, seq_kv, head_dim); ``v`` likewise. kv_heads must divide heads (GQA).
-    :param causal: mask keys after each query (top-left aligned, as PyTorch's ``is_causal``).
+    ``softmax(q @ k^T * scale + mask) @ v`` over the last two dimensions.
+
+    :param q: (..., heads, seq_q, head_dim): any leading (batch) dimensions, none for 3-D input.
+    :param k: (..., kv_heads, seq_kv, head_dim); ``v``: (..., kv_heads, seq_kv, head_dim_v). Leading
+        dimensions of q, k and v broadcast against each other. kv_heads must divide heads
+        (grouped-query attention, always allowed: ``enable_gqa`` is accepted for compatibility).
+    :param attn_mask: optional mask broadcastable to (..., heads, seq_q, seq_kv): boolean (True: the key
+        takes part) or additive (a floating array added to the scaled logits).
+    :param dropout_p: dropout probability; no Tracea kernel applies dropout, so a non-zero value is
+        computed by PyTorch for torch tensors (counted in the fallback counters) and raises
+        :class:`~tracea.errors.NoVariantError` for other arrays.
+    :param is_causal: mask keys after each query, top-left aligned (key j is visible to query i when
+        j <= i, also when seq_q != seq_kv), as PyTorch's ``is_causal``; ``causal`` is an alias.
+        Unlike PyTorch, it may be combined with ``attn_mask`` (both apply).
     :param scale: logits scale, default 1/sqrt(head_dim).
-    :returns: (batch, heads, seq_q, head_dim) (or 3-D for 3-D inputs), of q's dtype.
+    :param out: optional output array of the result's shape and q's dtype.
+    :returns: (..., heads, seq_q, head_dim_v), of q's dtype and array kind.
     """
+    if causal is not None:
+        is_causal = causal
     try:
-        key: Any = ("attention", signature(q), signature(k), signature(v), signature(out), causal, scale, variant,
-                    config)
+        try:  # the signatures without a frame each in the common case (see plans.signature)
+            sq, sk, sv, sm, so = (_SIGS[type(q)](q), _SIGS[type(k)](k), _SIGS[type(v)](v),
+                                  _SIGS[type(attn_mask)](attn_mask), _SIGS[type(out)](out))
+        except KeyError:
+            sq, sk, sv, sm, so = signature(q), signature(k), signature(v), signature(attn_mask), signature(out)
+        key: Any = ("attention", sq, sk, sv, sm, so, dropout_p, is_causal, scale, enable_gqa, variant, config)
         plan = lookup(key)
     except (Uncacheable, TypeError):
         key = plan = None
     if plan is not None:
         try:
-            return plan(q, k, v, out)
+            return plan(q, k, v, attn_mask, out)
         except Quarantined:
             pass
-    return plan_ops.attention(key, q, k, v, causal, scale, out, variant, config)
+    return plan_attention.attention(key, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, out, variant,
+                                    config)
 
 
 __all__ = ["attention", "conv2d", "gemm", "matmul"]

@@ -79,7 +79,7 @@ def bf16_operand(args: OpArgs, name: str, shape: tuple[int, ...]) -> tuple[int, 
     if ptr is not None:
         return ptr, obj
     bits = host_bf16(args, name, shape)
-    return _ptr(bits), bits
+    return _ptr(bits), bits  # type: ignore[return-value]
 
 
 def f32_operand(args: OpArgs, name: str, shape: tuple[int, ...]) -> tuple[int, Any]:
@@ -90,7 +90,7 @@ def f32_operand(args: OpArgs, name: str, shape: tuple[int, ...]) -> tuple[int, A
     if ptr is not None:
         return ptr, obj
     arr = _host(args, name, shape)
-    return _ptr(arr), arr
+    return _ptr(arr), arr  # type: ignore[return-value]
 
 
 def bias_f32(args: OpArgs, n: int) -> np.ndarray:
@@ -100,10 +100,10 @@ def bias_f32(args: OpArgs, n: int) -> np.ndarray:
     obj = args.arrays.get("bias")
     dtype = args.adapter.info(obj).dtype
     if dtype is DType.F32:
-        return _host(args, "bias", (n,))
+        return _host(args, "bias", (n,))  # type: ignore[return-value]
     if dtype is DType.BF16:
         bits = host_bf16(args, "bias", (n,))
-        return (bits.astype(np.uint32) << 16).view(np.float32)
+        return (bits.astype(np.uint32) << 16).view(np.float32)  # type: ignore[union-attr]
     raise DTypeError("bias", dtype.value, "float32 or bfloat16")
 
 

@@ -23,7 +23,7 @@ GEMM_ROUTES = {0: "packed", 1: "rows", 2: "gemv", 3: "axpy"}
 GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _P, _L, _L, _L, _I]
 CONV_ARGTYPES = [_I] + [_L] * 16 + [_P, _P, _P, _P, _L, _L, _L, _I, _I]
 BF16_GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _I, _P, _L, _L, _L, _I]
-ATTN_ARGTYPES = [_L, _L, _L, _L, _L, _L, _F, _I, _P, _P, _P, _P, _I]
+ATTN_ARGTYPES = [_L, _L, _L, _L, _L, _L, _F, _I, _P, _P, _P, _P, _I, _P, _I, _L, _L]
 
 
 @functools.lru_cache(maxsize=128)
@@ -32,11 +32,11 @@ def blocked_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctype
     isa = ISA_BY_NAME[isa_name]
     source = blocked_source(isa, mr, nr, Epilogue.parse(epilogue_key))
     lib = build(source, isa.cflags, f"blocked-{isa_name}-{mr}x{nr}")
-    lib.tr_gemm.argtypes = GEMM_ARGTYPES
+    lib.tr_gemm.argtypes = GEMM_ARGTYPES  # type: ignore[assignment]
     lib.tr_gemm.restype = _I
     lib.tr_gemm_route.argtypes = [_L, _L, _L, _L, _L, _I]
     lib.tr_gemm_route.restype = _I
-    lib.tr_conv2d.argtypes = CONV_ARGTYPES
+    lib.tr_conv2d.argtypes = CONV_ARGTYPES  # type: ignore[assignment]
     lib.tr_conv2d.restype = _I
     lib.tr_gemm_call.argtypes = [_P, _P, _P, _P, _P]
     lib.tr_gemm_call.restype = _I
@@ -50,7 +50,7 @@ def bf16_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     """The AVX512_BF16 GEMM library for one register tile and epilogue chain (compiled once)."""
     source = bf16_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
     lib = build(source, AVX512_BF16.cflags, f"gemm-bf16-{mr}x{nr}")
-    lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES
+    lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES  # type: ignore[assignment]
     lib.tb_gemm.restype = _I
     lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]
     lib.tb_gemm_call.restype = _I
@@ -69,9 +69,9 @@ def attention_library(isa_name: str, bq: int, bk: int) -> ctypes.CDLL:
     """The attention library for one ISA and query/key block shape (compiled once)."""
     isa = ISA_BY_NAME[isa_name]
     lib = build(attention_source(isa, bq, bk), isa.cflags, f"attention-{isa_name}-{bq}x{bk}")
-    lib.tr_attention.argtypes = ATTN_ARGTYPES
+    lib.tr_attention.argtypes = ATTN_ARGTYPES  # type: ignore[assignment]
     lib.tr_attention.restype = _I
-    lib.tr_attention_call.argtypes = [_P, _F, _P, _P, _P, _P]
+    lib.tr_attention_call.argtypes = [_P, _F, _P, _P, _P, _P, _P]
     lib.tr_attention_call.restype = _I
     return lib
 

@@ -41,6 +41,16 @@ def tracea_environment(profile) -> dict | None:
 
 
 @hookimpl
+def tracea_kernel_runner(lang: str, device, options: dict):
+    """User C kernels for ``tracea.tune_kernel(lang="C")`` (see :mod:`tracea_cpu.user_kernels`)."""
+    if lang != "C":
+        return None
+    from .user_kernels import runner
+
+    return runner(lang, device, options)
+
+
+@hookimpl
 def tracea_perf_data(profile) -> list | None:
     """The measured data of this backend's variants (``perf_data/<arch>.json``) for the performance model."""
     if profile.device.kind != "cpu":

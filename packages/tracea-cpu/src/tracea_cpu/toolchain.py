@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracea.errors import BackendError, CompilationError
+from tracea.fileio import publish
+from tracea.paths import user_cache_dir
 
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
               "-Wall", "-Wno-unused-function", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
@@ -43,9 +45,9 @@ class CompilerMissing(Exception):
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels are kept (``$TRACEA_CPU_CACHE_DIR`` or ``~/.cache/tracea/cpu``)."""
-    env = os.environ.get("TRACEA_CPU_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "tracea" / "cpu"
+    """Where compiled kernels are kept: ``$TRACEA_CPU_CACHE_DIR``, else ``cpu`` in the user cache folder
+    (:func:`tracea.paths.user_cache_dir`: ``$XDG_CACHE_HOME/tracea/cpu`` or ``~/.cache/tracea/cpu``)."""
+    return user_cache_dir("cpu", env="TRACEA_CPU_CACHE_DIR")
 
 
 def _candidates() -> list[str]:
@@ -155,7 +157,7 @@ def _compile(cc: Compiler, source: str, flags: tuple[str, ...], directory: Path,
         if res.returncode != 0:
             raise CompilationError(f"C compiler exited with status {res.returncode} building {target.name}",
                                    backend="cpu", log=" ".join(cmd) + "\n" + res.stdout + res.stderr)
-        os.replace(tmp_so, target)
+        publish(tmp_so, target)
     finally:
         for leftover in (tmp_so, str(src_path)):
             try:

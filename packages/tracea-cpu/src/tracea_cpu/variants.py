@@ -10,6 +10,7 @@ from typing import Any
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
+from tracea.errors import InvalidArgumentError
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp, LayerType, Layout, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
@@ -182,14 +183,16 @@ class CpuConv2dVariant(CpuVariant):
 
 
 class CpuAttentionVariant(CpuVariant):
-    """Flash-style attention forward: online softmax over key blocks, causal or not, GQA."""
+    """Flash-style attention forward: online softmax over key blocks, causal or not, GQA, boolean and
+    additive masks."""
 
     def __init__(self, isa: Isa) -> None:
         super().__init__(isa)
         self.name = f"cpu.attention.{isa.name}"
-        self.description = f"flash attention forward (online softmax, causal, GQA), {isa.name}"
+        self.description = f"flash attention forward (online softmax, causal, GQA, masks), {isa.name}"
         self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.ATTENTION,
-                                         dtypes=frozenset({DType.F32}), isa=isa.requires)
+                                         dtypes=frozenset({DType.F32}), isa=isa.requires,
+                                         masks=frozenset({"bool", "additive"}))
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         return spaces.attention_space(self.isa, profile, op)
@@ -210,15 +213,24 @@ class CpuAttentionVariant(CpuVariant):
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, AttentionOp)
         lib = self.prepare(op, config, profile)
+        mb, mh = op.mask_shape or (1, 1)
         params = kernels.call_params(ATTENTION_PARAMS, dict(
             B=op.batch, H=op.heads, KVH=int(op.kv_heads or op.heads), Sq=op.seq_q, Skv=op.seq_kv, D=op.head_dim,
-            causal=int(op.causal), nth=self.threads(op, config, profile)))
-        fn, ptr, scale = lib.tr_attention_call, adapter.data_ptr, float(op.scale)
+            causal=int(op.causal), nth=self.threads(op, config, profile), mkind=_MASK_KINDS[op.mask], MB=mb, MH=mh))
+        fn, ptr, scale = lib.tr_attention_call, adapter.data_ptr, float(op.scale)  # type: ignore[arg-type]
 
-        def launch(q: Any, k: Any, v: Any, out: Any) -> None:
-            rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(out))
-            if rc:
-                _check_rc(rc, "attention")
+        if op.mask is None:
+            def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
+                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(out), None)
+                if rc:
+                    _check_rc(rc, "attention")
+        else:
+            def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
+                if mask is None:
+                    raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
+                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(out), ptr(mask))
+                if rc:
+                    _check_rc(rc, "attention")
 
         launch.pointer_only = True  # type: ignore[attr-defined]
         return launch
@@ -231,17 +243,24 @@ class CpuAttentionVariant(CpuVariant):
         k = _host(args, "k", (op.batch, kvh, op.seq_kv, op.head_dim))
         v = _host(args, "v", (op.batch, kvh, op.seq_kv, op.head_dim))
         out = _host(args, "out", (op.batch, op.heads, op.seq_q, op.head_dim))
-        rc = lib.tr_attention(op.batch, op.heads, kvh, op.seq_q, op.seq_kv, op.head_dim, float(op.scale),
+        mb, mh = op.mask_shape or (1, 1)
+        mask = _host(args, "mask", (mb, mh, op.seq_q, op.seq_kv)) if op.mask else None
+        if op.mask and mask is None:
+            raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
+        rc = lib.tr_attention(op.batch, op.heads, kvh, op.seq_q, op.seq_kv, op.head_dim, float(op.scale),  # type: ignore[arg-type]
                               int(op.causal), _ptr(q), _ptr(k), _ptr(v), _ptr(out),
-                              self.threads(op, config, profile))
+                              self.threads(op, config, profile), _ptr(mask), _MASK_KINDS[op.mask], mb, mh)
         _check_rc(rc, "attention")
+
+
+_MASK_KINDS = {None: 0, "bool": 1, "additive": 2}
 
 
 @functools.lru_cache(maxsize=512)
 def _blocked_plan(variant: "CpuVariant", op: Op, config: PipelineConfig) -> tuple[Any, int, int, int]:
     """Validated config -> (compiled library, mc, nc, kc), memoised so a call costs one dict lookup."""
     _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
-    lib = kernels.blocked_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+    lib = kernels.blocked_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)  # type: ignore[attr-defined]
     return lib, int(config.get("mc")), int(config.get("nc")), int(config.get("kc"))
 
 

@@ -2,10 +2,10 @@
 
 The disk cache key hashes the source, the options, the target architecture and the CuPy and NVRTC
 versions, so a second process loads the cubin without compiling. Files are written atomically
-(temporary file + ``os.replace``); a corrupt or unreadable entry is recompiled, never fatal.
+(:func:`tracea.fileio.write_atomic`: temporary file, fsync, ``os.replace``); a corrupt or unreadable entry is recompiled, never fatal.
 
-Environment: ``TRACEA_CUDA_CACHE_DIR`` (default ``$XDG_CACHE_HOME/tracea/cuda`` or
-``~/.cache/tracea/cuda``); ``TRACEA_CUDA_NO_DISK_CACHE=1`` disables the disk cache;
+Environment: ``TRACEA_CUDA_CACHE_DIR`` (default ``cuda`` in the user cache folder,
+:func:`tracea.paths.user_cache_dir`: ``$XDG_CACHE_HOME/tracea/cuda`` or ``~/.cache/tracea/cuda``); ``TRACEA_CUDA_NO_DISK_CACHE=1`` disables the disk cache;
 ``TRACEA_CUDA_KEEP_SOURCE=1`` writes the ``.cu`` beside each cubin for inspection.
 """
 
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 from tracea.errors import CompilationError, LaunchError
+from tracea.fileio import write_atomic
+from tracea.paths import user_cache_dir
 
 from . import toolkit
 
@@ -28,11 +29,8 @@ STATS = {"compiled": 0, "disk_hits": 0, "memory_hits": 0}
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("TRACEA_CUDA_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tracea" / "cuda"
+    """``$TRACEA_CUDA_CACHE_DIR``, else ``cuda`` in the user cache folder (:func:`tracea.paths.user_cache_dir`)."""
+    return user_cache_dir("cuda", env="TRACEA_CUDA_CACHE_DIR")
 
 
 def options_for(arch: str) -> tuple[str, ...]:
@@ -72,21 +70,6 @@ def _nvrtc_cubin(source: str, options: tuple[str, ...], name: str) -> bytes:
             nvrtc.destroyProgram(prog)
         except Exception:
             pass
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class Kernel:
@@ -142,9 +125,9 @@ def load(source: str, name: str, arch: str, *, smem: int, threads: int) -> Kerne
         STATS["compiled"] += 1
         if use_disk:
             try:
-                _write_atomic(path, cubin)
+                write_atomic(path, cubin)
                 if os.environ.get("TRACEA_CUDA_KEEP_SOURCE") == "1":
-                    _write_atomic(path.with_suffix(".cu"), source.encode())
+                    write_atomic(path.with_suffix(".cu"), source.encode())
             except OSError:
                 pass  # a read-only cache dir only costs recompiles
     try:
@@ -159,7 +142,7 @@ def load(source: str, name: str, arch: str, *, smem: int, threads: int) -> Kerne
                 pass
         raise CompilationError(f"cannot load compiled module for {name}: {exc}", backend="cuda") from None
     kernel = Kernel(function, key, smem, threads)
-    kernel.module = module  # keep the module alive with the function
+    kernel.module = module  # type: ignore[attr-defined]  # keep the module alive with the function
     with _LOCK:
         _MEMORY[mem_key] = kernel
     return kernel

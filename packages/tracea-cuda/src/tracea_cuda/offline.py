@@ -66,7 +66,7 @@ def parse_ptxas(log: str) -> dict[str, Resources]:
     current = None
     frame = (0, 0, 0)
     for line in log.splitlines():
-        m = _ENTRY.search(line)
+        m = _ENTRY.search(line)  # type: ignore[assignment]
         if m:
             current, frame = m.group(1), (0, 0, 0)
             continue

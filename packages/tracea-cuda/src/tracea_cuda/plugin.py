@@ -75,6 +75,16 @@ def tracea_measure(variant: Any, op: Any, config: Any, args: Any, profile: Any, 
 
 
 @hookimpl
+def tracea_kernel_runner(lang: str, device: Any, options: dict) -> Any:
+    """User CUDA kernels (CuPy/NVRTC) and Triton kernels for ``tracea.tune_kernel``."""
+    if lang not in ("CUDA", "TRITON"):
+        return None
+    from .user_kernels import runner
+
+    return runner(lang, device, options)
+
+
+@hookimpl
 def tracea_perf_data(profile: Any) -> list[str] | None:
     """The measured data of this backend's variants (``perf_data/<arch>.json``) for the performance model."""
     if profile.device.kind != "cuda":

@@ -78,3 +78,13 @@ def tracea_measure(variant: Any, op: Any, config: Any, args: Any, profile: Any, 
     from .timing import measure_events
 
     return measure_events(variant, op, config, args, profile, warmup, repeats)
+
+
+@hookimpl
+def tracea_kernel_runner(lang: str, device: Any, options: dict) -> Any:
+    """User OpenCL kernels for ``tracea.tune_kernel(lang="OpenCL")`` (pyopencl)."""
+    if lang != "OPENCL":
+        return None
+    from .user_kernels import runner
+
+    return runner(lang, device, options)

@@ -145,7 +145,7 @@ class _Renderer:
         if s.kind == "gemm":
             self.emit(f"const int {name} = {nc}{' * K' if s.trans_b else ''};", ind)
         else:
-            self.emit(f"const int {name} = (grp * {self.conv.kg} + {nc}) * {self.conv.kdim};", ind)
+            self.emit(f"const int {name} = (grp * {self.conv.kg} + {nc}) * {self.conv.kdim};", ind)  # type: ignore[union-attr]
 
     def b_load(self, col: str, kexpr: str) -> str:
         s = self.s
@@ -308,15 +308,15 @@ class _Renderer:
         g = self.conv
         for i in range(t.rm):
             self.emit(f"const int m{i} = bm + {i * t.wg_m} + lid_m;")
-            if s.kind == "gemm" or g.nhwc:
-                ldc = "N" if s.kind == "gemm" else str(g.k)
-                coff = "" if s.kind == "gemm" else f" + grp * {g.kg}"
+            if s.kind == "gemm" or g.nhwc:  # type: ignore[union-attr]
+                ldc = "N" if s.kind == "gemm" else str(g.k)  # type: ignore[union-attr]
+                coff = "" if s.kind == "gemm" else f" + grp * {g.kg}"  # type: ignore[union-attr]
                 self.emit(f"const int rc{i} = m{i} * {ldc}{coff};")
             else:
-                pq = g.p * g.q
-                self.emit(f"const int rc{i} = (m{i} / {pq}) * {g.k * pq} + (m{i} % {pq}) + grp * {g.kg * pq};")
-        cstride = "" if (s.kind == "gemm" or g.nhwc) else f" * {g.p * g.q}"
-        bias_ch = "" if s.kind == "gemm" else f"grp * {g.kg} + "
+                pq = g.p * g.q  # type: ignore[union-attr]
+                self.emit(f"const int rc{i} = (m{i} / {pq}) * {g.k * pq} + (m{i} % {pq}) + grp * {g.kg * pq};")  # type: ignore[union-attr]
+        cstride = "" if (s.kind == "gemm" or g.nhwc) else f" * {g.p * g.q}"  # type: ignore[union-attr]
+        bias_ch = "" if s.kind == "gemm" else f"grp * {g.kg} + "  # type: ignore[union-attr]
         for gi in range(ng):
             for v in range(t.vw):
                 n = f"n{gi}_{v}"

@@ -68,7 +68,7 @@ def _enumerate() -> tuple[tuple[Any, Any], ...] | str:
         platforms = pcl.get_platforms()
     except Exception as exc:  # pyopencl raises LogicError(PLATFORM_NOT_FOUND_KHR) when the loader finds none
         return f"no OpenCL platform found ({exc}); {SETUP_HINT}"
-    pairs = []
+    pairs: list[Any] = []
     errors = []
     for plat in platforms:
         try:

@@ -105,7 +105,7 @@ class OpenCLVariant(KernelVariant):
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
         self._require_valid(op, config, profile)
         context, queue = runtime.context_queue(profile.device)
-        bias = op.out_dtype if op.epilogue.has_bias else None
+        bias = op.out_dtype if op.epilogue.has_bias else None  # type: ignore[attr-defined]
         return self._kernel(context, queue.device, self.kernel_spec(op, Tiling.from_config(config), bias))
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:

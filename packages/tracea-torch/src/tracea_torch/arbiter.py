@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from tracea.doctor.decision import Decision
+from tracea.errors import ResultMismatchWarning
 from tracea.semantic.config import PipelineConfig
 
 ENV = "TRACEA_ARBITER"
@@ -129,7 +130,7 @@ def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run
         tol = TOLERANCE.get(theirs.dtype, 5e-2)
         if not rel <= tol:  # also NaN: Tracea's output is not trusted, PyTorch serves
             warnings.warn(f"tracea: {op_desc} with {variant}: result differs from PyTorch's (rel. error {rel:.2e}); "
-                          f"PyTorch computes it", RuntimeWarning, stacklevel=4)
+                          f"PyTorch computes it", ResultMismatchWarning, stacklevel=4)
             return Verdict(op_desc, str(device), variant, cfg_key, "torch", float("nan"), float("nan"), rel,
                            "measured", f"result differed from PyTorch's (rel. error {rel:.1e})")
         fa, fb = (lambda: run_tracea(*args)), (lambda: run_torch(*args))
@@ -161,7 +162,8 @@ def _paired(fa: Callable[[], Any], fb: Callable[[], Any], device: torch.device,
     target = GPU_TARGET_S if device.type == "cuda" else CPU_TARGET_S
     one = max(timer(fa, 1), timer(fb, 1), 1e-7)
     reps = max(1, min(50, int(target / one)))
-    ta, tb = [], []
+    ta: list[float] = []
+    tb: list[float] = []
     for r in range(ROUNDS):
         pair = ((fa, ta), (fb, tb)) if r % 2 == 0 else ((fb, tb), (fa, ta))
         for f, acc in pair:

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from tracea.doctor.decision import Decision
 from tracea.dtypes import DType
-from tracea.errors import BackendError, CaptureError, DTypeError, NoVariantError, UnsupportedDeviceError
+from tracea.errors import (BackendError, CaptureError, DTypeError, KernelFailureWarning, NoVariantError,
+                           UnsupportedDeviceError)
 from tracea.ir.epilogue import Epilogue
 from tracea.ir.ops import Conv2dOp, GemmOp, Layout
 from tracea.runtime import plans
@@ -86,7 +87,7 @@ def _backend_failure(exc: BackendError) -> str:
     first = str(exc).splitlines()[0]
     if first not in _warned_failures:
         _warned_failures.add(first)
-        warnings.warn(f"tracea: a kernel failed, PyTorch computes this call instead: {first}", RuntimeWarning,
+        warnings.warn(f"tracea: a kernel failed, PyTorch computes this call instead: {first}", KernelFailureWarning,
                       stacklevel=5)
     return f"backend error: {first[:200]}"
 
@@ -186,7 +187,7 @@ def _conv_run(op: Conv2dOp, launch: Callable[..., None], w_sample: torch.Tensor)
         return run
     shape = op.out_shape
 
-    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[no-redef]
         out = empty(shape, dtype=dt, device=dev)
         launch(x, w if w.is_contiguous() else w.contiguous(), bias, out)
         return out
@@ -296,7 +297,7 @@ def _linear_run(op: GemmOp, launch: Callable[..., None], x_sample: torch.Tensor)
                 return out
         return run
 
-    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def run(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[no-redef]
         out = empty((m, n), dtype=dt, device=dev)
         launch(x.view(m, k), w if trans_b else w.t(), bias, out)
         return out.view(out_shape)

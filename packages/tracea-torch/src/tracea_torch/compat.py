@@ -8,10 +8,11 @@ principle (the APIs used are public and stable) but warn once, since patching in
 
 from __future__ import annotations
 
-import re
 import warnings
 
-from tracea.errors import UnsupportedConfigError
+from packaging.version import InvalidVersion, Version
+
+from tracea.errors import UnsupportedConfigError, VersionWarning
 
 #: Oldest supported torch (custom_op, register_fake, register_autograd, opcheck).
 TORCH_MIN = (2, 4)
@@ -22,9 +23,12 @@ _warned = False
 
 
 def parse_version(text: str) -> tuple[int, int]:
-    """``"2.13.0+cpu"`` -> ``(2, 13)``; unparsable text gives ``(0, 0)``."""
-    m = re.match(r"(\d+)\.(\d+)", text)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    """``"2.13.0+cpu"`` -> ``(2, 13)`` (PEP 440, through ``packaging``); unparsable text gives ``(0, 0)``."""
+    try:
+        release = Version(text).release
+    except InvalidVersion:
+        return (0, 0)
+    return (release[0], release[1] if len(release) > 1 else 0)
 
 
 def torch_version() -> tuple[int, int]:
@@ -49,5 +53,5 @@ def check_torch_version(version: tuple[int, int] | None = None) -> tuple[int, in
         _warned = True
         warnings.warn(f"tracea-torch is tested with torch {TORCH_MIN[0]}.{TORCH_MIN[1]} to "
                       f"{TORCH_TESTED_MAX[0]}.{TORCH_TESTED_MAX[1]}; torch {ver[0]}.{ver[1]} is newer and "
-                      "untested", RuntimeWarning, stacklevel=3)
+                      "untested", VersionWarning, stacklevel=3)
     return ver

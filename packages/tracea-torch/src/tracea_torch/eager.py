@@ -68,7 +68,7 @@ def _cudnn_exact(op: Op, t: torch.Tensor) -> Any:
     """cuDNN without TF32 for a float32 op that asks for fp32 accuracy (cuDNN's own default is TF32)."""
     import contextlib
 
-    if t.is_cuda and t.dtype == torch.float32 and op.fp32_precision is Fp32Precision.HIGHEST:
+    if t.is_cuda and t.dtype == torch.float32 and op.fp32_precision is Fp32Precision.HIGHEST:  # type: ignore[attr-defined]
         return torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False)
     return contextlib.nullcontext()
 
@@ -121,15 +121,33 @@ def gemm(op: GemmOp, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
     return _cast(apply_epilogue(acc, op.epilogue, bias, acc.dim() - 1), op.out_dtype)
 
 
-def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Scaled dot-product attention with grouped-query heads expanded to match ``q``."""
+#: PyTorch's own SDPA (what ``F.scaled_dot_product_attention`` is), immune to ``patch_attention``
+_TORCH_SDPA = torch._C._nn.scaled_dot_product_attention
+
+
+def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled dot-product attention with grouped-query heads expanded to match ``q``; ``q``/``k``/``v``/``mask``
+    as the user passed them to ``tracea.ops.attention`` (leading dimensions broadcast by PyTorch), the
+    op's causal flag, scale and dropout. A causal flag together with a mask (Tracea allows both) becomes
+    one mask."""
     group = op.heads // int(op.kv_heads or op.heads)
     # Packed copies of strided views: PyTorch's CPU SDPA returns wrong values (or NaN) for inputs whose
     # rows overlap in memory (as_strided windows), in every dtype (found by tracea.fuzzing).
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if group > 1:  # heads are dim -3 of (batch, heads, seq, d) and of 3-D (heads, seq, d)
+    if group > 1 and k.shape[-3] != q.shape[-3]:  # heads are dim -3 of (..., heads, seq, d)
         k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=op.causal, scale=op.scale)
+    causal = op.causal
+    if mask is not None:
+        mask = mask.contiguous()
+        if mask.dtype != torch.bool:
+            mask = mask.to(q.dtype)
+        if causal:
+            keep = torch.ones(op.seq_q, op.seq_kv, dtype=torch.bool, device=q.device).tril()
+            mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
+            causal = False
+    out = _TORCH_SDPA(q, k, v, attn_mask=mask, dropout_p=op.dropout_p, is_causal=causal,
+                                         scale=op.scale)
     return _cast(out, op.out_dtype)
 
 
@@ -142,5 +160,5 @@ def run_logical(op: Op, arrays: dict[str, Any]) -> torch.Tensor:
     if isinstance(op, GemmOp):
         return gemm(replace(op, trans_a=False, trans_b=False), arrays["a"], arrays["b"], arrays.get("bias"))
     if isinstance(op, AttentionOp):
-        return attention(op, arrays["q"], arrays["k"], arrays["v"])
+        return attention(op, arrays["q"], arrays["k"], arrays["v"], arrays.get("mask"))
     raise TypeError(f"no PyTorch implementation for {type(op).__name__}")

@@ -28,8 +28,9 @@ def report() -> str:
     rows = sorted(counts().items(), key=lambda kv: (-kv[1], kv[0]))
     lines = []
     if rows:
-        width = max(len(k) for (k, _), _ in rows)
-        lines += [f"{k:<{width}}  {n:>6}  {r}" for (k, r), n in rows]
+        from tracea.cli.table import aligned
+
+        lines += aligned([(k, f"{n:>6}", r) for (k, r), n in rows])
     judged = verdicts()
     if judged:
         lines.append("arbiter verdicts (tracea vs PyTorch, device time per call):")

@@ -1,11 +1,15 @@
-"""``tracea_torch.ops.conv2d`` / ``linear``: Tracea kernels as PyTorch custom ops.
+"""``tracea_torch.ops.conv2d`` / ``linear`` / ``scaled_dot_product_attention``: Tracea kernels as PyTorch
+custom ops.
 
-Registered with ``torch.library.custom_op`` as ``tracea::conv2d`` and ``tracea::linear`` with a fake
+Registered with ``torch.library.custom_op`` as ``tracea::conv2d``, ``tracea::linear`` and ``tracea::sdpa``
+with a fake
 (meta) kernel, so ``torch.compile(fullgraph=True)`` treats them as single opaque nodes, and with an
 autograd formula, so training works:
 
 * conv2d backward is ``aten.convolution_backward`` (PyTorch's own kernels);
 * linear backward is two matmuls and a sum;
+* sdpa backward is PyTorch's: the forward recomputed by ``F.scaled_dot_product_attention`` under
+  autograd and differentiated (Tracea has no attention backward kernel);
 * a fused activation is differentiated with ATen's own activation backward (``threshold_backward``
   on the saved output for ReLU; GELU/SiLU recompute the pre-activation in backward instead of
   storing it, trading one extra conv/GEMM for activation memory).
@@ -24,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import bridge
+from . import bridge, bridge_attention
 from .compat import check_torch_version
 
 check_torch_version()
@@ -69,7 +73,7 @@ def _activation_grad(grad: Tensor, act: Optional[str], output: Tensor, pre: "cal
         return grad
     if act == "relu":
         return torch.ops.aten.threshold_backward(grad, output, 0)
-    z = pre()
+    z = pre()  # type: ignore[misc]
     if act == "silu":
         return torch.ops.aten.silu_backward(grad, z)
     return torch.ops.aten.gelu_backward(grad, z, approximate=_GELU_APPROX[act])
@@ -207,7 +211,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int
     ``padding`` as int, pair, ``"valid"`` or ``"same"``. Differentiable; traceable by torch.compile."""
     stride_, dilation_ = _pair(stride, "stride"), _pair(dilation, "dilation")
     if _any_autocast():
-        x, weight, bias = _autocast(x, weight, bias)
+        x, weight, bias = _autocast(x, weight, bias)  # type: ignore[assignment]
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
@@ -238,10 +242,82 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
     """``F.linear`` computed by Tracea as one GEMM with the bias (and ``activation``) fused into its
     epilogue. Differentiable; traceable by torch.compile."""
     if _any_autocast():
-        x, weight, bias = _autocast(x, weight, bias)
+        x, weight, bias = _autocast(x, weight, bias)  # type: ignore[assignment]
     if _direct(x, weight, bias):
         return bridge.linear(x, weight, bias, activation or "none")
     return torch.ops.tracea.linear(x, weight, bias, activation or "none")
 
 
-__all__ = ["conv2d", "linear"]
+# ------------------------------------------------------------------------------------------------
+# tracea::sdpa
+# ------------------------------------------------------------------------------------------------
+
+def _sdpa_out_shape(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool) -> list[int]:
+    lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    heads = k.shape[-3] if (q.shape[-3] == 1 and not enable_gqa) else q.shape[-3]
+    return [*lead, heads, q.shape[-2], v.shape[-1]]
+
+
+@torch.library.custom_op("tracea::sdpa", mutates_args=())
+def _sdpa_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool, scale: Optional[float],
+             enable_gqa: bool) -> Tensor:
+    out = bridge_attention.sdpa(q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    # a custom op may not return an input or a view of one (PyTorch's SDPA can, for some shapes)
+    return out.clone() if any(out is t or out._base is t for t in (q, k, v)) else out
+
+
+@_sdpa_op.register_fake
+def _sdpa_fake(q, k, v, attn_mask, is_causal, scale, enable_gqa):  # type: ignore[no-untyped-def]
+    return q.new_empty(_sdpa_out_shape(q, k, v, enable_gqa))
+
+
+def _sdpa_setup(ctx, inputs, output):  # type: ignore[no-untyped-def]
+    q, k, v, attn_mask, is_causal, scale, enable_gqa = inputs
+    ctx.conf = (is_causal, scale, enable_gqa)
+    ctx.save_for_backward(q, k, v, attn_mask)
+
+
+def _sdpa_backward(ctx, grad):  # type: ignore[no-untyped-def]
+    """PyTorch's SDPA backward: the forward recomputed by PyTorch under autograd, differentiated."""
+    q, k, v, attn_mask = ctx.saved_tensors
+    is_causal, scale, enable_gqa = ctx.conf
+    want = list(ctx.needs_input_grad[:4])
+    leaves = [t.detach().requires_grad_(w) if t is not None and t.is_floating_point() else t
+              for t, w in zip((q, k, v, attn_mask), want)]
+    with torch.enable_grad():
+        out = bridge_attention.TORCH_SDPA(*leaves, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
+        wrt = [t for t, w in zip(leaves, want) if w and t is not None]
+        grads = iter(torch.autograd.grad(out, wrt, grad, allow_unused=True) if wrt else ())
+    return tuple(next(grads) if w and t is not None else None for t, w in zip(leaves, want)) + (None, None, None)
+
+
+_sdpa_op.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)
+
+
+def _direct_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]) -> bool:
+    """:func:`_direct` for SDPA's four tensors."""
+    if not _direct(q, k, v):
+        return False
+    return attn_mask is None or (type(attn_mask) in _PLAIN and not (_grad_enabled() and attn_mask.requires_grad))
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """``F.scaled_dot_product_attention`` computed by Tracea (same arguments and result). Differentiable
+    (the backward is PyTorch's, recomputing the forward); traceable by torch.compile. ``dropout_p`` > 0
+    is computed by PyTorch (no Tracea kernel applies dropout) and counted as a fallback."""
+    if dropout_p:
+        from . import fallbacks
+
+        fallbacks.record("attention", f"dropout_p={dropout_p:g}: no Tracea kernel applies dropout")
+        return bridge_attention.TORCH_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                           enable_gqa=enable_gqa)
+    if _any_autocast():
+        query, key, value, attn_mask = _autocast(query, key, value, attn_mask)  # type: ignore[assignment]
+    if _direct_sdpa(query, key, value, attn_mask):
+        return bridge_attention.sdpa(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    return torch.ops.tracea.sdpa(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
+
+
+__all__ = ["conv2d", "linear", "scaled_dot_product_attention"]

@@ -13,6 +13,15 @@ Two scopes, both idempotent and exactly reversible:
   (``fuse_activations=False`` to keep them separate). Fusion is skipped when either module is used more
   than once in the model.
 
+Attention (``patch_attention``) has no module to swap: layers call ``F.scaled_dot_product_attention``
+(Hugging Face's ``sdpa`` attention, ``nn.MultiheadAttention``'s fast path does not). Globally, that
+attribute of ``torch.nn.functional`` is replaced by :func:`tracea_torch.ops.scaled_dot_product_attention`
+(code that bound the function under another name before patching keeps PyTorch's); for one model, the
+model's ``forward`` is wrapped so that the replacement is in place while that forward runs (other
+threads calling SDPA meanwhile also get Tracea's: same results). Under ``torch.compile`` only the
+global patch applies (Dynamo cannot trace the per-model swap; the global one puts the ``tracea::sdpa``
+custom op into the graph). Unpatching restores both.
+
 ``patched(...)`` is the context-manager form; it undoes only what it did.
 """
 
@@ -23,6 +32,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
+import torch
 from torch import Tensor, nn
 
 from . import ops
@@ -70,7 +80,8 @@ def _tracea_linear_forward(self: nn.Linear, input: Tensor) -> Tensor:  # noqa: A
 
 
 _GLOBAL_TARGETS = {"conv2d": (nn.Conv2d, "_conv_forward", _tracea_conv_forward),
-                   "linear": (nn.Linear, "forward", _tracea_linear_forward)}
+                   "linear": (nn.Linear, "forward", _tracea_linear_forward),
+                   "attention": (nn.functional, "scaled_dot_product_attention", ops.scaled_dot_product_attention)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -83,6 +94,8 @@ def _patch_global(kind: str) -> bool:
         if kind in _ORIGINALS:
             return False
         _ORIGINALS[kind] = cls.__dict__[attr]
+        if kind == "attention" and _SDPA_DEPTH[0]:  # a patched model's forward is running: it restores this
+            _ORIGINALS[kind] = _SDPA_SAVED[0]
         setattr(cls, attr, replacement)
         return True
 
@@ -97,10 +110,12 @@ def _unpatch_global(kind: str) -> bool:
 
 
 def is_patched(kind: str = "conv2d", model: Optional[nn.Module] = None) -> bool:
-    """Whether ``kind`` (``"conv2d"`` or ``"linear"``) is patched globally, or (with ``model``) whether
+    """Whether ``kind`` (``"conv2d"``, ``"linear"`` or ``"attention"``) is patched globally, or (with ``model``) whether
     any of the model's layers of that kind was swapped."""
     if model is None:
         return kind in _ORIGINALS
+    if kind == "attention":
+        return model in _SDPA_MODELS
     return any(_SWAPPED.get(m, ("",))[0] == kind for m in model.modules())
 
 
@@ -140,15 +155,15 @@ def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fu
     changed: list[nn.Module] = []
     with _lock:
         for name, m in model.named_modules():
-            if type(m) is not base or m in _SWAPPED or (filter is not None and not filter(name, m)):
+            if type(m) is not base or m in _SWAPPED or (filter is not None and not filter(name, m)):  # type: ignore[arg-type]
                 continue
             act_module = pairs.get(id(m))
-            _SWAPPED[m] = (kind, type(m), m.__dict__.get("activation"))
+            _SWAPPED[m] = (kind, type(m), m.__dict__.get("activation"))  # type: ignore[index]
             m.__class__ = target
-            m.activation = None
-            changed.append(m)
+            m.activation = None  # type: ignore[attr-defined]
+            changed.append(m)  # type: ignore[arg-type]
             if act_module is not None and act_module not in _SWAPPED:
-                m.activation = parse_activation(_ACTIVATION_MODULES[type(act_module)](act_module))
+                m.activation = parse_activation(_ACTIVATION_MODULES[type(act_module)](act_module))  # type: ignore[attr-defined]
                 _SWAPPED[act_module] = ("activation:" + kind, type(act_module), None)
                 act_module.__class__ = FusedActivation
                 changed.append(act_module)
@@ -235,12 +250,112 @@ def unpatch_linear(model: Optional[nn.Module] = None) -> None:
     _restore(_swapped_in(model, "linear"))
 
 
+# ------------------------------------------------------------------------------------------------
+# Attention
+# ------------------------------------------------------------------------------------------------
+
+# model -> the instance ``forward`` it had before the patch (None: the class's)
+_SDPA_MODELS: "weakref.WeakKeyDictionary[nn.Module, Any]" = weakref.WeakKeyDictionary()
+_is_compiling = torch.compiler.is_compiling
+_SDPA_DEPTH = [0]  # patched-model forwards running (all threads): the function is swapped while > 0
+_SDPA_SAVED: list[Any] = [None]
+
+
+def _sdpa_enter() -> None:
+    with _lock:
+        if _SDPA_DEPTH[0] == 0:
+            _SDPA_SAVED[0] = nn.functional.__dict__["scaled_dot_product_attention"]
+            nn.functional.scaled_dot_product_attention = ops.scaled_dot_product_attention
+        _SDPA_DEPTH[0] += 1
+
+
+def _sdpa_exit() -> None:
+    with _lock:
+        _SDPA_DEPTH[0] -= 1
+        if _SDPA_DEPTH[0] == 0:
+            if "attention" not in _ORIGINALS:  # not patched globally meanwhile
+                nn.functional.scaled_dot_product_attention = _SDPA_SAVED[0]
+            _SDPA_SAVED[0] = None
+
+
+class _SdpaForward:
+    """A patched model's ``forward``: the original, with Tracea's SDPA in place while it runs."""
+
+    def __init__(self, original: Callable[..., Any]) -> None:
+        self.original = original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():  # Dynamo traces no locks: a compiled model sees the global patch only
+            return self.original(*args, **kwargs)
+        _sdpa_enter()
+        try:
+            return self.original(*args, **kwargs)
+        finally:
+            _sdpa_exit()
+
+
+def patch_attention(model: Optional[nn.Module] = None) -> Optional[nn.Module]:
+    """Run ``F.scaled_dot_product_attention`` (and so the attention layers that call it, e.g. Hugging
+    Face models with ``attn_implementation="sdpa"``) on Tracea: the plan cache, the arbiter (Tracea vs
+    PyTorch's SDPA, timed on each signature's first call), PyTorch's backward for autograd,
+    ``torch.compile`` through the ``tracea::sdpa`` custom op; what no Tracea kernel serves (dropout, a
+    dtype, a mask kind) PyTorch computes, counted in :mod:`tracea_torch.fallbacks`.
+
+    :param model: wrap this model's ``forward`` so SDPA runs on Tracea while it runs (returned for
+        chaining); None replaces ``torch.nn.functional.scaled_dot_product_attention`` globally.
+    """
+    check_torch_version()
+    if model is None:
+        _patch_global("attention")
+        return None
+    if not isinstance(model, nn.Module):
+        from tracea.errors import InvalidArgumentError
+
+        raise InvalidArgumentError("model", type(model).__name__, "a torch.nn.Module")
+    with _lock:
+        if model not in _SDPA_MODELS:
+            _SDPA_MODELS[model] = model.__dict__.get("forward")
+            model.forward = _SdpaForward(model.forward)  # type: ignore[method-assign]
+    return model
+
+
+def unpatch_attention(model: Optional[nn.Module] = None) -> None:
+    """Undo :func:`patch_attention`: for ``model`` only its wrapper; with no model, the global patch and
+    every model patch still alive. Calling it when nothing is patched does nothing."""
+    with _lock:
+        if model is None:
+            if "attention" in _ORIGINALS:
+                original = _ORIGINALS.pop("attention")
+                if _SDPA_DEPTH[0]:
+                    _SDPA_SAVED[0] = original  # a patched model's forward is running: it restores this
+                else:
+                    nn.functional.scaled_dot_product_attention = original
+            models = list(_SDPA_MODELS.keys())
+        else:
+            models = [model] if model in _SDPA_MODELS else []
+        for m in models:
+            before = _SDPA_MODELS.pop(m, None)
+            if isinstance(m.__dict__.get("forward"), _SdpaForward):
+                if before is None:
+                    del m.__dict__["forward"]
+                else:
+                    m.__dict__["forward"] = before
+
+
 @contextlib.contextmanager
 def patched(model: Optional[nn.Module] = None, *, conv2d: bool = True, linear: bool = True,
-            filter: Optional[ModuleFilter] = None, fuse_activations: bool = True) -> Iterator[Optional[nn.Module]]:
+            filter: Optional[ModuleFilter] = None, fuse_activations: bool = True,
+            attention: bool = False) -> Iterator[Optional[nn.Module]]:
     """Context manager: patch on entry, undo on exit exactly what this block patched (patches made
-    before it stay)."""
+    before it stay). ``attention=True`` also patches SDPA (see :func:`patch_attention`)."""
     check_torch_version()
+    sdpa_done = False
+    if attention:
+        if model is None:
+            sdpa_done = _patch_global("attention")
+        elif not is_patched("attention", model):
+            patch_attention(model)
+            sdpa_done = True
     kinds = [k for k, on in (("conv2d", conv2d), ("linear", linear)) if on]
     done_global: list[str] = []
     swapped: list[nn.Module] = []
@@ -256,7 +371,18 @@ def patched(model: Optional[nn.Module] = None, *, conv2d: bool = True, linear: b
         for kind in done_global:
             _unpatch_global(kind)
         _restore(swapped)
+        if sdpa_done:
+            if model is None:
+                with _lock:
+                    if "attention" in _ORIGINALS:
+                        original = _ORIGINALS.pop("attention")
+                        if _SDPA_DEPTH[0]:
+                            _SDPA_SAVED[0] = original
+                        else:
+                            nn.functional.scaled_dot_product_attention = original
+            else:
+                unpatch_attention(model)
 
 
-__all__ = ["FusedActivation", "ModuleFilter", "is_patched", "patch_conv2d", "patch_linear", "patched",
-           "unpatch_conv2d", "unpatch_linear"]
+__all__ = ["FusedActivation", "ModuleFilter", "is_patched", "patch_attention", "patch_conv2d", "patch_linear",
+           "patched", "unpatch_attention", "unpatch_conv2d", "unpatch_linear"]

@@ -84,12 +84,10 @@ class TuneReport:
                          f"{r.torch_s * 1e3:.3f}", f"{r.speedup:.2f}x" if r.speedup is not None else "-"])
         tr, pt = self.total()
         rows.append(["total", "", "", f"{tr * 1e3:.3f}", f"{pt * 1e3:.3f}", f"{pt / tr:.2f}x" if tr else "-"])
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-        fmt = lambda row: "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)  # noqa: E731
-                                    for i, (c, w) in enumerate(zip(row, widths)))
-        lines = [f"Tracea vs PyTorch per layer on {self.device} (median times)", fmt(head),
-                 "  ".join("-" * w for w in widths)]
-        lines += [fmt(r) for r in rows]
+        from tracea.cli.table import aligned
+
+        lines = [f"Tracea vs PyTorch per layer on {self.device} (median times)"]
+        lines += aligned([head, *rows], right=(3, 4, 5), rules=(1,))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 

@@ -10,10 +10,12 @@ import sys
 from typing import Any
 
 from ..errors import TraceaError
+from .rst import plain
+from .table import aligned
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("cache", help="inspect and manage the tuning cache", description=__doc__)
+    p = subparsers.add_parser("cache", help="inspect and manage the tuning cache", description=plain(__doc__))
     p.add_argument("--cache", metavar="FILE", default=None,
                    help="cache file (default: TRACEA_CACHE_PATH or ./.tracea/tuning_cache.json)")
     sub = p.add_subparsers(dest="cache_cmd", metavar="{ls,show,clear,export,import}")
@@ -110,7 +112,10 @@ def entry_status(cache: Any, entry: Any) -> tuple[str, str]:
 
 def _describe(entry: Any) -> str:
     from ..ir.ops import op_from_dict
+    from ..usertune import store
 
+    if store.is_user_entry(entry):
+        return store.describe_entry(entry)
     try:
         return op_from_dict(dict(entry.op)).describe()
     except Exception:  # noqa: BLE001
@@ -142,10 +147,13 @@ def _clip(text: Any, width: int = 120) -> str:
 
 def _row(i: int, cache: Any, e: Any) -> tuple[str, ...]:
     try:
-        status, _ = entry_status(cache, e)
+        from ..usertune import store
+
+        user = store.is_user_entry(e)
+        status = store.entry_status(e) if user else entry_status(cache, e)[0]
         return (str(i), _clip(_describe(e), 60), _clip(e.variant, 40), str(e.goal.value),
                 _clip(f"{e.device} {e.device_name}", 28), _us(e.median_s), str(e.trials), status,
-                _when(e.tuned_at), _clip(e.config.key))
+                _when(e.tuned_at), _clip(store.config_text(e) if user else e.config.key))
     except Exception as exc:  # noqa: BLE001 - show the rest of the cache whatever one entry holds
         return (str(i), _clip(getattr(e, "op_key", "?"), 60), "?", "?", "?", "?", "?",
                 f"unreadable ({type(exc).__name__})", "?", "?")
@@ -160,10 +168,8 @@ def _ls(cache: Any, args: argparse.Namespace) -> int:
         print(f"no entries in {cache.path}")
         return 0
     rows = [("#", "op", "variant", "goal", "device", "median", "trials", "status", "tuned", "config")]
-    rows += [_row(i, cache, e) for i, e in enumerate(entries)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    rows += [_row(i, cache, e) for i, e in enumerate(entries)]  # type: ignore[misc]
+    print("\n".join(aligned(rows)))
     print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in {cache.path}")
     return 0
 

@@ -89,6 +89,10 @@ def render_text(r: dict[str, Any]) -> str:
         out.append(f"  FAILED to load plugin {name}: {err}")
     for err in r["registry_errors"]:
         out.append(f"  REGISTRY ERROR: {err}")
+    if r.get("recommendations"):
+        out.append(section("Recommended backends for this machine"))
+        out.append(render(["package", "install", "why"],
+                          [[x["package"], x["install"], x["why"]] for x in r["recommendations"]], max_col=100))
     out.append(section("Kernel variants"))
     out.append(render(["variant", "backend", "op", "device", "description"],
                       [[v["name"], v["backend"], v["op"], v["device_kind"], v["description"]] for v in r["variants"]]))

@@ -1,5 +1,6 @@
-"""Plain-text tables for the CLI (no dependencies): aligned columns, a rule under the header, long
-cells wrapped at a width limit."""
+"""Plain-text tables, the one renderer of every table Tracea prints (CLI, tuning reports, fuzz summaries,
+tracea-torch's per-layer report): :func:`render` (a rule under the header, long cells wrapped to the
+terminal) and :func:`aligned` (columns padded to their widest cell, no wrapping, for logs)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,23 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, max_col: in
         if idx == 0:
             lines.append(indent + "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def aligned(rows: Sequence[Sequence[Any]], *, right: Sequence[int] = (), indent: str = "",
+            rules: Sequence[int] = ()) -> list[str]:
+    """``rows`` (the first is usually the header) as lines of columns padded to their widest cell and
+    separated by two spaces; columns whose index is in ``right`` are right-aligned; a rule of dashes
+    spanning the table is inserted before each row index in ``rules``. Trailing blanks are stripped."""
+    cells = [["" if c is None else str(c) for c in row] for row in rows]
+    if not cells:
+        return []
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines = [indent + "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                                for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in cells]
+    rule = indent + "-" * max(len(line) - len(indent) for line in lines)
+    for at in sorted(rules, reverse=True):
+        lines.insert(at, rule)
+    return lines
 
 
 def section(title: str) -> str:

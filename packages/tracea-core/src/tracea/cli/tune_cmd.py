@@ -14,6 +14,8 @@ import sys
 from typing import Any
 
 from ..errors import InvalidArgumentError, TraceaError
+from .rst import plain
+from .table import aligned
 
 def parse_op_spec(spec: str) -> Any:
     """Build an op from a command-line spec: ``gemm:MxNxK`` / ``gemm:BxMxNxK`` shorthand, else
@@ -28,13 +30,13 @@ def parse_op_spec(spec: str) -> Any:
         if len(dims) not in (3, 4) or not all(d.isdigit() for d in dims):
             raise InvalidArgumentError("op", spec, "gemm:MxNxK, gemm:BATCHxMxNxK or gemm:m=..,n=..,k=..")
         vals = [int(d) for d in dims]
-        return GemmOp(*vals[-3:], batch=vals[0] if len(vals) == 4 else 1)
+        return GemmOp(*vals[-3:], batch=vals[0] if len(vals) == 4 else 1)  # type: ignore[arg-type,misc]
     return parse_op(spec)
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("tune", help="tune an op or a graph and store the best configs in the cache",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("op", nargs="?", help="op spec, e.g. gemm:1024x1024x1024 (or use --graph)")
     p.add_argument("--graph", metavar="FILE", help="JSON graph description to tune instead of one op")
     p.add_argument("--device", default=None,
@@ -98,11 +100,10 @@ def format_result(result: Any, cache_path: str) -> str:
         rows.append((name, "cache" if vr.from_cache else "tuned", str(len(vr.trials) - pruned), str(failed),
                      str(pruned), best, gf,
                      vr.config.key if vr.config else "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines += aligned(rows, indent="  ")
     if result.ok:
         lines.append(f"best: {result.variant} {result.config.key} ({result.median_s * 1e6:.2f} us median)")
-    reasons = {}
+    reasons: dict[str, str] = {}
     for t in result.history:
         if not t.ok:
             reasons.setdefault(t.status, t.reason)
@@ -116,8 +117,14 @@ def _run_graph(args: argparse.Namespace, cache: Any) -> int:
     from ..ir.ops import op_from_dict
     from ..tuning.graph import optimize_graph
 
-    with open(args.graph, encoding="utf-8") as f:
-        desc = json.load(f)
+    try:
+        with open(args.graph, encoding="utf-8") as f:
+            desc = json.load(f)
+    except OSError as exc:
+        raise InvalidArgumentError("--graph", args.graph, "a readable JSON graph file",
+                                   hint=exc.strerror or str(exc)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError("--graph", args.graph, "a JSON graph file", hint=f"not valid JSON: {exc}") from None
     if not isinstance(desc, dict) or not isinstance(desc.get("nodes"), list) or not desc["nodes"]:
         raise InvalidArgumentError("--graph", args.graph, 'a JSON object with a non-empty "nodes" list')
     ops = [op_from_dict(dict(n)) for n in desc["nodes"]]

@@ -418,7 +418,7 @@ def _tuning_cache() -> Any:
         try:
             from ..tuning.cache import get_cache
         except ImportError:
-            get_cache = lambda: None  # noqa: E731
+            get_cache = lambda: None  # type: ignore[assignment,return-value]  # noqa: E731
         _get_cache = get_cache
     try:
         return _get_cache()

@@ -12,6 +12,7 @@ from ..ir.device import Device
 from ..ir.ops import Op
 from ..runtime import fallbacks, plans
 from .doctor import Doctor
+from .recommend import recommendations
 
 
 def build_report(doctor: Doctor, ops: Sequence[Op] = (), device: Device | str | None = None) -> dict[str, Any]:
@@ -34,6 +35,7 @@ def build_report(doctor: Doctor, ops: Sequence[Op] = (), device: Device | str | 
                       "description": v.description} for v in doctor.variants()],
         "fallbacks": [{"op": k, "reason": r, "count": n} for (k, r), n in sorted(fallbacks.counts().items())],
         "verdicts": _verdicts(),
+        "recommendations": [r.to_dict() for r in recommendations(doctor)],
         "plans": plans.stats(),
         "decisions": [],
     }

@@ -41,6 +41,9 @@ class Requirements:
     :param groups: whether conv2d groups > 1 is served.
     :param dilation: whether conv2d dilation != 1 is served.
     :param causal: whether causal attention is served.
+    :param masks: attention mask kinds served (``"bool"``, ``"additive"``); empty: no ``attn_mask``.
+    :param value_head_dim: whether attention with V's head dim unlike Q's and K's is served.
+    :param dropout: whether attention dropout (``dropout_p`` > 0) is served.
     :param alignment: every contiguous (leading) dimension must be a multiple of this many elements.
     :param max_dims: upper limits by op field name (``{"head_dim": 256}``).
     :param min_dims: lower limits by op field name.
@@ -60,6 +63,9 @@ class Requirements:
     groups: bool = True
     dilation: bool = True
     causal: bool = True
+    masks: frozenset[str] = frozenset()
+    value_head_dim: bool = False
+    dropout: bool = False
     alignment: int = 1
     max_dims: Mapping[str, int] = field(default_factory=dict)
     min_dims: Mapping[str, int] = field(default_factory=dict)
@@ -77,7 +83,7 @@ class Requirements:
         outs = self.out_dtypes if self.out_dtypes is not None else frozenset(op.dtypes)
         if op.out_dtype not in outs:
             reasons.append(f"output dtype {op.out_dtype.value} not supported")
-        for step in op.epilogue:
+        for step in op.epilogue:  # type: ignore[attr-defined]
             if step not in self.epilogues:
                 reasons.append(f"epilogue step {step.value} not supported")
         missing = [f for f in self.isa if not profile.has(f)]
@@ -106,8 +112,15 @@ class Requirements:
                 reasons.append(f"groups={op.groups} not supported (only 1)")
             if not self.dilation and op.dilation != (1, 1):
                 reasons.append(f"dilation={op.dilation} not supported (only 1)")
-        if isinstance(op, AttentionOp) and not self.causal and op.causal:
-            reasons.append("causal masking not supported")
+        if isinstance(op, AttentionOp):
+            if not self.causal and op.causal:
+                reasons.append("causal masking not supported")
+            if op.mask is not None and op.mask not in self.masks:
+                reasons.append(f"{op.mask} attn_mask not supported")
+            if op.head_dim_v is not None and not self.value_head_dim:
+                reasons.append(f"value head dim {op.head_dim_v} unlike head_dim {op.head_dim} not supported")
+            if op.dropout_p and not self.dropout:
+                reasons.append(f"dropout_p={op.dropout_p:g}: no Tracea kernel applies dropout")
         if self.alignment > 1:
             for name, size in leading_dims(op).items():
                 if size % self.alignment:
@@ -142,7 +155,8 @@ class OpArgs:
 
     GEMM: ``a``, ``b``, ``bias`` (or None), ``out``. conv2d: ``x``, ``w``, ``bias``, ``out``.
     attention: ``q``, ``k``, ``v``, ``out``. Every array is packed row-major in the physical shape the
-    op describes (GEMM ``a`` is (batch, m, k), or (batch, k, m) when ``trans_a``). ``adapter`` is the
+    op describes: GEMM ``a`` is (m, k), or (k, m) when ``trans_a``, with a leading batch axis when
+    ``op.batch > 1`` (one of size 1 may be present or not: reshape by the op's fields). ``adapter`` is the
     :class:`~tracea.runtime.arrays.ArrayAdapter` owning them (``adapter.to_numpy`` gives host views).
     """
 

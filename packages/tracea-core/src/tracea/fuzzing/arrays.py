@@ -300,8 +300,8 @@ def build_arrays(specs: dict[str, ArraySpec], rng: np.random.Generator, device: 
         if root != name:
             geo = Geometry(geo.offset + spec.share_offset * ITEMSIZE[spec.dtype], geo.strides,
                            geo.nbytes + spec.share_offset * ITEMSIZE[spec.dtype])
-        plans[name] = (geo, root, view)
-        sizes[root] = max(sizes.get(root, 0), geo.nbytes, 16)
+        plans[name] = (geo, root, view)  # type: ignore[assignment]
+        sizes[root] = max(sizes.get(root, 0), geo.nbytes, 16)  # type: ignore[arg-type,index]
     for root, size in sizes.items():
         item = max(ITEMSIZE[specs[n].dtype] for n, (_, r, _) in plans.items() if r == root)
         bufs.host[root] = np.full(-(-size // item) * item, FILL, dtype=np.uint8)

@@ -645,7 +645,7 @@ def _conv2d(g: _G, case: Case) -> None:
     if layout == "NHWC":
         w_shape = (kk, r, s, w_shape[1])
     if g.chance(0.03):
-        x_shape = x_shape[1:]
+        x_shape = x_shape[1:]  # type: ignore[assignment]
         case.mark("invalid", "3-D conv input")
     _zero_sizes(case, {"x": x_shape, "w": w_shape})
     case.arrays["x"] = _array(g, case, x_shape, dtype, kind)
@@ -699,6 +699,23 @@ def _conv2d(g: _G, case: Case) -> None:
 # attention
 # ------------------------------------------------------------------------------------------------
 
+def _attention_shapes_valid(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...]) -> bool:
+    """What ``tracea.ops.attention`` accepts (as ``F.scaled_dot_product_attention``): 3-D or more, head
+    dims alike, k and v alike in kv heads and keys, kv heads dividing q's heads (or q's one head
+    broadcast), leading dimensions broadcasting against each other."""
+    if min(len(q), len(k), len(v)) < 3 or k[-1] != q[-1] or v[-3:-1] != k[-3:-1]:
+        return False
+    if q[-3] % k[-3] and q[-3] != 1:
+        return False
+    leads = [q[:-3], k[:-3], v[:-3]]
+    n = max(len(x) for x in leads)
+    for i in range(n):
+        sizes = {x[len(x) - n + i] for x in leads if len(x) - n + i >= 0} - {1}
+        if len(sizes) > 1:
+            return False
+    return True
+
+
 def _attention(g: _G, case: Case) -> None:
     kind = _kind(g)
     mixed = kind == "mixed"
@@ -724,7 +741,8 @@ def _attention(g: _G, case: Case) -> None:
     elif rank in (2, 5):
         q_shape = (sq, d) if rank == 2 else (1,) + q_shape
         k_shape = v_shape = (skv, d) if rank == 2 else (1,) + k_shape
-        case.mark("invalid", f"{rank}-D attention inputs")
+        if rank == 2:
+            case.mark("invalid", "2-D attention inputs")
     if g.chance(0.06):
         bad = g.pick(["d", "batch", "heads", "v", "rank"])
         if bad == "d":
@@ -737,7 +755,7 @@ def _attention(g: _G, case: Case) -> None:
             v_shape = v_shape[:-2] + (v_shape[-2] + 1, v_shape[-1])
         else:
             k_shape = v_shape = (1,) + k_shape if len(k_shape) == 3 else k_shape[1:]
-        if (k_shape, v_shape) != (q_shape[:-3] + (hk, skv, d), q_shape[:-3] + (hk, skv, d)):
+        if not _attention_shapes_valid(q_shape, k_shape, v_shape):
             case.mark("invalid", f"attention shapes q{q_shape} k{k_shape} v{v_shape}")
     _zero_sizes(case, {"q": q_shape, "k": k_shape, "v": v_shape})
     for name, shape in (("q", q_shape), ("k", k_shape), ("v", v_shape)):

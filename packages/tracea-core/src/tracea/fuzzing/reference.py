@@ -124,12 +124,12 @@ def attention(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference
     torch = _torch()
     F = torch.nn.functional
     q, k, v = _t(values["q"]), _t(values["k"]), _t(values["v"])
-    three = q.dim() == 3
+    three = q.dim() == k.dim() == v.dim() == 3
     if three:
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    rep = q.shape[1] // k.shape[1]
+    rep = q.shape[-3] // k.shape[-3]  # heads are dim -3; leading dims broadcast (PyTorch's rules)
     if rep > 1:
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
     d = q.shape[-1]
     scale = model["scale"]
     scale = (1.0 / d ** 0.5) if scale is None else float(scale)

@@ -187,9 +187,9 @@ class Tally:
                 slot["count"] += 1
             if rec.get("err_ratio") is not None and not rec["findings"]:
                 row["checked"] += 1
-                key = f"{backend} {rec['op'] if rec['op'] != 'gemm' else 'matmul'} {rec.get('dtype')}"
-                if rec["err_ratio"] > self.closest.get(key, (-1.0, ""))[0]:
-                    self.closest[key] = (rec["err_ratio"], f"{rec['seed']}:{rec['index']}")
+                key = f"{backend} {rec['op'] if rec['op'] != 'gemm' else 'matmul'} {rec.get('dtype')}"  # type: ignore[assignment]
+                if rec["err_ratio"] > self.closest.get(key, (-1.0, ""))[0]:  # type: ignore[call-overload]
+                    self.closest[key] = (rec["err_ratio"], f"{rec['seed']}:{rec['index']}")  # type: ignore[index]
             for k in rec.get("known", []):
                 self.known[k] += 1
                 row["known"] += 1
@@ -368,8 +368,6 @@ def summary_table(report: dict[str, Any]) -> str:
         rows.append((backend,) + tuple(str(row.get(k, 0)) for k, _ in COLUMNS))
         total.update(row)
     rows.append(("total",) + tuple(str(total.get(k, 0)) for k, _ in COLUMNS))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    lines.insert(len(lines) - 1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    from ..cli.table import aligned
+
+    return "\n".join(aligned(rows, right=range(1, len(rows[0])), rules=(1, len(rows) - 1)))

@@ -45,7 +45,10 @@ def run(seed: int, indices: list[int], device: str, sanitizer_cmd: str = SANITIZ
             rc: int | None = proc.returncode
             text = (proc.stdout or "") + (proc.stderr or "")
         except subprocess.TimeoutExpired as exc:
-            rc, text = None, f"timed out after {timeout:g} s\n{exc.stdout or ''}{exc.stderr or ''}"
+            out_b, err_b = exc.stdout or b"", exc.stderr or b""  # bytes even with text=True
+            rc, text = None, (f"timed out after {timeout:g} s\n"
+                              + (out_b.decode(errors="replace") if isinstance(out_b, bytes) else out_b)
+                              + (err_b.decode(errors="replace") if isinstance(err_b, bytes) else err_b))
         except FileNotFoundError as exc:
             rc, text = 127, f"cannot run {argv[0]!r}: {exc}"
         out["cases"] += 1

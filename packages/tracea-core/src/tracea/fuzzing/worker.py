@@ -205,7 +205,7 @@ def _check_memory(case: Case, built: dict[str, Built], bufs: Any, before: dict[s
         out_mask = np.zeros(old.size, dtype=bool)
         in_mask = np.zeros(old.size, dtype=bool)
         for b in users:
-            m = covered_bytes(b.geo, tuple(b.spec.shape), _item(b), old.size)
+            m = covered_bytes(b.geo, tuple(b.spec.shape), _item(b), old.size)  # type: ignore[arg-type]
             if b.name == "out":
                 out_mask |= m
             else:

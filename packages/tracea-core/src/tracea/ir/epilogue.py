@@ -57,7 +57,7 @@ class Epilogue:
     @classmethod
     def of(cls, *steps: StepLike) -> "Epilogue":
         """A chain from steps given as kinds or names, in order."""
-        return cls(tuple(steps))
+        return cls(tuple(steps))  # type: ignore[arg-type]
 
     @classmethod
     def parse(cls, spec: "Epilogue | str | Iterable[StepLike] | None", arg: str = "epilogue") -> "Epilogue":
@@ -78,7 +78,7 @@ class Epilogue:
         else:
             parts = list(spec)
         try:
-            return cls(tuple(parts))
+            return cls(tuple(parts))  # type: ignore[arg-type]
         except InvalidArgumentError as exc:
             if arg == exc.arg:
                 raise

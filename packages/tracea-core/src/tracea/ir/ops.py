@@ -71,7 +71,10 @@ class Op:
         (computed once per op object: the tuning cache looks it up on every dispatch)."""
         parts = [self.kind.value]
         for f in fields(self):  # type: ignore[arg-type]
-            parts.append(f"{f.name}={_key_value(getattr(self, f.name))}")
+            value = getattr(self, f.name)
+            if f.metadata.get("key_if_set") and value == f.default:
+                continue  # a field added later: keys of ops without it stay as they were (tuning cache)
+            parts.append(f"{f.name}={_key_value(value)}")
         return ":".join(parts)
 
     @property
@@ -309,16 +312,24 @@ class Conv2dOp(Op):
 @memo_hash
 @dataclass(frozen=True)
 class AttentionOp(Op):
-    """Scaled dot-product attention ``softmax(scale * Q K^T [+ causal mask]) V``.
+    """Scaled dot-product attention ``softmax(scale * Q K^T [+ mask]) V``.
 
-    Arrays are (batch, heads, seq, head_dim) like ``torch.nn.functional.scaled_dot_product_attention``.
+    Arrays are (batch, heads, seq, head_dim) like ``torch.nn.functional.scaled_dot_product_attention``
+    (``tracea.ops.attention`` folds any leading batch dimensions into ``batch``).
     ``kv_heads`` < ``heads`` is grouped-query attention (heads must be a multiple of kv_heads).
     ``causal`` masks key j > query i (top-left aligned, PyTorch's ``is_causal`` convention).
     ``scale`` defaults to 1/sqrt(head_dim).
+
+    ``mask``: None, ``"bool"`` (a key takes part where the mask is non-zero; a masked key's logit is
+    replaced by -inf, like the causal mask) or ``"additive"`` (added to the scaled logits in IEEE
+    arithmetic). The kernels read it as a packed (mask_batch, mask_heads, seq_q, seq_kv) array of the
+    input dtype, ``mask_shape = (mask_batch, mask_heads)`` each 1 (broadcast) or the full extent.
+    ``dropout_p`` > 0 is described so dispatch can name it, but no Tracea kernel serves it.
+    ``head_dim_v``: the head dim of V and the output when it differs from ``head_dim`` (else None).
     """
 
     kind: ClassVar[LayerType] = LayerType.ATTENTION
-    roles: ClassVar[tuple[str, ...]] = ("q", "k", "v")
+    roles: ClassVar[tuple[str, ...]] = ("q", "k", "v", "mask")
     batch: int
     heads: int
     seq_q: int
@@ -329,6 +340,10 @@ class AttentionOp(Op):
     kv_heads: int | None = None
     dtype: DType = DType.F32
     dtype_out: DType | None = None
+    mask: str | None = field(default=None, metadata={"key_if_set": True})
+    mask_shape: tuple[int, int] | None = field(default=None, metadata={"key_if_set": True})
+    dropout_p: float = field(default=0.0, metadata={"key_if_set": True})
+    head_dim_v: int | None = field(default=None, metadata={"key_if_set": True})
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seq_q", "seq_kv", "head_dim"):
@@ -345,6 +360,23 @@ class AttentionOp(Op):
         if self.dtype_out is None:
             object.__setattr__(self, "dtype_out", self.dtype.storage)
         _set_dtype(self, "dtype_out")
+        if self.mask not in (None, "bool", "additive"):
+            raise InvalidArgumentError("mask", self.mask, "None, 'bool' or 'additive'")
+        if self.mask is None:
+            object.__setattr__(self, "mask_shape", None)
+        else:
+            mb, mh = tuple(self.mask_shape or (1, 1))
+            if mb not in (1, self.batch) or mh not in (1, self.heads):
+                raise InvalidArgumentError("mask_shape", self.mask_shape,
+                                           f"(1 or batch={self.batch}, 1 or heads={self.heads})")
+            object.__setattr__(self, "mask_shape", (int(mb), int(mh)))
+        p = self.dropout_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise InvalidArgumentError("dropout_p", p, "a probability in [0, 1]")
+        object.__setattr__(self, "dropout_p", float(p))
+        if self.head_dim_v is not None:
+            dv = check_positive("head_dim_v", self.head_dim_v)
+            object.__setattr__(self, "head_dim_v", None if dv == self.head_dim else dv)
 
     @property
     def epilogue(self) -> Epilogue:
@@ -352,8 +384,13 @@ class AttentionOp(Op):
         return Epilogue.empty()
 
     @property
+    def dv(self) -> int:
+        """The head dim of V and of the output."""
+        return self.head_dim if self.head_dim_v is None else int(self.head_dim_v)
+
+    @property
     def unmasked_pairs(self) -> int:
-        """Query/key pairs that contribute (all of them unless causal)."""
+        """Query/key pairs that contribute (all of them unless causal; a mask is not counted)."""
         if not self.causal:
             return self.seq_q * self.seq_kv
         # Row i sees keys 0..i (clipped to seq_kv).
@@ -363,15 +400,19 @@ class AttentionOp(Op):
 
     @property
     def flops(self) -> int:
-        return 4 * self.batch * self.heads * self.unmasked_pairs * self.head_dim
+        return 2 * self.batch * self.heads * self.unmasked_pairs * (self.head_dim + self.dv)
 
     @property
     def min_bytes(self) -> int:
         item = self.dtype.itemsize
+        kvh = int(self.kv_heads)  # type: ignore[arg-type]
         q = self.batch * self.heads * self.seq_q * self.head_dim * item
-        kv = 2 * self.batch * int(self.kv_heads) * self.seq_kv * self.head_dim * item  # type: ignore[arg-type]
-        out = self.batch * self.heads * self.seq_q * self.head_dim * self.out_dtype.itemsize
-        return q + kv + out
+        kv = self.batch * kvh * self.seq_kv * (self.head_dim + self.dv) * item
+        out = self.batch * self.heads * self.seq_q * self.dv * self.out_dtype.itemsize
+        mask = 0
+        if self.mask_shape is not None:
+            mask = self.mask_shape[0] * self.mask_shape[1] * self.seq_q * self.seq_kv * item
+        return q + kv + out + mask
 
     @property
     def dtypes(self) -> tuple[DType, ...]:
@@ -384,8 +425,11 @@ class AttentionOp(Op):
 
     def describe(self) -> str:
         c = " causal" if self.causal else ""
+        m = f" {self.mask}-mask" if self.mask else ""
+        dv = f"/{self.head_dim_v}" if self.head_dim_v is not None else ""
+        drop = f" dropout {self.dropout_p:g}" if self.dropout_p else ""
         return (f"attention b{self.batch} h{self.heads} q{self.seq_q} kv{self.seq_kv} "
-                f"d{self.head_dim}{c} {self.dtype.short}")
+                f"d{self.head_dim}{dv}{c}{m}{drop} {self.dtype.short}")
 
 
 def _set_dtype(op: Any, name: str) -> None:

@@ -240,3 +240,28 @@ def tracea_perf_data(profile: "DeviceProfile") -> "list[str] | None":
         backend's files apply).
     :returns: file paths, or None for devices of other kinds.
     """
+
+
+# ------------------------------------------------------------------------------------------------
+# User kernels: tracea.tune_kernel / run_kernel / @tracea.kernel
+# ------------------------------------------------------------------------------------------------
+
+@hookspec(firstresult=True)
+def tracea_kernel_runner(lang: str, device: Any, options: "dict[str, Any]") -> Any:
+    """A runner that compiles, launches and times *user* kernels written in ``lang``.
+
+    Implemented by backends for the languages they launch: ``tracea-cpu`` for ``"C"`` (the system
+    C/C++ compiler, Kernel Tuner's convention of C functions returning their own time in ms),
+    ``tracea-cuda`` for ``"CUDA"`` (CuPy/NVRTC) and ``"TRITON"``, ``tracea-opencl`` for ``"OPENCL"``.
+    Others return None. Called by :func:`tracea.tune_kernel` once per call; the runner must follow
+    :class:`tracea.usertune.runner.KernelRunner`. A backend whose toolkit is missing raises
+    :class:`~tracea.errors.UnsupportedDeviceError` saying what to install instead of returning None.
+    Stops at first non-None result.
+
+    :param lang: the upper-case language name (``"C"``, ``"CUDA"``, ``"OPENCL"``, ``"TRITON"``).
+    :param device: the device index (Kernel Tuner's ``device`` option, an int) or None for the default.
+    :param options: runner options of the call: ``platform`` (OpenCL platform index), ``compiler``
+        (C: the compiler command, default ``$CXX`` else ``g++``/``c++``/``clang++``).
+    :returns: a :class:`~tracea.usertune.runner.KernelRunner`, or None when this plugin does not launch
+        ``lang``.
+    """

@@ -22,7 +22,7 @@ def reference(op: Op, **arrays: Any) -> np.ndarray:
     if isinstance(op, Conv2dOp):
         return conv2d(op, arrays["x"], arrays["w"], arrays.get("bias"))
     if isinstance(op, AttentionOp):
-        return attention(op, arrays["q"], arrays["k"], arrays["v"])
+        return attention(op, arrays["q"], arrays["k"], arrays["v"], arrays.get("mask"))
     raise TypeError(f"no reference for {type(op).__name__}")
 
 

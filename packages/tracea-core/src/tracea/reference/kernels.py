@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from ..ir.epilogue import Epilogue, EpilogueKind
 from ..ir.ops import AttentionOp, Conv2dOp, GemmOp, Layout
 
@@ -98,8 +99,13 @@ def _conv_groups(op: Conv2dOp, xp: np.ndarray, w64: np.ndarray, out: np.ndarray)
         out[:, gi * kg:(gi + 1) * kg] = acc
 
 
-def attention(op: AttentionOp, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Softmax attention in float64 with PyTorch's top-left causal convention; returns (B, H, Sq, D).
+def attention(op: AttentionOp, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+              mask: np.ndarray | None = None) -> np.ndarray:
+    """Softmax attention in float64 with PyTorch's top-left causal convention; returns (B, H, Sq, Dv).
+
+    ``mask`` (op.mask set): (mask_batch, mask_heads, Sq, Skv); a ``"bool"`` mask keeps the keys where it is
+    non-zero and replaces the others' logits by -inf (as the causal mask does), an ``"additive"`` one is
+    added to the scaled logits.
 
     NaN and Inf: ``softmax(masked_fill(scale q k^T, mask, -inf)) @ v`` in IEEE arithmetic, as PyTorch
     computes it: a NaN or +inf logit makes its row NaN, a masked key's logit is replaced (its k never
@@ -108,7 +114,7 @@ def attention(op: AttentionOp, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> n
     kvh = int(op.kv_heads or op.heads)
     q64 = np.asarray(q, dtype=np.float64).reshape(op.batch, op.heads, op.seq_q, op.head_dim)
     k64 = np.asarray(k, dtype=np.float64).reshape(op.batch, kvh, op.seq_kv, op.head_dim)
-    v64 = np.asarray(v, dtype=np.float64).reshape(op.batch, kvh, op.seq_kv, op.head_dim)
+    v64 = np.asarray(v, dtype=np.float64).reshape(op.batch, kvh, op.seq_kv, op.dv)
     rep = op.heads // kvh
     if rep > 1:
         k64 = np.repeat(k64, rep, axis=1)
@@ -116,8 +122,14 @@ def attention(op: AttentionOp, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> n
     with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf operands: IEEE results, no warnings
         s = np.einsum("bhqd,bhkd->bhqk", q64, k64, optimize=True) * float(op.scale)  # type: ignore[arg-type]
         if op.causal:
-            mask = np.arange(op.seq_kv)[None, :] > np.arange(op.seq_q)[:, None]
-            s = np.where(mask, -np.inf, s)
+            hidden = np.arange(op.seq_kv)[None, :] > np.arange(op.seq_q)[:, None]
+            s = np.where(hidden, -np.inf, s)
+        if op.mask is not None:
+            if mask is None:
+                raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
+            mb, mh = op.mask_shape or (1, 1)
+            m64 = np.asarray(mask, dtype=np.float64).reshape(mb, mh, op.seq_q, op.seq_kv)
+            s = np.where(m64 != 0, s, -np.inf) if op.mask == "bool" else s + m64
         m = s.max(axis=-1, keepdims=True)
         p = np.exp(s - np.where(m == -np.inf, 0.0, m))  # all -inf: exp(-inf) = 0, not exp(NaN)
         total = p.sum(axis=-1, keepdims=True)

@@ -1,7 +1,9 @@
 """The reference backend's variants: every op and epilogue on host arrays, float64 accumulation.
 
 They always accept host ops (any float dtype NumPy can hold) and carry priority -1000 and a deliberately
-slow estimate, so any real backend that serves an op is preferred; they are the last fallback.
+slow estimate, so any real backend that serves an op is preferred; they are the last fallback. GEMM also
+has :class:`~tracea.reference.blas.ReferenceBlasGemm` (NumPy's BLAS, float32 accumulation), which ranks
+before the float64 oracle: a core-only install runs GEMM at BLAS speed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class _ReferenceVariant(KernelVariant):
     priority = -1000
     fallback_only = True
     efficiency = 0.002  # ~1 GFLOP/s on a typical host: always last when a real kernel exists
+    #: True for the float64 oracles that tuning results are checked against (not the BLAS GEMM)
+    oracle = True
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
         return [_REFERENCE_CONFIG]
@@ -57,14 +61,17 @@ class ReferenceConv2d(_ReferenceVariant):
 
 class ReferenceAttention(_ReferenceVariant):
     name = "reference.attention"
-    description = "NumPy float64 softmax attention, causal and GQA"
-    requirements = Requirements("cpu", LayerType.ATTENTION, dtypes=FLOAT_DTYPES, out_dtypes=_OUT)
+    description = "NumPy float64 softmax attention, causal, GQA, bool and additive masks"
+    requirements = Requirements("cpu", LayerType.ATTENTION, dtypes=FLOAT_DTYPES, out_dtypes=_OUT,
+                                masks=frozenset({"bool", "additive"}), value_head_dim=True)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, AttentionOp)
-        self._store(args, kernels.attention(op, args.host("q"), args.host("k"), args.host("v")))
+        self._store(args, kernels.attention(op, args.host("q"), args.host("k"), args.host("v"),
+                                                   args.host("mask")))
 
 
+#: the float64 oracles (the plugin also registers :class:`~tracea.reference.blas.ReferenceBlasGemm`)
 VARIANTS = (ReferenceGemm(), ReferenceConv2d(), ReferenceAttention())
 
 __all__ = ["DType", "ReferenceAttention", "ReferenceConv2d", "ReferenceGemm", "VARIANTS"]

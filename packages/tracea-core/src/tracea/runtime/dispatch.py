@@ -12,10 +12,12 @@ import warnings
 from typing import Any, Callable
 
 from ..doctor.decision import Decision
+from ..doctor import recommend
 from ..doctor.doctor import Doctor, get_doctor
 from ..doctor.profile import DeviceProfile
 from ..doctor.variant import KernelVariant, OpArgs, run_launcher
-from ..errors import BackendError, CaptureError, NoVariantError, TraceaError, UnsupportedDeviceError
+from ..errors import (BackendError, CaptureError, KernelFailureWarning, NoVariantError, TraceaError,
+                      UnsupportedDeviceError)
 from ..ir.device import Device
 from ..ir.ops import Op
 from ..semantic.config import PipelineConfig
@@ -100,7 +102,7 @@ def quarantine(variant: KernelVariant, op: Op, exc: BackendError, doctor: Doctor
     if key not in _warned:
         _warned.add(key)
         warnings.warn(f"tracea: {variant.name} failed on {op.describe()} and is not used for it again in this "
-                      f"process; the next candidate runs: {first}", RuntimeWarning, stacklevel=4)
+                      f"process; the next candidate runs: {first}", KernelFailureWarning, stacklevel=4)
     (doctor or get_doctor()).quarantine(variant.name, op, first[:300])
     return Quarantined(first)
 
@@ -131,9 +133,15 @@ def run_decision(decision: Decision, args: OpArgs, doctor: Doctor | None = None)
 def fallback_reason(exc: TraceaError) -> str:
     """A short, stable reason for the fallback counters."""
     if isinstance(exc, NoVariantError):
-        reasons = sorted({r for name, rs in exc.rejections.items() if not name.startswith("reference.") for r in rs})
-        if not reasons:
-            reasons = sorted({r for rs in exc.rejections.values() for r in rs})
+        lists = [rs for name, rs in exc.rejections.items() if not name.startswith("reference.")]
+        if not any(lists):
+            lists = list(exc.rejections.values())
+        seen: dict[str, int] = {}
+        for rs in lists:
+            for r in dict.fromkeys(rs):
+                seen[r] = seen.get(r, 0) + 1
+        # the reasons most variants share first (dropout, a mask kind), then alphabetically
+        reasons = sorted(seen, key=lambda r: (-seen[r], r))
         return "; ".join(reasons[:3]) or "no variant"
     return str(exc).split("\n")[0]
 
@@ -192,6 +200,8 @@ def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], ou
             if first_use.tune(decision, inputs, out, adapter, bind_config):
                 continue  # the tuned entry now ranks the winner
         c = decision.chosen
+        if free and c.variant.fallback_only and c.variant.backend == "reference":
+            recommend.warn_reference_only(doctor, op.kind.value, device.kind, c.variant.name)
         try:
             launch = bind(c.variant, decision.op, c.config, decision.profile, adapter, doctor,
                           quarantine_failures=free)

@@ -8,13 +8,11 @@ import threading
 import warnings
 from collections import Counter
 
+from ..errors import FallbackWarning
+
 _lock = threading.Lock()
 _counts: Counter[tuple[str, str]] = Counter()
 _warned: set[tuple[str, str]] = set()
-
-
-class FallbackWarning(UserWarning):
-    """Emitted once per (op kind, reason) when ``TRACEA_WARN_FALLBACK`` is set."""
 
 
 def record(kind: str, reason: str) -> None:

@@ -117,7 +117,7 @@ def tune(decision: Decision, inputs: tuple, out: Any, adapter: Any,
         if time.perf_counter() > deadline and r >= 1:
             break
     medians = {i: statistics.median(ts) for i, ts in times.items() if ts}
-    best = min(medians, key=medians.get)
+    best = min(medians, key=medians.get)  # type: ignore[arg-type]
     variant, config, _ = ok[best]
     # the winner's first hero (its default config), when it was timed: data for the performance model
     first = next((i for i, (v, _, _) in enumerate(ok) if v is variant), None)

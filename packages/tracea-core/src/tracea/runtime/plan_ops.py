@@ -1,4 +1,5 @@
-"""Plans for the public ops (``tracea.ops.matmul`` / ``conv2d`` / ``attention``): the full path of a call.
+"""Plans for the public ops (``tracea.ops.matmul`` / ``conv2d``; ``attention`` in :mod:`.plan_attention`):
+the full path of a call.
 
 Each builder validates the arguments of one call, builds the op, decides (:func:`dispatch.runner`),
 works out everything the call's signature fixes (which operands need packing or a transposed view, the
@@ -17,7 +18,7 @@ from ..doctor.doctor import get_doctor
 from ..dtypes import DType, Fp32Precision
 from ..errors import InvalidArgumentError, ShapeError
 from ..ir.epilogue import Epilogue, EpilogueKind
-from ..ir.ops import AttentionOp, Conv2dOp, GemmOp, Layout, Op
+from ..ir.ops import Conv2dOp, GemmOp, Layout, Op
 from . import dispatch, operands as ops_args, plans
 
 _NONE = object()
@@ -197,13 +198,13 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
             return inputs_, target, (reshape(target, kshape) if view else target)
         return kernel_args
 
-    inputs0, target0, kout0 = arg_builder(*preps, tuple(kshape) != tuple(out_shape))(x0, y0, z0, out0)
+    inputs0, target0, kout0 = arg_builder(*preps, tuple(kshape) != tuple(out_shape))(x0, y0, z0, out0)  # type: ignore[call-arg]
     user0 = dict(zip(roles, (x0, y0, inputs0[2] if roles[2] == "bias" else z0)))
     run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor,
                                    inputs=inputs0)
     launch = run.launch
     lean = launch is not None and getattr(launch, "pointer_only", False)
-    kernel_args = arg_builder(*(_lean(p, launch) for p in preps), tuple(kshape) != tuple(out_shape) and not lean)
+    kernel_args = arg_builder(*(_lean(p, launch) for p in preps), tuple(kshape) != tuple(out_shape) and not lean)  # type: ignore[arg-type,call-arg]
 
     if launch is None:  # a framework computes every call of this signature
         def plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
@@ -240,7 +241,7 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
         def first_call() -> Any:
             return plan(x0, y0, z0, out0)
 
-    plan.runner = run  # type: ignore[attr-defined]  (for tools and tests: what this plan runs)
+    plan.runner = run  # type: ignore[attr-defined]  # for tools and tests: what this plan runs
     return _finish(key, plan, first_call)
 
 
@@ -366,38 +367,3 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
 
     plan.runner = run  # type: ignore[attr-defined]
     return _finish(key, plan, first_call)
-
-
-# ------------------------------------------------------------------------------------------------
-# attention
-# ------------------------------------------------------------------------------------------------
-
-@retrying
-def attention(key: Any, q: Any, k: Any, v: Any, causal: Any, scale: Any, out: Any, variant: str | None,
-              config: Any) -> Any:
-    """The full path of ``tracea.ops.attention`` (see its docstring for the arguments)."""
-    doctor = get_doctor()
-    adapter, device, o = ops_args.operands(doctor, [("q", q), ("k", k), ("v", v), ("out", out)])
-    Q, K, V = o["q"], o["k"], o["v"]
-    for t in (Q, K, V):
-        ops_args.check_rank(t, (3, 4), "(batch, heads, seq, head_dim)")
-    ops_args.check_float(Q)
-    ops_args.same_dtype(Q, K, V)
-    if not (Q.info.ndim == K.info.ndim == V.info.ndim):
-        raise ShapeError("k", k, f"a {Q.info.ndim}-D array like q")
-    shp = lambda t: t.info.shape if t.info.ndim == 4 else (1,) + tuple(t.info.shape)  # noqa: E731
-    bq, hq, sq, d = shp(Q)
-    bk, hk, sk, dk = shp(K)
-    if (bk, dk) != (bq, d):
-        raise ShapeError("k", k, f"batch {bq} and head_dim {d} like q")
-    if tuple(shp(V)) != (bk, hk, sk, dk):
-        raise ShapeError("v", v, f"the shape of k {tuple(K.info.shape)}")
-    if hq % hk:
-        raise ShapeError("k", k, f"kv heads dividing q's {hq} heads")
-    op = AttentionOp(bq, hq, sq, sk, d, causal=bool(causal), scale=scale, kv_heads=hk, dtype=Q.info.dtype)
-    U = o.get("out")
-    ops_args.check_out(U, tuple(Q.info.shape), Q.info.dtype)
-    ops_args.check_no_overlap(U, [Q, K, V])
-    shape = tuple(Q.info.shape)
-    return _packed_out_plan(key, op, device, adapter, (_prep(Q), _prep(K), _prep(V)), ("q", "k", "v"), U,
-                                 shape, shape, Q.info.dtype, [Q, K, V], variant, config, (q, k, v, out))

@@ -48,7 +48,7 @@ if _env_data is not None and os.name == "posix":
     _K0, _K1, _K2, _K3, _K4, _K5, _K6, _K7, _K8, _K9 = (k.encode() for k in STEERING_ENV)
     _g = _env_data.get
 else:  # pragma: no cover - Windows
-    _K0, _K1, _K2, _K3, _K4, _K5, _K6, _K7, _K8, _K9 = STEERING_ENV
+    _K0, _K1, _K2, _K3, _K4, _K5, _K6, _K7, _K8, _K9 = STEERING_ENV  # type: ignore[assignment]
     _g = os.environ.get
 
 

@@ -49,9 +49,9 @@ def output_error(op: Op, out: Any, inputs: dict[str, Any]) -> float:
     o = np.asarray(out, dtype=np.float64)
     ref = reference(op, **inputs).reshape(o.shape)
     err = rel_err(o, ref)
-    if 0 < err < float("inf") and any(step is not EpilogueKind.BIAS for step in op.epilogue):
-        pre = reference(dataclasses.replace(op, epilogue=Epilogue(tuple(
-            s for s in op.epilogue if s is EpilogueKind.BIAS))), **inputs).reshape(o.shape)
+    if 0 < err < float("inf") and any(step is not EpilogueKind.BIAS for step in op.epilogue):  # type: ignore[attr-defined]
+        pre = reference(dataclasses.replace(op, epilogue=Epilogue(tuple(  # type: ignore[type-var]
+            s for s in op.epilogue if s is EpilogueKind.BIAS))), **inputs).reshape(o.shape)  # type: ignore[attr-defined]
         err = float(np.linalg.norm(o - ref) / max(np.linalg.norm(ref), np.linalg.norm(pre), 1e-300))
     return err
 
@@ -70,7 +70,7 @@ def random_inputs(op: Op, rng: np.random.Generator) -> dict[str, np.ndarray]:
         a_shape = (op.k, op.m) if op.trans_a else (op.m, op.k)
         b_shape = (op.n, op.k) if op.trans_b else (op.k, op.n)
         if op.batch > 1:
-            a_shape, b_shape = (op.batch,) + a_shape, (op.batch,) + b_shape
+            a_shape, b_shape = (op.batch,) + a_shape, (op.batch,) + b_shape  # type: ignore[assignment]
         out = {"a": random_array(rng, a_shape, op.dtype_a, 1 / np.sqrt(op.k) ** 0.5),
                "b": random_array(rng, b_shape, op.dtype_b, 1 / np.sqrt(op.k) ** 0.5)}
         if op.epilogue.has_bias:

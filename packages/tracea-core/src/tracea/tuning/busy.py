@@ -12,6 +12,8 @@ import os
 import time
 import warnings
 
+from ..errors import BusyMachineWarning
+
 _warned = False
 
 
@@ -56,5 +58,5 @@ def warn_if_busy(threshold_cores: float = 0.5, sample=other_cpu_load) -> float |
         warnings.warn(f"tuning on a busy CPU: other processes keep {load:.1f} cores busy, so timings may "
                       "favour configs that lose on a quiet machine (fewer threads, for one); the tuning "
                       "cache keeps what is chosen. Re-tune with force=True (CLI: --force) when it is quiet.",
-                      RuntimeWarning, stacklevel=3)
+                      BusyMachineWarning, stacklevel=3)
     return load

@@ -28,7 +28,7 @@ from ..semantic.config import PipelineConfig
 from . import cache_file, fingerprint as fp
 from .cache_file import TuningCacheWarning
 from .cache_schema import entry_key, entry_problem
-from .filelock import FileLock
+from .locking import FileLock
 from .goals import OptimizationGoal
 
 ENV_PATH = "TRACEA_CACHE_PATH"

@@ -41,6 +41,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import TuningCacheWarning
+from ..fileio import write_atomic
 from .cache_schema import FORMAT, VERSION, Parsed, parse
 
 #: largest cache file read; a larger one is corrupt (moved aside).
@@ -52,10 +54,6 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 MISSING, OK, DAMAGED, CORRUPT, UNUSABLE = "missing", "ok", "damaged", "corrupt", "unusable"
-
-
-class TuningCacheWarning(UserWarning):
-    """A tuning-cache file could not be read or written; the message names the file and what was done."""
 
 
 def warn(message: str) -> None:
@@ -160,7 +158,7 @@ def load(path: str, *, handle_corrupt: bool = True, locked: bool = False) -> Loa
     if locked:
         return _set_aside(path, raw, parsed)
     from ..errors import CacheError
-    from .filelock import FileLock
+    from .locking import FileLock
 
     try:
         with FileLock(path + ".lock", timeout_s=REPAIR_WAIT_S):
@@ -267,23 +265,8 @@ def write_entries(path: str, entries: dict[str, dict[str, Any]]) -> None:
         st = None
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise OSError(errno.EEXIST, f"{path} is {_kind(st.st_mode)}, not a regular file; not replacing it")
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}-{next(_tmp_counter)}"
     data = {"format": FORMAT, "version": VERSION, "entries": dict(sorted(entries.items()))}
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
 def file_state(path: str) -> tuple[int, int, int] | None:

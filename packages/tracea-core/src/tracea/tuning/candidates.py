@@ -159,7 +159,7 @@ class CandidateGPSampler:
 
     def sample_independent(self, study: Any, trial: Any, param_name: str, param_distribution: Any) -> Any:
         # Reached only once the pool is exhausted (the search loop then stops on ``exhausted``).
-        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)  # type: ignore[attr-defined]
 
     # -- the algorithm --------------------------------------------------------------------------
     def propose(self, trials: Sequence[Any], exclude: int | None = None) -> int | None:

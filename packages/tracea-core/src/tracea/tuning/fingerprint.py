@@ -75,7 +75,7 @@ def source_hash(variant: Any, op: Op) -> str:
     try:
         params = inspect.signature(sh).parameters
     except (TypeError, ValueError):
-        params = {}
+        params = {}  # type: ignore[assignment]
     return str(sh(op) if len(params) >= 1 else sh())
 
 

@@ -20,6 +20,8 @@ import enum
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..errors import InvalidArgumentError
 
 #: weight of the coefficient of variation in the Balanced score.
@@ -76,14 +78,8 @@ class OptimizationGoal(enum.Enum):
 
 
 def percentile(sorted_times: Sequence[float], q: float) -> float:
-    """Linear-interpolated ``q``-quantile (0..1) of an already sorted sequence."""
-    n = len(sorted_times)
-    if n == 1:
-        return float(sorted_times[0])
-    pos = q * (n - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, n - 1)
-    return float(sorted_times[lo] + (sorted_times[hi] - sorted_times[lo]) * (pos - lo))
+    """Linear-interpolated ``q``-quantile (0..1) of a sequence (``numpy.quantile``, method "linear")."""
+    return float(np.quantile(np.asarray(sorted_times, dtype=np.float64), q))
 
 
 def time_stats(times: Sequence[float]) -> dict[str, float]:

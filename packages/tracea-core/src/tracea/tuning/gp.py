@@ -84,7 +84,7 @@ class GaussianProcess:
                     best = (float(res.fun), np.asarray(res.x))
             self.theta = best[1] if best is not None else default
         self.x = x
-        inv_ls, sig, noise = self._unpack(self.theta)
+        inv_ls, sig, noise = self._unpack(self.theta)  # type: ignore[arg-type]
         k = sig * _matern((pair * inv_ls * inv_ls).sum(-1)) + (noise + 1e-9) * np.eye(len(x))
         for jitter in (0.0, 1e-6, 1e-4, 1e-2):
             try:

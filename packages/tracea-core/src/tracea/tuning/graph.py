@@ -73,8 +73,9 @@ class GraphTuneReport:
             trials = "cache" if r and r.from_cache else str(r.measured_trials if r else 0)
             rows.append((",".join(map(str, e.nodes)), e.op.describe(), f"{e.share:.0%}", str(e.budget), trials,
                          (r.variant or "-") if r else "-", best, r.config.key if r and r.config else "-"))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+        from ..cli.table import aligned
+
+        return "\n".join(aligned(rows))
 
     def to_json(self) -> dict[str, Any]:
         return {"goal": self.goal.value, "iterations": self.iterations, "elapsed_s": self.elapsed_s,

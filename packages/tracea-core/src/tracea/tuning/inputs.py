@@ -40,8 +40,10 @@ def array_shapes(op: Op) -> dict[str, tuple[int, ...] | None]:
                 "out": op.out_shape}
     if isinstance(op, AttentionOp):
         q = (op.batch, op.heads, op.seq_q, op.head_dim)
-        kv = (op.batch, int(op.kv_heads or op.heads), op.seq_kv, op.head_dim)
-        return {"q": q, "k": kv, "v": kv, "out": q}
+        kv = (op.batch, int(op.kv_heads or op.heads), op.seq_kv)
+        mask = None if op.mask_shape is None else tuple(op.mask_shape) + (op.seq_q, op.seq_kv)
+        return {"q": q, "k": kv + (op.head_dim,), "v": kv + (op.dv,), "mask": mask,
+                "out": q[:3] + (op.dv,)}
     raise DTypeError("op", type(op).__name__, "a GemmOp, Conv2dOp or AttentionOp")
 
 
@@ -102,12 +104,14 @@ def random_host_inputs(op: Op, rng: np.random.Generator) -> dict[str, np.ndarray
             out[role] = None
             continue
         dt = input_dtype(op, role)
-        if dt in (DType.INT8, DType.INT32):
+        if role == "mask" and getattr(op, "mask", None) == "bool":  # 0: masked; most keys are kept
+            out[role] = (rng.uniform(size=shape) < 0.8).astype(_np_dtype(dt))
+        elif dt in (DType.INT8, DType.INT32):
             out[role] = rng.integers(-8, 8, size=shape).astype(_np_dtype(dt))
         else:
             out[role] = rng.uniform(-1.0, 1.0, size=shape).astype(_np_dtype(dt))
             if carried(dt):
-                out[role] = _round_bf16(out[role])
+                out[role] = _round_bf16(out[role])  # type: ignore[arg-type]
     return out
 
 
@@ -170,20 +174,20 @@ class InputSets:
         self.out_np_dtype = _np_dtype(op.out_dtype)
         first = random_host_inputs(op, rng)
         set_bytes = sum(a.nbytes for a in first.values() if a is not None) + \
-            int(np.prod(self.out_shape)) * self.out_np_dtype.itemsize
+            int(np.prod(self.out_shape)) * self.out_np_dtype.itemsize  # type: ignore[arg-type]
         if count is None:
             need = math.ceil(CACHE_COVER * cache_bytes / max(set_bytes, 1)) if cache_bytes else 2
             count = max(2, min(MAX_SETS, need, max(1, MAX_SET_BYTES // max(set_bytes, 1))))
         self.host: list[dict[str, np.ndarray | None]] = [first] + [random_host_inputs(op, rng)
                                                                   for _ in range(count - 1)]
-        self._nan = np.full(self.out_shape, np.nan, dtype=self.out_np_dtype)
+        self._nan = np.full(self.out_shape, np.nan, dtype=self.out_np_dtype)  # type: ignore[type-var]
         self.args: list[OpArgs] = []
         roles = {r: input_dtype(op, r) for r in host_roles(op)}
         for host in self.host:
             arrays = {r: (None if a is None else _to_device(adapter, a, roles[r], device)) for r, a in host.items()}
-            out = _to_device(adapter, self._nan, op.out_dtype, device)
+            out = _to_device(adapter, self._nan, op.out_dtype, device)  # type: ignore[arg-type]
             self.args.append(OpArgs(arrays, out, adapter))
-        self.poison_src = _to_device(adapter, self._nan, op.out_dtype, device)
+        self.poison_src = _to_device(adapter, self._nan, op.out_dtype, device)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.args)
@@ -207,7 +211,7 @@ def reference_output(op: Op, host: dict[str, np.ndarray | None], reference_varia
 
     adapter = NumpyAdapter()
     shapes = array_shapes(op)
-    out = np.full(shapes["out"], np.nan, dtype=_np_dtype(op.out_dtype))
+    out = np.full(shapes["out"], np.nan, dtype=_np_dtype(op.out_dtype))  # type: ignore[type-var]
     args = OpArgs({r: (None if a is None else np.array(a)) for r, a in host.items()}, out, adapter)
     reference_variant.run(op, reference_variant.hero_configs(op, cpu_profile)[0], args, cpu_profile)
-    return out
+    return out  # type: ignore[return-value]

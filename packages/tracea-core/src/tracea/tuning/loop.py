@@ -13,7 +13,7 @@ from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
 from .goals import OptimizationGoal
 from .measure import INVALID, Measurement
-from .search import SpaceEncoding, _optuna, dedupe, make_sampler, objective_value, resolve_sampler
+from .search import SpaceEncoding, dedupe, make_sampler, objective_value, quiet_optuna, resolve_sampler
 
 #: consecutive proposals that are duplicates or invalid before a random unseen valid config is forced.
 STALL_LIMIT = 8
@@ -122,78 +122,78 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
     if small:
         return records
 
-    optuna = _optuna()
-    enc = SpaceEncoding(space)
-    dists = enc.distributions()
-    kind = resolve_sampler(sampler)
-    worst = [max((v for v in known.values() if math.isfinite(v)), default=math.inf)]
+    with quiet_optuna() as optuna:  # optuna's INFO lines and experimental warnings, for this search only
+        enc = SpaceEncoding(space)
+        dists = enc.distributions()
+        kind = resolve_sampler(sampler)
+        worst = [max((v for v in known.values() if math.isfinite(v)), default=math.inf)]
 
-    def tell_failure(trial: Any) -> None:
-        # optuna's GPSampler ignores failed trials, so it would propose the same invalid point again;
-        # impute the worst score seen instead (as SMAC does for crashed configs). TPE copes with FAIL,
-        # and the candidate-set sampler imputes by itself and never proposes a tried config.
-        if kind == "optuna-gp" and math.isfinite(worst[0]):
-            study.tell(trial, objective_value(worst[0]))
+        def tell_failure(trial: Any) -> None:
+            # optuna's GPSampler ignores failed trials, so it would propose the same invalid point again;
+            # impute the worst score seen instead (as SMAC does for crashed configs). TPE copes with FAIL,
+            # and the candidate-set sampler imputes by itself and never proposes a tried config.
+            if kind == "optuna-gp" and math.isfinite(worst[0]):
+                study.tell(trial, objective_value(worst[0]))
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if kind == "gp":
+            from .candidates import DEFAULT_STARTUP, CandidatePool, make_candidate_sampler
+
+            pool = CandidatePool(space, lambda c: validator.reason(c) is None, enc.encode, seed)
+            opt_sampler = make_candidate_sampler(pool, dists, seed,
+                                                 n_startup if n_startup is not None else DEFAULT_STARTUP)
         else:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    if kind == "gp":
-        from .candidates import DEFAULT_STARTUP, CandidatePool, make_candidate_sampler
-
-        pool = CandidatePool(space, lambda c: validator.reason(c) is None, enc.encode, seed)
-        opt_sampler = make_candidate_sampler(pool, dists, seed,
-                                             n_startup if n_startup is not None else DEFAULT_STARTUP)
-    else:
-        startup = n_startup if n_startup is not None else max(3, min(10, trials // 4))
-        opt_sampler = make_sampler(kind, seed, startup)
-    study = optuna.create_study(direction="minimize", sampler=opt_sampler)
-    for (config, _src) in queue:  # teach the model what the seeds showed
-        params = enc.encode(config)
-        if params is None:
-            continue
-        value = known.get(config.key, math.inf)
-        state = optuna.trial.TrialState.COMPLETE if math.isfinite(value) else optuna.trial.TrialState.FAIL
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, state=state,
-                                                  value=objective_value(value) if math.isfinite(value) else None))
-    stall = 0
-    asks = 0
-    while not out_of_budget() and asks < trials * 30 + 200:
-        asks += 1
-        forced = None
-        if stall >= STALL_LIMIT:
-            forced = _random_unseen(space, enc, known, validator, rng)
-            if forced is None:
-                break  # every valid config has been measured
-            study.enqueue_trial(enc.encode(forced))
+            startup = n_startup if n_startup is not None else max(3, min(10, trials // 4))
+            opt_sampler = make_sampler(kind, seed, startup)
+        study = optuna.create_study(direction="minimize", sampler=opt_sampler)
+        for (config, _src) in queue:  # teach the model what the seeds showed
+            params = enc.encode(config)
+            if params is None:
+                continue
+            value = known.get(config.key, math.inf)
+            state = optuna.trial.TrialState.COMPLETE if math.isfinite(value) else optuna.trial.TrialState.FAIL
+            study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, state=state,
+                                                      value=objective_value(value) if math.isfinite(value) else None))
+        stall = 0
+        asks = 0
+        while not out_of_budget() and asks < trials * 30 + 200:
+            asks += 1
+            forced = None
+            if stall >= STALL_LIMIT:
+                forced = _random_unseen(space, enc, known, validator, rng)
+                if forced is None:
+                    break  # every valid config has been measured
+                study.enqueue_trial(enc.encode(forced))
+                stall = 0
+            trial = study.ask(dists)
+            if getattr(opt_sampler, "exhausted", False):
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                break  # the candidate pool has no unmeasured valid config left
+            config = enc.decode(trial.params)
+            if config.key in known:
+                value = known[config.key]
+                if math.isfinite(value):
+                    study.tell(trial, objective_value(value))
+                else:
+                    tell_failure(trial)
+                stall += 1
+                continue
+            why = validator.reason(config)
+            if why is not None:
+                known[config.key] = math.inf
+                tell_failure(trial)
+                record(config, None, "sampler", INVALID, why)
+                stall += 1
+                continue
             stall = 0
-        trial = study.ask(dists)
-        if getattr(opt_sampler, "exhausted", False):
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            break  # the candidate pool has no unmeasured valid config left
-        config = enc.decode(trial.params)
-        if config.key in known:
-            value = known[config.key]
-            if math.isfinite(value):
-                study.tell(trial, objective_value(value))
+            score = record(config, evaluate(config), "random" if forced is not None else "sampler")
+            known[config.key] = score
+            if math.isfinite(score):
+                worst[0] = score if not math.isfinite(worst[0]) else max(worst[0], score)
+                study.tell(trial, objective_value(score))
             else:
                 tell_failure(trial)
-            stall += 1
-            continue
-        why = validator.reason(config)
-        if why is not None:
-            known[config.key] = math.inf
-            tell_failure(trial)
-            record(config, None, "sampler", INVALID, why)
-            stall += 1
-            continue
-        stall = 0
-        score = record(config, evaluate(config), "random" if forced is not None else "sampler")
-        known[config.key] = score
-        if math.isfinite(score):
-            worst[0] = score if not math.isfinite(worst[0]) else max(worst[0], score)
-            study.tell(trial, objective_value(score))
-        else:
-            tell_failure(trial)
-    return records
+        return records
 
 
 def dedupe_seeds(seeds: Sequence[tuple[PipelineConfig, str]]) -> list[tuple[PipelineConfig, str]]:

@@ -1,7 +1,6 @@
-"""Progress display while tuning: trial n/N and the best time so far.
+"""Progress display while tuning: a tqdm bar with trial n/N and the best time so far.
 
-tqdm when installed, else a plain ``\\r`` line; nothing when ``enabled`` is false or the stream is not
-a terminal (logs and CI stay clean).
+Nothing is shown when ``enabled`` is false or the stream is not a terminal (logs and CI stay clean).
 """
 
 from __future__ import annotations
@@ -32,37 +31,25 @@ class Progress:
         self.n = 0
         self._bar: Any = None
         if self.enabled:
-            try:
-                from tqdm import tqdm
+            from tqdm import tqdm  # imported only when a bar is shown: importing the tuner stays light
 
-                self._bar = tqdm(total=total, desc=label, file=self.stream, leave=True,
-                                 dynamic_ncols=True, unit="trial")
-            except ImportError:
-                self._bar = None
+            self._bar = tqdm(total=total, desc=label, file=self.stream, leave=True, dynamic_ncols=True, unit="trial")
 
     def update(self, best_s: float, note: str = "", flops: float | None = None) -> None:
         self.n += 1
-        if not self.enabled:
+        if self._bar is None:
             return
         best = _fmt_time(best_s)
         if flops and math.isfinite(best_s) and best_s > 0:
             best += f" ({flops / best_s / 1e12:.3g} TFLOP/s)" if flops / best_s > 1e11 else \
                 f" ({flops / best_s / 1e9:.3g} GFLOP/s)"
-        if self._bar is not None:
-            self._bar.set_postfix_str(f"best {best}{' ' + note if note else ''}", refresh=False)
-            self._bar.update(1)
-        else:
-            self.stream.write(f"\r{self.label}: trial {self.n}/{self.total}  best {best}  {note:<24.24}")
-            self.stream.flush()
+        self._bar.set_postfix_str(f"best {best}{' ' + note if note else ''}", refresh=False)
+        self._bar.update(1)
 
     def close(self) -> None:
-        if not self.enabled:
-            return
         if self._bar is not None:
             self._bar.close()
-        else:
-            self.stream.write("\n")
-            self.stream.flush()
+            self._bar = None
 
     def __enter__(self) -> "Progress":
         return self

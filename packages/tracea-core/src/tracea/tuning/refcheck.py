@@ -54,7 +54,7 @@ def _sorted_pick(rng: np.random.Generator, n: int, count: int, keep: tuple[int, 
     count = max(min(count, n), len(set(keep)))
     chosen = set(k % n for k in keep)
     rest = np.setdiff1d(np.arange(n), np.fromiter(chosen, dtype=np.int64))
-    extra = rng.choice(rest, size=min(len(rest), count - len(chosen)), replace=False) if len(rest) else []
+    extra = rng.choice(rest, size=min(len(rest), count - len(chosen)), replace=False) if len(rest) else []  # type: ignore[var-annotated]
     return np.sort(np.concatenate([np.fromiter(chosen, dtype=np.int64), np.asarray(extra, dtype=np.int64)]))
 
 
@@ -74,8 +74,8 @@ def sample_plan(op: Op, host: dict[str, np.ndarray | None], rng: np.random.Gener
             a = a[batches] if lead else a
             return a[..., :, rows] if op.trans_a else a[..., rows, :]
 
-        sub = {**host, "a": np.ascontiguousarray(pick_a(host["a"])),
-               "b": np.ascontiguousarray(host["b"][batches] if lead else host["b"])}
+        sub = {**host, "a": np.ascontiguousarray(pick_a(host["a"])),  # type: ignore[arg-type]
+               "b": np.ascontiguousarray(host["b"][batches] if lead else host["b"])}  # type: ignore[index]
         sub_op = replace(op, m=len(rows), batch=len(batches))
 
         def take(out: np.ndarray) -> np.ndarray:
@@ -86,7 +86,7 @@ def sample_plan(op: Op, host: dict[str, np.ndarray | None], rng: np.random.Gener
     if isinstance(op, Conv2dOp):
         per_image = op.flops / op.n
         images = _sorted_pick(rng, op.n, int(budget_flops // per_image) or 1, (op.n - 1,))
-        sub = {**host, "x": np.ascontiguousarray(host["x"][images])}
+        sub = {**host, "x": np.ascontiguousarray(host["x"][images])}  # type: ignore[index]
         return replace(op, n=len(images)), sub, (lambda out: out[images]), len(images) / op.n
     if isinstance(op, AttentionOp):
         per_batch = op.flops / op.batch

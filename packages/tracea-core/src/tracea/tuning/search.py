@@ -10,19 +10,23 @@ enumerated candidates):
 - ``"optuna-gp"``: optuna's stock ``GPSampler`` (needs torch and scipy), which optimises over the
   continuous relaxation of the ranks and cannot see the constraints; kept for comparison;
 - ``"tpe"``: optuna's multivariate ``TPESampler`` (no extra dependencies);
-- ``"random"``; ``"auto"``: ``"gp"`` where NumPy and SciPy import, else ``"tpe"``.
+- ``"random"``; ``"auto"``: ``"gp"`` where NumPy and SciPy import, else ``"tpe"``, with a one-time
+  :class:`~tracea.errors.SamplerFallbackWarning` (so does ``"gp"`` asked for by name without SciPy).
 
-Objectives are ``log(score seconds)``. optuna is imported lazily.
+Objectives are ``log(score seconds)``. optuna is imported lazily; its INFO logging and experimental
+warnings are hushed only inside :func:`quiet_optuna` (restored afterwards, never changed process-wide).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import random
-from typing import Any, Iterable
+import warnings
+from typing import Any, Iterable, Iterator
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, SamplerFallbackWarning
 from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
 
@@ -30,11 +34,23 @@ from ..semantic.search_space import SearchSpace
 def _optuna() -> Any:
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    import warnings
-
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[Any]:
+    """``with quiet_optuna() as optuna:`` optuna with its INFO lines ("Trial 3 finished ...") and its
+    ``ExperimentalWarning`` hushed for the duration of the block only: the caller's logging verbosity and
+    warning filters are restored on exit (Tracea changes neither process-wide)."""
+    optuna = _optuna()
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+            yield optuna
+    finally:
+        optuna.logging.set_verbosity(before)
 
 
 SAMPLERS = ("auto", "gp", "optuna-gp", "tpe", "random")
@@ -56,22 +72,43 @@ def resolve_sampler(kind: str) -> str:
     """The sampler ``kind`` stands for here (``"auto"`` -> ``"gp"`` or ``"tpe"``)."""
     if kind not in SAMPLERS:
         raise InvalidArgumentError("sampler", kind, "one of " + ", ".join(SAMPLERS))
+    if kind in ("auto", "gp") and not gp_available():
+        _warn_no_gp(kind)
+        return "tpe"
     if kind == "auto":
-        return "gp" if gp_available() else "tpe"
+        return "gp"
     return kind
+
+
+_warned_no_gp = False
+
+
+def _warn_no_gp(kind: str) -> None:
+    """Say once per process that the documented default sampler cannot run here."""
+    global _warned_no_gp
+    if _warned_no_gp:
+        return
+    _warned_no_gp = True
+    asked = "the default sampler ('gp', candidate-set Gaussian process)" if kind == "auto" else "sampler 'gp'"
+    warnings.warn(f"{asked} needs SciPy, which is not installed; tuning uses optuna's TPE sampler instead. "
+                  "Install it with: pip install 'tracea-core[gp]' (or pass sampler='tpe' to silence this).",
+                  SamplerFallbackWarning, stacklevel=3)
 
 
 def make_sampler(kind: str, seed: int | None, n_startup: int) -> Any:
     """An optuna sampler for ``"optuna-gp"``, ``"tpe"`` or ``"random"`` (``"gp"`` needs a candidate pool:
     :func:`tracea.tuning.candidates.make_candidate_sampler`)."""
-    optuna = _optuna()
     kind = resolve_sampler(kind)
-    if kind == "optuna-gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)
-    if kind == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True)
-    if kind == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
+    with quiet_optuna() as optuna:  # multivariate TPE and GPSampler warn that they are experimental
+        if kind == "optuna-gp":
+            if not hasattr(optuna.samplers, "GPSampler"):
+                raise InvalidArgumentError("sampler", kind, "a sampler this optuna provides",
+                                           hint=f"optuna {optuna.__version__} has no GPSampler; it needs optuna >= 3.6")
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)
+        if kind == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True)
+        if kind == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
     raise InvalidArgumentError("sampler", kind, "optuna-gp, tpe or random")
 
 

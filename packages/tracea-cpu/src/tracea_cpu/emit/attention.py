@@ -5,6 +5,9 @@ Both products are register-tiled micro-kernels: S = Q K^T broadcasts Q^T (packed
 in) against BK-wide K^T panels; O += P V broadcasts P against rows of V padded to a multiple of the
 vector width. K^T panels and padded V are packed once per (batch, kv head) and shared by the query
 heads of a GQA group. Causal masking is top-left aligned (key j visible to query i when j <= i).
+An optional mask (``mkind`` 1: boolean, a key takes part where the mask is non-zero, else its logit is
+replaced by -inf; 2: additive, added to the scaled logits) is read from a packed (MB, MH, Sq, Skv) array
+whose batch / head extents MB / MH are 1 (broadcast) or B / H.
 
 NaN and Inf follow ``softmax(masked_fill(scale Q K^T, mask, -inf)) @ V`` in IEEE arithmetic, as the
 float64 reference and PyTorch do: a NaN or +inf logit makes its row NaN (``exp(NaN)`` and
@@ -80,7 +83,8 @@ static void tr_pv_all(long Dp, const float *p, const float *v, float *o, const f
 
 /* q: (B, H, Sq, D), k/v: (B, KVH, Skv, D), out: (B, H, Sq, D), all packed row-major. */
 int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scale, int causal,
-                 const float *q, const float *k, const float *v, float *out, int nth) {
+                 const float *q, const float *k, const float *v, float *out, int nth,
+                 const float *mask, int mkind, long MB, long MH) {
     long Dp = TR_ROUNDUP(D, VW), Skp = TR_ROUNDUP(Skv, BK), nkb = Skp / BK, nqb = (Sq + BQ - 1) / BQ;
     long per_head = Skp * D + Skp * Dp, per_thread = TR_ROUNDUP(D * BQ + BQ * BK + BQ * Dp + 4 * BQP + BQ * VW, 16);
     if (nth <= 0) nth = tr_threads_available();
@@ -133,8 +137,21 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
             memset(lv, 0, sizeof(float) * BQ * VW);
             memset(o, 0, sizeof(float) * BQ * Dp);
             long kend = causal ? TR_MIN(Skv, q0 + BQ) : Skv;
+            const float *mrow = mkind ? mask + (((MB > 1 ? b : 0) * MH + (MH > 1 ? h : 0)) * Sq + q0) * Skv : 0;
             for (long j0 = 0; j0 < kend; j0 += BK) {
                 tr_s_tile(D, qt, kt + (j0 / BK) * D * BK, s);
+                if (mkind) {
+                    long jn = TR_MIN(BK, Skv - j0);
+                    for (long i = 0; i < rows; i++) {
+                        const float *mr = mrow + i * Skv + j0;
+                        float *row = s + i * BK;
+                        if (mkind == 1) {
+                            for (long j = 0; j < jn; j++) if (mr[j] == 0.0f) row[j] = -INFINITY;
+                        } else {
+                            for (long j = 0; j < jn; j++) row[j] += mr[j];
+                        }
+                    }
+                }
                 int mask = j0 + BK > Skv || (causal && j0 + BK - 1 > q0);
                 for (long i = 0; i < BQ; i++) {
                     float *row = s + i * BK;

@@ -39,7 +39,7 @@ class ConvGather:
 
     @classmethod
     def of(cls, op: Conv2dOp) -> "ConvGather":
-        return cls(op.c, op.h, op.w, op.p, op.q, op.s, tuple(op.stride), tuple(op.padding), tuple(op.dilation))
+        return cls(op.c, op.h, op.w, op.p, op.q, op.s, tuple(op.stride), tuple(op.padding), tuple(op.dilation))  # type: ignore[arg-type]
 
 
 def producer(g: ConvGather, bm: int, bn: int, stages: int, epc: int) -> str:

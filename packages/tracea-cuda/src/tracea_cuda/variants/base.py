@@ -180,13 +180,13 @@ class CudaVariant(KernelVariant):
         # which pointers are 16-byte aligned; rendering and hashing happen only on a miss.
         key = (op, config, dev, ptrs.get("bias_dtype"),
                tuple(sorted((k, v % 16) for k, v in ptrs.items() if isinstance(v, int))))
-        plan = self._plans.get(key) if hasattr(self, "_plans") else None
+        plan = self._plans.get(key) if hasattr(self, "_plans") else None  # type: ignore[has-type]
         with cp.cuda.Device(dev):
             if plan is None:
                 spec = self.spec(op, config, ptrs)
                 plan = (self._kernel(spec, profile), self.grid(op, spec))
                 if not hasattr(self, "_plans"):
-                    self._plans = {}
+                    self._plans = {}  # type: ignore[var-annotated]
                 if len(self._plans) > 4096:
                     self._plans.clear()
                 self._plans[key] = plan

@@ -27,11 +27,11 @@ def _hero(bn: int, stages: int, group_m: int = 8, schedule: str = "coop", bm: in
           defer: bool = False) -> PipelineConfig:
     params = (("group_m", group_m), ("schedule", schedule), ("smem_epilogue", smem_epilogue))
     if defer:
-        params += (("defer", True),)
+        params += (("defer", True),)  # type: ignore[assignment]
     if cluster is not None:  # GEMM configs say it; the conv variant has no cluster dimension
-        params += (("cluster", cluster),)
+        params += (("cluster", cluster),)  # type: ignore[assignment]
     if stream_k is not None:  # likewise
-        params += (("stream_k", stream_k),)
+        params += (("stream_k", stream_k),)  # type: ignore[assignment]
     return PipelineConfig(bm, bn, 64, stages, 12, SwizzleMode.XOR8, BarrierMode.PRODUCER_CONSUMER, params)
 
 
@@ -322,7 +322,7 @@ class WgmmaGemmTf32(WgmmaGemm):
         super().__init__()
         from .gemm import MmaGemmTf32  # noqa: PLC0415
 
-        self._fallback = MmaGemmTf32()
+        self._fallback = MmaGemmTf32()  # type: ignore[assignment]
 
     def swapped(self, op: GemmOp) -> bool:
         """Whether the kernel computes C^T = B^T A^T (A (M, K) and B (K, N) both row-major)."""
@@ -407,7 +407,7 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
         super().__init__()
         from .gemm import MmaGemm3xTf32  # noqa: PLC0415
 
-        self._fallback = MmaGemm3xTf32()
+        self._fallback = MmaGemm3xTf32()  # type: ignore[assignment]
 
     def swapped(self, op: GemmOp) -> bool:
         return False  # the split pass writes both operands K-major

@@ -47,7 +47,7 @@ class WgmmaConv(WgmmaGemm):
 
     def __init__(self) -> None:
         super().__init__()
-        self._fallback = ImplicitGemmConv()
+        self._fallback = ImplicitGemmConv()  # type: ignore[assignment]
 
     @staticmethod
     def slice_channels(op: Conv2dOp) -> int:
@@ -91,7 +91,7 @@ class WgmmaConv(WgmmaGemm):
                 .warps([12]).swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
                 .param("group_m", [4, 8, 16]).param("schedule", ["coop", "pingpong"])
                 .param("smem_epilogue", [False] if nchw else [True, False])
-                .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
+                .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))  # type: ignore[arg-type]
 
     def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
         m, n, _ = op.gemm_mnk
@@ -123,7 +123,7 @@ class WgmmaConv(WgmmaGemm):
         return op.layout is Layout.NHWC and not bool(config.get("stream_k", False))
 
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
-        self.prepare(op, config, profile)
+        self.prepare(op, config, profile)  # type: ignore[arg-type]
         if op.layout is Layout.NCHW:
             helpers_kernels.transposer(op.dtype, "sm_90a")
 

@@ -41,7 +41,7 @@ class Env:
         self.doctor = get_doctor()
         self.profile = self.doctor.profile_for("cpu")
         rng = np.random.default_rng(0)
-        f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+        f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # type: ignore[attr-defined]  # noqa: E731
         a, b, a2, b2 = f32(24, 16), f32(16, 20), f32(32, 16), f32(16, 24)
         x, w, x2, w2 = f32(1, 8, 10, 10), f32(16, 8, 3, 3), f32(1, 4, 8, 8), f32(8, 4, 3, 3)
         q, q2 = f32(1, 2, 8, 16), f32(1, 1, 16, 8)
@@ -64,7 +64,7 @@ class Env:
             seen.append(op)
             return real(doc, op, *a, **kw)
 
-        Doctor.decide = record  # type: ignore[method-assign]
+        Doctor.decide = record  # type: ignore[assignment,method-assign]
         self.ops: dict[str, Any] = {}
         try:
             from tracea.tuning.cache import set_cache

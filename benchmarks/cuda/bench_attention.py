@@ -1,0 +1,217 @@
+"""Tracea's flash-attention forward vs ``F.scaled_dot_product_attention``, side by side in one run.
+
+Usage (on a GPU machine, from the repo root):
+    source scripts/srcenv.sh && python benchmarks/cuda/bench_attention.py [--json out.json] [--quick]
+
+Three parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorch:
+
+* prefill, B4 H16 S4096, D64 / D128, causal and not, bf16 / fp16;
+* one-token decode, q_len 1 over kv_len 4096..32768, GQA 32 query / 8 kv heads, D128, bf16;
+* a small Hugging Face style transformer block (GQA attention calling SDPA, then an MLP) with
+  ``tracea_torch.patch_attention()`` vs eager.
+
+Two timings per row: the *user path* (``tracea.ops.attention`` with default settings, untuned, called back
+to back between two CUDA events with nothing queued ahead: host time counts where it exceeds the
+kernel's) and the *kernel* (the same calls queued behind a sleep kernel, so the events time device work
+only). PyTorch is timed the same way, interleaved with Tracea round by round (medians), so clock drift
+hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tracea
+import tracea_torch
+from tracea.runtime import plans
+from tracea_torch.bridge_attention import TORCH_SDPA
+
+
+def _time(fns, reps: int, queue_ahead: bool, rounds: int = 5) -> list[float]:
+    """Median seconds per call of each fn, interleaved by rounds of ``reps`` back-to-back calls."""
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    per = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, acc in zip(fns, per):
+            if queue_ahead:
+                torch.cuda._sleep(20_000_000)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(reps):
+                fn()
+            e.record()
+            torch.cuda.synchronize()
+            acc.append(s.elapsed_time(e) / 1e3 / reps)
+    return [statistics.median(a) for a in per]
+
+
+def _flops(b: int, h: int, sq: int, skv: int, d: int, causal: bool) -> float:
+    pairs = sq * skv if not causal else sum(min(i + 1, skv) for i in range(sq))
+    return 4.0 * b * h * pairs * d
+
+
+def prefill(quick: bool) -> list[dict]:
+    rows = []
+    dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16]
+    for dt in dtypes:
+        for d in (64, 128):
+            for causal in (False, True):
+                b, h, s = 4, 16, 4096
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
+                ref = TORCH_SDPA(q, k, v, is_causal=causal)
+                out = tracea.ops.attention(q, k, v, is_causal=causal)
+                err = float((out.double() - ref.double()).norm() / ref.double().norm())
+                ours = lambda: tracea.ops.attention(q, k, v, is_causal=causal)  # noqa: E731
+                theirs = lambda: TORCH_SDPA(q, k, v, is_causal=causal)  # noqa: E731
+                user = _time([ours, theirs], 10, False)
+                kern = _time([ours, theirs], 10, True)
+                fl = _flops(b, h, s, s, d, causal)
+                heroes = _heroes(q, k, v, causal, theirs) if not quick else {}
+                rows.append(dict(part="prefill", dtype=str(dt).split(".")[1], d=d, causal=causal,
+                                 tracea_tflops=fl / kern[0] / 1e12, sdpa_tflops=fl / kern[1] / 1e12,
+                                 ratio_kernel=kern[1] / kern[0], ratio_user=user[1] / user[0], rel_err=err,
+                                 variant=_variant(q, k, v, causal),
+                                 heroes={c: round(fl / t / 1e12, 1) for c, t in heroes.items()}))
+                print(_fmt(rows[-1]), flush=True)
+    return rows
+
+
+def _heroes(q, k, v, causal, theirs) -> dict:  # noqa: ANN001
+    """Isolated-kernel time (queued ahead) of every hero config of the flash variant, by config key."""
+    from tracea.doctor.doctor import get_doctor
+    from tracea.ir.ops import AttentionOp
+    from tracea_cuda.variants.attention import FlashAttention
+    from tracea_torch.adapter import device_of
+
+    b, h, s, d = q.shape
+    op = AttentionOp(b, h, s, s, d, causal=causal, dtype=str(q.dtype).split(".")[1])
+    profile = get_doctor().profile_for(device_of(q.device))
+    out = {}
+    for cfg in FlashAttention().hero_configs(op, profile):
+        fn = lambda c=cfg: tracea.ops.attention(q, k, v, is_causal=causal, variant=FlashAttention.name, config=c)  # noqa: E731
+        out[cfg.key] = _time([fn, theirs], 10, True)[0]
+    return out
+
+
+def _variant(q, k, v, causal) -> str:  # noqa: ANN001
+    key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), None, None, 0.0, causal, None,
+           False, None, None)
+    plan = plans.lookup(key)
+    run = getattr(plan, "runner", None)
+    return (run.variant or f"fallback: {run.reason}") if run is not None else "?"
+
+
+def decode(quick: bool) -> list[dict]:
+    rows = []
+    for b in (1, 8):
+        for skv in ((4096, 32768) if quick else (4096, 8192, 16384, 32768)):
+            q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, 8, skv, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            ref = TORCH_SDPA(q, k, v, enable_gqa=True)
+            out = tracea.ops.attention(q, k, v, enable_gqa=True)
+            err = float((out.double() - ref.double()).norm() / ref.double().norm())
+            ours = lambda: tracea.ops.attention(q, k, v, enable_gqa=True)  # noqa: E731
+            theirs = lambda: TORCH_SDPA(q, k, v, enable_gqa=True)  # noqa: E731
+            user = _time([ours, theirs], 20, False)
+            kern = _time([ours, theirs], 20, True)
+            gbytes = 2 * b * 8 * skv * 128 * 2 / 1e9
+            splits = {}
+            if b == 1:  # isolated kernel time by split count (the default picks one from the grid size)
+                from tracea_cuda.variants.attention import FlashAttention
+                from tracea_cuda.variants.base import hero
+
+                for n in (8, 16, 32, 64):
+                    cfg = hero(16, 64, 128, 2, 1, mt=1, splits=n)
+                    fn = lambda c=cfg: tracea.ops.attention(q, k, v, enable_gqa=True, variant=FlashAttention.name,  # noqa: E731
+                                                            config=c)
+                    splits[n] = round(_time([fn, theirs], 20, True)[0] * 1e6, 1)
+            rows.append(dict(part="decode", b=b, kv=skv, tracea_us=kern[0] * 1e6, sdpa_us=kern[1] * 1e6,
+                             tracea_tbs=gbytes / kern[0] / 1e3, ratio_kernel=kern[1] / kern[0],
+                             ratio_user=user[1] / user[0], rel_err=err, splits_us=splits))
+            print(_fmt(rows[-1]), flush=True)
+    return rows
+
+
+class Block(nn.Module):
+    """A Llama-style block: GQA self-attention through F.scaled_dot_product_attention, then an MLP."""
+
+    def __init__(self, dim: int = 2048, heads: int = 16, kv_heads: int = 4) -> None:
+        super().__init__()
+        self.h, self.kvh, self.hd = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.hd, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.up = nn.Linear(dim, 4 * dim, bias=False)
+        self.down = nn.Linear(4 * dim, dim, bias=False)
+        self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        y = self.n1(x)
+        q = self.q(y).view(b, s, self.h, self.hd).transpose(1, 2)
+        k, v = self.kv(y).view(b, s, 2, self.kvh, self.hd).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
+        return x + self.down(F.gelu(self.up(self.n2(x))))
+
+
+def model(quick: bool) -> list[dict]:
+    rows = []
+    blk = Block().cuda().to(torch.bfloat16).eval()
+    for b, s in ((4, 2048),) if quick else ((4, 2048), (1, 4096)):
+        x = torch.randn(b, s, 2048, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            ref = blk(x)
+            eager = lambda: blk(x)  # noqa: E731
+            tracea_torch.patch_attention(blk)
+            out = blk(x)  # first call: plans, the arbiter's verdict
+            patched = lambda: blk(x)  # noqa: E731
+            t = _time([patched, eager_unpatched(blk, x)], 5, False)
+            tracea_torch.unpatch_attention(blk)
+        err = float((out.double() - ref.double()).norm() / ref.double().norm())
+        verdicts = [f"{v.winner} ({v.op})" for v in tracea_torch.arbiter.verdicts()]
+        rows.append(dict(part="hf_block", b=b, s=s, ratio_user=t[1] / t[0], patched_ms=t[0] * 1e3,
+                         eager_ms=t[1] * 1e3, rel_err=err, arbiter=verdicts[-2:]))
+        print(_fmt(rows[-1]), flush=True)
+    return rows
+
+
+def eager_unpatched(blk: nn.Module, x: torch.Tensor):  # noqa: ANN201
+    """The block's forward with PyTorch's SDPA even while the block is patched."""
+    fwd = type(blk).forward
+
+    def run() -> torch.Tensor:
+        return fwd(blk, x)
+
+    return run
+
+
+def _fmt(r: dict) -> str:
+    return "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="prefill,decode,model")
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    rows = []
+    for part in args.only.split(","):
+        rows += {"prefill": prefill, "decode": decode, "model": model}[part](args.quick)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""The plan of ``tracea.ops.attention``: the arguments of ``torch.nn.functional.scaled_dot_product_attention``
+turned into an :class:`AttentionOp` on packed (batch, heads, seq, head_dim) arrays.
+
+What the signature fixes is worked out once: the leading batch dimensions of q, k and v broadcast
+against each other and are folded into one batch (a broadcast operand is materialised on every call,
+a packed one is only viewed); ``attn_mask`` (boolean or additive, broadcastable to
+(..., heads, seq_q, seq_kv)) becomes a packed (mask_batch, mask_heads, seq_q, seq_kv) array of the
+input dtype, with mask_batch / mask_heads 1 where the mask broadcasts; ``dropout_p`` > 0 is described in
+the op so that no kernel takes it (torch tensors: PyTorch computes the call, counted as a fallback;
+other arrays: :class:`~tracea.errors.NoVariantError` naming the reason).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable
+
+import numpy as np
+
+from ..doctor.doctor import get_doctor
+from ..errors import DTypeError, InvalidArgumentError, ShapeError
+from ..ir.ops import AttentionOp
+from . import dispatch, operands as ops_args
+from .plan_ops import _deliver, _finish, _out_checks, retrying
+
+_BOOL_DTYPES = ("bool", "torch.bool")
+
+
+def is_bool_array(obj: Any) -> bool:
+    """Whether ``obj`` holds booleans (NumPy, CuPy and torch spell the dtype ``bool`` / ``torch.bool``)."""
+    return str(getattr(obj, "dtype", "")) in _BOOL_DTYPES
+
+
+def _broadcast(name: str, obj: Any, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The broadcast of leading-dimension shapes (NumPy's rules), or ShapeError naming ``name``."""
+    n = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(n):
+        sizes = {s[len(s) - n + i] for s in shapes if len(s) - n + i >= 0} - {1}
+        if len(sizes) > 1:
+            raise ShapeError(name, obj, f"leading (batch) dimensions that broadcast with q's, k's and v's "
+                                        f"({', '.join(str(s) for s in shapes)})")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def _expanded(adapter: Any, shape: tuple[int, ...], kshape: tuple[int, ...], dtype: Any) -> Callable[[Any], Any]:
+    """Materialise a broadcast operand: a fresh packed array of ``shape`` (the operand broadcast into it,
+    converted to ``dtype``), viewed as ``kshape``."""
+    empty, copy_, reshape = adapter.empty, adapter.copy_, adapter.reshape
+
+    def expand(x: Any) -> Any:
+        buf = empty(shape, dtype, x)
+        copy_(buf, x)
+        return reshape(buf, kshape)
+
+    return expand
+
+
+def _packed_as(adapter: Any, packed: bool, kshape: tuple[int, ...], same_shape: bool) -> Callable[[Any], Any] | None:
+    """How to turn an operand whose shape needs no broadcast into a packed ``kshape`` array."""
+    contiguous, reshape = adapter.contiguous, adapter.reshape
+    if packed:
+        if same_shape:
+            return None
+        view = lambda x: reshape(x, kshape)  # noqa: E731
+        view.is_view = True  # type: ignore[attr-defined]  # pointer-only launchers skip it
+        return view
+    return lambda x: reshape(contiguous(x), kshape)
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A bool argument: Python or NumPy bools, or the integers 0 and 1."""
+    if not isinstance(value, (bool, np.bool_, numbers.Integral)) or value not in (0, 1):
+        raise InvalidArgumentError(name, value, "True or False")
+    return bool(value)
+
+
+@retrying
+def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, causal: Any, scale: Any,
+              enable_gqa: Any, out: Any, variant: str | None, config: Any) -> Any:
+    """The full path of ``tracea.ops.attention`` (see its docstring for the arguments)."""
+    doctor = get_doctor()
+    adapter, device, o = ops_args.operands(doctor, [("q", q), ("k", k), ("v", v), ("out", out)])
+    Q, K, V = o["q"], o["k"], o["v"]
+    for t in (Q, K, V):
+        ops_args.check_rank(t, tuple(range(3, 9)), "(..., heads, seq, head_dim)")
+    dtype = ops_args.check_float(Q)
+    ops_args.same_dtype(Q, K, V)
+    causal = _flag("is_causal", causal)
+    enable_gqa = _flag("enable_gqa", enable_gqa)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= float(dropout_p) <= 1.0:
+        raise InvalidArgumentError("dropout_p", dropout_p, "a probability in [0, 1]")
+    *lq, hq, sq, d = Q.info.shape
+    *lk, hk, sk, dk = K.info.shape
+    *lv, hv, sv, dv = V.info.shape
+    if dk != d:
+        raise ShapeError("k", k, f"head_dim {d} like q (shape (..., kv_heads, seq_kv, {d}))")
+    if (hv, sv) != (hk, sk):
+        raise ShapeError("v", v, f"kv_heads {hk} and seq_kv {sk} like k (shape (..., {hk}, {sk}, head_dim_v))")
+    lead = _broadcast("k", k, [tuple(lq), tuple(lk), tuple(lv)])
+    heads = hq
+    if hq == 1 and hk > 1 and not enable_gqa:  # q broadcasts over the kv heads (PyTorch's matmul rules)
+        heads = hk
+    if heads % hk:
+        raise ShapeError("k", k, f"kv heads dividing q's {hq} heads (grouped-query attention)")
+    batch = math.prod(lead)
+
+    mask_kind = mask_shape = None
+    prep_mask = None
+    if attn_mask is not None:
+        if not adapter.owns(attn_mask):
+            raise InvalidArgumentError("attn_mask", attn_mask, f"a {adapter.name} array like q")
+        mshape = tuple(int(s) for s in getattr(attn_mask, "shape", ()))
+        if is_bool_array(attn_mask):
+            mask_kind = "bool"
+        else:
+            info = adapter.info(attn_mask)
+            if info.dtype not in ops_args.FLOATS:
+                raise DTypeError("attn_mask.dtype", info.dtype.value, "bool or a floating dtype (additive)")
+            if info.device != Q.info.device:
+                raise InvalidArgumentError("attn_mask", attn_mask, f"an array on {Q.info.device} like q")
+            mask_kind = "additive"
+        full = tuple(lead) + (heads, sq, sk)
+        if len(mshape) > len(full) or any(m not in (1, f) for m, f in zip(mshape[::-1], full[::-1])):
+            raise ShapeError("attn_mask", attn_mask, f"a shape that broadcasts to {full}")
+        padded = (1,) * (len(full) - len(mshape)) + mshape
+        mb = batch if any(s != 1 for s in padded[:-3]) else 1
+        mh = heads if padded[-3] != 1 else 1
+        mask_shape = (mb, mh)
+        target = (tuple(lead) if mb > 1 else (1,) * len(lead)) + (mh, sq, sk)
+        kmask = (mb, mh, sq, sk)
+        if mask_kind == "additive" and info.dtype is dtype and info.c_contiguous and padded == target:
+            prep_mask = _packed_as(adapter, True, kmask, mshape == kmask)
+        else:
+            prep_mask = _expanded(adapter, target, kmask, dtype)
+
+    op = AttentionOp(batch, heads, sq, sk, d, causal=causal, scale=scale, kv_heads=hk, dtype=dtype,
+                     mask=mask_kind, mask_shape=mask_shape, dropout_p=float(dropout_p), head_dim_v=dv)
+    out_shape = tuple(lead) + (heads, sq, dv)
+    kshape = (batch, heads, sq, dv)
+    U = o.get("out")
+    ops_args.check_out(U, out_shape, dtype)
+    ops_args.check_no_overlap(U, [Q, K, V])
+
+    def prep(t: ops_args.Operand, lead_t: list[int], h: int, s: int, e: int) -> Callable[[Any], Any] | None:
+        kshape_t = (batch, h, s, e)
+        if tuple(lead_t) == tuple(lead) and t.info.shape[-3] == h:
+            return _packed_as(adapter, t.info.c_contiguous, kshape_t, tuple(t.info.shape) == kshape_t)
+        return _expanded(adapter, tuple(lead) + (h, s, e), kshape_t, dtype)
+
+    preps = (prep(Q, lq, heads, sq, d), prep(K, lk, hk, sk, d), prep(V, lv, hk, sk, dv), prep_mask)
+    new_out = adapter.empty_factory(out_shape, dtype, q)
+    reshape, copy_ = adapter.reshape, adapter.copy_
+    direct_out = U is not None and U.info.c_contiguous
+    check_out = _out_checks(U, [Q, K, V])
+    view_out = out_shape != kshape
+
+    def kernel_args(ps: tuple, view: bool, qq: Any, kk: Any, vv: Any, mm: Any, user_out: Any) -> tuple:
+        pq, pk, pv, pm = ps
+        inputs = (qq if pq is None else pq(qq), kk if pk is None else pk(kk), vv if pv is None else pv(vv),
+                  mm if (mm is None or pm is None) else pm(mm))
+        target = user_out if direct_out else new_out(qq)
+        return inputs, target, (reshape(target, kshape) if view else target)
+
+    inputs0, target0, kout0 = kernel_args(preps, view_out, q, k, v, attn_mask, out)
+    user0 = {"q": q, "k": k, "v": v, "mask": attn_mask}
+    run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor,
+                                   inputs=inputs0)
+    launch = run.launch
+
+    if launch is None:  # a framework computes every call of this signature (PyTorch, on the user's arrays)
+        def plan(qq: Any, kk: Any, vv: Any, mm: Any, user_out: Any) -> Any:
+            if check_out is not None:
+                check_out(user_out, qq, kk, vv)
+            target = user_out if direct_out else new_out(qq)
+            kout = reshape(target, kshape) if view_out else target
+            result = dispatch.fallback(run, {"q": qq, "k": kk, "v": vv, "mask": mm}, kout)
+            return _deliver(result, kout, target, user_out, copy_)
+
+        def first_call() -> Any:
+            return _deliver(result0, kout0, target0, out, copy_)
+    else:
+        lean = getattr(launch, "pointer_only", False)
+        lean_preps = tuple(None if (p is not None and lean and getattr(p, "is_view", False)) else p for p in preps)
+        lean_view = view_out and not lean
+        if U is None and all(p is None for p in lean_preps[:3]) and attn_mask is None:
+            # the common case in one frame: packed q, k, v, no mask, no out= (all fixed by the signature)
+            def plan(qq: Any, kk: Any, vv: Any, mm: Any, user_out: Any) -> Any:
+                target = new_out(qq)
+                launch(qq, kk, vv, None, target)
+                return target
+        else:
+            def plan(qq: Any, kk: Any, vv: Any, mm: Any, user_out: Any) -> Any:
+                if check_out is not None:
+                    check_out(user_out, qq, kk, vv)
+                inputs, target, kout = kernel_args(lean_preps, lean_view, qq, kk, vv, mm, user_out)
+                launch(*inputs, kout)
+                if user_out is None:
+                    return target
+                if target is not user_out:
+                    copy_(user_out, target)
+                return user_out
+
+        def first_call() -> Any:
+            launch(*inputs0, kout0)
+            if out is None:
+                return target0
+            if target0 is not out:
+                copy_(out, target0)
+            return out
+
+    plan.runner = run  # type: ignore[attr-defined]  # for tools and tests: what this plan runs
+    return _finish(key, plan, first_call)

@@ -1,0 +1,207 @@
+"""Attention variant: the flash-attention forward (``emit/flash_attn.py``) on ``mma.sync`` (sm_80+),
+float16 / bfloat16, head dims 64 and 128, causal or not, GQA / MQA, seq_q != seq_kv, ``scale``, boolean
+and additive masks, and a split-KV path (partials + a combine kernel) that fills the GPU when the query
+rows alone cannot (one-token decode over a long KV cache).
+
+Config: ``tile_m`` = query rows per CTA, param ``mt`` = 16-row m-tiles per warp (``warps = tile_m / (16 mt)``),
+``tile_n`` = keys per tile, param ``splits`` (0: chosen from the grid size and the SM count, 1: none,
+n: n key chunks).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import OpArgs, Requirements
+from tracea.dtypes import DType
+from tracea.errors import InvalidArgumentError, LaunchError, UnsupportedConfigError
+from tracea.ir.ops import AttentionOp, LayerType
+from tracea.semantic.config import PipelineConfig, Validity
+from tracea.semantic.search_space import SearchSpace
+
+from .. import compiler, launcher, toolkit
+from ..arrays import data_ptr
+from ..emit import flash_attn
+from ..emit.flash_attn import FlashSpec
+from .base import CudaVariant, hero, u64
+
+_MASKS = {None: 0, "bool": 1, "additive": 2}
+MAX_SPLITS = 64
+
+
+def auto_splits(op: AttentionOp, bm: int, bn: int, sms: int) -> int:
+    """Key chunks for split-KV: about two CTAs per SM when the query blocks alone leave most SMs idle, each
+    chunk at least two key tiles long; 1 when the grid is already full. (H100, decode GQA 32/8 D128 batch
+    1: 32 chunks ran 16 / 23 / 39 / 66 us at kv 4096 / 8192 / 16384 / 32768, 64 chunks 21-78 us, 16
+    chunks 20-114 us; batch 8 ran 0.94-0.97x SDPA at ~5 chunks and 0.77-0.84x at ~9.)"""
+    kvh = int(op.kv_heads or op.heads)
+    rows = (op.heads // kvh) * op.seq_q
+    ctas = -(-rows // bm) * kvh * op.batch
+    if ctas >= sms or op.causal and op.seq_q > 1:
+        return 1
+    by_len = max(1, op.seq_kv // (2 * bn))
+    return int(max(1, min(MAX_SPLITS, -(-2 * sms // ctas), by_len)))
+
+
+class FlashAttention(CudaVariant):
+    name = "cuda.attention.flash_mma"
+    description = ("flash-attention forward, mma.sync m16n8k16 + ldmatrix + cp.async double buffering, online "
+                   "softmax in registers, causal tile skipping, GQA, masks, split-KV decode (sm_80+)")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.ATTENTION,
+                                dtypes=frozenset({DType.F16, DType.BF16}), min_compute_capability=(8, 0),
+                                masks=frozenset({"bool", "additive"}))
+    efficiency = 0.3  # of the f16/bf16 Tensor Core peak (an mma.sync FA2 design on Hopper)
+    priority = 10
+
+    def extra_checks(self, op: AttentionOp, profile: DeviceProfile) -> list[str]:
+        reasons = []
+        if op.head_dim not in (64, 128):
+            reasons.append(f"head_dim={op.head_dim} not served (64 and 128; others need another register budget)")
+        kvh = int(op.kv_heads or op.heads)
+        if kvh > 65535 or op.batch * MAX_SPLITS > 65535 and op.batch > 65535 // MAX_SPLITS:
+            reasons.append("batch or kv heads exceed the grid limits")
+        elems = op.batch * op.heads * op.seq_q * op.head_dim
+        if max(elems, op.batch * kvh * op.seq_kv * op.head_dim) >= 2**31 or op.seq_q * op.seq_kv >= 2**31:
+            reasons.append("arrays exceed the 32-bit index range of the kernel")
+        return reasons
+
+    # -- configs ---------------------------------------------------------------------------------
+    def spec(self, op: AttentionOp, config: PipelineConfig, ptrs: Any = None, profile: DeviceProfile | None = None) -> FlashSpec:
+        mt = int(config.get("mt", 1) or 1)
+        if config.tile_m % (16 * mt):
+            raise UnsupportedConfigError(f"tile_m={config.tile_m} must be a multiple of 16 x mt={mt}")
+        splits = int(config.get("splits", 0) or 0)
+        if splits <= 0:
+            sms = profile.compute_units if profile is not None and profile.compute_units > 1 else 132
+            splits = auto_splits(op, config.tile_m, config.tile_n, sms)
+        return FlashSpec(op.dtype.storage, op.head_dim, config.tile_m, config.tile_n, op.causal, _MASKS[op.mask],
+                         min(splits, MAX_SPLITS), mt)
+
+    def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        try:
+            spec = self.spec(op, config, None, profile)
+            spec.check()
+        except UnsupportedConfigError as exc:
+            return Validity(False, exc.reason)
+        if config.warps != spec.warps:
+            return Validity(False, f"warps={config.warps} must be tile_m / (16 mt) = {spec.warps}")
+        return config.validate(profile, smem_bytes=spec.smem_bytes)
+
+    def search_space(self, op: AttentionOp, profile: DeviceProfile) -> SearchSpace:
+        return (SearchSpace().tile_m([16, 32, 64, 128]).tile_n([32, 64, 128]).tile_k([op.head_dim]).stages([2])
+                .warps([1, 2, 4, 8]).param("mt", [1, 2]).param("splits", [0, 1, 2, 4, 8, 16, 32])
+                .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
+
+    def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        kvh = int(op.kv_heads or op.heads)
+        rows = (op.heads // kvh) * op.seq_q
+
+        def h(bm: int, bn: int, mt: int = 1) -> PipelineConfig:
+            return hero(bm, bn, op.head_dim, 2, bm // (16 * mt), mt=mt, splits=0)
+
+        if rows <= 16:
+            return [h(16, 64), h(32, 64), h(64, 64)]
+        if rows <= 64:
+            return [h(64, 64), h(16, 64), h(128, 64)]
+        if op.head_dim <= 64:
+            return [h(128, 64, 2), h(128, 64), h(64, 64), h(128, 32)]
+        if op.mask is not None:  # d128 with two m-tiles per warp and a mask needs more than 255 registers
+            return [h(128, 64), h(64, 64), h(128, 32)]
+        return [h(128, 32, 2), h(128, 64), h(64, 64)]
+
+    # -- compile and launch ----------------------------------------------------------------------
+    def _kernels(self, spec: FlashSpec, profile: DeviceProfile) -> tuple[compiler.Kernel, compiler.Kernel | None]:
+        arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))
+        main = compiler.load(flash_attn.render(spec), flash_attn.KERNEL_NAME, arch, smem=spec.smem_bytes,
+                             threads=spec.threads)
+        combine = None
+        if spec.splits > 1:
+            combine = compiler.load(flash_attn.render_combine(spec), flash_attn.COMBINE_NAME, arch, smem=0, threads=256)
+        return main, combine
+
+    def prepare(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        with toolkit.cupy().cuda.Device(profile.device.index):
+            return self._kernels(self.spec(op, config, None, profile), profile)
+
+    def fast_launch_ok(self, op: AttentionOp, config: PipelineConfig) -> bool:
+        return False  # bind() below is this variant's own fast launcher
+
+    def bind(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        dev = profile.device.index
+        stream = launcher.stream_getter(adapter, dev)
+        launcher.refuse_if_capturing(stream(), self.name)
+        spec = self.spec(op, config, None, profile)
+        with toolkit.cupy().cuda.Device(dev):
+            main, combine = self._kernels(spec, profile)
+        kvh = int(op.kv_heads or op.heads)
+        rows = (op.heads // kvh) * op.seq_q
+        grid = (-(-rows // spec.bm), kvh, op.batch * spec.splits)
+        mb, mh = op.mask_shape or (1, 1)
+        scalars = (np.int32(op.batch), np.int32(op.heads), np.int32(kvh), np.int32(op.seq_q), np.int32(op.seq_kv),
+                   np.float32(float(op.scale) * flash_attn.LOG2E), np.int32(mb), np.int32(mh))  # type: ignore[arg-type]
+        roles = ("q", "k", "v", "out", "mask", "part", "lse")
+
+        def main_args(p: dict[str, int]) -> tuple:
+            return tuple(u64(p[r]) for r in roles) + scalars
+
+        fl = launcher.FastLaunch(main.function, grid, spec.threads, spec.smem_bytes,
+                                 launcher.ParamBlock.from_args(main_args, roles))
+        total_rows = op.batch * op.heads * op.seq_q
+        fc = None
+        if combine is not None:
+            croles = ("part", "lse", "out")
+            fc = launcher.FastLaunch(combine.function, (-(-total_rows // 8), 1, 1), 256, 0, launcher.ParamBlock.from_args(
+                lambda p: (u64(p["part"]), u64(p["lse"]), u64(p["out"]), np.int32(total_rows)), croles))
+        ptr, device, current, name = adapter.data_ptr, launcher.on_device(dev), toolkit.cupy().cuda.runtime.getDevice, self.name
+        scratch, splits, needs_mask = launcher.scratch, spec.splits, op.mask is not None
+
+        def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
+            pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(out)
+            if needs_mask and mask is None:
+                raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
+            pm = ptr(mask) if needs_mask else po
+            if (pq | pk | pv | po) & 15 or pm & 1:
+                raise LaunchError(f"{name}: q, k, v and out must be 16-byte aligned (pass packed arrays)", backend="cuda")
+            s = stream()
+            with (device() if current() != dev else _NULL):
+                if fc is None:
+                    fl(s, (pq, pk, pv, po, pm, po, po))
+                else:
+                    part = scratch(adapter, out, splits * total_rows * (op.head_dim + 1))
+                    pp = ptr(part)
+                    pl = pp + 4 * splits * total_rows * op.head_dim
+                    fl(s, (pq, pk, pv, po, pm, pp, pl))
+                    fc(s, (pp, pl, po))
+                    del part  # stream-ordered allocator: reused only after the launches above
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
+    def run(self, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
+        launch = _bound(self, op, config, profile, args.adapter)
+        launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.out)
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NULL = _Null()
+
+
+@functools.lru_cache(maxsize=256)
+def _bound(variant: FlashAttention, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+    return variant.bind(op, config, profile, adapter)
+
+
+ATTENTION_VARIANTS = [FlashAttention]
+
+__all__ = ["ATTENTION_VARIANTS", "FlashAttention", "auto_splits", "data_ptr"]

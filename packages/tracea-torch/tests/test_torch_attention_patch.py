@@ -1,0 +1,175 @@
+"""``tracea_torch.patch_attention``: ``F.scaled_dot_product_attention`` routed through Tracea globally or
+per model, reversibly; the plan cache and the arbiter; PyTorch's backward for autograd; the
+``tracea::sdpa`` custom op under ``torch.compile``; fallbacks counted with their reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import tracea_torch  # noqa: E402
+from tracea.runtime import plans  # noqa: E402
+from tracea_torch import arbiter, fallbacks  # noqa: E402
+from tracea_torch.bridge_attention import TORCH_SDPA  # noqa: E402
+from tracea_torch.ops import scaled_dot_product_attention as tracea_sdpa  # noqa: E402
+
+ORIGINAL = F.scaled_dot_product_attention
+
+
+class HFStyleAttention(nn.Module):
+    """A Hugging Face style self-attention block (Llama-like: GQA, causal, SDPA)."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, kv_heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, dim // heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv_heads * self.hd, bias=False)
+        self.v_proj = nn.Linear(dim, kv_heads * self.hd, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                              enable_gqa=True)
+        return self.o_proj(o.transpose(1, 2).reshape(b, s, -1))
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    tracea_torch.unpatch_attention()
+    assert F.scaled_dot_product_attention is ORIGINAL
+
+
+def _qkv(*shape, kv_heads=None, seed=0):  # noqa: ANN001, ANN002, ANN202
+    g = torch.Generator().manual_seed(seed)
+    b, h, s, d = shape
+    kvh = kv_heads or h
+    return (torch.randn(b, h, s, d, generator=g), torch.randn(b, kvh, s + 3, d, generator=g),
+            torch.randn(b, kvh, s + 3, d, generator=g))
+
+
+def test_functional_matches_torch_on_kernel_and_fallback_paths():
+    q, k, v = _qkv(2, 4, 13, 16, kv_heads=2)
+    mask = torch.rand(13, 16) < 0.8
+    for kwargs in ({}, {"is_causal": True}, {"attn_mask": mask}, {"attn_mask": mask.float() - 1.0},
+                   {"scale": 0.2, "is_causal": True}):
+        expected = TORCH_SDPA(q, k, v, enable_gqa=True, **kwargs)
+        got = tracea_sdpa(q, k, v, enable_gqa=True, **kwargs)
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    # bf16 on the CPU: no Tracea kernel, PyTorch computes it, counted with the reason
+    before = fallbacks.total("attention")
+    qb, kb, vb = (t.bfloat16() for t in (q, k, v))
+    torch.testing.assert_close(tracea_sdpa(qb, kb, vb, enable_gqa=True), TORCH_SDPA(qb, kb, vb, enable_gqa=True))
+    assert fallbacks.total("attention") > before
+    # dropout: PyTorch computes it (same RNG stream), counted
+    before = fallbacks.total("attention", "dropout")
+    torch.manual_seed(3)
+    a = tracea_sdpa(q, k, v, dropout_p=0.3, enable_gqa=True)
+    torch.manual_seed(3)
+    torch.testing.assert_close(a, TORCH_SDPA(q, k, v, dropout_p=0.3, enable_gqa=True))
+    assert fallbacks.total("attention", "dropout") == before + 1
+
+
+def test_global_patch_routes_and_unpatches(monkeypatch):
+    monkeypatch.setenv("TRACEA_ARBITER", "0")  # the kernel serves every call (no timing in tests)
+    model = HFStyleAttention().eval()
+    x = torch.randn(2, 11, 64)
+    with torch.no_grad():
+        expected = model(x)
+        tracea_torch.patch_attention()
+        assert tracea_torch.is_patched("attention")
+        assert F.scaled_dot_product_attention is tracea_sdpa
+        tracea_torch.patch_attention()  # idempotent
+        builds = plans.stats()["builds"]
+        got = model(x)
+        got2 = model(x)
+    assert plans.stats()["builds"] > builds  # Tracea's plans served it
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got2, got)
+    tracea_torch.unpatch_attention()
+    assert not tracea_torch.is_patched("attention")
+    assert F.scaled_dot_product_attention is ORIGINAL
+
+
+def test_per_model_patch_only_while_its_forward_runs():
+    model, other = HFStyleAttention().eval(), HFStyleAttention().eval()
+    seen = []
+
+    class Spy(nn.Module):
+        def forward(self, x):  # noqa: ANN001, ANN202
+            seen.append(F.scaled_dot_product_attention is tracea_sdpa)
+            return x
+
+    model.add_module("spy", Spy())
+    orig_forward = type(model).forward
+
+    def fwd(self, x, mask=None):  # noqa: ANN001, ANN202
+        self.spy(x)
+        return orig_forward(self, x, mask)
+
+    model.forward = fwd.__get__(model)  # an instance forward, wrapped by the patch
+    x = torch.randn(1, 9, 64)
+    with torch.no_grad():
+        expected = model(x)
+        assert tracea_torch.patch_attention(model) is model
+        assert tracea_torch.is_patched("attention", model) and not tracea_torch.is_patched("attention", other)
+        got = model(x)
+        other(x)
+    assert seen == [False, True]
+    assert F.scaled_dot_product_attention is ORIGINAL  # only during the forward
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    tracea_torch.unpatch_attention(model)
+    assert not tracea_torch.is_patched("attention", model)
+    model(x)
+    assert seen[-1] is False
+
+
+def test_autograd_uses_torchs_backward():
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 7, 8))
+    mask = (torch.randn(7, 10) * 0.5).requires_grad_()
+    out = tracea_sdpa(q, k, v, attn_mask=mask)
+    out.square().sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v, mask)]
+    for t in (q, k, v, mask):
+        t.grad = None
+    TORCH_SDPA(q, k, v, attn_mask=mask).square().sum().backward()
+    for g, t in zip(grads, (q, k, v, mask)):
+        torch.testing.assert_close(g, t.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_torch_compile_fullgraph_with_the_custom_op(monkeypatch):
+    monkeypatch.setenv("TRACEA_ARBITER", "0")
+    model = HFStyleAttention().eval()
+    x = torch.randn(2, 9, 64)
+    with torch.no_grad():
+        expected = model(x)
+        tracea_torch.patch_attention()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        got = compiled(x)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    # the graph holds the custom op, and training through it works
+    gm = torch._dynamo.export(model)(x).graph_module if hasattr(torch._dynamo, "export") else None
+    if gm is not None:
+        assert "tracea.sdpa" in gm.code or "tracea::sdpa" in str(gm.graph)
+    xg = x.clone().requires_grad_()
+    compiled(xg).sum().backward()
+    assert xg.grad is not None and torch.isfinite(xg.grad).all()
+
+
+def test_arbiter_judges_the_first_call_of_a_signature(monkeypatch):
+    monkeypatch.setenv("TRACEA_ARBITER", "1")
+    monkeypatch.setenv("TRACEA_CACHE_DIR", str(pytest.importorskip("tempfile").mkdtemp()))
+    arbiter.reset()
+    q, k, v = _qkv(1, 2, 33, 16, seed=5)
+    with torch.no_grad():
+        got = tracea_sdpa(q, k, v, is_causal=True)
+    torch.testing.assert_close(got, TORCH_SDPA(q, k, v, is_causal=True), atol=2e-5, rtol=1e-4)
+    assert any(v_.op.startswith("attention") for v_ in arbiter.verdicts())
