@@ -41,6 +41,7 @@ def test_first_use_persists_a_measured_winner(rng):
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
     entries = get_cache().entries()
     assert len(entries) == 1 and entries[0].median_s > 0 and entries[0].trials >= 2
+    assert entries[0].default_s > 0  # the winner's default config (its first hero) was among the timed
     decision = get_doctor().decide(GemmOp(64, 80, 48), "cpu")
     assert decision.chosen.source == "cache" and decision.chosen.variant.name == entries[0].variant
     built = plans.stats()["builds"]

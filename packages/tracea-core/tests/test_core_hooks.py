@@ -135,6 +135,27 @@ def test_hook_tracea_environment():
     assert "toy_driver" not in d.environment(d.profile_for("cpu"))
 
 
+def test_hook_tracea_perf_data(tmp_path):
+    from tracea.perfmodel import arch_key
+    from tracea.perfmodel.data import pack
+
+    toy = DeviceProfile(Device("toydev"), "Toy Device", backend="toy", peak_gflops={"float32": 1e6})
+    rows = [dict(variant="toy.gemm", op=GemmOp(s, s, s).to_dict(), seconds=1e-3 * s) for s in (8, 16)]
+    path = tmp_path / "toy.json"
+    path.write_text(__import__("json").dumps(pack(rows, {"arch_key": arch_key(toy)})))
+    seen = []
+
+    @hookimpl
+    def tracea_perf_data(profile):
+        seen.append(profile.device.kind)
+        return [str(path)] if profile.device.kind == "toydev" else None
+
+    d = _doctor(_toy_plugin(tracea_perf_data=tracea_perf_data))
+    decision = d.decide(OP, "toydev", use_cache=False)
+    assert decision.chosen.estimate.method == "knn" and "toy.json (2 points" in decision.explain()
+    assert seen == ["toydev"]
+
+
 def test_hook_tracea_synchronize():
     plugin = _toy_plugin()
     d = _doctor(plugin)

@@ -28,6 +28,8 @@ def test_tune_gemm_and_conv_persist_to_cache(doctor, cache):
     fresh = TuningCache(cache.path)
     prof = doctor.profile_for("cpu")
     assert fresh.lookup(GemmOp(40, 72, 56), "testnp.gemm.blocked", prof).config == gemm.config
+    # the default (first hero) config was measured too: the performance model learns from it
+    assert all(0 < e.default_s < math.inf for e in fresh.entries())
     assert fresh.lookup(Conv2dOp(1, 6, 9, 9, 10, 3, 3, padding=1), "testnp.conv2d.blocked", prof).config == conv.config
 
 

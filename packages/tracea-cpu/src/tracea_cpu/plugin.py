@@ -54,3 +54,13 @@ def tracea_kernel_runner(lang: str, device, options: dict):
     from .user_kernels import runner
 
     return runner(lang, device, options)
+
+
+@hookimpl
+def tracea_perf_data(profile) -> list | None:
+    """The measured data of this backend's variants (``perf_data/<arch>.json``) for the performance model."""
+    if profile.device.kind != "cpu":
+        return None
+    from pathlib import Path  # noqa: PLC0415
+
+    return sorted(str(p) for p in (Path(__file__).parent / "perf_data").glob("*.json"))

@@ -24,6 +24,18 @@ GEMM_HEROES: dict[str, list[dict[str, int]]] = {
     "neon": [dict(mr=8, nr=12, mc=64, nc=4092, kc=512), dict(mr=6, nr=16, mc=48, nc=4096, kc=512)],
     "scalar": [dict(mr=4, nr=4, mc=64, nc=2048, kc=256)],
 }
+# GEMM hero orders for CPU families (``profile.extras["microarch"]``, see
+# tracea.doctor.cpu_probe.CpuInfo.microarch) measured on that family; a family without an entry uses its
+# ISA's table above (measured on AMD Zen 4 / Zen 5). Intel AVX-512 (Sapphire Rapids class, 2 cores, 2 MB
+# L2 per core), benchmarks/cpu/probes/hero_study.py (every config and NumPy interleaved, medians), quiet
+# machine: 14x32 mc112 kc512 2.12x / 1.03x / 0.88x NumPy at 512 / 1024 / 2048, where the ISA default
+# (6x64 mc48 kc1024) ran 2.14x / 0.87x / 0.87x; it was also among the fastest under heavy load (load
+# average 10-11). 6x64 tiles are left out: the least-waste order would put them first on multiples of 6 /
+# 1024 (6x64 mc96 kc512: 0.91x at 1024), and 4x64 mc72 kc384 (first on multiples of 4) ran 0.81x at 2048.
+MICROARCH_GEMM_HEROES: dict[str, list[dict[str, int]]] = {
+    "intel-avx512": [dict(mr=14, nr=32, mc=112, nc=4096, kc=512), dict(mr=14, nr=32, mc=56, nc=4096, kc=1024),
+                     dict(mr=12, nr=32, mc=96, nc=4096, kc=512), dict(mr=8, nr=48, mc=96, nc=4080, kc=512)],
+}
 # Indirect conv heroes whose tile is an equal part of one output row (Q % mr == 0): tiles in the top
 # or bottom output row skip the taps that read only padding (~10% of a 3x3 conv on 7^2 images).
 # Measured on ResNet-50 512@7^2 NCHW, batch 8: 7x32 230 GFLOP/s, 7x48 210 (11 panels of 48 for 512
@@ -33,6 +45,10 @@ ROW_HEROES: dict[str, list[dict[str, int]]] = {
     "avx512": [dict(mr=7, nr=32, mc=28, nc=4096, kc=2304), dict(mr=14, nr=32, mc=28, nc=4096, kc=2304)],
     "avx2": [], "neon": [], "scalar": [],
 }
+# Output widths up to which the row-aligned indirect conv heroes go first, per CPU family (default 14,
+# measured on AMD). Intel AVX-512: 7x32 rows first at 28^2 as well -- ResNet 128@28^2 NCHW at batch 1 / 8
+# 2.86x / 0.99x torch against 1.68x / 0.96x for the 6x64 default, interleaved, under load 11-13 (noisy).
+ROW_FIRST_MAX_Q: dict[str, int] = {"intel-avx512": 28}
 # K block of the weights-stationary conv heroes (the whole K of ResNet-50's 512-channel 3x3 layers).
 STATIONARY_KC = 4608
 ATTN_HEROES: dict[str, list[dict[str, int]]] = {
@@ -87,7 +103,7 @@ def gemv_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
 def blocked_space(isa: Isa, profile: DeviceProfile) -> SearchSpace:
     """The fp32 GEMM's register tiles, cache blocks and threads."""
     return _blocking_space(isa, profile, 4, [128, 256, 384, 512, 768, 1024, 1152, 2304, STATIONARY_KC],
-                           [24, 28, 32, 42, 48, 64, 72, 96, 120, 144, 168, 192, 240, 288, 336, 384, 480],
+                           [24, 28, 32, 42, 48, 56, 64, 72, 96, 112, 120, 144, 168, 192, 240, 288, 336, 384, 480],
                            [1024, 2016, 2048, 4032, 4080, 4092, 4096, 8192])
 
 
@@ -130,10 +146,21 @@ def heroes(table: dict[str, list[dict[str, int]]], isa: Isa) -> list[PipelineCon
     return [PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in table[isa.name]]
 
 
-def blocked_heroes(isa: Isa, op: Op, indirect: int = 0) -> list[PipelineConfig]:
+def blocked_heroes(isa: Isa, op: Op, indirect: int = 0, profile: DeviceProfile | None = None) -> list[PipelineConfig]:
     """The ISA's GEMM heroes, those whose register tile wastes least on this op's M x N edges first
-    (``indirect``: the conv2d algorithm, see :func:`gemm_view`)."""
-    return _least_waste_first(heroes(GEMM_HEROES, isa), *gemm_view(op, indirect))
+    (``indirect``: the conv2d algorithm, see :func:`gemm_view`). With ``profile``, the hero table of its
+    CPU family (:data:`MICROARCH_GEMM_HEROES`) when it has one for this ISA."""
+    return _least_waste_first(gemm_hero_table(isa, profile), *gemm_view(op, indirect))
+
+
+def gemm_hero_table(isa: Isa, profile: DeviceProfile | None = None) -> list[PipelineConfig]:
+    """The GEMM heroes of ``isa`` for ``profile``'s CPU family: its own table when measured (and of this
+    ISA: an AVX2 variant on an AVX-512 machine keeps the AVX2 table), else the ISA's."""
+    micro = str(profile.extras.get("microarch", "")) if profile is not None else ""
+    table = MICROARCH_GEMM_HEROES.get(micro)
+    if table and micro.endswith("-" + isa.name):
+        return [PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in table]
+    return heroes(GEMM_HEROES, isa)
 
 
 def _least_waste_first(cfgs: list[PipelineConfig], m: int, n: int) -> list[PipelineConfig]:
@@ -149,6 +176,12 @@ def row_heroes(isa: Isa, op: Conv2dOp) -> list[PipelineConfig]:
     """Indirect conv heroes whose register tile is an equal part of one output row (``Q % mr == 0``),
     so tiles of the top and bottom rows skip their padding taps."""
     return [h for h in heroes(ROW_HEROES, isa) if op.q % h.get("mr") == 0]
+
+
+def row_first_max_q(profile: DeviceProfile | None) -> int:
+    """Output width up to which row-aligned conv heroes go first on ``profile``'s CPU family."""
+    micro = str(profile.extras.get("microarch", "")) if profile is not None else ""
+    return ROW_FIRST_MAX_Q.get(micro, 14)
 
 
 def indirect_ok(op: Conv2dOp) -> bool:

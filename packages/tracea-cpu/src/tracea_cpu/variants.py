@@ -50,7 +50,7 @@ class CpuGemmVariant(CpuVariant):
         # The GEMV / axpy drivers use no tile: one hero (one compiled library), not one per tile.
         if _gemv(op):
             return [spaces.heroes(spaces.GEMM_HEROES, self.isa)[0]]
-        return spaces.blocked_heroes(self.isa, op)
+        return spaces.blocked_heroes(self.isa, op, profile=profile)
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         return _validate_blocked(self.isa, config)
@@ -136,7 +136,7 @@ class CpuConv2dVariant(CpuVariant):
             short = [h for h in ind if h.get("mr") <= 6] + [h for h in ind if h.get("mr") > 6]
             rows = spaces.row_heroes(self.isa, op)
             # Small images: the padding taps skipped by row tiles are a large share of the work.
-            short = rows + short if op.q <= 14 else short + rows
+            short = rows + short if op.q <= spaces.row_first_max_q(profile) else short + rows
             indirect = [h.with_params(indirect=1) for h in short]
         # (Weights-stationary was first for NCHW 512@7^2 at batch 1 until the NCHW indirect path read the
         # KCRS weights in channel blocks and skipped padding taps: now 176 vs 153 GFLOP/s there.)

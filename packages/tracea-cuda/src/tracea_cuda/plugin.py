@@ -82,3 +82,13 @@ def tracea_kernel_runner(lang: str, device: Any, options: dict) -> Any:
     from .user_kernels import runner
 
     return runner(lang, device, options)
+
+
+@hookimpl
+def tracea_perf_data(profile: Any) -> list[str] | None:
+    """The measured data of this backend's variants (``perf_data/<arch>.json``) for the performance model."""
+    if profile.device.kind != "cuda":
+        return None
+    from pathlib import Path  # noqa: PLC0415
+
+    return sorted(str(p) for p in (Path(__file__).parent / "perf_data").glob("*.json"))

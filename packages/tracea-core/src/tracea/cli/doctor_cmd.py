@@ -55,6 +55,16 @@ def _us(seconds: Any) -> str:
     return f"{value * 1e6:.1f} us" if value >= 0 else "-"
 
 
+def _how(c: dict[str, Any]) -> str:
+    """How a candidate's estimate was reached: the model's method and the roofline it started from."""
+    est = c.get("estimate")
+    if not est:
+        return "roofline"
+    if est.get("method") == "roofline":
+        return "roofline (no data)"
+    return f"{est['method']} ({float(est['roofline_s']) * 1e3:.4g} ms)"
+
+
 def _cache(d: dict[str, Any]) -> str:
     return " ".join(f"{k} {v // 1024} KiB" for k, v in d.get("caches", {}).items() if v)
 
@@ -107,9 +117,17 @@ def render_text(r: dict[str, Any]) -> str:
             out.append(f"  chosen: {ch['variant']} with {ch['source']} config {ch['config']} ({why})")
             rows = [[c["variant"], c["source"], c["config"],
                      f"{c['measured_s'] * 1e3:.3f} ms (tuned)" if c["measured_s"] is not None
-                     else f"{c['estimate_s'] * 1e3:.3f} ms (estimate)"] for c in d["candidates"]]
-            out.append(render(["accepted (ranked)", "source", "config", "time"], rows))
+                     else f"{c['estimate_s'] * 1e3:.4g} ms (estimate)", _how(c)] for c in d["candidates"]]
+            out.append(render(["accepted (ranked)", "source", "config", "time", "estimated by (roofline)"], rows,
+                              max_col=60))
+            if d.get("model"):
+                out.append(f"  ranking of untuned candidates: {d['model']}")
             for c in d["candidates"]:
+                est = c.get("estimate") or {}
+                if est.get("method") in ("knn", "calibrated"):
+                    near = "; ".join(f"{n['op']} {n['seconds'] * 1e3:.4g} ms (d={n['distance']:.2f})"
+                                     for n in est.get("neighbors", [])[:4])
+                    out.append(f"  {c['variant']}: {est.get('detail', '')}" + (f"\n      data near: {near}" if near else ""))
                 if c.get("note"):
                     out.append(f"  {c['variant']}: {c['note']}")
         else:

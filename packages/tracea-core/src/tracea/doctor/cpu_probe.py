@@ -46,6 +46,21 @@ class CpuInfo:
         return "scalar"
 
     @property
+    def microarch(self) -> str:
+        """The CPU family as far as kernel speed goes: ``<vendor>[-<generation>]-<best isa>``.
+
+        ``intel-avx512`` (full-rate 512-bit FMAs), ``amd-zen4-avx512`` (512-bit ops on 256-bit pipes),
+        ``amd-zen5-avx512`` (full rate), ``intel-avx2``, ``amd-avx2``, ``arm-neon``, ``x86_64-scalar`` ...
+        Performance data and hero configs are keyed by it."""
+        isa = self.best_isa
+        vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(self.vendor, "")
+        if not vendor:
+            vendor = "apple" if self.vendor == "Apple" else ("arm" if isa == "neon" else (self.arch or "cpu"))
+        if vendor == "amd" and isa == "avx512":
+            return "amd-zen4-avx512" if self.family < 26 else "amd-zen5-avx512"
+        return f"{vendor}-{isa}"
+
+    @property
     def matrix_isa(self) -> str:
         """The CPU's matrix (tile) extension: ``"amx"`` (AMX-TILE with AMX-BF16) or ``""``."""
         return "amx" if {"amx_tile", "amx_bf16"} <= set(self.simd) else ""

@@ -28,6 +28,8 @@ class Candidate:
     estimate_s: float
     measured_s: float | None = None
     note: str = ""
+    #: how ``estimate_s`` was reached (:class:`tracea.perfmodel.Estimate`), None for a plain roofline
+    estimate: Any = None
 
     @property
     def rank_key(self) -> tuple[int, int, float, int]:
@@ -39,9 +41,21 @@ class Candidate:
         return (tier, 1, self.estimate_s, -self.variant.priority)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"variant": self.variant.name, "backend": self.variant.backend, "config": self.config.key,
-                "source": self.source, "estimate_s": self.estimate_s, "measured_s": self.measured_s,
-                "note": self.note}
+        out = {"variant": self.variant.name, "backend": self.variant.backend, "config": self.config.key,
+               "source": self.source, "estimate_s": self.estimate_s, "measured_s": self.measured_s,
+               "note": self.note}
+        if self.estimate is not None:
+            out["estimate"] = self.estimate.to_dict()
+        return out
+
+    def estimate_text(self) -> str:
+        """``estimate 0.123 ms`` with the model's method and the roofline it started from."""
+        e = self.estimate
+        if e is None:
+            return f"estimate {self.estimate_s * 1e3:.4g} ms (roofline)"
+        if e.method == "roofline":
+            return f"estimate {self.estimate_s * 1e3:.4g} ms (roofline: {e.detail})"
+        return f"estimate {self.estimate_s * 1e3:.4g} ms ({e.method}: {e.detail}; roofline {e.roofline_s * 1e3:.4g} ms)"
 
 
 @dataclass
@@ -67,6 +81,8 @@ class Decision:
     rejected: list[Rejection] = field(default_factory=list)
     #: variants of this op kind that serve other device kinds (not candidates here)
     elsewhere: list[str] = field(default_factory=list)
+    #: one line on the performance model that ranked untuned candidates ('' when none was used)
+    model: str = ""
 
     @property
     def chosen(self) -> Candidate:
@@ -86,16 +102,18 @@ class Decision:
         lines = [f"{self.op.describe()} on {self.device} ({self.profile.name})",
                  f"  chosen: {c.variant.name} [{c.source}] config {c.config.key}"]
         why = (f"tuned median {c.measured_s * 1e3:.3f} ms" if c.measured_s is not None
-               else f"estimate {c.estimate_s * 1e3:.3f} ms")
+               else c.estimate_text())
         lines.append(f"    because: {why}; ranked first of {len(self.candidates)} accepted")
         if c.note:
             lines.append(f"    note: {c.note}")
         for other in self.candidates[1:]:
             t = (f"tuned {other.measured_s * 1e3:.3f} ms" if other.measured_s is not None
-                 else f"estimate {other.estimate_s * 1e3:.3f} ms")
+                 else other.estimate_text())
             lines.append(f"  also accepted: {other.variant.name} ({t})" + (f"; note: {other.note}" if other.note else ""))
         for r in self.rejected:
             lines.append(f"  rejected: {r.variant}: {'; '.join(r.reasons)}")
+        if self.model:
+            lines.append(f"  ranking: {self.model}")
         if self.elsewhere:
             lines.append(f"  for other devices: {', '.join(self.elsewhere)}")
         return "\n".join(lines)
@@ -103,4 +121,5 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op.to_dict(), "op_key": self.op.key, "device": str(self.device),
                 "chosen": self.chosen.to_dict(), "candidates": [c.to_dict() for c in self.candidates],
-                "rejected": [r.to_dict() for r in self.rejected], "elsewhere": list(self.elsewhere)}
+                "rejected": [r.to_dict() for r in self.rejected], "elsewhere": list(self.elsewhere),
+                "model": self.model}

@@ -43,6 +43,8 @@ class Doctor:
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._env: dict[Device, dict[str, str]] = {}
         self._quarantine: dict[tuple[str, Any], str] = {}  # (variant, op) -> why it is not chosen again
+        self._data_files: dict[tuple[Any, ...], list[Any]] = {}  # (device, extra files) -> loaded data files
+        self._models: dict[Device, tuple[tuple[Any, ...], Any]] = {}  # device -> (key, PerfModel)
         self.registry_errors: list[str] = []
 
     @property
@@ -194,7 +196,8 @@ class Doctor:
         device = Device.parse(device)
         forced = variant or self._env_variant(op)
         cache = _tuning_cache() if use_cache else None
-        memo_key = (op, device, forced, config, cache, _generation(cache))
+        memo_key = (op, device, forced, config, cache, _generation(cache),
+                    os.environ.get("TRACEA_PERF_MODEL"), os.environ.get("TRACEA_PERF_DATA"))
         with self._lock:
             hit = self._decisions.get(memo_key)
         if hit is not None:
@@ -226,6 +229,7 @@ class Doctor:
         candidates: list[Candidate] = []
         rejected: list[Rejection] = []
         elsewhere = [v.name for v in variants if v.device_kind != device.kind]
+        model = self.perf_model(profile, cache)
         for v in variants:
             if forced is not None and v.name != forced:
                 continue
@@ -242,7 +246,7 @@ class Doctor:
             if reasons:
                 rejected.append(Rejection(v.name, v.backend, reasons))
                 continue
-            cand = self._candidate(v, op, profile, config, cache)
+            cand = self._candidate(v, op, profile, config, cache, model)
             if isinstance(cand, str):
                 rejected.append(Rejection(v.name, v.backend, [cand]))
             else:
@@ -251,15 +255,60 @@ class Doctor:
             raise NoVariantError(f"no kernel variant can run {op.describe()} on {device}",
                                  {r.variant: r.reasons for r in rejected})
         candidates.sort(key=lambda c: c.rank_key)
-        return Decision(op, device, profile, candidates, rejected, elsewhere)
+        return Decision(op, device, profile, candidates, rejected, elsewhere, _model_line(model, candidates))
+
+    # -- the performance model ---------------------------------------------------------------------
+    def perf_model(self, profile: DeviceProfile, cache: Any = None) -> Any:
+        """The performance model for ``profile`` (:mod:`tracea.perfmodel`) from the backends' shipped data
+        and this device's tuning records in ``cache``; None when ``TRACEA_PERF_MODEL=0`` or the model
+        cannot be built (then candidates are ranked by their roofline estimates)."""
+        from .. import perfmodel  # noqa: PLC0415
+
+        if not perfmodel.enabled():
+            return None
+        extra = tuple(perfmodel.extra_files())
+        key = (id(cache), _generation(cache) if cache is not None else -1, extra)
+        with self._lock:
+            hit = self._models.get(profile.device)
+            if hit is not None and hit[0] == key:
+                return hit[1]
+        try:
+            files = self._perf_files(profile, extra)
+            entries = cache.entries() if cache is not None else []
+            model = perfmodel.build(profile, {v.name: v for v in self.registry}, files, entries,
+                                    _device_fp(profile))
+        except Exception as exc:  # noqa: BLE001 - a model problem never blocks dispatch
+            model = perfmodel.PerfModel(perfmodel.arch_key(profile),
+                                        problems=[f"model not built: {type(exc).__name__}: {exc}"])
+        with self._lock:
+            self._models[profile.device] = (key, model)
+        return model
+
+    def _perf_files(self, profile: DeviceProfile, extra: tuple[str, ...]) -> list[Any]:
+        from .. import perfmodel  # noqa: PLC0415
+
+        key = (profile.device, extra)
+        with self._lock:
+            if key in self._data_files:
+                return self._data_files[key]
+        paths: list[str] = []
+        try:
+            paths = [str(p) for p in flatten(self.pm.hook.tracea_perf_data(profile=profile)) if p]
+        except Exception as exc:  # noqa: BLE001 - a broken plugin: no shipped data
+            self.registry_errors.append(f"tracea_perf_data raised {type(exc).__name__}: {exc}")
+        files = [perfmodel.load_file(p) for p in dict.fromkeys(paths + list(extra))]
+        with self._lock:
+            self._data_files[key] = files
+        return files
 
     def _candidate(self, v: KernelVariant, op: Op, profile: DeviceProfile, config: PipelineConfig | None,
-                   cache: Any) -> Candidate | str:
+                   cache: Any, model: Any = None) -> Candidate | str:
         if config is not None:
             valid = v.validate_config(op, config, profile)
             if not valid:
                 return f"forced config {config.key} invalid: {valid.reason}"
-            return Candidate(v, config, "forced", self._estimate(v, op, profile, config))
+            secs, est = self._estimate(v, op, profile, config, model)
+            return Candidate(v, config, "forced", secs, estimate=est)
         entry = None
         if cache is not None:
             try:
@@ -270,22 +319,33 @@ class Doctor:
         if entry is not None:  # cached configs are data from outside: run only what the tuner could produce
             why = doctor_entry_problem(self, entry, v, op, profile)
             if why is None:
-                return Candidate(v, entry.config, "cache", self._estimate(v, op, profile, entry.config),
-                                 measured_s=float(entry.median_s))
+                secs, est = self._estimate(v, op, profile, entry.config, model)
+                return Candidate(v, entry.config, "cache", secs, measured_s=float(entry.median_s), estimate=est)
             warn_ignored(entry, why)
             note = f"tuning-cache entry ignored: {why}"
         found = self.default_config(v, op, profile)
         if isinstance(found, str):
             return found + (f" ({note})" if note else "")
         cfg, source = found
-        return Candidate(v, cfg, source, self._estimate(v, op, profile, cfg), note=note)
+        secs, est = self._estimate(v, op, profile, cfg, model)
+        return Candidate(v, cfg, source, secs, note=note, estimate=est)
 
     @staticmethod
-    def _estimate(v: KernelVariant, op: Op, profile: DeviceProfile, cfg: PipelineConfig) -> float:
+    def _estimate(v: KernelVariant, op: Op, profile: DeviceProfile, cfg: PipelineConfig,
+                  model: Any = None) -> tuple[float, Any]:
+        """(seconds, :class:`tracea.perfmodel.Estimate` or None): the model's estimate when it has data
+        for this device, else the variant's own roofline estimate."""
+        if model is not None and model.points:
+            try:
+                est = model.estimate(v, op, profile, cfg)
+                if est.seconds > 0:
+                    return float(est.seconds), est
+            except Exception:  # noqa: BLE001 - fall back to the variant's own estimate
+                pass
         try:
-            return float(v.estimate_seconds(op, profile, cfg))
+            return float(v.estimate_seconds(op, profile, cfg)), None
         except Exception:  # noqa: BLE001
-            return float("inf")
+            return float("inf"), None
 
     def quarantine(self, variant: str, op: Op, why: str) -> None:
         """Never choose ``variant`` for ``op`` again in this process (it failed at run time): the next
@@ -306,6 +366,7 @@ class Doctor:
         cache changed)."""
         with self._lock:
             self._decisions.clear()
+            self._models.clear()
         plans.invalidate("Doctor.invalidate()")
 
     def explain(self, op: Op, device: Device | str | None = None) -> str:
@@ -314,6 +375,27 @@ class Doctor:
             return self.decide(op, device or self.best_device()).explain()
         except NoVariantError as exc:
             return str(exc)
+
+
+def _model_line(model: Any, candidates: list[Candidate]) -> str:
+    """The Decision's line on how untuned candidates were ranked."""
+    if not any(c.measured_s is None for c in candidates):
+        return ""
+    if model is None:
+        return "roofline estimates (performance model off: TRACEA_PERF_MODEL=0)"
+    text = model.describe() if model.points else f"roofline estimates (no measured data for {model.arch})"
+    if model.problems:
+        text += "; " + "; ".join(model.problems)
+    return text
+
+
+def _device_fp(profile: DeviceProfile) -> str:
+    try:
+        from ..tuning.fingerprint import device_fingerprint  # noqa: PLC0415
+
+        return device_fingerprint(profile)
+    except Exception:  # noqa: BLE001 - no tuner: no user data
+        return ""
 
 
 _get_cache: Any = None

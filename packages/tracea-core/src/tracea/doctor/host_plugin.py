@@ -22,7 +22,7 @@ def host_profile() -> DeviceProfile:
         peak_gflops={"float32": peak, "float64": peak / 2, "float16": peak / 4,
                      "bfloat16": _bf16_peak(cpu, peak)},
         bandwidth_gbs=20.0 * max(1, min(cpu.cores, 8)),
-        extras={"logical_cpus": str(cpu.logical_cpus), "best_isa": cpu.best_isa,
+        extras={"logical_cpus": str(cpu.logical_cpus), "best_isa": cpu.best_isa, "microarch": cpu.microarch,
                 "isa_summary": cpu.isa_summary, "matrix_isa": cpu.matrix_isa,
                 "mhz": f"{cpu.mhz:.0f}" if cpu.mhz else "unknown"})
 

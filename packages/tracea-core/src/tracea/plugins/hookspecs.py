@@ -226,6 +226,22 @@ def tracea_environment(profile: "DeviceProfile") -> "dict[str, str] | None":
     """
 
 
+@hookspec
+def tracea_perf_data(profile: "DeviceProfile") -> "list[str] | None":
+    """Performance-model data files (JSON, see :mod:`tracea.perfmodel.data`) a backend ships for
+    ``profile``'s device kind: measured times of its variants' default configs on many shapes, one
+    file per architecture. The Doctor uses the files whose ``arch_key`` matches the device
+    (:func:`tracea.perfmodel.arch_key`); a malformed file is skipped with a reason, never fatal.
+
+    Implemented by backends that ship measured data (tracea-cuda, tracea-cpu); results of all plugins
+    are concatenated.
+
+    :param profile: the device whose decisions the model ranks (its ``device.kind`` says whether the
+        backend's files apply).
+    :returns: file paths, or None for devices of other kinds.
+    """
+
+
 # ------------------------------------------------------------------------------------------------
 # User kernels: tracea.tune_kernel / run_kernel / @tracea.kernel
 # ------------------------------------------------------------------------------------------------

@@ -119,7 +119,21 @@ def tune(decision: Decision, inputs: tuple, out: Any, adapter: Any,
     medians = {i: statistics.median(ts) for i, ts in times.items() if ts}
     best = min(medians, key=medians.get)  # type: ignore[arg-type]
     variant, config, _ = ok[best]
-    return _persist(decision, variant, config, times[best])
+    # the winner's first hero (its default config), when it was timed: data for the performance model
+    first = next((i for i, (v, _, _) in enumerate(ok) if v is variant), None)
+    default_s = medians.get(first, 0.0) if first is not None and ok[first][1] == _default(decision, variant) else 0.0
+    return _persist(decision, variant, config, times[best], default_s)
+
+
+def _default(decision: Decision, variant: Any) -> Any:
+    """The config an untuned call runs on ``variant`` (the Doctor's default), or None."""
+    from ..doctor.doctor import get_doctor
+
+    try:
+        found = get_doctor().default_config(variant, decision.op, decision.profile)
+    except Exception:  # noqa: BLE001
+        return None
+    return None if isinstance(found, str) else found[0]
 
 
 def _agreeing(trials: list, inputs: tuple, out: Any, adapter: Any, op: Any) -> list:
@@ -157,13 +171,15 @@ def _tolerance(op: Any) -> float:
     return 1e-4
 
 
-def _persist(decision: Decision, variant: Any, config: Any, times: list[float]) -> bool:
+def _persist(decision: Decision, variant: Any, config: Any, times: list[float], default_s: float = 0.0) -> bool:
     try:
         from ..tuning.cache import get_cache
         from ..tuning.goals import time_stats
 
         cache = get_cache()
         stats = time_stats(times)
+        if default_s > 0:
+            stats["default_s"] = default_s
         cache.put(cache.make_entry(decision.op, variant, decision.profile, config, stats, trials=len(times)))
         return True
     except Exception:  # noqa: BLE001 - no cache: this process still ran the default

@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 #: Environment variables whose value changes what a call runs: any change drops every plan.
 STEERING_ENV = ("TRACEA_VARIANT", "TRACEA_EXCLUDE_VARIANTS", "TRACEA_NUM_THREADS", "TRACEA_TORCH_REFERENCE",
-                "TRACEA_CACHE_PATH", "TRACEA_CACHE_DIR", "TRACEA_TUNING", "TRACEA_ARBITER")
+                "TRACEA_CACHE_PATH", "TRACEA_CACHE_DIR", "TRACEA_TUNING", "TRACEA_ARBITER", "TRACEA_PERF_MODEL",
+                "TRACEA_PERF_DATA")
 #: Seconds between checks of the tuning-cache file (other processes' writes) and the working directory.
 RECHECK_S = 0.5
 MAX_PLANS = 8192
@@ -44,16 +45,16 @@ _listeners: list[Callable[[], None]] = []
 # instead of ~0.5 us through the Mapping interface (the interface is the fallback elsewhere).
 _env_data = getattr(os.environ, "_data", None)
 if _env_data is not None and os.name == "posix":
-    _K0, _K1, _K2, _K3, _K4, _K5, _K6, _K7 = (k.encode() for k in STEERING_ENV)
+    _K0, _K1, _K2, _K3, _K4, _K5, _K6, _K7, _K8, _K9 = (k.encode() for k in STEERING_ENV)
     _g = _env_data.get
 else:  # pragma: no cover - Windows
-    _K0, _K1, _K2, _K3, _K4, _K5, _K6, _K7 = STEERING_ENV  # type: ignore[assignment]
+    _K0, _K1, _K2, _K3, _K4, _K5, _K6, _K7, _K8, _K9 = STEERING_ENV  # type: ignore[assignment]
     _g = os.environ.get
 
 
 def _env_token() -> tuple[Any, ...]:
     # unrolled: this runs on every call (a generator over the keys costs twice as much)
-    return _g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7)
+    return _g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7), _g(_K8), _g(_K9)
 
 
 _env_seen = _env_token()
@@ -67,7 +68,7 @@ def lookup(key: Any) -> Plan | None:
     """The plan stored for ``key``, or None. Checks the steering environment on every call and the
     tuning-cache file every :data:`RECHECK_S` seconds; either changing drops every plan first."""
     global _next_check
-    if (_g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7)) != _env_seen:
+    if (_g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7), _g(_K8), _g(_K9)) != _env_seen:
         _env_changed()
     now = _monotonic()
     if now >= _next_check:
@@ -154,7 +155,10 @@ def cache_changed(cache: Any, decisive: bool = True) -> None:
     """Called by the tuning cache when its entries change in this process: drop plans at once, unless
     the change decides nothing (``decisive=False``); the new generation is noted either way."""
     global _watch
-    if _watch is not None and _watch[0] is cache:
+    if (_watch is not None and _watch[0] is cache) or decisive:
+        # decisive: every plan is dropped now, so the plans built next are built under this cache; watching
+        # it avoids dropping them once more when the periodic recheck first sees it (a plan built right
+        # after a put could vanish on the next lookup)
         _watch = (cache, getattr(cache, "_generation", 0))
     if decisive:
         invalidate("tuning cache changed")

@@ -327,6 +327,11 @@ class AutoTuner:
                          if config_problem(variant, op, profile, r.config, space=space, heroes=heroes) is None), None)
         if cache is not None and keep is not None:
             stats = dict(keep.stats, score_s=keep.score_s)
+            default = next((c for c in self._heroes(op, variant, profile) if variant.validate_config(op, c, profile)),
+                           None)
+            measured = [r.median_s for r in ok if default is not None and r.config == default]
+            if measured and math.isfinite(measured[0]):  # what an untuned call runs: the performance model's data
+                stats["default_s"] = measured[0]
             entry = cache.make_entry(op, variant, profile, keep.config, stats, goal=goal,
                                      trials=sum(1 for r in records if r.status != "invalid"))
             cache.put(entry)

@@ -40,7 +40,10 @@ _LOOKUP_ORDER = (DEFAULT_GOAL,) + tuple(g for g in OptimizationGoal if g is not 
 @dataclass(frozen=True)
 class CacheEntry:
     """One tuned result. ``median_s``/``p90_s``/``cv`` are the measured statistics of ``config``;
-    ``score_s`` is the tuning goal's score; ``fingerprint`` hashes ``env`` (the environment facts)."""
+    ``score_s`` is the tuning goal's score; ``fingerprint`` hashes ``env`` (the environment facts);
+    ``default_s`` is the median time of the variant's default config (its first valid hero, what an
+    untuned call runs) measured in the same tuning run, 0.0 when it was not measured -- the
+    performance model (:mod:`tracea.perfmodel`) learns from it."""
 
     op_key: str
     variant: str
@@ -60,6 +63,7 @@ class CacheEntry:
     env: dict[str, Any] = field(default_factory=dict)
     tuned_at: float = 0.0
     tracea_version: str = __version__
+    default_s: float = 0.0
 
     @property
     def key(self) -> str:
@@ -71,7 +75,7 @@ class CacheEntry:
                 "device_fp": self.device_fp, "goal": self.goal.value, "config": self.config.to_dict(),
                 "median_s": self.median_s, "p90_s": self.p90_s, "cv": self.cv, "score_s": self.score_s,
                 "trials": self.trials, "env": self.env, "tuned_at": self.tuned_at,
-                "tracea_version": self.tracea_version}
+                "tracea_version": self.tracea_version, "default_s": self.default_s}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "CacheEntry":
@@ -82,7 +86,8 @@ class CacheEntry:
                    backend=str(d.get("backend", "")), device=str(d.get("device", "")),
                    device_name=str(d.get("device_name", "")), device_fp=str(d.get("device_fp", "")),
                    op=dict(d.get("op") or {}), env=dict(d.get("env") or {}),
-                   tuned_at=float(d.get("tuned_at", 0.0)), tracea_version=str(d.get("tracea_version", "")))
+                   tuned_at=float(d.get("tuned_at", 0.0)), tracea_version=str(d.get("tracea_version", "")),
+                   default_s=float(d.get("default_s", 0.0)))
 
 
 def default_path() -> str:
@@ -283,7 +288,8 @@ class TuningCache:
     def make_entry(self, op: Op, variant: Any, profile: DeviceProfile, config: PipelineConfig,
                    stats: dict[str, float], *, goal: OptimizationGoal | str | None = None,
                    trials: int = 0) -> CacheEntry:
-        """Build the entry recording ``config`` with measured ``stats`` (see :func:`goals.time_stats`)."""
+        """Build the entry recording ``config`` with measured ``stats`` (see :func:`goals.time_stats`;
+        ``stats["default_s"]``, when present, is the default config's median time)."""
         g = OptimizationGoal.parse(goal)
         fingerprint, facts = self.fingerprint(variant, op, profile)
         name = variant if isinstance(variant, str) else variant.name
@@ -293,7 +299,7 @@ class TuningCache:
                           trials=trials, backend=str(getattr(variant, "backend", "") or ""),
                           device=str(profile.device), device_name=profile.name,
                           device_fp=fp.device_fingerprint(profile), op=_op_json(op), env=facts,
-                          tuned_at=time.time())
+                          tuned_at=time.time(), default_s=float(stats.get("default_s", 0.0) or 0.0))
 
     def put(self, *entries: CacheEntry, quiet: bool = False) -> bool:
         """Record entries (replacing same-key ones) and persist them atomically; True when written.

@@ -39,7 +39,7 @@ MAX_STRING = 4096
 
 _STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"?', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_TIMES = ("median_s", "p90_s", "cv", "score_s")
+_TIMES = ("median_s", "p90_s", "cv", "score_s", "default_s")
 _TEXT = ("backend", "device", "device_name", "device_fp", "tracea_version")
 
 

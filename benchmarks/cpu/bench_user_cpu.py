@@ -1,0 +1,109 @@
+"""The CPU user path against its anchors, interleaved in one run: ``tracea.ops.matmul`` (default call,
+untuned, fp32) vs NumPy ``a @ b`` at 512-2048, and ``tracea.ops.conv2d`` vs ``torch.nn.functional.conv2d``
+on ResNet-50's 3x3 layers at batch 1 and 8 (NCHW NumPy arrays / torch CPU tensors).
+
+    source scripts/srcenv.sh
+    OMP_WAIT_POLICY=passive python benchmarks/cpu/bench_user_cpu.py [--rounds 30] [--only gemm,conv] [--json out.json]
+
+Each round calls Tracea then the anchor (order alternating by round), one call each, timed with
+``perf_counter``; the figures are medians over the rounds and the ratio is anchor time / Tracea time
+(> 1: Tracea faster). No tuning cache is read (a fresh empty one), so this is what a new user gets.
+Thread pools: OpenBLAS, torch's OpenMP and Tracea's OpenMP workers spin after a call and can slow the
+next library on a small machine; ``OMP_WAIT_POLICY=passive`` (printed) makes OpenMP workers sleep.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before NumPy loads OpenBLAS (see bench_cpu.py)
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import tracea
+from tracea.doctor import get_doctor
+from tracea.doctor.host_plugin import host_profile
+from tracea.tuning.cache import TuningCache, set_cache
+
+RESNET_3X3 = [(64, 56), (128, 28), (256, 14), (512, 7)]
+
+
+def interleaved(ours, theirs, rounds: int) -> tuple[float, float]:
+    for _ in range(3):
+        ours(), theirs()
+    a, b = [], []
+    for r in range(rounds):
+        pair = ((ours, a), (theirs, b)) if r % 2 == 0 else ((theirs, b), (ours, a))
+        for fn, ts in pair:
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return statistics.median(a), statistics.median(b)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--only", default="gemm,conv")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    set_cache(TuningCache(os.path.join(tempfile.mkdtemp(), "empty_cache.json")))
+    prof = host_profile()
+    print(f"machine: {prof.name}, {prof.compute_units} cores, {prof.extras.get('microarch')}; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; NumPy {np.__version__}")
+    rows = []
+    rng = np.random.default_rng(0)
+    only = set(args.only.split(","))
+    if "gemm" in only:
+        for s in (512, 768, 1024, 1536, 2048):
+            a = rng.standard_normal((s, s), dtype=np.float32)
+            b = rng.standard_normal((s, s), dtype=np.float32)
+            out = tracea.ops.matmul(a, b)
+            err = float(np.linalg.norm(out.astype(np.float64) - a.astype(np.float64) @ b) / np.linalg.norm(a.astype(np.float64) @ b))
+            d = get_doctor().decide(tracea.GemmOp(s, s, s), "cpu")
+            t, n = interleaved(lambda: tracea.ops.matmul(a, b), lambda: a @ b, args.rounds)
+            fl = 2 * s ** 3
+            rows.append(dict(case=f"gemm fp32 {s}^3", tracea_gflops=fl / t / 1e9, anchor="numpy", anchor_gflops=fl / n / 1e9,
+                             ratio=n / t, rel_err=err, config=d.config.key, variant=d.variant.name))
+            print(f"{rows[-1]['case']:<28} tracea {rows[-1]['tracea_gflops']:6.0f} GFLOP/s  numpy {rows[-1]['anchor_gflops']:6.0f}"
+                  f"  ratio {rows[-1]['ratio']:.2f}x  err {err:.1e}  [{d.variant.name} {d.config.key}]", flush=True)
+    if "conv" in only:
+        import torch
+        import torch.nn.functional as F
+
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        for batch in (1, 8):
+            for c, hw in RESNET_3X3:
+                x = rng.standard_normal((batch, c, hw, hw), dtype=np.float32)
+                w = (rng.standard_normal((c, c, 3, 3), dtype=np.float32) / np.sqrt(9 * c)).astype(np.float32)
+                xt, wt = torch.from_numpy(x), torch.from_numpy(w)
+                out = tracea.ops.conv2d(x, w, padding=1)
+                ref = F.conv2d(xt.double(), wt.double(), padding=1).numpy()
+                err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+                op = tracea.Conv2dOp(batch, c, hw, hw, c, 3, 3, padding=1)
+                d = get_doctor().decide(op, "cpu")
+                with torch.no_grad():
+                    t, n = interleaved(lambda: tracea.ops.conv2d(x, w, padding=1), lambda: F.conv2d(xt, wt, padding=1),
+                                       args.rounds)
+                fl = op.flops
+                rows.append(dict(case=f"conv 3x3 {c}@{hw} b{batch}", tracea_gflops=fl / t / 1e9, anchor="torch",
+                                 anchor_gflops=fl / n / 1e9, ratio=n / t, rel_err=err, config=d.config.key,
+                                 variant=d.variant.name))
+                print(f"{rows[-1]['case']:<28} tracea {rows[-1]['tracea_gflops']:6.0f} GFLOP/s  torch {rows[-1]['anchor_gflops']:6.0f}"
+                      f"  ratio {rows[-1]['ratio']:.2f}x  err {err:.1e}  [{d.variant.name} {d.config.key}]", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": prof.to_dict(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

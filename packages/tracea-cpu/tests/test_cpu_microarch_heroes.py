@@ -1,0 +1,66 @@
+"""GEMM hero tables per CPU family: the table follows the profile's microarch (and only for the ISA it
+was measured with), every family-specific hero computes correct results, and the CPU performance data
+shipped for a family is only used on that family."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.ir.device import Device
+from tracea.ir.ops import GemmOp
+from tracea.perfmodel import arch_key, load_file
+from tracea_cpu import plugin
+from tracea_cpu.isa import ISA_BY_NAME
+from tracea_cpu.spaces import GEMM_HEROES, MICROARCH_GEMM_HEROES, blocked_heroes, gemm_hero_table
+from tracea_cpu.testing import HAVE_CC, ISAS, config, rel_err, run_gemm
+from tracea_cpu.variants import CpuGemmVariant
+
+
+def _profile(micro: str) -> DeviceProfile:
+    return DeviceProfile(Device.cpu(), "cpu", compute_units=2, extras={"microarch": micro, "best_isa": "avx512"})
+
+
+def _params(cfgs):
+    return [{k: c.get(k) for k in ("mr", "nr", "mc", "nc", "kc")} for c in cfgs]
+
+
+def test_family_table_is_used_for_its_own_isa_only():
+    avx512, avx2 = ISA_BY_NAME["avx512"], ISA_BY_NAME["avx2"]
+    assert _params(gemm_hero_table(avx512, _profile("intel-avx512"))) == MICROARCH_GEMM_HEROES["intel-avx512"]
+    assert _params(gemm_hero_table(avx512, _profile("amd-zen4-avx512"))) == GEMM_HEROES["avx512"]
+    assert _params(gemm_hero_table(avx512, None)) == GEMM_HEROES["avx512"]
+    assert _params(gemm_hero_table(avx2, _profile("intel-avx512"))) == GEMM_HEROES["avx2"]
+    first = blocked_heroes(avx512, GemmOp(512, 512, 512), profile=_profile("intel-avx512"))[0]
+    assert first.get("mc") == MICROARCH_GEMM_HEROES["intel-avx512"][0]["mc"]
+
+
+@pytest.mark.skipif(not HAVE_CC or "avx512" not in ISAS, reason="needs a C compiler and AVX-512")
+@pytest.mark.parametrize("hero", range(len(MICROARCH_GEMM_HEROES["intel-avx512"])))
+@pytest.mark.parametrize("shape", [(53, 101, 77), (200, 131, 600), (7, 300, 33)])
+def test_family_heroes_are_correct(hero, shape):
+    cfg = config(**MICROARCH_GEMM_HEROES["intel-avx512"][hero], threads=0)
+    op = GemmOp(*shape, epilogue="bias+silu")
+    out, ref, _, _ = run_gemm(CpuGemmVariant(ISA_BY_NAME["avx512"]), op, cfg, hero)
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_shipped_cpu_data_is_keyed_by_family():
+    files = [load_file(p) for p in plugin.tracea_perf_data(_profile("intel-avx512"))]
+    assert files and all(f.ok for f in files)
+    assert {f.arch_key for f in files} >= {"cpu-intel-avx512"}
+    assert arch_key(_profile("amd-zen4-avx512")) not in {f.arch_key for f in files}
+
+
+def test_row_heroes_first_per_family():
+    from tracea.ir.ops import Conv2dOp
+    from tracea_cpu.variants import CpuConv2dVariant
+
+    v = CpuConv2dVariant(ISA_BY_NAME["avx512"])
+    op = Conv2dOp(1, 128, 28, 28, 128, 3, 3, padding=1)
+    intel = v.hero_configs(op, _profile("intel-avx512"))[0]
+    amd = v.hero_configs(op, _profile("amd-zen4-avx512"))[0]
+    assert (intel.get("mr"), intel.get("nr")) == (7, 32) and intel.get("indirect") == 1
+    assert (amd.get("mr"), amd.get("nr")) != (7, 32)
+    small = Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1)
+    assert v.hero_configs(small, _profile("amd-zen4-avx512"))[0].get("mr") == 7  # 7^2: rows first everywhere

@@ -1,0 +1,150 @@
+"""The performance model on a fake Hopper (sm_90) profile, on the CPU: the shipped sm_90 data is read,
+rankings follow it, explanations name it, and the fp32 Hopper rule holds on big shapes (TF32 allowed
+picks wgmma_tf32; fp32-exact picks wgmma_3xtf32)."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from tracea.doctor.doctor import Doctor
+from tracea.doctor.profile import DeviceProfile
+from tracea.ir.device import Device
+from tracea.ir.ops import Conv2dOp, GemmOp
+from tracea.plugins import hookimpl
+from tracea.plugins import manager as m
+
+from tracea_cuda import plugin as cuda_plugin
+from tracea_cuda import toolkit
+from tracea_cuda.device import isa_flags
+
+H100 = DeviceProfile(Device("cuda", 0), "H100 (fake)", backend="cuda", arch="sm_90a", compute_units=132,
+                     compute_capability=(9, 0), warp_size=32, max_threads_per_block=1024,
+                     shared_mem_per_block=232448, registers_per_block=65536, isa=isa_flags((9, 0)),
+                     peak_gflops={"float16": 989e3, "bfloat16": 989e3, "tf32": 494e3, "float32": 67e3},
+                     bandwidth_gbs=3350.0)
+A100 = DeviceProfile(Device("cuda", 0), "A100 (fake)", backend="cuda", arch="sm_80", compute_units=108,
+                     compute_capability=(8, 0), warp_size=32, max_threads_per_block=1024,
+                     shared_mem_per_block=166912, registers_per_block=65536, isa=isa_flags((8, 0)),
+                     peak_gflops={"float16": 312e3, "bfloat16": 312e3, "tf32": 156e3, "float32": 19.5e3},
+                     bandwidth_gbs=2039.0)
+
+
+def _doctor(monkeypatch, profile, perf_data=None) -> Doctor:
+    """A Doctor over the CUDA plugin's hooks (CuPy reported usable) with ``profile`` as the only GPU."""
+    monkeypatch.setattr(toolkit, "status", lambda: (True, ""))
+    monkeypatch.delenv("TRACEA_PERF_MODEL", raising=False)
+    monkeypatch.delenv("TRACEA_PERF_DATA", raising=False)
+    fake = types.ModuleType("fake_cuda_plugin")
+    for name in dir(cuda_plugin):
+        if name.startswith("tracea_") and name not in ("tracea_device_profiles", "tracea_backend_info",
+                                                       "tracea_environment", "tracea_synchronize"):
+            setattr(fake, name, getattr(cuda_plugin, name))
+    fake.tracea_device_profiles = hookimpl(lambda: [profile])
+    if perf_data is not None:
+        fake.tracea_perf_data = hookimpl(lambda profile: perf_data)
+    pm = m.TraceaPluginManager()
+    for name, path in m.BUILTIN_PLUGINS:  # hero configs and search spaces come from the delegate plugin
+        pm.load_module(name, path, "builtin")
+    pm.register_plugin(fake, "fakecuda", "test")
+    return Doctor(pm)
+
+
+@pytest.mark.parametrize("size", [4096, 8192])
+def test_hopper_fp32_rule_on_big_shapes(monkeypatch, size):
+    doc = _doctor(monkeypatch, H100)
+    for trans_b in (False, True):
+        tf32 = doc.decide(GemmOp(size, size, size, trans_b=trans_b, fp32_precision="high"), "cuda:0", use_cache=False)
+        exact = doc.decide(GemmOp(size, size, size, trans_b=trans_b, fp32_precision="highest"), "cuda:0",
+                           use_cache=False)
+        assert tf32.variant.name == "cuda.gemm.wgmma_tf32", tf32.explain()
+        assert exact.variant.name == "cuda.gemm.wgmma_3xtf32", exact.explain()
+        assert tf32.chosen.estimate is not None and tf32.chosen.estimate.method == "knn"
+
+
+def test_hopper_fp32_rule_holds_without_the_model(monkeypatch):
+    doc = _doctor(monkeypatch, H100)
+    monkeypatch.setenv("TRACEA_PERF_MODEL", "0")
+    op = GemmOp(8192, 8192, 8192, fp32_precision="high")
+    d = doc.decide(op, "cuda:0", use_cache=False)
+    assert d.variant.name == "cuda.gemm.wgmma_tf32"
+    assert d.chosen.estimate is None and "TRACEA_PERF_MODEL=0" in d.explain()
+    d = doc.decide(GemmOp(8192, 8192, 8192, fp32_precision="highest"), "cuda:0", use_cache=False)
+    assert d.variant.name == "cuda.gemm.wgmma_3xtf32"
+
+
+def test_explanation_names_model_neighbours_and_roofline(monkeypatch):
+    doc = _doctor(monkeypatch, H100)
+    d = doc.decide(GemmOp(512, 15360, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0",
+                   use_cache=False)
+    text = d.explain()
+    assert "performance model for sm_90" in text and "sm_90.json" in text
+    assert "knn:" in text and "roofline" in text and "measured shape" in text
+    assert d.to_dict()["chosen"]["estimate"]["method"] == "knn"
+
+
+def test_decode_shape_prefers_gemv(monkeypatch):
+    doc = _doctor(monkeypatch, H100)
+    d = doc.decide(GemmOp(1, 13824, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0",
+                   use_cache=False)
+    assert d.variant.name == "cuda.gemm.gemv", d.explain()
+
+
+def test_model_never_picks_a_declining_variant(monkeypatch):
+    """K % 4 != 0: the Hopper TF32 variants decline (TMA rows); data near the shape must not revive them."""
+    doc = _doctor(monkeypatch, H100)
+    op = GemmOp(4096, 4096, 4093, fp32_precision="highest")
+    d = doc.decide(op, "cuda:0", use_cache=False)
+    assert d.variant.name != "cuda.gemm.wgmma_3xtf32"
+    assert any(r.variant == "cuda.gemm.wgmma_3xtf32" for r in d.rejected)
+    conv = Conv2dOp(32, 48, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="float16")  # C % 64 != 0
+    d = doc.decide(conv, "cuda:0", use_cache=False)
+    assert d.variant.name == "cuda.conv2d.implicit_mma"
+
+
+def test_other_architecture_falls_back_to_roofline(monkeypatch):
+    doc = _doctor(monkeypatch, A100)
+    d = doc.decide(GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0", use_cache=False)
+    assert d.chosen.estimate is None
+    assert "no measured data for sm_80" in d.explain() and "data exists for sm_90" in d.explain()
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[]", json.dumps({"format": "tracea-perf-data", "version": 99}).encode(),
+                                     json.dumps({"format": "tracea-perf-data", "version": 1, "arch_key": "sm_90",
+                                                 "columns": ["variant", "op", "seconds"], "rows": "x"}).encode()])
+def test_corrupt_shipped_file_falls_back_with_reason(monkeypatch, tmp_path, content):
+    bad = tmp_path / "sm_90.json"
+    bad.write_bytes(content)
+    doc = _doctor(monkeypatch, H100, [str(bad)])
+    d = doc.decide(GemmOp(8192, 8192, 8192, fp32_precision="high"), "cuda:0", use_cache=False)
+    assert d.chosen.estimate is None  # roofline
+    assert "sm_90.json not used" in d.explain()
+    assert d.variant.name == "cuda.gemm.wgmma_tf32"
+
+
+def test_bad_rows_are_skipped_not_fatal(monkeypatch, tmp_path):
+    from tracea_cuda.plugin import tracea_perf_data
+
+    good = json.load(open(tracea_perf_data(H100)[0]))
+    good["rows"] = good["rows"][:50] + [["cuda.gemm.wgmma", {"kind": "gemm", "m": -1}, 1e-3],
+                                        ["cuda.gemm.wgmma", {"kind": "gemm", "m": 1, "n": 1, "k": 1}, float("nan")],
+                                        ["x"], ["cuda.gemm.wgmma", {"kind": "nope"}, 1e-3, "", "fit", [0, 0]]]
+    path = tmp_path / "sm_90.json"
+    path.write_text(json.dumps(good))
+    doc = _doctor(monkeypatch, H100, [str(path)])
+    d = doc.decide(GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0", use_cache=False)
+    assert "4 malformed row(s) skipped" in d.explain()
+
+
+def test_doctor_cli_text_explains_the_ranking(monkeypatch):
+    from tracea.cli.doctor_cmd import render_text
+    from tracea.doctor.report import build_report
+
+    doc = _doctor(monkeypatch, H100)
+    op = GemmOp(8192, 8192, 8192, fp32_precision="high")
+    text = render_text(build_report(doc, [op], "cuda:0"))
+    assert "estimated by (roofline)" in text and "knn (" in text
+    assert "ranking of untuned candidates: performance model for sm_90" in text
+    assert "data near: gemm 8192x8192x8192" in text
