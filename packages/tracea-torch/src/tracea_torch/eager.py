@@ -73,16 +73,19 @@ def _cudnn_exact(op: Op, t: torch.Tensor) -> Any:
     return contextlib.nullcontext()
 
 
-def _nchw_strides(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with the exact row-major strides: ``contiguous()`` keeps a channels_last tensor with one
-    channel as it is (size-1 dims do not count), and PyTorch then still takes its NHWC path."""
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the exact row-major strides and a 16-byte aligned start: ``contiguous()`` keeps a tensor
+    whose size-1 dims have odd strides (a one-channel channels_last tensor: PyTorch then still takes its
+    NHWC path) and keeps a view's storage offset (PyTorch's CUDA SDPA kernels assume 16-byte aligned
+    rows: a view starting 4 bytes in gave 'misaligned address', which ends the CUDA context, or
+    'cutlassF: no kernel found'; found by tracea.fuzzing)."""
     expected, step = [], 1
     for size in reversed(t.shape):
         expected.append(step)
         step *= max(size, 1)
-    if t.stride() == tuple(reversed(expected)):
+    if t.stride() == tuple(reversed(expected)) and t.data_ptr() % 16 == 0:
         return t
-    return t.clone(memory_format=torch.contiguous_format) if t.is_contiguous() else t.contiguous()
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -100,7 +103,7 @@ def conv2d(op: Conv2dOp, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
         if dt in (torch.float16, torch.bfloat16):
             dt = torch.float32
         cpu_nhwc = op.layout is Layout.NCHW and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
-        x, w = _nchw_strides(x), _nchw_strides(w)
+        x, w = _dense(x), _dense(w)
     x, w = x.to(dt), w.to(dt)
     fused_bias = bias.to(dt) if bias is not None and op.epilogue.steps[:1] == (EpilogueKind.BIAS,) else None
     with _cudnn_exact(op, x):
@@ -134,12 +137,14 @@ def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     group = op.heads // int(op.kv_heads or op.heads)
     # Packed copies of strided views: PyTorch's CPU SDPA returns wrong values (or NaN) for inputs whose
     # rows overlap in memory (as_strided windows), in every dtype (found by tracea.fuzzing).
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = _dense(q), _dense(k), _dense(v)
     if group > 1 and k.shape[-3] != q.shape[-3]:  # heads are dim -3 of (..., heads, seq, d)
         k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     causal = op.causal
     if mask is not None:
-        mask = mask.contiguous()
+        mask = mask.contiguous()  # a broadcast (stride-0) mask stays small: SDPA broadcasts it itself
+        if mask.data_ptr() % 16:
+            mask = mask.clone()
         if mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
         if causal:

@@ -646,7 +646,9 @@ def _conv2d(g: _G, case: Case) -> None:
         w_shape = (kk, r, s, w_shape[1])
     if g.chance(0.03):
         x_shape = x_shape[1:]  # type: ignore[assignment]
-        case.mark("invalid", "3-D conv input")
+        # unbatched input: F.conv2d's (C, H, W) form, accepted since the drop-in signatures; "either"
+        # because a layout or out= the unbatched form cannot carry may still be refused
+        case.mark("either", "3-D (unbatched) conv input")
     _zero_sizes(case, {"x": x_shape, "w": w_shape})
     case.arrays["x"] = _array(g, case, x_shape, dtype, kind)
     if kind == "torch" and len(x_shape) == 4 and g.chance(0.25):
