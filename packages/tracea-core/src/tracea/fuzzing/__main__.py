@@ -93,7 +93,10 @@ def _run(args: argparse.Namespace) -> int:
           + f", device {args.device}, {args.jobs} job(s)", file=sys.stderr, flush=True)
     report = runner.run(cfg)
     code = 1 if report["findings"] or report["harness_errors"] else 0
-    if args.sanitize:
+    if args.sanitize:  # the cases' results first: a sanitizer phase cut short must not lose them
+        runner.write_report(report, report_path)
+        print(runner.summary_table(report))
+        print(_findings_text(report), flush=True)
         indices = sanitize.sample(seed, [tuple(x) for x in report["ran"]], args.sanitize, args.device)
         report["sanitizer"] = sanitize.run(seed, indices, args.device, args.sanitizer_cmd or sanitize.SANITIZER_CMD,
                                            python=cfg.python, env={**os.environ, **cfg.env}, quiet=args.quiet)

@@ -22,6 +22,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .arrays import FLOAT_DTYPES, ArraySpec
 
 OPS = ("matmul", "gemm", "conv2d", "attention")
@@ -663,6 +665,12 @@ def _conv2d(g: _G, case: Case) -> None:
     case.kwargs["stride"] = _int_arg(g, case, "stride", stride, True)
     case.kwargs["padding"] = _int_arg(g, case, "padding", padding, False)
     case.kwargs["dilation"] = _int_arg(g, case, "dilation", dilation, True)
+    if case.kwargs["padding"] == "same":  # F.conv2d's 'same': the model needs the padding it means
+        totals = (dilation[0] * (r - 1), dilation[1] * (s - 1))
+        if stride == (1, 1) and totals[0] % 2 == 0 and totals[1] % 2 == 0:
+            padding = (totals[0] // 2, totals[1] // 2)
+        else:  # strided (refused, as by PyTorch) or asymmetric: the model cannot hold it
+            case.kwargs["padding"] = {"$tuple": list(padding)}
     if groups != 1 or g.chance(0.2):
         case.kwargs["groups"] = groups
     if g.chance(0.03):
@@ -786,7 +794,11 @@ def _attention(g: _G, case: Case) -> None:
             if odd <= 0:
                 case.mark("either", f"scale={odd}")
             scale = odd
-    _out(g, case, q_shape, dtype, kind, ["q", "k", "v"], False, same_dtype_only=True)
+    out_shape = q_shape
+    if _attention_shapes_valid(q_shape, k_shape, v_shape):  # leading dims and a one-head q broadcast
+        lead = np.broadcast_shapes(q_shape[:-3], k_shape[:-3], v_shape[:-3])
+        out_shape = tuple(lead) + (max(q_shape[-3], k_shape[-3]), q_shape[-2], v_shape[-1])
+    _out(g, case, out_shape, dtype, kind, ["q", "k", "v"], False, same_dtype_only=True)
     _maybe_special(g, case, ["q", "k", "v"], p=0.07)
     if mixed:
         _mixed(g, case, ["k", "v", "out", "q"])

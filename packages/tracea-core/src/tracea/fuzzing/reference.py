@@ -79,6 +79,9 @@ def conv2d(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:
     torch = _torch()
     F = torch.nn.functional
     x, w = _t(values["x"]), _t(values["w"])
+    unbatched = x.dim() == 3  # F.conv2d's (C, H, W) form
+    if unbatched:
+        x = x.unsqueeze(0)
     nhwc = model["layout"] == "NHWC"
     if nhwc:
         x, w = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
@@ -95,6 +98,8 @@ def conv2d(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:
         outs += [apply_steps(skipped, model["steps"], bias, 1, lim) for lim in (False, True)]
     if nhwc:
         outs, mag = [t.permute(0, 2, 3, 1) for t in outs], mag.permute(0, 2, 3, 1)
+    if unbatched:
+        outs, mag = [t[0] for t in outs], mag[0]
     outs = [t.contiguous().numpy() for t in outs]
     return Reference(outs[0], outs[1:], mag.contiguous().numpy())
 
