@@ -142,3 +142,11 @@ def test_conv2d_unbatched_and_string_padding(rng):
         ops.conv2d(x, w, padding="same", stride=2)
     with pytest.raises(InvalidArgumentError, match="padding"):
         ops.conv2d(x, w, padding="full")
+
+
+def test_conv2d_unbatched_out_must_be_an_array():
+    """Fuzz case 6164:2155: a Python list as out= of an unbatched conv raised a bare TypeError."""
+    x = np.ones((1, 3, 7), np.float32)
+    w = np.ones((4, 1, 3, 3), np.float32)
+    with pytest.raises(InvalidArgumentError, match="'out'"):
+        ops.conv2d(x, w, padding=1, out=[[0.0] * 7] * 3)

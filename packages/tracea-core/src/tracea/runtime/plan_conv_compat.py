@@ -52,7 +52,11 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
             raise InvalidArgumentError("padding", padding, "an int, a pair of ints, 'valid' or 'same'")
 
     def batched(t: Any) -> Any:
-        return t[None] if unbatched else t
+        if not unbatched:
+            return t
+        if not hasattr(t, "shape") or not hasattr(t, "__getitem__"):  # a list or scalar: say which argument
+            raise InvalidArgumentError("out", type(t).__name__, "an array of the output's shape")
+        return t[None]
 
     grow: Callable[[Any], Any] | None = None
     if any(extra):
