@@ -25,7 +25,7 @@ from tracea.ir.epilogue import Epilogue
 
 from ..isa import Isa
 from .amx_rows import rows_source
-from .bf16 import BF16_LAYER, DENSE, DRIVER, PACK_B
+from .bf16 import BF16_LAYER, BIAS_TILE, DENSE, DRIVER, EDGE_STORE, PACK_B
 from .common import epilogue_c, prologue
 
 #: (MR, NR) register-tile shapes the emitter accepts: C tiles + A tiles + B tiles (or one B tile
@@ -89,11 +89,7 @@ def microkernel_c(mr: int, nr: int) -> str:
 # last one, write fp32 (``c``) or, on the last K block with a bf16 output, bf16 (``o``).
 _STORE = r"""
     int fin = last && o;
-    __m512 bt[NV];
-    for (int v = 0; v < NV; v++) {
-        __mmask16 m = (__mmask16)(nr - v * 16 >= 16 ? 0xffff : nr <= v * 16 ? 0 : (1u << (nr - v * 16)) - 1);
-        bt[v] = TR_HAS_BIAS && last ? _mm512_maskz_loadu_ps(m, bias + v * 16) : VZERO();
-    }
+""" + BIAS_TILE + r"""
     if (nr == NR) {
         for (int i = 0; i < mr; i++) {
             for (int v = 0; v < NV; v++) {
@@ -104,19 +100,7 @@ _STORE = r"""
             }
         }
         return;
-    }
-    for (int i = 0; i < mr; i++) {
-        for (int v = 0; v < NV && v * 16 < nr; v++) {
-            int n = nr - v * 16 < 16 ? nr - v * 16 : 16;
-            __mmask16 m = (__mmask16)((1u << n) - 1);
-            V x = VLOAD(tile + i * NR + v * 16);
-            if (!first) x = VADD(x, _mm512_maskz_loadu_ps(m, c + i * ldc + v * 16));
-            if (last && TR_HAS_EPI) x = tr_epi(x, bt[v]);
-            if (fin) _mm256_mask_storeu_epi16(o + i * ldo + v * 16, m, (__m256i)_mm512_cvtneps_pbh(x));
-            else _mm512_mask_storeu_ps(c + i * ldc + v * 16, m, x);
-        }
-    }
-"""
+    }""" + EDGE_STORE + "\n"
 
 PACK_A = r"""
 /* A micro-panel for AMX, one whole tile after the other: rows [i0, i0+mr), k in [p0, p0+kc) ->

@@ -74,11 +74,19 @@ def _store(mr: int, nr: int, acc: list[list[str]]) -> list[str]:
     for i in range(mr):
         for v in range(nv):
             out.append(f"    VSTORE(tile + {i * nr + v * 16}, {acc[i][v]});")
-    out.append(r"""    __m512 bt[NV];
+    out.append(BIAS_TILE + EDGE_STORE)
+    return out
+
+
+# Shared with the AMX kernel (emit/amx.py): the bias of the block's columns (masked at the right edge)
+# and the masked store of an edge block from ``tile`` (fp32 partial sums or, when ``fin``, bf16 out).
+BIAS_TILE = r"""    __m512 bt[NV];
     for (int v = 0; v < NV; v++) {
         __mmask16 m = (__mmask16)(nr - v * 16 >= 16 ? 0xffff : nr <= v * 16 ? 0 : (1u << (nr - v * 16)) - 1);
         bt[v] = TR_HAS_BIAS && last ? _mm512_maskz_loadu_ps(m, bias + v * 16) : VZERO();
-    }
+    }"""
+
+EDGE_STORE = r"""
     for (int i = 0; i < mr; i++) {
         for (int v = 0; v < NV && v * 16 < nr; v++) {
             int n = nr - v * 16 < 16 ? nr - v * 16 : 16;
@@ -89,9 +97,7 @@ def _store(mr: int, nr: int, acc: list[list[str]]) -> list[str]:
             if (fin) _mm256_mask_storeu_epi16(o + i * ldo + v * 16, m, (__m256i)_mm512_cvtneps_pbh(x));
             else _mm512_mask_storeu_ps(c + i * ldc + v * 16, m, x);
         }
-    }""")
-    return out
-
+    }"""
 
 DENSE = r"""
 /* Dense bf16 operand X(i, k) = p[i*rs + k*cs] (A) or X(k, j) = p[k*rs + j*cs] (B). */
