@@ -46,16 +46,22 @@ def blocked_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctype
     return lib
 
 
-@functools.lru_cache(maxsize=64)
-def bf16_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
-    """The AVX512_BF16 GEMM library for one register tile and epilogue chain (compiled once)."""
-    source = bf16_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
-    lib = build(source, AVX512_BF16.cflags, f"gemm-bf16-{mr}x{nr}")
+def _bind_tb_gemm(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Argument types of the bf16 GEMM entry points (``tb_gemm``, ``tb_gemm_call``) the AVX512_BF16 and
+    AMX libraries share."""
     lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES  # type: ignore[assignment]
     lib.tb_gemm.restype = _I
     lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]
     lib.tb_gemm_call.restype = _I
     return lib
+
+
+@functools.lru_cache(maxsize=64)
+def bf16_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The AVX512_BF16 GEMM library for one register tile and epilogue chain (compiled once)."""
+    source = bf16_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
+    lib = build(source, AVX512_BF16.cflags, f"gemm-bf16-{mr}x{nr}")
+    return _bind_tb_gemm(lib)
 
 
 @functools.lru_cache(maxsize=64)
@@ -64,11 +70,7 @@ def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     call :func:`tracea_cpu.amx.amx_permission` before running it)."""
     source = amx_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
     lib = build(source, AMX_BF16.cflags, f"gemm-amx-{mr}x{nr}")
-    lib.tb_gemm.argtypes = BF16_GEMM_ARGTYPES  # type: ignore[assignment]
-    lib.tb_gemm.restype = _I
-    lib.tb_gemm_call.argtypes = [_P, _P, _P, _P, _P, _I]
-    lib.tb_gemm_call.restype = _I
-    return lib
+    return _bind_tb_gemm(lib)
 
 
 @functools.lru_cache(maxsize=4)
