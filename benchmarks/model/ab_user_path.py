@@ -26,18 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import shapes  # noqa: E402
 from collect_cuda import _compile, sources_of  # noqa: E402
 
-
-def b2b(fn, calls: int) -> float:
-    import torch
-
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(calls):
-        fn()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) / 1e3 / calls
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "user_path"))
+from bench_shapes import b2b  # noqa: E402  (calls back to back between CUDA events, as the user path is timed)
 
 
 def interleaved(fns, rounds: int = 5) -> list[float]:
