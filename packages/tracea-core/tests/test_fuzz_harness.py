@@ -182,6 +182,14 @@ def test_sanitizer_replays_count_errors(tmp_path):
     assert all(i % 2 for i in sanitize.sample(1, [(i, "cpu" if i % 2 else "none") for i in range(20)], 5, "cpu"))
 
 
+def test_sanitizer_replays_in_parallel_keep_index_order():
+    # Odd cases "fail" the fake sanitizer; with 3 replays at once the failures still come in index order.
+    out = sanitize.run(11, list(range(7)), "cpu", "sh -c 'case \"$5\" in *[13579]) exit 99;; esac' sanitizer",
+                       jobs=3, quiet=True)
+    assert out["cases"] == 7 and out["sanitizer_errors"] == 3
+    assert [f["index"] for f in out["failures"]] == [1, 3, 5]
+
+
 def test_cli_sanitize_option_uses_the_override(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tracea.fuzzing", "--cases", "3", "--seed", "2", "--quiet",
                            "--report", str(tmp_path / "r.json"), "--sanitize", "2",

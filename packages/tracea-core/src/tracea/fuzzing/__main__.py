@@ -99,7 +99,8 @@ def _run(args: argparse.Namespace) -> int:
         print(_findings_text(report), flush=True)
         indices = sanitize.sample(seed, [tuple(x) for x in report["ran"]], args.sanitize, args.device)
         report["sanitizer"] = sanitize.run(seed, indices, args.device, args.sanitizer_cmd or sanitize.SANITIZER_CMD,
-                                           python=cfg.python, env={**os.environ, **cfg.env}, quiet=args.quiet)
+                                           python=cfg.python, env={**os.environ, **cfg.env}, quiet=args.quiet,
+                                           jobs=args.jobs)
         s = report["sanitizer"]
         print(f"sanitizer: {s['cases']} replays, {s['sanitizer_errors']} sanitizer errors, "
               f"{s['other_failures']} other failures, {s['timeouts']} timeouts", file=sys.stderr)
