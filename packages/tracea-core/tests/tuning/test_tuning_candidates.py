@@ -156,3 +156,55 @@ def test_auto_falls_back_to_tpe_without_scipy(monkeypatch):
     recs = search(SPACE, synthetic, variant="v", goal=OptimizationGoal.MaximizeTFLOPS, trials=6,
                   validator=Validator(SPACE, lambda c: None), sampler="auto", seed=0)
     assert sum(1 for r in recs if r.status == "ok") == 6
+
+
+def test_pool_steps_count_sorted_value_steps_and_category_changes():
+    from tracea.tuning.candidates import CandidatePool
+
+    space = SearchSpace().tile_m([64, 16, 32]).tile_n([16, 32]).warps([1]).param("kind", ["x", "y", "z"])
+    pool = CandidatePool(space, lambda c: True, SpaceEncoding(space).encode)
+    idx = {(c.tile_m, c.tile_n, c.get("kind")): i for i, c in enumerate(pool.configs)}
+    others = [idx[(32, 16, "x")], idx[(64, 16, "x")], idx[(64, 32, "z")], idx[(16, 16, "x")]]
+    # tile_m's values are listed out of order: steps follow the sorted order 16 < 32 < 64
+    assert pool.steps(idx[(16, 16, "x")], np.array(others)).tolist() == [1.0, 2.0, 4.0, 0.0]
+
+
+def test_local_steps_stay_next_to_the_best_config_so_far():
+    from tracea.tuning import candidates
+
+    picks = []
+    orig = candidates.CandidateGPSampler.propose
+
+    def spy(self, trials, exclude=None):
+        best = min((t for t in trials if t.number != exclude and t.value is not None), key=lambda t: t.value,
+                   default=None)
+        idx = orig(self, trials, exclude)
+        if self.last_pick == "local":
+            picks.append(float(self.pool.steps(self.pool.lookup(best.params), np.array([idx]))[0]))
+        return idx
+
+    candidates.CandidateGPSampler.propose = spy
+    try:
+        recs = search(BIG, bumpy, variant="v", goal=OptimizationGoal.MaximizeTFLOPS, trials=24,
+                      validator=Validator(BIG, lambda c: None), sampler="gp", seed=0, local_every=2)
+    finally:
+        candidates.CandidateGPSampler.propose = orig
+    assert len(recs) == 24 and len(picks) >= 8  # (24 - 6 startup) / 2 model proposals are local
+    assert all(1 <= d <= candidates.LOCAL_RADIUS for d in picks), picks
+
+
+def test_failure_model_steers_away_from_a_failing_region():
+    """A sixth of BIG fails (tile_m 512); after the first failures the sampler should rarely go back."""
+    failed = []
+
+    def flaky(c):
+        if c.tile_m == 512:
+            failed.append(c.key)
+            return Measurement(c, status="compile_error", reason="too many registers")
+        return bumpy(c)
+
+    for seed in range(3):
+        failed.clear()
+        recs = run(BIG, flaky, 40, seed)
+        model_fails = [r for r in recs[6:] if r.status != "ok"]
+        assert len(recs) == 40 and len(model_fails) <= 3, (seed, len(model_fails))

@@ -9,15 +9,29 @@ distort the model. :class:`CandidateGPSampler` is an optuna sampler (``BaseSampl
    space-filling design over the pool: each pick is the unmeasured valid config farthest (maximin, in
    feature space) from everything already tried, the first one at random.
 2. **Model**: a Gaussian process (:mod:`tracea.tuning.gp`: Matern 5/2, one length scale per feature,
-   fitted noise) on the study's completed trials, objective ``log(score)``. Failed trials (compile
-   error, wrong result ...) are given the worst score seen, so their neighbourhood is avoided.
+   fitted noise) on the study's *successful* trials, objective ``log(score)``. Failed trials (compile
+   error, too many resources, wrong result ...) are modelled apart: a second GP on the failure
+   indicator (1 failed, 0 ran) gives each candidate a probability of failing, and the acquisition is
+   multiplied by the probability of running (constrained BO), so regions that fail are avoided without
+   distorting the time model with made-up scores.
 3. **Acquisition**: expected improvement evaluated on *every* unmeasured valid config of the pool;
    the best one is proposed (ties broken at random). No continuous relaxation, no rounding.
+4. **Local steps** (``local_every``; the user-kernel strategy turns them on, see
+   :mod:`tracea.usertune.strategies`): every ``local_every``-th model proposal is restricted to the unmeasured configs
+   nearest the incumbent (the best config so far): those one step away, else two (a step is the next
+   value of one numeric parameter in sorted order, or another value of a categorical one), ranked by
+   the same acquisition. Good configs of tiling spaces sit next to each other (a tile twice as large,
+   the next unroll factor); a global model with a few dozen points ranks that neighbourhood poorly, and
+   restrictions such as ``block_x == block_y * tile_y`` make one-parameter moves invalid, so the
+   two-step ring is needed.
 
 Features: a numeric dimension whose values are all positive becomes ``log2(value)`` scaled to
 [0, 1] (tile sizes and block sizes act multiplicatively); other numeric and boolean dimensions are
-scaled linearly; categorical ones (swizzle, schedule names ...) are one-hot. Dimensions with one value
-are dropped. Huge spaces (more than ``ENUMERATE_LIMIT`` raw combinations) are represented by a fixed
+scaled linearly; categorical ones (swizzle, schedule names ...) are one-hot for the space-filling
+design and one identity (same / different) column for the GP. A numeric dimension with more than two
+values is also given an identity column for the GP (``numeric_identity``, on by default), which lets
+the model represent effects that are not smooth in the value (a tile size that divides the problem,
+one block shape that suits the hardware). Dimensions with one value are dropped. Huge spaces (more than ``ENUMERATE_LIMIT`` raw combinations) are represented by a fixed
 random sample of ``SAMPLE_SIZE`` valid configs.
 
 Needs NumPy and SciPy; :func:`available` says whether they import (else the tuner uses optuna's TPE).
@@ -41,6 +55,10 @@ DEFAULT_STARTUP = 6
 #: hyperparameters are refitted on every proposal up to this many results, then every REFIT_EVERY
 REFIT_ALWAYS = 40
 REFIT_EVERY = 4
+#: a local step looks this many steps away from the incumbent at most
+LOCAL_RADIUS = 2
+#: floor of the probability of running in the acquisition (log space), so no candidate is ruled out
+MIN_RUN_PROBABILITY = 1e-3
 
 
 def available() -> bool:
@@ -56,7 +74,8 @@ class CandidatePool:
     """The valid configs of a space, their optuna params and their feature vectors."""
 
     def __init__(self, space: SearchSpace, is_valid: Callable[[PipelineConfig], bool],
-                 encode: Callable[[PipelineConfig], dict[str, Any] | None], seed: int | None = None) -> None:
+                 encode: Callable[[PipelineConfig], dict[str, Any] | None], seed: int | None = None,
+                 numeric_identity: bool = True) -> None:
         import numpy as np
 
         if space.cardinality <= ENUMERATE_LIMIT:
@@ -71,6 +90,8 @@ class CandidatePool:
                 self.configs.append(c)
                 self.params.append(p)
         self.index = {_param_key(p): i for i, p in enumerate(self.params)}
+        rank_cols: list[list[float]] = []  # per dimension: the value's rank (numbers, sorted) or index (categories)
+        rank_ordinal: list[bool] = []
         columns: list[list[float]] = []  # maximin features: scaled numbers and one-hot categories
         gp_cols: list[list[float]] = []  # GP inputs: ordinal columns and identity (category code) columns
         kinds: list[bool] = []
@@ -79,7 +100,11 @@ class CandidatePool:
                 continue
             col = [c.get(name) for c in self.configs]
             codes = [float(values.index(v)) for v in col]
-            if all(_is_number(v) for v in values):
+            numeric = all(_is_number(v) for v in values)
+            order = sorted(values) if numeric else list(values)
+            rank_cols.append([float(order.index(v)) for v in col])
+            rank_ordinal.append(numeric)
+            if numeric:
                 logs = all(v > 0 for v in values)
                 f = (lambda v: math.log2(v)) if logs else (lambda v: float(v))
                 lo, hi = min(f(v) for v in values), max(f(v) for v in values)
@@ -87,7 +112,7 @@ class CandidatePool:
                 columns.append([(f(v) - lo) / span for v in col])
                 gp_cols.append(columns[-1])
                 kinds.append(False)
-                if len(values) > 2:
+                if len(values) > 2 and numeric_identity:
                     gp_cols.append(codes)
                     kinds.append(True)
             elif len(values) == 2:
@@ -103,6 +128,17 @@ class CandidatePool:
         self.features = np.array(columns, dtype=float).T if columns else np.zeros((n, 1))
         self.gp_inputs = np.array(gp_cols, dtype=float).T if gp_cols else np.zeros((n, 1))
         self.gp_kinds = np.array(kinds if kinds else [False], dtype=bool)
+        self.ranks = np.array(rank_cols, dtype=float).T if rank_cols else np.zeros((n, 1))
+        self.rank_ordinal = np.array(rank_ordinal if rank_ordinal else [True], dtype=bool)
+
+    def steps(self, i: int, others: Any) -> Any:
+        """Neighbourhood distance of configs ``others`` (pool indices) from config ``i``: summed over the
+        dimensions, the number of steps between the two values in sorted order (numeric dimensions) or
+        1 for another value (categorical ones)."""
+        import numpy as np
+
+        d = self.ranks[others] - self.ranks[i][None, :]
+        return np.where(self.rank_ordinal[None, :], np.abs(d), (d != 0).astype(float)).sum(1)
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -135,7 +171,7 @@ class CandidateGPSampler:
     """
 
     def __init__(self, pool: CandidatePool, distributions: dict[str, Any], seed: int | None,
-                 n_startup: int = DEFAULT_STARTUP) -> None:
+                 n_startup: int = DEFAULT_STARTUP, local_every: int = 0) -> None:
         from .gp import GaussianProcess
 
         self.pool = pool
@@ -145,6 +181,8 @@ class CandidateGPSampler:
         self.exhausted = len(pool) == 0
         self.gp = GaussianProcess()
         self.last_pick: str = ""
+        self.model_steps = 0
+        self.local_every = max(0, int(local_every))
 
     # -- optuna BaseSampler interface -----------------------------------------------------------
     def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
@@ -187,17 +225,31 @@ class CandidateGPSampler:
         if len(values) < self.n_startup or len(set(values)) < 2:
             self.last_pick = "space-filling"
             return int(self._maximin(free, sorted(tried)))
-        worst = max(values)
-        xs = self.pool.gp_inputs[[i for i, _ in done]]
-        ys = np.array([worst if v is None else v for _, v in done])
-        from .gp import expected_improvement
+        ran = [(i, v) for i, v in done if v is not None]
+        xs = self.pool.gp_inputs[[i for i, _ in ran]]
+        ys = np.array([v for _, v in ran])
+        from .gp import GaussianProcess, expected_improvement
 
         # Hyperparameters are refitted on every proposal early on, then every few proposals
         # (in between only the posterior is updated): the fit dominates the cost for long searches.
-        refit = len(done) <= REFIT_ALWAYS or len(done) % REFIT_EVERY == 0
+        refit = len(ran) <= REFIT_ALWAYS or len(ran) % REFIT_EVERY == 0
         self.gp.fit(xs, ys, self.pool.gp_kinds, optimize=refit)
         mean, std = self.gp.predict(self.pool.gp_inputs[free])
         acq = expected_improvement(mean, std, float(ys.min()))
+        if len(ran) < len(done):  # some failed: weigh by the modelled probability of running
+            labels = np.array([0.0 if v is not None else 1.0 for _, v in done])
+            fails = GaussianProcess().fit(self.pool.gp_inputs[[i for i, _ in done]], labels, self.pool.gp_kinds)
+            p_fail = np.clip(fails.predict(self.pool.gp_inputs[free])[0], 0.0, 1.0)
+            acq = acq + np.log(np.maximum(1.0 - p_fail, MIN_RUN_PROBABILITY))
+        self.model_steps += 1
+        if self.local_every and self.model_steps % self.local_every == 0:
+            dist = self.pool.steps(ran[int(np.argmin(ys))][0], free)
+            for radius in range(1, LOCAL_RADIUS + 1):
+                near = np.flatnonzero(dist <= radius)
+                if near.size:
+                    top = near[np.flatnonzero(acq[near] >= acq[near].max() - 1e-9)]
+                    self.last_pick = "local"
+                    return int(free[top[self.rng.randrange(len(top))]])
         top = np.flatnonzero(acq >= acq.max() - 1e-9)
         self.last_pick = "model"
         return int(free[top[self.rng.randrange(len(top))]])
@@ -214,11 +266,11 @@ class CandidateGPSampler:
 
 
 def make_candidate_sampler(pool: CandidatePool, distributions: dict[str, Any], seed: int | None,
-                           n_startup: int = DEFAULT_STARTUP) -> Any:
+                           n_startup: int = DEFAULT_STARTUP, local_every: int = 0) -> Any:
     """A :class:`CandidateGPSampler` that is also an ``optuna.samplers.BaseSampler``."""
     import optuna
 
     cls = type("CandidateGPSampler", (CandidateGPSampler, optuna.samplers.BaseSampler), {})
-    sampler = cls(pool, distributions, seed, n_startup)
+    sampler = cls(pool, distributions, seed, n_startup, local_every)
     sampler._fallback = optuna.samplers.RandomSampler(seed=seed)
     return sampler

@@ -71,11 +71,13 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
            seeds: Sequence[tuple[PipelineConfig, str]] = (), sampler: str = "auto",
            seed: int | None = None, n_startup: int | None = None, deadline: float | None = None,
            on_trial: Callable[[TrialRecord], None] | None = None, start_number: int = 0,
-           best_start: float = math.inf) -> list[TrialRecord]:
+           best_start: float = math.inf, local_every: int = 0, numeric_identity: bool = True) -> list[TrialRecord]:
     """Measure up to ``trials`` configs of ``space``; return every trial (pruned ones included).
 
     ``seeds`` (config, source) are measured first, in order. Spaces no larger than ``trials`` are
     measured exhaustively. ``deadline`` is a ``time.monotonic()`` value after which no trial starts.
+    ``local_every`` and ``numeric_identity`` configure the candidate-set GP sampler
+    (:mod:`tracea.tuning.candidates`); other samplers ignore them.
     """
     rng = random.Random(seed)
     records: list[TrialRecord] = []
@@ -139,9 +141,11 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
         if kind == "gp":
             from .candidates import DEFAULT_STARTUP, CandidatePool, make_candidate_sampler
 
-            pool = CandidatePool(space, lambda c: validator.reason(c) is None, enc.encode, seed)
+            pool = CandidatePool(space, lambda c: validator.reason(c) is None, enc.encode, seed,
+                                 numeric_identity=numeric_identity)
             opt_sampler = make_candidate_sampler(pool, dists, seed,
-                                                 n_startup if n_startup is not None else DEFAULT_STARTUP)
+                                                 n_startup if n_startup is not None else DEFAULT_STARTUP,
+                                                 local_every=local_every)
         else:
             startup = n_startup if n_startup is not None else max(3, min(10, trials // 4))
             opt_sampler = make_sampler(kind, seed, startup)

@@ -5,8 +5,11 @@
   valid space (default 0.1, as Kernel Tuner) or ``max_fevals`` configs.
 - ``"tracea"`` (also accepted as ``"bayes_opt"``; the default): Tracea's candidate-set Bayesian sampler
   (:mod:`tracea.tuning.candidates`: a space-filling start, then a Gaussian process with expected
-  improvement over every valid, unmeasured config), through the same search loop that tunes Tracea's
-  own kernels. Budget: ``max_fevals`` (default :data:`DEFAULT_MAX_FEVALS`) and ``time_limit`` seconds.
+  improvement over every valid, unmeasured config, failed configs modelled apart as a probability of
+  failing), through the same search loop that tunes Tracea's own kernels, plus local steps for user
+  kernels' spaces (a few hundred configs of tile / block / unroll parameters, a few dozen evaluations):
+  every second model proposal is a local step (the best-ranked unmeasured config one or two steps from
+  the best so far: :data:`LOCAL_EVERY`). Budget: ``max_fevals`` (default :data:`DEFAULT_MAX_FEVALS`) and ``time_limit`` seconds.
 
 Every strategy calls ``evaluate(params) -> score`` (lower is better; ``inf`` for a failed config).
 """
@@ -26,6 +29,8 @@ STRATEGIES = ("tracea", "bayes_opt", "brute_force", "random_sample")
 #: evaluations Tracea's sampler spends when ``max_fevals`` is not given (see docs/kernel_tuner.md)
 DEFAULT_MAX_FEVALS = 60
 OPTIONS = {"max_fevals", "time_limit", "fraction", "seed", "n_startup"}
+#: every LOCAL_EVERY-th model proposal of the default strategy is a local step around the best config so far
+LOCAL_EVERY = 2
 
 
 def resolve(strategy: Any, options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
@@ -95,5 +100,5 @@ def _bayes(opts: Mapping[str, Any], space: SearchSpace, names: list[str], evalua
     records = search(space, measure, variant="user", goal=OptimizationGoal.MaximizeTFLOPS,
                      trials=int(opts.get("max_fevals", DEFAULT_MAX_FEVALS)), validator=Validator(space, lambda c: None),
                      sampler="auto", seed=seed, n_startup=opts.get("n_startup"), deadline=deadline,
-                     seeds=[(c, "hero") for c in heroes])
+                     seeds=[(c, "hero") for c in heroes], local_every=LOCAL_EVERY)
     return sum(1 for r in records if r.status != "invalid")
