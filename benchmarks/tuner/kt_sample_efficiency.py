@@ -1,22 +1,28 @@
 """Sample efficiency of Tracea's default strategy against Kernel Tuner's strategies, on user kernels.
 
-Method: every config of a kernel's space is compiled, checked against the reference and timed once
+Method: every config of a kernel's space is compiled, checked against the reference and timed
 (``measure``: ``tracea.tune_kernel(strategy="brute_force", cache=TABLE)``), which writes the table as a
-Kernel Tuner cache file. Then strategies are *replayed* over that table, over ``--seeds`` seeds:
+Kernel Tuner cache file. On a loaded machine use ``--interleave R`` (C kernels): after the verified
+sweep every config is timed once per round in R rounds of random order and ``time`` is the minimum
+(interference only adds time; ``median`` is kept too). Then strategies are *replayed* over that table:
 
-- Tracea's default (``tune_kernel``'s default strategy: the candidate-set GP sampler), driven through
-  ``tracea.usertune.strategies`` with the same space object ``tune_kernel`` builds;
+- Tracea's default (``tune_kernel``'s default strategy: the candidate-set GP sampler with local steps),
+  driven through ``tracea.usertune.strategies`` with the same space object ``tune_kernel`` builds;
 - Kernel Tuner's ``bayes_opt``, ``random_sample`` and its default ``brute_force``, run by Kernel Tuner
   itself in its simulation mode on the same cache file (``kt-replay``, executed with a Python that has
   ``kernel_tuner`` installed: ``--kt-python``).
 
 For each run we count the evaluations until the best time so far is within ``--within`` (3 %) of the
-exhaustive best; failed configs (compile errors, too many resources) count as evaluations. A run that
-never gets there within the budget counts as ``budget + 1`` and is marked with ``>``. The table shows
-medians over seeds and Tracea's ratio to Kernel Tuner's best strategy.
+exhaustive best. Failed configs (compile errors, too many resources) count as evaluations for both
+tools. Kernel Tuner's ``results`` list a config again when a strategy revisits it; such repeats are
+served from its cache and do not count against its ``max_fevals``, so they are not counted here either
+(Tracea never revisits). A run that never gets there within the budget counts as ``budget + 1`` (">").
+Same seeds for both tools (Kernel Tuner 1.5.0's ``bayes_opt`` and ``random_sample`` give different
+traces for the same seed from run to run, so its medians move by a few evaluations between runs).
 
-    python benchmarks/tuner/kt_sample_efficiency.py measure --kernel matmul_c --table t.json
+    python benchmarks/tuner/kt_sample_efficiency.py measure --kernel matmul_c --table t.json --interleave 21
     python benchmarks/tuner/kt_sample_efficiency.py replay --kernel matmul_c --table t.json --kt-python /tmp/ktvenv/bin/python
+    python benchmarks/tuner/kt_sample_efficiency.py summary matmul_c=t.json conv2d_c=u.json --budget 100 --kt-python ...
 """
 
 from __future__ import annotations
