@@ -487,6 +487,52 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
         self.prepare(self.split_op(op), config, profile)
         helpers_kernels.splitter("sm_90a")
 
+    def _split_args(self, op: GemmOp) -> list[tuple[str, int, int, int, int, int]]:
+        """Per operand: (role, scratch floats, rows r and columns c of what the splitter reads, its
+        transposed flag, its part order) -- one splitter launch each."""
+        out = []
+        for role, rows, trans, order in (("a", op.m, op.trans_a, 0), ("b", op.n, not op.trans_b, 1)):
+            r, c = (op.k, rows) if trans else (rows, op.k)
+            out.append((role, op.batch * rows * 3 * op.k, r, c, 0 if trans else 1, order))
+        return out
+
+    def bind(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        """Three pointer-only launches per call (A and B split into TF32 parts in scratch from the caller's
+        allocator, then the TF32 kernel over 3K) instead of the multi-launch :meth:`run` path and its
+        per-call Python; stream-K configs keep :meth:`run`."""
+        if bool(config.get("stream_k", False)):
+            return self._bind_run(op, config, profile, adapter)
+        import numpy as np  # noqa: PLC0415
+
+        dev = profile.device.index
+        stream = launcher.stream_getter(adapter, dev)
+        launcher.refuse_if_capturing(stream(), self.name)
+        inner = _PreSplit().bind(self.split_op(op), config, profile, adapter)
+        with toolkit.cupy().cuda.Device(dev):
+            sk = helpers_kernels.splitter("sm_90a")
+        def split_launch(r: int, c: int, flag: int, order: int) -> launcher.FastLaunch:
+            params = launcher.ParamBlock.from_args(
+                lambda p: (np.uint64(p["src"]), np.uint64(p["dst"]), np.int32(r), np.int32(c), np.int32(flag),
+                           np.int32(order)), ("src", "dst"))
+            return launcher.FastLaunch(sk.function, (-(-c // 32), -(-r // 32), op.batch), 256, 0, params)
+
+        launches = [(size, split_launch(r, c, flag, order)) for _role, size, r, c, flag, order in self._split_args(op)]
+        ptr, device = adapter.data_ptr, launcher.on_device(dev)
+        factories: list[Any] = []
+
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            if not factories:  # the caller's allocator, bound on the first call (it needs an array)
+                factories.extend(adapter.empty_factory((size,), DType.F32, a) for size, _ in launches)
+            a3, b3 = factories[0](a), factories[1](a)
+            s = stream()
+            with device():
+                launches[0][1](s, (ptr(a), ptr(a3)))
+                launches[1][1](s, (ptr(b), ptr(b3)))
+            inner(a3, b3, bias, out)  # same stream: ordered after the splits
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         import numpy as np  # noqa: PLC0415
 
@@ -496,16 +542,26 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
             stream = launch_stream(args)
             sk = helpers_kernels.splitter("sm_90a")
             bufs = {}
-            for role, rows, trans, order in (("a", op.m, op.trans_a, 0), ("b", op.n, not op.trans_b, 1)):
-                buf = scratch_buffer(args, op.batch * rows * 3 * op.k)
-                r, c = (op.k, rows) if trans else (rows, op.k)
+            for role, size, r, c, flag, order in self._split_args(op):
+                buf = scratch_buffer(args, size)
                 sk.launch((-(-c // 32), -(-r // 32), op.batch),
                           (np.uint64(data_ptr(args.arrays[role], role)), np.uint64(data_ptr(buf, role)), np.int32(r),
-                           np.int32(c), np.int32(0 if trans else 1), np.int32(order)), stream)
+                           np.int32(c), np.int32(flag), np.int32(order)), stream)
                 bufs[role] = buf
             op3 = self.split_op(op)
             inner = OpArgs({**args.arrays, "a": bufs["a"], "b": bufs["b"]}, args.out, args.adapter)
             WgmmaGemm.run(self, op3, config, inner, profile)
+
+
+class _PreSplit(WgmmaGemm3xTf32):
+    """The 3xTF32 GEMM's kernel over operands already split (the inner launch of
+    :meth:`WgmmaGemm3xTf32.bind`, given the split op); not registered as a variant."""
+
+    def fast_launch_ok(self, op: GemmOp, config: PipelineConfig) -> bool:
+        return not bool(config.get("stream_k", False))
+
+    bind = WgmmaGemm.bind
+    run = WgmmaGemm.run  # type: ignore[assignment]
 
 
 HOPPER_VARIANTS = [WgmmaGemm, WgmmaGemmTf32, WgmmaGemm3xTf32]
