@@ -63,9 +63,9 @@ def _flops(b: int, h: int, sq: int, skv: int, d: int, causal: bool) -> float:
 VARIANTS = ("cuda.attention.wgmma", "cuda.attention.flash_mma")
 
 
-def prefill(quick: bool) -> list[dict]:
+def prefill(quick: bool, dtypes: list | None = None) -> list[dict]:
     rows = []
-    dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16]
+    dtypes = dtypes or ([torch.bfloat16] if quick else [torch.bfloat16, torch.float16])
     shapes = [(4, 16, 16, 4096, d) for d in (64, 128)] + [(4, 32, 8, 4096, 128)]  # (B, H, KVH, S, D); last: GQA
     for dt in dtypes:
         for b, h, kvh, s, d in shapes:
@@ -221,10 +221,14 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="prefill,decode,model")
+    ap.add_argument("--dtypes", help="prefill dtypes, comma-separated (default: bfloat16, and float16 unless --quick)")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     rows = []
     for part in args.only.split(","):
+        if part == "prefill" and args.dtypes:
+            rows += prefill(args.quick, [getattr(torch, t) for t in args.dtypes.split(",")])
+            continue
         rows += {"prefill": prefill, "decode": decode, "model": model}[part](args.quick)
     if args.json:
         with open(args.json, "w") as f:

@@ -165,3 +165,14 @@ def test_cuda_graph_capture_and_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert _rel(out, _ref(q, k, v, causal=True)) < TOL["float16"], seed
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.3, 2.5])
+def test_scale_argument(scale):
+    """The scale folds into the exponent (row max on the raw scores): small and large scales."""
+    import tracea
+
+    q, k, v = _inputs((1, 4, 2, 200, 300, 128), "float16", 13)
+    for causal in (False, True):
+        out = tracea.ops.attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True, variant=VARIANT)
+        assert _rel(out, _ref(q, k, v, causal=causal, scale=scale)) < TOL["float16"], (scale, causal)

@@ -15,14 +15,18 @@ Block = one producer warpgroup and ``CW`` (2 or 3) consumer warpgroups; ``BM = 6
   shared memory (the descriptor's transpose bit).
 * Intra-warpgroup overlap: tile ``t``'s score GEMM and tile ``t-1``'s ``P V`` are in flight together; the
   softmax of tile ``t`` runs while ``P V`` still computes (``wgmma.wait_group 1``), then ``O`` is rescaled.
-* Online softmax in base-2 units (scale * log2(e) folded into one multiply, ``ex2.approx``), row max and
-  row sum over the quad of lanes that share a row (two ``shfl.xor``).
+* Ping-pong: the consumer warpgroups take turns issuing their GEMMs (named barriers), so one warpgroup's
+  softmax overlaps the others' tensor-core work.
+* Online softmax in base-2 units (``ex2.approx``; the row max is taken on the raw scores and the positive
+  ``scale * log2(e)`` folded into the exponent's FFMA), row max and row sum over the quad of lanes that
+  share a row (two ``shfl.xor``).
 
 GQA packing, causal alignment, tile skipping and NaN / Inf behaviour are those of ``flash_attn`` (the
 ``mma.sync`` kernel): rows ``r`` of a kv head are query ``r % Sq`` of head ``kvh * G + r / Sq``; causal is
 top-left aligned, tiles past a block's last visible key are never loaded, only tiles that reach past the
-block's first row's diagonal (or past ``seq_kv``) run the mask code; causal blocks are scheduled longest
-first. A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
+block's first row's diagonal (or past ``seq_kv``) run the mask code. Causal grids are 1-D (``blocks x
+heads``), longest blocks first within groups of 8 (batch, kv head) pairs, so the last blocks to start are
+short ones; other grids are (blocks, batch x kv heads). A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class FlashWgmmaSpec:
     cw: int  # consumer warpgroups (64 query rows each): 2 or 3
     stages: int  # depth of the K and V rings
     causal: bool
+    pingpong: bool = True  # consumer warpgroups take turns issuing their GEMMs (named barriers)
 
     @property
     def bm(self) -> int:
@@ -94,6 +99,7 @@ class FlashWgmmaSpec:
 
 BODY = r"""
 #define NT (128 * (CW + 1))
+#define HEAD_GROUP 8                 // causal schedule: heads whose blocks are ordered together
 #define BM (64 * CW)
 #define DCH (D / 64)                 // 64-column (128-byte) chunks of a row
 #define Q_BYTES (BM * D * 2)
@@ -125,6 +131,16 @@ static __device__ __forceinline__ void issue_pv(float* o, u32 (*p)[4], u32 va) {
     wgmma_commit();
 }
 
+// Ping-pong (PINGPONG): consumer warpgroup w issues its GEMMs only in its turn (named barrier 1 + w: its
+// 128 threads sync, the previous warpgroup's 128 arrive), then passes the turn on, so one warpgroup's
+// softmax runs while the others' GEMMs occupy the tensor cores.
+static __device__ __forceinline__ void turn_wait(int w) {
+    if (PINGPONG) asm volatile("bar.sync %0, 256;" :: "r"(1 + w) : "memory");
+}
+static __device__ __forceinline__ void turn_pass(int w) {
+    if (PINGPONG) asm volatile("bar.arrive %0, 256;" :: "r"(1 + w) : "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
         u16* __restrict__ out, int H, int KVH, int Sq, int Skv, float scale_log2) {
@@ -134,8 +150,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     const u32 bars = sv + ST * KV_BYTES;  // Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
     const int G = H / KVH, M = G * Sq;
     const int nmb = (M + BM - 1) / BM;
-    const int mb = CAUSAL ? nmb - 1 - (int)blockIdx.x : (int)blockIdx.x;  // causal: longest blocks first
-    const int bz = blockIdx.y;  // batch * KVH + kv head: the (B, KVH, G * Sq, D) view of q and out
+    int mb, bz;  // query block; batch * KVH + kv head: the (B, KVH, G * Sq, D) view of q and out
+    if (CAUSAL) {
+        // 1-D grid, longest blocks first within groups of HEAD_GROUP heads (whose K / V stay in L2):
+        // the blocks that start last are short, so no long block runs alone at the end
+        const int lin = blockIdx.x, nb = gridDim.x / nmb;
+        const int group = lin / (HEAD_GROUP * nmb), within = lin % (HEAD_GROUP * nmb);
+        const int hg = min(HEAD_GROUP, nb - group * HEAD_GROUP);
+        mb = nmb - 1 - within / hg;
+        bz = group * HEAD_GROUP + within % hg;
+    } else {
+        mb = blockIdx.x;
+        bz = blockIdx.y;
+    }
     const int m0 = mb * BM;
 
     // visible keys of this block: [0, kend); causal masking needed from key i_min + 1 on
@@ -199,19 +226,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
         float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
         const u32 qa = sq + cw * 64 * 128;
+        const float c = scale_log2;  // scale * log2(e), applied in the exponent
         mbar_wait(bars, 0);
 
-// scale to base-2 units, mask (tiles at seq_kv's end or the diagonal), online softmax of tile T:
-// s becomes the unnormalised probabilities, alpha the rescale of the rows' earlier sums
+// mask (tiles at seq_kv's end or the diagonal), online softmax of tile T in base-2 units: s becomes the
+// unnormalised probabilities, alpha the rescale of the rows' earlier sums. The scale is positive (the op
+// checks it), so the row max is taken on the raw scores and scaled once; exp2(s * c - m) is one FFMA.
 #define SOFTMAX(T)                                                                                   \
         {                                                                                            \
             const int n0 = (T) * BN;                                                                 \
-            const bool edge = n0 + BN > Skv || (CAUSAL && n0 + BN - 1 > i_min);                     \
+            const bool edge = n0 + BN > Skv || (CAUSAL && n0 + BN - 1 > i_min);                      \
             _Pragma("unroll")                                                                        \
             for (int i = 0; i < BN / 2; ++i) {                                                       \
-                float x = s[i] * scale_log2;                                                         \
-                if (edge && n0 + (i >> 2) * 8 + 2 * t4 + (i & 1) >= klim[(i >> 1) & 1]) x = -INFINITY; \
-                s[i] = x;                                                                            \
+                if (edge && n0 + (i >> 2) * 8 + 2 * t4 + (i & 1) >= klim[(i >> 1) & 1]) s[i] = -INFINITY; \
             }                                                                                        \
             _Pragma("unroll")                                                                        \
             for (int h = 0; h < 2; ++h) {                                                            \
@@ -220,15 +247,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1])); \
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));                                 \
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));                                 \
-                const float mnew = fmaxf(mrun[h], mx);                                               \
+                const float mnew = fmaxf(mrun[h], mx * c);                                           \
                 const float msafe = mnew == -INFINITY ? 0.0f : mnew;                                 \
                 alpha[h] = ex2(mrun[h] - msafe);                                                     \
                 mrun[h] = mnew;                                                                      \
                 float sum = 0.0f;                                                                    \
                 _Pragma("unroll")                                                                    \
                 for (int j = 0; j < BN / 8; ++j) {                                                   \
-                    s[4 * j + 2 * h] = ex2(s[4 * j + 2 * h] - msafe);                                \
-                    s[4 * j + 2 * h + 1] = ex2(s[4 * j + 2 * h + 1] - msafe);                        \
+                    s[4 * j + 2 * h] = ex2(fmaf(s[4 * j + 2 * h], c, -msafe));                       \
+                    s[4 * j + 2 * h + 1] = ex2(fmaf(s[4 * j + 2 * h + 1], c, -msafe));               \
                     sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];                                  \
                 }                                                                                    \
                 lrun[h] = lrun[h] * alpha[h] + sum;                                                  \
@@ -245,8 +272,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
 
         if (ntiles > 0) {
             float alpha[2];
+            if (PINGPONG && cw == CW - 1) turn_pass(0);  // warpgroup 0 issues first
             mbar_wait(bars + 8, 0);
+            turn_wait(cw);
             issue_qk(s, qa, sk);
+            turn_pass((cw + 1) % CW);
             wgmma_wait<0>();
             #pragma unroll
             for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
@@ -256,9 +286,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             for (int t = 1; t < ntiles; ++t) {
                 const int st = t % ST, sp = (t - 1) % ST;
                 mbar_wait(bars + 8 + 8 * st, (t / ST) & 1);
+                turn_wait(cw);
                 issue_qk(s, qa, sk + st * KV_BYTES);                  // S of tile t ...
                 mbar_wait(bars + 8 + 8 * (ST + sp), ((t - 1) / ST) & 1);
                 issue_pv(o, p, sv + sp * KV_BYTES);                   // ... while P V of tile t-1 runs
+                turn_pass((cw + 1) % CW);
                 wgmma_wait<1>();
                 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
@@ -274,7 +306,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             }
             const int sl = (ntiles - 1) % ST;
             mbar_wait(bars + 8 + 8 * (ST + sl), ((ntiles - 1) / ST) & 1);
+            turn_wait(cw);
             issue_pv(o, p, sv + sl * KV_BYTES);
+            if (cw != CW - 1) turn_pass(cw + 1);  // the last warpgroup's last turn is passed to nobody
             wgmma_wait<0>();
             #pragma unroll
             for (int i = 0; i < D / 2; ++i) fence_acc(o[i]);
@@ -304,7 +338,8 @@ def _defines(spec: FlashWgmmaSpec) -> str:
     prod, cons = spec.regs
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
-        f"#define CAUSAL {int(spec.causal)}", f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
+        f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}",
+        f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
     ])
@@ -315,7 +350,7 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     spec.check()
     kind = "bf16" if spec.dtype is DType.BF16 else "f16"
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
-            f"stages={spec.stages} causal={int(spec.causal)}\n")
+            f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     return head + PRELUDE + HOPPER_PTX + _defines(spec) + f"\n#define KERNEL {name}\n" + mmas + BODY
