@@ -103,7 +103,7 @@ class FlashAttentionWgmma(CudaVariant):
 
         # H100, B4 H16 S4096 bf16 (TFLOP/s, kernel time): d64 192x128 516 / causal 407, 192x96x3 493 / 401,
         # 128x128x3 453 / 391; d128 128x176 673 / causal 583, 128x128 658 / 585, 192x64 622 / 515; without
-        # ping-pong 2-10% less.
+        # ping-pong 0-18% less. (Later, with the grouped causal order: d128 128x192 672 / 600, 128x160 669 / 596.)
         if op.head_dim <= 64:
             return [h(192, 128, 2), h(192, 96, 3), h(128, 128, 3), h(128, 176, 3), h(192, 96, 3, False)]
         if op.causal:
