@@ -76,10 +76,11 @@ def prefill(quick: bool, dtypes: list | None = None) -> list[dict]:
                 ref = TORCH_SDPA(q, k, v, is_causal=causal, enable_gqa=gqa)
                 out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=gqa)
                 err = float((out.double() - ref.double()).norm() / ref.double().norm())
-                ours = lambda: tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=gqa)  # noqa: E731
-                theirs = lambda: TORCH_SDPA(q, k, v, is_causal=causal, enable_gqa=gqa)  # noqa: E731
+                args = dict(is_causal=causal, enable_gqa=gqa)
+                ours = lambda q=q, k=k, v=v, a=args: tracea.ops.attention(q, k, v, **a)  # noqa: E731
+                theirs = lambda q=q, k=k, v=v, a=args: TORCH_SDPA(q, k, v, **a)  # noqa: E731
                 # isolated kernel of each attention variant (default hero), beside SDPA in the same rounds
-                forced = [lambda n=n: tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=gqa, variant=n)
+                forced = [lambda n=n, q=q, k=k, v=v, a=args: tracea.ops.attention(q, k, v, variant=n, **a)
                           for n in VARIANTS]
                 user = _time([ours, theirs], 10, False)
                 kern = _time([ours, theirs, *forced], 10, True)

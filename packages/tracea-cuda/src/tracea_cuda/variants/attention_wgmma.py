@@ -139,7 +139,7 @@ class FlashAttentionWgmma(CudaVariant):
         dt, d = spec.dtype, op.head_dim
         fptr, threads, smem = int(kernel.function.ptr), spec.threads, spec.smem_bytes
         tail = [ctypes.c_int32(op.heads), ctypes.c_int32(kvh), ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv),
-                ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]
+                ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]  # type: ignore[arg-type]
         memo: dict[tuple[int, int, int], tuple[tma.Packed, ctypes.c_uint64]] = {}
         lock = threading.Lock()
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
