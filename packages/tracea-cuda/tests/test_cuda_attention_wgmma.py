@@ -92,10 +92,31 @@ def test_every_hero_config_and_the_search_space(d, causal):
     var = FlashAttentionWgmma()
     op = AttentionOp(1, 4, 555, 700, d, kv_heads=2, causal=causal, dtype="bfloat16", scale=0.3)
     profile = get_doctor().profile_for(device_of(q.device))
-    extra = [hero(128, 64, d, 4, 12), hero(192, 64, d, 3, 16), hero(128, 160, d, 2, 12)]
+    extra = [hero(128, 64, d, 4, 12), hero(192, 64, d, 3, 16), hero(128, 160, d, 2, 12),
+             hero(192, 96, d, 2, 16, persistent=True), hero(128, 128, d, 2, 12, pingpong=False, persistent=True)]
     configs = var.hero_configs(op, profile) + [c for c in extra if var.validate_config(op, c, profile)]
     for cfg in configs:
         out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, scale=0.3, variant=VARIANT, config=cfg)
+        assert _rel(out, ref) < TOL["bfloat16"], cfg.key
+
+
+PERSISTENT_CASES = [(2, 16, 4, 1000, 777, 128), (3, 12, 12, 700, 900, 64), (1, 8, 1, 2500, 301, 128)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=[str(c) for c in PERSISTENT_CASES])
+def test_persistent_grid_walks_more_items_than_ctas(case, causal):
+    """More query blocks than SMs: each persistent CTA runs several items, the K / V rings and the Q
+    buffer carry over from one item to the next."""
+    import tracea
+    from tracea_cuda.variants.base import hero
+
+    d = case[-1]
+    q, k, v = _inputs(case, "bfloat16", sum(case) + causal)
+    ref = _ref(q, k, v, causal=causal)
+    for cfg in (hero(128, 128, d, 2, 12, persistent=True), hero(192, 96 if d == 64 else 64, d, 3, 16, persistent=True),
+                hero(128, 176 if d == 128 else 192, d, 2, 12, persistent=True)):
+        out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, variant=VARIANT, config=cfg)
         assert _rel(out, ref) < TOL["bfloat16"], cfg.key
 
 
@@ -105,9 +126,10 @@ def test_default_path_picks_the_wgmma_kernel_for_prefill():
     import tracea
 
     q, k, v = _inputs((2, 8, 8, 1024, 1024, 128), "bfloat16", 7)
-    forced = tracea.ops.attention(q, k, v, is_causal=True, variant=VARIANT)
-    dflt = tracea.ops.attention(q, k, v, is_causal=True)
-    torch.testing.assert_close(dflt, forced, atol=0, rtol=0)
+    for causal in (False, True):
+        forced = tracea.ops.attention(q, k, v, is_causal=causal, variant=VARIANT)
+        dflt = tracea.ops.attention(q, k, v, is_causal=causal)
+        torch.testing.assert_close(dflt, forced, atol=0, rtol=0)
 
 
 def test_nonfinite_inputs_propagate_like_the_reference():

@@ -24,9 +24,12 @@ Block = one producer warpgroup and ``CW`` (2 or 3) consumer warpgroups; ``BM = 6
 GQA packing, causal alignment, tile skipping and NaN / Inf behaviour are those of ``flash_attn`` (the
 ``mma.sync`` kernel): rows ``r`` of a kv head are query ``r % Sq`` of head ``kvh * G + r / Sq``; causal is
 top-left aligned, tiles past a block's last visible key are never loaded, only tiles that reach past the
-block's first row's diagonal (or past ``seq_kv``) run the mask code. Causal grids are 1-D (``blocks x
-heads``), longest blocks first within groups of 8 (batch, kv head) pairs, so the last blocks to start are
-short ones; other grids are (blocks, batch x kv heads). A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
+block's first row's diagonal (or past ``seq_kv``) run the mask code. Work items (query blocks x (batch, kv
+head) pairs) are numbered on a 1-D grid: causal ones longest first within groups of 8 heads, so the last
+items to start are short ones; others block-fastest. A grid of fewer CTAs than items is persistent: CTA
+``b`` runs items ``b, b + grid, ...``, the K / V rings run on across items and the producer loads the next
+item's Q (once every consumer's last score GEMM is done: an ``empty Q`` mbarrier) and K / V while the
+consumers finish and store the current one. A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class FlashWgmmaSpec:
     @property
     def smem_bytes(self) -> int:
         """Q tile, ``stages`` K and V tiles (16-bit), mbarriers, plus 1 KB to align the base to 1024."""
-        return 2 * self.head_dim * (self.bm + 2 * self.stages * self.bn) + 8 * (1 + 4 * self.stages) + 1024
+        return 2 * self.head_dim * (self.bm + 2 * self.stages * self.bn) + 8 * (2 + 4 * self.stages) + 1024
 
     @property
     def regs(self) -> tuple[int, int]:
@@ -141,48 +144,58 @@ static __device__ __forceinline__ void turn_pass(int w) {
     if (PINGPONG) asm volatile("bar.arrive %0, 256;" :: "r"(1 + w) : "memory");
 }
 
+// Work item w = one query block of one (batch, kv head): its first row, head, key tiles, causal bound.
+struct Item { int m0, bz, ntiles, i_min; };
+static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, int Sq, int Skv) {
+    Item it;
+    int mb;
+    if (CAUSAL) {
+        // longest blocks first within groups of HEAD_GROUP heads (whose K / V stay in L2): the items that
+        // start last are short, so no long block runs alone at the end
+        const int group = w / (HEAD_GROUP * nmb), within = w % (HEAD_GROUP * nmb);
+        const int hg = min(HEAD_GROUP, nb - group * HEAD_GROUP);
+        mb = nmb - 1 - within / hg;
+        it.bz = group * HEAD_GROUP + within % hg;
+    } else {
+        mb = w % nmb;
+        it.bz = w / nmb;
+    }
+    it.m0 = mb * BM;
+    // visible keys: [0, kend); causal masking needed from key i_min + 1 on
+    int kend = Skv;
+    it.i_min = 0;
+    if (CAUSAL) {
+        const int r_first = it.m0, r_last = min(it.m0 + BM, M) - 1;
+        const bool one_head = (r_first / Sq) == (r_last / Sq);
+        const int i_max = one_head ? r_last % Sq : Sq - 1;
+        it.i_min = one_head ? r_first % Sq : 0;
+        kend = min(Skv, i_max + 1);
+    }
+    it.ntiles = kend > 0 ? (kend + BN - 1) / BN : 0;
+    return it;
+}
+
+// 1-D grid; CTA b runs items b, b + gridDim.x, ... (gridDim.x = items: one each; fewer: persistent, the
+// producer loads the next item's Q and K / V while the consumers finish and store the current one).
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
-        u16* __restrict__ out, int H, int KVH, int Sq, int Skv, float scale_log2) {
+        u16* __restrict__ out, int H, int KVH, int Sq, int Skv, int NB, float scale_log2) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
-    const u32 bars = sv + ST * KV_BYTES;  // Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
+    const u32 bars = sv + ST * KV_BYTES;  // full Q, empty Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
+    const u32 full_q = bars, empty_q = bars + 8, kvb = bars + 16;
     const int G = H / KVH, M = G * Sq;
-    const int nmb = (M + BM - 1) / BM;
-    int mb, bz;  // query block; batch * KVH + kv head: the (B, KVH, G * Sq, D) view of q and out
-    if (CAUSAL) {
-        // 1-D grid, longest blocks first within groups of HEAD_GROUP heads (whose K / V stay in L2):
-        // the blocks that start last are short, so no long block runs alone at the end
-        const int lin = blockIdx.x, nb = gridDim.x / nmb;
-        const int group = lin / (HEAD_GROUP * nmb), within = lin % (HEAD_GROUP * nmb);
-        const int hg = min(HEAD_GROUP, nb - group * HEAD_GROUP);
-        mb = nmb - 1 - within / hg;
-        bz = group * HEAD_GROUP + within % hg;
-    } else {
-        mb = blockIdx.x;
-        bz = blockIdx.y;
-    }
-    const int m0 = mb * BM;
-
-    // visible keys of this block: [0, kend); causal masking needed from key i_min + 1 on
-    int kend = Skv, i_min = 0;
-    if (CAUSAL) {
-        const int r_first = m0, r_last = min(m0 + BM, M) - 1;
-        const bool one_head = (r_first / Sq) == (r_last / Sq);
-        const int i_max = one_head ? r_last % Sq : Sq - 1;
-        i_min = one_head ? r_first % Sq : 0;
-        kend = min(Skv, i_max + 1);
-    }
-    const int ntiles = kend > 0 ? (kend + BN - 1) / BN : 0;
+    const int nmb = (M + BM - 1) / BM, items = nmb * NB;
 
     if (threadIdx.x == 0) {
-        mbar_init(bars, 1);
+        mbar_init(full_q, 1);
+        mbar_init(empty_q, 4 * CW);
         for (int s = 0; s < ST; ++s) {
-            mbar_init(bars + 8 + 8 * s, 1);
-            mbar_init(bars + 8 + 8 * (ST + s), 1);
-            mbar_init(bars + 8 + 8 * (2 * ST + s), 4 * CW);
-            mbar_init(bars + 8 + 8 * (3 * ST + s), 4 * CW);
+            mbar_init(kvb + 8 * s, 1);
+            mbar_init(kvb + 8 * (ST + s), 1);
+            mbar_init(kvb + 8 * (2 * ST + s), 4 * CW);
+            mbar_init(kvb + 8 * (3 * ST + s), 4 * CW);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -192,31 +205,44 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
         if (threadIdx.x == 0) {
-            mbar_expect_tx(bars, Q_BYTES);
-            #pragma unroll
-            for (int c = 0; c < DCH; ++c) tma_load_3d(sq + c * CHUNK_Q, &tmQ, bars, c * 64, m0, bz);
-            for (int t = 0; t < ntiles; ++t) {
-                const int s = t % ST;
-                const u32 ph = (t / ST) & 1;
-                const u32 fk = bars + 8 + 8 * s, fv = bars + 8 + 8 * (ST + s);
-                mbar_wait(bars + 8 + 8 * (2 * ST + s), ph ^ 1);
-                mbar_expect_tx(fk, KV_BYTES);
+            int kt = 0, n = 0;  // K / V tiles loaded so far (ring position), items so far (Q phase)
+            for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
+                const Item it = item_of(w, nmb, NB, M, Sq, Skv);
+                mbar_wait(empty_q, (n & 1) ^ 1);  // the consumers' last S GEMM of the previous item is done
+                mbar_expect_tx(full_q, Q_BYTES);
                 #pragma unroll
-                for (int c = 0; c < DCH; ++c) tma_load_3d(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c * 64, t * BN, bz);
-                mbar_wait(bars + 8 + 8 * (3 * ST + s), ph ^ 1);
-                mbar_expect_tx(fv, KV_BYTES);
-                #pragma unroll
-                for (int c = 0; c < DCH; ++c) tma_load_3d(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c * 64, t * BN, bz);
+                for (int c = 0; c < DCH; ++c) tma_load_3d(sq + c * CHUNK_Q, &tmQ, full_q, c * 64, it.m0, it.bz);
+                for (int t = 0; t < it.ntiles; ++t, ++kt) {
+                    const int s = kt % ST;
+                    const u32 ph = (kt / ST) & 1;
+                    const u32 fk = kvb + 8 * s, fv = kvb + 8 * (ST + s);
+                    mbar_wait(kvb + 8 * (2 * ST + s), ph ^ 1);
+                    mbar_expect_tx(fk, KV_BYTES);
+                    #pragma unroll
+                    for (int c = 0; c < DCH; ++c)
+                        tma_load_3d(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c * 64, t * BN, it.bz);
+                    mbar_wait(kvb + 8 * (3 * ST + s), ph ^ 1);
+                    mbar_expect_tx(fv, KV_BYTES);
+                    #pragma unroll
+                    for (int c = 0; c < DCH; ++c)
+                        tma_load_3d(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c * 64, t * BN, it.bz);
+                }
             }
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(CONSUMER_REGS));
         const int cw = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
         const int g = lane >> 2, t4 = lane & 3;
+        const u32 qa = sq + cw * 64 * 128;
+        const float c = scale_log2;  // scale * log2(e), applied in the exponent
+        int kt = 0, n = 0;  // K / V tiles consumed so far (ring position), items so far (Q phase)
+        for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
+        const Item it = item_of(w, nmb, NB, M, Sq, Skv);
+        const int ntiles = it.ntiles, i_min = it.i_min, bz = it.bz;
         int row[2], klim[2];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            row[h] = m0 + cw * 64 + warp * 16 + g + 8 * h;
+            row[h] = it.m0 + cw * 64 + warp * 16 + g + 8 * h;
             const int qi = min(row[h], M - 1) % Sq;
             klim[h] = CAUSAL ? min(Skv, qi + 1) : Skv;  // keys visible to the row: [0, klim)
         }
@@ -225,9 +251,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
         float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
-        const u32 qa = sq + cw * 64 * 128;
-        const float c = scale_log2;  // scale * log2(e), applied in the exponent
-        mbar_wait(bars, 0);
+        mbar_wait(full_q, n & 1);
 
 // mask (tiles at seq_kv's end or the diagonal), online softmax of tile T in base-2 units: s becomes the
 // unnormalised probabilities, alpha the rescale of the rows' earlier sums. The scale is positive (the op
@@ -273,46 +297,51 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         if (ntiles > 0) {
             float alpha[2];
             if (PINGPONG && cw == CW - 1) turn_pass(0);  // warpgroup 0 issues first
-            mbar_wait(bars + 8, 0);
+            mbar_wait(kvb + 8 * (kt % ST), (kt / ST) & 1);
             turn_wait(cw);
-            issue_qk(s, qa, sk);
+            issue_qk(s, qa, sk + (kt % ST) * KV_BYTES);
             turn_pass((cw + 1) % CW);
             wgmma_wait<0>();
             #pragma unroll
             for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
-            if (lane == 0) mbar_arrive(bars + 8 + 8 * (2 * ST));
+            if (lane == 0) mbar_arrive(kvb + 8 * (2 * ST + kt % ST));
             SOFTMAX(0)
             PACK_P()
             for (int t = 1; t < ntiles; ++t) {
-                const int st = t % ST, sp = (t - 1) % ST;
-                mbar_wait(bars + 8 + 8 * st, (t / ST) & 1);
+                const int kc = kt + t, st = kc % ST, sp = (kc - 1) % ST;
+                mbar_wait(kvb + 8 * st, (kc / ST) & 1);
                 turn_wait(cw);
                 issue_qk(s, qa, sk + st * KV_BYTES);                  // S of tile t ...
-                mbar_wait(bars + 8 + 8 * (ST + sp), ((t - 1) / ST) & 1);
+                mbar_wait(kvb + 8 * (ST + sp), ((kc - 1) / ST) & 1);
                 issue_pv(o, p, sv + sp * KV_BYTES);                   // ... while P V of tile t-1 runs
                 turn_pass((cw + 1) % CW);
                 wgmma_wait<1>();
                 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
-                if (lane == 0) mbar_arrive(bars + 8 + 8 * (2 * ST + st));
+                if (lane == 0) mbar_arrive(kvb + 8 * (2 * ST + st));
                 SOFTMAX(t)
                 wgmma_wait<0>();
                 #pragma unroll
                 for (int i = 0; i < D / 2; ++i) fence_acc(o[i]);
-                if (lane == 0) mbar_arrive(bars + 8 + 8 * (3 * ST + sp));
+                if (lane == 0) mbar_arrive(kvb + 8 * (3 * ST + sp));
                 #pragma unroll
                 for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
                 PACK_P()
             }
-            const int sl = (ntiles - 1) % ST;
-            mbar_wait(bars + 8 + 8 * (ST + sl), ((ntiles - 1) / ST) & 1);
+            if (lane == 0) mbar_arrive(empty_q);  // every S GEMM of this item is done: Q may be reloaded
+            const int kl = kt + ntiles - 1, sl = kl % ST;
+            mbar_wait(kvb + 8 * (ST + sl), (kl / ST) & 1);
             turn_wait(cw);
             issue_pv(o, p, sv + sl * KV_BYTES);
             if (cw != CW - 1) turn_pass(cw + 1);  // the last warpgroup's last turn is passed to nobody
             wgmma_wait<0>();
             #pragma unroll
             for (int i = 0; i < D / 2; ++i) fence_acc(o[i]);
+            if (lane == 0) mbar_arrive(kvb + 8 * (3 * ST + sl));  // the ring goes on into the next item
+        } else if (lane == 0) {
+            mbar_arrive(empty_q);
         }
+        kt += ntiles;
         // finish: row sums over the quad, normalise, store
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -327,6 +356,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                     asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
                                  "r"(pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv)) : "memory");
             }
+        }
         }
     }
 }

@@ -8,7 +8,8 @@ Misaligned arrays (TMA needs 16-byte aligned bases) raise :class:`~tracea.errors
 
 Config: ``tile_m`` = 64 x consumer warpgroups (128 or 192), ``tile_n`` = keys per tile, ``stages`` = depth of
 the K and V rings, ``warps`` = 4 x (consumer warpgroups + 1), param ``pingpong`` (default True: the consumer
-warpgroups take turns issuing their GEMMs).
+warpgroups take turns issuing their GEMMs), param ``persistent`` (default False: one CTA per query block;
+True: one CTA per SM walking the blocks, each block's load overlapping the previous one's epilogue).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class FlashAttentionWgmma(CudaVariant):
         kvh = int(op.kv_heads or op.heads)
         if op.seq_kv < 1 or op.seq_q < 1:
             reasons.append("empty sequences are not served")
-        if op.batch * kvh > 65535 or -(-(op.heads // kvh) * op.seq_q // 64) * op.batch * kvh >= 2**31:
-            reasons.append("batch x kv heads (or blocks x heads) exceeds the grid limits")
+        if -(-(op.heads // kvh) * op.seq_q // 64) * op.batch * kvh >= 2**31:
+            reasons.append("query blocks x batch x kv heads exceeds the grid limit")
         elems = op.batch * op.heads * op.seq_q * op.head_dim
         if max(elems, op.batch * kvh * op.seq_kv * op.head_dim) >= 2**31:
             reasons.append("arrays exceed the 32-bit index range of the kernel")
@@ -95,20 +96,27 @@ class FlashAttentionWgmma(CudaVariant):
     def search_space(self, op: AttentionOp, profile: DeviceProfile) -> SearchSpace:
         return (SearchSpace().tile_m([128, 192]).tile_n([64, 96, 128, 160, 176, 192]).tile_k([op.head_dim])
                 .stages([2, 3, 4]).warps([12, 16]).param("pingpong", [True, False])
+                .param("persistent", [False, True])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        def h(bm: int, bn: int, st: int, pp: bool = True) -> PipelineConfig:
-            return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp)
+        def h(bm: int, bn: int, st: int, pp: bool = True, persistent: bool = False) -> PipelineConfig:
+            return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=persistent)
 
         # H100, B4 H16 S4096 bf16 (TFLOP/s, kernel time): d64 192x128 516 / causal 407, 192x96x3 493 / 401,
         # 128x128x3 453 / 391; d128 128x176 673 / causal 583, 128x128 658 / 585, 192x64 622 / 515; without
         # ping-pong 0-18% less. (Later, with the grouped causal order: d128 128x192 672 / 600, 128x160 669 / 596.)
+        # Non-causal items are all alike: a persistent grid overlaps each item's loads with the last one's
+        # epilogue; causal items differ, and the hardware's dynamic dispatch balances them better.
+        pers = not op.causal
         if op.head_dim <= 64:
-            return [h(192, 128, 2), h(192, 96, 3), h(128, 128, 3), h(128, 176, 3), h(192, 96, 3, False)]
+            return [h(192, 128, 2, persistent=pers), h(192, 128, 2, persistent=not pers), h(192, 96, 3),
+                    h(128, 128, 3), h(192, 96, 3, False)]
         if op.causal:
-            return [h(128, 128, 2), h(128, 176, 2), h(128, 144, 2), h(192, 64, 2), h(128, 128, 2, False)]
-        return [h(128, 176, 2), h(128, 128, 2), h(128, 144, 2), h(192, 64, 2), h(128, 128, 2, False)]
+            return [h(128, 128, 2), h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2),
+                    h(128, 128, 2, False)]
+        return [h(128, 176, 2, persistent=True), h(128, 176, 2), h(128, 128, 2, persistent=True), h(128, 144, 2),
+                h(192, 64, 2), h(128, 128, 2, False)]
 
     # -- compile and launch ----------------------------------------------------------------------
     def _kernel(self, spec: FlashWgmmaSpec) -> compiler.Kernel:
@@ -134,12 +142,13 @@ class FlashAttentionWgmma(CudaVariant):
             kernel = self._kernel(spec)
         kvh = int(op.kv_heads or op.heads)
         rows = (op.heads // kvh) * op.seq_q
-        nmb = -(-rows // spec.bm)
-        grid = (nmb * op.batch * kvh, 1, 1) if op.causal else (nmb, op.batch * kvh, 1)  # see flash_wgmma
+        items = -(-rows // spec.bm) * op.batch * kvh  # query blocks x (batch, kv head) pairs
+        sms = profile.compute_units if profile.compute_units > 1 else 132
+        grid = (min(items, sms) if bool(config.get("persistent", False)) else items, 1, 1)
         dt, d = spec.dtype, op.head_dim
         fptr, threads, smem = int(kernel.function.ptr), spec.threads, spec.smem_bytes
         tail = [ctypes.c_int32(op.heads), ctypes.c_int32(kvh), ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv),
-                ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]  # type: ignore[arg-type]
+                ctypes.c_int32(op.batch * kvh), ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]  # type: ignore[arg-type]
         memo: dict[tuple[int, int, int], tuple[tma.Packed, ctypes.c_uint64]] = {}
         lock = threading.Lock()
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
