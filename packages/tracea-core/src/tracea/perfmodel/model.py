@@ -86,9 +86,9 @@ class _Table:
 
 def roofline_estimate(variant: Any, op: Any, profile: Any, config: Any = None) -> float:
     """The variant's own estimate (its roofline with its efficiency), times the wave quantization of
-    ``config`` on GPUs."""
+    ``config`` on GPUs (for variants that are ``wave_quantized``)."""
     base = float(variant.estimate_seconds(op, profile, config))
-    if int(getattr(profile, "warp_size", 1) or 1) > 1:
+    if int(getattr(profile, "warp_size", 1) or 1) > 1 and getattr(variant, "wave_quantized", True):
         base *= wave_factor(op, config, int(profile.compute_units or 0))
     return base
 

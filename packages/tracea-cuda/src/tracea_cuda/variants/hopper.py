@@ -40,10 +40,13 @@ class WgmmaGemm(CudaVariant):
     description = ("fp16/bf16 GEMM for Hopper: TMA (128B swizzle) + mbarrier pipeline + wgmma, producer/2 consumer "
                    "warpgroups with setmaxnreg, persistent grouped grid, fused epilogue (sm_90a)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F16, DType.BF16}),
-                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
-                                alignment=8)
+                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0))
     efficiency = 0.8
     priority = 20
+    #: whether operands whose rows TMA cannot address (a row not a multiple of 16 bytes, e.g. K = 1023)
+    #: are first copied into scratch with 16-byte row pitches (one ``cudaMemcpy2DAsync`` each); the
+    #: output takes the kernel's scalar stores then. fp32 variants require aligned rows instead.
+    pads_rows = True
 
     #: the array roles of the two operands, in kernel order (A then B)
     roles = ("a", "b")
@@ -77,11 +80,12 @@ class WgmmaGemm(CudaVariant):
         op = self.kernel_op(op)
         b = op.batch
         row = 128 // spec.dtype_in.itemsize  # elements per 128-byte swizzle row (of k, or of m/n when MN-major)
-        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (row, spec.bm, 1)) if spec.a_kmajor else
-                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (row, row, 1)))
+        pa_pitch, pb_pitch = self.pitches(op)
+        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (row, spec.bm, 1), pa_pitch) if spec.a_kmajor else
+                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (row, row, 1), pa_pitch))
         # In a 2-CTA cluster each CTA loads half of the B tile (multicast to both): K-major boxes are halved.
-        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (row, spec.bn // spec.cluster, 1)) if spec.b_kmajor
-                 else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (row, row, 1)))
+        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (row, spec.bn // spec.cluster, 1), pb_pitch)
+                 if spec.b_kmajor else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (row, row, 1), pb_pitch))
         cm = spec.cluster
         tiles = self._tiles(op, spec)  # clusters' tiles
         resident = profile.compute_units if cm == 1 else tma.max_active_clusters(
@@ -125,9 +129,32 @@ class WgmmaGemm(CudaVariant):
         """Whether A and B reach the kernel K-major (16-bit: as stored; wgmma transposes the others)."""
         return not op.trans_a, op.trans_b
 
+    def pitches(self, op: Any) -> tuple[int | None, int | None]:
+        """Row pitches (elements) of the scratch copies A and B are read from, None where the operand's
+        own rows are 16-byte multiples and it is read in place."""
+        if not self.pads_rows or not isinstance(op, GemmOp):
+            return None, None
+        vec = 16 // op.dtype_a.storage.itemsize
+        rows = (op.m if op.trans_a else op.k, op.k if op.trans_b else op.n)
+        return tuple(None if r % vec == 0 else -(-r // vec) * vec for r in rows)  # type: ignore[return-value]
+
     def operands(self, op: GemmOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
-        """Device pointers of A and B as the kernel reads them (16-bit: the caller's arrays)."""
-        return ptrs["a"], ptrs["b"]
+        """Device pointers of A and B as the kernel reads them: the caller's arrays, or (rows TMA cannot
+        address) pitched scratch copies made on ``stream`` (so ordered before the GEMM)."""
+        out = [ptrs["a"], ptrs["b"]]
+        item = op.dtype_a.storage.itemsize
+        for i, pitch in enumerate(self.pitches(op)):
+            if pitch is None:
+                continue
+            width = (op.m if op.trans_a else op.k) if i == 0 else (op.k if op.trans_b else op.n)
+            height = op.batch * ((op.k if op.trans_a else op.m) if i == 0 else (op.n if op.trans_b else op.k))
+            buf = scratch_buffer(args, -(-height * pitch * item // 4))
+            ptrs.setdefault("_keep", []).append(buf)  # alive until the GEMM reading it is enqueued
+            dst = data_ptr(buf, "scratch")
+            toolkit.cupy().cuda.runtime.memcpy2DAsync(dst, pitch * item, out[i], width * item, width * item, height,
+                                                      3, stream.ptr)  # 3: device to device
+            out[i] = dst
+        return out[0], out[1]
 
     def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -164,7 +191,8 @@ class WgmmaGemm(CudaVariant):
         # A 16-bit output can defer the activation and the stores of a tile into the next tile's mainloop
         # (3 stages leave room for the stash): bf16 bias+GELU 1.00-1.02x cuBLASLt's fused kernel at
         # 4096^3-8192^3 (0.98-0.99x without), plain GEMMs +0.5-1%, paired on an H200.
-        if op.out_dtype.storage in (DType.BF16, DType.F16):
+        # (Not where C's rows take scalar stores, N % 8 != 0: the stash then spills on sm_90a.)
+        if op.out_dtype.storage in (DType.BF16, DType.F16) and op.n % 8 == 0:
             big = [_hero(256, 3, 16, cluster=1, defer=True)] + big
             sk = [_hero(256, 3, 16, cluster=1, stream_k=True, defer=True)] + sk
         if tiles >= 12 * profile.compute_units and tiles % profile.compute_units:  # a partial last wave
@@ -184,7 +212,7 @@ class WgmmaGemm(CudaVariant):
     mapped_roles: tuple[str, ...] = ("a", "b")
 
     def fast_launch_ok(self, op: GemmOp, config: PipelineConfig) -> bool:
-        return not bool(config.get("stream_k", False))
+        return not bool(config.get("stream_k", False)) and self.pitches(op) == (None, None)
 
     def bind(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         """Tensor maps are built per distinct pointer of the mapped operands (weights: once; torch's caching
@@ -267,7 +295,9 @@ class WgmmaGemm(CudaVariant):
         if bias is not None:
             ptrs["bias"] = data_ptr(bias, "bias")
             ptrs["bias_dtype"] = DType.parse(bias.dtype, arg="bias").value
-        if ptrs[ra] % 16 or ptrs[rb] % 16:  # TMA (and 16-byte gathers) need aligned bases: documented fallback
+        copied = self.pitches(op)  # operands read from pitched copies may start anywhere
+        if any(ptrs[r] % 16 and p is None for r, p in zip(self.roles, copied)):
+            # TMA (and 16-byte gathers) need aligned bases: documented fallback
             self._fallback.run(op, self._fallback.hero_configs(op, profile)[0], args, profile)
             return
         cp = toolkit.cupy()
@@ -317,6 +347,7 @@ class WgmmaGemmTf32(WgmmaGemm):
                                 fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}),
                                 alignment=4)
     efficiency = 0.7
+    pads_rows = False
 
     def __init__(self) -> None:
         super().__init__()
