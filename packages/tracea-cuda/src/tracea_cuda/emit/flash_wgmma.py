@@ -179,14 +179,14 @@ static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, in
 // producer loads the next item's Q and K / V while the consumers finish and store the current one).
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
-        u16* __restrict__ out, int H, int KVH, int Sq, int Skv, int NB, float scale_log2) {
+        u16* __restrict__ out, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
     const u32 bars = sv + ST * KV_BYTES;  // full Q, empty Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
     const u32 full_q = bars, empty_q = bars + 8, kvb = bars + 16;
     const int G = H / KVH, M = G * Sq;
-    const int nmb = (M + BM - 1) / BM, items = nmb * NB;
+    const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads
 
     if (threadIdx.x == 0) {
         mbar_init(full_q, 1);
@@ -207,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         if (threadIdx.x == 0) {
             int kt = 0, n = 0;  // K / V tiles loaded so far (ring position), items so far (Q phase)
             for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
-                const Item it = item_of(w, nmb, NB, M, Sq, Skv);
+                const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
                 mbar_wait(empty_q, (n & 1) ^ 1);  // the consumers' last S GEMM of the previous item is done
                 mbar_expect_tx(full_q, Q_BYTES);
                 #pragma unroll
@@ -237,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const float c = scale_log2;  // scale * log2(e), applied in the exponent
         int kt = 0, n = 0;  // K / V tiles consumed so far (ring position), items so far (Q phase)
         for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
-        const Item it = item_of(w, nmb, NB, M, Sq, Skv);
+        const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
         const int ntiles = it.ntiles, i_min = it.i_min, bz = it.bz;
         int row[2], klim[2];
         #pragma unroll

@@ -33,12 +33,12 @@ from ..emit.flash_wgmma import FlashWgmmaSpec
 from .base import CudaVariant, hero
 
 
-
 class FlashAttentionWgmma(CudaVariant):
     name = "cuda.attention.wgmma"
     description = ("flash-attention forward for Hopper: TMA K/V rings (128B swizzle, mbarriers), a producer and 2-3 "
-                   "consumer warpgroups (setmaxnreg), S = QK^T and O += PV on wgmma (P from registers), score GEMM of "
-                   "the next tile overlapped with the softmax, causal tile skipping, GQA (sm_90a)")
+                   "consumer warpgroups (setmaxnreg), S = QK^T and O += PV on wgmma (P from registers), P V of a tile "
+                   "overlapped with the next tile's softmax, ping-pong consumer warpgroups, causal tile skipping, GQA "
+                   "(sm_90a)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.ATTENTION,
                                 dtypes=frozenset({DType.F16, DType.BF16}), isa=("wgmma", "tma"),
                                 min_compute_capability=(9, 0))
