@@ -121,7 +121,7 @@ def _measure_interleaved(args: argparse.Namespace, mod: Any, kwargs: dict[str, A
         built[key] = (runner.compile(launch), launch)
         e["times"] = []
     rng = random.Random(0)
-    for r in range(args.interleave):
+    for _round in range(args.interleave):
         order = list(built)
         rng.shuffle(order)
         for key in order:
@@ -133,7 +133,7 @@ def _measure_interleaved(args: argparse.Namespace, mod: Any, kwargs: dict[str, A
     table["measurement"] = {"interleaved_rounds": args.interleave, "time": "minimum over interleaved rounds",
                             "median": "median over the same rounds", "loadavg_before": load0,
                             "loadavg_after": os.getloadavg()}
-    Path(args.table).write_text(json.dumps(table, indent=0))
+    Path(args.table).write_text(json.dumps(table, indent=0) + "\n")
     print(f"{args.kernel}: {len(table['cache'])} configs ({len(ran)} ran), {args.interleave} interleaved rounds, best "
           f"{min(e['time'] for e in ran.values()):.4f} ms, load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f} -> {args.table}")
 
@@ -174,7 +174,7 @@ def _measure_rounds(args: argparse.Namespace, mod: Any, kwargs: dict[str, Any]) 
         e["rounds"] = args.rounds
     merged["measurement"] = {"rounds": args.rounds, "iterations": args.iterations, "time": "median of all runs",
                              "loadavg_before": load0, "loadavg_after": os.getloadavg()}
-    Path(args.table).write_text(json.dumps(merged, indent=0))
+    Path(args.table).write_text(json.dumps(merged, indent=0) + "\n")
     ok = [e["time"] for e in merged["cache"].values() if isinstance(e.get("time"), (int, float))]
     print(f"{args.kernel}: {len(merged['cache'])} configs, {args.rounds} rounds ({len(ok)} ran), best {min(ok):.4f} ms, "
           f"load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f} -> {args.table}")
@@ -378,13 +378,26 @@ def replay(args: argparse.Namespace) -> None:
                      f"{med[k] / kt_best:.2f}x" if kt_best else "-"))
     _print_rows([head] + rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(rep, indent=1))
+        Path(args.json).write_text(json.dumps(rep, indent=1) + "\n")
 
 
 def _print_rows(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def _cell_of(rep: dict[str, Any]) -> Any:
+    """A function printing one strategy's median of ``rep`` (with how many runs missed the budget)."""
+    med, b = rep["median"], rep["budget"]
+
+    def cell(k: str) -> str:
+        if k not in med:
+            return "-"
+        v = rep["runs"][k]
+        miss = sum(1 for x in v if x > b)
+        return f"{med[k]:g}" + (f" ({miss} of {len(v)} >{b})" if miss else "")
+    return cell
 
 
 def summary(args: argparse.Namespace) -> None:
@@ -400,14 +413,7 @@ def summary(args: argparse.Namespace) -> None:
             "KT brute_force", "Tracea / KT bayes_opt|default", "Tracea / best KT")
     rows = [head]
     for rep in reps:
-        med, b = rep["median"], rep["budget"]
-
-        def cell(k: str) -> str:
-            if k not in med:
-                return "-"
-            v = rep["runs"][k]
-            miss = sum(1 for x in v if x > b)
-            return f"{med[k]:g}" + (f" ({miss} of {len(v)} >{b})" if miss else "")
+        cell = _cell_of(rep)
         r_main, r_all = _ratios(rep)
         rows.append((rep["kernel"], rep["device"], f"{rep['configs']} ({rep['ran']})", str(rep["good"]),
                      cell("tracea (default)"), cell("kernel_tuner bayes_opt"), cell("kernel_tuner random_sample"),
@@ -416,7 +422,7 @@ def summary(args: argparse.Namespace) -> None:
           f"(seeds {args.first_seed}..{args.first_seed + args.seeds - 1}); Kernel Tuner's repeats of a config are not counted (as its budget does not)")
     _print_rows(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(reps, indent=1))
+        Path(args.json).write_text(json.dumps(reps, indent=1) + "\n")
 
 
 def main() -> None:
