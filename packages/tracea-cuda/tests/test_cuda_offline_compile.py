@@ -33,7 +33,6 @@ OPS = {
     "cuda.gemm.wgmma": [GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
                         GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"),
                         GemmOp(4097, 4095, 1023, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias"),  # pitched
-                        GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # split-all
                         GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="float16",
                                dtype_b="float16", dtype_out="float32", epilogue="silu")],
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),

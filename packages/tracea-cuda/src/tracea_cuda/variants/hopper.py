@@ -94,7 +94,6 @@ class WgmmaGemm(CudaVariant):
         sk = []
         if spec.stream_k:  # workspace and counters come from run() (per stream), the split from the grid
             p = ptrs["sk_plan"]
-            grid = (self._sk_ctas(tiles, profile) if p.sk_tiles else min(tiles, resident), 1, 1)
             sk = [ctypes.c_uint64(ptrs["sk_ws"]), ctypes.c_uint64(ptrs["sk_flags"]), ctypes.c_int32(p.sk_tiles),
                   ctypes.c_int32(p.max_contributors)]
         cargs = tma.pack([a_map, b_map, *sk, ctypes.c_uint64(ptrs["out"]),
@@ -107,8 +106,8 @@ class WgmmaGemm(CudaVariant):
         """Stream-K split for this launch plus its fp32 partial-sum workspace and zeroed tile counters, for
         this call only (kept alive in ``ptrs["_keep"]`` until the kernel is enqueued)."""
         kop = self.kernel_op(op)
-        tiles = self._tiles(kop, spec)  # stream-K runs without clusters
-        p = stream_k.plan(tiles, self._sk_ctas(tiles, profile), -(-kop.k // (128 // spec.dtype_in.itemsize)))
+        tiles = self._tiles(kop, spec)  # stream-K runs without clusters: the grid is min(tiles, SMs)
+        p = stream_k.plan(tiles, min(tiles, profile.compute_units), -(-kop.k // (128 // spec.dtype_in.itemsize)))
         per_slot = 2 * 128 * spec.subs * spec.bn // 2  # two consumer warpgroups x their accumulators
         ws = scratch_buffer(args, p.sk_tiles * p.max_contributors * per_slot)
         flags = scratch_buffer(args, 2 * p.sk_tiles, zeroed=True)
@@ -120,12 +119,6 @@ class WgmmaGemm(CudaVariant):
     def kernel_op(self, op: GemmOp) -> GemmOp:
         """The GEMM as the kernel sees it (M and N exchanged when the operands are swapped)."""
         return op
-
-    @staticmethod
-    def _sk_ctas(tiles: int, profile: DeviceProfile) -> int:
-        """The persistent grid of a stream-K launch: one CTA per SM (fewer tiles than SMs: every tile is
-        split along K over all of them, see :func:`tracea_cuda.stream_k.plan`)."""
-        return max(1, int(profile.compute_units))
 
     @staticmethod
     def _tiles(kop: GemmOp, spec: WgmmaSpec) -> int:
@@ -206,14 +199,7 @@ class WgmmaGemm(CudaVariant):
             return sk + big
         if tiles >= profile.compute_units:
             return big + sk
-        small = [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
-        # Under half a wave of 128x128 tiles with a long K: every tile split along K over all SMs
-        # (stream-K's split-everything mode) instead of leaving most SMs idle. (128x256 tiles: the
-        # 128x128 stream-K kernel spills on sm_90a.)
-        tiles128 = -(-op.m // 128) * -(-op.n // 128) * op.batch
-        if 2 * tiles128 <= profile.compute_units and op.k >= 2048:
-            return [_hero(256, 4, cluster=1, stream_k=True)] + small
-        return small
+        return [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
 
     def _kernel(self, spec: WgmmaSpec, profile: DeviceProfile) -> compiler.Kernel:
         return compiler.load(render(spec), KERNEL_NAME, "sm_90a", smem=spec.smem_bytes, threads=spec.threads)
