@@ -32,6 +32,8 @@ GEMMS = [("cuda.gemm.mma_f16", "float16", "highest", False, NONFINITE),
          ("cuda.gemm.mma_3xtf32", "float32", "highest", False, NONFINITE),
          ("cuda.gemm.gemv", "float16", "highest", False, NONFINITE),
          ("cuda.gemm.gemv", "float32", "highest", False, NONFINITE),
+         ("cuda.gemm.skinny_mma", "bfloat16", "highest", False, NONFINITE),
+         ("cuda.gemm.skinny_mma", "float16", "highest", False, NONFINITE),
          ("cuda.gemm.wgmma", "float16", "highest", True, NONFINITE),
          ("cuda.gemm.wgmma", "bfloat16", "highest", True, NONFINITE),
          ("cuda.gemm.wgmma_tf32", "float32", "high", True, NONFINITE),
@@ -75,7 +77,13 @@ def test_gemm_random_nonfinite(name, dt, prec, hopper, values):
     variant = VARIANTS[name]
     rng = np.random.default_rng(len(name) + len(dt))
     for trial, epi in enumerate(EPILOGUES):
-        m, tb = (1 + trial % 4, True) if name.endswith("gemv") else (136, bool(trial % 2))  # GEMV: <= 4 rows, (N, K) B
+        # GEMV: <= 4 rows (16-bit: 1 row, skinny_mma takes more); skinny_mma: <= 16 rows; both B stored (N, K)
+        if name.endswith("gemv"):
+            m, tb = (1 + trial % 4 if dt == "float32" else 1), True
+        elif name.endswith("skinny_mma"):
+            m, tb = 1 + 5 * trial % 16, True
+        else:
+            m, tb = 136, bool(trial % 2)
         op = GemmOp(m, 264, 72, trans_b=tb, dtype_a=dt, dtype_b=dt, fp32_precision=prec, epilogue=epi)
         assert not variant.check(op, profile), variant.check(op, profile)
         for config in _configs(variant, op, profile):
@@ -101,7 +109,7 @@ def test_activation_of_special_values(name, dt, prec, hopper, values, out):
     profile = _profile(hopper)
     variant = VARIANTS[name]
     vals = torch.tensor(SPECIAL, device="cuda")
-    gemv = name.endswith("gemv")  # few rows: the special values go along N (B stored (N, K)) instead
+    gemv = name.endswith(("gemv", "skinny_mma"))  # few rows: the special values go along N (B stored (N, K))
     for epi in ["relu", "bias+relu", "gelu", "gelu_erf", "bias+silu"]:
         m, n = (4, len(SPECIAL)) if gemv else (len(SPECIAL), 64)
         op = GemmOp(m, n, 8, trans_b=gemv, dtype_a=dt, dtype_b=dt, dtype_out=out, fp32_precision=prec, epilogue=epi)
