@@ -147,6 +147,27 @@ def test_amx_large_and_decode_shapes():
         assert amx_case(m, 512, 1024, tb=True, epi="bias", out="bf16") < 1e-2
 
 
+@pytest.mark.parametrize("m,n,out", [(1030, 2048, "bf16"), (1030, 2064, "bf16"), (1030, 1024, "float32"),
+                                     (1030, 1040, "float32")])
+def test_amx_large_outputs_streaming_stores(m, n, out):
+    """Outputs of 4 MiB and more are written with streaming stores where whole aligned cache lines are
+    (emit/amx_blocks.py): N a multiple of 32, and with a last block of 16 or 32 columns that is not."""
+    _skip_without_amx()
+    assert amx_case(m, n, 40, epi="bias+relu", out=out, seed=5) < _tol(out)
+
+
+def test_amx_block_rows_fit_half_the_l2():
+    """The many-rows driver packs mc x K of A: mc is lowered for a deep K (whole tile rows, at least
+    one), never raised, and left alone without a known L2."""
+    cfg = config(mr=32, nr=32, mc=256, nc=256, kc=256, threads=0)
+    two_mb = PROFILE.with_(caches={"L2": 2 << 20})
+    rows = {k: VARIANT.block_rows(GemmOp(4096, 4096, k, dtype_a="bf16", dtype_b="bf16"), cfg, two_mb)
+            for k in (512, 2048, 4096, 100000)}
+    assert rows == {512: 256, 2048: 256, 4096: 128, 100000: 32}
+    assert VARIANT.block_rows(GemmOp(64, 64, 4096, dtype_a="bf16", dtype_b="bf16"), cfg,
+                              PROFILE.with_(caches={})) == 256
+
+
 def test_amx_matches_fp32_output_rounded():
     """The bf16 output is the round-to-nearest-even of the fp32 output (same config, same order)."""
     _skip_without_amx()

@@ -142,6 +142,17 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
         stream = op.batch * op.n * op.k * 2 / (AMX_STREAM_GBS_PER_CORE * profile.compute_units * 1e9)
         return max(flop_time, stream, memory) + 15e-6
 
+    def block_rows(self, op: Op, config: PipelineConfig, profile: DeviceProfile | None) -> int:
+        """The config's ``mc``, lowered so that the A block the many-rows driver packs for the whole K
+        (``mc x K`` bf16, :mod:`.emit.amx_blocks`) takes at most half of the profile's L2 (whole tile
+        rows, at least one)."""
+        mc, mr = int(config.get("mc")), int(config.get("mr"))
+        l2 = int(profile.caches.get("L2") or 0) if profile is not None else 0
+        if not l2 or not isinstance(op, GemmOp):
+            return mc
+        fit = (l2 // 2) // (2 * max(op.k, 1)) // mr * mr
+        return max(mr, min(mc, fit))
+
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         if isinstance(op, GemmOp) and rows_driver(op):
             return spaces.amx_rows_space(profile)

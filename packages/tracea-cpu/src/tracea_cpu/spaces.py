@@ -208,10 +208,13 @@ def small_problem(op: Op) -> bool:
 
 
 # AMX bf16 GEMM: mr x nr blocks of 16 x 16 accumulator tiles; kc in bf16 elements (a multiple of 32,
-# one tile of K). Measured on the 2-core Intel Xeon with AMX (docs/backends/cpu.md, "AMX").
+# one tile of K). Many rows run the driver of emit/amx_blocks.py: kc = 256 keeps a 32 x kc A slice and
+# a kc x 32 B slice in L1 (16 KiB each), nc = 256 an mc x nc fp32 C block in L2, mc is lowered per op
+# so the packed mc x K A block takes at most half the L2 (CpuGemmAmxVariant.block_rows). Measured on
+# the 2-core Intel Xeon with AMX, one thread, interleaved with torch.matmul (docs/backends/cpu.md, "AMX").
 AMX_HEROES: list[dict[str, int]] = [
-    dict(mr=32, nr=32, mc=256, nc=512, kc=2048), dict(mr=32, nr=32, mc=64, nc=512, kc=2048),
-    dict(mr=16, nr=64, mc=128, nc=512, kc=2048), dict(mr=32, nr=32, mc=128, nc=2048, kc=1024)]
+    dict(mr=32, nr=32, mc=256, nc=256, kc=256), dict(mr=32, nr=32, mc=256, nc=128, kc=256),
+    dict(mr=16, nr=64, mc=256, nc=256, kc=256), dict(mr=32, nr=32, mc=128, nc=512, kc=512)]
 
 
 def amx_space(profile: DeviceProfile) -> SearchSpace:
@@ -234,7 +237,7 @@ def amx_space(profile: DeviceProfile) -> SearchSpace:
     threads = [0, 1] if profile.compute_units > 1 else [1]
     return (SearchSpace().param("mr", [16, 32]).param("nr", [32, 64])
             .param("kc", [256, 512, 768, 1024, 1536, 2048, 4096]).param("mc", [32, 64, 128, 192, 256, 384, 512])
-            .param("nc", [512, 1024, 2048, 4096]).param("threads", threads).where(fits))
+            .param("nc", [128, 256, 512, 1024, 2048, 4096]).param("threads", threads).where(fits))
 
 
 def amx_rows_space(profile: DeviceProfile) -> SearchSpace:
