@@ -156,14 +156,14 @@ def test_amx_large_outputs_streaming_stores(m, n, out):
     assert amx_case(m, n, 40, epi="bias+relu", out=out, seed=5) < _tol(out)
 
 
-def test_amx_block_rows_fit_half_the_l2():
-    """The many-rows driver packs mc x K of A: mc is lowered for a deep K (whole tile rows, at least
-    one), never raised, and left alone without a known L2."""
+def test_amx_block_rows_fit_twice_the_l2():
+    """The many-rows driver packs mc x K of A: mc is lowered for a deep K (A block within twice the L2,
+    whole tile rows, at least one), never raised, and left alone without a known L2."""
     cfg = config(mr=32, nr=32, mc=256, nc=256, kc=256, threads=0)
     two_mb = PROFILE.with_(caches={"L2": 2 << 20})
     rows = {k: VARIANT.block_rows(GemmOp(4096, 4096, k, dtype_a="bf16", dtype_b="bf16"), cfg, two_mb)
-            for k in (512, 2048, 4096, 100000)}
-    assert rows == {512: 256, 2048: 256, 4096: 128, 100000: 32}
+            for k in (512, 4096, 8192, 16384, 100000)}
+    assert rows == {512: 256, 4096: 256, 8192: 256, 16384: 128, 100000: 32}
     assert VARIANT.block_rows(GemmOp(64, 64, 4096, dtype_a="bf16", dtype_b="bf16"), cfg,
                               PROFILE.with_(caches={})) == 256
 
