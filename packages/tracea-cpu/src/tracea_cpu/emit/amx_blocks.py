@@ -106,6 +106,10 @@ static void tb_amx_out(const float *cb, long ldcb, float *c, long ldc, bf16 *o, 
     }
 }
 
+/* Largest B (bytes) packed whole by tb_drive_amx; tb_route sends larger ones to the blocked driver. */
+#ifndef TB_AMX_MAX_B_BYTES
+#define TB_AMX_MAX_B_BYTES (256.0 * (1 << 20))
+#endif
 #ifndef TB_NT_BYTES
 #define TB_NT_BYTES (4L << 20)
 #endif

@@ -294,7 +294,7 @@ static int tb_threads(long M, long N, long K, int nth) {
 /* Which driver tb_drive runs (nth: resolved by tb_threads): 0 the blocked driver below, 1 tb_drive_rows,
    2 tb_drive_wa (AMX few rows, emit/amx_rows.py), 3 tb_drive_amx (AMX, emit/amx_blocks.py). Drivers 2
    and 3 keep their partial sums themselves; 0 and 1 need an fp32 C for them with a bf16 output. */
-static int tb_route(long M, long N, const tb_dense *A, const tb_dense *B, long mc, int nth) {
+static int tb_route(long M, long N, long K, const tb_dense *A, const tb_dense *B, long mc, int nth) {
     mc = TR_MIN(TR_ROUNDUP(TR_MAX(mc, MR), MR), TR_ROUNDUP(M, MR));
 #ifdef TB_WA_DRIVER
     /* AMX: few rows against transposed weights, the weights loaded as tiles in place. */
@@ -306,7 +306,8 @@ static int tb_route(long M, long N, const tb_dense *A, const tb_dense *B, long m
        K rows at a page-sized stride either way). */
     if (TR_ROWS_DRIVER && M <= TR_MAX(mc, TR_ROWS_MAXM) && B->cs != 1 && (N + NR - 1) / NR >= 2 * nth) return 1;
 #ifdef TB_AMX_DRIVER
-    return 3;
+    /* it packs all of B at once: a B beyond TB_AMX_MAX_B_BYTES takes the blocked driver (KC x NC at a time) */
+    if ((double)K * N * 2 <= TB_AMX_MAX_B_BYTES) return 3;
 #endif
     return 0;
 }
@@ -316,7 +317,7 @@ static int tb_route(long M, long N, const tb_dense *A, const tb_dense *B, long m
 static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B, float *c, long ldc,
                     bf16 *o, long ldo, const float *bias, long mc, long nc, long kc, int nth) {
     nth = tb_threads(M, N, K, nth);
-    int route = tb_route(M, N, A, B, mc, nth);
+    int route = tb_route(M, N, K, A, B, mc, nth);
 #ifdef TB_WA_DRIVER
     if (route == 2) return tb_drive_wa(M, N, K, A->p, A->rs, B->p, B->cs, c, ldc, o, ldo, bias, nth);
 #endif
@@ -398,7 +399,7 @@ int tb_gemm(long batch, long M, long N, long K, const bf16 *a, long rsa, long cs
     int owned = 0;
     float *part = 0;
     tb_dense A0 = {a, rsa, csa}, B0 = {b, rsb, csb};
-    if (out_bf16 && K > kcb && tb_route(M, N, &A0, &B0, mc, tb_threads(M, N, K, nth)) < 2) {
+    if (out_bf16 && K > kcb && tb_route(M, N, K, &A0, &B0, mc, tb_threads(M, N, K, nth)) < 2) {
         part = tr_ws_slot(1, (size_t)M * N, &owned);
         if (!part) return 1;
     }
