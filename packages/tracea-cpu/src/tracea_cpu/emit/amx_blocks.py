@@ -38,8 +38,10 @@ def block_kernel_c(mr: int, nr: int) -> str:
     mt, nt = mr // 16, nr // 16
     ctile = [[i * nt + j for j in range(nt)] for i in range(mt)]
     atile = [mt * nt + i for i in range(mt)]
-    all_b = mt * nt + mt + nt <= 8
-    btile = [mt * nt + mt + (j if all_b else 0) for j in range(nt)]
+    # every B tile of a k step in its own register when they fit, else two taking turns (the next one
+    # loads while the previous product runs), else one reloaded per column group
+    free = 8 - mt * nt - mt
+    btile = [mt * nt + mt + j % min(nt, free) for j in range(nt)]
     lines = ["static inline void tb_amx_tile(long kp, const uint32_t *restrict a, const uint32_t *restrict b,",
              "                               float *cb, long ldcb, int first) {",
              "    if (first) {"]
