@@ -174,8 +174,6 @@ def test_amx_whole_b_limit_takes_the_blocked_driver(out):
     bf16 output's partial sums through the fp32 workspace) runs instead. Built here with the limit at 0
     so that every many-rows GEMM takes it."""
     _skip_without_amx()
-    import ctypes
-
     from tracea.ir.epilogue import Epilogue
     from tracea_cpu.emit.amx import amx_gemm_source
     from tracea_cpu.isa import AMX_BF16, AVX512
