@@ -187,9 +187,10 @@ static int tb_drive_amx(long M, long N, long K, const tb_dense *A, const tb_dens
                            TR_MIN(p1 * NR, N) - j, bias ? bias + j : 0, nt);
             }
         }
+        /* every thread: its streaming stores globally visible before the region's closing barrier */
+        if (nt) _mm_sfence();
         TB_THREAD_DONE();
     }
-    if (nt) _mm_sfence();
     tr_ws_put((float *)ws, owned);
     return 0;
 }
