@@ -21,12 +21,14 @@ from tracea_cuda.variants import all_variants
 from tracea_cuda.variants.base import math_mode
 
 # Shapes small enough for memcheck (it slows kernels ~100x) but covering edges: odd M/N/K, K below one
-# tile, batches, transposes, every math mode, 1x1 / 3x3 / strided convs in both layouts.
+# tile, rows TMA cannot address (pitched copies), few rows (skinny), few tiles with a long K (stream-K
+# split over all SMs), batches, transposes, every math mode, 1x1 / 3x3 / strided convs in both layouts.
 GEMMS = []
 for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "high"), ("float32", "highest")):
     for (m, n, k, b, ta, tb) in ((129, 200, 72, 1, False, False), (64, 256, 256, 2, True, True),
                                  (333, 97, 264, 1, False, True), (512, 512, 512, 1, False, False),
-                                 (3, 1000, 333, 1, False, True), (1, 4096, 1024, 1, False, True)):
+                                 (3, 1000, 333, 1, False, True), (1, 4096, 1024, 1, False, True),
+                                 (13, 520, 264, 1, False, True), (130, 300, 8192, 1, False, True)):
         GEMMS.append(GemmOp(m, n, k, batch=b, trans_a=ta, trans_b=tb, dtype_a=dt, dtype_b=dt, fp32_precision=prec,
                             epilogue="bias+gelu"))
 CONVS = []
@@ -45,6 +47,7 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
 HARVEST = [GemmOp(4096, 4096, 4096, dtype_a=dt, dtype_b=dt, fp32_precision=prec, epilogue=epi, trans_b=tb)
            for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "high"), ("float32", "highest"))
            for epi in ("bias+gelu", "none") for tb in (False, True)]
+HARVEST += [GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")]  # split-all stream-K
 HARVEST += [Conv2dOp(32, c, hw, hw, c, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias+relu")
             for dt, prec in (("float16", "highest"), ("float32", "high"), ("float32", "highest"))
             for layout in ("nhwc", "nchw") for c, hw in ((64, 56), (256, 14), (512, 7))]

@@ -116,6 +116,28 @@ def test_wgmma_gemm(dt, trans, shape):
         assert err <= T.tolerance("f16" if dt == "float16" else "bf16", op.out_dtype), (config.key, err)
 
 
+# Rows TMA cannot address (K, N or M not a multiple of 8 16-bit elements): pitched scratch copies.
+PITCHED_SHAPES = [(1, 1, 1, 1), (7, 13, 5, 1), (129, 4095, 1023, 2), (1030, 1021, 777, 1), (257, 12345, 4096, 1),
+                  (300, 136, 131, 3)]
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True), (True, True)], ids=["NN", "TN", "NT", "TT"])
+@pytest.mark.parametrize("shape", PITCHED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_gemm_pitched_copies(dt, trans, shape):
+    profile = T.gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    m, n, k, batch = shape
+    op = GemmOp(m, n, k, batch=batch, trans_a=trans[0], trans_b=trans[1], dtype_a=dt, dtype_b=dt,
+                epilogue="bias+gelu")
+    v = VARIANTS["cuda.gemm.wgmma"]
+    assert not v.check(op, profile), v.check(op, profile)
+    configs = v.hero_configs(op, profile)
+    T.check_gemm_configs(v, op, configs[:3] + configs[-1:], T.tolerance("f16" if dt == "float16" else "bf16",
+                                                                          op.out_dtype), seed=m + k)
+
+
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 @pytest.mark.parametrize("epilogue", ["gelu", "bias+gelu"])
 @pytest.mark.parametrize("shape", [(264, 200, 136), (72, 1000, 520)], ids=lambda s: "x".join(map(str, s)))

@@ -16,7 +16,9 @@ VARIANTS = {v.name: v for v in all_variants()}
 
 
 @pytest.mark.parametrize("tiles,ctas,k_iters", [(512, 132, 64), (2048, 132, 128), (1024, 132, 64), (3584, 132, 64),
-                                                (265, 132, 1), (300, 132, 3), (400, 7, 5), (1000, 13, 2)])
+                                                (265, 132, 1), (300, 132, 3), (400, 7, 5), (1000, 13, 2),
+                                                (32, 132, 128), (4, 132, 72), (100, 132, 16), (131, 132, 2),
+                                                (1, 132, 132), (3, 8, 5)])
 def test_plan_covers_every_iteration_once(tiles, ctas, k_iters):
     p = stream_k.plan(tiles, ctas, k_iters)
     seen: dict[tuple[int, int], int] = {}
@@ -35,7 +37,9 @@ def test_plan_covers_every_iteration_once(tiles, ctas, k_iters):
 
 
 def test_plan_declines_small_or_full_grids():
-    assert stream_k.plan(130, 132, 64).sk_tiles == 0    # one partial wave: nothing to balance
+    assert stream_k.plan(130, 132, 64).sk_tiles == 130  # fewer tiles than CTAs: every tile split
+    assert stream_k.plan(130, 132, 1).sk_tiles == 0     # ... unless a CTA would get no k-iteration
+    assert stream_k.plan(140, 132, 64).sk_tiles == 0    # between one and two waves: nothing to balance
     assert stream_k.plan(264, 132, 64).sk_tiles == 0    # whole waves
     assert stream_k.plan(512, 132, 64).sk_tiles == 116  # 3 waves + 116
 
@@ -47,7 +51,8 @@ def _hopper():
     return profile
 
 
-SHAPES = [(2100, 4000, 1000, 1), (4096, 4096, 520, 1), (1000, 1000, 328, 9), (4224, 2056, 136, 1)]
+SHAPES = [(2100, 4000, 1000, 1), (4096, 4096, 520, 1), (1000, 1000, 328, 9), (4224, 2056, 136, 1),
+          (512, 1024, 8192, 1), (130, 4100, 4096, 1)]  # the last two: fewer tiles than SMs, every tile split
 
 
 @pytest.mark.cuda

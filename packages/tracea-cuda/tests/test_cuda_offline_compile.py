@@ -10,7 +10,7 @@ from tracea.doctor.profile import DeviceProfile
 from tracea.ir.device import Device
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp
 
-from tracea_cuda.emit import flash_attn, gemv, mma, wgmma
+from tracea_cuda.emit import flash_attn, gemv, mma, skinny, wgmma
 from tracea_cuda.device import isa_flags
 from tracea_cuda.offline import bundle, compile_report, nvcc_path
 from tracea_cuda.variants import all_variants
@@ -32,6 +32,8 @@ PROFILES = {
 OPS = {
     "cuda.gemm.wgmma": [GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
                         GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"),
+                        GemmOp(4097, 4095, 1023, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias"),  # pitched
+                        GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # split-all
                         GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="float16",
                                dtype_b="float16", dtype_out="float32", epilogue="silu")],
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
@@ -48,6 +50,11 @@ OPS = {
     "cuda.gemm.gemv": [GemmOp(1, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
                        GemmOp(4, 4096, 1024, trans_b=True, dtype_a="float16", dtype_b="float16", epilogue="relu"),
                        GemmOp(4, 1000, 333, trans_b=True, epilogue="bias+silu")],
+    "cuda.gemm.skinny_mma": [
+        GemmOp(16, 11008, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
+        GemmOp(16, 4096, 11008, trans_b=True, dtype_a="float16", dtype_b="float16", dtype_out="float32"),
+        GemmOp(3, 1000, 336, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="silu"),
+    ],
     "cuda.conv2d.wgmma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),
         Conv2dOp(32, 512, 7, 7, 512, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
@@ -84,6 +91,7 @@ def _sources(arch: str) -> dict[str, str]:
                 assert arch != "sm_90a", (variant.name, variant.requirements.check(op, profile))
                 continue  # e.g. wgmma on sm_80
             render = (wgmma.render if ".wgmma" in variant.name else _gemv_render if variant.name == "cuda.gemm.gemv"
+                      else skinny.render if variant.name == "cuda.gemm.skinny_mma"
                       else flash_attn.render if variant.name == "cuda.attention.flash_mma" else mma.render)
             for i, config in enumerate(variant.hero_configs(op, profile)):
                 assert variant.validate_config(op, config, profile), (variant.name, config.key)

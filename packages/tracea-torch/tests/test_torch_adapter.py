@@ -88,6 +88,26 @@ def test_empty_from_numpy_and_views():
     assert ad.cuda_stream(t) == 0
 
 
+def test_conv_fp32_precision_follows_cudnn_on_cuda():
+    import types
+
+    ad = TorchAdapter()
+    cudnn = torch.backends.cudnn
+    old_matmul = torch.get_float32_matmul_precision()
+    cuda_like = types.SimpleNamespace(is_cuda=True)
+    try:
+        torch.set_float32_matmul_precision("highest")
+        with cudnn.flags(enabled=cudnn.enabled, allow_tf32=True):
+            assert ad.conv_fp32_precision(cuda_like) == "high"
+            assert ad.conv_fp32_precision(torch.ones(1)) == "highest"  # CPU convs: the matmul precision
+            on = ad.framework_state()
+        with cudnn.flags(enabled=cudnn.enabled, allow_tf32=False):
+            assert ad.conv_fp32_precision(cuda_like) == "highest"
+            assert ad.framework_state() != on  # a cached plan's key changes with the flag
+    finally:
+        torch.set_float32_matmul_precision(old_matmul)
+
+
 def test_fp32_precision_follows_torch():
     ad = TorchAdapter()
     old = torch.get_float32_matmul_precision()

@@ -50,6 +50,20 @@ def test_conv2d_fp32_nchw(tf32):
     assert _rel(out, ref) < (5e-3 if tf32 else 1e-5)
 
 
+def test_ops_conv2d_fp32_follows_cudnn_tf32_flag():
+    # tracea.ops.conv2d computes float32 as F.conv2d does: TF32 while cudnn.allow_tf32 (the default), exact
+    # after it is cleared, in one process (the plan cache keys on the flag).
+    x = torch.randn(2, 64, 15, 15, device=DEV)
+    w = torch.randn(64, 64, 3, 3, device=DEV) / 24
+    ref = F.conv2d(x.double(), w.double(), padding=1)
+    cudnn = torch.backends.cudnn
+    with cudnn.flags(enabled=cudnn.enabled, allow_tf32=True):
+        tf32 = tracea.ops.conv2d(x, w, padding=1)
+    with cudnn.flags(enabled=cudnn.enabled, allow_tf32=False):
+        exact = tracea.ops.conv2d(x, w, padding=1)
+    assert 1e-5 < _rel(tf32, ref) < 5e-3 and _rel(exact, ref) < 1e-5
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_conv2d_half_channels_last(dtype):
     x = torch.randn(2, 64, 14, 14, device=DEV, dtype=dtype).to(memory_format=torch.channels_last)

@@ -101,6 +101,7 @@ def _cases():
         cases.update({
             "wgmma_bf16": _gemm_case("cuda.gemm.wgmma", torch.bfloat16, m=256, n=256, k=128),
             "wgmma_f16_tb": _gemm_case("cuda.gemm.wgmma", torch.float16, tb=True, m=256, n=256, k=128),
+            "wgmma_pitched_copies": _gemm_case("cuda.gemm.wgmma", torch.bfloat16, m=300, n=257, k=131),
             "wgmma_stream_k": _gemm_case("cuda.gemm.wgmma", torch.bfloat16, m=512, n=512, k=512,
                                          config=_hero(256, 4, cluster=1, stream_k=True)),
             "wgmma_tf32_swapped": _gemm_case("cuda.gemm.wgmma_tf32", torch.float32, m=256, n=256, k=128, prec="high"),

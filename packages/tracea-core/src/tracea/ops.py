@@ -76,6 +76,9 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
     :param groups: channel groups (C and K must be divisible by it).
     :param layout: ``"NCHW"`` (default) or ``"NHWC"`` for arrays whose shapes are physical (NumPy, CuPy).
     :param activation: ``"relu"``, ``"gelu"``, ``"gelu_erf"`` or ``"silu"``, fused after the bias.
+    :param fp32_precision: for float32 inputs: ``"highest"`` (default for NumPy / CuPy), ``"high"`` (TF32)
+        or ``"medium"``; CUDA torch tensors follow ``torch.backends.cudnn.allow_tf32`` as ``F.conv2d`` does
+        (TF32 by default), CPU torch tensors ``torch.get_float32_matmul_precision()``.
     :returns: the output, (N, K, P, Q) for NCHW or (N, P, Q, K) for NHWC.
     """
     try:

@@ -26,13 +26,15 @@ class StreamKPlan:
 
 @lru_cache(maxsize=1024)
 def plan(tiles: int, ctas: int, k_iters: int) -> StreamKPlan:
-    """Which tiles to split. Only grids of two full waves or more, with a partial last wave: the last
-    ``T mod G`` tiles when they fill at least half a wave, else those plus one full wave (so no CTA's
-    share is tiny); every share holds at least one k-iteration."""
+    """Which tiles to split. Fewer tiles than CTAs (a grid of ``ctas`` CTAs then, not one per tile):
+    every tile, so all CTAs share the k-iterations (split-K for GEMMs too small to fill the GPU). Two
+    full waves or more with a partial last wave: the last ``T mod G`` tiles when they fill at least
+    half a wave, else those plus one full wave (so no CTA's share is tiny). Between one and two waves:
+    nothing. Every share holds at least one k-iteration."""
     rem = tiles % ctas if ctas else 0
-    if ctas <= 0 or tiles < 2 * ctas or rem == 0:
+    if ctas <= 0 or rem == 0 or ctas <= tiles < 2 * ctas:
         return StreamKPlan(0, 0)
-    sk = rem if 2 * rem >= ctas else rem + ctas
+    sk = tiles if tiles < ctas else rem if 2 * rem >= ctas else rem + ctas
     total = sk * k_iters
     if total < ctas:
         return StreamKPlan(0, 0)

@@ -40,18 +40,20 @@ def _libcuda() -> Any:
     return lib
 
 
-def tiled_map(ptr: int, dtype: DType, dims: Sequence[int], box: Sequence[int]) -> TensorMap:
-    """A 128B-swizzled tiled tensor map of a packed row-major tensor.
+def tiled_map(ptr: int, dtype: DType, dims: Sequence[int], box: Sequence[int], pitch: int | None = None) -> TensorMap:
+    """A 128B-swizzled tiled tensor map of a row-major tensor, packed but for its rows.
 
     :param dims: sizes innermost first (for a (batch, rows, cols) array: ``(cols, rows, batch)``).
     :param box: box sizes innermost first; the innermost box must span at most 128 bytes.
+    :param pitch: elements from one row to the next (default ``dims[0]``; its bytes must be a multiple
+        of 16); the outer dimensions are packed over rows of that pitch.
     """
     rank = len(dims)
     item = dtype.itemsize
     g_dim = (ctypes.c_uint64 * rank)(*dims)
     strides, acc = [], item
-    for d in dims[:-1]:
-        acc *= d
+    for i, d in enumerate(dims[:-1]):
+        acc *= pitch if i == 0 and pitch is not None else d
         strides.append(acc)
     g_stride = (ctypes.c_uint64 * max(rank - 1, 1))(*strides)
     b_dim = (ctypes.c_uint32 * rank)(*box)

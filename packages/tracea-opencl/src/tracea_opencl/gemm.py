@@ -44,5 +44,3 @@ class OpenCLGemm(OpenCLVariant):
 
     def element_counts(self, op: GemmOp) -> list[int]:
         return [op.batch * op.m * op.k, op.batch * op.k * op.n, op.batch * op.m * op.n]
-
-

@@ -85,6 +85,15 @@ def _matmul_precision() -> str:
     return _matmul_precision()
 
 
+def _cudnn() -> Any:
+    """``torch.backends.cudnn`` (bound on first use)."""
+    global _cudnn
+    import torch.backends.cudnn as cudnn
+
+    _cudnn = lambda: cudnn  # noqa: E731
+    return cudnn
+
+
 class TorchAdapter(ArrayAdapter):
     """``torch.Tensor`` (and subclasses such as ``nn.Parameter``) on ``cpu`` and ``cuda``."""
 
@@ -141,6 +150,18 @@ class TorchAdapter(ArrayAdapter):
     def fp32_precision(self) -> Any:
         """torch's ``get_float32_matmul_precision()`` (``"highest"``, ``"high"`` = TF32, ``"medium"``)."""
         return _matmul_precision()
+
+    def conv_fp32_precision(self, obj: Any) -> Any:
+        """As ``F.conv2d`` computes float32: on CUDA, TF32 (``"high"``) while
+        ``torch.backends.cudnn.allow_tf32`` is set (torch's default), else ``"highest"``; on the CPU,
+        the matmul precision."""
+        if obj.is_cuda:
+            return "high" if _cudnn().allow_tf32 else "highest"
+        return _matmul_precision()
+
+    def framework_state(self) -> Any:
+        """(matmul precision, cuDNN TF32 flag): what the two precision rules read."""
+        return _matmul_precision(), _cudnn().allow_tf32
 
     def to_numpy(self, obj: Any) -> np.ndarray:
         """A zero-copy NumPy view of a CPU tensor (writes through to the tensor)."""

@@ -449,4 +449,3 @@ def reset_doctor() -> None:
 
 on_plugin_change(reset_doctor)  # a new plugin manager: new backends, new decisions
 plans.adapters_from(lambda: get_doctor().adapters())
-

@@ -184,8 +184,10 @@ class KernelVariant:
     name), ``requirements`` (:class:`Requirements`), ``description`` (one line for ``tracea doctor``),
     ``priority`` (tie-break when estimates are equal; the reference backend uses -1000) and
     ``efficiency`` (fraction of the device's peak the variant expects to reach, used by
-    :meth:`estimate_seconds`) and ``fallback_only`` (True for oracles such as the reference backend:
-    ranked after every other accepted variant whatever the estimates say).
+    :meth:`estimate_seconds`), ``fallback_only`` (True for oracles such as the reference backend:
+    ranked after every other accepted variant whatever the estimates say) and ``wave_quantized``
+    (False for GPU kernels of many small blocks resident together, e.g. weight-streaming GEMVs: the
+    performance model then adds no wave-quantization penalty for the config's tile).
     """
 
     name: str = ""
@@ -195,6 +197,7 @@ class KernelVariant:
     priority: int = 0
     efficiency: float = 0.5
     fallback_only: bool = False
+    wave_quantized: bool = True
 
     @property
     def op_kind(self) -> LayerType:

@@ -83,7 +83,7 @@ def shape_vector(op: Op) -> np.ndarray:
 def wave_factor(op: Op, config: PipelineConfig | None, units: int) -> float:
     """GPU wave quantization of a tiled config: the last, partial wave of output tiles costs a full
     one. 1.0 for configs without tiles, CPUs (``units`` <= 1 means unknown) and non-GEMM-like ops."""
-    if config is None or units <= 1:
+    if config is None or units <= 1 or (hasattr(config, "get") and config.get("stream_k")):  # stream-K: all SMs busy
         return 1.0
     tm, tn = getattr(config, "tile_m", 0), getattr(config, "tile_n", 0)
     if not tm or not tn:

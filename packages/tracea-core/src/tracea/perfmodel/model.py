@@ -28,7 +28,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .data import Observation
-from .features import group_key, shape_vector, wave_factor
+from .features import group_key, roofline_seconds, shape_vector, wave_factor
 
 #: neighbours farther than this (in log2-shape units) are not "near"
 RADIUS = 1.5
@@ -86,11 +86,20 @@ class _Table:
 
 def roofline_estimate(variant: Any, op: Any, profile: Any, config: Any = None) -> float:
     """The variant's own estimate (its roofline with its efficiency), times the wave quantization of
-    ``config`` on GPUs."""
+    ``config`` on GPUs (for variants that are ``wave_quantized``)."""
     base = float(variant.estimate_seconds(op, profile, config))
-    if int(getattr(profile, "warp_size", 1) or 1) > 1:
+    if int(getattr(profile, "warp_size", 1) or 1) > 1 and getattr(variant, "wave_quantized", True):
         base *= wave_factor(op, config, int(profile.compute_units or 0))
     return base
+
+
+def _floor(op: Any, profile: Any) -> float:
+    """The plain roofline at 100% efficiency: no estimate goes below it (a neighbour's residual measured
+    under another config's wave quantization could otherwise promise the impossible)."""
+    try:
+        return roofline_seconds(op, profile)
+    except Exception:  # noqa: BLE001 - no floor for ops the features do not describe
+        return 0.0
 
 
 class _TileConfig:
@@ -170,7 +179,7 @@ class PerfModel:
             w = table.w[near] * np.exp(-0.5 * (d[near] / BANDWIDTH) ** 2)
             r_hat = float(((w * table.r[near]).sum() + PRIOR_WEIGHT * r_cal) / (w.sum() + PRIOR_WEIGHT))
             nb = tuple(Neighbor(table.ops[i], float(table.secs[i]), float(d[i]), table.sources[i]) for i in near)
-            est = base * math.exp(r_hat)
+            est = max(base * math.exp(r_hat), _floor(op, profile))
             return Estimate(est, "knn", base, f"{len(near)} measured shape(s) within {RADIUS} (nearest "
                             f"{nb[0].op} at {nb[0].distance:.2f}: {nb[0].seconds * 1e3:.4g} ms); "
                             f"{est / base:.2f}x the roofline", nb)
@@ -179,7 +188,7 @@ class PerfModel:
         if not n:
             return Estimate(base, "roofline", base, f"no measured shape within {CALIBRATION_RADIUS} on {self.arch} "
                             f"(nearest {table.ops[i]} at {d[i]:.2f}): roofline estimate", nb)
-        est = base * math.exp(r_cal)
+        est = max(base * math.exp(r_cal), _floor(op, profile))
         return Estimate(est, "calibrated", base, f"no measured shape within {RADIUS} (nearest {table.ops[i]} at "
                         f"{d[i]:.2f}); the variant's median measured/roofline ratio over the {n} shapes within "
                         f"{CALIBRATION_RADIUS}: {est / base:.2f}x the roofline", nb)

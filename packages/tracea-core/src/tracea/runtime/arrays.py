@@ -123,6 +123,18 @@ class ArrayAdapter:
         ``Fp32Precision.HIGHEST``). The torch adapter follows ``torch.get_float32_matmul_precision()``."""
         return None
 
+    def conv_fp32_precision(self, obj: Any) -> Any:
+        """The framework's float32 precision for a convolution on ``obj`` (None = Tracea's default). The
+        same as :meth:`fp32_precision` unless the framework has its own rule for convolutions (torch:
+        ``torch.backends.cudnn.allow_tf32`` on CUDA, on by default, as ``F.conv2d`` uses it)."""
+        return self.fp32_precision()
+
+    def framework_state(self) -> Any:
+        """Everything of the framework's global state that :meth:`fp32_precision` and
+        :meth:`conv_fp32_precision` read, as one hashable value: part of every cached plan's key, so a
+        change (``torch.set_float32_matmul_precision``, ``cudnn.allow_tf32``) selects another plan."""
+        return self.fp32_precision()
+
     def reshape(self, obj: Any, shape: Sequence[int]) -> Any:
         """A view of a contiguous ``obj`` with a new shape."""
         return obj.reshape(tuple(shape))

@@ -315,7 +315,8 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
                   padding=ops_args.pair("padding", padding), dilation=ops_args.pair("dilation", dilation),
                   groups=groups, layout=lay, dtype=X.info.dtype, dtype_out=dtype_out,
                   epilogue=_epilogue(epilogue, activation, "b" in o),
-                  fp32_precision=_precision(fp32_precision, adapter))
+                  fp32_precision=Fp32Precision.parse(fp32_precision) if fp32_precision is not None else
+                  Fp32Precision.parse(adapter.conv_fp32_precision(x) or Fp32Precision.HIGHEST))
     user_shape = (n, k, op.p, op.q) if (logical or lay is Layout.NCHW) else op.out_shape
     U = o.get("out")
     ops_args.check_out(U, user_shape, dtype_out)

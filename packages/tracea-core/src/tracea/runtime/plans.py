@@ -188,7 +188,7 @@ def signature(obj: Any) -> Any:
 
 def state(obj: Any) -> Any:
     """The framework state that changes how arrays of ``obj``'s kind are computed (torch's float32
-    matmul precision), part of every key; call after :func:`signature` of the same object."""
+    matmul precision and cuDNN's TF32 flag), part of every key; call after :func:`signature` of the same object."""
     fn = _STATES.get(type(obj))
     return None if fn is None else fn()
 
@@ -200,7 +200,7 @@ def _learn(obj: Any) -> tuple[Any, Any]:
             if probe is None:
                 break
             _SIGS[type(obj)] = adapter.signature
-            _STATES[type(obj)] = adapter.fp32_precision
+            _STATES[type(obj)] = adapter.framework_state
             return probe, adapter
     raise Uncacheable(type(obj).__name__)
 

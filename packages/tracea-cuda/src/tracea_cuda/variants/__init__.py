@@ -10,5 +10,6 @@ def all_variants() -> list:
     from .gemv import GEMV_VARIANTS  # noqa: PLC0415
     from .hopper import HOPPER_VARIANTS  # noqa: PLC0415
     from .hopper_conv import HOPPER_CONV_VARIANTS  # noqa: PLC0415
+    from .skinny import SKINNY_VARIANTS  # noqa: PLC0415
 
-    return [cls() for cls in GEMV_VARIANTS + HOPPER_VARIANTS + GEMM_VARIANTS + HOPPER_CONV_VARIANTS + CONV_VARIANTS + ATTENTION_VARIANTS]
+    return [cls() for cls in GEMV_VARIANTS + SKINNY_VARIANTS + HOPPER_VARIANTS + GEMM_VARIANTS + HOPPER_CONV_VARIANTS + CONV_VARIANTS + ATTENTION_VARIANTS]

@@ -40,10 +40,13 @@ class WgmmaGemm(CudaVariant):
     description = ("fp16/bf16 GEMM for Hopper: TMA (128B swizzle) + mbarrier pipeline + wgmma, producer/2 consumer "
                    "warpgroups with setmaxnreg, persistent grouped grid, fused epilogue (sm_90a)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F16, DType.BF16}),
-                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
-                                alignment=8)
+                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0))
     efficiency = 0.8
     priority = 20
+    #: whether operands whose rows TMA cannot address (a row not a multiple of 16 bytes, e.g. K = 1023)
+    #: are first copied into scratch with 16-byte row pitches (one ``cudaMemcpy2DAsync`` each); the
+    #: output takes the kernel's scalar stores then. fp32 variants require aligned rows instead.
+    pads_rows = True
 
     #: the array roles of the two operands, in kernel order (A then B)
     roles = ("a", "b")
@@ -77,11 +80,12 @@ class WgmmaGemm(CudaVariant):
         op = self.kernel_op(op)
         b = op.batch
         row = 128 // spec.dtype_in.itemsize  # elements per 128-byte swizzle row (of k, or of m/n when MN-major)
-        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (row, spec.bm, 1)) if spec.a_kmajor else
-                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (row, row, 1)))
+        pa_pitch, pb_pitch = self.pitches(op)
+        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (row, spec.bm, 1), pa_pitch) if spec.a_kmajor else
+                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (row, row, 1), pa_pitch))
         # In a 2-CTA cluster each CTA loads half of the B tile (multicast to both): K-major boxes are halved.
-        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (row, spec.bn // spec.cluster, 1)) if spec.b_kmajor
-                 else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (row, row, 1)))
+        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (row, spec.bn // spec.cluster, 1), pb_pitch)
+                 if spec.b_kmajor else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (row, row, 1), pb_pitch))
         cm = spec.cluster
         tiles = self._tiles(op, spec)  # clusters' tiles
         resident = profile.compute_units if cm == 1 else tma.max_active_clusters(
@@ -90,6 +94,7 @@ class WgmmaGemm(CudaVariant):
         sk = []
         if spec.stream_k:  # workspace and counters come from run() (per stream), the split from the grid
             p = ptrs["sk_plan"]
+            grid = (self._sk_ctas(tiles, profile) if p.sk_tiles else min(tiles, resident), 1, 1)
             sk = [ctypes.c_uint64(ptrs["sk_ws"]), ctypes.c_uint64(ptrs["sk_flags"]), ctypes.c_int32(p.sk_tiles),
                   ctypes.c_int32(p.max_contributors)]
         cargs = tma.pack([a_map, b_map, *sk, ctypes.c_uint64(ptrs["out"]),
@@ -102,8 +107,8 @@ class WgmmaGemm(CudaVariant):
         """Stream-K split for this launch plus its fp32 partial-sum workspace and zeroed tile counters, for
         this call only (kept alive in ``ptrs["_keep"]`` until the kernel is enqueued)."""
         kop = self.kernel_op(op)
-        tiles = self._tiles(kop, spec)  # stream-K runs without clusters: the grid is min(tiles, SMs)
-        p = stream_k.plan(tiles, min(tiles, profile.compute_units), -(-kop.k // (128 // spec.dtype_in.itemsize)))
+        tiles = self._tiles(kop, spec)  # stream-K runs without clusters
+        p = stream_k.plan(tiles, self._sk_ctas(tiles, profile), -(-kop.k // (128 // spec.dtype_in.itemsize)))
         per_slot = 2 * 128 * spec.subs * spec.bn // 2  # two consumer warpgroups x their accumulators
         ws = scratch_buffer(args, p.sk_tiles * p.max_contributors * per_slot)
         flags = scratch_buffer(args, 2 * p.sk_tiles, zeroed=True)
@@ -117,6 +122,12 @@ class WgmmaGemm(CudaVariant):
         return op
 
     @staticmethod
+    def _sk_ctas(tiles: int, profile: DeviceProfile) -> int:
+        """The persistent grid of a stream-K launch: one CTA per SM (fewer tiles than SMs: every tile is
+        split along K over all of them, see :func:`tracea_cuda.stream_k.plan`)."""
+        return max(1, int(profile.compute_units))
+
+    @staticmethod
     def _tiles(kop: GemmOp, spec: WgmmaSpec) -> int:
         """Tiles the persistent grid walks (a 2-CTA cluster's pair counts once)."""
         return -(-kop.m // (spec.cluster * spec.bm)) * -(-kop.n // spec.bn) * kop.batch
@@ -125,9 +136,32 @@ class WgmmaGemm(CudaVariant):
         """Whether A and B reach the kernel K-major (16-bit: as stored; wgmma transposes the others)."""
         return not op.trans_a, op.trans_b
 
+    def pitches(self, op: Any) -> tuple[int | None, int | None]:
+        """Row pitches (elements) of the scratch copies A and B are read from, None where the operand's
+        own rows are 16-byte multiples and it is read in place."""
+        if not self.pads_rows or not isinstance(op, GemmOp):
+            return None, None
+        vec = 16 // op.dtype_a.storage.itemsize
+        rows = (op.m if op.trans_a else op.k, op.k if op.trans_b else op.n)
+        return tuple(None if r % vec == 0 else -(-r // vec) * vec for r in rows)  # type: ignore[return-value]
+
     def operands(self, op: GemmOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
-        """Device pointers of A and B as the kernel reads them (16-bit: the caller's arrays)."""
-        return ptrs["a"], ptrs["b"]
+        """Device pointers of A and B as the kernel reads them: the caller's arrays, or (rows TMA cannot
+        address) pitched scratch copies made on ``stream`` (so ordered before the GEMM)."""
+        out = [ptrs["a"], ptrs["b"]]
+        item = op.dtype_a.storage.itemsize
+        for i, pitch in enumerate(self.pitches(op)):
+            if pitch is None:
+                continue
+            width = (op.m if op.trans_a else op.k) if i == 0 else (op.k if op.trans_b else op.n)
+            height = op.batch * ((op.k if op.trans_a else op.m) if i == 0 else (op.n if op.trans_b else op.k))
+            buf = scratch_buffer(args, -(-height * pitch * item // 4))
+            ptrs.setdefault("_keep", []).append(buf)  # alive until the GEMM reading it is enqueued
+            dst = data_ptr(buf, "scratch")
+            toolkit.cupy().cuda.runtime.memcpy2DAsync(dst, pitch * item, out[i], width * item, width * item, height,
+                                                      3, stream.ptr)  # 3: device to device
+            out[i] = dst
+        return out[0], out[1]
 
     def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -164,14 +198,22 @@ class WgmmaGemm(CudaVariant):
         # A 16-bit output can defer the activation and the stores of a tile into the next tile's mainloop
         # (3 stages leave room for the stash): bf16 bias+GELU 1.00-1.02x cuBLASLt's fused kernel at
         # 4096^3-8192^3 (0.98-0.99x without), plain GEMMs +0.5-1%, paired on an H200.
-        if op.out_dtype.storage in (DType.BF16, DType.F16):
+        # (Not where C's rows take scalar stores, N % 8 != 0: the stash then spills on sm_90a.)
+        if op.out_dtype.storage in (DType.BF16, DType.F16) and op.n % 8 == 0:
             big = [_hero(256, 3, 16, cluster=1, defer=True)] + big
             sk = [_hero(256, 3, 16, cluster=1, stream_k=True, defer=True)] + sk
         if tiles >= 12 * profile.compute_units and tiles % profile.compute_units:  # a partial last wave
             return sk + big
         if tiles >= profile.compute_units:
             return big + sk
-        return [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
+        small = [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
+        # Under half a wave of 128x128 tiles with a long K: every tile split along K over all SMs
+        # (stream-K's split-everything mode) instead of leaving most SMs idle. (128x256 tiles: the
+        # 128x128 stream-K kernel spills on sm_90a.)
+        tiles128 = -(-op.m // 128) * -(-op.n // 128) * op.batch
+        if 2 * tiles128 <= profile.compute_units and op.k >= 2048:
+            return [_hero(256, 4, cluster=1, stream_k=True)] + small
+        return small
 
     def _kernel(self, spec: WgmmaSpec, profile: DeviceProfile) -> compiler.Kernel:
         return compiler.load(render(spec), KERNEL_NAME, "sm_90a", smem=spec.smem_bytes, threads=spec.threads)
@@ -184,7 +226,7 @@ class WgmmaGemm(CudaVariant):
     mapped_roles: tuple[str, ...] = ("a", "b")
 
     def fast_launch_ok(self, op: GemmOp, config: PipelineConfig) -> bool:
-        return not bool(config.get("stream_k", False))
+        return not bool(config.get("stream_k", False)) and self.pitches(op) == (None, None)
 
     def bind(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         """Tensor maps are built per distinct pointer of the mapped operands (weights: once; torch's caching
@@ -267,7 +309,9 @@ class WgmmaGemm(CudaVariant):
         if bias is not None:
             ptrs["bias"] = data_ptr(bias, "bias")
             ptrs["bias_dtype"] = DType.parse(bias.dtype, arg="bias").value
-        if ptrs[ra] % 16 or ptrs[rb] % 16:  # TMA (and 16-byte gathers) need aligned bases: documented fallback
+        copied = self.pitches(op)  # operands read from pitched copies may start anywhere
+        if any(ptrs[r] % 16 and p is None for r, p in zip(self.roles, copied)):
+            # TMA (and 16-byte gathers) need aligned bases: documented fallback
             self._fallback.run(op, self._fallback.hero_configs(op, profile)[0], args, profile)
             return
         cp = toolkit.cupy()
@@ -317,6 +361,7 @@ class WgmmaGemmTf32(WgmmaGemm):
                                 fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}),
                                 alignment=4)
     efficiency = 0.7
+    pads_rows = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -442,6 +487,52 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
         self.prepare(self.split_op(op), config, profile)
         helpers_kernels.splitter("sm_90a")
 
+    def _split_args(self, op: GemmOp) -> list[tuple[str, int, int, int, int, int]]:
+        """Per operand: (role, scratch floats, rows r and columns c of what the splitter reads, its
+        transposed flag, its part order) -- one splitter launch each."""
+        out = []
+        for role, rows, trans, order in (("a", op.m, op.trans_a, 0), ("b", op.n, not op.trans_b, 1)):
+            r, c = (op.k, rows) if trans else (rows, op.k)
+            out.append((role, op.batch * rows * 3 * op.k, r, c, 0 if trans else 1, order))
+        return out
+
+    def bind(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        """Three pointer-only launches per call (A and B split into TF32 parts in scratch from the caller's
+        allocator, then the TF32 kernel over 3K) instead of the multi-launch :meth:`run` path and its
+        per-call Python; stream-K configs keep :meth:`run`."""
+        if bool(config.get("stream_k", False)):
+            return self._bind_run(op, config, profile, adapter)
+        import numpy as np  # noqa: PLC0415
+
+        dev = profile.device.index
+        stream = launcher.stream_getter(adapter, dev)
+        launcher.refuse_if_capturing(stream(), self.name)
+        inner = _PreSplit().bind(self.split_op(op), config, profile, adapter)
+        with toolkit.cupy().cuda.Device(dev):
+            sk = helpers_kernels.splitter("sm_90a")
+        def split_launch(r: int, c: int, flag: int, order: int) -> launcher.FastLaunch:
+            params = launcher.ParamBlock.from_args(
+                lambda p: (np.uint64(p["src"]), np.uint64(p["dst"]), np.int32(r), np.int32(c), np.int32(flag),
+                           np.int32(order)), ("src", "dst"))
+            return launcher.FastLaunch(sk.function, (-(-c // 32), -(-r // 32), op.batch), 256, 0, params)
+
+        launches = [(size, split_launch(r, c, flag, order)) for _role, size, r, c, flag, order in self._split_args(op)]
+        ptr, device = adapter.data_ptr, launcher.on_device(dev)
+        factories: list[Any] = []
+
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            if not factories:  # the caller's allocator, bound on the first call (it needs an array)
+                factories.extend(adapter.empty_factory((size,), DType.F32, a) for size, _ in launches)
+            a3, b3 = factories[0](a), factories[1](a)
+            s = stream()
+            with device():
+                launches[0][1](s, (ptr(a), ptr(a3)))
+                launches[1][1](s, (ptr(b), ptr(b3)))
+            inner(a3, b3, bias, out)  # same stream: ordered after the splits
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         import numpy as np  # noqa: PLC0415
 
@@ -451,16 +542,26 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
             stream = launch_stream(args)
             sk = helpers_kernels.splitter("sm_90a")
             bufs = {}
-            for role, rows, trans, order in (("a", op.m, op.trans_a, 0), ("b", op.n, not op.trans_b, 1)):
-                buf = scratch_buffer(args, op.batch * rows * 3 * op.k)
-                r, c = (op.k, rows) if trans else (rows, op.k)
+            for role, size, r, c, flag, order in self._split_args(op):
+                buf = scratch_buffer(args, size)
                 sk.launch((-(-c // 32), -(-r // 32), op.batch),
                           (np.uint64(data_ptr(args.arrays[role], role)), np.uint64(data_ptr(buf, role)), np.int32(r),
-                           np.int32(c), np.int32(0 if trans else 1), np.int32(order)), stream)
+                           np.int32(c), np.int32(flag), np.int32(order)), stream)
                 bufs[role] = buf
             op3 = self.split_op(op)
             inner = OpArgs({**args.arrays, "a": bufs["a"], "b": bufs["b"]}, args.out, args.adapter)
             WgmmaGemm.run(self, op3, config, inner, profile)
+
+
+class _PreSplit(WgmmaGemm3xTf32):
+    """The 3xTF32 GEMM's kernel over operands already split (the inner launch of
+    :meth:`WgmmaGemm3xTf32.bind`, given the split op); not registered as a variant."""
+
+    def fast_launch_ok(self, op: GemmOp, config: PipelineConfig) -> bool:
+        return not bool(config.get("stream_k", False))
+
+    bind = WgmmaGemm.bind
+    run = WgmmaGemm.run  # type: ignore[assignment]
 
 
 HOPPER_VARIANTS = [WgmmaGemm, WgmmaGemmTf32, WgmmaGemm3xTf32]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+import numpy as np
+
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
@@ -22,11 +24,11 @@ from tracea.ir.ops import Conv2dOp, LayerType, Layout
 from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode
 from tracea.semantic.search_space import SearchSpace
 
-from .. import helpers_kernels, tma
+from .. import helpers_kernels, launcher, tma, toolkit
 from ..arrays import data_ptr
 from ..emit import im2col, operands
 from ..emit.wgmma import WgmmaSpec
-from .base import FLOAT_IO, aligned
+from .base import FLOAT_IO, aligned, u64
 from .conv import ImplicitGemmConv, to_channels_last
 from .hopper import WgmmaGemm, _hero
 
@@ -122,6 +124,46 @@ class WgmmaConv(WgmmaGemm):
     def fast_launch_ok(self, op: Conv2dOp, config: PipelineConfig) -> bool:
         return op.layout is Layout.NHWC and not bool(config.get("stream_k", False))
 
+    def bind(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        """NHWC: the one-kernel launcher. NCHW float32: three pointer-only launches per call -- x and w
+        transposed to channels-last scratch (from the caller's allocator, on the launch stream), then
+        the conv reading them -- with no per-call Python beyond the allocations (the multi-launch
+        :meth:`run` path cost ~40 us of host time per call on an H100 host, more than most batch-1
+        layers take on the GPU)."""
+        if op.layout is not Layout.NCHW or bool(config.get("stream_k", False)):
+            return super().bind(op, config, profile, adapter)  # type: ignore[arg-type]
+        dev = profile.device.index
+        stream = launcher.stream_getter(adapter, dev)
+        launcher.refuse_if_capturing(stream(), self.name)
+        inner = _ChannelsLastInputs().bind(op, config, profile, adapter)  # type: ignore[arg-type]
+        with toolkit.cupy().cuda.Device(dev):
+            tk = helpers_kernels.transposer(op.dtype, "sm_90a")
+        hw, rs = op.h * op.w, op.r * op.s
+
+        def transpose(rows: int, cols: int, batch: int) -> launcher.FastLaunch:
+            """[batch][rows][cols] -> [batch][cols][rows] as one pointer-only launch."""
+            params = launcher.ParamBlock.from_args(
+                lambda p: (u64(p["src"]), u64(p["dst"]), np.int32(rows), np.int32(cols)), ("src", "dst"))
+            return launcher.FastLaunch(tk.function, (-(-cols // 32), -(-rows // 32), batch), 256, 0, params)
+
+        tx, tw = transpose(op.c, hw, op.n), transpose(op.c, rs, op.k)
+        ptr, device = adapter.data_ptr, launcher.on_device(dev)
+        factories: list[Any] = []
+
+        def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
+            if not factories:  # the caller's allocator, bound on the first call (it needs an array)
+                factories.extend((adapter.empty_factory((op.n * hw * op.c,), op.dtype, x),
+                                  adapter.empty_factory((op.k * rs * op.c,), op.dtype, x)))
+            x_t, w_t = factories[0](x), factories[1](x)
+            s = stream()
+            with device():
+                tx(s, (ptr(x), ptr(x_t)))
+                tw(s, (ptr(w), ptr(w_t)))
+            inner(x_t, w_t, bias, out)  # same stream: ordered after the transposes
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
         self.prepare(op, config, profile)  # type: ignore[arg-type]
         if op.layout is Layout.NCHW:
@@ -135,6 +177,19 @@ class WgmmaConv(WgmmaGemm):
         return (min(tiles, profile.compute_units), 1, 1), tma.pack([
             w_map, ctypes.c_uint64(px), ctypes.c_uint64(ptrs["out"]), ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
             ctypes.c_int32(m), ctypes.c_int32(n), ctypes.c_int32(k), ctypes.c_int32(1)])
+
+
+class _ChannelsLastInputs(WgmmaConv):
+    """The NCHW float32 conv kernel reading x and w already transposed to channels-last (the inner
+    launch of :meth:`WgmmaConv.bind`); not registered as a variant."""
+
+    def operands(self, op: Conv2dOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
+        return ptrs["x"], ptrs["w"]
+
+    def fast_launch_ok(self, op: Conv2dOp, config: PipelineConfig) -> bool:
+        return not bool(config.get("stream_k", False))
+
+    bind = WgmmaGemm.bind  # type: ignore[assignment]
 
 
 HOPPER_CONV_VARIANTS = [WgmmaConv]

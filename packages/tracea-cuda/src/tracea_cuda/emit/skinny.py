@@ -1,0 +1,198 @@
+"""A skinny-GEMM kernel on Tensor Cores for few-row products against an (N, K) weight: ``C = epi(A @ B^T)``
+with A (M, K), M <= 64, B stored (N, K) row-major -- ``x @ W.T`` of an ``nn.Linear`` at decode time with
+a few to a few dozen tokens, where the CUDA-core GEMV runs out of FMA throughput and a tiled GEMM has too
+few output tiles to keep the memory system busy.
+
+The weight is streamed once, straight from global memory into registers (no shared-memory staging):
+each warp owns ``NB`` blocks of 8 weight rows and a slice of K; per chunk of ``32 * UNROLL`` k a lane loads
+``UNROLL`` adjacent 16-byte vectors (8 consecutive k each) of one weight row -- the four lanes of a quad
+read whole cache lines -- and the same k of the matching A rows. ``mma.sync.m16n8k16`` then
+runs on those registers as they are: the reduction order over k is free, so the k slots of the A and B
+fragments are assigned to match what each lane loaded (each 16-byte vector of lane t of a quad feeds
+slots 2t, 2t+1, 2t+8, 2t+9 of two mmas: its first four k one, its last four the next). ``KW`` warps of a block split K and reduce their partial tiles through shared memory, then apply
+the fused epilogue. Rows of A past M and k past K are zero-filled. 16-bit inputs, fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracea.dtypes import DType
+from tracea.errors import UnsupportedConfigError
+from tracea.ir.epilogue import Epilogue
+
+from .common import PRELUDE, ctype, epilogue_function, store_expr
+
+KERNEL_NAME = "tracea_skinny_mma"
+MAX_ROWS = 64
+
+
+@dataclass(frozen=True)
+class SkinnySpec:
+    """What one compiled skinny-GEMM kernel bakes in."""
+
+    dtype_in: DType
+    dtype_out: DType
+    bias_dtype: DType
+    epilogue: Epilogue
+    mf: int  # 16-row fragments of A (M <= 16 * mf)
+    nb: int  # 8-row blocks of the weight per warp
+    kw: int  # warps per block, splitting K
+    unroll: int  # 32-wide k chunks loaded ahead per lane
+    vec: bool  # 16-byte loads (K % 8 == 0, 16-byte aligned A and B); else element loads
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.kw
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.kw * self.mf * self.nb * 128  # every warp's partial tile, fp32
+
+    def check(self) -> None:
+        if self.dtype_in not in (DType.F16, DType.BF16):
+            raise UnsupportedConfigError(f"the skinny mma kernel reads 16-bit inputs, not {self.dtype_in.value}")
+        if not 1 <= self.mf <= MAX_ROWS // 16:
+            raise UnsupportedConfigError(f"A fragments mf={self.mf} outside 1..{MAX_ROWS // 16}")
+        if self.nb not in (1, 2, 4):
+            raise UnsupportedConfigError(f"weight blocks per warp nb={self.nb} not in 1, 2, 4")
+        if self.kw not in (2, 4, 8, 16):
+            raise UnsupportedConfigError(f"warps per block kw={self.kw} not in 2, 4, 8, 16")
+        if self.unroll not in (1, 2, 4):
+            raise UnsupportedConfigError(f"unroll={self.unroll} not in 1, 2, 4")
+        if self.mf * self.nb * self.unroll > 16 or self.mf * self.nb > 8:
+            raise UnsupportedConfigError(f"mf={self.mf} x nb={self.nb} x unroll={self.unroll}: too many registers "
+                                         "per lane (spills)")
+
+
+def _loader(spec: SkinnySpec) -> str:
+    """``load8(row, k, K, ok)``: 8 consecutive 16-bit values of one row as a uint4, zero where ``!ok`` or
+    past K; ``nc`` loads of the weight bypass L1 (read once), A loads are cached (every warp reads A)."""
+    if spec.vec:
+        return r"""
+static __device__ __forceinline__ uint4 load8_b(const u16* row, int k, int K, bool ok) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (ok && k < K)
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(row + k));
+    return v;
+}
+static __device__ __forceinline__ uint4 load8_a(const u16* row, int k, int K, bool ok) {
+    return (ok && k < K) ? __ldg(reinterpret_cast<const uint4*>(row + k)) : make_uint4(0u, 0u, 0u, 0u);
+}
+"""
+    return r"""
+static __device__ __forceinline__ uint4 load8_any(const u16* row, int k, int K, bool ok) {
+    u32 w[4] = {0u, 0u, 0u, 0u};
+    if (ok) {
+        #pragma unroll
+        for (int i = 0; i < 8; ++i)
+            if (k + i < K) w[i >> 1] |= (u32)__ldg(row + k + i) << (16 * (i & 1));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+#define load8_b load8_any
+#define load8_a load8_any
+"""
+
+
+def render(spec: SkinnySpec, name: str = KERNEL_NAME) -> str:
+    """Complete CUDA source of the skinny-GEMM kernel for ``spec``, with entry point ``name``."""
+    spec.check()
+    tout, tb = ctype(spec.dtype_out), ctype(spec.bias_dtype)
+    kind = "bf16" if spec.dtype_in is DType.BF16 else "f16"
+    return f"""{PRELUDE}
+#define MF {spec.mf}
+#define NB {spec.nb}
+#define KW {spec.kw}
+#define UNROLL {spec.unroll}
+{epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
+{_loader(spec)}
+static __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, "
+                 "{{%8,%9}}, {{%0,%1,%2,%3}};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}}
+
+extern "C" __global__ void __launch_bounds__(32 * KW) {name}(
+        const u16* __restrict__ A, const u16* __restrict__ B, {tout}* __restrict__ C,
+        const {tb}* __restrict__ bias, int M, int N, int K) {{
+    extern __shared__ float red[];  // [KW][MF][NB][32 lanes][4]
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const long long n0 = (long long)blockIdx.x * (8 * NB);
+    // K in chunks of 32 * UNROLL: a lane's UNROLL vectors of one row are adjacent (a quad reads
+    // 64 * UNROLL contiguous bytes of the row: whole cache lines)
+    const int chunks = (K + 32 * UNROLL - 1) / (32 * UNROLL);
+    const int per = (chunks + KW - 1) / KW;
+    const int c_begin = warp * per, c_end = min(chunks, c_begin + per);
+    float acc[MF][NB][4];
+    #pragma unroll
+    for (int i = 0; i < MF; ++i)
+        #pragma unroll
+        for (int j = 0; j < NB; ++j)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+    const u16* brow[NB];
+    bool bok[NB];
+    #pragma unroll
+    for (int j = 0; j < NB; ++j) {{
+        const long long n = n0 + 8 * j + g;
+        bok[j] = n < N;
+        brow[j] = B + (bok[j] ? n : 0) * (long long)K;
+    }}
+    const u16* arow[MF][2];
+    bool aok[MF][2];
+    #pragma unroll
+    for (int i = 0; i < MF; ++i)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            const int m = 16 * i + 8 * h + g;
+            aok[i][h] = m < M;
+            arow[i][h] = A + (long long)(aok[i][h] ? m : 0) * K;
+        }}
+    for (int c = c_begin; c < c_end; ++c) {{
+        uint4 bv[UNROLL][NB], av[UNROLL][MF][2];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {{
+            const int k = 32 * UNROLL * c + 8 * (UNROLL * t + u);
+            #pragma unroll
+            for (int j = 0; j < NB; ++j) bv[u][j] = load8_b(brow[j], k, K, bok[j]);
+            #pragma unroll
+            for (int i = 0; i < MF; ++i)
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) av[u][i][h] = load8_a(arow[i][h], k, K, aok[i][h]);
+        }}
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            #pragma unroll
+            for (int i = 0; i < MF; ++i)
+                #pragma unroll
+                for (int j = 0; j < NB; ++j) {{
+                    mma16816(acc[i][j], av[u][i][0].x, av[u][i][1].x, av[u][i][0].y, av[u][i][1].y,
+                             bv[u][j].x, bv[u][j].y);
+                    mma16816(acc[i][j], av[u][i][0].z, av[u][i][1].z, av[u][i][0].w, av[u][i][1].w,
+                             bv[u][j].z, bv[u][j].w);
+                }}
+    }}
+    #pragma unroll
+    for (int i = 0; i < MF; ++i)
+        #pragma unroll
+        for (int j = 0; j < NB; ++j)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r)
+                red[(((warp * MF + i) * NB + j) * 32 + lane) * 4 + r] = acc[i][j][r];
+    __syncthreads();
+    const int tile = MF * NB * 128;
+    for (int e = threadIdx.x; e < tile; e += 32 * KW) {{
+        float v = 0.0f;
+        #pragma unroll
+        for (int w = 0; w < KW; ++w) v += red[w * tile + e];
+        const int r = e & 3, ln = (e >> 2) & 31, j = (e >> 7) % NB, i = (e >> 7) / NB;
+        const int m = 16 * i + (ln >> 2) + 8 * (r >> 1);
+        const long long n = n0 + 8 * j + 2 * (ln & 3) + (r & 1);
+        if (m < M && n < N)
+            C[(long long)m * N + n] = {store_expr(spec.dtype_out, "apply_epilogue(v, bias, (int)n)")};
+    }}
+}}
+"""

@@ -1,0 +1,106 @@
+"""``cuda.gemm.skinny_mma``: few-row 16-bit GEMMs against an (N, K) weight (LLM decode with several
+tokens, small-batch ``nn.Linear``) on Tensor Cores, the weight streamed once from global memory into
+``mma.sync`` fragments; see :mod:`tracea_cuda.emit.skinny`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import Requirements
+from tracea.dtypes import DType
+from tracea.errors import UnsupportedConfigError
+from tracea.ir.ops import GemmOp, LayerType
+from tracea.semantic.config import PipelineConfig, Validity
+from tracea.semantic.search_space import SearchSpace
+
+from .. import compiler, toolkit
+from ..emit.skinny import KERNEL_NAME, SkinnySpec, render
+from .base import FLOAT_IO, CudaVariant, aligned, u64
+
+#: fraction of the measured copy bandwidth the kernel is expected to reach on large weights
+BANDWIDTH_SHARE = 0.85
+#: rows served (the kernel takes up to MAX_ROWS): at M = 64 it reached only ~52% of the copy bandwidth on an
+#: H100 (0.61-0.77x PyTorch) while the tiled variants do better; M = 4 and 16 ran at 80-95% (1.0-1.6x)
+SERVED_ROWS = 16
+
+
+def _params(config: PipelineConfig, name: str, default: int) -> int:
+    value = config.get(name) or default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UnsupportedConfigError(f"param {name}={value!r} must be an integer")
+    return value
+
+
+class SkinnyMmaGemm(CudaVariant):
+    name = "cuda.gemm.skinny_mma"
+    description = ("few-row f16/bf16 GEMM (M <= 16) against an (N, K) weight on mma.sync: the weight streamed "
+                   "once from global memory straight into Tensor Core fragments, K split across the warps of "
+                   "a block, fused epilogue")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F16, DType.BF16}),
+                                out_dtypes=FLOAT_IO, min_compute_capability=(8, 0), batched=False,
+                                max_dims={"m": SERVED_ROWS})
+    efficiency = 0.05  # memory-bound: the estimate below is a bandwidth one
+    wave_quantized = False  # many small blocks per SM
+    priority = 25
+
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        reasons = []
+        if op.trans_a:
+            reasons.append("A stored (K, M) (transposed) is not read by the skinny kernel")
+        if not op.trans_b:
+            reasons.append("B stored (K, N): the skinny kernel reads B stored (N, K) (an nn.Linear weight)")
+        if op.k % 8:
+            reasons.append(f"K={op.k} is not a multiple of 8: rows of 16-byte loads (the tiled variants serve it)")
+        if op.n * op.k >= 2**62:
+            reasons.append("weight larger than the 64-bit index range")
+        return reasons
+
+    def estimate_seconds(self, op: GemmOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        """Reading the weight once at a share of the bandwidth, plus A re-read by every block from L2
+        (about one tenth of the bandwidth's cost per byte) and a launch."""
+        bw = max(profile.bandwidth_gbs, 1.0) * 1e9
+        weight = op.n * op.k * op.dtype_b.itemsize
+        a_reads = op.m * op.k * op.dtype_a.itemsize * -(-op.n // 32)
+        return weight / (bw * BANDWIDTH_SHARE) + a_reads / (10 * bw) + 4e-6
+
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> SkinnySpec:
+        vec = op.k % 8 == 0 and aligned(ptrs, "a") and aligned(ptrs, "b")
+        bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
+        return SkinnySpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, -(-op.m // 16),
+                          _params(config, "nb", 2), _params(config, "kw", 4), _params(config, "unroll", 2), vec)
+
+    def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        try:
+            self.spec(op, config, None).check()
+        except UnsupportedConfigError as exc:
+            return Validity(False, exc.reason)
+        return Validity(True)
+
+    def _kernel(self, spec: SkinnySpec, profile: DeviceProfile) -> compiler.Kernel:  # type: ignore[override]
+        arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))
+        return compiler.load(render(spec), KERNEL_NAME, arch, smem=spec.smem_bytes, threads=spec.threads)
+
+    def grid(self, op: GemmOp, spec: SkinnySpec) -> tuple[int, int, int]:  # type: ignore[override]
+        return (-(-op.n // (8 * spec.nb)), 1, 1)
+
+    def kernel_args(self, op: GemmOp, ptrs: dict) -> tuple:
+        bias = ptrs.get("bias") or ptrs["out"]
+        return (u64(ptrs["a"]), u64(ptrs["b"]), u64(ptrs["out"]), u64(bias), np.int32(op.m), np.int32(op.n),
+                np.int32(op.k))
+
+    def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
+        return (SearchSpace().param("nb", [1, 2, 4]).param("kw", [2, 4, 8, 16]).param("unroll", [1, 2, 4])
+                .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
+
+    def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        # Measured on an H100 (benchmarks/cuda/probe_skinny.py, 12 decode shapes, M = 4 and 16, weights
+        # 1024x8192 to 28672x8192): (nb=2, kw=16, unroll=2) was within 3.5% of each shape's best config
+        # on geometric mean (6.6% at worst), at 80-95% of the copy bandwidth on weights of 32 MB and more.
+        mf = -(-op.m // 16)
+        heroes = [(2, 16, 2), (1, 8, 2), (1, 16, 2), (4, 16, 1)]
+        return [PipelineConfig(warps=kw, params=(("nb", nb), ("kw", kw), ("unroll", un))) for nb, kw, un in heroes
+                if mf * nb <= 8 and mf * nb * un <= 16]
+
+
+SKINNY_VARIANTS = [SkinnyMmaGemm]
