@@ -5,7 +5,9 @@ Usage (on a GPU machine, from the repo root):
 
 Three parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorch:
 
-* prefill, B4 H16 S4096, D64 / D128, causal and not, bf16 / fp16;
+* prefill, B4 H16 S4096, D64 / D128, and GQA B4 H32/8 S4096 D128, causal and not, bf16 / fp16, with the
+  isolated kernel of each attention variant (``cuda.attention.wgmma``, ``cuda.attention.flash_mma``)
+  beside the default path (``--quick``: bf16 only, no per-hero sweep);
 * one-token decode, q_len 1 over kv_len 4096..32768, GQA 32 query / 8 kv heads, D128, bf16;
 * a small Hugging Face style transformer block (GQA attention calling SDPA, then an MLP) with
   ``tracea_torch.patch_attention()`` vs eager.
@@ -58,52 +60,69 @@ def _flops(b: int, h: int, sq: int, skv: int, d: int, causal: bool) -> float:
     return 4.0 * b * h * pairs * d
 
 
-def prefill(quick: bool) -> list[dict]:
+VARIANTS = ("cuda.attention.wgmma", "cuda.attention.flash_mma")
+
+
+def prefill(quick: bool, dtypes: list | None = None) -> list[dict]:
     rows = []
-    dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16]
+    dtypes = dtypes or ([torch.bfloat16] if quick else [torch.bfloat16, torch.float16])
+    shapes = [(4, 16, 16, 4096, d) for d in (64, 128)] + [(4, 32, 8, 4096, 128)]  # (B, H, KVH, S, D); last: GQA
     for dt in dtypes:
-        for d in (64, 128):
+        for b, h, kvh, s, d in shapes:
             for causal in (False, True):
-                b, h, s = 4, 16, 4096
-                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
-                ref = TORCH_SDPA(q, k, v, is_causal=causal)
-                out = tracea.ops.attention(q, k, v, is_causal=causal)
+                q = torch.randn(b, h, s, d, device="cuda", dtype=dt)
+                k, v = (torch.randn(b, kvh, s, d, device="cuda", dtype=dt) for _ in range(2))
+                gqa = kvh != h
+                ref = TORCH_SDPA(q, k, v, is_causal=causal, enable_gqa=gqa)
+                out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=gqa)
                 err = float((out.double() - ref.double()).norm() / ref.double().norm())
-                ours = lambda: tracea.ops.attention(q, k, v, is_causal=causal)  # noqa: E731
-                theirs = lambda: TORCH_SDPA(q, k, v, is_causal=causal)  # noqa: E731
+                args = dict(is_causal=causal, enable_gqa=gqa)
+                ours = lambda q=q, k=k, v=v, a=args: tracea.ops.attention(q, k, v, **a)  # noqa: E731
+                theirs = lambda q=q, k=k, v=v, a=args: TORCH_SDPA(q, k, v, **a)  # noqa: E731
+                # isolated kernel of each attention variant (default hero), beside SDPA in the same rounds
+                forced = [lambda n=n, q=q, k=k, v=v, a=args: tracea.ops.attention(q, k, v, variant=n, **a)
+                          for n in VARIANTS]
                 user = _time([ours, theirs], 10, False)
-                kern = _time([ours, theirs], 10, True)
+                kern = _time([ours, theirs, *forced], 10, True)
                 fl = _flops(b, h, s, s, d, causal)
                 heroes = _heroes(q, k, v, causal, theirs) if not quick else {}
-                rows.append(dict(part="prefill", dtype=str(dt).split(".")[1], d=d, causal=causal,
+                rows.append(dict(part="prefill", dtype=str(dt).split(".")[1], b=b, h=h, kvh=kvh, d=d, causal=causal,
                                  tracea_tflops=fl / kern[0] / 1e12, sdpa_tflops=fl / kern[1] / 1e12,
                                  ratio_kernel=kern[1] / kern[0], ratio_user=user[1] / user[0], rel_err=err,
-                                 variant=_variant(q, k, v, causal),
+                                 variant=_variant(q, k, v, causal, gqa),
+                                 variants={n.split(".")[-1]: f"{fl / t / 1e12:.0f} TF/s {kern[1] / t:.2f}x"
+                                           for n, t in zip(VARIANTS, kern[2:])},
                                  heroes={c: round(fl / t / 1e12, 1) for c, t in heroes.items()}))
                 print(_fmt(rows[-1]), flush=True)
     return rows
 
 
 def _heroes(q, k, v, causal, theirs) -> dict:  # noqa: ANN001
-    """Isolated-kernel time (queued ahead) of every hero config of the flash variant, by config key."""
+    """Isolated-kernel time (queued ahead) of every hero config of each attention variant, by config key."""
     from tracea.doctor.doctor import get_doctor
     from tracea.ir.ops import AttentionOp
     from tracea_cuda.variants.attention import FlashAttention
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
     from tracea_torch.adapter import device_of
 
     b, h, s, d = q.shape
-    op = AttentionOp(b, h, s, s, d, causal=causal, dtype=str(q.dtype).split(".")[1])
+    kvh = k.shape[1]
+    op = AttentionOp(b, h, s, s, d, kv_heads=kvh, causal=causal, dtype=str(q.dtype).split(".")[1])
     profile = get_doctor().profile_for(device_of(q.device))
     out = {}
-    for cfg in FlashAttention().hero_configs(op, profile):
-        fn = lambda c=cfg: tracea.ops.attention(q, k, v, is_causal=causal, variant=FlashAttention.name, config=c)  # noqa: E731
-        out[cfg.key] = _time([fn, theirs], 10, True)[0]
+    for var in (FlashAttentionWgmma(), FlashAttention()):
+        if var.check(op, profile):
+            continue
+        for cfg in var.hero_configs(op, profile):
+            fn = lambda c=cfg, n=var.name: tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=kvh != h,  # noqa: E731
+                                                                 variant=n, config=c)
+            out[f"{var.name.split('.')[-1]}:{cfg.key}"] = _time([fn, theirs], 10, True)[0]
     return out
 
 
-def _variant(q, k, v, causal) -> str:  # noqa: ANN001
+def _variant(q, k, v, causal, gqa=False) -> str:  # noqa: ANN001
     key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), None, None, 0.0, causal, None,
-           False, None, None)
+           gqa, None, None)
     plan = plans.lookup(key)
     run = getattr(plan, "runner", None)
     return (run.variant or f"fallback: {run.reason}") if run is not None else "?"
@@ -203,10 +222,14 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="prefill,decode,model")
+    ap.add_argument("--dtypes", help="prefill dtypes, comma-separated (default: bfloat16, and float16 unless --quick)")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     rows = []
     for part in args.only.split(","):
+        if part == "prefill" and args.dtypes:
+            rows += prefill(args.quick, [getattr(torch, t) for t in args.dtypes.split(",")])
+            continue
         rows += {"prefill": prefill, "decode": decode, "model": model}[part](args.quick)
     if args.json:
         with open(args.json, "w") as f:

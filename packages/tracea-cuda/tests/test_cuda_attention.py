@@ -63,9 +63,10 @@ def test_flash_attention_matches_float64(dt, causal, case):
     out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, variant=VARIANT)
     assert out.shape == q.shape and out.dtype == dtype
     assert _rel(out, _ref(q, k, v, causal=causal)) < TOL[dt]
-    # the default path picks the kernel too (no fallback), with the same numbers
+    # the default path runs a kernel too (no fallback): this one, or on Hopper cuda.attention.wgmma where it
+    # serves the shape, so the same numbers up to rounding
     dflt = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True)
-    torch.testing.assert_close(dflt, out, atol=0, rtol=0)
+    assert _rel(dflt, _ref(q, k, v, causal=causal)) < TOL[dt]
 
 
 @pytest.mark.parametrize("splits", [1, 2, 7, 64])

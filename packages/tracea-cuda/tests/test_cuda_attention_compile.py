@@ -53,3 +53,61 @@ def test_split_combine_kernel_compiles():
     for arch in ("sm_80", "sm_90a"):
         res = compile_report(flash_attn.render_combine(spec), arch)[flash_attn.COMBINE_NAME]
         assert res.spill_stores == 0 and res.spill_loads == 0
+
+
+# -- cuda.attention.wgmma (Hopper) -------------------------------------------------------------------
+
+def test_wgmma_variant_requirements_and_ranking():
+    """sm_90a only; masks declined (flash_mma serves them); prefill ranks above flash_mma, one-token
+    decode and short-query long-KV shapes below it (its split-KV fills the GPU)."""
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+
+    w = FlashAttentionWgmma()
+    a100 = DeviceProfile(Device("cuda", 0), "A100 (offline)", backend="cuda", arch="sm_80", compute_units=108,
+                         compute_capability=(8, 0), warp_size=32, max_threads_per_block=1024,
+                         shared_mem_per_block=166912, registers_per_block=65536, isa=isa_flags((8, 0)))
+    assert w.requirements.check(OPS[0], a100)
+    assert w.requirements.check(OPS[0], H100) == []
+    assert any("mask" in r for r in w.requirements.check(OPS[3], H100))
+    assert w.extra_checks(AttentionOp(1, 2, 8, 8, 96, dtype="bfloat16"), H100)
+    for op in (OPS[0], OPS[1], AttentionOp(4, 32, 4096, 4096, 128, kv_heads=8, dtype="bfloat16")):
+        assert w.extra_checks(op, H100) == []
+        assert w.estimate_seconds(op, H100) < V.estimate_seconds(op, H100), op.describe()
+    for op in (OPS[2], AttentionOp(1, 8, 128, 32768, 128, dtype="bfloat16")):
+        assert w.estimate_seconds(op, H100) > V.estimate_seconds(op, H100), op.describe()
+
+
+def test_wgmma_configs_are_valid_or_declined_with_reasons():
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+    from tracea_cuda.variants.base import hero
+
+    w = FlashAttentionWgmma()
+    for op in (OPS[0], OPS[1], AttentionOp(2, 32, 1000, 1777, 128, kv_heads=8, dtype="float16")):
+        heroes = w.hero_configs(op, H100)
+        assert heroes and all(w.validate_config(op, c, H100) for c in heroes), op.describe()
+        space = w.search_space(op, H100)
+        assert space is not None
+    d128 = OPS[0]
+    assert "registers" in w.validate_config(d128, hero(192, 128, 128, 2, 16), H100).reason  # O+S+P over 160
+    assert "shared memory" in w.validate_config(d128, hero(128, 256, 128, 3, 12), H100).reason
+    assert "warps" in w.validate_config(d128, hero(128, 128, 128, 2, 8), H100).reason
+    assert "multiple of 16" in w.validate_config(d128, hero(128, 120, 128, 2, 12), H100).reason
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
+def test_wgmma_kernels_compile_without_spills():
+    """Kernels beside the heroes (compiled in test_cuda_offline_compile.py): three consumer warpgroups at
+    D128, no ping-pong, float16, deep rings -- no spills, no stack, no ptxas advisory (C7514: wgmma
+    serialised)."""
+    from tracea.dtypes import DType
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.offline import bundle
+
+    specs = [flash_wgmma.FlashWgmmaSpec(DType.BF16, 128, 80, 3, 2, True, pingpong=False),
+             flash_wgmma.FlashWgmmaSpec(DType.F16, 64, 192, 2, 4, False),
+             flash_wgmma.FlashWgmmaSpec(DType.F16, 128, 192, 2, 2, True)]
+    sources = {f"k{i}": flash_wgmma.render(s, name=f"k{i}") for i, s in enumerate(specs)}
+    report = compile_report(bundle(sources), "sm_90a")
+    assert set(report) == set(sources)
+    for name, res in report.items():
+        assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack == 0 and not res.advisories, (name, res)

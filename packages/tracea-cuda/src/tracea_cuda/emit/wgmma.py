@@ -136,6 +136,37 @@ class WgmmaSpec:
             raise UnsupportedConfigError("; ".join(problems))
 
 
+def wgmma_function(name: str, n: int, kind: str, a_regs: bool = False, trans_a: int = 0, trans_b: int = 0) -> str:
+    """A ``static __device__`` wrapper ``name(float* d, ..., int scale_d)`` around one
+    ``wgmma.mma_async m64n{n}k16`` of 16-bit inputs (``kind`` bf16 / f16) with fp32 accumulators ``d[n/2]``.
+
+    Shared-memory A: ``name(d, u64 desc_a, u64 desc_b, scale_d)``; register A (``a_regs``: the
+    four 32-bit A fragment registers of m64nNk16, the accumulator layout of two adjacent 8-column
+    blocks): ``name(d, const u32* a, u64 desc_b, scale_d)``. ``trans_a`` / ``trans_b``: 1 reads that
+    operand MN-major (16-bit types only; register A has no transpose)."""
+    regs = n // 2
+    outs = ", ".join(f"%{i}" for i in range(regs))
+    cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    shape = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind}"
+    if a_regs:
+        return f"""
+static __device__ __forceinline__ void {name}(float* d, const u32* a, u64 db, int scale_d) {{
+    asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{regs + 5}, 0;\\n"
+                 "{shape} {{{outs}}}, {{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, {trans_b}; }}"
+                 : {cons}
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}}
+"""
+    return f"""
+static __device__ __forceinline__ void {name}(float* d, u64 da, u64 db, int scale_d) {{
+    asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{regs + 2}, 0;\\n"
+                 "{shape} {{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1, {trans_a}, {trans_b}; }}"
+                 : {cons}
+                 : "l"(da), "l"(db), "r"(scale_d));
+}}
+"""
+
+
 def _wgmma_call(spec: WgmmaSpec) -> str:
     n = spec.bn
     regs = n // 2
@@ -165,7 +196,9 @@ static __device__ __forceinline__ void wgmma_tile_rs(float* d, const u32* a, u64
 """
 
 
-_HOPPER = r"""
+#: PTX helpers every Hopper kernel shares: mbarriers, TMA loads, shared-memory descriptors, wgmma
+#: fence / commit / wait, accumulator pins (also used by ``flash_wgmma``).
+HOPPER_PTX = r"""
 struct __align__(64) TmaDesc { u64 v[16]; };
 
 static __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
@@ -443,7 +476,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         it_expr, sk_fixup, sk_funcs = "(unsigned)j * KT + kt", "", ""
     return f"""// Tracea wgmma kernel: {spec.dtype_in.value} {bm}x{bn}x64 {spec.schedule} stages={st} a_kmajor={int(spec.a_kmajor)} b_kmajor={int(spec.b_kmajor)}
 {PRELUDE}
-{_HOPPER}
+{HOPPER_PTX}
 {epilogue_function(chain, spec.bias_dtype, spec.dtype_out)}
 {pair_src}{defer_src}{_wgmma_call(spec)}
 

@@ -1,0 +1,386 @@
+"""Emitter for the Hopper flash-attention forward (FlashAttention-3 style, ``wgmma`` + TMA, sm_90a).
+
+Block = one producer warpgroup and ``CW`` (2 or 3) consumer warpgroups; ``BM = 64 * CW`` query rows of one
+(batch, kv head) against every visible key, ``BN`` keys per tile.
+
+* The producer's thread 0 loads the Q tile once and then streams K and V tiles (``cp.async.bulk.tensor``
+  with 128-byte swizzle, 64-column boxes) into ``ST``-deep rings, K and V on separate ``full`` / ``empty``
+  mbarriers so the score GEMM of a tile can start before its V arrived. TMA zero-fills rows past
+  ``seq_kv`` (and query rows past the group), so no garbage reaches the sums. It drops to 24 (or 32)
+  registers with ``setmaxnreg``; the consumers take the rest.
+* Each consumer warpgroup owns 64 query rows. ``S = Q K^T`` is ``D / 16`` ``wgmma.m64n{BN}k16`` with both
+  operands in shared memory (K-major); ``O += P V`` is ``BN / 16`` ``wgmma.m64n{D}k16`` with P in registers
+  -- the fp32 S accumulator fragment converted in place to 16-bit pairs (the m64nNk16 register-A layout
+  of a k16 step is the accumulator layout of two adjacent 8-column blocks) -- and V read MN-major from
+  shared memory (the descriptor's transpose bit).
+* Intra-warpgroup overlap: tile ``t``'s score GEMM and tile ``t-1``'s ``P V`` are in flight together; the
+  softmax of tile ``t`` runs while ``P V`` still computes (``wgmma.wait_group 1``), then ``O`` is rescaled.
+* Ping-pong: the consumer warpgroups take turns issuing their GEMMs (named barriers), so one warpgroup's
+  softmax overlaps the others' tensor-core work.
+* Online softmax in base-2 units (``ex2.approx``; the row max is taken on the raw scores and the positive
+  ``scale * log2(e)`` folded into the exponent's FFMA), row max and row sum over the quad of lanes that
+  share a row (two ``shfl.xor``).
+
+GQA packing, causal alignment, tile skipping and NaN / Inf behaviour are those of ``flash_attn`` (the
+``mma.sync`` kernel): rows ``r`` of a kv head are query ``r % Sq`` of head ``kvh * G + r / Sq``; causal is
+top-left aligned, tiles past a block's last visible key are never loaded, only tiles that reach past the
+block's first row's diagonal (or past ``seq_kv``) run the mask code. Work items (query blocks x (batch, kv
+head) pairs) are numbered on a 1-D grid: causal ones longest first within groups of 8 heads, so the last
+items to start are short ones; others block-fastest. A grid of fewer CTAs than items is persistent: CTA
+``b`` runs items ``b, b + grid, ...``, the K / V rings run on across items and the producer loads the next
+item's Q (once every consumer's last score GEMM is done: an ``empty Q`` mbarrier) and K / V while the
+consumers finish and store the current one. A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracea.dtypes import DType
+from tracea.errors import UnsupportedConfigError
+
+from .common import PRELUDE
+from .wgmma import HOPPER_PTX, wgmma_function
+
+KERNEL_NAME = "tracea_flash_wgmma_fwd"
+LOG2E = 1.4426950408889634
+MAX_SMEM = 227 * 1024
+
+
+@dataclass(frozen=True)
+class FlashWgmmaSpec:
+    """What one compiled Hopper flash-attention kernel is fixed to."""
+
+    dtype: DType  # F16 or BF16
+    head_dim: int  # 64 or 128
+    bn: int  # keys per tile (multiple of 16, 64..256)
+    cw: int  # consumer warpgroups (64 query rows each): 2 or 3
+    stages: int  # depth of the K and V rings
+    causal: bool
+    pingpong: bool = True  # consumer warpgroups take turns issuing their GEMMs (named barriers)
+
+    @property
+    def bm(self) -> int:
+        return 64 * self.cw
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.cw + 1)
+
+    @property
+    def smem_bytes(self) -> int:
+        """Q tile, ``stages`` K and V tiles (16-bit), mbarriers, plus 1 KB to align the base to 1024."""
+        return 2 * self.head_dim * (self.bm + 2 * self.stages * self.bn) + 8 * (2 + 4 * self.stages) + 1024
+
+    @property
+    def regs(self) -> tuple[int, int]:
+        """``setmaxnreg`` counts (producer, consumers): the 64K register file split over the warpgroups."""
+        return (24, 240) if self.cw == 2 else (32, 160)
+
+    def check(self) -> None:
+        problems = []
+        if self.dtype not in (DType.F16, DType.BF16):
+            problems.append(f"the wgmma flash kernel runs float16 / bfloat16, not {self.dtype.value}")
+        if self.head_dim not in (64, 128):
+            problems.append(f"head_dim={self.head_dim}: the wgmma flash kernel is built for 64 and 128")
+        if self.bn % 16 or not 64 <= self.bn <= 256:
+            problems.append(f"tile_n={self.bn} must be a multiple of 16 in 64..256")
+        if self.cw not in (2, 3):
+            problems.append(f"consumer warpgroups={self.cw} not in 2/3 (tile_m 128 / 192)")
+        if not 2 <= self.stages <= 4:
+            problems.append(f"stages={self.stages} not in 2..4")
+        # registers per consumer thread: O (D/2) + S (BN/2) + P (BN/4) + ~32 for addresses and row state
+        budget = self.regs[1] - 32
+        if self.head_dim // 2 + self.bn // 2 + self.bn // 4 > budget:
+            problems.append(f"O, S and P need {self.head_dim // 2 + 3 * self.bn // 4} registers per thread, over "
+                            f"the {budget} a consumer has with {self.cw} consumer warpgroups")
+        if self.smem_bytes > MAX_SMEM:
+            problems.append(f"needs {self.smem_bytes} B of shared memory (at most {MAX_SMEM})")
+        if problems:
+            raise UnsupportedConfigError("; ".join(problems))
+
+
+BODY = r"""
+#define NT (128 * (CW + 1))
+#define HEAD_GROUP 8                 // causal schedule: heads whose blocks are ordered together
+#define BM (64 * CW)
+#define DCH (D / 64)                 // 64-column (128-byte) chunks of a row
+#define Q_BYTES (BM * D * 2)
+#define KV_BYTES (BN * D * 2)        // one K or V tile
+#define CHUNK_Q (BM * 128)           // one 64-column chunk of the Q tile
+#define CHUNK_KV (BN * 128)          // one 64-column chunk of a K / V tile
+
+static __device__ __forceinline__ float ex2(float x) {
+    float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}
+static __device__ __forceinline__ u32 pack2(float lo, float hi) {
+    u32 r; asm("cvt.rn." CVT_KIND "x2.f32 %0, %2, %1;" : "=r"(r) : "f"(lo), "f"(hi)); return r;
+}
+// S = Q K^T over the head dim: Q rows of this warpgroup (qa), K tile (ka), both K-major 128B-swizzled
+static __device__ __forceinline__ void issue_qk(float* s, u32 qa, u32 ka) {
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        wg_qk(s, smem_desc(qa + (kk / 4) * CHUNK_Q + (kk % 4) * 32, 16, 1024),
+              smem_desc(ka + (kk / 4) * CHUNK_KV + (kk % 4) * 32, 16, 1024), kk > 0);
+    wgmma_commit();
+}
+// O += P V: P from registers, V tile (va) MN-major: 16 keys = 16 rows of 128 B per k step,
+// 64-column chunks CHUNK_KV apart
+static __device__ __forceinline__ void issue_pv(float* o, u32 (*p)[4], u32 va) {
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wg_pv(o, p[kk], smem_desc(va + kk * 2048, CHUNK_KV, 1024), 1);
+    wgmma_commit();
+}
+
+// Ping-pong (PINGPONG): consumer warpgroup w issues its GEMMs only in its turn (named barrier 1 + w: its
+// 128 threads sync, the previous warpgroup's 128 arrive), then passes the turn on, so one warpgroup's
+// softmax runs while the others' GEMMs occupy the tensor cores.
+static __device__ __forceinline__ void turn_wait(int w) {
+    if (PINGPONG) asm volatile("bar.sync %0, 256;" :: "r"(1 + w) : "memory");
+}
+static __device__ __forceinline__ void turn_pass(int w) {
+    if (PINGPONG) asm volatile("bar.arrive %0, 256;" :: "r"(1 + w) : "memory");
+}
+
+// Work item w = one query block of one (batch, kv head): its first row, head, key tiles, causal bound.
+struct Item { int m0, bz, ntiles, i_min; };
+static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, int Sq, int Skv) {
+    Item it;
+    int mb;
+    if (CAUSAL) {
+        // longest blocks first within groups of HEAD_GROUP heads (whose K / V stay in L2): the items that
+        // start last are short, so no long block runs alone at the end
+        const int group = w / (HEAD_GROUP * nmb), within = w % (HEAD_GROUP * nmb);
+        const int hg = min(HEAD_GROUP, nb - group * HEAD_GROUP);
+        mb = nmb - 1 - within / hg;
+        it.bz = group * HEAD_GROUP + within % hg;
+    } else {
+        mb = w % nmb;
+        it.bz = w / nmb;
+    }
+    it.m0 = mb * BM;
+    // visible keys: [0, kend); causal masking needed from key i_min + 1 on
+    int kend = Skv;
+    it.i_min = 0;
+    if (CAUSAL) {
+        const int r_first = it.m0, r_last = min(it.m0 + BM, M) - 1;
+        const bool one_head = (r_first / Sq) == (r_last / Sq);
+        const int i_max = one_head ? r_last % Sq : Sq - 1;
+        it.i_min = one_head ? r_first % Sq : 0;
+        kend = min(Skv, i_max + 1);
+    }
+    it.ntiles = kend > 0 ? (kend + BN - 1) / BN : 0;
+    return it;
+}
+
+// 1-D grid; CTA b runs items b, b + gridDim.x, ... (gridDim.x = items: one each; fewer: persistent, the
+// producer loads the next item's Q and K / V while the consumers finish and store the current one).
+extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
+        const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
+        u16* __restrict__ out, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
+    const u32 bars = sv + ST * KV_BYTES;  // full Q, empty Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
+    const u32 full_q = bars, empty_q = bars + 8, kvb = bars + 16;
+    const int G = H / KVH, M = G * Sq;
+    const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads
+
+    if (threadIdx.x == 0) {
+        mbar_init(full_q, 1);
+        mbar_init(empty_q, 4 * CW);
+        for (int s = 0; s < ST; ++s) {
+            mbar_init(kvb + 8 * s, 1);
+            mbar_init(kvb + 8 * (ST + s), 1);
+            mbar_init(kvb + 8 * (2 * ST + s), 4 * CW);
+            mbar_init(kvb + 8 * (3 * ST + s), 4 * CW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
+        if (threadIdx.x == 0) {
+            int kt = 0, n = 0;  // K / V tiles loaded so far (ring position), items so far (Q phase)
+            for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
+                const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
+                mbar_wait(empty_q, (n & 1) ^ 1);  // the consumers' last S GEMM of the previous item is done
+                mbar_expect_tx(full_q, Q_BYTES);
+                #pragma unroll
+                for (int c = 0; c < DCH; ++c) tma_load_3d(sq + c * CHUNK_Q, &tmQ, full_q, c * 64, it.m0, it.bz);
+                for (int t = 0; t < it.ntiles; ++t, ++kt) {
+                    const int s = kt % ST;
+                    const u32 ph = (kt / ST) & 1;
+                    const u32 fk = kvb + 8 * s, fv = kvb + 8 * (ST + s);
+                    mbar_wait(kvb + 8 * (2 * ST + s), ph ^ 1);
+                    mbar_expect_tx(fk, KV_BYTES);
+                    #pragma unroll
+                    for (int c = 0; c < DCH; ++c)
+                        tma_load_3d(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c * 64, t * BN, it.bz);
+                    mbar_wait(kvb + 8 * (3 * ST + s), ph ^ 1);
+                    mbar_expect_tx(fv, KV_BYTES);
+                    #pragma unroll
+                    for (int c = 0; c < DCH; ++c)
+                        tma_load_3d(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c * 64, t * BN, it.bz);
+                }
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(CONSUMER_REGS));
+        const int cw = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+        const int g = lane >> 2, t4 = lane & 3;
+        const u32 qa = sq + cw * 64 * 128;
+        const float c = scale_log2;  // scale * log2(e), applied in the exponent
+        int kt = 0, n = 0;  // K / V tiles consumed so far (ring position), items so far (Q phase)
+        for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
+        const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
+        const int ntiles = it.ntiles, i_min = it.i_min, bz = it.bz;
+        int row[2], klim[2];
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            row[h] = it.m0 + cw * 64 + warp * 16 + g + 8 * h;
+            const int qi = min(row[h], M - 1) % Sq;
+            klim[h] = CAUSAL ? min(Skv, qi + 1) : Skv;  // keys visible to the row: [0, klim)
+        }
+        float o[D / 2], s[BN / 2];
+        u32 p[BN / 16][4];
+        #pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+        float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
+        mbar_wait(full_q, n & 1);
+
+// mask (tiles at seq_kv's end or the diagonal), online softmax of tile T in base-2 units: s becomes the
+// unnormalised probabilities, alpha the rescale of the rows' earlier sums. The scale is positive (the op
+// checks it), so the row max is taken on the raw scores and scaled once; exp2(s * c - m) is one FFMA.
+#define SOFTMAX(T)                                                                                   \
+        {                                                                                            \
+            const int n0 = (T) * BN;                                                                 \
+            const bool edge = n0 + BN > Skv || (CAUSAL && n0 + BN - 1 > i_min);                      \
+            _Pragma("unroll")                                                                        \
+            for (int i = 0; i < BN / 2; ++i) {                                                       \
+                if (edge && n0 + (i >> 2) * 8 + 2 * t4 + (i & 1) >= klim[(i >> 1) & 1]) s[i] = -INFINITY; \
+            }                                                                                        \
+            _Pragma("unroll")                                                                        \
+            for (int h = 0; h < 2; ++h) {                                                            \
+                float mx = -INFINITY;                                                                \
+                _Pragma("unroll")                                                                    \
+                for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1])); \
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));                                 \
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));                                 \
+                const float mnew = fmaxf(mrun[h], mx * c);                                           \
+                const float msafe = mnew == -INFINITY ? 0.0f : mnew;                                 \
+                alpha[h] = ex2(mrun[h] - msafe);                                                     \
+                mrun[h] = mnew;                                                                      \
+                float sum = 0.0f;                                                                    \
+                _Pragma("unroll")                                                                    \
+                for (int j = 0; j < BN / 8; ++j) {                                                   \
+                    s[4 * j + 2 * h] = ex2(fmaf(s[4 * j + 2 * h], c, -msafe));                       \
+                    s[4 * j + 2 * h + 1] = ex2(fmaf(s[4 * j + 2 * h + 1], c, -msafe));               \
+                    sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];                                  \
+                }                                                                                    \
+                lrun[h] = lrun[h] * alpha[h] + sum;                                                  \
+            }                                                                                        \
+        }
+#define PACK_P()                                                                                     \
+        _Pragma("unroll")                                                                            \
+        for (int kk = 0; kk < BN / 16; ++kk) {                                                       \
+            p[kk][0] = pack2(s[8 * kk], s[8 * kk + 1]);                                              \
+            p[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);                                          \
+            p[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);                                          \
+            p[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);                                          \
+        }
+
+        if (ntiles > 0) {
+            float alpha[2];
+            if (PINGPONG && cw == CW - 1) turn_pass(0);  // warpgroup 0 issues first
+            mbar_wait(kvb + 8 * (kt % ST), (kt / ST) & 1);
+            turn_wait(cw);
+            issue_qk(s, qa, sk + (kt % ST) * KV_BYTES);
+            turn_pass((cw + 1) % CW);
+            wgmma_wait<0>();
+            #pragma unroll
+            for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
+            if (lane == 0) mbar_arrive(kvb + 8 * (2 * ST + kt % ST));
+            SOFTMAX(0)
+            PACK_P()
+            for (int t = 1; t < ntiles; ++t) {
+                const int kc = kt + t, st = kc % ST, sp = (kc - 1) % ST;
+                mbar_wait(kvb + 8 * st, (kc / ST) & 1);
+                turn_wait(cw);
+                issue_qk(s, qa, sk + st * KV_BYTES);                  // S of tile t ...
+                mbar_wait(kvb + 8 * (ST + sp), ((kc - 1) / ST) & 1);
+                issue_pv(o, p, sv + sp * KV_BYTES);                   // ... while P V of tile t-1 runs
+                turn_pass((cw + 1) % CW);
+                wgmma_wait<1>();
+                #pragma unroll
+                for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
+                if (lane == 0) mbar_arrive(kvb + 8 * (2 * ST + st));
+                SOFTMAX(t)
+                wgmma_wait<0>();
+                #pragma unroll
+                for (int i = 0; i < D / 2; ++i) fence_acc(o[i]);
+                if (lane == 0) mbar_arrive(kvb + 8 * (3 * ST + sp));
+                #pragma unroll
+                for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+                PACK_P()
+            }
+            if (lane == 0) mbar_arrive(empty_q);  // every S GEMM of this item is done: Q may be reloaded
+            const int kl = kt + ntiles - 1, sl = kl % ST;
+            mbar_wait(kvb + 8 * (ST + sl), (kl / ST) & 1);
+            turn_wait(cw);
+            issue_pv(o, p, sv + sl * KV_BYTES);
+            if (cw != CW - 1) turn_pass(cw + 1);  // the last warpgroup's last turn is passed to nobody
+            wgmma_wait<0>();
+            #pragma unroll
+            for (int i = 0; i < D / 2; ++i) fence_acc(o[i]);
+            if (lane == 0) mbar_arrive(kvb + 8 * (3 * ST + sl));  // the ring goes on into the next item
+        } else if (lane == 0) {
+            mbar_arrive(empty_q);
+        }
+        kt += ntiles;
+        // finish: row sums over the quad, normalise, store
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = lrun[h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l == 0.0f ? 1.0f : 1.0f / l;  // l = 0: every logit -inf, weights 0 (PyTorch)
+            if (row[h] < M) {
+                u16* dst = out + ((size_t)bz * M + row[h]) * D + 2 * t4;
+                #pragma unroll
+                for (int j = 0; j < D / 8; ++j)
+                    asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
+                                 "r"(pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv)) : "memory");
+            }
+        }
+        }
+    }
+}
+"""
+
+
+def _defines(spec: FlashWgmmaSpec) -> str:
+    bf = spec.dtype is DType.BF16
+    prod, cons = spec.regs
+    return "\n".join([
+        f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
+        f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}",
+        f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
+        f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
+        "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
+    ])
+
+
+def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
+    """Complete CUDA source (sm_90a) of the Hopper flash-attention forward kernel ``name`` for ``spec``."""
+    spec.check()
+    kind = "bf16" if spec.dtype is DType.BF16 else "f16"
+    head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
+            f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)}\n")
+    mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
+                                                                      trans_b=1))
+    return head + PRELUDE + HOPPER_PTX + _defines(spec) + f"\n#define KERNEL {name}\n" + mmas + BODY

@@ -1,0 +1,215 @@
+"""Hopper attention variant: the FlashAttention-3 style forward (``emit/flash_wgmma.py``) on ``wgmma`` and
+TMA (sm_90a), float16 / bfloat16, head dims 64 and 128, causal or not, GQA / MQA, seq_q != seq_kv, ``scale``.
+
+Declined with a reason (``cuda.attention.flash_mma`` serves it): ``attn_mask``. Decode and small grids over
+long KV caches are served but rank below flash_mma, whose split-KV pass fills the GPU (see
+:meth:`FlashAttentionWgmma.estimate_seconds`).
+Misaligned arrays (TMA needs 16-byte aligned bases) raise :class:`~tracea.errors.LaunchError`, as flash_mma does.
+
+Config: ``tile_m`` = 64 x consumer warpgroups (128 or 192), ``tile_n`` = keys per tile, ``stages`` = depth of
+the K and V rings, ``warps`` = 4 x (consumer warpgroups + 1), param ``pingpong`` (default True: the consumer
+warpgroups take turns issuing their GEMMs), param ``persistent`` (default False: one CTA per query block;
+True: one CTA per SM walking the blocks, each block's load overlapping the previous one's epilogue).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from typing import Any
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import OpArgs, Requirements
+from tracea.dtypes import DType
+from tracea.errors import InvalidArgumentError, LaunchError, UnsupportedConfigError
+from tracea.ir.ops import AttentionOp, LayerType
+from tracea.semantic.config import PipelineConfig, Validity
+from tracea.semantic.search_space import SearchSpace
+
+from .. import compiler, launcher, tma, toolkit
+from ..emit import flash_wgmma
+from ..emit.flash_wgmma import FlashWgmmaSpec
+from .base import CudaVariant, hero
+
+
+class FlashAttentionWgmma(CudaVariant):
+    name = "cuda.attention.wgmma"
+    description = ("flash-attention forward for Hopper: TMA K/V rings (128B swizzle, mbarriers), a producer and 2-3 "
+                   "consumer warpgroups (setmaxnreg), S = QK^T and O += PV on wgmma (P from registers), P V of a tile "
+                   "overlapped with the next tile's softmax, ping-pong consumer warpgroups, causal tile skipping, GQA "
+                   "(sm_90a)")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.ATTENTION,
+                                dtypes=frozenset({DType.F16, DType.BF16}), isa=("wgmma", "tma"),
+                                min_compute_capability=(9, 0))
+    efficiency = 0.6  # of the f16/bf16 Tensor Core peak
+    priority = 20
+
+    def extra_checks(self, op: AttentionOp, profile: DeviceProfile) -> list[str]:
+        reasons = []
+        if op.head_dim not in (64, 128):
+            reasons.append(f"head_dim={op.head_dim} not served (64 and 128)")
+        kvh = int(op.kv_heads or op.heads)
+        if op.seq_kv < 1 or op.seq_q < 1:
+            reasons.append("empty sequences are not served")
+        if -(-(op.heads // kvh) * op.seq_q // 64) * op.batch * kvh >= 2**31:
+            reasons.append("query blocks x batch x kv heads exceeds the grid limit")
+        elems = op.batch * op.heads * op.seq_q * op.head_dim
+        if max(elems, op.batch * kvh * op.seq_kv * op.head_dim) >= 2**31:
+            reasons.append("arrays exceed the 32-bit index range of the kernel")
+        return reasons
+
+    def estimate_seconds(self, op: AttentionOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        """The roofline estimate divided by how much of the GPU the grid keeps busy: the fraction of each
+        128-row block that holds query rows, and of the SMs that get a block. Decode and short-query,
+        long-KV shapes so rank below flash_mma, whose split-KV pass fills the GPU (its estimate assumes a
+        full GPU at half this variant's efficiency: this one wins where it fills more than half)."""
+        kvh = int(op.kv_heads or op.heads)
+        rows = (op.heads // kvh) * op.seq_q
+        ctas = -(-rows // 128) * op.batch * kvh
+        sms = profile.compute_units if profile.compute_units > 1 else 132
+        fill = min(1.0, rows / 128) * min(1.0, ctas / sms)
+        return super().estimate_seconds(op, profile, config) / max(fill, 1e-3)
+
+    # -- configs ---------------------------------------------------------------------------------
+    def spec(self, op: AttentionOp, config: PipelineConfig, ptrs: Any = None,
+             profile: DeviceProfile | None = None) -> FlashWgmmaSpec:
+        """The kernel ``config`` compiles to (``ptrs`` and ``profile`` unused: the signature of flash_mma's)."""
+        if config.tile_m % 64:
+            raise UnsupportedConfigError(f"tile_m={config.tile_m} must be 64 x consumer warpgroups")
+        return FlashWgmmaSpec(op.dtype.storage, op.head_dim, config.tile_n, config.tile_m // 64, config.stages,
+                              op.causal, pingpong=bool(config.get("pingpong", True)))
+
+    def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        try:
+            spec = self.spec(op, config)
+            spec.check()
+        except UnsupportedConfigError as exc:
+            return Validity(False, exc.reason)
+        if config.warps != spec.threads // 32:
+            return Validity(False, f"warps={config.warps} must be 4 x (tile_m / 64 + 1) = {spec.threads // 32}")
+        if profile.shared_mem_per_block and spec.smem_bytes > profile.shared_mem_per_block:
+            return Validity(False, f"needs {spec.smem_bytes} B of shared memory, device allows "
+                                   f"{profile.shared_mem_per_block} B per block")
+        return Validity(True)
+
+    def search_space(self, op: AttentionOp, profile: DeviceProfile) -> SearchSpace:
+        return (SearchSpace().tile_m([128, 192]).tile_n([64, 96, 128, 160, 176, 192]).tile_k([op.head_dim])
+                .stages([2, 3, 4]).warps([12, 16]).param("pingpong", [True, False])
+                .param("persistent", [False, True])
+                .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
+
+    def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        def h(bm: int, bn: int, st: int, pp: bool = True, persistent: bool = False) -> PipelineConfig:
+            return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=persistent)
+
+        # H100, B4 H16 S4096 bf16 (TFLOP/s, kernel time): d64 192x128 516 / causal 407, 192x96x3 493 / 401,
+        # 128x128x3 453 / 391; d128 128x176 673 / causal 583, 128x128 658 / 585, 192x64 622 / 515; without
+        # ping-pong 0-18% less. (Later, with the grouped causal order: d128 128x192 672 / 600, 128x160 669 / 596.)
+        # Non-causal items are all alike: a persistent grid overlaps each item's loads with the last one's
+        # epilogue (+1-2%: d64 518 vs 509, d128 128x176 664 vs 657); causal items differ, and the
+        # hardware's dynamic dispatch balances them far better (d128 593 vs 472 persistent).
+        pers = not op.causal
+        if op.head_dim <= 64:
+            return [h(192, 128, 2, persistent=pers), h(192, 128, 2, persistent=not pers), h(192, 96, 3),
+                    h(128, 128, 3), h(192, 96, 3, False)]
+        if op.causal:
+            return [h(128, 128, 2), h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2),
+                    h(128, 128, 2, False)]
+        return [h(128, 176, 2, persistent=True), h(128, 176, 2), h(128, 128, 2, persistent=True), h(128, 144, 2),
+                h(192, 64, 2), h(128, 128, 2, False)]
+
+    # -- compile and launch ----------------------------------------------------------------------
+    def _kernel(self, spec: FlashWgmmaSpec) -> compiler.Kernel:
+        return compiler.load(flash_wgmma.render(spec), flash_wgmma.KERNEL_NAME, "sm_90a", smem=spec.smem_bytes,
+                             threads=spec.threads)
+
+    def prepare(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        with toolkit.cupy().cuda.Device(profile.device.index):
+            return self._kernel(self.spec(op, config))
+
+    def fast_launch_ok(self, op: AttentionOp, config: PipelineConfig) -> bool:
+        return False  # bind() below is this variant's own fast launcher
+
+    def bind(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        """Compiles once; per call: the tensor maps of q, k and v (memoised per pointer triple: torch's
+        caching allocator mostly hands the same blocks back), the output pointer, one cuLaunchKernel.
+        Nothing is allocated or synchronised at launch, so captured CUDA graphs replay it."""
+        dev = profile.device.index
+        stream = launcher.stream_getter(adapter, dev)
+        launcher.refuse_if_capturing(stream(), self.name)
+        spec = self.spec(op, config)
+        with toolkit.cupy().cuda.Device(dev):
+            kernel = self._kernel(spec)
+        kvh = int(op.kv_heads or op.heads)
+        rows = (op.heads // kvh) * op.seq_q
+        items = -(-rows // spec.bm) * op.batch * kvh  # query blocks x (batch, kv head) pairs
+        sms = profile.compute_units if profile.compute_units > 1 else 132
+        grid = (min(items, sms) if bool(config.get("persistent", False)) else items, 1, 1)
+        dt, d = spec.dtype, op.head_dim
+        fptr, threads, smem = int(kernel.function.ptr), spec.threads, spec.smem_bytes
+        tail = [ctypes.c_int32(op.heads), ctypes.c_int32(kvh), ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv),
+                ctypes.c_int32(op.batch * kvh), ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]  # type: ignore[arg-type]
+        memo: dict[tuple[int, int, int], tuple[tma.Packed, ctypes.c_uint64]] = {}
+        lock = threading.Lock()
+        drv_launch = toolkit.cupy().cuda.driver.launchKernel
+        ptr, device, current, name = adapter.data_ptr, launcher.on_device(dev), toolkit.cupy().cuda.runtime.getDevice, self.name
+
+        def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, ctypes.c_uint64]:
+            out_slot = ctypes.c_uint64(0)
+            maps = [tma.tiled_map(pq, dt, (d, rows, op.batch * kvh), (64, spec.bm, 1)),
+                    tma.tiled_map(pk, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1)),
+                    tma.tiled_map(pv, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1))]
+            return tma.pack([*maps, out_slot, *tail]), out_slot
+
+        def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
+            pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(out)
+            if mask is not None:
+                raise InvalidArgumentError("mask", mask, f"no mask ({name} serves attention without attn_mask)")
+            if (pq | pk | pv) & 15 or po & 3:  # TMA needs 16-byte aligned bases (as flash_mma's loads do)
+                raise LaunchError(f"{name}: q, k and v must be 16-byte aligned, out 4-byte (pass packed arrays)",
+                                  backend="cuda")
+            key = (pq, pk, pv)
+            with lock:
+                hit = memo.get(key)
+                if hit is None:
+                    if len(memo) >= 64:
+                        memo.clear()
+                    hit = memo[key] = build(pq, pk, pv)
+                packed, out_slot = hit
+                out_slot.value = po
+                s = stream()
+                try:
+                    with (device() if current() != dev else _NULL):
+                        drv_launch(fptr, grid[0], grid[1], grid[2], threads, 1, 1, smem, s, packed.address, 0)
+                except Exception as exc:  # noqa: BLE001
+                    raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
+    def run(self, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
+        launch = _bound(self, op, config, profile, args.adapter)
+        launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.out)
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NULL = _Null()
+
+
+@functools.lru_cache(maxsize=256)
+def _bound(variant: FlashAttentionWgmma, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile,
+           adapter: Any) -> Any:
+    return variant.bind(op, config, profile, adapter)
+
+
+ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]
+
+__all__ = ["ATTENTION_WGMMA_VARIANTS", "FlashAttentionWgmma"]

@@ -1,0 +1,200 @@
+"""GPU (Hopper): the wgmma flash-attention forward (``cuda.attention.wgmma``) through ``tracea.ops.attention``
+on torch tensors against a float64 reference on fresh random inputs: fp16 / bf16, head dims 64 and 128,
+causal and not, GQA / MQA, seq_q != seq_kv and lengths that are not multiples of the tiles, every hero
+config, NaN / Inf placement, misaligned arrays (refused), CUDA graph capture and replay.
+Skipped without a GPU of compute capability 9.0."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracea_cuda import testing as T
+
+VARIANT = "cuda.attention.wgmma"
+TOL = {"float16": 4e-3, "bfloat16": 2e-2}
+
+
+def _hopper() -> bool:
+    if not T.gpu_available():
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (sm_90), CuPy and torch")]
+
+
+def _ref(q, k, v, causal=False, scale=None):  # noqa: ANN001, ANN202
+    import torch
+
+    q64, k64, v64 = (t.double().cpu() for t in (q, k, v))
+    rep = q.shape[-3] // k.shape[-3]
+    if rep > 1:
+        k64, v64 = k64.repeat_interleave(rep, -3), v64.repeat_interleave(rep, -3)
+    s = (q64 @ k64.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    mx = s.amax(-1, keepdim=True)
+    p = torch.exp(s - torch.where(mx == float("-inf"), torch.zeros_like(mx), mx))
+    tot = p.sum(-1, keepdim=True)
+    return (p / torch.where(tot == 0, torch.ones_like(tot), tot)) @ v64
+
+
+def _rel(got, ref) -> float:  # noqa: ANN001
+    return float((got.double().cpu() - ref).norm() / ref.norm())
+
+
+def _inputs(case, dt, seed):  # noqa: ANN001, ANN202
+    import torch
+
+    b, h, kvh, sq, skv, d = case
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, dt)
+    q = torch.randn(b, h, sq, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(b, kvh, skv, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(b, kvh, skv, d, device="cuda", dtype=dtype, generator=g)
+    return q, k, v
+
+
+CASES = [  # (B, H, KVH, Sq, Skv, D): odd lengths, GQA / MQA packing across heads, seq_q != seq_kv
+    (2, 4, 4, 128, 128, 64), (1, 8, 2, 200, 333, 128), (2, 4, 1, 77, 77, 64), (1, 2, 2, 1000, 129, 128),
+    (2, 6, 3, 300, 1000, 64), (1, 4, 4, 513, 5, 128), (1, 16, 16, 1024, 1024, 128), (2, 8, 2, 100, 401, 64),
+]
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_wgmma_attention_matches_float64(dt, causal, case):
+    import tracea
+
+    q, k, v = _inputs(case, dt, sum(case) + causal)
+    out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, variant=VARIANT)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert _rel(out, _ref(q, k, v, causal=causal)) < TOL[dt]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_hero_config_and_the_search_space(d, causal):
+    """Every hero and a few other valid configs (tile_m 128 / 192, tile_n 64..192, 2-4 stages)."""
+    import tracea
+    from tracea.doctor.doctor import get_doctor
+    from tracea.ir.ops import AttentionOp
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+    from tracea_cuda.variants.base import hero
+    from tracea_torch.adapter import device_of
+
+    case = (1, 4, 2, 555, 700, d)
+    q, k, v = _inputs(case, "bfloat16", d + causal)
+    ref = _ref(q, k, v, causal=causal, scale=0.3)
+    var = FlashAttentionWgmma()
+    op = AttentionOp(1, 4, 555, 700, d, kv_heads=2, causal=causal, dtype="bfloat16", scale=0.3)
+    profile = get_doctor().profile_for(device_of(q.device))
+    extra = [hero(128, 64, d, 4, 12), hero(192, 64, d, 3, 16), hero(128, 160, d, 2, 12),
+             hero(192, 96, d, 2, 16, persistent=True), hero(128, 128, d, 2, 12, pingpong=False, persistent=True)]
+    configs = var.hero_configs(op, profile) + [c for c in extra if var.validate_config(op, c, profile)]
+    for cfg in configs:
+        out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, scale=0.3, variant=VARIANT, config=cfg)
+        assert _rel(out, ref) < TOL["bfloat16"], cfg.key
+
+
+PERSISTENT_CASES = [(2, 16, 4, 1000, 777, 128), (3, 12, 12, 700, 900, 64), (1, 8, 1, 2500, 301, 128)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=[str(c) for c in PERSISTENT_CASES])
+def test_persistent_grid_walks_more_items_than_ctas(case, causal):
+    """More query blocks than SMs: each persistent CTA runs several items, the K / V rings and the Q
+    buffer carry over from one item to the next."""
+    import tracea
+    from tracea_cuda.variants.base import hero
+
+    d = case[-1]
+    q, k, v = _inputs(case, "bfloat16", sum(case) + causal)
+    ref = _ref(q, k, v, causal=causal)
+    for cfg in (hero(128, 128, d, 2, 12, persistent=True), hero(192, 96 if d == 64 else 64, d, 3, 16, persistent=True),
+                hero(128, 176 if d == 128 else 192, d, 2, 12, persistent=True)):
+        out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, variant=VARIANT, config=cfg)
+        assert _rel(out, ref) < TOL["bfloat16"], cfg.key
+
+
+def test_default_path_picks_the_wgmma_kernel_for_prefill():
+    import torch
+
+    import tracea
+
+    q, k, v = _inputs((2, 8, 8, 1024, 1024, 128), "bfloat16", 7)
+    for causal in (False, True):
+        forced = tracea.ops.attention(q, k, v, is_causal=causal, variant=VARIANT)
+        dflt = tracea.ops.attention(q, k, v, is_causal=causal)
+        torch.testing.assert_close(dflt, forced, atol=0, rtol=0)
+
+
+def test_nonfinite_inputs_propagate_like_the_reference():
+    import tracea
+    from tracea.testing import nonfinite_mismatch
+
+    q, k, v = _inputs((1, 2, 2, 140, 300, 64), "float16", 5)
+    for causal in (False, True):
+        # causal: a NaN in v only where every block loads it (keys after a block's last row are never
+        # loaded, as in PyTorch's flash / cuDNN backends, while the reference multiplies their weight 0)
+        vpos = (0, 1, 40, 2) if causal else (0, 1, 130, 2)
+        for name, pos in (("q", (0, 1, 7, 3)), ("k", (0, 0, 11, 5)), ("v", vpos), ("k", (0, 1, 299, 1))):
+            qq, kk, vv = q.clone(), k.clone(), v.clone()
+            {"q": qq, "k": kk, "v": vv}[name][pos] = float("nan")
+            kk[0, 1, 30, 0] = float("inf")
+            got = tracea.ops.attention(qq, kk, vv, is_causal=causal, variant=VARIANT).double().cpu().numpy()
+            ref = _ref(qq, kk, vv, causal=causal).numpy()
+            msg = nonfinite_mismatch(got, ref, atol=2e-2)
+            assert msg is None, f"NaN in {name} at {pos}, causal={causal}: {msg}"
+
+
+def test_misaligned_arrays_are_refused_with_a_reason():
+    import torch
+
+    import tracea
+    from tracea.errors import LaunchError
+
+    q, k, v = _inputs((1, 4, 4, 256, 256, 64), "bfloat16", 9)
+    buf = torch.empty(q.numel() + 1, device="cuda", dtype=q.dtype)
+    qm = buf[1:].view(q.shape)
+    qm.copy_(q)
+    with pytest.raises(LaunchError, match="aligned"):
+        tracea.ops.attention(qm, k, v, variant=VARIANT)
+
+
+def test_cuda_graph_capture_and_replay():
+    import torch
+
+    import tracea
+
+    q, k, v = _inputs((2, 4, 4, 384, 384, 128), "float16", 11)
+    tracea.ops.attention(q, k, v, is_causal=True, variant=VARIANT)  # compile and bind outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        tracea.ops.attention(q, k, v, is_causal=True, variant=VARIANT)
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            out = tracea.ops.attention(q, k, v, is_causal=True, variant=VARIANT)
+    for seed in (1, 2):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(out, _ref(q, k, v, causal=True)) < TOL["float16"], seed
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.3, 2.5])
+def test_scale_argument(scale):
+    """The scale folds into the exponent (row max on the raw scores): small and large scales."""
+    import tracea
+
+    q, k, v = _inputs((1, 4, 2, 200, 300, 128), "float16", 13)
+    for causal in (False, True):
+        out = tracea.ops.attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True, variant=VARIANT)
+        assert _rel(out, _ref(q, k, v, causal=causal, scale=scale)) < TOL["float16"], (scale, causal)
