@@ -4,6 +4,12 @@ on ResNet-50's 3x3 layers at batch 1 and 8 (NCHW NumPy arrays / torch CPU tensor
 
     source scripts/srcenv.sh
     OMP_WAIT_POLICY=passive python benchmarks/cpu/bench_user_cpu.py [--rounds 30] [--only gemm,conv] [--json out.json]
+        [--threads T] [--gemm-shapes 512,1024,512x4096x4096]
+
+``--gemm-shapes``: squares (``n``) and ``MxNxK`` GEMMs (default: 512-2048 squares and two LLM-like
+projections, 512 tokens x 4096^2 and 2048 tokens x 4096 -> 1024). ``--threads T`` runs Tracea, NumPy's
+BLAS and torch on T threads (``TRACEA_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS``,
+set before NumPy loads); the default is every core.
 
 Each round calls Tracea then the anchor (order alternating by round), one call each, timed with
 ``perf_counter``; the figures are medians over the rounds and the ratio is anchor time / Tracea time
@@ -15,13 +21,17 @@ next library on a small machine; ``OMP_WAIT_POLICY=passive`` (printed) makes Ope
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before NumPy loads OpenBLAS (see bench_cpu.py)
+if "--threads" in sys.argv[:-1]:  # thread counts of the BLAS pools are read when NumPy loads
+    _t = sys.argv[sys.argv.index("--threads") + 1]
+    for _v in ("TRACEA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_v] = _t
 
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 
@@ -48,29 +58,43 @@ def interleaved(ours, theirs, rounds: int) -> tuple[float, float]:
     return statistics.median(a), statistics.median(b)
 
 
+def _blas_name() -> str:
+    """The BLAS NumPy links (the anchor), as NumPy's build configuration names it."""
+    try:
+        cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # type: ignore[call-arg,index]
+        return f"{cfg.get('name')} {cfg.get('version')}"
+    except Exception:  # older NumPy: no dict mode
+        return "BLAS unknown"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--only", default="gemm,conv")
     ap.add_argument("--json", default="")
+    ap.add_argument("--threads", type=int, default=0, help="threads for every library (default: every core)")
+    ap.add_argument("--gemm-shapes", default="512,768,1024,1536,2048,512x4096x4096,2048x1024x4096")
     args = ap.parse_args()
     set_cache(TuningCache(os.path.join(tempfile.mkdtemp(), "empty_cache.json")))
     prof = host_profile()
     print(f"machine: {prof.name}, {prof.compute_units} cores, {prof.extras.get('microarch')}; "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; NumPy {np.__version__}")
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; NumPy {np.__version__} "
+          f"({_blas_name()}); threads {args.threads or 'all'}; load average {os.getloadavg()[0]:.1f}")
     rows = []
     rng = np.random.default_rng(0)
     only = set(args.only.split(","))
     if "gemm" in only:
-        for s in (512, 768, 1024, 1536, 2048):
-            a = rng.standard_normal((s, s), dtype=np.float32)
-            b = rng.standard_normal((s, s), dtype=np.float32)
+        for shape in args.gemm_shapes.split(","):
+            m, n_, k = (int(v) for v in shape.split("x")) if "x" in shape else (int(shape),) * 3
+            a = rng.standard_normal((m, k), dtype=np.float32)
+            b = rng.standard_normal((k, n_), dtype=np.float32)
             out = tracea.ops.matmul(a, b)
             err = float(np.linalg.norm(out.astype(np.float64) - a.astype(np.float64) @ b) / np.linalg.norm(a.astype(np.float64) @ b))
-            d = get_doctor().decide(tracea.GemmOp(s, s, s), "cpu")
+            d = get_doctor().decide(tracea.GemmOp(m, n_, k), "cpu")
             t, n = interleaved(lambda: tracea.ops.matmul(a, b), lambda: a @ b, args.rounds)
-            fl = 2 * s ** 3
-            rows.append(dict(case=f"gemm fp32 {s}^3", tracea_gflops=fl / t / 1e9, anchor="numpy", anchor_gflops=fl / n / 1e9,
+            fl = 2 * m * n_ * k
+            case = f"gemm fp32 {m}^3" if m == n_ == k else f"gemm fp32 {m}x{n_}x{k}"
+            rows.append(dict(case=case, tracea_gflops=fl / t / 1e9, anchor="numpy", anchor_gflops=fl / n / 1e9,
                              ratio=n / t, rel_err=err, config=d.config.key, variant=d.variant.name))
             print(f"{rows[-1]['case']:<28} tracea {rows[-1]['tracea_gflops']:6.0f} GFLOP/s  numpy {rows[-1]['anchor_gflops']:6.0f}"
                   f"  ratio {rows[-1]['ratio']:.2f}x  err {err:.1e}  [{d.variant.name} {d.config.key}]", flush=True)

@@ -6,7 +6,7 @@ difference is only believed where it clearly exceeds A'/A.
 
     source scripts/srcenv.sh
     flock /tmp/tracea-bench.lock python benchmarks/cpu/probes/ab_checkouts.py --base /path/to/other/checkout \\
-        [--only gemm,conv,attention] [--threads 1] [--rounds 61] [--isa avx512]
+        [--only gemm,conv,attention] [--threads 1] [--rounds 61] [--isa avx512] [--gemm-sizes 1024,2048]
 
 The kernels are called through their C entry points (``tr_gemm``, ``tr_conv2d``, ``tr_attention``), whose
 signatures must agree between the checkouts; the hero config of this checkout is used for both.
@@ -62,20 +62,21 @@ def render(root: str, wanted: list[list]) -> dict[str, str]:
             return json.load(f)
 
 
-def problems(isa: str, only: set[str], nth: int) -> list[tuple[str, list, Callable[[Any], Callable[[], Any]], float]]:
+def problems(isa: str, only: set[str], nth: int,
+             gemm_sizes: tuple[int, ...] = (1024,)) -> list[tuple[str, list, Callable[[Any], Callable[[], Any]], float]]:
     """(label, source key, library -> zero-argument call, FLOPs) per problem."""
     rng = np.random.default_rng(0)
     P = lambda a: a.ctypes.data  # noqa: E731
     out = []
-    if "gemm" in only:
-        op = GemmOp(1024, 1024, 1024, epilogue="relu")
+    for s in gemm_sizes if "gemm" in only else []:
+        op = GemmOp(s, s, s, epilogue="relu")
         cfg = CpuGemmVariant(ISA_BY_NAME[isa]).hero_configs(op, PROFILE)[0]
-        a, b, c = (rng.standard_normal((1024, 1024), dtype=np.float32) for _ in range(3))
+        a, b, c = (rng.standard_normal((s, s), dtype=np.float32) for _ in range(3))
 
-        def gemm(lib, cfg=cfg, a=a, b=b, c=c):
-            return lambda: lib.tr_gemm(1, 1024, 1024, 1024, P(a), 1024, 1, 1 << 20, P(b), 1024, 1, 1 << 20, P(c), 1024,
-                                       1 << 20, None, cfg.get("mc"), cfg.get("nc"), cfg.get("kc"), nth)
-        out.append(("gemm 1024^3 relu", ["blocked", isa, cfg.get("mr"), cfg.get("nr"), "relu"], gemm, op.flops))
+        def gemm(lib, cfg=cfg, a=a, b=b, c=c, s=s):
+            return lambda: lib.tr_gemm(1, s, s, s, P(a), s, 1, s * s, P(b), s, 1, s * s, P(c), s,
+                                       s * s, None, cfg.get("mc"), cfg.get("nc"), cfg.get("kc"), nth)
+        out.append((f"gemm {s}^3 relu", ["blocked", isa, cfg.get("mr"), cfg.get("nr"), "relu"], gemm, op.flops))
     if "conv" in only:
         for ch, hw, lay in [(128, 28, "nhwc"), (128, 28, "nchw"), (512, 7, "nhwc"), (512, 7, "nchw")]:
             op = Conv2dOp(1, ch, hw, hw, ch, 3, 3, padding=1, layout=lay, epilogue="bias+relu")
@@ -111,9 +112,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=61)
     ap.add_argument("--isa", default="avx512")
+    ap.add_argument("--gemm-sizes", default="1024", help="square GEMM sizes (comma-separated)")
     args = ap.parse_args()
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    cases = problems(args.isa, set(args.only.split(",")), args.threads)
+    cases = problems(args.isa, set(args.only.split(",")), args.threads,
+                     tuple(int(v) for v in args.gemm_sizes.split(",")))
     wanted = [key for _, key, _, _ in cases]
     sources = {"A": render(args.base, wanted), "B": render(here, wanted)}
     flags = ISA_BY_NAME[args.isa].cflags

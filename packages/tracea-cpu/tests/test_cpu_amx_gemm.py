@@ -147,6 +147,53 @@ def test_amx_large_and_decode_shapes():
         assert amx_case(m, 512, 1024, tb=True, epi="bias", out="bf16") < 1e-2
 
 
+@pytest.mark.parametrize("m,n,out", [(1030, 2048, "bf16"), (1030, 2064, "bf16"), (1030, 1024, "float32"),
+                                     (1030, 1040, "float32")])
+def test_amx_large_outputs_streaming_stores(m, n, out):
+    """Outputs of 4 MiB and more are written with streaming stores where whole aligned cache lines are
+    (emit/amx_blocks.py): N a multiple of 32, and with a last block of 16 or 32 columns that is not."""
+    _skip_without_amx()
+    assert amx_case(m, n, 40, epi="bias+relu", out=out, seed=5) < _tol(out)
+
+
+def test_amx_block_rows_fit_twice_the_l2():
+    """The many-rows driver packs mc x K of A: mc is lowered for a deep K (A block within twice the L2,
+    whole tile rows, at least one), never raised, and left alone without a known L2."""
+    cfg = config(mr=32, nr=32, mc=256, nc=256, kc=256, threads=0)
+    two_mb = PROFILE.with_(caches={"L2": 2 << 20})
+    rows = {k: VARIANT.block_rows(GemmOp(4096, 4096, k, dtype_a="bf16", dtype_b="bf16"), cfg, two_mb)
+            for k in (512, 4096, 8192, 16384, 100000)}
+    assert rows == {512: 256, 4096: 256, 8192: 256, 16384: 128, 100000: 32}
+    assert VARIANT.block_rows(GemmOp(64, 64, 4096, dtype_a="bf16", dtype_b="bf16"), cfg,
+                              PROFILE.with_(caches={})) == 256
+
+
+@pytest.mark.parametrize("out", ["float32", "bf16"])
+def test_amx_whole_b_limit_takes_the_blocked_driver(out):
+    """A B larger than TB_AMX_MAX_B_BYTES is not packed whole: the blocked driver (KC x NC blocks, the
+    bf16 output's partial sums through the fp32 workspace) runs instead. Built here with the limit at 0
+    so that every many-rows GEMM takes it."""
+    _skip_without_amx()
+    from tracea.ir.epilogue import Epilogue
+    from tracea_cpu.emit.amx import amx_gemm_source
+    from tracea_cpu.isa import AMX_BF16, AVX512
+    from tracea_cpu.kernels import _bind_tb_gemm
+    from tracea_cpu.toolchain import build
+
+    lib = _bind_tb_gemm(build(amx_gemm_source(AVX512, 32, 32, Epilogue.parse("bias")),
+                              AMX_BF16.cflags + ("-DTB_AMX_MAX_B_BYTES=0",), "gemm-amx-test-noblocks"))
+    g = torch.Generator().manual_seed(11)
+    for m, n, k in [(300, 257, 601), (64, 96, 40), (257, 33, 1000)]:
+        a, b = torch.randn(m, k, generator=g).bfloat16(), torch.randn(k, n, generator=g).bfloat16()
+        bias = torch.randn(n, generator=g)
+        res = torch.full((m, n), float("nan"), dtype=torch.bfloat16 if out == "bf16" else torch.float32)
+        rc = lib.tb_gemm(1, m, n, k, a.data_ptr(), k, 1, m * k, b.data_ptr(), n, 1, k * n, res.data_ptr(), n,
+                         m * n, int(out == "bf16"), bias.data_ptr(), 64, 64, 64, 2)
+        assert rc == 0
+        ref = a.double().numpy() @ b.double().numpy() + bias.double().numpy()
+        assert rel_err(res.float().numpy(), ref) < _tol(out), (m, n, k)
+
+
 def test_amx_matches_fp32_output_rounded():
     """The bf16 output is the round-to-nearest-even of the fp32 output (same config, same order)."""
     _skip_without_amx()

@@ -50,8 +50,8 @@ def test_widened_bias_is_alive_when_the_kernel_runs(monkeypatch, bias_dtype):
         weakref.finalize(arr, state.__setitem__, "freed", True)
         return arr
 
-    def checked_plan(variant, op, config):
-        fn, call, ref = real_plan(variant, op, config)
+    def checked_plan(variant, op, config, *rest):
+        fn, call, ref = real_plan(variant, op, config, *rest)
 
         def kernel(*a):
             state["alive_at_call"] = not state["freed"]

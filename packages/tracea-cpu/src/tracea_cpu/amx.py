@@ -142,6 +142,20 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
         stream = op.batch * op.n * op.k * 2 / (AMX_STREAM_GBS_PER_CORE * profile.compute_units * 1e9)
         return max(flop_time, stream, memory) + 15e-6
 
+    def block_rows(self, op: Op, config: PipelineConfig, profile: DeviceProfile | None) -> int:
+        """The config's ``mc``, lowered for a deep K so that the A block the many-rows driver packs for
+        the whole K (``mc x K`` bf16, :mod:`.emit.amx_blocks`) stays within twice the profile's L2 (whole
+        tile rows, at least one). Not within the L2 itself: every M block streams the packed B once from
+        beyond the L2, so fewer, taller blocks win even when A spills (measured 4096^3, one thread:
+        mc = 128 / 256 / 384 ran 0.51-0.58 / 0.89-0.91 / 1.01 TFLOP/s; at 2048^3 mc = 128 0.85, 256-512
+        0.97-1.10)."""
+        mc, mr = int(config.get("mc")), int(config.get("mr"))
+        l2 = int(profile.caches.get("L2") or 0) if profile is not None else 0
+        if not l2 or not isinstance(op, GemmOp):
+            return mc
+        fit = l2 // max(op.k, 1) // mr * mr
+        return max(mr, min(mc, fit))
+
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         if isinstance(op, GemmOp) and rows_driver(op):
             return spaces.amx_rows_space(profile)

@@ -151,9 +151,13 @@ class CpuGemmBf16Variant(CpuVariant):
         last = self._last
         if last is not None and last[0] is op and last[1] is config:
             return last[2]
-        plan = _bf16_plan(self, op, config)
+        plan = _bf16_plan(self, op, config, self.block_rows(op, config, profile))
         self._last = (op, config, plan)
         return plan
+
+    def block_rows(self, op: Op, config: PipelineConfig, profile: DeviceProfile | None) -> int:
+        """The M block (``mc``) the kernel gets for ``op``: the config's."""
+        return int(config.get("mc"))
 
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, GemmOp)
@@ -195,14 +199,15 @@ class CpuGemmBf16Variant(CpuVariant):
 
 
 @functools.lru_cache(maxsize=256)
-def _bf16_plan(variant: CpuGemmBf16Variant, op: Op, config: PipelineConfig) -> tuple[Any, Any, Any]:
-    """Validated config -> (kernel entry point, its constants as a ``tb_call`` struct, a pointer to it),
-    memoised so a call costs one lookup."""
+def _bf16_plan(variant: CpuGemmBf16Variant, op: Op, config: PipelineConfig, mc: int) -> tuple[Any, Any, Any]:
+    """Validated config (``mc``: its M block as :meth:`CpuGemmBf16Variant.block_rows` chose it) ->
+    (kernel entry point, its constants as a ``tb_call`` struct, a pointer to it), memoised so a call
+    costs one lookup."""
     _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
     assert isinstance(op, GemmOp)
     lib = variant.library(int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
     rsa, csa = (1, op.m) if op.trans_a else (op.k, 1)
     rsb, csb = (1, op.k) if op.trans_b else (op.n, 1)
-    call = kernels.Bf16Call(op.batch, op.m, op.n, op.k, rsa, csa, rsb, csb, int(config.get("mc")),
+    call = kernels.Bf16Call(op.batch, op.m, op.n, op.k, rsa, csa, rsb, csb, mc,
                             int(config.get("nc")), int(config.get("kc")), int(op.out_dtype is DType.BF16))
     return lib.tb_gemm_call, call, ctypes.addressof(call)

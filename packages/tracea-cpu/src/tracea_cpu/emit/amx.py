@@ -51,8 +51,9 @@ def microkernel_c(mr: int, nr: int) -> str:
     mt, nt = mr // 16, nr // 16
     ctile = [[i * nt + j for j in range(nt)] for i in range(mt)]
     atile = [mt * nt + i for i in range(mt)]
-    all_b = mt * nt + mt + nt <= 8  # every B tile of a k step held at once, else one reloaded per column group
-    btile = [mt * nt + mt + (j if all_b else 0) for j in range(nt)]
+    # every B tile of a k step held at once, else two taking turns, else one reloaded per column group
+    free = 8 - mt * nt - mt
+    btile = [mt * nt + mt + j % min(nt, free) for j in range(nt)]
     lines = [f"#define MR {mr}", f"#define NR {nr}", "#define KU 16", f"#define NV {nr // 16}",
              "typedef struct __attribute__((packed)) { uint8_t palette, start_row, reserved[14];",
              "    uint16_t colsb[16]; uint8_t rows[16]; } tb_tilecfg;",
@@ -139,5 +140,7 @@ static void tb_pack_a(const tb_dense *x, long i0, long mr, long p0, long kc, uin
 def amx_gemm_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue) -> str:
     """Complete C source of the AMX bf16 GEMM library for one MR x NR block and epilogue chain
     (``isa``: the AVX-512 ISA whose ``V*`` layer the fp32 epilogue is written against)."""
+    from .amx_blocks import block_driver_c, block_kernel_c
+
     return "\n".join([prologue(isa), BF16_LAYER, epilogue_c(epilogue), microkernel_c(mr, nr), DENSE, PACK_A,
-                      PACK_B, rows_source(), DRIVER])
+                      PACK_B, rows_source(), block_kernel_c(mr, nr), block_driver_c(), DRIVER])

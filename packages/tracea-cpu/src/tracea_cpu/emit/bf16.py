@@ -285,28 +285,51 @@ __attribute__((noinline)) static int tb_drive_rows(long M, long N, long K, const
     return 0;
 }
 
-/* One GEMM (one batch entry). c: fp32 C (the output, or partial sums when the output is bf16 and K
-   spans several blocks; may be null when it does not); o: bf16 output or null. */
-static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B, float *c, long ldc,
-                    bf16 *o, long ldo, const float *bias, long mc, long nc, long kc, int nth) {
-    mc = TR_MIN(TR_ROUNDUP(TR_MAX(mc, MR), MR), TR_ROUNDUP(M, MR));
-    nc = TR_MIN(TR_ROUNDUP(TR_MAX(nc, NR), NR), TR_ROUNDUP(N, NR));
-    kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, 2 * KU), 2 * KU), TR_ROUNDUP(K, 2 * KU));
-    long kpmax = tb_pairs(kc);
+/* Threads for one call: nth, or every available one when nth <= 0; one for tiny problems. */
+static int tb_threads(long M, long N, long K, int nth) {
     if (nth <= 0) nth = tr_threads_available();
-    if ((double)M * N * K < 65536.0) nth = 1;
-    if (o && K > kc && !c) return 2;
+    return (double)M * N * K < 65536.0 ? 1 : nth;
+}
+
+/* Which driver tb_drive runs (nth: resolved by tb_threads): 0 the blocked driver below, 1 tb_drive_rows,
+   2 tb_drive_wa (AMX few rows, emit/amx_rows.py), 3 tb_drive_amx (AMX, emit/amx_blocks.py). Drivers 2
+   and 3 keep their partial sums themselves; 0 and 1 need an fp32 C for them with a bf16 output. */
+static int tb_route(long M, long N, long K, const tb_dense *A, const tb_dense *B, long mc, int nth) {
+    mc = TR_MIN(TR_ROUNDUP(TR_MAX(mc, MR), MR), TR_ROUNDUP(M, MR));
 #ifdef TB_WA_DRIVER
-    /* AMX: few rows against transposed weights, the weights loaded as tiles in place (emit/amx_rows.py). */
-    if (A->cs == 1 && B->rs == 1 && M <= TB_WA_MAXM)
-        return tb_drive_wa(M, N, K, A->p, A->rs, B->p, B->cs, c, ldc, o, ldo, bias, nth);
+    /* AMX: few rows against transposed weights, the weights loaded as tiles in place. */
+    if (A->cs == 1 && B->rs == 1 && M <= TB_WA_MAXM) return 2;
 #endif
     /* Up to 256 rows against a transposed B (nn.Linear weights, N x K): panels packed and used per
        thread. Measured at M x 4096 x 4096 (4x64 tile): M = 1 / 8 / 64 / 128 / 256: 1.9 / 2.2 / 6.9 /
        15.5 / 26.0 ms -> 1.1 / 1.4 / 5.6 / 11.0 / 21.0 ms; a row-major B gained nothing (each panel reads
        K rows at a page-sized stride either way). */
-    if (TR_ROWS_DRIVER && M <= TR_MAX(mc, TR_ROWS_MAXM) && B->cs != 1 && (N + NR - 1) / NR >= 2 * nth)
-        return tb_drive_rows(M, N, K, A, B, c, ldc, o, ldo, bias, kc, nth);
+    if (TR_ROWS_DRIVER && M <= TR_MAX(mc, TR_ROWS_MAXM) && B->cs != 1 && (N + NR - 1) / NR >= 2 * nth) return 1;
+#ifdef TB_AMX_DRIVER
+    /* it packs all of B at once: a B beyond TB_AMX_MAX_B_BYTES takes the blocked driver (KC x NC at a time) */
+    if ((double)K * N * 2 <= TB_AMX_MAX_B_BYTES) return 3;
+#endif
+    return 0;
+}
+
+/* One GEMM (one batch entry). c: fp32 C (the output, or partial sums when the output is bf16, K
+   spans several blocks and the route needs them; may be null otherwise); o: bf16 output or null. */
+static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B, float *c, long ldc,
+                    bf16 *o, long ldo, const float *bias, long mc, long nc, long kc, int nth) {
+    nth = tb_threads(M, N, K, nth);
+    int route = tb_route(M, N, K, A, B, mc, nth);
+#ifdef TB_WA_DRIVER
+    if (route == 2) return tb_drive_wa(M, N, K, A->p, A->rs, B->p, B->cs, c, ldc, o, ldo, bias, nth);
+#endif
+#ifdef TB_AMX_DRIVER
+    if (route == 3) return tb_drive_amx(M, N, K, A, B, c, ldc, o, ldo, bias, mc, nc, kc, nth);
+#endif
+    mc = TR_MIN(TR_ROUNDUP(TR_MAX(mc, MR), MR), TR_ROUNDUP(M, MR));
+    nc = TR_MIN(TR_ROUNDUP(TR_MAX(nc, NR), NR), TR_ROUNDUP(N, NR));
+    kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, 2 * KU), 2 * KU), TR_ROUNDUP(K, 2 * KU));
+    long kpmax = tb_pairs(kc);
+    if (o && K > kc && !c) return 2;
+    if (route == 1) return tb_drive_rows(M, N, K, A, B, c, ldc, o, ldo, bias, kc, nth);
     int owned;
     uint32_t *ws = (uint32_t *)tr_ws_get((size_t)nc * kpmax + (size_t)nth * mc * kpmax + 32, &owned);
     if (!ws) return 1;
@@ -375,7 +398,8 @@ int tb_gemm(long batch, long M, long N, long K, const bf16 *a, long rsa, long cs
     long kcb = TR_MIN(TR_ROUNDUP(TR_MAX(kc, 2 * KU), 2 * KU), TR_ROUNDUP(K, 2 * KU));
     int owned = 0;
     float *part = 0;
-    if (out_bf16 && K > kcb) {
+    tb_dense A0 = {a, rsa, csa}, B0 = {b, rsb, csb};
+    if (out_bf16 && K > kcb && tb_route(M, N, K, &A0, &B0, mc, tb_threads(M, N, K, nth)) < 2) {
         part = tr_ws_slot(1, (size_t)M * N, &owned);
         if (!part) return 1;
     }
