@@ -155,6 +155,38 @@ class FastLaunch:
                 raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
 
 
+def src_dst_launch(function: Any, grid: tuple[int, int, int], *ints: int) -> FastLaunch:
+    """A 256-thread pointer-only launch of a helper kernel taking ``(src, dst, *ints)`` (a transpose, an
+    operand split)."""
+    params = ParamBlock.from_args(lambda p: (np.uint64(p["src"]), np.uint64(p["dst"]), *map(np.int32, ints)),
+                                  ("src", "dst"))
+    return FastLaunch(function, grid, 256, 0, params)
+
+
+def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int],
+                   passes: Sequence[tuple[int, Any, FastLaunch]], inner: Callable[..., None]) -> Callable[..., None]:
+    """A pointer-only launcher ``launch(x0, x1, bias, out)`` that first rewrites each operand into scratch
+    -- ``passes[i] = (elements, dtype, kernel)`` reads operand i and writes a buffer from the caller's
+    allocator (bound on the first call: it needs an array) -- then runs ``inner`` on the two buffers, all
+    on ``stream()`` (so ordered; the buffers are released after the launches, stream order makes reuse
+    safe) and with no per-call Python beyond the allocations."""
+    ptr, device = adapter.data_ptr, on_device(dev)
+    factories: list[Any] = []
+
+    def launch(x0: Any, x1: Any, bias: Any, out: Any) -> None:
+        if not factories:
+            factories.extend(adapter.empty_factory((size,), dtype, x0) for size, dtype, _ in passes)
+        t0, t1 = factories[0](x0), factories[1](x0)
+        s = stream()
+        with device():
+            passes[0][2](s, (ptr(x0), ptr(t0)))
+            passes[1][2](s, (ptr(x1), ptr(t1)))
+        inner(t0, t1, bias, out)
+
+    launch.pointer_only = True  # type: ignore[attr-defined]
+    return launch
+
+
 def on_device(dev: int) -> Callable[[], Any]:
     """A context-manager factory making ``dev`` current only when it is not already (the common case
     costs one ``cudaGetDevice``)."""

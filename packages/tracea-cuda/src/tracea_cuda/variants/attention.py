@@ -156,7 +156,7 @@ class FlashAttention(CudaVariant):
             croles = ("part", "lse", "out")
             fc = launcher.FastLaunch(combine.function, (-(-total_rows // 8), 1, 1), 256, 0, launcher.ParamBlock.from_args(
                 lambda p: (u64(p["part"]), u64(p["lse"]), u64(p["out"]), np.int32(total_rows)), croles))
-        ptr, device, current, name = adapter.data_ptr, launcher.on_device(dev), toolkit.cupy().cuda.runtime.getDevice, self.name
+        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
         scratch, splits, needs_mask = launcher.scratch, spec.splits, op.mask is not None
 
         def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
@@ -167,7 +167,7 @@ class FlashAttention(CudaVariant):
             if (pq | pk | pv | po) & 15 or pm & 1:
                 raise LaunchError(f"{name}: q, k, v and out must be 16-byte aligned (pass packed arrays)", backend="cuda")
             s = stream()
-            with (device() if current() != dev else _NULL):
+            with device():  # makes dev current only when it is not
                 if fc is None:
                     fl(s, (pq, pk, pv, po, pm, po, po))
                 else:
@@ -186,19 +186,8 @@ class FlashAttention(CudaVariant):
         launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.out)
 
 
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NULL = _Null()
-
-
 @functools.lru_cache(maxsize=256)
-def _bound(variant: FlashAttention, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+def _bound(variant: CudaVariant, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
     return variant.bind(op, config, profile, adapter)
 
 

@@ -15,7 +15,6 @@ True: one CTA per SM walking the blocks, each block's load overlapping the previ
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 from typing import Any
 
@@ -30,6 +29,7 @@ from tracea.semantic.search_space import SearchSpace
 from .. import compiler, launcher, tma, toolkit
 from ..emit import flash_wgmma
 from ..emit.flash_wgmma import FlashWgmmaSpec
+from .attention import _bound
 from .base import CudaVariant, hero
 
 
@@ -153,7 +153,7 @@ class FlashAttentionWgmma(CudaVariant):
         memo: dict[tuple[int, int, int], tuple[tma.Packed, ctypes.c_uint64]] = {}
         lock = threading.Lock()
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
-        ptr, device, current, name = adapter.data_ptr, launcher.on_device(dev), toolkit.cupy().cuda.runtime.getDevice, self.name
+        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
 
         def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, ctypes.c_uint64]:
             out_slot = ctypes.c_uint64(0)
@@ -180,7 +180,7 @@ class FlashAttentionWgmma(CudaVariant):
                 out_slot.value = po
                 s = stream()
                 try:
-                    with (device() if current() != dev else _NULL):
+                    with device():  # makes dev current only when it is not
                         drv_launch(fptr, grid[0], grid[1], grid[2], threads, 1, 1, smem, s, packed.address, 0)
                 except Exception as exc:  # noqa: BLE001
                     raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
@@ -191,23 +191,6 @@ class FlashAttentionWgmma(CudaVariant):
     def run(self, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
         launch = _bound(self, op, config, profile, args.adapter)
         launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.out)
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NULL = _Null()
-
-
-@functools.lru_cache(maxsize=256)
-def _bound(variant: FlashAttentionWgmma, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile,
-           adapter: Any) -> Any:
-    return variant.bind(op, config, profile, adapter)
 
 
 ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]

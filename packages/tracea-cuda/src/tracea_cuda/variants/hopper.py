@@ -488,7 +488,6 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
         per-call Python; stream-K configs keep :meth:`run`."""
         if bool(config.get("stream_k", False)):
             return self._bind_run(op, config, profile, adapter)
-        import numpy as np  # noqa: PLC0415
 
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
@@ -496,28 +495,10 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
         inner = _PreSplit().bind(self.split_op(op), config, profile, adapter)
         with toolkit.cupy().cuda.Device(dev):
             sk = helpers_kernels.splitter("sm_90a")
-        def split_launch(r: int, c: int, flag: int, order: int) -> launcher.FastLaunch:
-            params = launcher.ParamBlock.from_args(
-                lambda p: (np.uint64(p["src"]), np.uint64(p["dst"]), np.int32(r), np.int32(c), np.int32(flag),
-                           np.int32(order)), ("src", "dst"))
-            return launcher.FastLaunch(sk.function, (-(-c // 32), -(-r // 32), op.batch), 256, 0, params)
-
-        launches = [(size, split_launch(r, c, flag, order)) for _role, size, r, c, flag, order in self._split_args(op)]
-        ptr, device = adapter.data_ptr, launcher.on_device(dev)
-        factories: list[Any] = []
-
-        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-            if not factories:  # the caller's allocator, bound on the first call (it needs an array)
-                factories.extend(adapter.empty_factory((size,), DType.F32, a) for size, _ in launches)
-            a3, b3 = factories[0](a), factories[1](a)
-            s = stream()
-            with device():
-                launches[0][1](s, (ptr(a), ptr(a3)))
-                launches[1][1](s, (ptr(b), ptr(b3)))
-            inner(a3, b3, bias, out)  # same stream: ordered after the splits
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        passes = [(size, DType.F32, launcher.src_dst_launch(sk.function, (-(-c // 32), -(-r // 32), op.batch),
+                                                             r, c, flag, order))
+                  for _role, size, r, c, flag, order in self._split_args(op)]
+        return launcher.with_prepasses(adapter, dev, stream, passes, inner)
 
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         import numpy as np  # noqa: PLC0415

@@ -13,9 +13,6 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-import numpy as np
-
-
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType, Fp32Precision
@@ -28,7 +25,7 @@ from .. import helpers_kernels, launcher, tma, toolkit
 from ..arrays import data_ptr
 from ..emit import im2col, operands
 from ..emit.wgmma import WgmmaSpec
-from .base import FLOAT_IO, aligned, u64
+from .base import FLOAT_IO, aligned
 from .conv import ImplicitGemmConv, to_channels_last
 from .hopper import WgmmaGemm, _hero
 
@@ -139,30 +136,12 @@ class WgmmaConv(WgmmaGemm):
         with toolkit.cupy().cuda.Device(dev):
             tk = helpers_kernels.transposer(op.dtype, "sm_90a")
         hw, rs = op.h * op.w, op.r * op.s
-
-        def transpose(rows: int, cols: int, batch: int) -> launcher.FastLaunch:
-            """[batch][rows][cols] -> [batch][cols][rows] as one pointer-only launch."""
-            params = launcher.ParamBlock.from_args(
-                lambda p: (u64(p["src"]), u64(p["dst"]), np.int32(rows), np.int32(cols)), ("src", "dst"))
-            return launcher.FastLaunch(tk.function, (-(-cols // 32), -(-rows // 32), batch), 256, 0, params)
-
-        tx, tw = transpose(op.c, hw, op.n), transpose(op.c, rs, op.k)
-        ptr, device = adapter.data_ptr, launcher.on_device(dev)
-        factories: list[Any] = []
-
-        def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
-            if not factories:  # the caller's allocator, bound on the first call (it needs an array)
-                factories.extend((adapter.empty_factory((op.n * hw * op.c,), op.dtype, x),
-                                  adapter.empty_factory((op.k * rs * op.c,), op.dtype, x)))
-            x_t, w_t = factories[0](x), factories[1](x)
-            s = stream()
-            with device():
-                tx(s, (ptr(x), ptr(x_t)))
-                tw(s, (ptr(w), ptr(w_t)))
-            inner(x_t, w_t, bias, out)  # same stream: ordered after the transposes
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        # [batch][C][pixels] -> [batch][pixels][C] for x (batch N) and w (batch K)
+        passes = [(op.n * hw * op.c, op.dtype, launcher.src_dst_launch(tk.function, (-(-hw // 32), -(-op.c // 32), op.n),
+                                                                        op.c, hw)),
+                  (op.k * rs * op.c, op.dtype, launcher.src_dst_launch(tk.function, (-(-rs // 32), -(-op.c // 32), op.k),
+                                                                        op.c, rs))]
+        return launcher.with_prepasses(adapter, dev, stream, passes, inner)
 
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
         self.prepare(op, config, profile)  # type: ignore[arg-type]
