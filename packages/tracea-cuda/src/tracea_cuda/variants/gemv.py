@@ -3,6 +3,8 @@ bound by reading the weight once; see :mod:`tracea_cuda.emit.gemv`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tracea.doctor.profile import DeviceProfile
@@ -29,43 +31,42 @@ def _rows(m: int) -> int:
     return next(r for r in (1, 2, 4, 8, 16) if r >= m)
 
 
-class GemvGemm(CudaVariant):
-    name = "cuda.gemm.gemv"
-    description = ("few-row GEMM (M <= 16) against an (N, K) weight, e.g. nn.Linear decode: 16-byte streaming "
-                   "loads of the weight, fp32 accumulation, warp reduction, fused epilogue; f16/bf16/f32 (f32 exact)")
-    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM,
-                                dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
-                                min_compute_capability=(7, 0), batched=False, max_dims={"m": SERVED_ROWS})
-    efficiency = 0.05  # memory-bound: the estimate below is a bandwidth one
-    wave_quantized = False  # many small blocks per SM
-    priority = 30
+def int_param(config: PipelineConfig, name: str, default: int) -> int:
+    """Integer parameter ``name`` of ``config`` (``default`` when absent); anything else is refused."""
+    value = config.get(name) or default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UnsupportedConfigError(f"param {name}={value!r} must be an integer")
+    return value
+
+
+class WeightStreamingGemm(CudaVariant):
+    """Base of the few-row kernels streaming an (N, K) weight once (``C = epi(A @ B^T)``, A (M, K) row-major,
+    one launch of ``(A, B, C, bias, M, N, K)``): the layout checks, config validation, compile and
+    arguments they share. Subclasses set ``kernel_word`` (for reasons), ``render`` and ``kernel_name``,
+    and add their own reasons in :meth:`row_reasons`."""
+
+    kernel_word = "few-row"
+    kernel_name = ""
+
+    @staticmethod
+    def render(spec: Any) -> str:
+        raise NotImplementedError
+
+    def row_reasons(self, op: GemmOp) -> list[str]:
+        """Reasons of the subclass (rows, alignment) between the layout and the size checks."""
+        return []
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         reasons = []
         if op.trans_a:
-            reasons.append("A stored (K, M) (transposed) is not read by the GEMV kernel")
+            reasons.append(f"A stored (K, M) (transposed) is not read by the {self.kernel_word} kernel")
         if not op.trans_b:
-            reasons.append("B stored (K, N): the GEMV kernel reads B stored (N, K) (an nn.Linear weight); "
-                           "the mma/wgmma variants serve it")
-        if op.m > 1 and op.dtype_a.storage is not DType.F32:
-            reasons.append(f"M={op.m} 16-bit rows: cuda.gemm.skinny_mma serves them (Tensor Cores; on an H100 at "
-                           "M = 4 on 7B/70B-class weights it ran 1.0-1.6x PyTorch, the previous default 0.73-1.17x)")
+            reasons.append(f"B stored (K, N): the {self.kernel_word} kernel reads B stored (N, K) (an nn.Linear "
+                           "weight); the mma/wgmma variants serve it")
+        reasons += self.row_reasons(op)
         if op.n * op.k >= 2**62:
             reasons.append("weight larger than the 64-bit index range")
         return reasons
-
-    def estimate_seconds(self, op: GemmOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
-        bw = max(profile.bandwidth_gbs, 1.0) * 1e9 * BANDWIDTH_SHARE
-        return op.min_bytes / bw + 3e-6
-
-    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> GemvSpec:
-        epv = 16 // op.dtype_a.storage.itemsize
-        vec = epv if op.k % epv == 0 and aligned(ptrs, "a") and aligned(ptrs, "b") else 1
-        npw = config.get("npw") or 2
-        if not isinstance(npw, int) or isinstance(npw, bool):
-            raise UnsupportedConfigError(f"param npw={npw!r} must be an integer")
-        bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
-        return GemvSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, _rows(op.m), npw, vec)
 
     def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -74,18 +75,51 @@ class GemvGemm(CudaVariant):
             return Validity(False, exc.reason)
         return Validity(True)
 
-    def _kernel(self, spec: GemvSpec, profile: DeviceProfile) -> compiler.Kernel:
+    def _kernel(self, spec: Any, profile: DeviceProfile) -> compiler.Kernel:
         arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))
-        return compiler.load(render(spec), KERNEL_NAME, arch, smem=0, threads=spec.threads)
-
-    def grid(self, op: GemmOp, spec: GemvSpec) -> tuple[int, int, int]:
-        rows_per_block = WARPS * spec.npw
-        return (-(-op.n // rows_per_block), 1, 1)
+        return compiler.load(self.render(spec), self.kernel_name, arch, smem=spec.smem_bytes, threads=spec.threads)
 
     def kernel_args(self, op: GemmOp, ptrs: dict) -> tuple:
         bias = ptrs.get("bias") or ptrs["out"]
         return (u64(ptrs["a"]), u64(ptrs["b"]), u64(ptrs["out"]), u64(bias), np.int32(op.m), np.int32(op.n),
                 np.int32(op.k))
+
+
+class GemvGemm(WeightStreamingGemm):
+    name = "cuda.gemm.gemv"
+    description = ("few-row GEMM (M <= 4) against an (N, K) weight, e.g. nn.Linear decode: 16-byte streaming "
+                   "loads of the weight, fp32 accumulation, warp reduction, fused epilogue; f16/bf16/f32 (f32 exact)")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM,
+                                dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
+                                min_compute_capability=(7, 0), batched=False, max_dims={"m": SERVED_ROWS})
+    efficiency = 0.05  # memory-bound: the estimate below is a bandwidth one
+    wave_quantized = False  # many small blocks per SM
+    priority = 30
+
+    kernel_word = "GEMV"
+    kernel_name = KERNEL_NAME
+    render = staticmethod(render)
+
+    def row_reasons(self, op: GemmOp) -> list[str]:
+        if op.m > 1 and op.dtype_a.storage is not DType.F32:
+            return [f"M={op.m} 16-bit rows: cuda.gemm.skinny_mma serves them (Tensor Cores; on an H100 at M = 4 on "
+                    "7B/70B-class weights it ran 1.0-1.6x PyTorch, the previous default 0.73-1.17x)"]
+        return []
+
+    def estimate_seconds(self, op: GemmOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        bw = max(profile.bandwidth_gbs, 1.0) * 1e9 * BANDWIDTH_SHARE
+        return op.min_bytes / bw + 3e-6
+
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> GemvSpec:
+        epv = 16 // op.dtype_a.storage.itemsize
+        vec = epv if op.k % epv == 0 and aligned(ptrs, "a") and aligned(ptrs, "b") else 1
+        npw = int_param(config, "npw", 2)
+        bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
+        return GemvSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, _rows(op.m), npw, vec)
+
+    def grid(self, op: GemmOp, spec: GemvSpec) -> tuple[int, int, int]:
+        rows_per_block = WARPS * spec.npw
+        return (-(-op.n // rows_per_block), 1, 1)
 
     def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
         return (SearchSpace().param("npw", [1, 2, 4])

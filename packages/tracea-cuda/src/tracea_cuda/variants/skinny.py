@@ -4,19 +4,16 @@ tokens, small-batch ``nn.Linear``) on Tensor Cores, the weight streamed once fro
 
 from __future__ import annotations
 
-import numpy as np
-
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import Requirements
 from tracea.dtypes import DType
-from tracea.errors import UnsupportedConfigError
 from tracea.ir.ops import GemmOp, LayerType
-from tracea.semantic.config import PipelineConfig, Validity
+from tracea.semantic.config import PipelineConfig
 from tracea.semantic.search_space import SearchSpace
 
-from .. import compiler, toolkit
 from ..emit.skinny import KERNEL_NAME, SkinnySpec, render
-from .base import FLOAT_IO, CudaVariant, aligned, u64
+from .base import FLOAT_IO, aligned
+from .gemv import WeightStreamingGemm, int_param
 
 #: fraction of the measured copy bandwidth the kernel is expected to reach on large weights
 BANDWIDTH_SHARE = 0.85
@@ -25,14 +22,7 @@ BANDWIDTH_SHARE = 0.85
 SERVED_ROWS = 16
 
 
-def _params(config: PipelineConfig, name: str, default: int) -> int:
-    value = config.get(name) or default
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise UnsupportedConfigError(f"param {name}={value!r} must be an integer")
-    return value
-
-
-class SkinnyMmaGemm(CudaVariant):
+class SkinnyMmaGemm(WeightStreamingGemm):
     name = "cuda.gemm.skinny_mma"
     description = ("few-row f16/bf16 GEMM (M <= 16) against an (N, K) weight on mma.sync: the weight streamed "
                    "once from global memory straight into Tensor Core fragments, K split across the warps of "
@@ -44,17 +34,14 @@ class SkinnyMmaGemm(CudaVariant):
     wave_quantized = False  # many small blocks per SM
     priority = 25
 
-    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
-        reasons = []
-        if op.trans_a:
-            reasons.append("A stored (K, M) (transposed) is not read by the skinny kernel")
-        if not op.trans_b:
-            reasons.append("B stored (K, N): the skinny kernel reads B stored (N, K) (an nn.Linear weight)")
+    kernel_word = "skinny"
+    kernel_name = KERNEL_NAME
+    render = staticmethod(render)
+
+    def row_reasons(self, op: GemmOp) -> list[str]:
         if op.k % 8:
-            reasons.append(f"K={op.k} is not a multiple of 8: rows of 16-byte loads (the tiled variants serve it)")
-        if op.n * op.k >= 2**62:
-            reasons.append("weight larger than the 64-bit index range")
-        return reasons
+            return [f"K={op.k} is not a multiple of 8: rows of 16-byte loads (the tiled variants serve it)"]
+        return []
 
     def estimate_seconds(self, op: GemmOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         """Reading the weight once at a share of the bandwidth, plus A re-read by every block from L2
@@ -68,26 +55,10 @@ class SkinnyMmaGemm(CudaVariant):
         vec = op.k % 8 == 0 and aligned(ptrs, "a") and aligned(ptrs, "b")
         bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
         return SkinnySpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, -(-op.m // 16),
-                          _params(config, "nb", 2), _params(config, "kw", 4), _params(config, "unroll", 2), vec)
-
-    def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
-        try:
-            self.spec(op, config, None).check()
-        except UnsupportedConfigError as exc:
-            return Validity(False, exc.reason)
-        return Validity(True)
-
-    def _kernel(self, spec: SkinnySpec, profile: DeviceProfile) -> compiler.Kernel:  # type: ignore[override]
-        arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))
-        return compiler.load(render(spec), KERNEL_NAME, arch, smem=spec.smem_bytes, threads=spec.threads)
+                          int_param(config, "nb", 2), int_param(config, "kw", 4), int_param(config, "unroll", 2), vec)
 
     def grid(self, op: GemmOp, spec: SkinnySpec) -> tuple[int, int, int]:  # type: ignore[override]
         return (-(-op.n // (8 * spec.nb)), 1, 1)
-
-    def kernel_args(self, op: GemmOp, ptrs: dict) -> tuple:
-        bias = ptrs.get("bias") or ptrs["out"]
-        return (u64(ptrs["a"]), u64(ptrs["b"]), u64(ptrs["out"]), u64(bias), np.int32(op.m), np.int32(op.n),
-                np.int32(op.k))
 
     def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
         return (SearchSpace().param("nb", [1, 2, 4]).param("kw", [2, 4, 8, 16]).param("unroll", [1, 2, 4])
