@@ -43,17 +43,38 @@ def check_amx_tile(mr: int, nr: int) -> str | None:
     return None
 
 
-def microkernel_c(mr: int, nr: int) -> str:
-    """``tb_ukernel``: kp k pairs (a multiple of 16) of packed A x packed B -> an mr x nr block of C."""
+def tile_plan(mr: int, nr: int) -> tuple[list[list[int]], list[int], list[int]]:
+    """Tile registers of an mr x nr block: C tiles ``[i][j]``, one A tile per 16 rows, and B tiles -- every B
+    tile of a k step in its own register when they fit, else two taking turns (the next one loads while
+    the previous product runs), else one reloaded per column group. Raises ValueError for blocks that
+    need more than the 8 registers."""
     why = check_amx_tile(mr, nr)
     if why:
         raise ValueError(why)
     mt, nt = mr // 16, nr // 16
     ctile = [[i * nt + j for j in range(nt)] for i in range(mt)]
     atile = [mt * nt + i for i in range(mt)]
-    # every B tile of a k step held at once, else two taking turns, else one reloaded per column group
     free = 8 - mt * nt - mt
     btile = [mt * nt + mt + j % min(nt, free) for j in range(nt)]
+    return ctile, atile, btile
+
+
+def k_loop(ctile: list[list[int]], atile: list[int], btile: list[int]) -> list[str]:
+    """The k loop of a block: per 16 k pairs, the A tiles from packed A (``a``, MR rows per step), then
+    for each column group its B tile from packed B (``b``, NR wide) and the products into the C tiles."""
+    lines = ["    for (long t = 0; t < kp; t += 16) {"]
+    lines += [f"        _tile_loadd({a}, a + t * MR + {i * 256}, 64);" for i, a in enumerate(atile)]
+    for j, b in enumerate(btile):
+        lines.append(f"        _tile_loadd({b}, b + t * NR + {j * 16}, NR * 4);")
+        lines += [f"        _tile_dpbf16ps({ctile[i][j]}, {a}, {b});" for i, a in enumerate(atile)]
+    lines.append("    }")
+    return lines
+
+
+def microkernel_c(mr: int, nr: int) -> str:
+    """``tb_ukernel``: kp k pairs (a multiple of 16) of packed A x packed B -> an mr x nr block of C."""
+    ctile, atile, btile = tile_plan(mr, nr)
+    mt, nt = len(atile), len(btile)
     lines = [f"#define MR {mr}", f"#define NR {nr}", "#define KU 16", f"#define NV {nr // 16}",
              "typedef struct __attribute__((packed)) { uint8_t palette, start_row, reserved[14];",
              "    uint16_t colsb[16]; uint8_t rows[16]; } tb_tilecfg;",
@@ -71,14 +92,7 @@ def microkernel_c(mr: int, nr: int) -> str:
              "                       int first, int last, const float *bias) {",
              "    float tile[MR * NR] __attribute__((aligned(64)));"]
     lines += [f"    _tile_zero({ctile[i][j]});" for i in range(mt) for j in range(nt)]
-    lines.append("    for (long t = 0; t < kp; t += 16) {")
-    for i in range(mt):
-        lines.append(f"        _tile_loadd({atile[i]}, a + t * MR + {i * 256}, 64);")
-    for j in range(nt):
-        lines.append(f"        _tile_loadd({btile[j]}, b + t * NR + {j * 16}, NR * 4);")
-        for i in range(mt):
-            lines.append(f"        _tile_dpbf16ps({ctile[i][j]}, {atile[i]}, {btile[j]});")
-    lines.append("    }")
+    lines += k_loop(ctile, atile, btile)
     lines += [f"    _tile_stored({ctile[i][j]}, tile + {i * 16 * nr + j * 16}, NR * 4);"
               for i in range(mt) for j in range(nt)]
     lines.append(_STORE)

@@ -26,22 +26,14 @@ against ~70 GB/s from L2), so ``mc`` is large (256) and only lowered for a deep 
 
 from __future__ import annotations
 
-from .amx import check_amx_tile
+from .amx import k_loop, tile_plan
 
 
 def block_kernel_c(mr: int, nr: int) -> str:
     """``tb_amx_tile``: ``kp`` pairs (a multiple of 16) of packed A x packed B added to the MR x NR fp32
     block at ``cb`` (row stride ``ldcb`` floats; zero instead of its content when ``first``)."""
-    why = check_amx_tile(mr, nr)
-    if why:
-        raise ValueError(why)
-    mt, nt = mr // 16, nr // 16
-    ctile = [[i * nt + j for j in range(nt)] for i in range(mt)]
-    atile = [mt * nt + i for i in range(mt)]
-    # every B tile of a k step in its own register when they fit, else two taking turns (the next one
-    # loads while the previous product runs), else one reloaded per column group
-    free = 8 - mt * nt - mt
-    btile = [mt * nt + mt + j % min(nt, free) for j in range(nt)]
+    ctile, atile, btile = tile_plan(mr, nr)
+    mt, nt = len(atile), len(btile)
     lines = ["static inline void tb_amx_tile(long kp, const uint32_t *restrict a, const uint32_t *restrict b,",
              "                               float *cb, long ldcb, int first) {",
              "    if (first) {"]
@@ -50,14 +42,7 @@ def block_kernel_c(mr: int, nr: int) -> str:
     lines += [f"        _tile_loadd({ctile[i][j]}, cb + {i * 16} * ldcb + {j * 16}, ldcb * 4);"
               for i in range(mt) for j in range(nt)]
     lines.append("    }")
-    lines.append("    for (long t = 0; t < kp; t += 16) {")
-    for i in range(mt):
-        lines.append(f"        _tile_loadd({atile[i]}, a + t * MR + {i * 256}, 64);")
-    for j in range(nt):
-        lines.append(f"        _tile_loadd({btile[j]}, b + t * NR + {j * 16}, NR * 4);")
-        for i in range(mt):
-            lines.append(f"        _tile_dpbf16ps({ctile[i][j]}, {atile[i]}, {btile[j]});")
-    lines.append("    }")
+    lines += k_loop(ctile, atile, btile)
     lines += [f"    _tile_stored({ctile[i][j]}, cb + {i * 16} * ldcb + {j * 16}, ldcb * 4);"
               for i in range(mt) for j in range(nt)]
     lines.append("}")
