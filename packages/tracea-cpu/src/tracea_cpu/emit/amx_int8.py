@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from .amx_rows import few_rows_block_c
+
 INT8_LAYER = r"""
 #ifndef TR_WPF
 #define TR_WPF 2
@@ -85,37 +87,12 @@ static inline void ti_store(const int32_t *t, long m0, long mn, long n0, long nn
 
 def int8_block_c(ra: int, tb: int) -> str:
     """``ti_block_RA_TB``: 16*ra outputs x 16*tb tokens over the whole K (C tiles ra x tb, A one at a time)."""
-    assert ra * tb + 1 + tb <= 8
-    c = [[i * tb + j for j in range(tb)] for i in range(ra)]
-    at, bt0 = ra * tb, ra * tb + 1
-    lines = [f"static void ti_block_{ra}_{tb}(const int8_t *w, long ldw, long N, long K, long n0, const uint32_t *xp,",
-             "        long MP, long m0, long M, const float *sw, const float *sx, const float *bias, float *y, long ldy,",
-             "        int8_t *scratch) {",
-             "    long full = K / 64, steps = (K + 63) / 64;",
-             f"    int edge = n0 + {16 * ra} > N;"]
-    lines += [f"    _tile_zero({c[i][j]});" for i in range(ra) for j in range(tb)]
-    lines.append("    for (long s = 0; s < steps; s++) {")
-    # Software prefetch of the weight rows PF steps ahead: each row is its own page-strided stream (too
-    # many for the hardware streamer).
-    lines.append(f"        if (s + TR_WPF < full) for (int r = 0; r < {16 * ra}; r++) "
-                 f"_mm_prefetch((const char *)(w + (n0 + r) * ldw + 64 * (s + TR_WPF)), _MM_HINT_T0);")
-    for j in range(tb):
-        lines.append(f"        _tile_loadd({bt0 + j}, xp + s * 16 * MP + m0 + {16 * j}, MP * 4);")
-    for i in range(ra):
-        lines.append(f"        if (s < full && !edge) _tile_loadd({at}, w + (n0 + {16 * i}) * ldw + 64 * s, ldw);")
-        lines.append(f"        else {{ ti_copy_tile(w, ldw, n0 + {16 * i}, TR_MAX(0, TR_MIN(16, N - n0 - {16 * i})), "
-                     f"64 * s, K - 64 * s, scratch); _tile_loadd({at}, scratch, 64); }}")
-        for j in range(tb):
-            lines.append(f"        _tile_dpbssd({c[i][j]}, {at}, {bt0 + j});")
-    lines.append("    }")
-    lines.append("    int32_t t[256] __attribute__((aligned(64)));")
-    for i in range(ra):
-        for j in range(tb):
-            lines.append(f"    if (n0 + {16 * i} < N && m0 + {16 * j} < M) {{ _tile_stored({c[i][j]}, t, 64);")
-            lines.append(f"        ti_store(t, m0 + {16 * j}, TR_MIN(16, M - m0 - {16 * j}), n0 + {16 * i}, "
-                         f"N - n0 - {16 * i}, sw, sx, bias, y, ldy); }}")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    head = [f"static void ti_block_{ra}_{tb}(const int8_t *w, long ldw, long N, long K, long n0, const uint32_t *xp,",
+            "        long MP, long m0, long M, const float *sw, const float *sx, const float *bias, float *y, long ldy,",
+            "        int8_t *scratch) {",
+            "    long full = K / 64, steps = (K + 63) / 64;"]
+    return few_rows_block_c(ra, tb, head, 64, "", "ti_copy_tile", "_tile_dpbssd", "int32_t", "ti_store",
+                            "sw, sx, bias, y, ldy")
 
 
 DRIVER = r"""

@@ -62,39 +62,52 @@ static inline void tb_wa_store(float *t, long m0, long mn, long n0, long nn, flo
 """
 
 
-def rows_kernel_c(ra: int, tb: int) -> str:
-    """``tb_wa_block_RA_TB``: one block of 16*ra outputs x 16*tb tokens over the whole K."""
+def few_rows_block_c(ra: int, tb: int, head: list[str], k_step: int, ldw_scale: str, copy_fn: str, tile_op: str,
+                     acc: str, store: str, store_args: str) -> str:
+    """One few-rows block function: 16*ra outputs (weight rows, read straight from W) x 16*tb tokens (the
+    packed X, ``xp``) over the whole K, C tiles ra x tb and one A tile reused per output group. The bf16
+    and int8 kernels differ only in what is passed here: ``head`` (signature and the ``full`` / ``steps``
+    line), ``k_step`` (K per tile step), ``ldw_scale`` (`` * 2`` for a bf16 row stride in bytes),
+    ``copy_fn`` (the edge-tile copy), ``tile_op`` (the tile product), ``acc`` (the accumulator C type), ``store`` (the store function) and
+    ``store_args`` (its arguments after the tile and the four position ones)."""
     assert ra * tb + 1 + tb <= 8
     c = [[i * tb + j for j in range(tb)] for i in range(ra)]
     at, bt0 = ra * tb, ra * tb + 1
-    name = f"tb_wa_block_{ra}_{tb}"
-    lines = [f"static void {name}(const bf16 *w, long ldw, long N, long K, long n0, const uint32_t *xp, long MP,",
-             "        long m0, long M, float *c, long ldc, bf16 *o, long ldo, const float *bias, bf16 *scratch) {",
-             "    long full = K / 32, steps = (K + 31) / 32;",
-             f"    int edge = n0 + {16 * ra} > N;"]
+    lines = head + [f"    int edge = n0 + {16 * ra} > N;"]
     lines += [f"    _tile_zero({c[i][j]});" for i in range(ra) for j in range(tb)]
     lines.append("    for (long s = 0; s < steps; s++) {")
     # Software prefetch of the weight rows PF steps ahead: each row is its own page-strided stream (too
     # many for the hardware streamer).
     lines.append(f"        if (s + TR_WPF < full) for (int r = 0; r < {16 * ra}; r++) "
-                 f"_mm_prefetch((const char *)(w + (n0 + r) * ldw + 32 * (s + TR_WPF)), _MM_HINT_T0);")
+                 f"_mm_prefetch((const char *)(w + (n0 + r) * ldw + {k_step} * (s + TR_WPF)), _MM_HINT_T0);")
     for j in range(tb):
         lines.append(f"        _tile_loadd({bt0 + j}, xp + s * 16 * MP + m0 + {16 * j}, MP * 4);")
     for i in range(ra):
-        lines.append(f"        if (s < full && !edge) _tile_loadd({at}, w + (n0 + {16 * i}) * ldw + 32 * s, ldw * 2);")
-        lines.append(f"        else {{ tb_wa_copy_tile(w, ldw, n0 + {16 * i}, TR_MAX(0, TR_MIN(16, N - n0 - {16 * i})), "
-                     f"32 * s, K - 32 * s, scratch); _tile_loadd({at}, scratch, 64); }}")
+        lines.append(f"        if (s < full && !edge) _tile_loadd({at}, w + (n0 + {16 * i}) * ldw + {k_step} * s, "
+                     f"ldw{ldw_scale});")
+        lines.append(f"        else {{ {copy_fn}(w, ldw, n0 + {16 * i}, TR_MAX(0, TR_MIN(16, N - n0 - {16 * i})), "
+                     f"{k_step} * s, K - {k_step} * s, scratch); _tile_loadd({at}, scratch, 64); }}")
         for j in range(tb):
-            lines.append(f"        _tile_dpbf16ps({c[i][j]}, {at}, {bt0 + j});")
+            lines.append(f"        {tile_op}({c[i][j]}, {at}, {bt0 + j});")
     lines.append("    }")
-    lines.append("    float t[256] __attribute__((aligned(64)));")
+    lines.append(f"    {acc} t[256] __attribute__((aligned(64)));")
     for i in range(ra):
         for j in range(tb):
             lines.append(f"    if (n0 + {16 * i} < N && m0 + {16 * j} < M) {{ _tile_stored({c[i][j]}, t, 64);")
-            lines.append(f"        tb_wa_store(t, m0 + {16 * j}, TR_MIN(16, M - m0 - {16 * j}), n0 + {16 * i}, "
-                         f"N - n0 - {16 * i}, c, ldc, o, ldo, bias); }}")
+            lines.append(f"        {store}(t, m0 + {16 * j}, TR_MIN(16, M - m0 - {16 * j}), n0 + {16 * i}, "
+                         f"N - n0 - {16 * i}, {store_args}); }}")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def rows_kernel_c(ra: int, tb: int) -> str:
+    """``tb_wa_block_RA_TB``: one block of 16*ra outputs x 16*tb tokens over the whole K."""
+    head = [f"static void tb_wa_block_{ra}_{tb}(const bf16 *w, long ldw, long N, long K, long n0, const uint32_t *xp, "
+            "long MP,",
+            "        long m0, long M, float *c, long ldc, bf16 *o, long ldo, const float *bias, bf16 *scratch) {",
+            "    long full = K / 32, steps = (K + 31) / 32;"]
+    return few_rows_block_c(ra, tb, head, 32, " * 2", "tb_wa_copy_tile", "_tile_dpbf16ps", "float", "tb_wa_store",
+                            "c, ldc, o, ldo, bias")
 
 
 ROWS_DRIVE = r"""
