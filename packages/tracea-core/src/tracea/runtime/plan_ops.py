@@ -35,10 +35,11 @@ def _epilogue(epilogue: Any, activation: Any, has_bias: bool) -> Epilogue:
     return epi
 
 
-def _precision(value: Any, adapter: Any) -> Fp32Precision:
+def _precision(value: Any, framework: Callable[[], Any]) -> Fp32Precision:
+    """``value`` when given, else the framework's own setting (``framework()``), else fp32-accurate."""
     if value is not None:
         return Fp32Precision.parse(value)
-    return Fp32Precision.parse(adapter.fp32_precision() or Fp32Precision.HIGHEST)
+    return Fp32Precision.parse(framework() or Fp32Precision.HIGHEST)
 
 
 def _prep(op: ops_args.Operand) -> Callable[[Any], Any] | None:
@@ -171,7 +172,7 @@ def matmul(key: Any, a: Any, b: Any, bias: Any, epilogue: Any, activation: Any, 
         prep_a = (lambda x: adapter.reshape(inner(x), shape2)) if inner else _view(lambda x: adapter.reshape(x, shape2))
         gemm_m, gemm_batch = batch * m, 1
     op = GemmOp(gemm_m, n, k, gemm_batch, trans_a=ta, trans_b=tb, dtype_a=A.info.dtype, dtype_b=B.info.dtype,
-                dtype_out=dtype_out, epilogue=epi, fp32_precision=_precision(fp32_precision, adapter))
+                dtype_out=dtype_out, epilogue=epi, fp32_precision=_precision(fp32_precision, adapter.fp32_precision))
     kshape = (gemm_batch, gemm_m, n) if gemm_batch > 1 else (gemm_m, n)
     return _packed_out_plan(key, op, device, adapter, (prep_a, prep_b, prep_bias), ("a", "b", "bias"),
                                  U, out_shape, kshape, dtype_out, [A, B, o.get("bias")], variant, config,
@@ -315,8 +316,7 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
                   padding=ops_args.pair("padding", padding), dilation=ops_args.pair("dilation", dilation),
                   groups=groups, layout=lay, dtype=X.info.dtype, dtype_out=dtype_out,
                   epilogue=_epilogue(epilogue, activation, "b" in o),
-                  fp32_precision=Fp32Precision.parse(fp32_precision) if fp32_precision is not None else
-                  Fp32Precision.parse(adapter.conv_fp32_precision(x) or Fp32Precision.HIGHEST))
+                  fp32_precision=_precision(fp32_precision, lambda: adapter.conv_fp32_precision(x)))
     user_shape = (n, k, op.p, op.q) if (logical or lay is Layout.NCHW) else op.out_shape
     U = o.get("out")
     ops_args.check_out(U, user_shape, dtype_out)
