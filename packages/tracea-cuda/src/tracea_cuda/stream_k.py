@@ -62,3 +62,12 @@ def units(b: int, tiles: int, ctas: int, k_iters: int, sk_tiles: int) -> list[tu
         out.append((dp + t, max(s, tb) - tb, min(e, tb + k_iters) - tb, b == owner, last - owner, b - owner - 1))
         t += 1
     return out
+
+
+def split_units(b: int, tiles: int, ctas: int, k_iters: int, splits: int) -> list[tuple[int, int, int, int]]:
+    """Python mirror of the split-K kernel's ``split_unit``: CTA ``b``'s work as (tile, k_begin, k_end,
+    slice); unit g is slice ``splits - 1 - g // tiles`` of tile ``g % tiles`` and CTA b runs b, b + G, ...
+    (the host makes tiles x splits <= G: one unit per CTA). The 16-row block r of the consumer warps
+    (8 per tile) is reduced and stored by slice ``r % splits``."""
+    return [(g % tiles, s * k_iters // splits, (s + 1) * k_iters // splits, s)
+            for g in range(b, tiles * splits, ctas) for s in (splits - 1 - g // tiles,)]
