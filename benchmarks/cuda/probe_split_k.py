@@ -6,7 +6,8 @@ Per shape and dtype it prints PyTorch's time, the default path's (user path: ``t
 back, host time included; kernel: the same calls replayed from a CUDA graph, device time only) and the
 kernel time of every (tile_n, split_k) pair with tile_m 128, as ratios torch / tracea.
 
-    python benchmarks/cuda/probe_split_k.py [--dtypes bfloat16,float16,float32] [--quick] [--json out.json]
+    python benchmarks/cuda/probe_split_k.py [--dtypes bfloat16,float16,float32] [--quick] [--default-only]
+                                            [--json out.json]
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def graph_time(fn: Callable[[], Any], calls: int = 20, reps: int = 5) -> float:
     return statistics.median(out)
 
 
-def probe(m: int, n: int, k: int, dtype: torch.dtype, splits: list[int]) -> dict:
+def probe(m: int, n: int, k: int, dtype: torch.dtype, splits: list[int], sweep: bool = True) -> dict:
     w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     ref = x @ w.t()
@@ -68,6 +69,14 @@ def probe(m: int, n: int, k: int, dtype: torch.dtype, splits: list[int]) -> dict
     row: dict[str, Any] = {"m": m, "n": n, "k": k, "dtype": str(dtype)[6:], "torch_s": t_torch,
                            "torch_graph_s": t_torch_g, "default_s": t_def, "default_graph_s": t_def_g,
                            "default_err": rel(tracea.ops.matmul(x, w.t()), ref), "configs": {}}
+    if not sweep:
+        decision = tracea.get_doctor().decide(gemm_op(m, n, k, dtype), "cuda:0")
+        c = decision.chosen.config
+        cfg = f"{decision.variant.name} {c.tile_m}x{c.tile_n} split_k={c.get('split_k') or 1}"
+        print(f"M{m:<5} N{n:<6} K{k:<6} {row['dtype']:<8} torch {t_torch_g * 1e6:6.1f} us | default user "
+              f"{t_torch / t_def:4.2f}x kernel {t_torch_g / t_def_g:4.2f}x  err {row['default_err']:.1e}  "
+              f"{cfg}", flush=True)
+        return row
     configs = {f"bn128_s{s}": _hero(128, 6, cluster=1, split_k=s) for s in splits}
     configs.update({f"bn256_s{s}": _hero(256, 4, cluster=1, split_k=s) for s in splits if s <= 4})
     configs.update({f"bm256_s{s}": _hero(128, 4, bm=256, cluster=1, split_k=s) for s in splits if s <= 2})
@@ -94,11 +103,22 @@ def probe(m: int, n: int, k: int, dtype: torch.dtype, splits: list[int]) -> dict
     return row
 
 
+def gemm_op(m: int, n: int, k: int, dtype: torch.dtype) -> Any:
+    """The op ``x @ W.T`` is (W stored (N, K))."""
+    from tracea.ir.ops import GemmOp  # noqa: PLC0415
+
+    dt = str(dtype)[6:]
+    return GemmOp(m, n, k, trans_b=True, dtype_a=dt, dtype_b=dt,
+                  **({"fp32_precision": "high"} if dtype == torch.float32 else {}))
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtypes", default="bfloat16,float16,float32")
     p.add_argument("--quick", action="store_true", help="five shapes only")
     p.add_argument("--splits", default="1,2,3,4,6,8")
+    p.add_argument("--shapes", default="", help="MxNxK,... instead of the built-in lists")
+    p.add_argument("--default-only", action="store_true", help="time only the default path (no config sweep)")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True  # fp32 rows: TF32 on both sides
@@ -108,8 +128,10 @@ def main(argv: list[str]) -> int:
     for dt in args.dtypes.split(","):
         dtype = getattr(torch, dt)
         shapes = QUICK if args.quick or dt != "bfloat16" else TARGETS + OTHERS
+        if args.shapes:
+            shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
         for m, n, k in shapes:
-            rows.append(probe(m, n, k, dtype, splits))
+            rows.append(probe(m, n, k, dtype, splits, sweep=not args.default_only))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

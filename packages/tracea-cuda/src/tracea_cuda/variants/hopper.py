@@ -233,6 +233,7 @@ class WgmmaGemm(CudaVariant):
                 .warps([12]).swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
                 .param("group_m", [4, 8, 16]).param("schedule", ["coop", "pingpong"])
                 .param("smem_epilogue", [True, False]).param("cluster", [1, 2]).param("stream_k", [False, True])
+                .param("split_k", [1, 2, 3, 4, 6, 8])
                 .param("defer", [False, True])
                 .param("partial_stages", [1, 2, 4, 8] if self.name.endswith("3xtf32") else [1])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
