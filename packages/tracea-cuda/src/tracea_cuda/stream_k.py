@@ -7,6 +7,9 @@ Stream-K gives every CTA an equal share of the k-iterations of the last tiles in
 data-parallel tiles, then iterations ``[b*I/G, (b+1)*I/G)`` of the ``I = sk_tiles * KT`` iterations of
 the last ``sk_tiles`` tiles. The piece of a tile holding its k-iteration 0 is the tile's *owner*: it adds
 the fp32 partial sums stored by the tile's other pieces (*contributors*) and runs the epilogue.
+
+:func:`split_units` mirrors the split-K kernel's unit order (``split_k`` configs: few tiles, every tile
+cut into the same number of K slices, one per CTA; see docs/backends/cuda.md, "Split-K for few tiles").
 """
 
 from __future__ import annotations
