@@ -367,7 +367,7 @@ class WgmmaGemm(CudaVariant):
                     factory.append(adapter.empty_factory((scratch_size,), DType.F32, out))
                 buf = factory[0](out)  # released after the launch: stream order keeps it for the kernel
                 pbuf = ptr(buf)
-                values += [pbuf + ws_off, pbuf]
+                values += (pbuf + ws_off, pbuf)
             with lock:
                 for holder, role in slots:
                     holder.value = values[role]
