@@ -360,7 +360,8 @@ class WgmmaGemm(CudaVariant):
             fptr, (gx, gy, gz), threads, smem, cargs, slots = hit
             pb = po if bias is None else ptr(bias)
             # the per-call pointers in role order: the unmapped operands, out, bias
-            values = (po, pb) if m0 and m1 else (p1, po, pb) if m0 else (p0, po, pb) if m1 else (p0, p1, po, pb)
+            values: tuple[int, ...] = ((po, pb) if m0 and m1 else (p1, po, pb) if m0 else (p0, po, pb) if m1
+                                       else (p0, p1, po, pb))
             s = stream()
             if scratch_size:
                 if not factory:
