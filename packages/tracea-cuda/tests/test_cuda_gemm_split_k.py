@@ -53,6 +53,14 @@ def test_split_plan_caps_slices_and_sizes_the_scratch():
                         _hero(128, 6, cluster=1, split_k=8), h100)[0] == 3
     assert v.split_plan(GemmOp(2560, 1280, 4096, dtype_a="float16", dtype_b="float16"),
                         _hero(128, 6, cluster=1, split_k=4), h100)[::2] == (1, 0)
+    # under MPS with a share of the SMs, the pieces of every tile must still be resident together
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")  # 66 SMs: 32 tiles x 2 slices
+        assert v.split_plan(op, _hero(128, 6, cluster=1, split_k=4), h100)[0] == 2
+        mp.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "20")  # 26 SMs < 32 tiles: no split
+        assert v.split_plan(op, _hero(128, 6, cluster=1, split_k=4), h100)[::2] == (1, 0)
+        mp.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "junk")  # unreadable: the whole GPU
+        assert v.split_plan(op, _hero(128, 6, cluster=1, split_k=4), h100)[0] == 4
     for bad in (_hero(128, 6, cluster=1, split_k=4, stream_k=True), _hero(128, 6, cluster=2, split_k=4),
                 _hero(128, 6, cluster=1, split_k=4, schedule="pingpong")):
         assert not v.validate_config(op, bad, h100)

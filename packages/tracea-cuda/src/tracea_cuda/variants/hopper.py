@@ -17,6 +17,7 @@ from tracea.errors import LaunchError, UnsupportedConfigError
 
 from .. import compiler, helpers_kernels, launcher, stream_k, tma, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
+from ..device import resident_sms
 from ..emit.wgmma import KERNEL_NAME, WgmmaSpec, render
 from .base import FLOAT_IO, CudaVariant, scratch_buffer
 from .gemm import MmaGemm16
@@ -113,8 +114,8 @@ class WgmmaGemm(CudaVariant):
                  if spec.b_kmajor else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (row, row, 1), pb_pitch))
         cm = spec.cluster
         tiles = self._tiles(op, spec)  # clusters' tiles
-        resident = profile.compute_units if cm == 1 else tma.max_active_clusters(
-            kernel.function, cm, spec.threads, spec.smem_bytes, profile.compute_units // cm)
+        resident = resident_sms(profile) if cm == 1 else tma.max_active_clusters(
+            kernel.function, cm, spec.threads, spec.smem_bytes, resident_sms(profile) // cm)
         grid = (min(tiles, resident) * cm, 1, 1)
         sk = []
         if spec.split_k:  # one unit per (tile, K slice); slices given here (the compiled kernel serves any)
@@ -137,7 +138,7 @@ class WgmmaGemm(CudaVariant):
         this call only (kept alive in ``ptrs["_keep"]`` until the kernel is enqueued)."""
         kop = self.kernel_op(op)
         tiles = self._tiles(kop, spec)  # stream-K runs without clusters: the grid is min(tiles, SMs)
-        p = stream_k.plan(tiles, min(tiles, profile.compute_units), -(-kop.k // (128 // spec.dtype_in.itemsize)))
+        p = stream_k.plan(tiles, min(tiles, resident_sms(profile)), -(-kop.k // (128 // spec.dtype_in.itemsize)))
         per_slot = 2 * 128 * spec.subs * spec.bn // 2  # two consumer warpgroups x their accumulators
         ws = scratch_buffer(args, p.sk_tiles * p.max_contributors * per_slot)
         flags = scratch_buffer(args, 2 * p.sk_tiles, zeroed=True)
@@ -156,7 +157,7 @@ class WgmmaGemm(CudaVariant):
         spec = self.spec(op, config, None)
         tiles = self._tiles(kop, spec)
         k_tiles = -(-kop.k // (128 // spec.dtype_in.itemsize))
-        splits = max(1, min(int(config.get("split_k") or 1), k_tiles, int(profile.compute_units or 1) // tiles))
+        splits = max(1, min(int(config.get("split_k") or 1), k_tiles, resident_sms(profile) // tiles))
         return splits, tiles, (self._flag_floats(tiles) + tiles * splits * spec.bm * spec.bn if splits > 1 else 0)
 
     @staticmethod
