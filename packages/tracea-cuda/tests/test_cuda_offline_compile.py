@@ -34,7 +34,9 @@ OPS = {
                         GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"),
                         GemmOp(4097, 4095, 1023, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias"),  # pitched
                         GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="float16",
-                               dtype_b="float16", dtype_out="float32", epilogue="silu")],
+                               dtype_b="float16", dtype_out="float32", epilogue="silu"),
+                        GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16",
+                               epilogue="bias+gelu")],  # few tiles: split-K hero
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
                           GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="bfloat16",
                                  dtype_b="bfloat16", epilogue="bias+silu")],
@@ -43,7 +45,9 @@ OPS = {
                              GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="high", epilogue="bias+relu"),
                              GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, fp32_precision="high",
                                     dtype_out="bfloat16", epilogue="bias+gelu"),
-                             GemmOp(512, 384, 256, fp32_precision="high", dtype_out="float16", epilogue="silu")],
+                             GemmOp(512, 384, 256, fp32_precision="high", dtype_out="float16", epilogue="silu"),
+                             GemmOp(192, 2048, 4096, fp32_precision="high", epilogue="bias"),  # split-K, swapped
+                             GemmOp(192, 2048, 4096, trans_b=True, fp32_precision="high", dtype_out="bfloat16")],
     "cuda.gemm.mma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="relu")],
     "cuda.gemm.mma_3xtf32": [GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="highest", epilogue="bias")],
     "cuda.gemm.gemv": [GemmOp(1, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
@@ -132,6 +136,23 @@ def test_hero_configs_compile_without_spills(arch):
            if r.spill_stores > SPILL_BOUND or r.spill_loads > SPILL_BOUND or r.static_smem > STATIC_SMEM_BOUND
            or r.advisories}  # e.g. C7514: ptxas serialised the wgmma pipeline
     assert not bad, f"kernels over the resource bounds on {arch}: {bad}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_helper_kernels_compile_with_their_pair_entry_points(dtype):
+    """The transpose and channel pad (every dtype) and the 3xTF32 split: the single and the two-job entry
+    points compile without spills (the pair form is what the bound Hopper NCHW conv / 3xTF32 GEMM launch)."""
+    from tracea.dtypes import DType
+
+    from tracea_cuda.emit import pad, split, transpose
+
+    src = (transpose.render(DType.parse(dtype)) + pad.render(DType.parse(dtype))
+           + (split.render() if dtype == "float32" else ""))
+    report = compile_report(src, "sm_90a")
+    want = {transpose.KERNEL_NAME, transpose.PAIR_NAME, pad.PAIR_NAME} | (
+        {split.KERNEL_NAME, split.PAIR_NAME} if dtype == "float32" else set())
+    assert set(report) == want
+    assert all(r.spill_stores == 0 and r.spill_loads == 0 for r in report.values()), report
 
 
 def test_deferred_epilogue_is_declined_where_it_cannot_run():

@@ -10,31 +10,43 @@ from tracea.dtypes import DType
 from tracea.ir.epilogue import Epilogue
 
 from . import compiler, toolkit
-from .emit import split, splitk, transpose
+from .emit import pad, split, splitk, transpose
 
 
 def _device() -> int:
     return int(toolkit.cupy().cuda.runtime.getDevice())
 
 
-def transposer(dtype: DType, arch: str) -> compiler.Kernel:
-    """The batched 2-D transpose for ``dtype`` on the current device."""
-    return _transposer(dtype, arch, _device())
+def transposer(dtype: DType, arch: str, pair: bool = False) -> compiler.Kernel:
+    """The batched 2-D transpose for ``dtype`` on the current device (``pair``: two transposes in one
+    launch, see :func:`launcher.pair_launch`)."""
+    return _transposer(dtype, arch, _device(), pair)
 
 
 @functools.lru_cache(maxsize=64)
-def _transposer(dtype: DType, arch: str, dev: int) -> compiler.Kernel:
-    return compiler.load(transpose.render(dtype), transpose.KERNEL_NAME, arch, smem=0, threads=256)
+def _transposer(dtype: DType, arch: str, dev: int, pair: bool) -> compiler.Kernel:
+    name = transpose.PAIR_NAME if pair else transpose.KERNEL_NAME
+    return compiler.load(transpose.render(dtype), name, arch, smem=0, threads=256)
 
 
-def splitter(arch: str) -> compiler.Kernel:
-    """The 3xTF32 operand split on the current device."""
-    return _splitter(arch, _device())
+def padder(dtype: DType, arch: str) -> compiler.Kernel:
+    """The two-job channel pad (:mod:`emit.pad`) for ``dtype`` on the current device."""
+    return _padder(dtype.storage, arch, _device())
 
 
 @functools.lru_cache(maxsize=16)
-def _splitter(arch: str, dev: int) -> compiler.Kernel:
-    return compiler.load(split.render(), split.KERNEL_NAME, arch, smem=0, threads=256)
+def _padder(dtype: DType, arch: str, dev: int) -> compiler.Kernel:
+    return compiler.load(pad.render(dtype), pad.PAIR_NAME, arch, smem=0, threads=256)
+
+
+def splitter(arch: str, pair: bool = False) -> compiler.Kernel:
+    """The 3xTF32 operand split on the current device (``pair``: both operands in one launch)."""
+    return _splitter(arch, _device(), pair)
+
+
+@functools.lru_cache(maxsize=16)
+def _splitter(arch: str, dev: int, pair: bool) -> compiler.Kernel:
+    return compiler.load(split.render(), split.PAIR_NAME if pair else split.KERNEL_NAME, arch, smem=0, threads=256)
 
 
 def reducer(dtype_out: DType, bias_dtype: DType, epilogue: Epilogue, splits: int, nchw_pq: int,
