@@ -88,6 +88,24 @@ def int8_linear_library() -> ctypes.CDLL:
     return lib
 
 
+@functools.lru_cache(maxsize=64)
+def amx_conv_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The AMX bf16 conv2d library (``tc_conv2d``, ``tc_pack_w``, ``tc_wpack_words``) for one MR x NR
+    block of tiles and epilogue chain (compiled once; call :func:`tracea_cpu.amx.amx_permission` before
+    running it)."""
+    from .emit.amx_conv import amx_conv_source
+
+    source = amx_conv_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
+    lib = build(source, AMX_BF16.cflags, f"conv-amx-{mr}x{nr}")
+    lib.tc_conv2d.argtypes = [_P, _P, _P, _P, _P, _P]
+    lib.tc_conv2d.restype = _I
+    lib.tc_pack_w.argtypes = [_P, _P, _P]
+    lib.tc_pack_w.restype = _I
+    lib.tc_wpack_words.argtypes = [_P]
+    lib.tc_wpack_words.restype = _L
+    return lib
+
+
 class Bf16Call(ctypes.Structure):
     """``tb_call``: the constants of one bf16 GEMM (op shape, operand strides, blocks) for ``tb_gemm_call``."""
 

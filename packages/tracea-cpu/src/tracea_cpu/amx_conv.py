@@ -1,0 +1,222 @@
+"""bf16 conv2d on AMX tiles (``cpu.conv2d.amxbf16``): NCHW and NHWC, groups, stride, padding, dilation,
+the fused epilogues, fp32 accumulation, bf16 or fp32 output (kernel: :mod:`.emit.amx_conv`).
+
+Weight panels. The kernel reads the weights as VNNI panels. Packing them costs as much as the whole
+convolution of a deep layer at batch 1 (512@7^2: ~0.4 ms against ~0.3 ms), so the panels of a **torch**
+weight are kept and reused while the tensor is unchanged: the key is its data address, shape, strides
+and version counter (``Tensor._version``, which every in-place torch operation on the tensor or a view
+of it bumps), and the entry holds a reference to the tensor, so its memory cannot be freed and reused by
+another tensor while the entry lives. Writes that torch does not count are not seen: through
+``tensor.data`` (a separate version counter), a NumPy view of the tensor or DLPack. Set
+``TRACEA_CPU_WEIGHT_CACHE=0`` to pack on every call (as NumPy arrays always are: they have no version
+counter). At most :data:`CACHE_ENTRIES` weights and :data:`CACHE_BYTES` of panels are kept, least
+recently used first out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import OpArgs, Requirements
+from tracea.dtypes import DType
+from tracea.errors import BackendError, DTypeError
+from tracea.ir.ops import Conv2dOp, Layout, LayerType, Op
+from tracea.semantic import PipelineConfig, SearchSpace
+from tracea.semantic.config import VALID, Validity
+
+from . import kernels
+from .amx import AMX_EFFICIENCY, amx_compiler_reason, amx_peak_gflops, amx_permission
+from .bf16 import bf16_operand, f32_operand
+from .emit.amx import check_amx_tile
+from .emit.amx_conv import PARAMS
+from .isa import AMX_BF16
+from .variant_base import CpuVariant, _check_rc, _require, _threads_problem
+
+#: tile blocks offered (MR pixels x NR output channels); 32 x 32 first (measured faster on ResNet 3x3)
+CONV_TILES = ((32, 32), (16, 64), (32, 16), (16, 32))
+#: weight-panel run sizes (KiB) a work item walks while its pixels stay put
+WBLK = (512, 256, 1024)
+CACHE_ENTRIES = 16
+CACHE_BYTES = 256 << 20
+
+
+class _PanelCache:
+    """Packed weight panels of torch tensors, keyed on (library, geometry, address, shape, strides,
+    version); see the module docstring for what it can and cannot see."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple, tuple[Any, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def panels(self, lib: Any, prm: Any, geometry: tuple, w: Any, w_ptr: int) -> np.ndarray | None:
+        """The packed panels of weight ``w`` (address ``w_ptr``), packed now when not kept; None when
+        ``w`` is no torch tensor or caching is off (the kernel then packs into its workspace)."""
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(w, torch.Tensor) or os.environ.get("TRACEA_CPU_WEIGHT_CACHE") == "0":
+            return None
+        key = (id(lib), geometry, w_ptr, tuple(w.shape), tuple(w.stride()), int(w._version))
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+                return hit[1]
+        words = int(lib.tc_wpack_words(prm))
+        panels = np.empty(max(words, 16), np.uint32)
+        lib.tc_pack_w(prm, w_ptr, panels.ctypes.data)
+        with self._lock:
+            # an older version of the same tensor is dead weight now
+            for k in [k for k in self._entries if k[:5] == key[:5]]:
+                del self._entries[k]
+            self._entries[key] = (w, panels)
+            total = sum(e[1].nbytes for e in self._entries.values())
+            while len(self._entries) > CACHE_ENTRIES or (total > CACHE_BYTES and len(self._entries) > 1):
+                _, (_, old) = self._entries.popitem(last=False)
+                total -= old.nbytes
+        return panels
+
+
+PANELS = _PanelCache()
+
+
+class CpuConv2dAmxVariant(CpuVariant):
+    """Implicit-GEMM bf16 conv2d on AMX tiles: A tiles loaded in place from a zero-padded NHWC copy of the
+    input, VNNI weight panels, MR x NR tile blocks accumulated over the whole K, fused fp32 epilogue."""
+
+    def __init__(self) -> None:
+        self.isa = AMX_BF16
+        self.priority = 45
+        self.name = "cpu.conv2d.amxbf16"
+        self.description = "implicit-GEMM bf16 conv2d on AMX tiles (NCHW/NHWC, fp32 accumulate), fused epilogue"
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.CONV2D, dtypes=frozenset({DType.BF16}),
+                                         out_dtypes=frozenset({DType.BF16, DType.F32}), isa=AMX_BF16.requires)
+
+    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
+        reasons = [f"needs AMX (amx_tile, amx_bf16): {r}" if r.startswith("device lacks") else r
+                   for r in super().check(op, profile)]
+        if not reasons:
+            why = amx_compiler_reason("bf16") or amx_permission()
+            if why:
+                reasons.append(why)
+        return reasons
+
+    def efficiency_on(self, profile: DeviceProfile) -> float:
+        return AMX_EFFICIENCY
+
+    def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        assert isinstance(op, Conv2dOp)
+        cg = op.c // op.groups
+        # channels padded to whole tile rows of K (32), pixels and output channels to whole tiles
+        waste = (-(-cg // 32) * 32 / cg) * (-(-op.q // 16) * 16 / op.q) * (-(-(op.k // op.groups) // 16) * 16 / (op.k // op.groups))
+        flop_time = op.flops * waste / (amx_peak_gflops(profile) * 1e9 * AMX_EFFICIENCY)
+        memory = op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)
+        return max(flop_time, memory) + 15e-6
+
+    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        threads = [0, 1] if profile.compute_units > 1 else [1]
+        return (SearchSpace().param("mr", [16, 32]).param("nr", [16, 32, 64]).param("wblk", list(WBLK))
+                .param("threads", threads).where(lambda c: (c.get("mr"), c.get("nr")) in CONV_TILES
+                                                 or f"AMX conv block {c.get('mr')}x{c.get('nr')} not offered"))
+
+    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        return [PipelineConfig(params=(("mr", mr), ("nr", nr), ("wblk", WBLK[0]), ("threads", 0)))
+                for mr, nr in CONV_TILES]
+
+    def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        mr, nr, wblk = config.get("mr"), config.get("nr"), config.get("wblk", WBLK[0])
+        for name, v in (("mr", mr), ("nr", nr), ("wblk", wblk)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                return Validity(False, f"param {name}={v!r} must be a positive integer")
+        if wblk > kernels.MAX_BLOCK:
+            return Validity(False, f"param wblk={wblk} exceeds {kernels.MAX_BLOCK} KiB")
+        why = check_amx_tile(mr, nr) or _threads_problem(config)
+        return Validity(False, why) if why else VALID
+
+    def library(self, mr: int, nr: int, epilogue_key: str) -> Any:
+        """The compiled ``tc_conv2d`` library for one tile block and epilogue chain."""
+        why = amx_permission()
+        if why:
+            raise BackendError(why, backend="cpu")
+        return kernels.amx_conv_library(mr, nr, epilogue_key)
+
+    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        return _conv_plan(self, op, config, self.threads(op, config, profile))
+
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        assert isinstance(op, Conv2dOp)
+        lib, prm, geometry = self.prepare(op, config, profile)
+        fn, ptr, has_bias = lib.tc_conv2d, adapter.data_ptr, op.epilogue.has_bias
+        panels_of = PANELS.panels
+
+        def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
+            wp = ptr(w)
+            panels = panels_of(lib, prm, geometry, w, wp)
+            b32 = _bias_f32(adapter, bias) if has_bias else None
+            rc = fn(prm, ptr(x), wp, None if panels is None else panels.ctypes.data,
+                    None if b32 is None else b32.ctypes.data, ptr(out))
+            del b32, panels  # alive until the kernel returned
+            if rc:
+                _check_rc(rc, "AMX conv2d")
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
+    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        assert isinstance(op, Conv2dOp)
+        lib, prm, geometry = self.prepare(op, config, profile)
+        x, x_owner = bf16_operand(args, "x", op.x_shape)
+        w, w_owner = bf16_operand(args, "w", op.w_shape)
+        out, out_owner = (bf16_operand if op.dtype_out is DType.BF16 else f32_operand)(args, "out", op.out_shape)
+        b32 = None
+        if op.epilogue.has_bias:
+            b32 = _bias_f32(args.adapter, args.arrays.get("bias"))
+            if b32.size != op.k:
+                raise DTypeError("bias", f"{b32.size} values", f"{op.k} (one per output channel)")
+        panels = PANELS.panels(lib, prm, geometry, args.arrays.get("w"), w)
+        rc = lib.tc_conv2d(prm, x, w, None if panels is None else panels.ctypes.data,
+                           None if b32 is None else b32.ctypes.data, out)
+        del x_owner, w_owner, out_owner, b32, panels  # alive until here, after the kernel returned
+        _check_rc(rc, "AMX conv2d")
+
+
+def _bias_f32(adapter: Any, bias: Any) -> np.ndarray:
+    """The bias as a C-contiguous float32 NumPy array (bf16 widened; a new array the caller must hold
+    until the kernel has returned)."""
+    dtype = adapter.info(bias).dtype
+    if dtype is DType.BF16:
+        bits = adapter.host_bits(bias)
+        return (np.ascontiguousarray(bits).astype(np.uint32) << 16).view(np.float32).reshape(-1)
+    if dtype is DType.F32:
+        return np.ascontiguousarray(adapter.to_numpy(bias), dtype=np.float32).reshape(-1)
+    raise DTypeError("bias", dtype.value, "float32 or bfloat16")
+
+
+@functools.lru_cache(maxsize=256)
+def _conv_plan(variant: CpuConv2dAmxVariant, op: Op, config: PipelineConfig, nth: int) -> tuple[Any, Any, tuple]:
+    """Validated config -> (library, ``tc_prm`` parameter block, weight geometry key), memoised."""
+    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
+    assert isinstance(op, Conv2dOp)
+    mr, nr = int(config.get("mr")), int(config.get("nr"))
+    lib = variant.library(mr, nr, op.epilogue.key)
+    values = dict(layout=0 if op.layout is Layout.NCHW else 1, n=op.n, C=op.c, H=op.h, W=op.w, K=op.k, R=op.r,
+                  S=op.s, sh=op.stride[0], sw=op.stride[1], ph=op.padding[0], pw=op.padding[1], dh=op.dilation[0],
+                  dw=op.dilation[1], G=op.groups, P=op.p, Q=op.q, out_bf16=int(op.dtype_out is DType.BF16),
+                  nth=nth, wblk=int(config.get("wblk", WBLK[0])))
+    prm = kernels.call_params(PARAMS, values)
+    geometry = (values["layout"], op.c, op.k, op.r, op.s, op.groups, nr)
+    return lib, prm, geometry

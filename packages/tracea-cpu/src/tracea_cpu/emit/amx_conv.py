@@ -1,0 +1,336 @@
+"""bf16 conv2d on AMX tiles (``tc_conv2d``): implicit GEMM whose A tiles are loaded in place from a
+zero-padded NHWC copy of the input, so no im2col buffer and no A packing exist.
+
+Layout. The input is copied once per call into ``xp[n][Hp][Wp][G][Cgp]`` (bf16): zero borders of
+``ph`` / ``pw``, each group's ``Cg`` channels padded with zeros to ``Cgp`` (a multiple of 32, one tile
+row of K). NCHW inputs are transposed on the way (pairs of channel rows widened to 32-bit words, then
+16 x 16 word transposes); NHWC inputs are row copies. GEMM rows are output pixels, columns output
+channels, K runs over (tap, channel) -- the tap (r, s) and a 32-channel block select ``tileloadd``'s base
+address and the 16 rows of a tile are 16 pixels at a fixed stride:
+
+* **stride 1 ("flat" rows)**: pixel rows are numbered ``f = p * Wp + q`` over the padded width, so pixel
+  ``f`` of tap (r, s) is ``xp[f + r*dh*Wp + s*dw]`` -- one stride for a whole tile even across output
+  rows. The ``Wp - Q`` columns past each output row are computed and dropped (7x7 images: 63 rows for
+  49 pixels; 56x56: 3248 for 3136).
+* **other strides**: a tile is up to 16 pixels of one output row, ``sw * Cpix`` apart.
+
+A row of C depends only on its A row, so the dropped rows (which read padding, the next row or the
+zeroed slack after the last image) cannot touch kept ones. Zero padding is multiplied like any other
+input, so a NaN / Inf weight gives NaN where the float64 reference (and PyTorch) does.
+
+The weights are packed into VNNI panels ``wp[g][nb][tap][Cgp/2][NR]`` (32-bit words of a channel pair,
+the B layout of ``tdpbf16ps``), by :func:`tc_pack_w` (the variant keeps packed weights of an unchanged
+torch tensor, see :mod:`tracea_cpu.amx_conv`) or per call into a workspace. A work item is one block of
+MR pixels of one image against a run of NR-channel panels (the runs sized to ``wblk`` KiB so they stay in
+L2 while the items of the run walk the pixels); the MR x NR block is accumulated over the whole K in
+tile registers, stored once to an fp32 scratch block and finished from there (bias, activation, fp32 or
+bf16 output; NCHW through 16 x 16 transposes and compressing stores that drop the dropped rows).
+"""
+
+from __future__ import annotations
+
+from tracea.ir.epilogue import Epilogue
+
+from ..isa import Isa
+from .amx import tile_plan
+from .bf16 import BF16_LAYER, T16
+from .common import epilogue_c, prologue
+
+#: parameter block of ``tc_conv2d`` / ``tc_pack_w`` (one C ``long`` each, in this order)
+PARAMS = ("layout", "n", "C", "H", "W", "K", "R", "S", "sh", "sw", "ph", "pw", "dh", "dw", "G", "P", "Q",
+          "out_bf16", "nth", "wblk")
+
+HEAD = r"""
+typedef struct { long layout, n, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, G, P, Q, out_bf16, nth, wblk; } tc_prm;
+typedef struct __attribute__((packed)) { uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16]; uint8_t rows[16]; } tc_tilecfg;
+static void tc_tiles_on(void) {
+    tc_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+    _tile_loadconfig(&cfg);
+}
+/* Derived sizes of one call. */
+typedef struct { long Cg, Kg, Cgp, Cpix, Hp, Wp, RS, flat, QT, U, MB, NB, panel, slack; } tc_geo;
+static void tc_geometry(const tc_prm *p, tc_geo *g) {
+    g->Cg = p->C / p->G; g->Kg = p->K / p->G; g->Cgp = TR_ROUNDUP(g->Cg, 32); g->Cpix = p->G * g->Cgp;
+    g->Hp = p->H + 2 * p->ph; g->Wp = p->W + 2 * p->pw; g->RS = p->R * p->S;
+    g->flat = p->sh == 1 && p->sw == 1;
+    g->QT = (p->Q + 15) / 16;
+    g->U = g->flat ? (p->P * g->Wp + 15) / 16 : p->P * g->QT;
+    g->MB = (g->U + MR / 16 - 1) / (MR / 16);
+    g->NB = (g->Kg + NR - 1) / NR;
+    g->panel = g->RS * (g->Cgp / 2) * NR;
+    /* pixels read past the last image by dropped rows: a block of MR rows, the widest tap and a row */
+    g->slack = MR * p->sw + p->S * p->dw + g->Wp + 16;
+}
+"""
+
+PACK_W = r"""
+/* Packed weight words for one call's shape. */
+long tc_wpack_words(const tc_prm *p) {
+    tc_geo g; tc_geometry(p, &g);
+    return p->G * g.NB * g.panel;
+}
+
+/* Weights -> VNNI panels: dst[((gi*NB + nb)*RS + tap)*(Cgp/2)*NR + t*NR + j] = (w(k, 2t, tap), w(k, 2t+1, tap))
+   for output channel k = gi*Kg + nb*NR + j; zero past Kg and Cg. layout 1: KRSC (16 x 16 word transposes
+   of the channel runs); layout 0: KCRS (channel pairs RS apart, gathered). */
+int tc_pack_w(const tc_prm *p, const bf16 *w, uint32_t *dst) {
+    tc_geo g; tc_geometry(p, &g);
+    long Cg = g.Cg, Kg = g.Kg, RS = g.RS, CP = g.Cgp / 2, nth = p->nth > 0 ? p->nth : 1;
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(nth) if (nth > 1)
+    for (long gi = 0; gi < p->G; gi++)
+        for (long nb = 0; nb < g.NB; nb++) {
+            uint32_t *d = dst + (gi * g.NB + nb) * g.panel;
+            long k0 = gi * Kg + nb * NR, kn = TR_MIN(NR, Kg - nb * NR);
+            if (p->layout == 1) {
+                for (long tap = 0; tap < RS; tap++)
+                    for (long j0 = 0; j0 < NR; j0 += 16)
+                        for (long t0 = 0; t0 < CP; t0 += 16) {
+                            __m512i r[16];
+                            long c0 = 2 * t0, cn = TR_MAX(0, TR_MIN(32, Cg - c0));
+                            __mmask32 m = (__mmask32)(cn >= 32 ? 0xffffffffu : (1u << cn) - 1);
+                            for (int q = 0; q < 16; q++)
+                                r[q] = j0 + q < kn ? _mm512_maskz_loadu_epi16(m, w + ((k0 + j0 + q) * RS + tap) * Cg + c0)
+                                                   : _mm512_setzero_si512();
+                            tb_t16(r);
+                            for (int q = 0; q < 16; q++)
+                                _mm512_storeu_si512(d + (tap * CP + t0 + q) * NR + j0, r[q]);
+                        }
+            } else {
+                memset(d, 0, sizeof(uint32_t) * g.panel);
+                for (long j = 0; j < kn; j++) {
+                    const bf16 *s = w + (k0 + j) * Cg * RS;
+                    for (long c = 0; c < Cg; c += 2)
+                        for (long tap = 0; tap < RS; tap++) {
+                            uint32_t hi = c + 1 < Cg ? s[(c + 1) * RS + tap] : 0;
+                            d[(tap * CP + c / 2) * NR + j] = (uint32_t)s[c * RS + tap] | hi << 16;
+                        }
+                }
+            }
+        }
+    return 0;
+}
+"""
+
+PAD_X = r"""
+/* x -> xp (see the module doc): borders and channel padding zero, the slack after the last image zero. */
+static void tc_pad_x(const tc_prm *p, const tc_geo *g, const bf16 *x, bf16 *xp, int nth) {
+    long Wp = g->Wp, Hp = g->Hp, Cpix = g->Cpix, Cg = g->Cg, Cgp = g->Cgp, W = p->W, H = p->H;
+    #pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        #pragma omp for collapse(2) schedule(static)
+        for (long n = 0; n < p->n; n++)
+            for (long hp = 0; hp < Hp; hp++) {
+                bf16 *row = xp + (n * Hp + hp) * Wp * Cpix;
+                long h = hp - p->ph;
+                if (h < 0 || h >= H) { memset(row, 0, sizeof(bf16) * Wp * Cpix); continue; }
+                memset(row, 0, sizeof(bf16) * p->pw * Cpix);
+                memset(row + (p->pw + W) * Cpix, 0, sizeof(bf16) * (Wp - p->pw - W) * Cpix);
+                bf16 *dst = row + p->pw * Cpix;
+                if (p->layout == 1) {
+                    const bf16 *src = x + (n * H + h) * W * p->C;
+                    if (Cg == Cgp) { memcpy(dst, src, sizeof(bf16) * W * p->C); continue; }
+                    for (long w = 0; w < W; w++)
+                        for (long gi = 0; gi < p->G; gi++)
+                            for (long c0 = 0; c0 < Cgp; c0 += 32) {
+                                long cn = TR_MAX(0, TR_MIN(32, Cg - c0));
+                                __mmask32 m = (__mmask32)(cn >= 32 ? 0xffffffffu : (1u << cn) - 1);
+                                _mm512_storeu_si512(dst + w * Cpix + gi * Cgp + c0,
+                                                    _mm512_maskz_loadu_epi16(m, src + w * p->C + gi * Cg + c0));
+                            }
+                } else {
+                    /* NCHW: rows of channels c, c+1 widened into 32-bit pairs for 16 pixels, 16 pairs
+                       transposed so that each pixel's 32 channels are one 64-byte store */
+                    long HW = H * W;
+                    const bf16 *src = x + n * p->C * HW + h * W;
+                    for (long w0 = 0; w0 < W; w0 += 16) {
+                        long wn = TR_MIN(16, W - w0);
+                        __mmask16 mw = (__mmask16)(wn == 16 ? 0xffff : (1u << wn) - 1);
+                        for (long gi = 0; gi < p->G; gi++)
+                            for (long c0 = 0; c0 < Cgp; c0 += 32) {
+                                __m512i r[16];
+                                for (int t = 0; t < 16; t++) {
+                                    long c = c0 + 2 * t;
+                                    const bf16 *s0 = src + (gi * Cg + c) * HW + w0;
+                                    __m512i lo = c < Cg ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mw, s0))
+                                                        : _mm512_setzero_si512();
+                                    __m512i hi = c + 1 < Cg ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mw, s0 + HW))
+                                                            : _mm512_setzero_si512();
+                                    r[t] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+                                }
+                                tb_t16(r);
+                                for (int q = 0; q < wn; q++)
+                                    _mm512_storeu_si512(dst + (w0 + q) * Cpix + gi * Cgp + c0, r[q]);
+                            }
+                    }
+                }
+            }
+    }
+    memset(xp + p->n * Hp * Wp * Cpix, 0, sizeof(bf16) * g->slack * Cpix);
+}
+"""
+
+DRIVE = r"""
+/* Rows of unit u (16 GEMM rows of one image): first pixel in xp (pixels), kept-row mask, plane index of
+   the first kept row (kept rows are consecutive in the output plane). */
+static void tc_units(const tc_prm *p, const tc_geo *g, long *base, uint32_t *mask, long *plane) {
+    for (long u = 0; u < g->U; u++) {
+        uint32_t m = 0;
+        long first = -1;
+        if (g->flat) {
+            base[u] = 16 * u;
+            for (int i = 0; i < 16; i++) {
+                long f = 16 * u + i, pp = f / g->Wp, q = f % g->Wp;
+                if (pp < p->P && q < p->Q) { m |= 1u << i; if (first < 0) first = pp * p->Q + q; }
+            }
+        } else {
+            long pp = u / g->QT, q0 = (u % g->QT) * 16, qn = TR_MIN(16, p->Q - q0);
+            base[u] = pp * p->sh * g->Wp + q0 * p->sw;
+            m = qn == 16 ? 0xffffu : (1u << qn) - 1;
+            first = pp * p->Q + q0;
+        }
+        mask[u] = m;
+        plane[u] = first < 0 ? 0 : first;
+    }
+}
+
+/* A finished MR x NR fp32 block (cb, row stride NR) of image n, units u0.., channels k0.. (kn valid)
+   -> the output: epilogue, then fp32 or bf16, NHWC rows or NCHW planes. */
+static void tc_store(const tc_prm *p, const tc_geo *g, const float *cb, long n, long u0, long k0, long kn,
+                     const uint32_t *mask, const long *plane, const float *bias, void *out) {
+    long K = p->K, PQ = p->P * p->Q;
+    int bf = (int)p->out_bf16;
+    for (int ut = 0; ut < MR / 16; ut++) {
+        long u = u0 + ut;
+        if (u >= g->U) break;
+        uint32_t m = mask[u];
+        if (!m) continue;
+        const float *blk = cb + ut * 16 * NR;
+        if (p->layout == 1) {
+            long pl = plane[u];
+            for (int i = 0; i < 16; i++) {
+                if (!(m >> i & 1)) continue;
+                long o = (n * PQ + pl++) * K + k0;
+                for (int v = 0; v < NR; v += 16) {
+                    long c = TR_MIN(16, kn - v);
+                    if (c <= 0) break;
+                    __mmask16 cm = (__mmask16)(c == 16 ? 0xffff : (1u << c) - 1);
+                    V x = VLOAD(blk + i * NR + v);
+                    if (TR_HAS_EPI) x = tr_epi(x, TR_HAS_BIAS ? _mm512_maskz_loadu_ps(cm, bias + k0 + v) : VZERO());
+                    if (bf) _mm256_mask_storeu_epi16((bf16 *)out + o + v, cm, (__m256i)_mm512_cvtneps_pbh(x));
+                    else _mm512_mask_storeu_ps((float *)out + o + v, cm, x);
+                }
+            }
+        } else {
+            int cnt = __builtin_popcount(m);
+            __mmask16 sm = (__mmask16)(cnt == 16 ? 0xffff : (1u << cnt) - 1);
+            for (int v = 0; v < NR && v < kn; v += 16) {
+                __m512i r[16];
+                for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(blk + i * NR + v);
+                tb_t16(r);
+                for (int j = 0; j < 16 && v + j < kn; j++) {
+                    V x = _mm512_castsi512_ps(r[j]);
+                    if (TR_HAS_EPI) x = tr_epi(x, TR_HAS_BIAS ? VSET1(bias[k0 + v + j]) : VZERO());
+                    x = _mm512_maskz_compress_ps((__mmask16)m, x);
+                    long o = (n * K + k0 + v + j) * PQ + plane[u];
+                    if (bf) _mm256_mask_storeu_epi16((bf16 *)out + o, sm, (__m256i)_mm512_cvtneps_pbh(x));
+                    else _mm512_mask_storeu_ps((float *)out + o, sm, x);
+                }
+            }
+        }
+    }
+}
+
+/* x: NCHW or NHWC bf16; w: raw weights (packed here into a workspace) unless wpk is given (tc_pack_w's
+   panels); bias: fp32 (K) or null; out: fp32 or bf16 (out_bf16), NCHW or NHWC. 0, or 1 (allocation). */
+int tc_conv2d(const tc_prm *p, const bf16 *x, const bf16 *w, const uint32_t *wpk, const float *bias, void *out) {
+    tc_geo g; tc_geometry(p, &g);
+    int nth = p->nth > 0 ? (int)p->nth : 1;
+    long Cpix = g.Cpix, Wp = g.Wp, RS = g.RS, CB = g.Cgp / 32;
+    size_t xwords = (size_t)p->n * g.Hp * Wp * Cpix + (size_t)g.slack * Cpix;  /* bf16 */
+    int xo, wo = 0;
+    bf16 *xp = (bf16 *)tr_ws_slot(1, (xwords + 1) / 2, &xo);
+    if (!xp) return 1;
+    uint32_t *wsp = 0;
+    if (!wpk) {
+        wsp = (uint32_t *)tr_ws_slot(2, (size_t)p->G * g.NB * g.panel, &wo);
+        if (!wsp) { tr_ws_release(1, (float *)xp, xo); return 1; }
+        tc_pack_w(p, w, wsp);
+        wpk = wsp;
+    }
+    long *ubase = (long *)malloc(sizeof(long) * (2 * g.U + 16) + sizeof(uint32_t) * g.U + RS * sizeof(long));
+    if (!ubase) {
+        tr_ws_release(1, (float *)xp, xo);
+        if (wsp) tr_ws_release(2, (float *)wsp, wo);
+        return 1;
+    }
+    long *uplane = ubase + g.U, *toff = uplane + g.U;
+    uint32_t *umask = (uint32_t *)(toff + RS + 16);
+    tc_units(p, &g, ubase, umask, uplane);
+    for (long r = 0; r < p->R; r++)
+        for (long s = 0; s < p->S; s++) toff[r * p->S + s] = (r * p->dh * Wp + s * p->dw) * Cpix;
+    tc_pad_x(p, &g, x, xp, nth);
+    /* runs of panels that fit wblk KiB (at least one) */
+    long nbs = TR_MAX(1, TR_MIN(g.NB, p->wblk * 1024 / (g.panel * 4)));
+    long nruns = (g.NB + nbs - 1) / nbs, per_run = p->n * g.MB;
+    long items = p->G * nruns * per_run, rsb = p->sw * Cpix * 2;
+    long img = g.Hp * Wp * Cpix;
+    #pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        float cb[MR * NR] __attribute__((aligned(64)));
+        tc_tiles_on();
+        #pragma omp for schedule(static)
+        for (long it = 0; it < items; it++) {
+            long gi = it / (nruns * per_run), run = it / per_run % nruns, rest = it % per_run;
+            long n = rest / g.MB, mb = rest % g.MB, u0 = mb * (MR / 16);
+            const bf16 *xa[MR / 16];
+            for (int ut = 0; ut < MR / 16; ut++)
+                xa[ut] = xp + n * img + ubase[TR_MIN(u0 + ut, g.U - 1)] * Cpix + gi * g.Cgp;
+            for (long nb = run * nbs; nb < TR_MIN(g.NB, (run + 1) * nbs); nb++) {
+                const uint32_t *bp = wpk + (gi * g.NB + nb) * g.panel;
+TC_BLOCK
+                long k0 = gi * g.Kg + nb * NR;
+                tc_store(p, &g, cb, n, u0, k0, TR_MIN(NR, g.Kg - nb * NR), umask, uplane, bias, out);
+            }
+        }
+        _tile_release();
+    }
+    free(ubase);
+    tr_ws_release(1, (float *)xp, xo);
+    if (wsp) tr_ws_release(2, (float *)wsp, wo);
+    return 0;
+}
+"""
+
+
+def block_c(mr: int, nr: int) -> str:
+    """The tile block of one work item and panel: C tiles zeroed, then per tap and 32-channel block the A
+    tiles straight from the padded input (``xa[i]`` + tap offset, stride ``rsb`` bytes), the B tiles from
+    the panel, the products; the C tiles stored to the scratch block ``cb``."""
+    ctile, atile, btile = tile_plan(mr, nr)
+    mt, nt = len(atile), len(btile)
+    ind = " " * 16
+    lines = [f"{ind}_tile_zero({ctile[i][j]});" for i in range(mt) for j in range(nt)]
+    lines += [f"{ind}for (long tap = 0; tap < RS; tap++) {{",
+              f"{ind}    const uint32_t *bq = bp + tap * CB * 16 * NR;"]
+    lines += [f"{ind}    const bf16 *a{i} = xa[{i}] + toff[tap];" for i in range(mt)]
+    lines.append(f"{ind}    for (long c = 0; c < CB; c++) {{")
+    lines += [f"{ind}        _tile_loadd({a}, a{i} + c * 32, rsb);" for i, a in enumerate(atile)]
+    for j, b in enumerate(btile):
+        lines.append(f"{ind}        _tile_loadd({b}, bq + c * 16 * NR + {j * 16}, NR * 4);")
+        lines += [f"{ind}        _tile_dpbf16ps({ctile[i][j]}, {a}, {b});" for i, a in enumerate(atile)]
+    lines += [f"{ind}    }}", f"{ind}}}"]
+    lines += [f"{ind}_tile_stored({ctile[i][j]}, cb + {i * 16 * nr + j * 16}, NR * 4);"
+              for i in range(mt) for j in range(nt)]
+    return "\n".join(lines)
+
+
+def amx_conv_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue) -> str:
+    """Complete C source of the AMX bf16 conv2d library for one MR x NR tile block and epilogue chain
+    (``isa``: the AVX-512 ISA whose ``V*`` layer the fp32 epilogue is written against)."""
+    tile_plan(mr, nr)  # raises ValueError for a block that does not fit the tile registers
+    return "\n".join([prologue(isa), BF16_LAYER, epilogue_c(epilogue), T16, f"#define MR {mr}\n#define NR {nr}\n",
+                      HEAD, PACK_W, PAD_X, DRIVE.replace("TC_BLOCK", block_c(mr, nr))])
