@@ -107,11 +107,12 @@ def test_epilogues(epi, layout):
 
 
 @pytest.mark.parametrize("tile", CONV_TILES)
-@pytest.mark.parametrize("wblk", [1, 512])
+@pytest.mark.parametrize("wblk,kst,mbg", [(1, 4096, 1), (512, 4096, 1), (512, 1, 3), (2, 24, 8)])
 @amx
-def test_tile_blocks_and_weight_runs(tile, wblk):
-    """Every tile block; wblk = 1 KiB gives one panel per run (several runs per image block)."""
-    cfg = config(mr=tile[0], nr=tile[1], wblk=wblk, threads=0)
+def test_tile_blocks_weight_runs_and_k_chunks(tile, wblk, kst, mbg):
+    """Every tile block; wblk = 1 KiB gives one panel per run (several runs per image block); kst = 1 KiB
+    gives one tap per K chunk (partial sums through the scratch), mbg groups of pixel blocks."""
+    cfg = config(mr=tile[0], nr=tile[1], wblk=wblk, kst=kst, mbg=mbg, threads=0)
     for shape in (SHAPES[0], SHAPES[2], SHAPES[3], SHAPES[10]):
         for layout in ("NCHW", "NHWC"):
             got, ref = conv_case(shape, layout=layout, cfg=cfg, seed=3)
@@ -121,8 +122,8 @@ def test_tile_blocks_and_weight_runs(tile, wblk):
 @amx
 def test_one_thread_and_two_threads_agree():
     op_shape = SHAPES[0]
-    a, _ = conv_case(op_shape, cfg=config(mr=32, nr=32, wblk=512, threads=1), seed=5)
-    b, _ = conv_case(op_shape, cfg=config(mr=32, nr=32, wblk=512, threads=2), seed=5)
+    a, _ = conv_case(op_shape, cfg=config(mr=32, nr=32, wblk=512, kst=24, mbg=8, threads=1), seed=5)
+    b, _ = conv_case(op_shape, cfg=config(mr=32, nr=32, wblk=512, kst=24, mbg=8, threads=2), seed=5)
     assert np.array_equal(a, b)
 
 
@@ -221,6 +222,8 @@ def test_tile_blocks_are_checked():
     assert not VARIANT.validate_config(op, config(mr=32, nr=64, wblk=512, threads=0), PROFILE)
     assert not VARIANT.validate_config(op, config(mr=24, nr=32, wblk=512, threads=0), PROFILE)
     assert not VARIANT.validate_config(op, config(mr=32, nr=32, wblk=0, threads=0), PROFILE)
+    assert not VARIANT.validate_config(op, config(mr=96, nr=16, wblk=512, threads=0), PROFILE)
+    assert not VARIANT.validate_config(op, config(mr=32, nr=32, wblk=512, kst=-1, threads=0), PROFILE)
     for mr, nr in CONV_TILES:
         assert VARIANT.validate_config(op, config(mr=mr, nr=nr, wblk=512, threads=0), PROFILE)
 

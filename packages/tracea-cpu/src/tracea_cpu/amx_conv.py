@@ -36,15 +36,19 @@ from tracea.semantic.config import VALID, Validity
 from . import kernels
 from .amx import AMX_EFFICIENCY, amx_compiler_reason, amx_peak_gflops, amx_permission
 from .bf16 import bf16_operand, f32_operand
-from .emit.amx import check_amx_tile
-from .emit.amx_conv import PARAMS
+from .emit.amx_conv import PARAMS, check_conv_tile
 from .isa import AMX_BF16
 from .variant_base import CpuVariant, _check_rc, _require, _threads_problem
 
-#: tile blocks offered (MR pixels x NR output channels); 32 x 32 first (measured faster on ResNet 3x3)
-CONV_TILES = ((32, 32), (16, 64), (32, 16), (16, 32))
+#: tile blocks offered (MR pixels x NR output channels); the heroes order them per op (hero_configs)
+CONV_TILES = ((32, 32), (32, 16), (64, 16), (48, 16), (16, 64), (16, 32))
 #: weight-panel run sizes (KiB) a work item walks while its pixels stay put
 WBLK = (512, 256, 1024)
+#: K chunk budgets (KiB of a panel; whole taps, whole kernel rows when they fit) walked by a group of
+#: ``mbg`` pixel blocks with their partial sums in an fp32 scratch. The default (a budget larger than any
+#: panel) is one chunk: chunking did not measure faster on the ResNet layers (2-core Xeon, load 4-6).
+KST = (4096, 24, 48)
+MBG = (1, 8, 16)
 CACHE_ENTRIES = 16
 CACHE_BYTES = 256 << 20
 
@@ -129,22 +133,31 @@ class CpuConv2dAmxVariant(CpuVariant):
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         threads = [0, 1] if profile.compute_units > 1 else [1]
-        return (SearchSpace().param("mr", [16, 32]).param("nr", [16, 32, 64]).param("wblk", list(WBLK))
-                .param("threads", threads).where(lambda c: (c.get("mr"), c.get("nr")) in CONV_TILES
-                                                 or f"AMX conv block {c.get('mr')}x{c.get('nr')} not offered"))
+        return (SearchSpace().param("mr", [16, 32, 48, 64]).param("nr", [16, 32, 64]).param("wblk", list(WBLK))
+                .param("kst", list(KST)).param("mbg", list(MBG)).param("threads", threads)
+                .where(lambda c: (c.get("mr"), c.get("nr")) in CONV_TILES
+                       or f"AMX conv block {c.get('mr')}x{c.get('nr')} not offered"))
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        return [PipelineConfig(params=(("mr", mr), ("nr", nr), ("wblk", WBLK[0]), ("threads", 0)))
-                for mr, nr in CONV_TILES]
+        tiles = list(CONV_TILES)
+        if isinstance(op, Conv2dOp) and 64 < op.c // op.groups <= 128:
+            # measured (one thread, NHWC 128@28^2): 32 x 16 1.86-1.88 TFLOP/s, 32 x 32 1.54-1.58, 64 x 16
+            # 1.48-1.66; with 256 channels 32 x 32 led (1.76-1.83 against 1.51-1.54)
+            tiles.remove((32, 16))
+            tiles.insert(0, (32, 16))
+        return [PipelineConfig(params=(("mr", mr), ("nr", nr), ("wblk", WBLK[0]), ("kst", KST[0]), ("mbg", MBG[0]),
+                                       ("threads", 0))) for mr, nr in tiles]
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
-        mr, nr, wblk = config.get("mr"), config.get("nr"), config.get("wblk", WBLK[0])
-        for name, v in (("mr", mr), ("nr", nr), ("wblk", wblk)):
+        mr, nr = config.get("mr"), config.get("nr")
+        values = dict(mr=mr, nr=nr, wblk=config.get("wblk", WBLK[0]), kst=config.get("kst", KST[0]),
+                      mbg=config.get("mbg", MBG[0]))
+        for name, v in values.items():
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 return Validity(False, f"param {name}={v!r} must be a positive integer")
-        if wblk > kernels.MAX_BLOCK:
-            return Validity(False, f"param wblk={wblk} exceeds {kernels.MAX_BLOCK} KiB")
-        why = check_amx_tile(mr, nr) or _threads_problem(config)
+            if name in ("wblk", "kst", "mbg") and v > kernels.MAX_BLOCK:
+                return Validity(False, f"param {name}={v} exceeds {kernels.MAX_BLOCK}")
+        why = check_conv_tile(mr, nr) or _threads_problem(config)
         return Validity(False, why) if why else VALID
 
     def library(self, mr: int, nr: int, epilogue_key: str) -> Any:
@@ -216,7 +229,8 @@ def _conv_plan(variant: CpuConv2dAmxVariant, op: Op, config: PipelineConfig, nth
     values = dict(layout=0 if op.layout is Layout.NCHW else 1, n=op.n, C=op.c, H=op.h, W=op.w, K=op.k, R=op.r,
                   S=op.s, sh=op.stride[0], sw=op.stride[1], ph=op.padding[0], pw=op.padding[1], dh=op.dilation[0],
                   dw=op.dilation[1], G=op.groups, P=op.p, Q=op.q, out_bf16=int(op.dtype_out is DType.BF16),
-                  nth=nth, wblk=int(config.get("wblk", WBLK[0])))
+                  nth=nth, wblk=int(config.get("wblk", WBLK[0])), kst=int(config.get("kst", KST[0])),
+                  mbg=int(config.get("mbg", MBG[0])))
     prm = kernels.call_params(PARAMS, values)
     geometry = (values["layout"], op.c, op.k, op.r, op.s, op.groups, nr)
     return lib, prm, geometry

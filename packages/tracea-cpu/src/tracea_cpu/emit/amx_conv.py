@@ -38,10 +38,10 @@ from .common import epilogue_c, prologue
 
 #: parameter block of ``tc_conv2d`` / ``tc_pack_w`` (one C ``long`` each, in this order)
 PARAMS = ("layout", "n", "C", "H", "W", "K", "R", "S", "sh", "sw", "ph", "pw", "dh", "dw", "G", "P", "Q",
-          "out_bf16", "nth", "wblk")
+          "out_bf16", "nth", "wblk", "kst", "mbg")
 
 HEAD = r"""
-typedef struct { long layout, n, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, G, P, Q, out_bf16, nth, wblk; } tc_prm;
+typedef struct { long layout, n, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, G, P, Q, out_bf16, nth, wblk, kst, mbg; } tc_prm;
 typedef struct __attribute__((packed)) { uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16]; uint8_t rows[16]; } tc_tilecfg;
 static void tc_tiles_on(void) {
@@ -55,8 +55,12 @@ static void tc_tiles_on(void) {
 typedef struct { long Cg, Kg, Cgp, Cpix, Hp, Wp, RS, flat, QT, U, MB, NB, panel, slack; } tc_geo;
 static void tc_geometry(const tc_prm *p, tc_geo *g) {
     g->Cg = p->C / p->G; g->Kg = p->K / p->G; g->Cgp = TR_ROUNDUP(g->Cg, 32); g->Cpix = p->G * g->Cgp;
-    g->Hp = p->H + 2 * p->ph; g->Wp = p->W + 2 * p->pw; g->RS = p->R * p->S;
     g->flat = p->sh == 1 && p->sw == 1;
+    /* Rows of W + pw pixels: the left padding of row h + 1 is the right padding of row h (a read past the
+       right edge lands in it; past the last row, in the zeroed slack). Flat rows need a padded row at least
+       as wide as the output row (not so for 1-wide kernels with padding): those keep both borders. */
+    g->Hp = p->H + 2 * p->ph; g->Wp = p->W + p->pw; g->RS = p->R * p->S;
+    if (g->flat && p->Q > g->Wp) g->Wp = p->W + 2 * p->pw;
     g->QT = (p->Q + 15) / 16;
     g->U = g->flat ? (p->P * g->Wp + 15) / 16 : p->P * g->QT;
     g->MB = (g->U + MR / 16 - 1) / (MR / 16);
@@ -116,60 +120,54 @@ int tc_pack_w(const tc_prm *p, const bf16 *w, uint32_t *dst) {
 """
 
 PAD_X = r"""
-/* x -> xp (see the module doc): borders and channel padding zero, the slack after the last image zero. */
-static void tc_pad_x(const tc_prm *p, const tc_geo *g, const bf16 *x, bf16 *xp, int nth) {
-    long Wp = g->Wp, Hp = g->Hp, Cpix = g->Cpix, Cg = g->Cg, Cgp = g->Cgp, W = p->W, H = p->H;
-    #pragma omp parallel num_threads(nth) if (nth > 1)
-    {
-        #pragma omp for collapse(2) schedule(static)
-        for (long n = 0; n < p->n; n++)
-            for (long hp = 0; hp < Hp; hp++) {
-                bf16 *row = xp + (n * Hp + hp) * Wp * Cpix;
-                long h = hp - p->ph;
-                if (h < 0 || h >= H) { memset(row, 0, sizeof(bf16) * Wp * Cpix); continue; }
-                memset(row, 0, sizeof(bf16) * p->pw * Cpix);
-                memset(row + (p->pw + W) * Cpix, 0, sizeof(bf16) * (Wp - p->pw - W) * Cpix);
-                bf16 *dst = row + p->pw * Cpix;
-                if (p->layout == 1) {
-                    const bf16 *src = x + (n * H + h) * W * p->C;
-                    if (Cg == Cgp) { memcpy(dst, src, sizeof(bf16) * W * p->C); continue; }
-                    for (long w = 0; w < W; w++)
-                        for (long gi = 0; gi < p->G; gi++)
-                            for (long c0 = 0; c0 < Cgp; c0 += 32) {
-                                long cn = TR_MAX(0, TR_MIN(32, Cg - c0));
-                                __mmask32 m = (__mmask32)(cn >= 32 ? 0xffffffffu : (1u << cn) - 1);
-                                _mm512_storeu_si512(dst + w * Cpix + gi * Cgp + c0,
-                                                    _mm512_maskz_loadu_epi16(m, src + w * p->C + gi * Cg + c0));
-                            }
-                } else {
-                    /* NCHW: rows of channels c, c+1 widened into 32-bit pairs for 16 pixels, 16 pairs
-                       transposed so that each pixel's 32 channels are one 64-byte store */
-                    long HW = H * W;
-                    const bf16 *src = x + n * p->C * HW + h * W;
-                    for (long w0 = 0; w0 < W; w0 += 16) {
-                        long wn = TR_MIN(16, W - w0);
-                        __mmask16 mw = (__mmask16)(wn == 16 ? 0xffff : (1u << wn) - 1);
-                        for (long gi = 0; gi < p->G; gi++)
-                            for (long c0 = 0; c0 < Cgp; c0 += 32) {
-                                __m512i r[16];
-                                for (int t = 0; t < 16; t++) {
-                                    long c = c0 + 2 * t;
-                                    const bf16 *s0 = src + (gi * Cg + c) * HW + w0;
-                                    __m512i lo = c < Cg ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mw, s0))
-                                                        : _mm512_setzero_si512();
-                                    __m512i hi = c + 1 < Cg ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mw, s0 + HW))
-                                                            : _mm512_setzero_si512();
-                                    r[t] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-                                }
-                                tb_t16(r);
-                                for (int q = 0; q < wn; q++)
-                                    _mm512_storeu_si512(dst + (w0 + q) * Cpix + gi * Cgp + c0, r[q]);
-                            }
+/* Padded rows [h0, h1) of image n -> xp (one image, see the module doc): borders and channel padding zero. */
+static void tc_pad_rows(const tc_prm *p, const tc_geo *g, const bf16 *x, long n, long h0, long h1, bf16 *xp) {
+    long Wp = g->Wp, Cpix = g->Cpix, Cg = g->Cg, Cgp = g->Cgp, W = p->W, H = p->H;
+    for (long hp = h0; hp < h1; hp++) {
+        bf16 *row = xp + hp * Wp * Cpix;
+        long h = hp - p->ph;
+        if (h < 0 || h >= H) { memset(row, 0, sizeof(bf16) * Wp * Cpix); continue; }
+        memset(row, 0, sizeof(bf16) * p->pw * Cpix);
+        memset(row + (p->pw + W) * Cpix, 0, sizeof(bf16) * (Wp - p->pw - W) * Cpix);
+        bf16 *dst = row + p->pw * Cpix;
+        if (p->layout == 1) {
+            const bf16 *src = x + (n * H + h) * W * p->C;
+            if (Cg == Cgp) { memcpy(dst, src, sizeof(bf16) * W * p->C); continue; }
+            for (long w = 0; w < W; w++)
+                for (long gi = 0; gi < p->G; gi++)
+                    for (long c0 = 0; c0 < Cgp; c0 += 32) {
+                        long cn = TR_MAX(0, TR_MIN(32, Cg - c0));
+                        __mmask32 m = (__mmask32)(cn >= 32 ? 0xffffffffu : (1u << cn) - 1);
+                        _mm512_storeu_si512(dst + w * Cpix + gi * Cgp + c0,
+                                            _mm512_maskz_loadu_epi16(m, src + w * p->C + gi * Cg + c0));
                     }
-                }
+        } else {
+            /* NCHW: rows of channels c, c+1 widened into 32-bit pairs for 16 pixels, 16 pairs
+               transposed so that each pixel's 32 channels are one 64-byte store */
+            long HW = H * W;
+            const bf16 *src = x + n * p->C * HW + h * W;
+            for (long w0 = 0; w0 < W; w0 += 16) {
+                long wn = TR_MIN(16, W - w0);
+                __mmask16 mw = (__mmask16)(wn == 16 ? 0xffff : (1u << wn) - 1);
+                for (long gi = 0; gi < p->G; gi++)
+                    for (long c0 = 0; c0 < Cgp; c0 += 32) {
+                        __m512i r[16];
+                        for (int t = 0; t < 16; t++) {
+                            long c = c0 + 2 * t;
+                            const bf16 *s0 = src + (gi * Cg + c) * HW + w0;
+                            __m512i lo = c < Cg ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mw, s0))
+                                                : _mm512_setzero_si512();
+                            __m512i hi = c + 1 < Cg ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mw, s0 + HW))
+                                                    : _mm512_setzero_si512();
+                            r[t] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+                        }
+                        tb_t16(r);
+                        for (int q = 0; q < wn; q++)
+                            _mm512_storeu_si512(dst + (w0 + q) * Cpix + gi * Cgp + c0, r[q]);
+                    }
             }
+        }
     }
-    memset(xp + p->n * Hp * Wp * Cpix, 0, sizeof(bf16) * g->slack * Cpix);
 }
 """
 
@@ -245,84 +243,166 @@ static void tc_store(const tc_prm *p, const tc_geo *g, const float *cb, long n, 
 }
 
 /* x: NCHW or NHWC bf16; w: raw weights (packed here into a workspace) unless wpk is given (tc_pack_w's
-   panels); bias: fp32 (K) or null; out: fp32 or bf16 (out_bf16), NCHW or NHWC. 0, or 1 (allocation). */
+   panels); bias: fp32 (K) or null; out: fp32 or bf16 (out_bf16), NCHW or NHWC. 0, or 1 (allocation).
+
+   Work items: (image, chunk of its pixel blocks, run of panels), runs innermost. Each thread pads the rows
+   of the image its chunk reads into its own image-sized buffer right before computing them (so they are
+   in L2 when the tiles load them; a separate padding pass over the whole batch wrote and re-read it
+   through memory: 30% of the time of 64@56^2 at batch 8), skipping that when its previous item padded
+   the same rows. */
 int tc_conv2d(const tc_prm *p, const bf16 *x, const bf16 *w, const uint32_t *wpk, const float *bias, void *out) {
     tc_geo g; tc_geometry(p, &g);
     int nth = p->nth > 0 ? (int)p->nth : 1;
     long Cpix = g.Cpix, Wp = g.Wp, RS = g.RS, CB = g.Cgp / 32;
-    size_t xwords = (size_t)p->n * g.Hp * Wp * Cpix + (size_t)g.slack * Cpix;  /* bf16 */
+    size_t img = (size_t)g.Hp * Wp * Cpix, xsz = TR_ROUNDUP(img + (size_t)g.slack * Cpix, 32);  /* bf16 */
     int xo, wo = 0;
-    bf16 *xp = (bf16 *)tr_ws_slot(1, (xwords + 1) / 2, &xo);
-    if (!xp) return 1;
+    bf16 *xbuf = (bf16 *)tr_ws_slot(1, xsz / 2 * nth, &xo);
+    if (!xbuf) return 1;
     uint32_t *wsp = 0;
     if (!wpk) {
         wsp = (uint32_t *)tr_ws_slot(2, (size_t)p->G * g.NB * g.panel, &wo);
-        if (!wsp) { tr_ws_release(1, (float *)xp, xo); return 1; }
+        if (!wsp) { tr_ws_release(1, (float *)xbuf, xo); return 1; }
         tc_pack_w(p, w, wsp);
         wpk = wsp;
     }
-    long *ubase = (long *)malloc(sizeof(long) * (2 * g.U + 16) + sizeof(uint32_t) * g.U + RS * sizeof(long));
+    long *ubase = (long *)malloc(sizeof(long) * (2 * g.U + RS + RS * CB + 16) + sizeof(uint32_t) * g.U);
     if (!ubase) {
-        tr_ws_release(1, (float *)xp, xo);
+        tr_ws_release(1, (float *)xbuf, xo);
         if (wsp) tr_ws_release(2, (float *)wsp, wo);
         return 1;
     }
-    long *uplane = ubase + g.U, *toff = uplane + g.U;
-    uint32_t *umask = (uint32_t *)(toff + RS + 16);
+    long *uplane = ubase + g.U, *toff = uplane + g.U, *soff = toff + RS;
+    uint32_t *umask = (uint32_t *)(soff + RS * CB + 16);
     tc_units(p, &g, ubase, umask, uplane);
     for (long r = 0; r < p->R; r++)
         for (long s = 0; s < p->S; s++) toff[r * p->S + s] = (r * p->dh * Wp + s * p->dw) * Cpix;
-    tc_pad_x(p, &g, x, xp, nth);
-    /* runs of panels that fit wblk KiB (at least one) */
+    /* runs of panels that fit wblk KiB (at least one); chunks of pixel blocks so that there are at
+       least two items per thread */
     long nbs = TR_MAX(1, TR_MIN(g.NB, p->wblk * 1024 / (g.panel * 4)));
-    long nruns = (g.NB + nbs - 1) / nbs, per_run = p->n * g.MB;
-    long items = p->G * nruns * per_run, rsb = p->sw * Cpix * 2;
-    long img = g.Hp * Wp * Cpix;
+    long nruns = (g.NB + nbs - 1) / nbs, per_img = p->G * nruns;
+    long nch = TR_MIN(g.MB, TR_MAX(1, (2 * nth + p->n * per_img - 1) / (p->n * per_img)));
+    long items = p->n * nch * per_img, rsb = p->sw * Cpix * 2;
+    long reach = (p->R - 1) * p->dh * Wp + (p->S - 1) * p->dw;  /* pixels from a row's base to its last tap */
+    /* K chunks of about kst steps (tap, 32 channels) of a panel, each walked by a group of mbg pixel
+       blocks (their partial sums in cbuf) while it stays in L1 */
+    long steps = RS * CB, tapb = CB * 16 * NR * 4, rowb = p->S * tapb, kb = TR_MAX(1, p->kst) * 1024;
+    long tpc = rowb <= kb ? p->S * (kb / rowb) : TR_MAX(1, kb / tapb), kst = tpc * CB;
+    long mbg = TR_MAX(1, p->mbg);
+    for (long k = 0; k < steps; k++) soff[k] = toff[k / CB] + (k % CB) * 32;
+    float *cbuf = (float *)aligned_alloc(64, sizeof(float) * MR * NR * mbg * nth);
+    if (!cbuf) {
+        free(ubase);
+        tr_ws_release(1, (float *)xbuf, xo);
+        if (wsp) tr_ws_release(2, (float *)wsp, wo);
+        return 1;
+    }
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-        float cb[MR * NR] __attribute__((aligned(64)));
+#ifdef _OPENMP
+        int tid = omp_get_thread_num();
+#else
+        int tid = 0;
+#endif
+        bf16 *xp = xbuf + (size_t)tid * xsz;
+        float *cbg = cbuf + (size_t)tid * MR * NR * mbg;
+        long padded = -1;
+        memset(xp + img, 0, sizeof(bf16) * g.slack * Cpix);
         tc_tiles_on();
         #pragma omp for schedule(static)
         for (long it = 0; it < items; it++) {
-            long gi = it / (nruns * per_run), run = it / per_run % nruns, rest = it % per_run;
-            long n = rest / g.MB, mb = rest % g.MB, u0 = mb * (MR / 16);
-            const bf16 *xa[MR / 16];
-            for (int ut = 0; ut < MR / 16; ut++)
-                xa[ut] = xp + n * img + ubase[TR_MIN(u0 + ut, g.U - 1)] * Cpix + gi * g.Cgp;
-            for (long nb = run * nbs; nb < TR_MIN(g.NB, (run + 1) * nbs); nb++) {
-                const uint32_t *bp = wpk + (gi * g.NB + nb) * g.panel;
+            long sub = it / per_img, n = sub / nch, ch = sub % nch;
+            long gi = it % per_img / nruns, run = it % nruns;
+            long mb0 = g.MB * ch / nch, mb1 = g.MB * (ch + 1) / nch;
+            if (padded != sub) {
+                long ulo = mb0 * (MR / 16), uhi = TR_MIN(g.U, mb1 * (MR / 16)) - 1;
+                long lo = ubase[ulo], hi = ubase[uhi] + 15 * p->sw + reach;
+#ifndef TC_NOPAD
+                tc_pad_rows(p, &g, x, n, lo / Wp, TR_MIN(g.Hp, hi / Wp + 1), xp);
+#endif
+                padded = sub;
+            }
+            for (long mg = mb0; mg < mb1; mg += mbg) {
+                long mge = TR_MIN(mb1, mg + mbg);
+                for (long nb = run * nbs; nb < TR_MIN(g.NB, (run + 1) * nbs); nb++) {
+                    const uint32_t *bp = wpk + (gi * g.NB + nb) * g.panel;
+                    long k0c = gi * g.Kg + nb * NR;
+                    for (long k0 = 0; k0 < steps; k0 += kst) {
+                        long k1 = TR_MIN(steps, k0 + kst);
+                        for (long mb = mg; mb < mge; mb++) {
+                            long u0 = mb * (MR / 16);
+                            float *cb = cbg + (mb - mg) * MR * NR;
+                            const bf16 *xa[MR / 16];
+                            for (int ut = 0; ut < MR / 16; ut++)
+                                xa[ut] = xp + ubase[TR_MIN(u0 + ut, g.U - 1)] * Cpix + gi * g.Cgp;
 TC_BLOCK
-                long k0 = gi * g.Kg + nb * NR;
-                tc_store(p, &g, cb, n, u0, k0, TR_MIN(NR, g.Kg - nb * NR), umask, uplane, bias, out);
+#ifndef TC_NOSTORE
+                            if (k1 == steps)
+                                tc_store(p, &g, cb, n, u0, k0c, TR_MIN(NR, g.Kg - nb * NR), umask, uplane, bias, out);
+#endif
+                        }
+                    }
+                }
             }
         }
         _tile_release();
     }
+    free(cbuf);
     free(ubase);
-    tr_ws_release(1, (float *)xp, xo);
+    tr_ws_release(1, (float *)xbuf, xo);
     if (wsp) tr_ws_release(2, (float *)wsp, wo);
     return 0;
 }
 """
 
 
+def conv_tile_plan(mr: int, nr: int) -> tuple[list[list[int]], list[int], list[int]]:
+    """Tile registers of an mr x nr block: :func:`.amx.tile_plan`, and for one column of C tiles (nr = 16)
+    taller blocks whose A tiles take turns in two registers (up to 64 x 16: 4 C + 1 B + 2 A).
+    Raises ValueError for a block that does not fit."""
+    if nr == 16 and mr % 16 == 0 and 16 <= mr <= 80:
+        mt = mr // 16
+        if mt + 2 + 1 > 8:
+            raise ValueError(f"AMX conv block {mr}x{nr} needs {mt + 3} tile registers (8 exist)")
+        if mt + mt + 1 > 8:
+            return [[i] for i in range(mt)], [mt + 1 + i % 2 for i in range(mt)], [mt]
+    return tile_plan(mr, nr)
+
+
+def check_conv_tile(mr: int, nr: int) -> str | None:
+    """Why an mr x nr AMX conv block cannot be emitted (None when it can)."""
+    try:
+        conv_tile_plan(mr, nr)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def block_c(mr: int, nr: int) -> str:
-    """The tile block of one work item and panel: C tiles zeroed, then per tap and 32-channel block the A
-    tiles straight from the padded input (``xa[i]`` + tap offset, stride ``rsb`` bytes), the B tiles from
-    the panel, the products; the C tiles stored to the scratch block ``cb``."""
-    ctile, atile, btile = tile_plan(mr, nr)
+    """The tile block of one pixel block and K chunk [k0, k1) of a panel: C tiles zeroed (first chunk) or
+    loaded from the block's fp32 partial sums ``cb``; per step (tap, 32 channels) the A tiles straight from
+    the padded input (``xa[i]`` + ``soff[k]``, stride ``rsb`` bytes), the B tiles from the panel, the
+    products; the C tiles stored back to ``cb``."""
+    ctile, atile, btile = conv_tile_plan(mr, nr)
     mt, nt = len(atile), len(btile)
-    ind = " " * 16
-    lines = [f"{ind}_tile_zero({ctile[i][j]});" for i in range(mt) for j in range(nt)]
-    lines += [f"{ind}for (long tap = 0; tap < RS; tap++) {{",
-              f"{ind}    const uint32_t *bq = bp + tap * CB * 16 * NR;"]
-    lines += [f"{ind}    const bf16 *a{i} = xa[{i}] + toff[tap];" for i in range(mt)]
-    lines.append(f"{ind}    for (long c = 0; c < CB; c++) {{")
-    lines += [f"{ind}        _tile_loadd({a}, a{i} + c * 32, rsb);" for i, a in enumerate(atile)]
-    for j, b in enumerate(btile):
-        lines.append(f"{ind}        _tile_loadd({b}, bq + c * 16 * NR + {j * 16}, NR * 4);")
-        lines += [f"{ind}        _tile_dpbf16ps({ctile[i][j]}, {a}, {b});" for i, a in enumerate(atile)]
-    lines += [f"{ind}    }}", f"{ind}}}"]
+    ind = " " * 28
+    lines = [f"{ind}if (k0 == 0) {{"]
+    lines += [f"{ind}    _tile_zero({ctile[i][j]});" for i in range(mt) for j in range(nt)]
+    lines.append(f"{ind}}} else {{")
+    lines += [f"{ind}    _tile_loadd({ctile[i][j]}, cb + {i * 16 * nr + j * 16}, NR * 4);"
+              for i in range(mt) for j in range(nt)]
+    lines += [f"{ind}}}", f"{ind}for (long k = k0; k < k1; k++) {{",
+              f"{ind}    const uint32_t *bq = bp + k * 16 * NR;"]
+    if len(set(atile)) < mt:  # A tiles take turns: B first, then each A tile right before its product
+        lines.append(f"{ind}    _tile_loadd({btile[0]}, bq, NR * 4);")
+        for i, a in enumerate(atile):
+            lines.append(f"{ind}    _tile_loadd({a}, xa[{i}] + soff[k], rsb);")
+            lines.append(f"{ind}    _tile_dpbf16ps({ctile[i][0]}, {a}, {btile[0]});")
+    else:
+        lines += [f"{ind}    _tile_loadd({a}, xa[{i}] + soff[k], rsb);" for i, a in enumerate(atile)]
+        for j, b in enumerate(btile):
+            lines.append(f"{ind}    _tile_loadd({b}, bq + {j * 16}, NR * 4);")
+            lines += [f"{ind}    _tile_dpbf16ps({ctile[i][j]}, {a}, {b});" for i, a in enumerate(atile)]
+    lines.append(f"{ind}}}")
     lines += [f"{ind}_tile_stored({ctile[i][j]}, cb + {i * 16 * nr + j * 16}, NR * 4);"
               for i in range(mt) for j in range(nt)]
     return "\n".join(lines)
@@ -331,6 +411,6 @@ def block_c(mr: int, nr: int) -> str:
 def amx_conv_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue) -> str:
     """Complete C source of the AMX bf16 conv2d library for one MR x NR tile block and epilogue chain
     (``isa``: the AVX-512 ISA whose ``V*`` layer the fp32 epilogue is written against)."""
-    tile_plan(mr, nr)  # raises ValueError for a block that does not fit the tile registers
+    conv_tile_plan(mr, nr)  # raises ValueError for a block that does not fit the tile registers
     return "\n".join([prologue(isa), BF16_LAYER, epilogue_c(epilogue), T16, f"#define MR {mr}\n#define NR {nr}\n",
                       HEAD, PACK_W, PAD_X, DRIVE.replace("TC_BLOCK", block_c(mr, nr))])
