@@ -58,7 +58,7 @@ class _PanelCache:
     version); see the module docstring for what it can and cannot see."""
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[tuple, tuple[Any, np.ndarray]] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple[Any, np.ndarray, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def clear(self) -> None:
@@ -68,8 +68,9 @@ class _PanelCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def panels(self, lib: Any, prm: Any, geometry: tuple, w: Any, w_ptr: int) -> np.ndarray | None:
-        """The packed panels of weight ``w`` (address ``w_ptr``), packed now when not kept; None when
+    def panels(self, lib: Any, prm: Any, geometry: tuple, w: Any, w_ptr: int) -> tuple[np.ndarray, int] | None:
+        """``(panels, address)``: the packed panels of weight ``w`` (at ``w_ptr``), packed now when not
+        kept; hold ``panels`` until the kernel has returned (another thread may evict the entry). None when
         ``w`` is no torch tensor or caching is off (the kernel then packs into its workspace)."""
         torch = sys.modules.get("torch")
         if torch is None or not isinstance(w, torch.Tensor) or os.environ.get("TRACEA_CPU_WEIGHT_CACHE") == "0":
@@ -79,7 +80,7 @@ class _PanelCache:
             hit = self._entries.get(key)
             if hit is not None:
                 self._entries.move_to_end(key)
-                return hit[1]
+                return hit[1], hit[2]
         words = int(lib.tc_wpack_words(prm))
         panels = np.empty(max(words, 16), np.uint32)
         lib.tc_pack_w(prm, w_ptr, panels.ctypes.data)
@@ -87,12 +88,12 @@ class _PanelCache:
             # an older version of the same tensor is dead weight now
             for k in [k for k in self._entries if k[:5] == key[:5]]:
                 del self._entries[k]
-            self._entries[key] = (w, panels)
+            self._entries[key] = (w, panels, panels.ctypes.data)
             total = sum(e[1].nbytes for e in self._entries.values())
             while len(self._entries) > CACHE_ENTRIES or (total > CACHE_BYTES and len(self._entries) > 1):
-                _, (_, old) = self._entries.popitem(last=False)
+                _, (_, old, _) = self._entries.popitem(last=False)
                 total -= old.nbytes
-        return panels
+        return panels, panels.ctypes.data
 
 
 PANELS = _PanelCache()
@@ -180,8 +181,8 @@ class CpuConv2dAmxVariant(CpuVariant):
             wp = ptr(w)
             panels = panels_of(lib, prm, geometry, w, wp)
             b32 = _bias_f32(adapter, bias) if has_bias else None
-            rc = fn(prm, ptr(x), wp, None if panels is None else panels.ctypes.data,
-                    None if b32 is None else b32.ctypes.data, ptr(out))
+            rc = fn(prm, ptr(x), wp, None if panels is None else panels[1], None if b32 is None else b32.ctypes.data,
+                    ptr(out))
             del b32, panels  # alive until the kernel returned
             if rc:
                 _check_rc(rc, "AMX conv2d")
@@ -201,8 +202,8 @@ class CpuConv2dAmxVariant(CpuVariant):
             if b32.size != op.k:
                 raise DTypeError("bias", f"{b32.size} values", f"{op.k} (one per output channel)")
         panels = PANELS.panels(lib, prm, geometry, args.arrays.get("w"), w)
-        rc = lib.tc_conv2d(prm, x, w, None if panels is None else panels.ctypes.data,
-                           None if b32 is None else b32.ctypes.data, out)
+        rc = lib.tc_conv2d(prm, x, w, None if panels is None else panels[1], None if b32 is None else b32.ctypes.data,
+                           out)
         del x_owner, w_owner, out_owner, b32, panels  # alive until here, after the kernel returned
         _check_rc(rc, "AMX conv2d")
 

@@ -289,7 +289,7 @@ int tc_conv2d(const tc_prm *p, const bf16 *x, const bf16 *w, const uint32_t *wpk
     long tpc = rowb <= kb ? p->S * (kb / rowb) : TR_MAX(1, kb / tapb), kst = tpc * CB;
     long mbg = TR_MAX(1, p->mbg);
     for (long k = 0; k < steps; k++) soff[k] = toff[k / CB] + (k % CB) * 32;
-    float *cbuf = (float *)aligned_alloc(64, sizeof(float) * MR * NR * mbg * nth);
+    float *cbuf = (float *)aligned_alloc(64, sizeof(float) * MR * NR * 2 * mbg * nth);
     if (!cbuf) {
         free(ubase);
         tr_ws_release(1, (float *)xbuf, xo);
@@ -304,7 +304,12 @@ int tc_conv2d(const tc_prm *p, const bf16 *x, const bf16 *w, const uint32_t *wpk
         int tid = 0;
 #endif
         bf16 *xp = xbuf + (size_t)tid * xsz;
-        float *cbg = cbuf + (size_t)tid * MR * NR * mbg;
+        float *cbg = cbuf + (size_t)tid * MR * NR * 2 * mbg;
+        int half = 0;  /* which half of cbg the blocks of the current (group, panel) use */
+        /* a finished block waits until the next block's tiles are stored: a vector load right after a
+           tile store of the same lines waits for the store */
+        long pend_n = -1, pend_u0 = 0, pend_k0 = 0, pend_kn = 0;
+        const float *pend_cb = 0;
         long padded = -1;
         memset(xp + img, 0, sizeof(bf16) * g.slack * Cpix);
         tc_tiles_on();
@@ -325,25 +330,31 @@ int tc_conv2d(const tc_prm *p, const bf16 *x, const bf16 *w, const uint32_t *wpk
                 long mge = TR_MIN(mb1, mg + mbg);
                 for (long nb = run * nbs; nb < TR_MIN(g.NB, (run + 1) * nbs); nb++) {
                     const uint32_t *bp = wpk + (gi * g.NB + nb) * g.panel;
+                    half ^= 1;
                     long k0c = gi * g.Kg + nb * NR;
                     for (long k0 = 0; k0 < steps; k0 += kst) {
                         long k1 = TR_MIN(steps, k0 + kst);
                         for (long mb = mg; mb < mge; mb++) {
                             long u0 = mb * (MR / 16);
-                            float *cb = cbg + (mb - mg) * MR * NR;
+                            float *cb = cbg + ((mb - mg) + mbg * half) * MR * NR;
                             const bf16 *xa[MR / 16];
                             for (int ut = 0; ut < MR / 16; ut++)
                                 xa[ut] = xp + ubase[TR_MIN(u0 + ut, g.U - 1)] * Cpix + gi * g.Cgp;
 TC_BLOCK
-#ifndef TC_NOSTORE
-                            if (k1 == steps)
-                                tc_store(p, &g, cb, n, u0, k0c, TR_MIN(NR, g.Kg - nb * NR), umask, uplane, bias, out);
-#endif
+                            if (pend_n >= 0) {
+                                tc_store(p, &g, pend_cb, pend_n, pend_u0, pend_k0, pend_kn, umask, uplane, bias, out);
+                                pend_n = -1;
+                            }
+                            if (k1 == steps) {
+                                pend_n = n; pend_u0 = u0; pend_k0 = k0c; pend_kn = TR_MIN(NR, g.Kg - nb * NR);
+                                pend_cb = cb;
+                            }
                         }
                     }
                 }
             }
         }
+        if (pend_n >= 0) tc_store(p, &g, pend_cb, pend_n, pend_u0, pend_k0, pend_kn, umask, uplane, bias, out);
         _tile_release();
     }
     free(cbuf);
