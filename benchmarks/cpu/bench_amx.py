@@ -120,7 +120,8 @@ def bench_linear(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) ->
 
 def bench_conv(batches: list[int], rows: list) -> None:
     from tracea.ir.ops import Conv2dOp
-    from tracea_cpu.amx_conv import PANELS, CpuConv2dAmxVariant
+    from tracea_cpu.amx_conv import CpuConv2dAmxVariant
+    from tracea_cpu.panel_cache import PANELS
 
     print("\nbf16 conv2d 3x3 s1 p1 (bf16 in/out, fp32 accumulate), medians, ratio = F.conv2d time / ours")
     gen = torch.Generator().manual_seed(0)

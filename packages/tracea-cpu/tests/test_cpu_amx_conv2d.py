@@ -16,7 +16,8 @@ from tracea.ir.ops import Conv2dOp
 from tracea.testing import inject_nonfinite, nonfinite_mismatch
 from tracea_cpu import amx_conv as conv_mod
 from tracea_cpu.amx import amx_permission
-from tracea_cpu.amx_conv import CONV_TILES, PANELS, CpuConv2dAmxVariant
+from tracea_cpu.amx_conv import CONV_TILES, CpuConv2dAmxVariant
+from tracea_cpu.panel_cache import PANELS
 from tracea_cpu.testing import HAVE_CC, PROFILE, config, epilogue_ref
 
 torch = pytest.importorskip("torch")

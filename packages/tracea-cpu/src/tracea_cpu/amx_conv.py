@@ -2,25 +2,15 @@
 the fused epilogues, fp32 accumulation, bf16 or fp32 output (kernel: :mod:`.emit.amx_conv`).
 
 Weight panels. The kernel reads the weights as VNNI panels. Packing them costs as much as the whole
-convolution of a deep layer at batch 1 (512@7^2: ~0.4 ms against ~0.3 ms), so the panels of a **torch**
-weight are kept and reused while the tensor is unchanged: the key is its data address, shape, strides
-and version counter (``Tensor._version``, which every in-place torch operation on the tensor or a view
-of it bumps), and the entry holds a reference to the tensor, so its memory cannot be freed and reused by
-another tensor while the entry lives. Writes that torch does not count are not seen: through
-``tensor.data`` (a separate version counter), a NumPy view of the tensor or DLPack. Set
-``TRACEA_CPU_WEIGHT_CACHE=0`` to pack on every call (as NumPy arrays always are: they have no version
-counter). At most :data:`CACHE_ENTRIES` weights and :data:`CACHE_BYTES` of panels are kept, least
-recently used first out.
+convolution of a deep layer at batch 1 (512@7^2: ~0.4 ms against ~0.3 ms), so the panels of an unchanged
+**torch** weight are kept between calls (:mod:`.panel_cache`: what it sees and what it cannot;
+``TRACEA_CPU_WEIGHT_CACHE=0`` packs on every call, as NumPy weights always are).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import sys
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -38,6 +28,7 @@ from .amx import AMX_EFFICIENCY, amx_compiler_reason, amx_peak_gflops, amx_permi
 from .bf16 import bf16_operand, f32_operand
 from .emit.amx_conv import PARAMS, check_conv_tile
 from .isa import AMX_BF16
+from .panel_cache import PANELS
 from .variant_base import CpuVariant, _check_rc, _require, _threads_problem
 
 #: tile blocks offered (MR pixels x NR output channels); the heroes order them per op (hero_configs)
@@ -49,54 +40,8 @@ WBLK = (512, 256, 1024)
 #: panel) is one chunk: chunking did not measure faster on the ResNet layers (2-core Xeon, load 4-6).
 KST = (4096, 24, 48)
 MBG = (1, 8, 16)
-CACHE_ENTRIES = 16
-CACHE_BYTES = 256 << 20
 
 
-class _PanelCache:
-    """Packed weight panels of torch tensors, keyed on (library, geometry, address, shape, strides,
-    version); see the module docstring for what it can and cannot see."""
-
-    def __init__(self) -> None:
-        self._entries: OrderedDict[tuple, tuple[Any, np.ndarray, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def panels(self, lib: Any, prm: Any, geometry: tuple, w: Any, w_ptr: int) -> tuple[np.ndarray, int] | None:
-        """``(panels, address)``: the packed panels of weight ``w`` (at ``w_ptr``), packed now when not
-        kept; hold ``panels`` until the kernel has returned (another thread may evict the entry). None when
-        ``w`` is no torch tensor or caching is off (the kernel then packs into its workspace)."""
-        torch = sys.modules.get("torch")
-        if torch is None or not isinstance(w, torch.Tensor) or os.environ.get("TRACEA_CPU_WEIGHT_CACHE") == "0":
-            return None
-        key = (id(lib), geometry, w_ptr, tuple(w.shape), tuple(w.stride()), int(w._version))
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is not None:
-                self._entries.move_to_end(key)
-                return hit[1], hit[2]
-        words = int(lib.tc_wpack_words(prm))
-        panels = np.empty(max(words, 16), np.uint32)
-        lib.tc_pack_w(prm, w_ptr, panels.ctypes.data)
-        with self._lock:
-            # an older version of the same tensor is dead weight now
-            for k in [k for k in self._entries if k[:5] == key[:5]]:
-                del self._entries[k]
-            self._entries[key] = (w, panels, panels.ctypes.data)
-            total = sum(e[1].nbytes for e in self._entries.values())
-            while len(self._entries) > CACHE_ENTRIES or (total > CACHE_BYTES and len(self._entries) > 1):
-                _, (_, old, _) = self._entries.popitem(last=False)
-                total -= old.nbytes
-        return panels, panels.ctypes.data
-
-
-PANELS = _PanelCache()
 
 
 class CpuConv2dAmxVariant(CpuVariant):
@@ -176,10 +121,11 @@ class CpuConv2dAmxVariant(CpuVariant):
         lib, prm, geometry = self.prepare(op, config, profile)
         fn, ptr, has_bias = lib.tc_conv2d, adapter.data_ptr, op.epilogue.has_bias
         panels_of = PANELS.panels
+        words, pack = lib.tc_wpack_words(prm), lib.tc_pack_w
 
         def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
             wp = ptr(w)
-            panels = panels_of(lib, prm, geometry, w, wp)
+            panels = panels_of(geometry, w, wp, words, lambda dst: pack(prm, wp, dst))
             b32 = _bias_f32(adapter, bias) if has_bias else None
             rc = fn(prm, ptr(x), wp, None if panels is None else panels[1], None if b32 is None else b32.ctypes.data,
                     ptr(out))
@@ -201,7 +147,8 @@ class CpuConv2dAmxVariant(CpuVariant):
             b32 = _bias_f32(args.adapter, args.arrays.get("bias"))
             if b32.size != op.k:
                 raise DTypeError("bias", f"{b32.size} values", f"{op.k} (one per output channel)")
-        panels = PANELS.panels(lib, prm, geometry, args.arrays.get("w"), w)
+        panels = PANELS.panels(geometry, args.arrays.get("w"), w, lib.tc_wpack_words(prm),
+                               lambda dst: lib.tc_pack_w(prm, w, dst))
         rc = lib.tc_conv2d(prm, x, w, None if panels is None else panels[1], None if b32 is None else b32.ctypes.data,
                            out)
         del x_owner, w_owner, out_owner, b32, panels  # alive until here, after the kernel returned
@@ -233,5 +180,5 @@ def _conv_plan(variant: CpuConv2dAmxVariant, op: Op, config: PipelineConfig, nth
                   nth=nth, wblk=int(config.get("wblk", WBLK[0])), kst=int(config.get("kst", KST[0])),
                   mbg=int(config.get("mbg", MBG[0])))
     prm = kernels.call_params(PARAMS, values)
-    geometry = (values["layout"], op.c, op.k, op.r, op.s, op.groups, nr)
+    geometry = (id(lib), "conv", values["layout"], op.c, op.k, op.r, op.s, op.groups, nr)
     return lib, prm, geometry

@@ -70,6 +70,14 @@ def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     call :func:`tracea_cpu.amx.amx_permission` before running it)."""
     source = amx_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
     lib = build(source, AMX_BF16.cflags, f"gemm-amx-{mr}x{nr}")
+    lib.tb_amx_bwords.argtypes = [_L, _L]
+    lib.tb_amx_bwords.restype = _L
+    lib.tb_amx_pack_b.argtypes = [_L, _L, _P, _L, _L, _P, _I]
+    lib.tb_amx_pack_b.restype = _I
+    lib.tb_amx_takes_packed_b.argtypes = [_P, _I]
+    lib.tb_amx_takes_packed_b.restype = _I
+    lib.tb_gemm_call_pk.argtypes = [_P, _P, _P, _P, _P, _P, _I]
+    lib.tb_gemm_call_pk.restype = _I
     return _bind_tb_gemm(lib)
 
 

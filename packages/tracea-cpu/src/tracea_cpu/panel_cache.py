@@ -1,0 +1,77 @@
+"""Packed weight panels of torch tensors kept between calls (AMX conv2d weights, AMX GEMM B operands).
+
+Packing a weight into the tile layout costs about as much as a small GEMM or a deep conv layer at batch
+1 (512^3 bf16 GEMM: ~10% of the call; 512@7^2 conv: more than the convolution), and layers call with the
+same weight again and again. An entry is keyed on the packing geometry (which library, shape, layout),
+the tensor's data address, shape, strides and **version counter** (``Tensor._version``: every in-place
+torch operation on the tensor or on a view of it bumps it), and holds a reference to the tensor, so its
+memory cannot be freed and reused by another tensor while the entry lives.
+
+What it cannot see: writes that torch does not count -- through ``tensor.data`` (a separate version
+counter), a NumPy view of the tensor, DLPack or a C extension. Set ``TRACEA_CPU_WEIGHT_CACHE=0`` to pack
+on every call (NumPy arrays, which have no version counter, always are). At most :data:`CACHE_ENTRIES`
+tensors and :data:`CACHE_BYTES` of panels are kept, least recently used first out; a new version of a
+tensor replaces the old one's entry.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+
+CACHE_ENTRIES = 32
+CACHE_BYTES = 256 << 20
+
+
+class PanelCache:
+    """Packed panels of torch tensors (see the module docstring for what it can and cannot see)."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple, tuple[Any, np.ndarray, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def panels(self, geometry: tuple, w: Any, w_ptr: int, words: int,
+               pack: Callable[[int], Any]) -> tuple[np.ndarray, int] | None:
+        """``(panels, address)`` of tensor ``w`` (data at ``w_ptr``) packed for ``geometry`` (a hashable
+        key naming the library and the packing; ``words``: uint32 words of the panels; ``pack(address)``
+        writes them), packed now when not kept. Hold ``panels`` until the kernel reading them has
+        returned (another thread may evict the entry). None when ``w`` is no torch tensor or caching is
+        off: the caller packs itself."""
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(w, torch.Tensor) or os.environ.get("TRACEA_CPU_WEIGHT_CACHE") == "0":
+            return None
+        key = (geometry, w_ptr, tuple(w.shape), w.stride(), w._version)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+                return hit[1], hit[2]
+        panels = np.empty(max(int(words), 16), np.uint32)
+        addr = panels.ctypes.data
+        pack(addr)
+        with self._lock:
+            for k in [k for k in self._entries if k[:4] == key[:4]]:  # older versions of the same tensor
+                del self._entries[k]
+            self._entries[key] = (w, panels, addr)
+            total = sum(e[1].nbytes for e in self._entries.values())
+            while len(self._entries) > CACHE_ENTRIES or (total > CACHE_BYTES and len(self._entries) > 1):
+                _, (_, old, _) = self._entries.popitem(last=False)
+                total -= old.nbytes
+        return panels, addr
+
+
+#: the process-wide cache every AMX variant uses
+PANELS = PanelCache()
