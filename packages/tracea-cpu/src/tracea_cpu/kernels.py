@@ -114,6 +114,19 @@ def amx_conv_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     return lib
 
 
+@functools.lru_cache(maxsize=64)
+def f16_gemm_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The fp16 GEMM library (``tr_gemm_f16``) of one x86 ISA, register tile and epilogue (compiled once)."""
+    from .emit.f16 import f16_gemm_source
+
+    isa = ISA_BY_NAME[isa_name]
+    lib = build(f16_gemm_source(isa, mr, nr, Epilogue.parse(epilogue_key)), isa.cflags + ("-mf16c",),
+                f"gemm-f16-{isa_name}-{mr}x{nr}")
+    lib.tr_gemm_f16.argtypes = [_L, _L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _I, _P, _L, _L, _L, _I]
+    lib.tr_gemm_f16.restype = _I
+    return lib
+
+
 class Bf16Call(ctypes.Structure):
     """``tb_call``: the constants of one bf16 GEMM (op shape, operand strides, blocks) for ``tb_gemm_call``."""
 
