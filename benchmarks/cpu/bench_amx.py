@@ -1,7 +1,7 @@
 """bf16 on AMX against torch CPU (oneDNN), interleaved in one run, medians.
 
     source scripts/srcenv.sh
-    flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_amx.py [--only gemm,linear,int8,conv,interference]
+    flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_amx.py [--only gemm,linear,int8,conv,f16,interference]
         [--sizes 512,1024,2048,4096] [--threads T] [--json out.json]
 
 Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
@@ -20,6 +20,9 @@ Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
   panels are kept between calls while its version counter is unchanged), ``amx`` the AMX variant run
   directly with its first hero (isolated kernel, panels kept as in ``user``), ``repack`` the same with
   the weight panels packed again on every call. Anchor: ``F.conv2d`` (oneDNN).
+* ``f16``: fp16 C = A @ B, n^3 (fp16 in/out, fp32 accumulate): ``user`` is ``tracea.ops.matmul(a, b)``
+  on torch float16 tensors (default settings), ``amx`` (``cpu.gemm.f16amx``: exact bf16 split on AMX)
+  and ``avx512`` (``cpu.gemm.f16.avx512``: fp32 FMAs) the variants run directly with their first hero. Anchor: ``torch.matmul`` in float16.
 * ``interference``: one bf16 GEMM and its torch anchor timed alone (back to back) and interleaved with
   a NumPy (OpenBLAS) fp32 matmul and a torch fp32 matmul between calls, 5 runs; prints both ratios.
 """
@@ -149,6 +152,27 @@ def bench_conv(batches: list[int], rows: list) -> None:
                                  **_line(f"b{n} {c}@{hw}^2 {layout}", flops, compare(fns, budget=1.5), "torch")))
 
 
+def bench_f16(sizes: list[int], rows: list) -> None:
+    from tracea_cpu.f16 import CpuGemmF16Variant
+    from tracea_cpu.f16_amx import CpuGemmF16AmxVariant
+    from tracea_cpu.isa import AVX512
+
+    print("\nfp16 GEMM n^3 (fp16 in/out, fp32 accumulate), medians, ratio = torch.matmul time / ours")
+    gen = torch.Generator().manual_seed(0)
+    variants = {"amx": CpuGemmF16AmxVariant(), "avx512": CpuGemmF16Variant(AVX512)}
+    for n in sizes:
+        a = torch.randn(n, n, generator=gen).half()
+        b = torch.randn(n, n, generator=gen).half()
+        op = GemmOp(n, n, n, dtype_a="f16", dtype_b="f16", dtype_out="f16")
+        fns = {"user": lambda: tracea.ops.matmul(a, b)}
+        args = OpArgs({"a": a, "b": b, "bias": None}, torch.empty(n, n, dtype=torch.float16), TorchAdapter())
+        for name, v in variants.items():
+            if not v.check(op, PROFILE):
+                fns[name] = lambda v=v, cfg=v.hero_configs(op, PROFILE)[0], op=op: v.run(op, cfg, args, PROFILE)
+        fns["torch"] = lambda: torch.matmul(a, b)
+        rows.append(dict(kind="f16", n=n, **_line(str(n), 2.0 * n ** 3, compare(fns), "torch")))
+
+
 def bench_int8(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) -> None:
     import warnings
 
@@ -206,7 +230,7 @@ def bench_interference(n: int, rows: list, runs: int = 5) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="gemm,linear,int8,conv,interference")
+    ap.add_argument("--only", default="gemm,linear,int8,conv,f16,interference")
     ap.add_argument("--batches", default="1,8", help="conv batch sizes")
     ap.add_argument("--sizes", default="512,1024,2048,3072,4096")
     ap.add_argument("--tokens", default="1,8,32,128")
@@ -230,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_linear([int(s) for s in ns.tokens.split(",")], rows)
     if "int8" in only:
         bench_int8([int(s) for s in ns.tokens.split(",")] + [1024], rows)
+    if "f16" in only:
+        bench_f16([int(s) for s in ns.sizes.split(",") if int(s) <= 2048], rows)
     if "conv" in only:
         bench_conv([int(s) for s in ns.batches.split(",")], rows)
     if "interference" in only:

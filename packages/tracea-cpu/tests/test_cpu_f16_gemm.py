@@ -1,4 +1,4 @@
-"""fp16 GEMM (``cpu.gemm.f16.avx512`` / ``cpu.gemm.f16.avx2``) against a float64 reference of the fp16
+"""fp16 GEMM (``cpu.gemm.f16.avx512`` / ``cpu.gemm.f16.avx2`` / ``cpu.gemm.f16amx``) against a float64 reference of the fp16
 inputs: odd and tiny shapes, transposes, batches, every epilogue, both output dtypes, small cache blocks
 (several K blocks), NaN / Inf placement, the fp32 accuracy class (an fp16-accumulating kernel fails
 it), NumPy and torch operands, bad operands, and the user path. Each ISA's tests skip, with the reason,
@@ -28,6 +28,14 @@ def _variants():
         ok = HAVE_CC and isa.runs_here() and PROFILE.has(*isa.requires, "f16c")
         out.append(pytest.param(CpuGemmF16Variant(isa), id=isa.name,
                                 marks=pytest.mark.skipif(not ok, reason=f"needs a C compiler, {isa.name} and F16C")))
+    from tracea_cpu.amx import amx_permission
+    from tracea_cpu.f16_amx import CpuGemmF16AmxVariant
+
+    amx = HAVE_CC and PROFILE.has("amx_tile", "amx_bf16", "f16c")
+    why = "" if not amx else (amx_permission() or "")
+    out.append(pytest.param(CpuGemmF16AmxVariant(), id="amx",
+                            marks=pytest.mark.skipif(not amx or bool(why),
+                                                     reason=why or "needs a C compiler, AMX-BF16 and F16C")))
     return out
 
 
@@ -85,16 +93,15 @@ def test_epilogues(v, epi):
 def test_several_k_blocks_and_threads(v):
     for threads in (1, 2):
         mr, nr = v.isa.tiles[0]
-        cfg = config(mr=mr, nr=nr, kc=64, mc=2 * mr, nc=2 * nr, threads=threads)
+        cfg = config(mr=mr, nr=nr, kc=64, mc=2 * mr, nc=2 * nr, threads=threads)  # AMX: 32 x 32 blocks
         got, ref = case(v, 150, 133, 1000, cfg=cfg, seed=8)
         assert rel_err(got, ref) < 3e-6
 
 
-def test_accumulates_in_fp32_not_fp16():
-    """K = 4096 of values near 1: fp16 partial sums lose ~1e-3 relative; fp32 accumulation does not."""
-    v = VARIANTS[0].values[0]
-    if not (HAVE_CC and AVX512.runs_here() and PROFILE.has(*AVX512.requires, "f16c")):
-        pytest.skip("needs AVX-512 and F16C")
+@pytest.mark.parametrize("v", VARIANTS)
+def test_accumulates_in_fp32_not_fp16(v):
+    """K = 4096 of values near 1: fp16 partial sums (or a lossy bf16 conversion) lose ~1e-3 relative;
+    fp32 accumulation of exact products does not."""
     rng = np.random.default_rng(3)
     a = (1 + 0.01 * rng.standard_normal((1, 4, 4096))).astype(np.float16)
     b = (1 + 0.01 * rng.standard_normal((1, 4096, 8))).astype(np.float16)
@@ -150,3 +157,19 @@ def test_user_path_numpy_and_torch():
     yt = tracea.ops.matmul(torch.from_numpy(a), torch.from_numpy(b))
     assert dict(fallbacks.counts()) == before, "fell back to torch"
     assert yt.dtype is torch.float16 and rel_err(yt.double().numpy(), ref) < 1.5e-3
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+def test_inf_against_values_exact_in_bf16(v):
+    """An Inf against B values with no bf16 remainder (1.0, -2.0, 0.0) gives +-Inf / NaN as the reference
+    (the AMX split must not multiply the Inf by a zero low part)."""
+    a = np.array([[[np.inf, 1.0, 0.5], [2.0, -np.inf, 1.0], [1.0, 1.0, 1.0]]], np.float16)
+    b = np.array([[[1.0, -2.0, 0.0, 1.5], [1.0, 1.0, 1.0, 1.0], [0.25, 3.0, 1.0, np.inf]]], np.float16)
+    op = GemmOp(3, 4, 3, dtype_a="f16", dtype_b="f16", dtype_out="float32")
+    res = np.empty((1, 3, 4), np.float32)
+    v.run(op, v.hero_configs(GemmOp(64, 64, 64, dtype_a="f16", dtype_b="f16"), PROFILE)[0],
+          OpArgs({"a": a, "b": b, "bias": None}, res, NumpyAdapter()), PROFILE)
+    with np.errstate(invalid="ignore"):
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+    why = nonfinite_mismatch(res, ref, atol=1e-6)
+    assert why is None, why
