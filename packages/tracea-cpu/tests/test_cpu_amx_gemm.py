@@ -284,9 +284,12 @@ def test_user_path_keeps_b_panels_and_sees_in_place_updates(tb):
 
     check()
     check()
+    check()
     assert len(PANELS) == 1
     with torch.no_grad():
         b.mul_(-3).add_(1)
+    check()
+    check()
     check()
     assert len(PANELS) == 1
     b2 = b.clone()
