@@ -43,10 +43,10 @@ AMX_PROFILE = PROFILE.with_(isa=tuple(PROFILE.isa) + ("amx_tile", "amx_bf16", "a
 
 # (n, C, H, W, K, R, S, stride, padding, dilation, groups)
 SHAPES = [(1, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1), (2, 3, 9, 11, 5, 3, 3, 1, 1, 1, 1), (1, 33, 7, 7, 17, 3, 3, 2, 1, 1, 1),
-          (1, 40, 6, 5, 70, 1, 1, 1, 0, 1, 1), (2, 8, 13, 10, 12, 3, 3, 2, 2, 2, 2), (1, 16, 8, 8, 16, 3, 3, 1, 1, 1, 4),
+          (1, 40, 6, 5, 70, 1, 1, 1, 0, 1, 1), (2, 8, 13, 10, 12, 3, 3, 2, 2, 2, 2), (1, 16, 8, 8, 16, 3, 3, 1, 1, 1, 4), (1, 12, 6, 6, 12, 3, 3, 1, 1, 1, 3),
           (3, 40, 5, 6, 70, 2, 2, 1, 0, 1, 1), (1, 32, 12, 12, 48, 5, 5, 3, 2, 1, 1), (1, 7, 20, 20, 9, 3, 3, 1, 3, 3, 1),
           (1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1), (2, 96, 17, 3, 31, 3, 1, (2, 1), (1, 0), (1, 2), 1),
-          (1, 24, 4, 4, 18, 3, 3, 1, 1, 1, 3), (1, 50, 33, 2, 33, 1, 2, 1, (0, 1), 1, 1)]
+          (1, 24, 4, 4, 18, 3, 3, 1, 1, 1, 3), (2, 3, 9, 9, 4, 3, 3, 1, 1, 1, 1), (1, 50, 33, 2, 33, 1, 2, 1, (0, 1), 1, 1)]
 
 
 def _pair(v):
@@ -236,3 +236,10 @@ def test_declines_with_the_os_reason_when_refused(monkeypatch):
     assert any("refused AMX tile data" in r for r in VARIANT.check(op, AMX_PROFILE))
     with pytest.raises(BackendError, match="refused"):
         VARIANT.library(32, 32, "")
+
+
+def test_declines_depthwise_like_groups():
+    op = Conv2dOp(1, 32, 8, 8, 32, 3, 3, groups=32, dtype="bf16")
+    assert any("groups of 1 input" in r for r in VARIANT.check(op, AMX_PROFILE))
+    op = Conv2dOp(1, 32, 8, 8, 32, 3, 3, groups=8, dtype="bf16")
+    assert not any("groups of" in r for r in VARIANT.check(op, AMX_PROFILE))

@@ -39,6 +39,8 @@ WBLK = (512, 256, 1024)
 #: ``mbg`` pixel blocks with their partial sums in an fp32 scratch. The default (a budget larger than any
 #: panel) is one chunk: chunking did not measure faster on the ResNet layers (2-core Xeon, load 4-6).
 KST = (4096, 24, 48)
+#: fewest input and output channels per group the variant takes (see ``check``)
+MIN_GROUP_CHANNELS = 4
 MBG = (1, 8, 16)
 
 
@@ -59,6 +61,11 @@ class CpuConv2dAmxVariant(CpuVariant):
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
         reasons = [f"needs AMX (amx_tile, amx_bf16): {r}" if r.startswith("device lacks") else r
                    for r in super().check(op, profile)]
+        if isinstance(op, Conv2dOp) and min(op.c // op.groups, op.k // op.groups) < MIN_GROUP_CHANNELS:
+            # a group's channels fill tile rows of 32 and tile columns of 16: depthwise-like groups
+            # would compute 16-512x the products
+            reasons.append(f"groups of {op.c // op.groups} input / {op.k // op.groups} output channels: AMX "
+                           f"tiles need at least {MIN_GROUP_CHANNELS} of each per group")
         if not reasons:
             why = amx_compiler_reason("bf16") or amx_permission()
             if why:

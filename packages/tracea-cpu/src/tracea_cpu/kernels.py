@@ -69,7 +69,7 @@ def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     """The AMX bf16 GEMM library for one MR x NR block of tiles and epilogue chain (compiled once;
     call :func:`tracea_cpu.amx.amx_permission` before running it)."""
     source = amx_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
-    lib = build(source, AMX_BF16.cflags + ("-mf16c",), f"gemm-amx-{mr}x{nr}")
+    lib = build(source, AMX_BF16.cflags, f"gemm-amx-{mr}x{nr}")
     lib.tf_gemm_split.argtypes = [_P, _P, _P, _P, _P, _I]
     lib.tf_gemm_split.restype = _I
     lib.tb_amx_bwords.argtypes = [_L, _L]

@@ -29,28 +29,26 @@ static void tf_split(long R, long C, const uint16_t *src, long rs, long cs, bf16
     #pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1 && R * C >= 65536)
     for (long r = 0; r < R; r++) {
         bf16 *d = dst + r * ld;
-        long c = 0;
-        if (cs == 1)
-            for (; c + 16 <= C; c += 16) {
-                __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + r * rs + c)));
-                __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
-                __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-                __mmask16 fin = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
-                __m256i l = _mm256_maskz_mov_epi16(fin, (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, hf)));
-                _mm256_storeu_si256((__m256i *)(d + c + h0), h);
-                _mm256_storeu_si256((__m256i *)(d + c + h1), _mm256_maskz_mov_epi16(fin, h));
-                _mm256_storeu_si256((__m256i *)(d + c + l0), l);
-                _mm256_storeu_si256((__m256i *)(d + c + l1), l);
+        for (long c = 0; c < C; c += 16) {
+            long n = TR_MIN(16, C - c);
+            __mmask16 m = (__mmask16)(n == 16 ? 0xffff : (1u << n) - 1);
+            __m256i raw;
+            if (cs == 1) {
+                raw = _mm256_maskz_loadu_epi16(m, src + r * rs + c);
+            } else {
+                uint16_t t[16] = {0};
+                for (long u = 0; u < n; u++) t[u] = src[r * rs + (c + u) * cs];
+                raw = _mm256_loadu_si256((const __m256i *)t);
             }
-        for (; c < C; c++) {
-            float x = _cvtsh_ss(src[r * rs + c * cs]);
-            bf16 h = (bf16)_mm_extract_epi16((__m128i)_mm_cvtneps_pbh(_mm_set1_ps(x)), 0);
-            uint32_t hb = (uint32_t)h << 16;
-            float hf;
-            memcpy(&hf, &hb, 4);
-            int fin = isfinite(x);
-            bf16 l = fin ? (bf16)_mm_extract_epi16((__m128i)_mm_cvtneps_pbh(_mm_set1_ps(x - hf)), 0) : 0;
-            d[c + h0] = h; d[c + h1] = fin ? h : 0; d[c + l0] = l; d[c + l1] = l;
+            __m512 x = _mm512_cvtph_ps(raw);
+            __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+            __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            __mmask16 fin = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+            __m256i l = _mm256_maskz_mov_epi16(fin, (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, hf)));
+            _mm256_mask_storeu_epi16(d + c + h0, m, h);
+            _mm256_mask_storeu_epi16(d + c + h1, m, _mm256_maskz_mov_epi16(fin, h));
+            _mm256_mask_storeu_epi16(d + c + l0, m, l);
+            _mm256_mask_storeu_epi16(d + c + l1, m, l);
         }
     }
 }
