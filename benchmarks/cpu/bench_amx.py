@@ -19,7 +19,7 @@ Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
   ``tracea.ops.conv2d(x, w)`` with default settings (the Doctor's pick, untuned; a torch weight's VNNI
   panels are kept between calls while its version counter is unchanged), ``amx`` the AMX variant run
   directly with its first hero (isolated kernel, panels kept as in ``user``), ``repack`` the same with
-  the weight panels packed again on every call. Anchor: ``F.conv2d`` (oneDNN).
+  the weight panels packed again on every call (``TRACEA_CPU_WEIGHT_CACHE=0`` around the call). Anchor: ``F.conv2d`` (oneDNN).
 * ``f16``: fp16 C = A @ B, n^3 (fp16 in/out, fp32 accumulate): ``user`` is ``tracea.ops.matmul(a, b)``
   on torch float16 tensors (default settings), ``amx`` (``cpu.gemm.f16amx``: exact bf16 split on AMX)
   and ``avx512`` (``cpu.gemm.f16.avx512``: fp32 FMAs) the variants run directly with their first hero. Anchor: ``torch.matmul`` in float16.
@@ -121,10 +121,22 @@ def bench_linear(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) ->
             rows.append(dict(kind="linear", m=m, **_line(f"{m} tokens", 2.0 * m * n * k, compare(fns), "torch")))
 
 
+def _uncached(fn, *args) -> None:
+    """``fn(*args)`` with the AMX weight-panel cache off (``TRACEA_CPU_WEIGHT_CACHE=0``): packed per call."""
+    old = os.environ.get("TRACEA_CPU_WEIGHT_CACHE")
+    os.environ["TRACEA_CPU_WEIGHT_CACHE"] = "0"
+    try:
+        fn(*args)
+    finally:
+        if old is None:
+            del os.environ["TRACEA_CPU_WEIGHT_CACHE"]
+        else:
+            os.environ["TRACEA_CPU_WEIGHT_CACHE"] = old
+
+
 def bench_conv(batches: list[int], rows: list) -> None:
     from tracea.ir.ops import Conv2dOp
     from tracea_cpu.amx_conv import CpuConv2dAmxVariant
-    from tracea_cpu.panel_cache import PANELS
 
     print("\nbf16 conv2d 3x3 s1 p1 (bf16 in/out, fp32 accumulate), medians, ratio = F.conv2d time / ours")
     gen = torch.Generator().manual_seed(0)
@@ -144,8 +156,7 @@ def bench_conv(batches: list[int], rows: list) -> None:
                     args = OpArgs({"x": xk, "w": wk, "bias": None}, torch.empty(op.out_shape, dtype=torch.bfloat16),
                                   TorchAdapter())
                     fns["amx"] = lambda args=args, cfg=cfg, op=op: variant.run(op, cfg, args, PROFILE)
-                    fns["repack"] = lambda args=args, cfg=cfg, op=op: (PANELS.clear(),
-                                                                        variant.run(op, cfg, args, PROFILE))
+                    fns["repack"] = lambda args=args, cfg=cfg, op=op: _uncached(variant.run, op, cfg, args, PROFILE)
                 fns["torch"] = lambda x=x, w=w: torch.nn.functional.conv2d(x, w, None, 1, 1)
                 flops = 2.0 * n * hw * hw * c * c * 9
                 rows.append(dict(kind="conv", n=n, c=c, hw=hw, layout=layout,

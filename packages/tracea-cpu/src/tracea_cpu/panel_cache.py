@@ -72,7 +72,10 @@ class PanelCache:
                     self._seen.popitem(last=False)
                 return None
             del self._seen[key]
-        panels = np.empty(max(int(words), 16), np.uint32)
+        # 64-byte aligned: a tile row that straddles two cache lines costs two L1 accesses
+        raw = np.empty(max(int(words), 16) + 16, np.uint32)
+        skip = (-raw.ctypes.data % 64) // 4
+        panels = raw[skip:skip + max(int(words), 16)]
         addr = panels.ctypes.data
         pack(addr)
         held = panels.nbytes + _storage_bytes(w)
