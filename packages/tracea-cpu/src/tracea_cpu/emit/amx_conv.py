@@ -246,10 +246,10 @@ static void tc_store(const tc_prm *p, const tc_geo *g, const float *cb, long n, 
    panels); bias: fp32 (K) or null; out: fp32 or bf16 (out_bf16), NCHW or NHWC. 0, or 1 (allocation).
 
    Work items: (image, chunk of its pixel blocks, run of panels), runs innermost. Each thread pads the rows
-   of the image its chunk reads into its own image-sized buffer right before computing them (so they are
-   in L2 when the tiles load them; a separate padding pass over the whole batch wrote and re-read it
-   through memory: 30% of the time of 64@56^2 at batch 8), skipping that when its previous item padded
-   the same rows. */
+   of the image its blocks read into its own image-sized buffer, a group of blocks' rows right before the
+   group computes (so they are in L1 / L2 when the tiles load them; a separate padding pass over the whole
+   batch wrote and re-read it through memory: 30% of the time of 64@56^2 at batch 8); the next item of
+   the same image and chunk (another run of panels) finds them padded. */
 int tc_conv2d(const tc_prm *p, const bf16 *x, const bf16 *w, const uint32_t *wpk, const float *bias, void *out) {
     tc_geo g; tc_geometry(p, &g);
     int nth = p->nth > 0 ? (int)p->nth : 1;
@@ -310,7 +310,7 @@ int tc_conv2d(const tc_prm *p, const bf16 *x, const bf16 *w, const uint32_t *wpk
            tile store of the same lines waits for the store */
         long pend_n = -1, pend_u0 = 0, pend_k0 = 0, pend_kn = 0;
         const float *pend_cb = 0;
-        long padded = -1;
+        long pad_sub = -1, pad_next = 0, pad_end = 0;  /* rows [pad_next, pad_end) of item group pad_sub to pad */
         memset(xp + img, 0, sizeof(bf16) * g.slack * Cpix);
         tc_tiles_on();
         #pragma omp for schedule(static)
@@ -318,16 +318,20 @@ int tc_conv2d(const tc_prm *p, const bf16 *x, const bf16 *w, const uint32_t *wpk
             long sub = it / per_img, n = sub / nch, ch = sub % nch;
             long gi = it % per_img / nruns, run = it % nruns;
             long mb0 = g.MB * ch / nch, mb1 = g.MB * (ch + 1) / nch;
-            if (padded != sub) {
+            if (pad_sub != sub) {
                 long ulo = mb0 * (MR / 16), uhi = TR_MIN(g.U, mb1 * (MR / 16)) - 1;
-                long lo = ubase[ulo], hi = ubase[uhi] + 15 * p->sw + reach;
-#ifndef TC_NOPAD
-                tc_pad_rows(p, &g, x, n, lo / Wp, TR_MIN(g.Hp, hi / Wp + 1), xp);
-#endif
-                padded = sub;
+                pad_sub = sub;
+                pad_next = ubase[ulo] / Wp;
+                pad_end = TR_MIN(g.Hp, (ubase[uhi] + 15 * p->sw + reach) / Wp + 1);
             }
             for (long mg = mb0; mg < mb1; mg += mbg) {
                 long mge = TR_MIN(mb1, mg + mbg);
+                /* the rows this group of blocks reads, padded just before (they stay in L1 / L2) */
+                long need = TR_MIN(pad_end, (ubase[TR_MIN(g.U, mge * (MR / 16)) - 1] + 15 * p->sw + reach) / Wp + 1);
+                if (need > pad_next) {
+                    tc_pad_rows(p, &g, x, n, pad_next, need, xp);
+                    pad_next = need;
+                }
                 for (long nb = run * nbs; nb < TR_MIN(g.NB, (run + 1) * nbs); nb++) {
                     const uint32_t *bp = wpk + (gi * g.NB + nb) * g.panel;
                     half ^= 1;
