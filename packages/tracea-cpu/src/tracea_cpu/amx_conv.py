@@ -9,7 +9,6 @@ convolution of a deep layer at batch 1 (512@7^2: ~0.4 ms against ~0.3 ms), so th
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from typing import Any
 

@@ -90,7 +90,7 @@ def _split_plan(variant: CpuGemmF16AmxVariant, op: Op, config: PipelineConfig) -
     rsa, csa = (1, op.m) if op.trans_a else (op.k, 1)
     rsb, csb = (1, op.k) if op.trans_b else (op.n, 1)
     # mc as the many-rows driver wants it for the K it sees (four times the op's)
-    split_op = GemmOp(op.m, op.n, SPLIT_FACTOR * op.k, dtype_a="bf16", dtype_b="bf16")
+    split_op = GemmOp(op.m, op.n, SPLIT_FACTOR * op.k, dtype_a=DType.BF16, dtype_b=DType.BF16)
     from tracea.doctor.host_plugin import host_profile
 
     mc = variant.block_rows(split_op, config, host_profile())
