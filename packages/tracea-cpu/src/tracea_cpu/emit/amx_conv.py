@@ -1,30 +1,34 @@
 """bf16 conv2d on AMX tiles (``tc_conv2d``): implicit GEMM whose A tiles are loaded in place from a
-zero-padded NHWC copy of the input, so no im2col buffer and no A packing exist.
+zero-padded NHWC copy of the input rows, so no im2col buffer and no A packing exist.
 
-Layout. The input is copied once per call into ``xp[n][Hp][Wp][G][Cgp]`` (bf16): zero borders of
-``ph`` / ``pw``, each group's ``Cg`` channels padded with zeros to ``Cgp`` (a multiple of 32, one tile
-row of K). NCHW inputs are transposed on the way (pairs of channel rows widened to 32-bit words, then
-16 x 16 word transposes); NHWC inputs are row copies. GEMM rows are output pixels, columns output
-channels, K runs over (tap, channel) -- the tap (r, s) and a 32-channel block select ``tileloadd``'s base
-address and the 16 rows of a tile are 16 pixels at a fixed stride:
+Layout. Each thread copies the input rows its blocks read into its own image-sized buffer
+``xp[Hp][Wp][G][Cgp]`` (bf16), a group of blocks' rows right before the group computes: zero rows for
+``ph``, ``pw`` zero pixels before each row (``Wp = W + pw``: the left padding of row h + 1 is the right
+padding of row h; 1-wide kernels with padding keep both borders), each group's ``Cg`` channels padded
+with zeros to ``Cgp`` (a multiple of 32, one tile row of K), zeroed slack after the last row. NCHW inputs
+are transposed on the way (pairs of channel rows widened to 32-bit words, then 16 x 16 word transposes);
+NHWC inputs are row copies. GEMM rows are output pixels, columns output channels, K runs over (tap,
+channel) -- the tap (r, s) and a 32-channel block select ``tileloadd``'s base address and the 16 rows of
+a tile are 16 pixels at a fixed stride:
 
 * **stride 1 ("flat" rows)**: pixel rows are numbered ``f = p * Wp + q`` over the padded width, so pixel
   ``f`` of tap (r, s) is ``xp[f + r*dh*Wp + s*dw]`` -- one stride for a whole tile even across output
-  rows. The ``Wp - Q`` columns past each output row are computed and dropped (7x7 images: 63 rows for
-  49 pixels; 56x56: 3248 for 3136).
+  rows. The ``Wp - Q`` columns past each output row are computed and dropped (7x7 images: 56 rows for
+  49 pixels; 56x56: 3192 for 3136).
 * **other strides**: a tile is up to 16 pixels of one output row, ``sw * Cpix`` apart.
 
-A row of C depends only on its A row, so the dropped rows (which read padding, the next row or the
-zeroed slack after the last image) cannot touch kept ones. Zero padding is multiplied like any other
+A row of C depends only on its A row, so the dropped rows (which read padding, the next row, rows not
+copied yet or the zeroed slack) cannot touch kept ones. Zero padding is multiplied like any other
 input, so a NaN / Inf weight gives NaN where the float64 reference (and PyTorch) does.
 
 The weights are packed into VNNI panels ``wp[g][nb][tap][Cgp/2][NR]`` (32-bit words of a channel pair,
 the B layout of ``tdpbf16ps``), by :func:`tc_pack_w` (the variant keeps packed weights of an unchanged
-torch tensor, see :mod:`tracea_cpu.amx_conv`) or per call into a workspace. A work item is one block of
-MR pixels of one image against a run of NR-channel panels (the runs sized to ``wblk`` KiB so they stay in
-L2 while the items of the run walk the pixels); the MR x NR block is accumulated over the whole K in
-tile registers, stored once to an fp32 scratch block and finished from there (bias, activation, fp32 or
-bf16 output; NCHW through 16 x 16 transposes and compressing stores that drop the dropped rows).
+torch tensor, see :mod:`tracea_cpu.panel_cache`) or per call into a workspace. A work item is a chunk of
+MR-pixel blocks of one image against a run of NR-channel panels (runs sized to ``wblk`` KiB); each MR x
+NR block is accumulated over the whole K in tile registers (or over K chunks of ``kst`` KiB with fp32
+partial sums, for groups of ``mbg`` blocks), stored to an fp32 scratch block and finished from there
+after the next block's tiles are stored (bias, activation, fp32 or bf16 output; NCHW through 16 x 16
+transposes and compressing stores that skip the dropped rows).
 """
 
 from __future__ import annotations
