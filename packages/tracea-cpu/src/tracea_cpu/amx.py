@@ -131,7 +131,7 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
         lib = kernels.amx_gemm_library(int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
         if not lib.tb_amx_takes_packed_b(ref, nth):
             return super().bind(op, config, profile, adapter)
-        geometry = (id(lib), "gemm", op.n, op.k, call.rsb, call.csb)
+        geometry = (id(lib), "gemm", int(config.get("nr")), op.n, op.k, call.rsb, call.csb)
         words, packb, pk, panels_of = lib.tb_amx_bwords(op.n, op.k), lib.tb_amx_pack_b, lib.tb_gemm_call_pk, PANELS.panels
         ptr, n, k, rsb, csb = adapter.data_ptr, op.n, op.k, call.rsb, call.csb
         has_bias, widen = op.epilogue.has_bias, op.out_dtype is DType.BF16
