@@ -84,7 +84,7 @@ long tc_wpack_words(const tc_prm *p) {
 
 /* Weights -> VNNI panels: dst[((gi*NB + nb)*RS + tap)*(Cgp/2)*NR + t*NR + j] = (w(k, 2t, tap), w(k, 2t+1, tap))
    for output channel k = gi*Kg + nb*NR + j; zero past Kg and Cg. layout 1: KRSC (16 x 16 word transposes
-   of the channel runs); layout 0: KCRS (channel pairs RS apart, gathered). */
+   of the channel runs); layout 0: KCRS (channel pairs RS apart, gathered, then the same transposes). */
 int tc_pack_w(const tc_prm *p, const bf16 *w, uint32_t *dst) {
     tc_geo g; tc_geometry(p, &g);
     long Cg = g.Cg, Kg = g.Kg, RS = g.RS, CP = g.Cgp / 2, nth = p->nth > 0 ? p->nth : 1;
@@ -108,15 +108,44 @@ int tc_pack_w(const tc_prm *p, const bf16 *w, uint32_t *dst) {
                                 _mm512_storeu_si512(d + (tap * CP + t0 + q) * NR + j0, r[q]);
                         }
             } else {
-                memset(d, 0, sizeof(uint32_t) * g.panel);
-                for (long j = 0; j < kn; j++) {
-                    const bf16 *s = w + (k0 + j) * Cg * RS;
-                    for (long c = 0; c < Cg; c += 2)
-                        for (long tap = 0; tap < RS; tap++) {
-                            uint32_t hi = c + 1 < Cg ? s[(c + 1) * RS + tap] : 0;
-                            d[(tap * CP + c / 2) * NR + j] = (uint32_t)s[c * RS + tap] | hi << 16;
+                /* KCRS: the 16 channel pairs of one tap are gathered (32-bit gathers RS elements apart,
+                   the low half kept; the next row's first element is read past a row's end, so the
+                   tensor's last row is copied by scalars), then transposed like the KRSC runs */
+                const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+                for (long tap = 0; tap < RS; tap++)
+                    for (long j0 = 0; j0 < NR; j0 += 16)
+                        for (long t0 = 0; t0 < CP; t0 += 16) {
+                            __m512i r[16];
+                            long c0 = 2 * t0;
+                            __m512i cl = _mm512_add_epi32(_mm512_set1_epi32((int)c0), _mm512_slli_epi32(lane, 1));
+                            __mmask16 mlo = _mm512_cmplt_epi32_mask(cl, _mm512_set1_epi32((int)Cg));
+                            __mmask16 mhi = _mm512_cmplt_epi32_mask(_mm512_add_epi32(cl, _mm512_set1_epi32(1)),
+                                                                    _mm512_set1_epi32((int)Cg));
+                            __m512i off = _mm512_add_epi32(_mm512_mullo_epi32(cl, _mm512_set1_epi32((int)RS)),
+                                                           _mm512_set1_epi32((int)tap));
+                            for (int q = 0; q < 16; q++) {
+                                long k = k0 + j0 + q;
+                                const bf16 *s = w + k * Cg * RS;
+                                if (j0 + q >= kn) {
+                                    r[q] = _mm512_setzero_si512();
+                                } else if (k == p->K - 1) {
+                                    uint32_t t[16];
+                                    for (int i = 0; i < 16; i++) {
+                                        long c = c0 + 2 * i;
+                                        t[i] = (c < Cg ? s[c * RS + tap] : 0) | (uint32_t)(c + 1 < Cg ? s[(c + 1) * RS + tap] : 0) << 16;
+                                    }
+                                    r[q] = _mm512_loadu_si512(t);
+                                } else {
+                                    __m512i lo = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mlo, off, s, 2);
+                                    __m512i hi = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mhi,
+                                                                             _mm512_add_epi32(off, _mm512_set1_epi32((int)RS)), s, 2);
+                                    r[q] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(hi, 16));
+                                }
+                            }
+                            tb_t16(r);
+                            for (int q = 0; q < 16; q++)
+                                _mm512_storeu_si512(d + (tap * CP + t0 + q) * NR + j0, r[q]);
                         }
-                }
             }
         }
     return 0;
