@@ -148,38 +148,44 @@ def decode(quick: bool, dtypes: list | None = None, sweep: bool = False) -> list
     copy = _copy_gbs()
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)", flush=True)
     dtypes = dtypes or ([torch.bfloat16] if quick else [torch.bfloat16, torch.float16])
-    shapes = [(b, 1, skv, d) for d in (128, 64) for b in (1, 4)
+    shapes = [(b, 1, skv, d, False) for d in (128, 64) for b in (1, 4)
               for skv in ((4096, 32768) if quick else (4096, 8192, 16384, 32768))]
-    shapes += [(1, 4, 8192, 128), (1, 8, 8192, 128), (4, 8, 4096, 128), (1, 16, 8192, 128)]
+    shapes += [(1, 4, 8192, 128, False), (1, 8, 8192, 128, False), (4, 8, 4096, 128, False),
+               (1, 16, 8192, 128, False), (4, 1, 8192, 128, True)]  # last: an HF-style padding mask
     for dt in dtypes:
-        for b, sq, skv, d in shapes:
+        for b, sq, skv, d, masked in shapes:
             q = torch.randn(b, 32, sq, d, device="cuda", dtype=dt)
             k, v = (torch.randn(b, 8, skv, d, device="cuda", dtype=dt) for _ in range(2))
-            ref = TORCH_SDPA(q, k, v, enable_gqa=True)
-            out = tracea.ops.attention(q, k, v, enable_gqa=True)
+            mask = None
+            if masked:  # additive (B, 1, 1, kv): the first keys of each sequence are padding
+                mask = torch.zeros(b, 1, 1, skv, device="cuda", dtype=dt)
+                for i in range(b):
+                    mask[i, ..., : 100 * i] = torch.finfo(dt).min
+            ref = TORCH_SDPA(q, k, v, mask, enable_gqa=True)
+            out = tracea.ops.attention(q, k, v, mask, enable_gqa=True)
             err = float((out.double() - ref.double()).norm() / ref.double().norm())
-            ours = lambda q=q, k=k, v=v: tracea.ops.attention(q, k, v, enable_gqa=True)  # noqa: E731
-            theirs = lambda q=q, k=k, v=v: TORCH_SDPA(q, k, v, enable_gqa=True)  # noqa: E731
-            fmma = lambda q=q, k=k, v=v: tracea.ops.attention(q, k, v, enable_gqa=True,  # noqa: E731
-                                                              variant=FlashAttention.name)
+            ours = lambda q=q, k=k, v=v, m=mask: tracea.ops.attention(q, k, v, m, enable_gqa=True)  # noqa: E731
+            theirs = lambda q=q, k=k, v=v, m=mask: TORCH_SDPA(q, k, v, m, enable_gqa=True)  # noqa: E731
+            fmma = lambda q=q, k=k, v=v, m=mask: tracea.ops.attention(q, k, v, m, enable_gqa=True,  # noqa: E731
+                                                                      variant=FlashAttention.name)
             user = _time([ours, theirs], 20, False)
             kern = _time([ours, theirs, fmma], 20, True)
             gbytes = 2 * b * 8 * skv * d * 2 / 1e9
-            row = dict(part="decode", dtype=str(dt).split(".")[1], b=b, sq=sq, kv=skv, d=d,
+            row = dict(part="decode", dtype=str(dt).split(".")[1], b=b, sq=sq, kv=skv, d=d, mask=masked,
                        tracea_us=kern[0] * 1e6, sdpa_us=kern[1] * 1e6, flash_mma_us=kern[2] * 1e6,
                        tracea_gbs=gbytes / kern[0], sdpa_gbs=gbytes / kern[1], copy_share=gbytes / kern[0] / copy,
                        ratio_kernel=kern[1] / kern[0], ratio_user=user[1] / user[0], user_us=user[0] * 1e6,
-                       sdpa_user_us=user[1] * 1e6, rel_err=err, variant=_variant_of(q, k, v))
-            if sweep and dt == dtypes[0] and sq == 1 and skv in (4096, 32768):
+                       sdpa_user_us=user[1] * 1e6, rel_err=err, variant=_variant_of(q, k, v, mask))
+            if sweep and dt == dtypes[0] and sq == 1 and skv in (4096, 32768) and not masked:
                 row["configs_us"] = _decode_sweep(q, k, v, theirs)
             rows.append(row)
             print(_fmt(row), flush=True)
     return rows
 
 
-def _variant_of(q, k, v) -> str:  # noqa: ANN001
-    key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), None, None, 0.0, False, None,
-           True, None, None)
+def _variant_of(q, k, v, mask=None) -> str:  # noqa: ANN001
+    key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(mask), None, 0.0,
+           False, None, True, None, None)
     plan = plans.lookup(key)
     run = getattr(plan, "runner", None)
     return (run.variant or f"fallback: {run.reason}") if run is not None else "?"
@@ -239,10 +245,9 @@ def model(quick: bool) -> list[dict]:
         x = torch.randn(b, s, 2048, device="cuda", dtype=torch.bfloat16)
         with torch.no_grad():
             ref = blk(x)
-            eager = lambda: blk(x)  # noqa: E731
             tracea_torch.patch_attention(blk)
             out = blk(x)  # first call: plans, the arbiter's verdict
-            patched = lambda: blk(x)  # noqa: E731
+            patched = lambda x=x: blk(x)  # noqa: E731
             t = _time([patched, eager_unpatched(blk, x)], 5, False)
             tracea_torch.unpatch_attention(blk)
         err = float((out.double() - ref.double()).norm() / ref.double().norm())
