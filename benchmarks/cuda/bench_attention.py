@@ -139,8 +139,9 @@ def _copy_gbs() -> float:
 
 
 def decode(quick: bool, dtypes: list | None = None, sweep: bool = False) -> list[dict]:
-    """q_len 1 (and a few q_len 4 / 16 rows) over long KV caches, GQA 32 / 8 heads: the default path
-    (``cuda.attention.decode`` on sm_80+), its isolated kernel, flash_mma's split-KV kernel, and SDPA;
+    """q_len 1 (and a few q_len 4 / 8 / 16 rows) over long KV caches, GQA 32 / 8 heads: the default path
+    (``cuda.attention.decode`` on sm_80+), its isolated kernel, flash_mma's split-KV kernel, SDPA, and at
+    q_len 1 the patched ``F.scaled_dot_product_attention`` (user path, the arbiter's pick);
     GB/s of K and V read beside the copy bandwidth. ``sweep``: every decode hero and forced split counts."""
     from tracea_cuda.variants.attention import FlashAttention
 
@@ -176,6 +177,16 @@ def decode(quick: bool, dtypes: list | None = None, sweep: bool = False) -> list
                        tracea_gbs=gbytes / kern[0], sdpa_gbs=gbytes / kern[1], copy_share=gbytes / kern[0] / copy,
                        ratio_kernel=kern[1] / kern[0], ratio_user=user[1] / user[0], user_us=user[0] * 1e6,
                        sdpa_user_us=user[1] * 1e6, rel_err=err, variant=_variant_of(q, k, v, mask))
+            if sq == 1:  # the patched F.scaled_dot_product_attention (the arbiter's pick on its first call)
+                tracea_torch.patch_attention()
+                try:
+                    patched = lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(  # noqa: E731
+                        q, k, v, m, enable_gqa=True)
+                    patched()
+                    pt = _time([patched, theirs], 20, False)
+                    row.update(ratio_patched=pt[1] / pt[0], patched_winner=tracea_torch.arbiter.verdicts()[-1].winner)
+                finally:
+                    tracea_torch.unpatch_attention()
             if sweep and dt == dtypes[0] and sq == 1 and skv in (4096, 32768) and not masked:
                 row["configs_us"] = _decode_sweep(q, k, v, theirs)
             rows.append(row)
