@@ -99,7 +99,8 @@ def load(source: str, name: str, arch: str, *, smem: int, threads: int) -> Kerne
     """Compile (or fetch from cache) ``source`` for ``arch`` and return kernel ``name`` ready to launch."""
     options = options_for(arch)
     key = cache_key(source, options, arch)
-    mem_key = f"{key}:{toolkit.cupy().cuda.runtime.getDevice()}"
+    # one cubin holds every entry point of the source; the loaded function is per name
+    mem_key = f"{key}:{name}:{toolkit.cupy().cuda.runtime.getDevice()}"
     with _LOCK:
         hit = _MEMORY.get(mem_key)
     if hit is not None:

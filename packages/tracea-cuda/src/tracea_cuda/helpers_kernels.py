@@ -17,24 +17,26 @@ def _device() -> int:
     return int(toolkit.cupy().cuda.runtime.getDevice())
 
 
-def transposer(dtype: DType, arch: str) -> compiler.Kernel:
-    """The batched 2-D transpose for ``dtype`` on the current device."""
-    return _transposer(dtype, arch, _device())
+def transposer(dtype: DType, arch: str, pair: bool = False) -> compiler.Kernel:
+    """The batched 2-D transpose for ``dtype`` on the current device (``pair``: two transposes in one
+    launch, see :func:`launcher.pair_launch`)."""
+    return _transposer(dtype, arch, _device(), pair)
 
 
 @functools.lru_cache(maxsize=64)
-def _transposer(dtype: DType, arch: str, dev: int) -> compiler.Kernel:
-    return compiler.load(transpose.render(dtype), transpose.KERNEL_NAME, arch, smem=0, threads=256)
+def _transposer(dtype: DType, arch: str, dev: int, pair: bool) -> compiler.Kernel:
+    name = transpose.PAIR_NAME if pair else transpose.KERNEL_NAME
+    return compiler.load(transpose.render(dtype), name, arch, smem=0, threads=256)
 
 
-def splitter(arch: str) -> compiler.Kernel:
-    """The 3xTF32 operand split on the current device."""
-    return _splitter(arch, _device())
+def splitter(arch: str, pair: bool = False) -> compiler.Kernel:
+    """The 3xTF32 operand split on the current device (``pair``: both operands in one launch)."""
+    return _splitter(arch, _device(), pair)
 
 
 @functools.lru_cache(maxsize=16)
-def _splitter(arch: str, dev: int) -> compiler.Kernel:
-    return compiler.load(split.render(), split.KERNEL_NAME, arch, smem=0, threads=256)
+def _splitter(arch: str, dev: int, pair: bool) -> compiler.Kernel:
+    return compiler.load(split.render(), split.PAIR_NAME if pair else split.KERNEL_NAME, arch, smem=0, threads=256)
 
 
 def reducer(dtype_out: DType, bias_dtype: DType, epilogue: Epilogue, splits: int, nchw_pq: int,

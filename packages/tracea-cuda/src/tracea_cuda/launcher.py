@@ -163,25 +163,53 @@ def src_dst_launch(function: Any, grid: tuple[int, int, int], *ints: int) -> Fas
     return FastLaunch(function, grid, 256, 0, params)
 
 
-def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int],
-                   passes: Sequence[tuple[int, Any, FastLaunch]], inner: Callable[..., None]) -> Callable[..., None]:
-    """A pointer-only launcher ``launch(x0, x1, bias, out)`` that first rewrites each operand into scratch
-    -- ``passes[i] = (elements, dtype, kernel)`` reads operand i and writes a buffer from the caller's
-    allocator (bound on the first call: it needs an array) -- then runs ``inner`` on the two buffers, all
-    on ``stream()`` (so ordered; the buffers are released after the launches, stream order makes reuse
-    safe) and with no per-call Python beyond the allocations."""
+def pair_launch(function: Any, job0: tuple[tuple[int, int, int], Sequence[int]],
+                job1: tuple[tuple[int, int, int], Sequence[int]]) -> FastLaunch:
+    """One 256-thread launch doing two jobs of a helper kernel's ``_pair`` entry point, which takes
+    ``(src0, dst0, *ints0, gx0, gy0, src1, dst1, *ints1, gx1, gy1, blocks0)`` and runs a 1-D grid of job 0's
+    ``gx0*gy0*gz0`` tiles then job 1's (``job = (grid, ints)``). Pointers by role: src0, dst0, src1, dst1."""
+    (g0, ints0), (g1, ints1) = job0, job1
+    blocks0, blocks1 = g0[0] * g0[1] * g0[2], g1[0] * g1[1] * g1[2]
+
+    def args(p: dict[str, int]) -> tuple:
+        return (np.uint64(p["src0"]), np.uint64(p["dst0"]), *map(np.int32, (*ints0, g0[0], g0[1])),
+                np.uint64(p["src1"]), np.uint64(p["dst1"]), *map(np.int32, (*ints1, g1[0], g1[1], blocks0)))
+
+    return FastLaunch(function, (blocks0 + blocks1, 1, 1), 256, 0,
+                      ParamBlock.from_args(args, ("src0", "dst0", "src1", "dst1")))
+
+
+#: byte alignment of the second scratch region of :func:`with_prepasses` (TMA wants 16; 256 keeps
+#: every access of the kernels reading it as aligned as a fresh allocation)
+SCRATCH_ALIGN = 256
+
+
+def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tuple[int, int], dtype: Any,
+                   prepass: FastLaunch, inner: Callable[..., None]) -> Callable[..., None]:
+    """A pointer-only launcher ``launch(x0, x1, bias, out)`` that first rewrites both operands into one
+    scratch buffer from the caller's allocator -- ``prepass`` (a :func:`pair_launch`) reads x0 and x1 and
+    writes ``sizes[0]`` then ``sizes[1]`` elements of ``dtype`` into its two regions -- then runs the
+    pointer form of ``inner`` (``inner.by_pointer(p0, p1, bias, out)``) on the two regions, all on
+    ``stream()``: two launches and one allocation per call (the buffer is released after the launches;
+    stream order makes reuse safe)."""
     ptr, device = adapter.data_ptr, on_device(dev)
-    factories: list[Any] = []
+    itemsize = dtype.itemsize
+    align = max(1, SCRATCH_ALIGN // itemsize)
+    offset = -(-sizes[0] // align) * align
+    byte_offset = offset * itemsize
+    factory: list[Any] = []
+    by_pointer = inner.by_pointer  # type: ignore[attr-defined]
 
     def launch(x0: Any, x1: Any, bias: Any, out: Any) -> None:
-        if not factories:
-            factories.extend(adapter.empty_factory((size,), dtype, x0) for size, dtype, _ in passes)
-        t0, t1 = factories[0](x0), factories[1](x0)
-        s = stream()
+        if not factory:
+            factory.append(adapter.empty_factory((offset + sizes[1],), dtype, x0))
+        buf = factory[0](x0)
+        t0 = ptr(buf)
+        t1 = t0 + byte_offset
         with device():
-            passes[0][2](s, (ptr(x0), ptr(t0)))
-            passes[1][2](s, (ptr(x1), ptr(t1)))
-        inner(t0, t1, bias, out)
+            prepass(stream(), (ptr(x0), t0, ptr(x1), t1))
+        by_pointer(t0, t1, bias, out)
+        del buf  # after both launches are queued
 
     launch.pointer_only = True  # type: ignore[attr-defined]
     return launch
@@ -210,4 +238,4 @@ def align_key(ptrs: Sequence[int]) -> tuple[int, ...]:
 
 
 __all__ = ["CaptureRefused", "FastLaunch", "ParamBlock", "align_key", "capturing_now", "is_capturing", "on_device",
-           "refuse_if_capturing", "scratch", "stream_getter"]
+           "pair_launch", "refuse_if_capturing", "scratch", "src_dst_launch", "stream_getter", "with_prepasses"]

@@ -20,7 +20,7 @@ An NCHW tensor in ``torch.channels_last`` memory runs the NHWC kernels on zero-c
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -39,6 +39,13 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
            padding: Sequence[int], dilation: Sequence[int], groups: int, activation: str | None) -> torch.Tensor:
     """4-D NCHW ``x`` (any memory format) conv ``w`` (+ bias, + activation): a fresh output tensor in
     :func:`output_memory_format` of ``x``."""
+    return conv2d_plan_for(x, w, bias, stride, padding, dilation, groups, activation)(x, w, bias)
+
+
+def conv2d_plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
+                    padding: Sequence[int], dilation: Sequence[int], groups: int,
+                    activation: str | None) -> Callable[..., torch.Tensor]:
+    """The plan :func:`conv2d` runs for this call's signature (built and stored on its first call)."""
     if type(stride) is not tuple:
         stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
     elif type(padding) is not tuple or type(dilation) is not tuple:
@@ -55,11 +62,17 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: 
         key = plan = None
     if plan is None:
         plan = conv2d_plan(key, x, w, bias, stride, padding, dilation, groups, activation)
-    return plan(x, w, bias)
+    return plan
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activation: str | None) -> torch.Tensor:
     """``act(x @ w.T + bias)`` for ``x`` of shape (..., in_features): a fresh contiguous output."""
+    return linear_plan_for(x, w, bias, activation)(x, w, bias)
+
+
+def linear_plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                    activation: str | None) -> Callable[..., torch.Tensor]:
+    """The plan :func:`linear` runs for this call's signature (built and stored on its first call)."""
     try:
         try:  # the signatures, without the frames of plans.signature in the common case
             sx, sw, sb = _SIGS[type(x)](x), _SIGS[type(w)](w), _SIGS[type(bias)](bias)
@@ -71,4 +84,4 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activati
         key = plan = None
     if plan is None:
         plan = linear_plan(key, x, w, bias, activation)
-    return plan(x, w, bias)
+    return plan

@@ -354,8 +354,8 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
     kernel_plan = _kernel_plan(key, kind, op, extra, run, eager_plan)
     if not arbiter.enabled() or decision.variant.fallback_only:
         return kernel_plan
-    try:
-        verdict = arbiter.judge(decision, device, run, torch_run, args)
+    try:  # PyTorch timed as the unpatched layer runs the call (what serves it when PyTorch wins)
+        verdict = arbiter.judge(decision, device, run, _torch_direct(kind, op, extra) or torch_run, args)
     except CaptureError as exc:
         raise _NotNow(f"first call inside CUDA graph capture ({str(exc).splitlines()[0][:160]})") from exc
     except BackendError as exc:
@@ -378,32 +378,43 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
     return routed
 
 
+_ACT_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu, "gelu_erf": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
+
+
+def _torch_direct(kind: str, op: Any, extra: tuple) -> Callable[..., torch.Tensor] | None:
+    """What the unpatched layer runs for this call -- ``F.linear`` / ``F.conv2d`` and the activation module's
+    function -- with no other Python (None where a call needs :func:`_conv_torch` / :func:`_linear_torch`)."""
+    act = parse_activation(extra[-1]) if extra else None
+    fn = _ACT_FNS.get(act) if act is not None else None
+    if act is not None and fn is None:
+        return None
+    if kind == "linear":
+        lin = F.linear
+        if fn is None:
+            return lin
+        return lambda x, w, bias: fn(lin(x, w, bias))
+    if kind == "conv2d" and op is not None:
+        conv, (stride, padding, dilation, groups) = F.conv2d, extra[:4]
+        fmt = torch.channels_last if op.layout is Layout.NHWC else torch.contiguous_format
+        if fn is None:
+            return lambda x, w, bias: conv(x, w, bias, stride, padding, dilation, groups).contiguous(memory_format=fmt)
+        return lambda x, w, bias: fn(conv(x, w, bias, stride, padding, dilation, groups)).contiguous(memory_format=fmt)
+    return None
+
+
 def _lean(compute: Callable[..., torch.Tensor], kind: str, op: Any, extra: tuple,
           reason: str) -> Callable[..., torch.Tensor]:
     """PyTorch serving a signature the arbiter gave it: no per-call counting (the verdict is counted once
     and listed by :func:`tracea_torch.fallbacks.report`), only the recorder hook; a plain linear or conv
-    calls ``F.linear`` / ``F.conv2d`` itself (one frame less on a path that competes with PyTorch's own)."""
-    act = extra[-1] if extra else None
-    if kind == "linear" and act in (None, "none"):
-        lin = F.linear
+    (and its activation) calls ``F.linear`` / ``F.conv2d`` itself (frames less on a path that competes
+    with PyTorch's own)."""
+    direct = _torch_direct(kind, op, extra) or compute
 
-        def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-            if recording._recorder is not None:
-                recording.note(kind, op, reason, (x, w, bias) + extra)
-            return lin(x, w, bias)
-    elif kind == "conv2d" and act in (None, "none") and op is not None:
-        conv, (stride, padding, dilation, groups) = F.conv2d, extra[:4]
-        fmt = torch.channels_last if op.layout is Layout.NHWC else torch.contiguous_format
-
-        def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-            if recording._recorder is not None:
-                recording.note(kind, op, reason, (x, w, bias) + extra)
-            return conv(x, w, bias, stride, padding, dilation, groups).contiguous(memory_format=fmt)
-    else:
-        def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-            if recording._recorder is not None:
-                recording.note(kind, op, reason, (x, w, bias) + extra)
-            return compute(x, w, bias)
+    def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if recording._recorder is not None:
+            recording.note(kind, op, reason, (x, w, bias) + extra)
+        return direct(x, w, bias)
 
     plan.op = op  # type: ignore[attr-defined]
     plan.fallback = reason  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from . import ops
 from .bridge import parse_activation
+from .layer_path import conv2d_layer, linear_layer
 
 
 def conv2d_forward(module: nn.Conv2d, x: Tensor, activation: Optional[str] = None) -> Tensor:
@@ -63,8 +64,7 @@ class TraceaConv2d(nn.Conv2d):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
         if self.padding_mode != "zeros":
             return conv2d_forward(self, input, self.activation)
-        return ops.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
-                          activation=self.activation)
+        return conv2d_layer(self, input, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation}" if self.activation else ""
@@ -95,7 +95,7 @@ class TraceaLinear(nn.Linear):
         return new
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return ops.linear(input, self.weight, self.bias, self.activation)
+        return linear_layer(self, input, self.activation)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation}" if self.activation else ""

@@ -38,7 +38,8 @@ from torch import Tensor, nn
 from . import ops
 from .bridge import parse_activation
 from .compat import check_torch_version
-from .modules import TraceaConv2d, TraceaLinear, linear_forward
+from .layer_path import conv2d_layer, linear_layer
+from .modules import TraceaConv2d, TraceaLinear
 
 #: ``filter(name, module) -> bool`` picks which layers of a model to patch.
 ModuleFilter = Callable[[str, nn.Module], bool]
@@ -72,11 +73,11 @@ def _tracea_conv_forward(self: nn.Conv2d, input: Tensor, weight: Tensor, bias: O
     if self.padding_mode != "zeros":
         padded = nn.functional.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
         return ops.conv2d(padded, weight, bias, self.stride, 0, self.dilation, self.groups)
-    return ops.conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+    return conv2d_layer(self, input, weight, bias, None)
 
 
 def _tracea_linear_forward(self: nn.Linear, input: Tensor) -> Tensor:  # noqa: A002
-    return linear_forward(self, input)
+    return linear_layer(self, input, None)
 
 
 _GLOBAL_TARGETS = {"conv2d": (nn.Conv2d, "_conv_forward", _tracea_conv_forward),

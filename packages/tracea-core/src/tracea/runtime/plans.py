@@ -39,6 +39,7 @@ Plan = Callable[..., Any]
 _plans: dict[Any, Plan] = {}
 _lock = threading.Lock()
 _stats = {"builds": 0, "invalidations": 0}
+_generation = [0]  # bumped by every invalidation: a memo of a plan is valid while this is unchanged
 _listeners: list[Callable[[], None]] = []
 
 # os.environ keeps its data in a bytes-keyed dict on POSIX; reading it directly costs ~20 ns a key
@@ -77,11 +78,28 @@ def lookup(key: Any) -> Plan | None:
     return _get(key)
 
 
+def generation() -> int:
+    """A number that changes whenever plans are dropped or replaced, after the same checks as
+    :func:`lookup` (the steering environment, the tuning-cache file). A caller that memoises a plan
+    outside this cache (a patched layer remembering its last call's plan) reuses it only while this
+    number is unchanged."""
+    global _next_check
+    if (_g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7), _g(_K8), _g(_K9)) != _env_seen:
+        _env_changed()
+    now = _monotonic()
+    if now >= _next_check:
+        _next_check = now + RECHECK_S
+        _recheck()
+    return _generation[0]
+
+
 def store(key: Any, plan: Plan) -> Plan:
     """Remember ``plan`` for ``key`` (the cache is bounded: it is emptied when full); returns ``plan``."""
     with _lock:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
+        elif key in _plans:  # a plan replaced (a kernel that failed gives way to PyTorch): memos of it go
+            _generation[0] += 1
         _plans[key] = plan
         _stats["builds"] += 1
     return plan
@@ -91,6 +109,7 @@ def invalidate(reason: str = "") -> None:
     """Drop every plan (and tell the listeners, e.g. backends' launcher memos). Cheap; safe anytime."""
     with _lock:
         _plans.clear()
+        _generation[0] += 1
         _forget_kinds()
         _stats["invalidations"] += 1
         _stats["last_reason"] = reason  # type: ignore[assignment]
@@ -212,5 +231,5 @@ def _forget_kinds() -> None:
     _STATES.clear()
 
 
-__all__ = ["Plan", "STEERING_ENV", "Uncacheable", "invalidate", "lookup", "on_invalidate", "signature", "state",
+__all__ = ["Plan", "STEERING_ENV", "Uncacheable", "generation", "invalidate", "lookup", "on_invalidate", "signature", "state",
            "stats", "store"]

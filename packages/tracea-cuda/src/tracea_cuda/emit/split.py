@@ -11,6 +11,7 @@ product a*b comes out as IEEE fp32 has it: a*b from the third segments, 0 from t
 from __future__ import annotations
 
 KERNEL_NAME = "tracea_split3"
+PAIR_NAME = "tracea_split3_pair"
 
 
 def render() -> str:
@@ -24,14 +25,14 @@ static __device__ __forceinline__ void put3(float* o, long long K, float x, int 
     o[2 * K] = finite ? big : x;
 }
 // in: [batch][R][C]. kmajor: R = rows, C = K -> out[b][r][seg*K + c]; else R = K, C = rows -> out[b][c][seg*K + r].
-extern "C" __global__ void __launch_bounds__(256) tracea_split3(const float* __restrict__ in, float* __restrict__ out,
-                                                                int R, int C, int kmajor, int order) {
+static __device__ __forceinline__ void tracea_split3_tile(const float* __restrict__ in, float* __restrict__ out,
+                                                          int R, int C, int kmajor, int order, int bx, int by, int bz) {
     __shared__ float tile[32][33];
     const long long K = kmajor ? C : R, rows = kmajor ? R : C;
-    in += (long long)blockIdx.z * R * C;
-    out += (long long)blockIdx.z * rows * 3 * K;
+    in += (long long)bz * R * C;
+    out += (long long)bz * rows * 3 * K;
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    const int c0 = bx * 32, r0 = by * 32;
     if (kmajor) {
         for (int i = ty; i < 32; i += 8) {
             const int r = r0 + i, c = c0 + tx;
@@ -47,6 +48,23 @@ extern "C" __global__ void __launch_bounds__(256) tracea_split3(const float* __r
     for (int i = ty; i < 32; i += 8) {
         const int c = c0 + i, r = r0 + tx;
         if (r < R && c < C) put3(out + (long long)c * 3 * K + r, K, tile[tx][i], order);
+    }
+}
+extern "C" __global__ void __launch_bounds__(256) tracea_split3(const float* __restrict__ in, float* __restrict__ out,
+                                                                int R, int C, int kmajor, int order) {
+    tracea_split3_tile(in, out, R, C, kmajor, order, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+// both operands of one GEMM in one launch: a 1-D grid over job 0's tiles, then job 1's
+extern "C" __global__ void __launch_bounds__(256) tracea_split3_pair(
+        const float* __restrict__ in0, float* __restrict__ out0, int R0, int C0, int kmajor0, int order0, int gx0, int gy0,
+        const float* __restrict__ in1, float* __restrict__ out1, int R1, int C1, int kmajor1, int order1, int gx1, int gy1,
+        int blocks0) {
+    int id = blockIdx.x;
+    if (id < blocks0) {
+        tracea_split3_tile(in0, out0, R0, C0, kmajor0, order0, id % gx0, (id / gx0) % gy0, id / (gx0 * gy0));
+    } else {
+        id -= blocks0;
+        tracea_split3_tile(in1, out1, R1, C1, kmajor1, order1, id % gx1, (id / gx1) % gy1, id / (gx1 * gy1));
     }
 }
 """

@@ -262,6 +262,10 @@ class WgmmaGemm(CudaVariant):
             if (p0 | p1) & 15:  # TMA needs 16-byte aligned bases: the documented mma fallback
                 self.run(op, config, OpArgs({r0: x0, r1: x1, "bias": bias}, out, adapter), profile)
                 return
+            by_pointer(p0, p1, bias, out)
+
+        def by_pointer(p0: int, p1: int, bias: Any, out: Any) -> None:
+            """The launch on operands given as 16-byte aligned device addresses (scratch regions)."""
             po = ptr(out)
             key = (p0 if 0 in mapped else 0, p1 if 1 in mapped else 0, po & 15)
             hit = memo.get(key)
@@ -285,6 +289,7 @@ class WgmmaGemm(CudaVariant):
                     raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
 
         launch.pointer_only = True  # type: ignore[attr-defined]
+        launch.by_pointer = by_pointer  # type: ignore[attr-defined]
         return launch
 
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
@@ -483,8 +488,8 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
         return out
 
     def bind(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
-        """Three pointer-only launches per call (A and B split into TF32 parts in scratch from the caller's
-        allocator, then the TF32 kernel over 3K) instead of the multi-launch :meth:`run` path and its
+        """Two pointer-only launches per call (A and B split into TF32 parts in one scratch buffer from the
+        caller's allocator, then the TF32 kernel over 3K) instead of the multi-launch :meth:`run` path and its
         per-call Python; stream-K configs keep :meth:`run`."""
         if bool(config.get("stream_k", False)):
             return self._bind_run(op, config, profile, adapter)
@@ -494,11 +499,11 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
         launcher.refuse_if_capturing(stream(), self.name)
         inner = _PreSplit().bind(self.split_op(op), config, profile, adapter)
         with toolkit.cupy().cuda.Device(dev):
-            sk = helpers_kernels.splitter("sm_90a")
-        passes = [(size, DType.F32, launcher.src_dst_launch(sk.function, (-(-c // 32), -(-r // 32), op.batch),
-                                                             r, c, flag, order))
-                  for _role, size, r, c, flag, order in self._split_args(op)]
-        return launcher.with_prepasses(adapter, dev, stream, passes, inner)
+            sk = helpers_kernels.splitter("sm_90a", pair=True)
+        (_, size0, *ints0), (_, size1, *ints1) = self._split_args(op)
+        jobs = [((-(-c // 32), -(-r // 32), op.batch), (r, c, flag, order)) for r, c, flag, order in (ints0, ints1)]
+        return launcher.with_prepasses(adapter, dev, stream, (size0, size1), DType.F32,
+                                       launcher.pair_launch(sk.function, *jobs), inner)
 
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         import numpy as np  # noqa: PLC0415

@@ -122,9 +122,9 @@ class WgmmaConv(WgmmaGemm):
         return op.layout is Layout.NHWC and not bool(config.get("stream_k", False))
 
     def bind(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
-        """NHWC: the one-kernel launcher. NCHW float32: three pointer-only launches per call -- x and w
-        transposed to channels-last scratch (from the caller's allocator, on the launch stream), then
-        the conv reading them -- with no per-call Python beyond the allocations (the multi-launch
+        """NHWC: the one-kernel launcher. NCHW float32: two pointer-only launches per call -- x and w
+        transposed by one launch into one channels-last scratch buffer (from the caller's allocator, on the
+        launch stream), then the conv reading them -- with no per-call Python beyond the allocations (the multi-launch
         :meth:`run` path cost ~40 us of host time per call on an H100 host, more than most batch-1
         layers take on the GPU)."""
         if op.layout is not Layout.NCHW or bool(config.get("stream_k", False)):
@@ -134,14 +134,12 @@ class WgmmaConv(WgmmaGemm):
         launcher.refuse_if_capturing(stream(), self.name)
         inner = _ChannelsLastInputs().bind(op, config, profile, adapter)  # type: ignore[arg-type]
         with toolkit.cupy().cuda.Device(dev):
-            tk = helpers_kernels.transposer(op.dtype, "sm_90a")
+            tk = helpers_kernels.transposer(op.dtype, "sm_90a", pair=True)
         hw, rs = op.h * op.w, op.r * op.s
-        # [batch][C][pixels] -> [batch][pixels][C] for x (batch N) and w (batch K)
-        passes = [(op.n * hw * op.c, op.dtype, launcher.src_dst_launch(tk.function, (-(-hw // 32), -(-op.c // 32), op.n),
-                                                                        op.c, hw)),
-                  (op.k * rs * op.c, op.dtype, launcher.src_dst_launch(tk.function, (-(-rs // 32), -(-op.c // 32), op.k),
-                                                                        op.c, rs))]
-        return launcher.with_prepasses(adapter, dev, stream, passes, inner)
+        # [batch][C][pixels] -> [batch][pixels][C] for x (batch N) and w (batch K), in one launch
+        jobs = [((-(-hw // 32), -(-op.c // 32), op.n), (op.c, hw)), ((-(-rs // 32), -(-op.c // 32), op.k), (op.c, rs))]
+        return launcher.with_prepasses(adapter, dev, stream, (op.n * hw * op.c, op.k * rs * op.c), op.dtype,
+                                       launcher.pair_launch(tk.function, *jobs), inner)
 
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
         self.prepare(op, config, profile)  # type: ignore[arg-type]

@@ -1,0 +1,128 @@
+"""A patched layer's memo of its last call's plan (``tracea_torch.layer_path``): used only while the call
+signature, the layer's hyper-parameters, torch's float32 mode and the plan cache's generation are those
+the plan was chosen for; never across gradients, invalidations or copies."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tracea_torch
+from tracea.runtime import plans
+from tracea_torch.layer_path import CallMemo
+
+pytestmark = [pytest.mark.torch]
+
+
+def _conv() -> nn.Conv2d:
+    conv = nn.Conv2d(4, 6, 3, padding=1)
+    tracea_torch.patch_conv2d(conv)
+    return conv
+
+
+def _warm(layer: nn.Module, x: torch.Tensor) -> CallMemo:
+    with torch.no_grad():
+        for _ in range(3):  # plans built, array kinds learned, memo stored
+            layer(x)
+    memo = layer.__dict__.get("_tracea_memo")
+    assert isinstance(memo, CallMemo) and memo.plan is not None
+    return memo
+
+
+def _poison(memo: CallMemo) -> None:
+    def boom(*args):  # noqa: ANN002
+        raise AssertionError("the memo's plan was used")
+    memo.plan = boom
+
+
+def test_memo_serves_repeated_calls(restricted_backend):
+    conv, x = _conv(), torch.randn(2, 4, 9, 9)
+    _poison(_warm(conv, x))
+    with torch.no_grad(), pytest.raises(AssertionError, match="memo's plan"):
+        conv(x)
+
+
+@pytest.mark.parametrize("change", ["shape", "layout", "stride_attr", "padding_attr", "weight_shape",
+                                    "invalidate", "grad", "precision"])
+def test_memo_is_bypassed_when_anything_it_was_chosen_for_changes(restricted_backend, rel_err, change):
+    conv, x = _conv(), torch.randn(2, 4, 9, 9)
+    _poison(_warm(conv, x))
+    if change == "shape":
+        x = torch.randn(3, 4, 7, 11)
+    elif change == "layout":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif change == "stride_attr":
+        conv.stride = (2, 2)
+    elif change == "padding_attr":
+        conv.padding = (0, 1)
+    elif change == "weight_shape":
+        conv.weight = nn.Parameter(torch.randn(5, 4, 3, 3))
+        conv.bias = nn.Parameter(torch.randn(5))
+    elif change == "invalidate":
+        plans.invalidate("test")
+    previous = torch.get_float32_matmul_precision()
+    try:
+        if change == "precision":
+            torch.set_float32_matmul_precision("high" if previous == "highest" else "highest")
+        if change == "grad":
+            x.requires_grad_(True)
+            out = conv(x)
+            out.sum().backward()
+            assert x.grad is not None
+        else:
+            with torch.no_grad():
+                out = conv(x)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    ref = F.conv2d(x.detach(), conv.weight.detach(), conv.bias.detach(), conv.stride, conv.padding)
+    assert rel_err(out.detach(), ref) < 1e-5
+
+
+def test_linear_memo_and_its_bypass(restricted_backend, rel_err):
+    lin = nn.Linear(8, 5)
+    tracea_torch.patch_linear(lin)
+    x = torch.randn(3, 8)
+    memo = _warm(lin, x)
+    with torch.no_grad():
+        assert rel_err(lin(x), F.linear(x, lin.weight, lin.bias)) < 1e-5
+    _poison(memo)
+    with torch.no_grad():
+        x2 = torch.randn(4, 2, 8)  # another shape: not the (poisoned) memo, and it becomes the memo
+        assert rel_err(lin(x2), F.linear(x2, lin.weight, lin.bias)) < 1e-5
+    fresh = lin.__dict__["_tracea_memo"]
+    assert fresh is not memo and fresh.sx[0] == x2.shape
+    _poison(fresh)
+    with torch.no_grad(), pytest.raises(AssertionError, match="memo's plan"):
+        lin(x2)
+
+
+def test_global_patch_uses_the_memo_too(restricted_backend, rel_err):
+    conv = nn.Conv2d(4, 6, 3, padding=1)
+    x = torch.randn(2, 4, 9, 9)
+    tracea_torch.patch_conv2d()
+    try:
+        _poison(_warm(conv, x))
+        with torch.no_grad(), pytest.raises(AssertionError, match="memo's plan"):
+            conv(x)
+    finally:
+        tracea_torch.unpatch_conv2d()
+    with torch.no_grad():  # unpatched: PyTorch, the memo is not consulted
+        assert rel_err(conv(x), F.conv2d(x, conv.weight, conv.bias, 1, 1)) < 1e-6
+
+
+def test_copies_and_pickles_start_empty(restricted_backend, rel_err):
+    conv, x = _conv(), torch.randn(2, 4, 9, 9)
+    _warm(conv, x)
+    for clone in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):
+        assert clone.__dict__["_tracea_memo"].plan is None
+        with torch.no_grad():
+            assert rel_err(clone(x), F.conv2d(x, conv.weight, conv.bias, 1, 1)) < 1e-5
+    buf = io.BytesIO()
+    torch.save(conv, buf)  # a whole patched module saves (plans are closures, which do not pickle)
+    assert buf.tell() > 0
