@@ -51,6 +51,10 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   python benchmarks/user_path/bench_user_path.py --device cuda --json "$OUT/user_path.json" \
     --timm "${TIMM_MODELS:-resnet50,convnext_tiny}" 2>&1 | tee "$OUT/user_path.log" | tail -60
   rc=$(( rc || $? ))
+  # where a batch-1 patched model gains or loses, layer by layer (served by, patched vs eager)
+  python benchmarks/user_path/layer_breakdown.py --device cuda --models resnet --only b1 --json "$OUT/layers.json" \
+    > "$OUT/layers.log" 2>&1
+  rc=$(( rc || $? )); grep -E "ratio|sum of" "$OUT/layers.log"
   python benchmarks/user_path/bench_shapes.py --json "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.log" | tail -70
   rc=$(( rc || $? ))
   python benchmarks/cuda/bench_attention.py --quick --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -30

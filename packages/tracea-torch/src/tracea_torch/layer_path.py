@@ -29,6 +29,12 @@ _matmul_precision = torch.get_float32_matmul_precision
 _KEY = "_tracea_memo"
 
 
+def _meta(t: Optional[Tensor]) -> Any:
+    """What a memo compares of a tensor: shape, strides, dtype and device index (the plan cache's
+    signature, with ``get_device()`` instead of a device object: cheaper on the hot path)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
 class CallMemo:
     """One layer's last call signature and the plan that serves it."""
 
@@ -49,17 +55,14 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
     """What the patched conv layer ``m`` (``padding_mode="zeros"``) computes on ``x`` with weight ``w``
     and bias ``b``, plus the fused activation ``act``."""
     memo = m.__dict__.get(_KEY)
-    if memo is not None and not _any_autocast() and _direct(x, w, b):
-        try:  # a KeyError: an array kind not (or no longer) known to the plan cache
-            if (memo.sx == _SIGS[type(x)](x) and memo.stride is m.stride and memo.padding is m.padding
-                    and memo.dilation is m.dilation and memo.groups == m.groups and memo.act == act
-                    and memo.sw == _SIGS[type(w)](w) and memo.sb == _SIGS[type(b)](b)
-                    and memo.prec == ((_cudnn.allow_tf32 if x.is_cuda else _matmul_precision())
-                                      if x.dtype is _F32 else None)
-                    and memo.gen == generation()):
-                return memo.plan(x, w, b)
-        except KeyError:
-            pass
+    if (memo is not None and memo.sx == (x.shape, x.stride(), x.dtype, x.get_device())
+            and memo.sw == (w.shape, w.stride(), w.dtype, w.get_device())
+            and memo.sb == (None if b is None else (b.shape, b.stride(), b.dtype, b.get_device()))
+            and memo.stride is m.stride and memo.padding is m.padding and memo.dilation is m.dilation
+            and memo.groups == m.groups and memo.act == act and not _any_autocast() and _direct(x, w, b)
+            and memo.prec == ((_cudnn.allow_tf32 if x.is_cuda else _matmul_precision()) if x.dtype is _F32 else None)
+            and memo.gen == generation()):
+        return memo.plan(x, w, b)
     return _conv2d_refresh(m, x, w, b, act)
 
 
@@ -73,7 +76,8 @@ def _conv2d_refresh(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act
     plan = bridge.conv2d_plan_for(x, w, b, _pair(m.stride, "stride"), _pair(padding, "padding"),
                                   _pair(m.dilation, "dilation"), int(m.groups), act or "none")
     prec = (_cudnn.allow_tf32 if x.is_cuda else _matmul_precision()) if x.dtype is _F32 else None
-    m.__dict__[_KEY] = CallMemo(gen, fx(x), fw(w), fb(b), prec, m.stride, padding, m.dilation, m.groups, act, plan)
+    m.__dict__[_KEY] = CallMemo(gen, _meta(x), _meta(w), _meta(b), prec, m.stride, padding, m.dilation, m.groups,
+                                act, plan)
     return plan(x, w, b)
 
 
@@ -81,14 +85,12 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
     """What the patched linear layer ``m`` computes on ``x``, plus the fused activation ``act``."""
     w, b = m.weight, m.bias
     memo = m.__dict__.get(_KEY)
-    if memo is not None and not _any_autocast() and _direct(x, w, b):
-        try:
-            if (memo.sx == _SIGS[type(x)](x) and memo.act == act and memo.sw == _SIGS[type(w)](w)
-                    and memo.sb == _SIGS[type(b)](b) and memo.prec == (_matmul_precision() if x.dtype is _F32 else None)
-                    and memo.gen == generation()):
-                return memo.plan(x, w, b)
-        except KeyError:
-            pass
+    if (memo is not None and memo.sx == (x.shape, x.stride(), x.dtype, x.get_device())
+            and memo.sw == (w.shape, w.stride(), w.dtype, w.get_device())
+            and memo.sb == (None if b is None else (b.shape, b.stride(), b.dtype, b.get_device()))
+            and memo.act == act and not _any_autocast() and _direct(x, w, b)
+            and memo.prec == (_matmul_precision() if x.dtype is _F32 else None) and memo.gen == generation()):
+        return memo.plan(x, w, b)
     get = _SIGS.get
     fx, fw, fb = get(type(x)), get(type(w)), get(type(b))
     if fx is None or fw is None or fb is None or _any_autocast() or not _direct(x, w, b):
@@ -96,7 +98,7 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
     gen = generation()
     plan = bridge.linear_plan_for(x, w, b, act or "none")
     prec = _matmul_precision() if x.dtype is _F32 else None
-    m.__dict__[_KEY] = CallMemo(gen, fx(x), fw(w), fb(b), prec, act=act, plan=plan)
+    m.__dict__[_KEY] = CallMemo(gen, _meta(x), _meta(w), _meta(b), prec, act=act, plan=plan)
     return plan(x, w, b)
 
 

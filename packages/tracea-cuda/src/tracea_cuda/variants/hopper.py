@@ -227,6 +227,7 @@ class WgmmaGemm(CudaVariant):
         ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
         r0, r1 = self.roles
         mapped = [i for i, r in enumerate((r0, r1)) if r in self.mapped_roles]
+        m0, m1 = 0 in mapped, 1 in mapped
         plain_roles = [r for r in (r0, r1) if r not in self.mapped_roles] + ["out", "bias"]
         specs: dict[int, tuple[Any, WgmmaSpec]] = {}
 
@@ -267,14 +268,16 @@ class WgmmaGemm(CudaVariant):
         def by_pointer(p0: int, p1: int, bias: Any, out: Any) -> None:
             """The launch on operands given as 16-byte aligned device addresses (scratch regions)."""
             po = ptr(out)
-            key = (p0 if 0 in mapped else 0, p1 if 1 in mapped else 0, po & 15)
+            key = (p0 if m0 else 0, p1 if m1 else 0, po & 15)
             hit = memo.get(key)
             if hit is None:
                 if len(memo) >= 64:
                     memo.clear()
                 hit = memo[key] = build((p0, p1), po & 15)
             fptr, (gx, gy, gz), threads, smem, cargs, slots = hit
-            values = [p for i, p in enumerate((p0, p1)) if i not in mapped] + [po, po if bias is None else ptr(bias)]
+            pb = po if bias is None else ptr(bias)
+            # the per-call pointers in role order: the unmapped operands, out, bias
+            values = (po, pb) if m0 and m1 else (p1, po, pb) if m0 else (p0, po, pb) if m1 else (p0, p1, po, pb)
             s = stream()
             with lock:
                 for holder, role in slots:

@@ -26,7 +26,7 @@ from ..arrays import data_ptr
 from ..emit import im2col, operands
 from ..emit.wgmma import WgmmaSpec
 from .base import FLOAT_IO, aligned
-from .conv import ImplicitGemmConv, to_channels_last
+from .conv import ImplicitGemmConv, channels_last_prepass, to_channels_last
 from .hopper import WgmmaGemm, _hero
 
 
@@ -134,12 +134,8 @@ class WgmmaConv(WgmmaGemm):
         launcher.refuse_if_capturing(stream(), self.name)
         inner = _ChannelsLastInputs().bind(op, config, profile, adapter)  # type: ignore[arg-type]
         with toolkit.cupy().cuda.Device(dev):
-            tk = helpers_kernels.transposer(op.dtype, "sm_90a", pair=True)
-        hw, rs = op.h * op.w, op.r * op.s
-        # [batch][C][pixels] -> [batch][pixels][C] for x (batch N) and w (batch K), in one launch
-        jobs = [((-(-hw // 32), -(-op.c // 32), op.n), (op.c, hw)), ((-(-rs // 32), -(-op.c // 32), op.k), (op.c, rs))]
-        return launcher.with_prepasses(adapter, dev, stream, (op.n * hw * op.c, op.k * rs * op.c), op.dtype,
-                                       launcher.pair_launch(tk.function, *jobs), inner)
+            sizes, prepass = channels_last_prepass(op, "sm_90a")
+        return launcher.with_prepasses(adapter, dev, stream, sizes, op.dtype, prepass, inner)
 
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
         self.prepare(op, config, profile)  # type: ignore[arg-type]
