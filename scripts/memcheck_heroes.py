@@ -3,6 +3,8 @@ each output against the float64 reference. Meant to run under compute-sanitizer 
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/memcheck_heroes.py --json out.json
 
+``--bound`` runs each through the launcher ``variant.bind`` returns for torch tensors (what ``tracea.ops``
+and patched layers call: pointer-only launches, pre-passes into scratch) instead of ``variant.run``.
 Without the sanitizer it is a quick correctness sweep over the heroes. Prints one line per
 (variant, op, config) and a summary; exit code 1 when an output is wrong or a run raises something other
 than a declined config."""
@@ -84,12 +86,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the per-run results here")
     ap.add_argument("--variant", action="append", help="only these variant names")
+    ap.add_argument("--bound", action="store_true", help="launch through variant.bind (the plan path)")
     ap.add_argument("--shard", default="0/1", help="i/n: run every n-th pair from i (warm the compile cache in parallel)")
     args = ap.parse_args()
     shard, nshards = (int(x) for x in args.shard.split("/"))
     import torch
 
     profile = T.gpu_profile()
+    adapter = None
+    if args.bound:
+        from tracea.doctor.doctor import get_doctor
+
+        adapter = next(a for a in get_doctor().adapters() if a.name == "torch")
+
+    def launch(variant, op, config, t) -> None:  # noqa: ANN001
+        if adapter is None:
+            variant.run(op, config, T.op_args(t), profile)
+            return
+        r0, r1 = op.roles[:2]
+        variant.bind(op, config, profile, adapter)(t[r0], t[r1], t.get("bias"), t["out"])
+
     rows, bad, index = [], 0, 0
     t0 = time.time()
     for variant in all_variants():
@@ -99,16 +115,16 @@ def main() -> int:
             index += 1
             if (index - 1) % nshards != shard:
                 continue
-            row = {"variant": variant.name, "op": op.describe(), "config": config.key}
+            row = {"variant": variant.name, "op": op.describe(), "config": config.key, "bound": bool(args.bound)}
             try:
                 if isinstance(op, GemmOp):
                     t = T.gemm_inputs(op, seed=index)
-                    variant.run(op, config, T.op_args(t), profile)
+                    launch(variant, op, config, t)
                     ref = T.gemm_reference(op, t)
                     mode = math_mode(op.dtype_a, op.fp32_precision)
                 else:
                     t = T.conv_inputs(op, seed=index)
-                    variant.run(op, config, T.op_args(t), profile)
+                    launch(variant, op, config, t)
                     ref = T.conv_reference(op, t)
                     mode = math_mode(op.dtype, op.fp32_precision)
                 torch.cuda.synchronize()

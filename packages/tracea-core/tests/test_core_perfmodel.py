@@ -60,6 +60,11 @@ def test_features():
     assert wave_factor(GemmOp(128 * 10, 128, 64), cfg, 8) == pytest.approx(16 / 10)  # 10 tiles on 8 SMs: 2 waves
     assert wave_factor(GemmOp(128 * 8, 128, 64), cfg, 8) == 1.0
     assert wave_factor(GemmOp(128 * 8, 128, 64), None, 8) == 1.0
+    # split-K: each tile's pieces count, at most one wave of them (32 tiles x 4 = 128 pieces on 132 SMs)
+    split = cfg.replace(split_k=4)
+    assert wave_factor(GemmOp(128 * 4, 128 * 8, 8192), split, 132) == pytest.approx(132 / 128)
+    assert wave_factor(GemmOp(128 * 4, 128 * 8, 8192), cfg, 132) == pytest.approx(132 / 32)
+    assert wave_factor(GemmOp(128 * 10, 128 * 10, 64), split, 132) == pytest.approx(132 / 100)  # 100 tiles: 1 piece
 
 
 class _V(KernelVariant):

@@ -34,7 +34,9 @@ OPS = {
                         GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"),
                         GemmOp(4097, 4095, 1023, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias"),  # pitched
                         GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="float16",
-                               dtype_b="float16", dtype_out="float32", epilogue="silu")],
+                               dtype_b="float16", dtype_out="float32", epilogue="silu"),
+                        GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16",
+                               epilogue="bias+gelu")],  # few tiles: split-K hero
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
                           GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="bfloat16",
                                  dtype_b="bfloat16", epilogue="bias+silu")],
@@ -43,7 +45,9 @@ OPS = {
                              GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="high", epilogue="bias+relu"),
                              GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, fp32_precision="high",
                                     dtype_out="bfloat16", epilogue="bias+gelu"),
-                             GemmOp(512, 384, 256, fp32_precision="high", dtype_out="float16", epilogue="silu")],
+                             GemmOp(512, 384, 256, fp32_precision="high", dtype_out="float16", epilogue="silu"),
+                             GemmOp(192, 2048, 4096, fp32_precision="high", epilogue="bias"),  # split-K, swapped
+                             GemmOp(192, 2048, 4096, trans_b=True, fp32_precision="high", dtype_out="bfloat16")],
     "cuda.gemm.mma_tf32": [GemmOp(4096, 4096, 4096, fp32_precision="high", epilogue="relu")],
     "cuda.gemm.mma_3xtf32": [GemmOp(4096, 4096, 4096, trans_b=True, fp32_precision="highest", epilogue="bias")],
     "cuda.gemm.gemv": [GemmOp(1, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tracea.doctor.profile import DeviceProfile
@@ -69,6 +70,25 @@ def profile(index: int) -> DeviceProfile:
         driver_version=v["driver"], runtime_version=v["runtime"],
         extras={"tensor_core_gen": _TC_GEN.get(cc[0], "pre-ampere"), "nvrtc": v["nvrtc"], "cupy": v["cupy"],
                 "sm_clock_mhz": str(clock_khz // 1000)})
+
+
+#: the CUDA MPS client setting that limits a process to a share of the SMs (percent)
+MPS_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+def resident_sms(profile: DeviceProfile) -> int:
+    """SMs this process can count on having at once: the profile's, scaled down by an MPS active-thread
+    percentage below 100 (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). Kernels whose CTAs wait for each other
+    (split-K, stream-K) size their grids by this, so every CTA they wait for is resident."""
+    units = int(profile.compute_units or 1)
+    raw = os.environ.get(MPS_PERCENTAGE_ENV, "").strip()
+    try:
+        pct = float(raw) if raw else 100.0
+    except ValueError:
+        return units
+    if 0 < pct < 100:
+        return max(1, int(units * pct / 100))
+    return units
 
 
 def profiles() -> list[DeviceProfile]:

@@ -7,6 +7,9 @@ Stream-K gives every CTA an equal share of the k-iterations of the last tiles in
 data-parallel tiles, then iterations ``[b*I/G, (b+1)*I/G)`` of the ``I = sk_tiles * KT`` iterations of
 the last ``sk_tiles`` tiles. The piece of a tile holding its k-iteration 0 is the tile's *owner*: it adds
 the fp32 partial sums stored by the tile's other pieces (*contributors*) and runs the epilogue.
+
+:func:`split_units` mirrors the split-K kernel's unit order (``split_k`` configs: few tiles, every tile
+cut into the same number of K slices, one per CTA; see docs/backends/cuda.md, "Split-K for few tiles").
 """
 
 from __future__ import annotations
@@ -62,3 +65,12 @@ def units(b: int, tiles: int, ctas: int, k_iters: int, sk_tiles: int) -> list[tu
         out.append((dp + t, max(s, tb) - tb, min(e, tb + k_iters) - tb, b == owner, last - owner, b - owner - 1))
         t += 1
     return out
+
+
+def split_units(b: int, tiles: int, ctas: int, k_iters: int, splits: int) -> list[tuple[int, int, int, int]]:
+    """Python mirror of the split-K kernel's ``split_unit``: CTA ``b``'s work as (tile, k_begin, k_end,
+    slice); unit g is slice ``splits - 1 - g // tiles`` of tile ``g % tiles`` and CTA b runs b, b + G, ...
+    (the host makes tiles x splits <= G: one unit per CTA). The 16-row block r of the consumer warps
+    (8 per tile) is reduced and stored by slice ``r % splits``."""
+    return [(g % tiles, s * k_iters // splits, (s + 1) * k_iters // splits, s)
+            for g in range(b, tiles * splits, ctas) for s in (splits - 1 - g // tiles,)]

@@ -82,7 +82,8 @@ def shape_vector(op: Op) -> np.ndarray:
 
 def wave_factor(op: Op, config: PipelineConfig | None, units: int) -> float:
     """GPU wave quantization of a tiled config: the last, partial wave of output tiles costs a full
-    one. 1.0 for configs without tiles, CPUs (``units`` <= 1 means unknown) and non-GEMM-like ops."""
+    one; a ``split_k`` config counts each tile's pieces (at most one wave of them). 1.0 for configs without
+    tiles, CPUs (``units`` <= 1 means unknown) and non-GEMM-like ops."""
     if config is None or units <= 1:
         return 1.0
     tm, tn = getattr(config, "tile_m", 0), getattr(config, "tile_n", 0)
@@ -96,6 +97,10 @@ def wave_factor(op: Op, config: PipelineConfig | None, units: int) -> float:
     else:
         return 1.0
     tiles = -(-m // tm) * -(-n // tn) * batch
+    get = getattr(config, "get", None)
+    split = int((get("split_k") if get is not None else 0) or 1)
+    if split > 1:  # split-K: each tile runs as ``split`` pieces (capped at one wave, as the kernels do)
+        tiles *= max(1, min(split, units // tiles))
     waves = tiles / units
     return math.ceil(waves) / waves if waves > 0 else 1.0
 

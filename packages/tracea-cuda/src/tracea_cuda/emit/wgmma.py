@@ -27,7 +27,7 @@ from . import im2col
 from .common import PRELUDE, ctype, epilogue_function, load_expr, pair_epilogue_function, store_expr
 from .operands import StoreMap
 from .wgmma_epilogues import DEFER_CHUNK, DIRECT, STAGED, STASH, TRANSPOSED, deferred_split
-from .wgmma_stream_k import SK_FIXUP, SK_UNIT
+from .wgmma_stream_k import SK_FIXUP, SK_UNIT, SPLIT_FIXUP, SPLIT_UNIT
 
 KERNEL_NAME = "tracea_wgmma_kernel"
 BK = 64  # 64 16-bit elements = one 128-byte swizzle row
@@ -66,6 +66,7 @@ class WgmmaSpec:
     out_cm: bool = False  # C stored column-major (ldc = M): the caller swapped A and B to get C^T
     stream_k: bool = False  # the last partial wave's tiles split along K over every CTA (fixup in fp32)
     defer: bool = False  # 16-bit output: the activation and the store of tile j run during tile j+1's mainloop
+    split_k: bool = False  # every tile's K cut into slices (count given at launch), partial sums added in-kernel
 
 
     threads = 384
@@ -125,6 +126,10 @@ class WgmmaSpec:
         if self.stream_k and (self.schedule != "coop" or self.cluster != 1 or self.conv is not None
                               or self.split_acc):
             problems.append("stream-K serves the coop schedule without clusters, conv gathers or split accumulation")
+        if self.split_k and (self.schedule != "coop" or self.cluster != 1 or self.conv is not None
+                             or self.split_acc or self.stream_k or self.defer):
+            problems.append("split-K serves the coop schedule without clusters, conv gathers, split accumulation, "
+                            "stream-K or the deferred epilogue")
         if self.defer and (self.schedule != "coop" or not self.smem_epilogue or self.split_acc
                            or self.conv is not None or self.out_cm
                            or self.dtype_out.storage not in (DType.BF16, DType.F16)):
@@ -451,7 +456,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     conv = spec.conv
     if conv is None:
         operands = "const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB"
-        if spec.stream_k:
+        if spec.stream_k or spec.split_k:
             operands += ", float* __restrict__ sk_ws, unsigned* __restrict__ sk_flags, int sk_tiles, int sk_maxc"
         full_count, consumer_regs, proxy_fence = 1, 232, ""
         producer = _tma_producer(spec, a_loads, b_loads)
@@ -460,14 +465,17 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         full_count, consumer_regs = 129, im2col.CONSUMER_REGS
         proxy_fence = '            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async wrote A\n'
         producer = im2col.producer(conv, bm, bn, st, 16 // spec.dtype_in.itemsize)
-    if spec.stream_k:
+    if spec.stream_k or spec.split_k:
         loop_head = ("    unsigned itc = 0;  // stages consumed so far (units have different k ranges)\n"
                      "    for (int u = 0; ; ++u) {\n"
                      "        SkUnit w;\n"
-                     "        if (!sk_unit(u, tiles, KT, sk_tiles, w)) break;\n"
+                     f"        if (!{_unit_call(spec)}) break;\n"
                      "        const int tile = w.tile, k_first = w.kb, k_end = w.ke;")
         nreg = subs * regs  # fp32 partial sums per thread (stored as float4 runs, coalesced over the warpgroup)
-        it_expr, sk_fixup, sk_funcs = "itc++", SK_FIXUP.format(**locals()), SK_UNIT
+        it_expr, sk_fixup = "itc++", (SPLIT_FIXUP if spec.split_k else SK_FIXUP).format(**locals())
+        sk_funcs = SPLIT_UNIT if spec.split_k else SK_UNIT
+        if spec.split_k:  # only the warps that reduced their rows store them
+            epilogue_code = f"        if (sk_mine) {{\n{epilogue_code}        }}\n"
     else:
         loop_head = (f"    for (int j = {first}; ; j += {step}) {{\n"
                      f"        const int tile = {tile_first} + j * {tile_step};\n"
@@ -549,6 +557,11 @@ extern "C" __global__ void {cluster_attr}__launch_bounds__(384, 1) {name}(
 """
 
 
+def _unit_call(spec: WgmmaSpec) -> str:
+    """The call that fills the next work unit ``w`` of a stream-K or split-K kernel (false: no more)."""
+    return "split_unit(u, tiles, KT, sk_maxc + 1, w)" if spec.split_k else "sk_unit(u, tiles, KT, sk_tiles, w)"
+
+
 def _tma_producer(spec: WgmmaSpec, a_loads: str, b_loads: str) -> str:
     """Producer warpgroup of the GEMM: one elected thread issues the TMA loads of both tiles (in a
     2-CTA cluster: its A tile and its half of B, multicast to both CTAs)."""
@@ -559,9 +572,9 @@ def _tma_producer(spec: WgmmaSpec, a_loads: str, b_loads: str) -> str:
     close = "return;" if cm == 1 else "}"
     first, step = ("blockIdx.x", "gridDim.x") if cm == 1 else ("blockIdx.x / 2", "gridDim.x / 2")
     rank_add = "" if cm == 1 else f" m0 += (int)crank * {bm};"
-    if spec.stream_k:
+    if spec.stream_k or spec.split_k:
         loop = ("        for (int u = 0; ; ++u) {\n            SkUnit w;\n"
-                "            if (!sk_unit(u, tiles, KT, sk_tiles, w)) break;\n"
+                f"            if (!{_unit_call(spec)}) break;\n"
                 "            const int tile = w.tile, k_first = w.kb, k_end = w.ke;")
     else:
         loop = (f"        for (int tile = {first}; tile < tiles; tile += {step}) {{\n"

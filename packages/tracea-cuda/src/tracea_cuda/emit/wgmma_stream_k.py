@@ -25,6 +25,76 @@ static __device__ __forceinline__ bool sk_unit(int u, int tiles, int KT, int sk_
 }
 """
 
+# Split-K (few output tiles): every tile's K range is cut into S = sk_maxc + 1 slices, one unit each, and
+# the host makes tiles x S <= the resident grid, so every CTA runs exactly one unit and all S pieces of a
+# tile run at once (they wait for each other). Unit g is slice S - 1 - g / tiles of tile g % tiles; the
+# host keeps S <= KT (no empty slice).
+SPLIT_UNIT = r"""
+struct SkUnit { int tile, kb, ke, owner, ncon, cslot; };
+static __device__ __forceinline__ bool split_unit(int u, int tiles, int KT, int S, SkUnit& w) {
+    const long long g = blockIdx.x + (long long)u * gridDim.x;
+    if (g >= (long long)tiles * S) return false;
+    const int slice = S - 1 - (int)(g / tiles);
+    w.tile = (int)(g % tiles);
+    w.kb = (int)((long long)slice * KT / S); w.ke = (int)((long long)(slice + 1) * KT / S);
+    w.owner = slice == 0; w.ncon = S - 1; w.cslot = slice;
+    return true;
+}
+"""
+
+# The split-K exchange shares the reduction among the S pieces of a tile: consumer warp r (its 16-row
+# block, r = 4 wg + warp) of slice r mod S reduces and stores those rows. Every piece first stores the fp32
+# partial sums of the row blocks it does not reduce (slot [tile][slice][wg], float4 runs coalesced over
+# the warpgroup), bumps the tile's counter and waits until all S pieces have arrived; then each warp that
+# reduces adds the other S - 1 partial sums of its rows and runs the epilogue, the others skip it. Every
+# piece reads at most (S - 1) / S of one tile (the owner of a stream-K tile reads S - 1 tiles).
+SPLIT_FIXUP = """        bool sk_mine = true;  // this warp stores its rows in the epilogue
+        if (sk_maxc > 0) {{
+            const int tid = threadIdx.x % 128, S = sk_maxc + 1, slice = w.cslot;
+            sk_mine = (wg * 4 + warp) % S == slice;
+            unsigned* flag = sk_flags + 2 * tile + wg;
+            float* tslot = sk_ws + ((long long)tile * S * 2 + wg) * {nreg} * 128;
+            if (!sk_mine) {{
+                float* slot = tslot + (long long)slice * 2 * {nreg} * 128;
+                #pragma unroll
+                for (int sub = 0; sub < {subs}; ++sub)
+                    #pragma unroll
+                    for (int i = 0; i < {regs}; i += 4)
+                        asm volatile("st.global.cg.v4.f32 [%0], {{%1, %2, %3, %4}};"
+                                     :: "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)), "f"(d[sub][i]), "f"(d[sub][i + 1]),
+                                        "f"(d[sub][i + 2]), "f"(d[sub][i + 3]) : "memory");
+                __threadfence();
+            }}
+            named_bar_sync(1 + wg);
+            if (tid == 0) {{
+                u32 seen;
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(flag) : "memory");
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+                while (seen < (u32)S) {{
+                    __nanosleep(64);
+                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+                }}
+            }}
+            named_bar_sync(1 + wg);
+            if (sk_mine) {{
+                for (int q = 0; q < S; ++q) {{
+                    if (q == slice) continue;
+                    const float* slot = tslot + (long long)q * 2 * {nreg} * 128;
+                    #pragma unroll
+                    for (int sub = 0; sub < {subs}; ++sub)
+                        #pragma unroll
+                        for (int i = 0; i < {regs}; i += 4) {{
+                            float x0, x1, x2, x3;
+                            asm volatile("ld.global.cg.v4.f32 {{%0, %1, %2, %3}}, [%4];"
+                                         : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3)
+                                         : "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)) : "memory");
+                            d[sub][i] += x0; d[sub][i + 1] += x1; d[sub][i + 2] += x2; d[sub][i + 3] += x3;
+                        }}
+                }}
+            }}
+        }}
+"""
+
 SK_FIXUP = """        if (w.cslot >= 0 || w.ncon > 0) {{  // a stream-K piece: exchange fp32 partial sums with the owner
             const int tid = threadIdx.x % 128, t_local = tile - (tiles - sk_tiles);
             unsigned* flag = sk_flags + 2 * t_local + wg;

@@ -17,6 +17,7 @@ from tracea.errors import LaunchError, UnsupportedConfigError
 
 from .. import compiler, helpers_kernels, launcher, stream_k, tma, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
+from ..device import resident_sms
 from ..emit.wgmma import KERNEL_NAME, WgmmaSpec, render
 from .base import FLOAT_IO, CudaVariant, scratch_buffer
 from .gemm import MmaGemm16
@@ -24,15 +25,39 @@ from .gemm import MmaGemm16
 
 def _hero(bn: int, stages: int, group_m: int = 8, schedule: str = "coop", bm: int = 128,
           smem_epilogue: bool = True, cluster: int | None = None, stream_k: bool | None = None,
-          defer: bool = False) -> PipelineConfig:
+          defer: bool = False, split_k: int = 1) -> PipelineConfig:
     params = (("group_m", group_m), ("schedule", schedule), ("smem_epilogue", smem_epilogue))
     if defer:
         params += (("defer", True),)  # type: ignore[assignment]
+    if split_k > 1:
+        params += (("split_k", split_k),)  # type: ignore[assignment]
     if cluster is not None:  # GEMM configs say it; the conv variant has no cluster dimension
         params += (("cluster", cluster),)  # type: ignore[assignment]
     if stream_k is not None:  # likewise
         params += (("stream_k", stream_k),)  # type: ignore[assignment]
     return PipelineConfig(bm, bn, 64, stages, 12, SwizzleMode.XOR8, BarrierMode.PRODUCER_CONSUMER, params)
+
+
+def split_slices(op: GemmOp, ctas: int) -> int:
+    """K slices for the split-K hero on a GEMM with few 128x128 tiles (1: do not split), from the H100
+    probe (``benchmarks/cuda/probe_split_k.py``, kernel time vs slices): about 3/4 of a wave of pieces up
+    to 256 rows (weight-bound) and a whole wave above, at most 8 slices and at least 8 k-tiles of 64 per
+    slice; grids of half a wave or more are split in two only for K >= 12288 (M256 N4096 K14336: 0.76x ->
+    1.00x cuBLAS; M128 N8192 K8192 ran 7% slower split). Fewer than 64 rows are left to the few-row
+    variants."""
+    tiles = -(-op.m // 128) * -(-op.n // 128) * op.batch
+    if op.m < 64 or not ctas or 2 * tiles > ctas and op.k < 12288:
+        return 1
+    target = ctas if op.m > 256 else 3 * ctas // 4
+    s = min(8, target // tiles, ctas // tiles, op.k // 512)
+    if s < 2 and 2 * tiles <= ctas and op.k >= 12288:
+        s = 2
+    return max(1, s)
+
+
+def wave_efficiency(tiles: int, ctas: int) -> float:
+    """Share of the SM-slots of a grid's waves that ``tiles`` fill (1.0: whole waves)."""
+    return tiles / (-(-tiles // ctas) * ctas) if tiles and ctas else 1.0
 
 
 class WgmmaGemm(CudaVariant):
@@ -73,7 +98,8 @@ class WgmmaGemm(CudaVariant):
                          pairs, vec_store, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
                          bm=config.tile_m, schedule=str(config.get("schedule") or "coop"),
                          smem_epilogue=bool(config.get("smem_epilogue", True)), cluster=int(config.get("cluster") or 1),
-                         stream_k=bool(config.get("stream_k", False)), defer=bool(config.get("defer", False)))
+                         stream_k=bool(config.get("stream_k", False)), defer=bool(config.get("defer", False)),
+                         split_k=int(config.get("split_k") or 1) > 1)
 
     def _build_launch(self, op: GemmOp, spec: WgmmaSpec, pa: int, pb: int, ptrs: dict, profile: DeviceProfile,
                       kernel: Any = None):
@@ -88,11 +114,16 @@ class WgmmaGemm(CudaVariant):
                  if spec.b_kmajor else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (row, row, 1), pb_pitch))
         cm = spec.cluster
         tiles = self._tiles(op, spec)  # clusters' tiles
-        resident = profile.compute_units if cm == 1 else tma.max_active_clusters(
-            kernel.function, cm, spec.threads, spec.smem_bytes, profile.compute_units // cm)
+        resident = resident_sms(profile) if cm == 1 else tma.max_active_clusters(
+            kernel.function, cm, spec.threads, spec.smem_bytes, resident_sms(profile) // cm)
         grid = (min(tiles, resident) * cm, 1, 1)
         sk = []
-        if spec.stream_k:  # workspace and counters come from run() (per stream), the split from the grid
+        if spec.split_k:  # one unit per (tile, K slice); slices given here (the compiled kernel serves any)
+            splits = ptrs["splits"]
+            grid = (min(tiles * splits, resident), 1, 1)
+            sk = [ctypes.c_uint64(ptrs.get("sk_ws", 0)), ctypes.c_uint64(ptrs.get("sk_flags", 0)),
+                  ctypes.c_int32(tiles), ctypes.c_int32(splits - 1)]
+        elif spec.stream_k:  # workspace and counters come from run() (per stream), the split from the grid
             p = ptrs["sk_plan"]
             sk = [ctypes.c_uint64(ptrs["sk_ws"]), ctypes.c_uint64(ptrs["sk_flags"]), ctypes.c_int32(p.sk_tiles),
                   ctypes.c_int32(p.max_contributors)]
@@ -107,7 +138,7 @@ class WgmmaGemm(CudaVariant):
         this call only (kept alive in ``ptrs["_keep"]`` until the kernel is enqueued)."""
         kop = self.kernel_op(op)
         tiles = self._tiles(kop, spec)  # stream-K runs without clusters: the grid is min(tiles, SMs)
-        p = stream_k.plan(tiles, min(tiles, profile.compute_units), -(-kop.k // (128 // spec.dtype_in.itemsize)))
+        p = stream_k.plan(tiles, min(tiles, resident_sms(profile)), -(-kop.k // (128 // spec.dtype_in.itemsize)))
         per_slot = 2 * 128 * spec.subs * spec.bn // 2  # two consumer warpgroups x their accumulators
         ws = scratch_buffer(args, p.sk_tiles * p.max_contributors * per_slot)
         flags = scratch_buffer(args, 2 * p.sk_tiles, zeroed=True)
@@ -115,6 +146,37 @@ class WgmmaGemm(CudaVariant):
         ptrs["sk_plan"] = p
         ptrs["sk_ws"] = data_ptr(ws, "sk_ws")
         ptrs["sk_flags"] = data_ptr(flags, "sk_flags")
+
+    def split_plan(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> tuple[int, int, int]:
+        """Split-K of ``config`` on ``op``: (slices S, tiles, float32 scratch elements). S is the config's
+        ``split_k``, capped so that no slice is empty (S <= K tiles) and every piece of every tile is
+        resident at once (tiles x S <= SMs: the pieces of a tile wait for each other); S = 1 runs the
+        tiles whole. The scratch holds the per-tile counters (two per tile, zeroed per call, padded to 256
+        bytes), then S fp32 partial tiles per tile."""
+        kop = self.kernel_op(op)
+        spec = self.spec(op, config, None)
+        tiles = self._tiles(kop, spec)
+        k_tiles = -(-kop.k // (128 // spec.dtype_in.itemsize))
+        splits = max(1, min(int(config.get("split_k") or 1), k_tiles, resident_sms(profile) // tiles))
+        return splits, tiles, (self._flag_floats(tiles) + tiles * splits * spec.bm * spec.bn if splits > 1 else 0)
+
+    @staticmethod
+    def _flag_floats(tiles: int) -> int:
+        return -(-2 * tiles // 64) * 64
+
+    def _split_k_buffers(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, args: OpArgs, ptrs: dict,
+                         stream: Any) -> None:
+        """Split-K scratch for this call (caller's allocator, alive in ``ptrs["_keep"]`` until the kernel is
+        enqueued), its counters zeroed on ``stream``."""
+        splits, tiles, size = self.split_plan(op, config, profile)
+        if not size:  # one slice: the kernel runs the tiles whole and touches no scratch
+            ptrs.update(splits=1, sk_flags=0, sk_ws=0)
+            return
+        buf = scratch_buffer(args, size)
+        ptrs.setdefault("_keep", []).append(buf)
+        base = data_ptr(buf, "sk_flags")
+        toolkit.cupy().cuda.runtime.memsetAsync(base, 0, 8 * tiles, stream.ptr)
+        ptrs.update(splits=splits, sk_flags=base, sk_ws=base + 4 * self._flag_floats(tiles))
 
     def kernel_op(self, op: GemmOp) -> GemmOp:
         """The GEMM as the kernel sees it (M and N exchanged when the operands are swapped)."""
@@ -172,6 +234,7 @@ class WgmmaGemm(CudaVariant):
                 .warps([12]).swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
                 .param("group_m", [4, 8, 16]).param("schedule", ["coop", "pingpong"])
                 .param("smem_epilogue", [True, False]).param("cluster", [1, 2]).param("stream_k", [False, True])
+                .param("split_k", [1, 2, 3, 4, 6, 8])
                 .param("defer", [False, True])
                 .param("partial_stages", [1, 2, 4, 8] if self.name.endswith("3xtf32") else [1])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
@@ -195,11 +258,24 @@ class WgmmaGemm(CudaVariant):
         if op.out_dtype.storage in (DType.BF16, DType.F16) and op.n % 8 == 0:
             big = [_hero(256, 3, 16, cluster=1, defer=True)] + big
             sk = [_hero(256, 3, 16, cluster=1, stream_k=True, defer=True)] + sk
-        if tiles >= 12 * profile.compute_units and tiles % profile.compute_units:  # a partial last wave
+        ctas = profile.compute_units
+        if tiles >= 12 * ctas and tiles % ctas:  # a partial last wave
             return sk + big
-        if tiles >= profile.compute_units:
+        t128 = -(-op.m // 128) * -(-op.n // 128) * op.batch
+        if tiles >= ctas:
+            # 128x128 tiles where they fill the waves much better (the 128x256 tile runs ~10% faster per
+            # tile): H100, M512 N11008 K4096 0.72x -> 0.90x cuBLAS, M2048 N5120 K5120 0.89x -> 1.14x,
+            # M512 N28672 K8192 0.83x -> 0.95x; 4096^3 and 8192^3 keep 128x256 (both fill 97%).
+            if wave_efficiency(t128, ctas) > wave_efficiency(tiles, ctas) + 0.1:
+                return [_hero(128, 6, cluster=1)] + big + sk
             return big + sk
-        return [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
+        few = [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
+        splits = split_slices(op, ctas)
+        if splits > 1:  # few 128x128 tiles: K split so that the pieces fill the SMs
+            return [_hero(128, 6, cluster=1, split_k=splits)] + few
+        if t128 > ctas and op.m >= 256:  # 256x128 tiles fill the wave (M512 N5120 K5120 0.70x -> 0.74x)
+            return [_hero(128, 4, bm=256, cluster=1)] + few
+        return few
 
     def _kernel(self, spec: WgmmaSpec, profile: DeviceProfile) -> compiler.Kernel:
         return compiler.load(render(spec), KERNEL_NAME, "sm_90a", smem=spec.smem_bytes, threads=spec.threads)
@@ -229,6 +305,14 @@ class WgmmaGemm(CudaVariant):
         mapped = [i for i, r in enumerate((r0, r1)) if r in self.mapped_roles]
         m0, m1 = 0 in mapped, 1 in mapped
         plain_roles = [r for r in (r0, r1) if r not in self.mapped_roles] + ["out", "bias"]
+        # Split-K: one scratch buffer per call from the caller's allocator (counters, then partial sums),
+        # its counters zeroed on the launch stream right before the kernel.
+        splits, tiles, scratch_size = (self.split_plan(op, config, profile) if self.spec(op, config, None).split_k
+                                       else (1, 0, 0))
+        if scratch_size:
+            plain_roles += ["sk_ws", "sk_flags"]
+            factory: list[Any] = []  # bound on the first call (the factory needs an array of the call)
+            memset, ws_off, flag_bytes = toolkit.cupy().cuda.runtime.memsetAsync, 4 * self._flag_floats(tiles), 8 * tiles
         specs: dict[int, tuple[Any, WgmmaSpec]] = {}
 
         def kernel_for(out_mod: int) -> tuple[Any, WgmmaSpec]:
@@ -250,7 +334,7 @@ class WgmmaGemm(CudaVariant):
             kernel, spec = ks
             sentinels = {r: 0x7E57_0000_0000 + (i + 1) * 0x1000_0000 for i, r in enumerate(plain_roles)}
             ptrs = {**sentinels, r0: p[0] if 0 in mapped else sentinels.get(r0), r1: p[1] if 1 in mapped else
-                    sentinels.get(r1)}
+                    sentinels.get(r1), "splits": splits}
             pa, pb = self.operands(op, None, ptrs, None)  # type: ignore[arg-type]
             grid, cargs = self._build_launch(op, spec, pa, pb, ptrs, profile, kernel)
             back = {v: i for i, v in enumerate(sentinels.values())}
@@ -277,16 +361,27 @@ class WgmmaGemm(CudaVariant):
             fptr, (gx, gy, gz), threads, smem, cargs, slots = hit
             pb = po if bias is None else ptr(bias)
             # the per-call pointers in role order: the unmapped operands, out, bias
-            values = (po, pb) if m0 and m1 else (p1, po, pb) if m0 else (p0, po, pb) if m1 else (p0, p1, po, pb)
+            values: tuple[int, ...] = ((po, pb) if m0 and m1 else (p1, po, pb) if m0 else (p0, po, pb) if m1
+                                       else (p0, p1, po, pb))
             s = stream()
+            if scratch_size:
+                if not factory:
+                    factory.append(adapter.empty_factory((scratch_size,), DType.F32, out))
+                buf = factory[0](out)  # released after the launch: stream order keeps it for the kernel
+                pbuf = ptr(buf)
+                values += (pbuf + ws_off, pbuf)
             with lock:
                 for holder, role in slots:
                     holder.value = values[role]
                 try:
                     if current() == dev:
+                        if scratch_size:
+                            memset(pbuf, 0, flag_bytes, s)
                         drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
                     else:
                         with device():
+                            if scratch_size:
+                                memset(pbuf, 0, flag_bytes, s)
                             drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
                 except Exception as exc:  # noqa: BLE001
                     raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
@@ -322,9 +417,12 @@ class WgmmaGemm(CudaVariant):
             pa, pb = self.operands(op, args, ptrs, stream)
             if spec.stream_k:
                 self._stream_k_buffers(op, spec, profile, args, ptrs)
+            if spec.split_k:
+                self._split_k_buffers(op, config, profile, args, ptrs, stream)
             # Tensor maps and the packed parameter block depend only on the pointers: cache them so a
             # repeated call costs one dict lookup and one cuLaunchKernel.
-            lkey = (key, pa, pb, ptrs["out"], ptrs.get("bias"), ptrs.get("sk_ws"), ptrs.get("sk_flags"))
+            lkey = (key, pa, pb, ptrs["out"], ptrs.get("bias"), ptrs.get("sk_ws"), ptrs.get("sk_flags"),
+                    ptrs.get("splits"))
             launch = self._launches.get(lkey)
             if launch is None:
                 launch = self._build_launch(op, spec, pa, pb, ptrs, profile, kernel)
@@ -386,12 +484,21 @@ class WgmmaGemmTf32(WgmmaGemm):
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
         kop = self.kernel_op(op)
-        if not self.kmajor(kop)[0]:  # register-fed A: direct epilogue
-            return [_hero(256, 4, 16, smem_epilogue=False, cluster=1), _hero(256, 4, smem_epilogue=False, cluster=1),
-                    _hero(128, 4, 16, bm=256, smem_epilogue=False, cluster=1),
-                    _hero(128, 6, smem_epilogue=False, cluster=1), _hero(256, 4, 16, smem_epilogue=False, cluster=2)]
-        return [_hero(256, 4, 16, cluster=1), _hero(256, 4, cluster=1), _hero(128, 4, 16, bm=256, cluster=1),
-                _hero(256, 4, 16, cluster=2), _hero(128, 6, cluster=1), _hero(256, 4, 16, cluster=1, stream_k=True)]
+        tiles = -(-kop.m // 128) * -(-kop.n // 256) * kop.batch
+        splits = split_slices(kop, profile.compute_units) if tiles < profile.compute_units else 1
+        direct = not self.kmajor(kop)[0]  # register-fed A: direct epilogue
+        # few tiles: K split (H100, x @ W.T fp32 with TF32: M512 N1024 K8192 0.46x -> 1.24x cuBLAS,
+        # M192 N2048 K4096 0.58x -> 1.12x, M256 N4096 K14336 0.49x -> 1.25x)
+        first = [_hero(128, 6, cluster=1, split_k=splits, smem_epilogue=not direct)] if splits > 1 else []
+        if direct:
+            return first + [_hero(256, 4, 16, smem_epilogue=False, cluster=1),
+                            _hero(256, 4, smem_epilogue=False, cluster=1),
+                            _hero(128, 4, 16, bm=256, smem_epilogue=False, cluster=1),
+                            _hero(128, 6, smem_epilogue=False, cluster=1),
+                            _hero(256, 4, 16, smem_epilogue=False, cluster=2)]
+        return first + [_hero(256, 4, 16, cluster=1), _hero(256, 4, cluster=1), _hero(128, 4, 16, bm=256, cluster=1),
+                        _hero(256, 4, 16, cluster=2), _hero(128, 6, cluster=1),
+                        _hero(256, 4, 16, cluster=1, stream_k=True)]
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         reasons = super().extra_checks(op, profile)
