@@ -169,3 +169,17 @@ def test_decode_kernels_beside_the_heroes_compile_without_spills():
         assert set(report) == set(sources)
         for name, res in report.items():
             assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack == 0, (arch, name, res)
+
+
+def test_decode_splits_follow_an_mps_share(monkeypatch):
+    """Under CUDA MPS with a share of the SMs, the default split count fills that share, not the device."""
+    from tracea_cuda.device import MPS_PERCENTAGE_ENV
+    from tracea_cuda.variants.attention_decode import FlashDecode
+
+    dv = FlashDecode()
+    op = AttentionOp(1, 32, 1, 32768, 128, kv_heads=8, dtype="bfloat16")
+    cfg = dv.hero_configs(op, H100)[0]
+    full = dv.spec(op, cfg, None, H100).splits
+    monkeypatch.setenv(MPS_PERCENTAGE_ENV, "50")
+    half = dv.spec(op, cfg, None, H100).splits
+    assert full == 16 and half == 8

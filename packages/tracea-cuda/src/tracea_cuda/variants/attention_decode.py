@@ -24,6 +24,7 @@ from tracea.semantic.config import PipelineConfig, Validity
 from tracea.semantic.search_space import SearchSpace
 
 from .. import compiler, launcher, toolkit
+from ..device import resident_sms
 from ..emit import flash_attn, flash_decode
 from ..emit.flash_decode import DecodeSpec
 from .attention import _MASKS, _bound
@@ -83,7 +84,9 @@ class FlashDecode(CudaVariant):
                           _MASKS[op.mask], 1)
         splits = int(config.get("splits", 0) or 0)
         if splits <= 0:
-            sms = profile.compute_units if profile is not None and profile.compute_units > 1 else 132
+            # SMs this process can count on (an MPS share scales them down): one wave of blocks; the
+            # blocks never wait for each other (the last to arrive merges), so this is for speed only
+            sms = resident_sms(profile) if profile is not None and profile.compute_units > 1 else 132
             splits = decode_splits(op, spec, sms)
         return DecodeSpec(spec.dtype, spec.head_dim, spec.bn, spec.warps, spec.stages, spec.causal, spec.mask,
                           min(splits, MAX_SPLITS))
