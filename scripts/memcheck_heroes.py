@@ -40,7 +40,9 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
                   Conv2dOp(1, 128, 14, 14, 256, 1, 1, layout=layout, dtype=dt, fp32_precision=prec),
                   Conv2dOp(3, 32, 17, 17, 64, 3, 3, stride=2, padding=1, layout=layout, dtype=dt,
                            fp32_precision=prec, epilogue="bias"),
-                  Conv2dOp(4, 256, 7, 7, 512, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec)]
+                  Conv2dOp(4, 256, 7, 7, 512, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec),
+                  Conv2dOp(2, 3, 19, 17, 16, 7, 7, stride=2, padding=3, layout=layout, dtype=dt,  # RGB stem
+                           fp32_precision=prec, epilogue="bias+relu")]
 
 
 # Big shapes only to collect the heroes the Doctor proposes there (bigger tiles, clusters, stream-K, the

@@ -89,3 +89,42 @@ def test_split_k(layout, dt, prec, splits):
 def test_small_layers_offer_split_k():
     op = Conv2dOp(32, 512, 7, 7, 512, 3, 3, padding=1, layout="nhwc", dtype="float16")
     assert any(c.get("split_k", 1) > 1 for c in VARIANT.hero_configs(op, T.gpu_profile()))
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("c", [3, 1, 5])
+def test_small_channel_nhwc_padded_bound_path_and_graph(dt, c):
+    """NHWC convs with fewer channels than one 16-byte run (RGB stems) run on x and w padded with zero
+    channels: through ``tracea.ops.conv2d`` (the bound launcher: pad pre-pass + conv), repeated (plan
+    cache) and replayed from a CUDA graph, against float64."""
+    import torch
+    import torch.nn.functional as F
+
+    import tracea
+    from tracea.doctor.doctor import get_doctor
+    from tracea_cuda.variants.conv import padded_op
+
+    tdt = getattr(torch, dt)
+    g = torch.Generator(device="cuda").manual_seed(c)
+    x = torch.randn(2, c, 33, 31, device="cuda", dtype=tdt, generator=g).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(16, c, 7, 7, device="cuda", dtype=tdt, generator=g).contiguous(memory_format=torch.channels_last)
+    b = torch.randn(16, device="cuda", dtype=tdt, generator=g)
+    if c == 1 and not x.is_contiguous(memory_format=torch.channels_last):
+        pytest.skip("a 1-channel tensor is NCHW-contiguous too")
+    op = Conv2dOp(2, c, 33, 31, 16, 7, 7, stride=2, padding=3, layout="nhwc", dtype=dt, fp32_precision="high",
+                  epilogue="bias+relu")
+    if c < 16 // tdt.itemsize:
+        assert padded_op(op) is not None
+    decision = get_doctor().decide(op, "cuda:0")
+    ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), 2, 3))
+    tol = T.tolerance(math_mode(op.dtype, op.fp32_precision), op.out_dtype)
+    with torch.backends.cudnn.flags(allow_tf32=True):
+        outs = [tracea.ops.conv2d(x, w, b, stride=2, padding=3, activation="relu") for _ in range(2)]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = tracea.ops.conv2d(x, w, b, stride=2, padding=3, activation="relu")
+        graph.replay()
+    torch.cuda.synchronize()
+    for out in outs + [captured]:
+        assert T.rel_err(out, ref) <= tol, (decision.chosen.variant.name, T.rel_err(out, ref))
+    assert torch.equal(captured, outs[0])

@@ -148,15 +148,16 @@ def test_hero_configs_compile_without_spills(arch):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_helper_kernels_compile_with_their_pair_entry_points(dtype):
-    """The transpose (every dtype) and the 3xTF32 split: the single and the two-job entry points compile
-    without spills (the pair form is what the bound Hopper NCHW conv / 3xTF32 GEMM launch)."""
+    """The transpose and channel pad (every dtype) and the 3xTF32 split: the single and the two-job entry
+    points compile without spills (the pair form is what the bound Hopper NCHW conv / 3xTF32 GEMM launch)."""
     from tracea.dtypes import DType
 
-    from tracea_cuda.emit import split, transpose
+    from tracea_cuda.emit import pad, split, transpose
 
-    src = transpose.render(DType.parse(dtype)) + (split.render() if dtype == "float32" else "")
+    src = (transpose.render(DType.parse(dtype)) + pad.render(DType.parse(dtype))
+           + (split.render() if dtype == "float32" else ""))
     report = compile_report(src, "sm_90a")
-    want = {transpose.KERNEL_NAME, transpose.PAIR_NAME} | (
+    want = {transpose.KERNEL_NAME, transpose.PAIR_NAME, pad.PAIR_NAME} | (
         {split.KERNEL_NAME, split.PAIR_NAME} if dtype == "float32" else set())
     assert set(report) == want
     assert all(r.spill_stores == 0 and r.spill_loads == 0 for r in report.values()), report

@@ -10,7 +10,7 @@ from tracea.dtypes import DType
 from tracea.ir.epilogue import Epilogue
 
 from . import compiler, toolkit
-from .emit import split, splitk, transpose
+from .emit import pad, split, splitk, transpose
 
 
 def _device() -> int:
@@ -27,6 +27,16 @@ def transposer(dtype: DType, arch: str, pair: bool = False) -> compiler.Kernel:
 def _transposer(dtype: DType, arch: str, dev: int, pair: bool) -> compiler.Kernel:
     name = transpose.PAIR_NAME if pair else transpose.KERNEL_NAME
     return compiler.load(transpose.render(dtype), name, arch, smem=0, threads=256)
+
+
+def padder(dtype: DType, arch: str) -> compiler.Kernel:
+    """The two-job channel pad (:mod:`emit.pad`) for ``dtype`` on the current device."""
+    return _padder(dtype.storage, arch, _device())
+
+
+@functools.lru_cache(maxsize=16)
+def _padder(dtype: DType, arch: str, dev: int) -> compiler.Kernel:
+    return compiler.load(pad.render(dtype), pad.PAIR_NAME, arch, smem=0, threads=256)
 
 
 def splitter(arch: str, pair: bool = False) -> compiler.Kernel:

@@ -47,6 +47,36 @@ def channels_last_prepass(op: Conv2dOp, arch: str) -> tuple[tuple[int, int], lau
     return (op.n * hw * op.c, op.k * rs * op.c), launcher.pair_launch(tk.function, *jobs)
 
 
+def padded_op(op: Conv2dOp) -> Conv2dOp | None:
+    """The op with its channels padded to one 16-byte run (C -> 16 / itemsize) when an NHWC conv has
+    fewer channels than that (RGB stems: C = 3), else None. The padded op's x and w come from
+    :func:`channel_pad_prepass` / :func:`pad_channels`: zero channels, vectorised gathers, same result."""
+    epc = 16 // op.dtype.storage.itemsize
+    if op.layout is Layout.NHWC and op.groups == 1 and 0 < op.c < epc:
+        return replace(op, c=epc)
+    return None
+
+
+def channel_pad_prepass(op: Conv2dOp, pop: Conv2dOp, arch: str) -> tuple[tuple[int, int], launcher.FastLaunch]:
+    """The scratch sizes of x and w with ``pop.c`` channels and one launch padding both (load it on the
+    op's device)."""
+    pk = helpers_kernels.padder(op.dtype, arch)
+    rows_x, rows_w = op.n * op.h * op.w, op.k * op.r * op.s
+    jobs = [((-(-rows_x * pop.c // 256), 1, 1), (rows_x, op.c, pop.c)),
+            ((-(-rows_w * pop.c // 256), 1, 1), (rows_w, op.c, pop.c))]
+    return (rows_x * pop.c, rows_w * pop.c), launcher.pair_launch(pk.function, *jobs)
+
+
+def pad_channels(op: Conv2dOp, pop: Conv2dOp, px: int, pw: int, args: Any, stream: Any, arch: str) -> tuple[Any, Any]:
+    """:func:`channel_pad_prepass` for :meth:`ImplicitGemmConv.run`: x and w padded into scratch buffers
+    on ``stream`` (keep them referenced until the conv is enqueued)."""
+    (sx, sw), fl = channel_pad_prepass(op, pop, arch)
+    x_p = scratch_buffer(args, sx * op.dtype.storage.itemsize // 4 + 1)  # float32 words: any dtype fits
+    w_p = scratch_buffer(args, sw * op.dtype.storage.itemsize // 4 + 1)
+    fl(int(stream.ptr), (px, data_ptr(x_p, "x"), pw, data_ptr(w_p, "w")))
+    return x_p, w_p
+
+
 class ImplicitGemmConv(CudaVariant):
     name = "cuda.conv2d.implicit_mma"
     description = ("conv2d implicit GEMM (M=N*P*Q, N=K, K=C*R*S) on mma.sync: NHWC f16/bf16/f32 and NCHW f32, "
@@ -80,6 +110,9 @@ class ImplicitGemmConv(CudaVariant):
             base = self.spec(op, config.replace(split_k=1), None if ptrs is None else {**ptrs, "out": 0})
             return replace(base, dtype_out=DType.F32, epilogue=Epilogue.empty(), split_k=splits,
                            store=operands.StoreMap("rowmajor", True, batch_stride="0"))
+        pop = padded_op(op)
+        if pop is not None:  # x and w come padded to one 16-byte channel run
+            return self.spec(pop, config, None if ptrs is None else {**ptrs, "x": 0, "w": 0})
         if self.transforms_input(op, config):
             inner = replace(op, layout=Layout.NHWC)
             base = self.spec(inner, config.replace(nchw_mode="direct"),
@@ -99,16 +132,20 @@ class ImplicitGemmConv(CudaVariant):
             **tile_shape(config))
 
     def fast_launch_ok(self, op: Conv2dOp, config: PipelineConfig) -> bool:
-        return not self.transforms_input(op, config) and int(config.get("split_k") or 1) == 1
+        return (not self.transforms_input(op, config) and padded_op(op) is None
+                and int(config.get("split_k") or 1) == 1)
 
     def bind(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         """One kernel: the base class's pointer-only launcher. NCHW float32 in ``nchw_mode=transform``:
         two pointer-only launches per call (x and w transposed by one launch into one channels-last
         scratch buffer from the caller's allocator, then the conv reading it) instead of :meth:`run`'s
         per-call Python (~70 us of host time per call on an H100 host, more than batch-1 layers take).
-        Split-K keeps :meth:`run`."""
-        if not self.transforms_input(op, config) or int(config.get("split_k") or 1) != 1:
+        NHWC with fewer channels than one 16-byte run (RGB stems) likewise, x and w padded with zero
+        channels by the first launch. Split-K keeps :meth:`run`."""
+        pop = padded_op(op)
+        if not (self.transforms_input(op, config) or pop is not None) or int(config.get("split_k") or 1) != 1:
             return super().bind(op, config, profile, adapter)
+        kop = pop or op  # the op the kernel computes (its K counts the padded channels)
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
         launcher.refuse_if_capturing(stream(), self.name)
@@ -121,8 +158,8 @@ class ImplicitGemmConv(CudaVariant):
             spec = self.spec(op, config, {"x": 0, "w": 0, "out": key[0], "bias": key[1]})
             with device():
                 kernel = self._kernel(spec, profile)
-            params = launcher.ParamBlock.from_args(lambda p: self.kernel_args(op, p), roles)
-            return launcher.FastLaunch(kernel.function, self.grid(op, spec), spec.threads, spec.smem_bytes, params)
+            params = launcher.ParamBlock.from_args(lambda p: self.kernel_args(kop, p), roles)
+            return launcher.FastLaunch(kernel.function, self.grid(kop, spec), spec.threads, spec.smem_bytes, params)
 
         builds[(0, 0)] = build((0, 0))
 
@@ -141,8 +178,10 @@ class ImplicitGemmConv(CudaVariant):
             raise NotImplementedError
 
         inner.by_pointer = by_pointer  # type: ignore[attr-defined]
+        arch = toolkit.arch_name(profile.compute_capability or (8, 0))
         with toolkit.cupy().cuda.Device(dev):
-            sizes, prepass = channels_last_prepass(op, toolkit.arch_name(profile.compute_capability or (8, 0)))
+            sizes, prepass = (channel_pad_prepass(op, pop, arch) if pop is not None
+                              else channels_last_prepass(op, arch))
         return launcher.with_prepasses(adapter, dev, stream, sizes, op.dtype, prepass, inner)
 
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
@@ -150,6 +189,9 @@ class ImplicitGemmConv(CudaVariant):
         arch = toolkit.arch_name(profile.compute_capability or (8, 0))
         if self.transforms_input(op, config):
             helpers_kernels.transposer(op.dtype, arch)
+            helpers_kernels.transposer(op.dtype, arch, pair=True)
+        if padded_op(op) is not None:
+            helpers_kernels.padder(op.dtype, arch)
         splits = int(config.get("split_k") or 1)
         if splits > 1:
             helpers_kernels.reducer(op.out_dtype, op.out_dtype, op.epilogue, splits,
@@ -158,6 +200,15 @@ class ImplicitGemmConv(CudaVariant):
     def run(self, op: Conv2dOp, config: PipelineConfig, args, profile: DeviceProfile, stream: Any = None) -> None:
         splits = int(config.get("split_k") or 1)
         transform = self.transforms_input(op, config)
+        pop = padded_op(op)
+        if pop is not None:  # pad x and w to one channel run, then the padded op on them
+            cp = toolkit.cupy()
+            with cp.cuda.Device(device_index(args.out)):
+                stream = stream if stream is not None else launch_stream(args)
+                x_p, w_p = pad_channels(op, pop, data_ptr(args.arrays["x"], "x"), data_ptr(args.arrays["w"], "w"),
+                                        args, stream, toolkit.arch_name(profile.compute_capability or (8, 0)))
+                arrays = {**args.arrays, "x": x_p, "w": w_p}
+                return self.run(pop, config, type(args)(arrays, args.out, args.adapter), profile, stream)
         if not transform and splits == 1:
             return super().run(op, config, args, profile, stream)
         cp = toolkit.cupy()

@@ -1,0 +1,35 @@
+"""Channel padding: rows of C values copied into rows of CP >= C values, zeros after the C-th (bit
+patterns: +0.0 in every float format). It brings small-channel NHWC activations and KRSC weights (RGB
+stems, C = 3) to the 16-byte channel runs the vectorised conv gathers read; the extra zero channels add
+nothing to any product."""
+
+from __future__ import annotations
+
+from tracea.dtypes import DType
+
+PAIR_NAME = "tracea_pad_channels_pair"
+
+
+def render(dtype: DType) -> str:
+    """``PAIR_NAME``: an activation and a weight padded in one launch, in
+    :func:`tracea_cuda.launcher.pair_launch`'s argument layout (1-D grid of 256-thread blocks, one output
+    element per thread)."""
+    t = "unsigned int" if dtype.storage.itemsize == 4 else "unsigned short"
+    return f"""
+static __device__ __forceinline__ void tracea_pad_block({t}* __restrict__ out, const {t}* __restrict__ in,
+                                                         long long rows, int C, int CP, long long block) {{
+    const long long i = block * 256 + threadIdx.x;
+    if (i >= rows * CP) return;
+    const long long r = i / CP;
+    const int c = (int)(i - r * CP);
+    out[i] = c < C ? in[r * C + c] : ({t})0;
+}}
+extern "C" __global__ void __launch_bounds__(256) {PAIR_NAME}(
+        const {t}* __restrict__ in0, {t}* __restrict__ out0, int rows0, int C0, int CP0, int gx0, int gy0,
+        const {t}* __restrict__ in1, {t}* __restrict__ out1, int rows1, int C1, int CP1, int gx1, int gy1,
+        int blocks0) {{
+    const int id = blockIdx.x;
+    if (id < blocks0) tracea_pad_block(out0, in0, rows0, C0, CP0, id);
+    else tracea_pad_block(out1, in1, rows1, C1, CP1, id - blocks0);
+}}
+"""
