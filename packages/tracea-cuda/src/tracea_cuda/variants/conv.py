@@ -47,13 +47,23 @@ def channels_last_prepass(op: Conv2dOp, arch: str) -> tuple[tuple[int, int], lau
     return (op.n * hw * op.c, op.k * rs * op.c), launcher.pair_launch(tk.function, *jobs)
 
 
-def padded_op(op: Conv2dOp) -> Conv2dOp | None:
-    """The op with its channels padded to one 16-byte run (C -> 16 / itemsize) when an NHWC conv has
-    fewer channels than that (RGB stems: C = 3), else None. The padded op's x and w come from
-    :func:`channel_pad_prepass` / :func:`pad_channels`: zero channels, vectorised gathers, same result."""
-    epc = 16 // op.dtype.storage.itemsize
-    if op.layout is Layout.NHWC and op.groups == 1 and 0 < op.c < epc:
-        return replace(op, c=epc)
+#: output rows (N*P*Q) from which the padded-channel heroes come first: below, the extra pre-pass launch
+#: costs more host time than the vector gathers save (H200: the b32 RGB stem 0.56x -> 0.76x cuDNN
+#: padded; at batch 1 the padded path read 0.64x, the scalar one 0.82x on an H100)
+PAD_FIRST_ROWS = 65536
+
+
+def can_pad(op: Conv2dOp) -> bool:
+    """Whether an NHWC conv has fewer channels than one 16-byte run (RGB stems: C = 3)."""
+    return op.layout is Layout.NHWC and op.groups == 1 and 0 < op.c < 16 // op.dtype.storage.itemsize
+
+
+def padded_op(op: Conv2dOp, config: PipelineConfig) -> Conv2dOp | None:
+    """With ``pad_c=True`` on an op :func:`can_pad`: the op with its channels padded to one 16-byte run
+    (C -> 16 / itemsize), whose x and w come from :func:`channel_pad_prepass` / :func:`pad_channels` (zero
+    channels: vectorised gathers, the same result); else None."""
+    if config.get("pad_c", False) and can_pad(op):
+        return replace(op, c=16 // op.dtype.storage.itemsize)
     return None
 
 
@@ -110,9 +120,9 @@ class ImplicitGemmConv(CudaVariant):
             base = self.spec(op, config.replace(split_k=1), None if ptrs is None else {**ptrs, "out": 0})
             return replace(base, dtype_out=DType.F32, epilogue=Epilogue.empty(), split_k=splits,
                            store=operands.StoreMap("rowmajor", True, batch_stride="0"))
-        pop = padded_op(op)
+        pop = padded_op(op, config)
         if pop is not None:  # x and w come padded to one 16-byte channel run
-            return self.spec(pop, config, None if ptrs is None else {**ptrs, "x": 0, "w": 0})
+            return self.spec(pop, config.replace(pad_c=False), None if ptrs is None else {**ptrs, "x": 0, "w": 0})
         if self.transforms_input(op, config):
             inner = replace(op, layout=Layout.NHWC)
             base = self.spec(inner, config.replace(nchw_mode="direct"),
@@ -132,7 +142,7 @@ class ImplicitGemmConv(CudaVariant):
             **tile_shape(config))
 
     def fast_launch_ok(self, op: Conv2dOp, config: PipelineConfig) -> bool:
-        return (not self.transforms_input(op, config) and padded_op(op) is None
+        return (not self.transforms_input(op, config) and padded_op(op, config) is None
                 and int(config.get("split_k") or 1) == 1)
 
     def bind(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
@@ -142,7 +152,7 @@ class ImplicitGemmConv(CudaVariant):
         per-call Python (~70 us of host time per call on an H100 host, more than batch-1 layers take).
         NHWC with fewer channels than one 16-byte run (RGB stems) likewise, x and w padded with zero
         channels by the first launch. Split-K keeps :meth:`run`."""
-        pop = padded_op(op)
+        pop = padded_op(op, config)
         if not (self.transforms_input(op, config) or pop is not None) or int(config.get("split_k") or 1) != 1:
             return super().bind(op, config, profile, adapter)
         kop = pop or op  # the op the kernel computes (its K counts the padded channels)
@@ -190,7 +200,7 @@ class ImplicitGemmConv(CudaVariant):
         if self.transforms_input(op, config):
             helpers_kernels.transposer(op.dtype, arch)
             helpers_kernels.transposer(op.dtype, arch, pair=True)
-        if padded_op(op) is not None:
+        if padded_op(op, config) is not None:
             helpers_kernels.padder(op.dtype, arch)
         splits = int(config.get("split_k") or 1)
         if splits > 1:
@@ -200,7 +210,7 @@ class ImplicitGemmConv(CudaVariant):
     def run(self, op: Conv2dOp, config: PipelineConfig, args, profile: DeviceProfile, stream: Any = None) -> None:
         splits = int(config.get("split_k") or 1)
         transform = self.transforms_input(op, config)
-        pop = padded_op(op)
+        pop = padded_op(op, config)
         if pop is not None:  # pad x and w to one channel run, then the padded op on them
             cp = toolkit.cupy()
             with cp.cuda.Device(device_index(args.out)):
@@ -208,7 +218,8 @@ class ImplicitGemmConv(CudaVariant):
                 x_p, w_p = pad_channels(op, pop, data_ptr(args.arrays["x"], "x"), data_ptr(args.arrays["w"], "w"),
                                         args, stream, toolkit.arch_name(profile.compute_capability or (8, 0)))
                 arrays = {**args.arrays, "x": x_p, "w": w_p}
-                return self.run(pop, config, type(args)(arrays, args.out, args.adapter), profile, stream)
+                return self.run(pop, config.replace(pad_c=False), type(args)(arrays, args.out, args.adapter), profile,
+                                stream)
         if not transform and splits == 1:
             return super().run(op, config, args, profile, stream)
         cp = toolkit.cupy()
@@ -250,10 +261,17 @@ class ImplicitGemmConv(CudaVariant):
                 .stages([2, 3, 4]).warps([4, 8]).swizzles([SwizzleMode.XOR8, SwizzleMode.NONE])
                 .barrier_modes([BarrierMode.SYNC]).param("warp_m", [1, 2, 4])
                 .param("nchw_mode", ["transform", "direct"] if op.layout is Layout.NCHW else ["direct"])
-                .param("split_k", [1, 2, 4, 8])
+                .param("split_k", [1, 2, 4, 8]).param("pad_c", [False, True] if can_pad(op) else [False])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        heroes = self._heroes(op, profile)
+        if not can_pad(op):
+            return heroes
+        padded = [c.replace(pad_c=True) for c in heroes if int(c.get("split_k") or 1) == 1][:2]
+        return padded + heroes if op.gemm_mnk[0] >= PAD_FIRST_ROWS else heroes + padded
+
+    def _heroes(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
         m, n, _ = op.gemm_mnk
         if op.dtype.storage is DType.F32:
             big = [hero(128, 128, 32, 3, 8, warp_m=2), hero(128, 64, 32, 3, 4, warp_m=2)]
