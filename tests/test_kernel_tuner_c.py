@@ -191,6 +191,20 @@ def test_compile_error_is_a_failed_config_not_a_crash(rng):
     assert "best_config" not in env
 
 
+def test_default_strategy_when_every_config_fails_or_none_is_valid(rng, capsys):
+    src = SAXPY.replace("y[i + j] += alpha * x[i + j];", "y[i + j] += alpha * x[i + j] BROKEN;")
+    args, _ = _saxpy_problem(rng, 64)
+    tp = {"unroll": [1, 2, 4, 8], "pad": [0, 1, 2]}
+    results, env = tracea.tune_kernel("saxpy", src, 64, args, tp, lang="C", tracea_cache=False,
+                                      strategy_options={"max_fevals": 5})
+    assert len(results) == 5 == len({(r["unroll"], r["pad"]) for r in results})
+    assert all("__error__" in r for r in results) and "best_config" not in env
+    assert "all 5 evaluated configs failed (CompilationFailedConfig)" in capsys.readouterr().out
+    with pytest.raises(tracea.InvalidArgumentError, match="restrictions"):
+        tracea.tune_kernel("saxpy", SAXPY, 64, args, tp, lang="C", tracea_cache=False, quiet=True,
+                           restrictions=["unroll > 8"])
+
+
 def test_run_kernel_matches_numpy_on_odd_sizes(rng):
     for n in (1, 7, 1000, 4097):
         args, answer = _saxpy_problem(rng, n)

@@ -1,7 +1,7 @@
 """bf16 on AMX against torch CPU (oneDNN), interleaved in one run, medians.
 
     source scripts/srcenv.sh
-    flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_amx.py [--only gemm,linear,interference]
+    flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_amx.py [--only gemm,linear,int8,conv,f16,interference]
         [--sizes 512,1024,2048,4096] [--threads T] [--json out.json]
 
 Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
@@ -14,6 +14,15 @@ Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
 * ``int8``: ``tracea_cpu.int8.linear_int8`` (the public call: per-row int8 activations, per-channel int8
   weights, AMX ``tdpbssd``) against ``torch.ao.nn.quantized.dynamic.Linear`` (qint8 per-channel
   weights, same values) at 1 / 8 / 32 / 128 tokens x 4096^2 and a 1024^3 GEMM shape.
+* ``conv``: bf16 3x3 conv2d (stride 1, padding 1) of the ResNet stages 64@56^2, 128@28^2, 256@14^2,
+  512@7^2 at batch 1 and 8, NCHW (default torch tensors) and NHWC (channels_last): ``user`` is
+  ``tracea.ops.conv2d(x, w)`` with default settings (the Doctor's pick, untuned; a torch weight's VNNI
+  panels are kept between calls while its version counter is unchanged), ``amx`` the AMX variant run
+  directly with its first hero (isolated kernel, panels kept as in ``user``), ``repack`` the same with
+  the weight panels packed again on every call (``TRACEA_CPU_WEIGHT_CACHE=0`` around the call). Anchor: ``F.conv2d`` (oneDNN).
+* ``f16``: fp16 C = A @ B, n^3 (fp16 in/out, fp32 accumulate): ``user`` is ``tracea.ops.matmul(a, b)``
+  on torch float16 tensors (default settings), ``amx`` (``cpu.gemm.f16amx``: exact bf16 split on AMX)
+  and ``avx512`` (``cpu.gemm.f16.avx512``: fp32 FMAs) the variants run directly with their first hero. Anchor: ``torch.matmul`` in float16.
 * ``interference``: one bf16 GEMM and its torch anchor timed alone (back to back) and interleaved with
   a NumPy (OpenBLAS) fp32 matmul and a torch fp32 matmul between calls, 5 runs; prints both ratios.
 """
@@ -112,6 +121,69 @@ def bench_linear(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) ->
             rows.append(dict(kind="linear", m=m, **_line(f"{m} tokens", 2.0 * m * n * k, compare(fns), "torch")))
 
 
+def _uncached(fn, *args) -> None:
+    """``fn(*args)`` with the AMX weight-panel cache off (``TRACEA_CPU_WEIGHT_CACHE=0``): packed per call."""
+    old = os.environ.get("TRACEA_CPU_WEIGHT_CACHE")
+    os.environ["TRACEA_CPU_WEIGHT_CACHE"] = "0"
+    try:
+        fn(*args)
+    finally:
+        if old is None:
+            del os.environ["TRACEA_CPU_WEIGHT_CACHE"]
+        else:
+            os.environ["TRACEA_CPU_WEIGHT_CACHE"] = old
+
+
+def bench_conv(batches: list[int], rows: list) -> None:
+    from tracea.ir.ops import Conv2dOp
+    from tracea_cpu.amx_conv import CpuConv2dAmxVariant
+
+    print("\nbf16 conv2d 3x3 s1 p1 (bf16 in/out, fp32 accumulate), medians, ratio = F.conv2d time / ours")
+    gen = torch.Generator().manual_seed(0)
+    variant = CpuConv2dAmxVariant()
+    for n in batches:
+        for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
+            for layout in ("NCHW", "NHWC"):
+                x = torch.randn(n, c, hw, hw, generator=gen).bfloat16()
+                w = torch.randn(c, c, 3, 3, generator=gen).bfloat16()
+                if layout == "NHWC":
+                    x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+                fns = {"user": lambda x=x, w=w: tracea.ops.conv2d(x, w, padding=1)}
+                op = Conv2dOp(n, c, hw, hw, c, 3, 3, padding=(1, 1), layout=layout, dtype="bf16", dtype_out="bf16")
+                if not variant.check(op, PROFILE):
+                    cfg = variant.hero_configs(op, PROFILE)[0]
+                    xk, wk = (x.permute(0, 2, 3, 1), w.permute(0, 2, 3, 1)) if layout == "NHWC" else (x, w)
+                    args = OpArgs({"x": xk, "w": wk, "bias": None}, torch.empty(op.out_shape, dtype=torch.bfloat16),
+                                  TorchAdapter())
+                    fns["amx"] = lambda args=args, cfg=cfg, op=op: variant.run(op, cfg, args, PROFILE)
+                    fns["repack"] = lambda args=args, cfg=cfg, op=op: _uncached(variant.run, op, cfg, args, PROFILE)
+                fns["torch"] = lambda x=x, w=w: torch.nn.functional.conv2d(x, w, None, 1, 1)
+                flops = 2.0 * n * hw * hw * c * c * 9
+                rows.append(dict(kind="conv", n=n, c=c, hw=hw, layout=layout,
+                                 **_line(f"b{n} {c}@{hw}^2 {layout}", flops, compare(fns, budget=1.5), "torch")))
+
+
+def bench_f16(sizes: list[int], rows: list) -> None:
+    from tracea_cpu.f16 import CpuGemmF16Variant
+    from tracea_cpu.f16_amx import CpuGemmF16AmxVariant
+    from tracea_cpu.isa import AVX512
+
+    print("\nfp16 GEMM n^3 (fp16 in/out, fp32 accumulate), medians, ratio = torch.matmul time / ours")
+    gen = torch.Generator().manual_seed(0)
+    variants = {"amx": CpuGemmF16AmxVariant(), "avx512": CpuGemmF16Variant(AVX512)}
+    for n in sizes:
+        a = torch.randn(n, n, generator=gen).half()
+        b = torch.randn(n, n, generator=gen).half()
+        op = GemmOp(n, n, n, dtype_a="f16", dtype_b="f16", dtype_out="f16")
+        fns = {"user": lambda: tracea.ops.matmul(a, b)}
+        args = OpArgs({"a": a, "b": b, "bias": None}, torch.empty(n, n, dtype=torch.float16), TorchAdapter())
+        for name, v in variants.items():
+            if not v.check(op, PROFILE):
+                fns[name] = lambda v=v, cfg=v.hero_configs(op, PROFILE)[0], op=op: v.run(op, cfg, args, PROFILE)
+        fns["torch"] = lambda: torch.matmul(a, b)
+        rows.append(dict(kind="f16", n=n, **_line(str(n), 2.0 * n ** 3, compare(fns), "torch")))
+
+
 def bench_int8(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) -> None:
     import warnings
 
@@ -169,7 +241,8 @@ def bench_interference(n: int, rows: list, runs: int = 5) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="gemm,linear,int8,interference")
+    ap.add_argument("--only", default="gemm,linear,int8,conv,f16,interference")
+    ap.add_argument("--batches", default="1,8", help="conv batch sizes")
     ap.add_argument("--sizes", default="512,1024,2048,3072,4096")
     ap.add_argument("--tokens", default="1,8,32,128")
     ap.add_argument("--threads", type=int, default=0,
@@ -192,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         bench_linear([int(s) for s in ns.tokens.split(",")], rows)
     if "int8" in only:
         bench_int8([int(s) for s in ns.tokens.split(",")] + [1024], rows)
+    if "f16" in only:
+        bench_f16([int(s) for s in ns.sizes.split(",") if int(s) <= 2048], rows)
+    if "conv" in only:
+        bench_conv([int(s) for s in ns.batches.split(",")], rows)
     if "interference" in only:
         bench_interference(1024, rows)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")

@@ -6,7 +6,8 @@ Kernel Tuner cache file. On a loaded machine use ``--interleave R`` (C kernels):
 sweep every config is timed once per round in R rounds of random order and ``time`` is the minimum
 (interference only adds time; ``median`` is kept too). Then strategies are *replayed* over that table:
 
-- Tracea's default (``tune_kernel``'s default strategy: the candidate-set GP sampler with local steps),
+- Tracea's default (``tune_kernel``'s default strategy: the candidate-set GP sampler with a value-covering
+  start, an additive GP kernel, local steps and a pair-covering stall rule),
   driven through ``tracea.usertune.strategies`` with the same space object ``tune_kernel`` builds;
 - Kernel Tuner's ``bayes_opt``, ``random_sample`` and its default ``brute_force``, run by Kernel Tuner
   itself in its simulation mode on the same cache file (``kt-replay``, executed with a Python that has

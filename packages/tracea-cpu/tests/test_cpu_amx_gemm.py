@@ -258,3 +258,42 @@ def _skip_without_amx() -> None:
     for mark in needs_amx:
         if mark.args[0]:
             pytest.skip(mark.kwargs["reason"])
+
+
+@pytest.mark.parametrize("tb", [False, True])
+def test_user_path_keeps_b_panels_and_sees_in_place_updates(tb):
+    """``tracea.ops.matmul`` through the many-rows driver keeps a torch B's packed panels between calls
+    (one cache entry) and packs again after an in-place update of B (its version counter moves)."""
+    import tracea
+    from tracea_cpu.panel_cache import PANELS
+
+    for mark in needs_amx:
+        if mark.args[0]:
+            pytest.skip(mark.kwargs["reason"])
+    PANELS.clear()
+    g = torch.Generator().manual_seed(21)
+    m, n, k = 300, 200, 136
+    a = torch.randn(m, k, generator=g).bfloat16()
+    b = torch.randn(n, k, generator=g).bfloat16() if tb else torch.randn(k, n, generator=g).bfloat16()
+    bt = b.t() if tb else b
+
+    def check():
+        got = tracea.ops.matmul(a, bt).double().numpy()
+        ref = a.double().numpy() @ bt.double().numpy()
+        assert rel_err(got, ref) < 1e-2
+
+    check()
+    check()
+    check()
+    assert len(PANELS) == 1
+    with torch.no_grad():
+        b.mul_(-3).add_(1)
+    check()
+    check()
+    check()
+    assert len(PANELS) == 1
+    b2 = b.clone()
+    with torch.no_grad():
+        b2[:5].zero_()
+    bt = b2.t() if tb else b2
+    check()

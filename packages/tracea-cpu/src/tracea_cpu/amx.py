@@ -15,6 +15,8 @@ import os
 import platform
 from typing import Any
 
+import numpy as np
+
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import Requirements
 from tracea.dtypes import DType
@@ -25,9 +27,10 @@ from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
 from .bf16 import CpuGemmBf16Variant
+from .panel_cache import PANELS
 from .emit.amx import check_amx_tile
 from .isa import AMX_BF16
-from .variant_base import _threads_problem
+from .variant_base import _check_rc, _threads_problem
 
 _SYS_ARCH_PRCTL = 158  # x86_64
 _ARCH_GET_XCOMP_PERM = 0x1022
@@ -117,6 +120,39 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
         if why:
             raise BackendError(why, backend="cpu")
         return kernels.amx_gemm_library(mr, nr, epilogue_key)
+
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        """The AVX512_BF16 variant's launcher, except where the many-rows driver runs one GEMM: there a
+        torch B's packed panels are kept between calls (:mod:`.panel_cache`; packing a 512 x 512 B was
+        ~10% of a 512^3 call)."""
+        assert isinstance(op, GemmOp)
+        fn, call, ref = self.prepare(op, config, profile)
+        nth = self.threads(op, config, profile)
+        lib = kernels.amx_gemm_library(int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+        if not lib.tb_amx_takes_packed_b(ref, nth):
+            return super().bind(op, config, profile, adapter)
+        geometry = (id(lib), "gemm", int(config.get("nr")), op.n, op.k, call.rsb, call.csb)
+        words, packb, pk, panels_of = lib.tb_amx_bwords(op.n, op.k), lib.tb_amx_pack_b, lib.tb_gemm_call_pk, PANELS.panels
+        ptr, n, k, rsb, csb = adapter.data_ptr, op.n, op.k, call.rsb, call.csb
+        has_bias, widen = op.epilogue.has_bias, op.out_dtype is DType.BF16
+
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            bp = ptr(b)
+            panels = panels_of(geometry, b, bp, words, lambda dst: packb(n, k, bp, rsb, csb, dst, nth))
+            b32 = None
+            if has_bias:  # the bias arrives in the output dtype; the epilogue runs in fp32
+                b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if widen else bias
+            bias_ptr = None if b32 is None else (b32.ctypes.data if widen else ptr(b32))
+            if panels is None:
+                rc = fn(ref, ptr(a), bp, ptr(out), bias_ptr, nth)
+            else:
+                rc = pk(ref, ptr(a), bp, panels[1], ptr(out), bias_ptr, nth)
+            del panels, b32  # alive until the kernel returned
+            if rc:
+                _check_rc(rc, "bf16 gemm")
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
 
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
         reasons = [f"needs AMX (amx_tile, amx_bf16): {r}" if r.startswith("device lacks") else r

@@ -70,6 +70,16 @@ def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     call :func:`tracea_cpu.amx.amx_permission` before running it)."""
     source = amx_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
     lib = build(source, AMX_BF16.cflags, f"gemm-amx-{mr}x{nr}")
+    lib.tf_gemm_split.argtypes = [_P, _P, _P, _P, _P, _I]
+    lib.tf_gemm_split.restype = _I
+    lib.tb_amx_bwords.argtypes = [_L, _L]
+    lib.tb_amx_bwords.restype = _L
+    lib.tb_amx_pack_b.argtypes = [_L, _L, _P, _L, _L, _P, _I]
+    lib.tb_amx_pack_b.restype = _I
+    lib.tb_amx_takes_packed_b.argtypes = [_P, _I]
+    lib.tb_amx_takes_packed_b.restype = _I
+    lib.tb_gemm_call_pk.argtypes = [_P, _P, _P, _P, _P, _P, _I]
+    lib.tb_gemm_call_pk.restype = _I
     return _bind_tb_gemm(lib)
 
 
@@ -85,6 +95,37 @@ def int8_linear_library() -> ctypes.CDLL:
     lib = build(int8_linear_source(prologue(ISA_BY_NAME["avx512"]), T16), AMX_INT8.cflags, "linear-int8-amx")
     lib.ti_linear.argtypes = [_L, _L, _L, _P, _L, _P, _L, _P, _P, _P, _L, _I]
     lib.ti_linear.restype = _I
+    return lib
+
+
+@functools.lru_cache(maxsize=64)
+def amx_conv_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The AMX bf16 conv2d library (``tc_conv2d``, ``tc_pack_w``, ``tc_wpack_words``) for one MR x NR
+    block of tiles and epilogue chain (compiled once; call :func:`tracea_cpu.amx.amx_permission` before
+    running it)."""
+    from .emit.amx_conv import amx_conv_source
+
+    source = amx_conv_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
+    lib = build(source, AMX_BF16.cflags, f"conv-amx-{mr}x{nr}")
+    lib.tc_conv2d.argtypes = [_P, _P, _P, _P, _P, _P]
+    lib.tc_conv2d.restype = _I
+    lib.tc_pack_w.argtypes = [_P, _P, _P]
+    lib.tc_pack_w.restype = _I
+    lib.tc_wpack_words.argtypes = [_P]
+    lib.tc_wpack_words.restype = _L
+    return lib
+
+
+@functools.lru_cache(maxsize=64)
+def f16_gemm_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The fp16 GEMM library (``tr_gemm_f16``) of one x86 ISA, register tile and epilogue (compiled once)."""
+    from .emit.f16 import f16_gemm_source
+
+    isa = ISA_BY_NAME[isa_name]
+    lib = build(f16_gemm_source(isa, mr, nr, Epilogue.parse(epilogue_key)), isa.cflags + ("-mf16c",),
+                f"gemm-f16-{isa_name}-{mr}x{nr}")
+    lib.tr_gemm_f16.argtypes = [_L, _L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _I, _P, _L, _L, _L, _I]
+    lib.tr_gemm_f16.restype = _I
     return lib
 
 

@@ -17,6 +17,9 @@ from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
 from .amx import CpuGemmAmxVariant
+from .amx_conv import CpuConv2dAmxVariant
+from .f16 import f16_variants
+from .f16_amx import CpuGemmF16AmxVariant
 from .bf16 import CpuGemmBf16Variant
 from .emit.calls import ATTENTION_PARAMS, CONV_PARAMS, GEMM_PARAMS
 from .emit.gemv import unpacked_driver
@@ -276,4 +279,4 @@ def all_variants() -> list[CpuVariant]:
     out: list[CpuVariant] = []
     for isa in ALL_ISAS:
         out += [CpuGemmVariant(isa), CpuConv2dVariant(isa), CpuAttentionVariant(isa)]
-    return out + [CpuGemmBf16Variant(), CpuGemmAmxVariant()]
+    return out + [CpuGemmBf16Variant(), CpuGemmAmxVariant(), CpuConv2dAmxVariant(), CpuGemmF16AmxVariant()] + f16_variants()

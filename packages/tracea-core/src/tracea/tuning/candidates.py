@@ -57,6 +57,9 @@ REFIT_ALWAYS = 40
 REFIT_EVERY = 4
 #: a local step looks this many steps away from the incumbent at most
 LOCAL_RADIUS = 2
+#: space-filling designs: ``"maximin"`` (farthest point in feature space: corners first) or ``"levels"``
+#: (first the configs with the most parameter values not tried yet, maximin among those)
+DESIGNS = ("maximin", "levels")
 #: floor of the probability of running in the acquisition (log space), so no candidate is ruled out
 MIN_RUN_PROBABILITY = 1e-3
 
@@ -171,18 +174,25 @@ class CandidateGPSampler:
     """
 
     def __init__(self, pool: CandidatePool, distributions: dict[str, Any], seed: int | None,
-                 n_startup: int = DEFAULT_STARTUP, local_every: int = 0) -> None:
+                 n_startup: int = DEFAULT_STARTUP, local_every: int = 0, design: str = "maximin",
+                 additive: bool = False, stall_patience: int = 0) -> None:
         from .gp import GaussianProcess
+
+        if design not in DESIGNS:
+            raise ValueError(f"design must be one of {DESIGNS}, not {design!r}")
 
         self.pool = pool
         self.distributions = distributions
         self.rng = random.Random(seed)
         self.n_startup = max(1, n_startup)
         self.exhausted = len(pool) == 0
-        self.gp = GaussianProcess()
+        self.additive = additive
+        self.gp = GaussianProcess(additive=additive)
         self.last_pick: str = ""
         self.model_steps = 0
         self.local_every = max(0, int(local_every))
+        self.design = design
+        self.stall_patience = max(0, int(stall_patience))
 
     # -- optuna BaseSampler interface -----------------------------------------------------------
     def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
@@ -224,6 +234,8 @@ class CandidateGPSampler:
         values = [v for _, v in done if v is not None]
         if len(values) < self.n_startup or len(set(values)) < 2:
             self.last_pick = "space-filling"
+            if self.design == "levels":
+                return int(self._level_cover(free, sorted(tried)))
             return int(self._maximin(free, sorted(tried)))
         ran = [(i, v) for i, v in done if v is not None]
         xs = self.pool.gp_inputs[[i for i, _ in ran]]
@@ -238,7 +250,8 @@ class CandidateGPSampler:
         acq = expected_improvement(mean, std, float(ys.min()))
         if len(ran) < len(done):  # some failed: weigh by the modelled probability of running
             labels = np.array([0.0 if v is not None else 1.0 for _, v in done])
-            fails = GaussianProcess().fit(self.pool.gp_inputs[[i for i, _ in done]], labels, self.pool.gp_kinds)
+            fails = GaussianProcess(additive=self.additive).fit(self.pool.gp_inputs[[i for i, _ in done]], labels,
+                                                                self.pool.gp_kinds)
             p_fail = np.clip(fails.predict(self.pool.gp_inputs[free])[0], 0.0, 1.0)
             acq = acq + np.log(np.maximum(1.0 - p_fail, MIN_RUN_PROBABILITY))
         self.model_steps += 1
@@ -250,9 +263,46 @@ class CandidateGPSampler:
                     top = near[np.flatnonzero(acq[near] >= acq[near].max() - 1e-9)]
                     self.last_pick = "local"
                     return int(free[top[self.rng.randrange(len(top))]])
+        if self.stall_patience and _since_improvement([v for _, v in done]) >= self.stall_patience:
+            # The model has stopped finding better configs: it may be confidently wrong about an
+            # interaction it has no data on (a fast corner of two parameters on a plateau), so
+            # propose what tries the most value pairs not tried together yet, the model breaking ties.
+            cover = self._pair_cover_counts(free, sorted(tried))
+            cand = np.flatnonzero(cover >= cover.max())
+            top = cand[np.flatnonzero(acq[cand] >= acq[cand].max() - 1e-9)]
+            self.last_pick = "pairs"
+            return int(free[top[self.rng.randrange(len(top))]])
         top = np.flatnonzero(acq >= acq.max() - 1e-9)
         self.last_pick = "model"
         return int(free[top[self.rng.randrange(len(top))]])
+
+    def _pair_cover_counts(self, free: Any, tried: list[int]) -> Any:
+        """For each free config: how many pairs of parameter values it has that no tried config had."""
+        import numpy as np
+
+        ranks = self.pool.ranks.astype(int)
+        out = np.zeros(len(free))
+        d = ranks.shape[1]
+        for a in range(d):
+            for b in range(a + 1, d):
+                width = int(ranks[:, b].max()) + 1
+                seen = np.unique(ranks[tried, a] * width + ranks[tried, b])
+                out += ~np.isin(ranks[free, a] * width + ranks[free, b], seen)
+        return out
+
+    def _level_cover(self, free: Any, tried: list[int]) -> int:
+        """The free config with the most parameter values no tried config has (maximin among those)."""
+        import numpy as np
+
+        if not tried:
+            return int(free[self.rng.randrange(len(free))])
+        ranks = self.pool.ranks
+        new = np.zeros(len(free))
+        for j in range(ranks.shape[1]):
+            seen = np.unique(ranks[tried, j])
+            new += ~np.isin(ranks[free, j], seen)
+        cand = free[new >= new.max()]
+        return self._maximin(cand, tried)
 
     def _maximin(self, free: Any, tried: list[int]) -> int:
         import numpy as np
@@ -265,12 +315,22 @@ class CandidateGPSampler:
         return int(free[top[self.rng.randrange(len(top))]])
 
 
+def _since_improvement(values: Sequence[float | None]) -> int:
+    """Evaluations (failures, ``None``, included) since the best value last improved."""
+    best, at = math.inf, 0
+    for i, v in enumerate(values):
+        if v is not None and v < best:
+            best, at = v, i
+    return len(values) - 1 - at
+
+
 def make_candidate_sampler(pool: CandidatePool, distributions: dict[str, Any], seed: int | None,
-                           n_startup: int = DEFAULT_STARTUP, local_every: int = 0) -> Any:
+                           n_startup: int = DEFAULT_STARTUP, local_every: int = 0, design: str = "maximin",
+                           additive: bool = False, stall_patience: int = 0) -> Any:
     """A :class:`CandidateGPSampler` that is also an ``optuna.samplers.BaseSampler``."""
     import optuna
 
     cls = type("CandidateGPSampler", (CandidateGPSampler, optuna.samplers.BaseSampler), {})
-    sampler = cls(pool, distributions, seed, n_startup, local_every)
+    sampler = cls(pool, distributions, seed, n_startup, local_every, design, additive, stall_patience)
     sampler._fallback = optuna.samplers.RandomSampler(seed=seed)
     return sampler

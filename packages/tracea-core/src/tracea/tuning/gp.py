@@ -22,6 +22,8 @@ _LOG_NOISE = (math.log(1e-6), math.log(0.5))
 _PRIOR_LS = (math.log(0.5), 1.0)
 _PRIOR_SIG = (0.0, 1.0)
 _PRIOR_NOISE = (math.log(1e-2), 1.5)
+#: bounds of the log variance of each additive term (``GaussianProcess(additive=True)``)
+_LOG_ADD = (math.log(1e-4), math.log(20.0))
 
 
 def _sqdist(a: np.ndarray, b: np.ndarray, inv_ls: np.ndarray, kinds: np.ndarray) -> np.ndarray:
@@ -49,7 +51,8 @@ def _matern(r2: np.ndarray) -> np.ndarray:
 class GaussianProcess:
     """``fit(x, y)`` then ``predict(x) -> (mean, std)`` in the units of ``y``."""
 
-    def __init__(self) -> None:
+    def __init__(self, additive: bool = False) -> None:
+        self.additive = additive
         self.theta: np.ndarray | None = None
         self.x = np.zeros((0, 0))
         self._y_mean, self._y_std = 0.0, 1.0
@@ -71,12 +74,15 @@ class GaussianProcess:
         d = x.shape[1]
         bounds = [_LOG_LS] * d + [_LOG_SIG, _LOG_NOISE]
         default = np.array([_PRIOR_LS[0]] * d + [0.0, _PRIOR_NOISE[0]])
+        if self.additive:
+            bounds += [_LOG_ADD] * d
+            default = np.r_[default, [_prior_add(d)[0]] * d]
         reuse = self.theta is not None and self.theta.shape == default.shape
         if not (reuse and not optimize):
             best: tuple[float, np.ndarray] | None = None
             for t0 in ([self.theta, default] if reuse else [default]):
                 try:
-                    res = minimize(_neg_log_posterior, t0, args=(pair, ys), jac=True, method="L-BFGS-B",
+                    res = minimize(_neg_log_posterior, t0, args=(pair, ys, self.additive), jac=True, method="L-BFGS-B",
                                    bounds=bounds, options={"maxiter": 200})
                 except (np.linalg.LinAlgError, FloatingPointError, ValueError):
                     continue
@@ -86,6 +92,8 @@ class GaussianProcess:
         self.x = x
         inv_ls, sig, noise = self._unpack(self.theta)  # type: ignore[arg-type]
         k = sig * _matern((pair * inv_ls * inv_ls).sum(-1)) + (noise + 1e-9) * np.eye(len(x))
+        if self.additive:
+            k += (_matern(pair * inv_ls * inv_ls) * self._add_var()).sum(-1)
         for jitter in (0.0, 1e-6, 1e-4, 1e-2):
             try:
                 self._chol = np.linalg.cholesky(k + jitter * sig * np.eye(len(x)))
@@ -97,27 +105,45 @@ class GaussianProcess:
         self._sig = sig
         return self
 
-    @staticmethod
-    def _unpack(theta: np.ndarray) -> tuple[np.ndarray, float, float]:
-        return np.exp(-theta[:-2]), float(np.exp(theta[-2])), float(np.exp(theta[-1]))
+    def _unpack(self, theta: np.ndarray) -> tuple[np.ndarray, float, float]:
+        d = (len(theta) - 2) // 2 if self.additive else len(theta) - 2
+        return np.exp(-theta[:d]), float(np.exp(theta[d])), float(np.exp(theta[d + 1]))
+
+    def _add_var(self) -> np.ndarray:
+        """Variances of the additive (one column each) terms; empty without ``additive``."""
+        assert self.theta is not None
+        return np.exp(self.theta[(len(self.theta) - 2) // 2 + 2:]) if self.additive else np.zeros(0)
 
     def predict(self, xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         assert self.theta is not None, "fit first"
         inv_ls, sig, _noise = self._unpack(self.theta)
-        ks = sig * _matern(_sqdist(np.asarray(xq, dtype=float), self.x, inv_ls, self.kinds))
+        xq = np.asarray(xq, dtype=float)
+        ks = sig * _matern(_sqdist(xq, self.x, inv_ls, self.kinds))
+        prior_var = sig
+        if self.additive:
+            for j, v in enumerate(self._add_var()):
+                ks += v * _matern(_sqdist(xq[:, j:j + 1], self.x[:, j:j + 1], inv_ls[j:j + 1], self.kinds[j:j + 1]))
+            prior_var = sig + float(self._add_var().sum())
         mean = ks @ self._alpha
         v = np.linalg.solve(self._chol, ks.T)
-        var = np.maximum(sig - (v * v).sum(0), 1e-12)
+        var = np.maximum(prior_var - (v * v).sum(0), 1e-12)
         return mean * self._y_std + self._y_mean, np.sqrt(var) * self._y_std
 
     @property
     def length_scales(self) -> np.ndarray:
         assert self.theta is not None
-        return np.exp(self.theta[:-2])
+        return 1.0 / self._unpack(self.theta)[0]
 
 
-def _neg_log_posterior(theta: np.ndarray, pair: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    """Negative log marginal likelihood plus priors, and its gradient; ``pair`` from :func:`_pairwise`."""
+def _prior_add(d: int) -> tuple[float, float]:
+    """Log-normal prior (mean, sd) of each additive term's variance: together about the signal's."""
+    return math.log(1.0 / d), 1.5
+
+
+def _neg_log_posterior(theta: np.ndarray, pair: np.ndarray, y: np.ndarray,
+                       additive: bool = False) -> tuple[float, np.ndarray]:
+    """Negative log marginal likelihood plus priors, and its gradient; ``pair`` from :func:`_pairwise`.
+    With ``additive``, ``theta`` ends with one log variance per column for the additive terms."""
     n, _, d = pair.shape
     inv_ls = np.exp(-theta[:d])
     sig, noise = math.exp(theta[d]), math.exp(theta[d + 1])
@@ -127,6 +153,12 @@ def _neg_log_posterior(theta: np.ndarray, pair: np.ndarray, y: np.ndarray) -> tu
     e = np.exp(-_SQRT5 * r)
     kern = sig * (1.0 + _SQRT5 * r + (5.0 / 3.0) * r2) * e
     k = kern + (noise + 1e-9) * np.eye(n)
+    if additive:
+        add_var = np.exp(theta[d + 2:])
+        rc = np.sqrt(diff2)
+        ec = np.exp(-_SQRT5 * rc)
+        kc = (1.0 + _SQRT5 * rc + (5.0 / 3.0) * diff2) * ec  # n x n x d, one Matern per column
+        k = k + (kc * add_var).sum(-1)
     try:
         chol = np.linalg.cholesky(k)
     except np.linalg.LinAlgError:
@@ -140,8 +172,13 @@ def _neg_log_posterior(theta: np.ndarray, pair: np.ndarray, y: np.ndarray) -> tu
     g[:d] = -0.5 * np.einsum("ij,ijk->k", w * dk_common, diff2)
     g[d] = -0.5 * float((w * kern).sum())
     g[d + 1] = -0.5 * float(np.trace(w)) * noise
+    priors = [(slice(0, d), _PRIOR_LS), (slice(d, d + 1), _PRIOR_SIG), (slice(d + 1, d + 2), _PRIOR_NOISE)]
+    if additive:
+        g[:d] += -0.5 * np.einsum("ij,ijk->k", w, (5.0 / 3.0) * (1.0 + _SQRT5 * rc) * ec * diff2 * add_var)
+        g[d + 2:] = -0.5 * np.einsum("ij,ijk->k", w, kc) * add_var
+        priors.append((slice(d + 2, 2 * d + 2), _prior_add(d)))
     prior = 0.0
-    for idx, (mu, sd) in ((slice(0, d), _PRIOR_LS), (slice(d, d + 1), _PRIOR_SIG), (slice(d + 1, d + 2), _PRIOR_NOISE)):
+    for idx, (mu, sd) in priors:
         z = (theta[idx] - mu) / sd
         prior += 0.5 * float((z * z).sum())
         g[idx] += z / sd
@@ -166,4 +203,7 @@ def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.n
 def describe(gp: GaussianProcess) -> dict[str, Any]:
     """Fitted hyperparameters (for debugging and tests)."""
     inv_ls, sig, noise = gp._unpack(gp.theta) if gp.theta is not None else (np.zeros(0), 0.0, 0.0)
-    return {"length_scales": (1.0 / inv_ls).tolist(), "signal_var": sig, "noise_var": noise}
+    out = {"length_scales": (1.0 / inv_ls).tolist(), "signal_var": sig, "noise_var": noise}
+    if gp.additive and gp.theta is not None:
+        out["additive_var"] = gp._add_var().tolist()
+    return out

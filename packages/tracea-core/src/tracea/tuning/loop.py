@@ -71,13 +71,14 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
            seeds: Sequence[tuple[PipelineConfig, str]] = (), sampler: str = "auto",
            seed: int | None = None, n_startup: int | None = None, deadline: float | None = None,
            on_trial: Callable[[TrialRecord], None] | None = None, start_number: int = 0,
-           best_start: float = math.inf, local_every: int = 0, numeric_identity: bool = True) -> list[TrialRecord]:
+           best_start: float = math.inf, local_every: int = 0, numeric_identity: bool = True,
+           design: str = "maximin", additive: bool = False, stall_patience: int = 0) -> list[TrialRecord]:
     """Measure up to ``trials`` configs of ``space``; return every trial (pruned ones included).
 
     ``seeds`` (config, source) are measured first, in order. Spaces no larger than ``trials`` are
     measured exhaustively. ``deadline`` is a ``time.monotonic()`` value after which no trial starts.
-    ``local_every`` and ``numeric_identity`` configure the candidate-set GP sampler
-    (:mod:`tracea.tuning.candidates`); other samplers ignore them.
+    ``local_every``, ``numeric_identity``, ``design``, ``additive`` and ``stall_patience`` configure the
+    candidate-set GP sampler (:mod:`tracea.tuning.candidates`); other samplers ignore them.
     """
     rng = random.Random(seed)
     records: list[TrialRecord] = []
@@ -145,7 +146,8 @@ def search(space: SearchSpace, evaluate: Callable[[PipelineConfig], Measurement]
                                  numeric_identity=numeric_identity)
             opt_sampler = make_candidate_sampler(pool, dists, seed,
                                                  n_startup if n_startup is not None else DEFAULT_STARTUP,
-                                                 local_every=local_every)
+                                                 local_every=local_every, design=design, additive=additive,
+                                                 stall_patience=stall_patience)
         else:
             startup = n_startup if n_startup is not None else max(3, min(10, trials // 4))
             opt_sampler = make_sampler(kind, seed, startup)

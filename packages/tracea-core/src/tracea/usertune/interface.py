@@ -229,7 +229,8 @@ def tune_kernel(kernel_name: str, kernel_source: Any, problem_size: Any, argumen
                 print("best performing configuration: " + ", ".join(f"{n}={best[n]}" for n in names)
                       + f", {obj}={best[obj]:.4g}")
         elif not quiet:
-            print("no valid configuration: every config failed or was restricted away")
+            reasons = sorted({str(r.get("time")) for r in results})
+            print(f"no valid configuration: all {len(results)} evaluated configs failed ({', '.join(reasons)})")
         return results, env
     finally:
         runner.close()

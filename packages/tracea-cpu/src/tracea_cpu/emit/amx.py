@@ -154,7 +154,8 @@ static void tb_pack_a(const tb_dense *x, long i0, long mr, long p0, long kc, uin
 def amx_gemm_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue) -> str:
     """Complete C source of the AMX bf16 GEMM library for one MR x NR block and epilogue chain
     (``isa``: the AVX-512 ISA whose ``V*`` layer the fp32 epilogue is written against)."""
-    from .amx_blocks import block_driver_c, block_kernel_c
+    from .amx_blocks import PACKED_B, block_driver_c, block_kernel_c
+    from .f16_split import SPLIT
 
     return "\n".join([prologue(isa), BF16_LAYER, epilogue_c(epilogue), microkernel_c(mr, nr), DENSE, PACK_A,
-                      PACK_B, rows_source(), block_kernel_c(mr, nr), block_driver_c(), DRIVER])
+                      PACK_B, rows_source(), block_kernel_c(mr, nr), block_driver_c(), DRIVER, PACKED_B, SPLIT])

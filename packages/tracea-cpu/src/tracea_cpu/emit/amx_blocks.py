@@ -105,6 +105,10 @@ static void tb_amx_out(const float *cb, long ldcb, float *c, long ldc, bf16 *o, 
 #define TB_PACK_GROUP 8
 #endif
 
+/* B already packed by tb_amx_pack_b (whole K, every panel) for the next tb_drive_amx on this thread,
+   or null (set and cleared by tb_gemm_call_pk). */
+static __thread const uint32_t *tb_amx_bpk = 0;
+
 /* See the module docstring of emit/amx_blocks.py. c: fp32 output (unless o); o: bf16 output or null. */
 static int tb_drive_amx(long M, long N, long K, const tb_dense *A, const tb_dense *B, float *c, long ldc,
                         bf16 *o, long ldo, const float *bias, long mc, long nc, long kc, int nth) {
@@ -125,7 +129,9 @@ static int tb_drive_amx(long M, long N, long K, const tb_dense *A, const tb_dens
     int owned;
     uint32_t *ws = (uint32_t *)tr_ws_get(bwords + (size_t)nth * per + 32, &owned);
     if (!ws) return 1;
+    const uint32_t *bpk = tb_amx_bpk;
     uint32_t *bbuf = ws;
+    if (bpk) ngrp = 0;  /* B comes packed */
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
 #ifdef _OPENMP
@@ -156,11 +162,11 @@ static int tb_drive_amx(long M, long N, long K, const tb_dense *A, const tb_dens
                     long kp = TR_MIN(kpb, KP - t0);
                     int first = t0 == 0;
                     for (long p = p0; p < p1; p++) {
-                        const uint32_t *bp = bbuf + p * NR * KP + t0 * NR;
+                        const uint32_t *bp = (bpk ? bpk : bbuf) + p * NR * KP + t0 * NR;
                         /* the next B slice, prefetched into L2 a share per tile: beyond L2 the slices
                            stream at a fraction of its bandwidth, which the tile loads do not hide */
                         const char *nb = (const char *)(p + 1 < p1 ? bp + NR * KP
-                                                        : bbuf + p0 * NR * KP + (t0 + kp) * NR);
+                                                        : (bpk ? bpk : bbuf) + p0 * NR * KP + (t0 + kp) * NR);
                         long nbytes = t0 + kp < KP || p + 1 < p1 ? TR_MIN(kpb, KP - (p + 1 < p1 ? t0 : t0 + kp)) * NR * 4 : 0;
                         long share = (nbytes / 64 + nmp - 1) / nmp;
                         for (long r = 0; r < nmp; r++) {
@@ -185,6 +191,39 @@ static int tb_drive_amx(long M, long N, long K, const tb_dense *A, const tb_dens
     return 0;
 }
 #define TB_AMX_DRIVER 1
+"""
+
+PACKED_B = r"""
+/* uint32 words of B (K x N, strides rsb / csb) packed for tb_drive_amx: every NR panel for the whole K. */
+long tb_amx_bwords(long N, long K) {
+    return (long)TR_ROUNDUP((size_t)((N + NR - 1) / NR) * NR * tb_pairs(K), 16);
+}
+
+/* B -> dst in tb_drive_amx's layout (panel p at dst + p*NR*KP). */
+int tb_amx_pack_b(long N, long K, const bf16 *b, long rsb, long csb, uint32_t *dst, int nth) {
+    tb_dense B = {b, rsb, csb};
+    long KP = tb_pairs(K), npan = (N + NR - 1) / NR;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nth) if (nth > 1)
+    for (long p = 0; p < npan; p++)
+        for (long t0 = 0; t0 < KP; t0 += 16)
+            tb_pack_b(&B, p * NR, TR_MIN(NR, N - p * NR), 2 * t0, TR_MIN(32, K - 2 * t0), dst + p * NR * KP + t0 * NR);
+    return 0;
+}
+
+/* Whether tb_gemm_call_pk reads a packed B for this call (one GEMM that tb_drive_amx runs). */
+int tb_amx_takes_packed_b(const tb_call *p, int nth) {
+    tb_dense A = {0, p->rsa, p->csa}, B = {0, p->rsb, p->csb};
+    return p->batch == 1 && tb_route(p->M, p->N, p->K, &A, &B, p->mc, tb_threads(p->M, p->N, p->K, nth)) == 3;
+}
+
+/* tb_gemm_call with B already packed (bpk, from tb_amx_pack_b; used when tb_amx_takes_packed_b). */
+int tb_gemm_call_pk(const tb_call *p, const bf16 *a, const bf16 *b, const uint32_t *bpk, void *out,
+                    const float *bias, int nth) {
+    tb_amx_bpk = bpk;
+    int rc = tb_gemm_call(p, a, b, out, bias, nth);
+    tb_amx_bpk = 0;
+    return rc;
+}
 """
 
 

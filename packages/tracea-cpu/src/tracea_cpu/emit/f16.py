@@ -1,0 +1,106 @@
+"""fp16 GEMM (``tr_gemm_f16``): fp16 A and B converted to fp32 while they are packed, the fp32 blocked
+driver and micro-kernel of :mod:`.blocked` (fp32 products and accumulation: PyTorch's CPU fp16 matmul has
+the same accuracy class), the fp32 epilogue, and an fp32 or fp16 (round to nearest even) output.
+
+Why not AVX512_FP16 arithmetic: its FMAs (``vfmadd*ph``) round every product and partial sum to fp16
+(11-bit significands), and it has no fp16 x fp16 -> fp32 dot product like AVX512_BF16's ``vdpbf16ps``
+(AMX-FP16 has one; this development CPU lacks it). The fp16 -> fp32 conversions are F16C / AVX-512
+instructions, so the same library serves every x86 CPU with F16C (AVX2 and AVX-512 builds).
+"""
+
+from __future__ import annotations
+
+from tracea.ir.epilogue import Epilogue
+
+from ..isa import Isa
+from .blocked import blocked_source
+
+F16 = r"""
+typedef struct { const uint16_t *p; long rs, cs; } tr_dense16;
+static inline float tr_h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* tr_pack_a_dense of an fp16 matrix, converting. */
+static void tr_pack_a_f16(const void *vctx, long i0, long mr, long p0, long kc, float *dst) {
+    const tr_dense16 *x = (const tr_dense16 *)vctx;
+    long kcp = TR_ROUNDUP(kc, KU);
+    for (long t = 0; t < kcp; t += KU)
+        for (int i = 0; i < MR; i++) {
+            float *d = dst + t * MR + i * KU;
+            for (int u = 0; u < KU; u++) {
+                long k = t + u;
+                d[u] = (i < mr && k < kc) ? tr_h2f(x->p[(i0 + i) * x->rs + (p0 + k) * x->cs]) : 0.0f;
+            }
+        }
+}
+
+/* tr_pack_b_dense of an fp16 matrix, converting (row-major rows a vector at a time). */
+static void tr_pack_b_f16(const void *vctx, long j0, long nr, long p0, long kc, float *dst) {
+    const tr_dense16 *x = (const tr_dense16 *)vctx;
+    long kcp = TR_ROUNDUP(kc, KU);
+    if (nr < NR || kc < kcp) memset(dst, 0, sizeof(float) * kcp * NR);
+    if (x->cs == 1) {
+        for (long k = 0; k < kc; k++) {
+            const uint16_t *s = x->p + (p0 + k) * x->rs + j0;
+            float *d = dst + k * NR;
+            long j = 0;
+#if defined(__AVX512F__)
+            for (; j + 16 <= nr; j += 16) _mm512_storeu_ps(d + j, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + j))));
+#elif defined(__F16C__)
+            for (; j + 8 <= nr; j += 8) _mm256_storeu_ps(d + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + j))));
+#endif
+            for (; j < nr; j++) d[j] = tr_h2f(s[j]);
+        }
+    } else {
+        for (long j = 0; j < nr; j++) {
+            const uint16_t *s = x->p + (j0 + j) * x->cs + p0 * x->rs;
+            for (long k = 0; k < kc; k++) dst[k * NR + j] = tr_h2f(s[k * x->rs]);
+        }
+    }
+}
+
+/* n fp32 values -> fp16, round to nearest even (NaN stays NaN, overflow gives Inf). */
+static void tr_f2h_run(const float *src, uint16_t *dst, long n) {
+    long i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* batch x (M x K) @ (K x N): element (i, k) of A at a[q*M*K + i*rsa + k*csa], (k, j) of B at
+   b[q*K*N + k*rsb + j*csb]; out row-major, fp32 or (out_f16) fp16; bias fp32 or null. 0, or 1 (allocation). */
+int tr_gemm_f16(long batch, long M, long N, long K, const uint16_t *a, long rsa, long csa, const uint16_t *b,
+                long rsb, long csb, void *out, int out_f16, const float *bias, long mc, long nc, long kc, int nth) {
+    int owned = 0, T = nth > 0 ? nth : tr_threads_available();
+    float *c32 = 0;
+    if (out_f16) {
+        c32 = tr_ws_slot(1, (size_t)M * N, &owned);
+        if (!c32) return 1;
+    }
+    int rc = 0;
+    for (long q = 0; q < batch && !rc; q++) {
+        tr_dense16 A = {a + q * M * K, rsa, csa}, B = {b + q * K * N, rsb, csb};
+        float *c = out_f16 ? c32 : (float *)out + q * M * N;
+        rc = tr_drive(M, N, K, tr_pack_a_f16, &A, tr_pack_b_f16, &B, c, N, 0, 0, bias, 0, mc, nc, kc, nth, 0, 0);
+        if (!rc && out_f16) {
+            uint16_t *o = (uint16_t *)out + q * M * N;
+            long chunk = 4096, nchunk = (M * N + chunk - 1) / chunk;
+            #pragma omp parallel for schedule(static) num_threads(T) if (T > 1 && M * N >= 65536)
+            for (long ci = 0; ci < nchunk; ci++)
+                tr_f2h_run(c32 + ci * chunk, o + ci * chunk, TR_MIN(chunk, M * N - ci * chunk));
+        }
+    }
+    if (c32) tr_ws_release(1, c32, owned);
+    return rc;
+}
+"""
+
+
+def f16_gemm_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue) -> str:
+    """Complete C source of the fp16 GEMM library: the blocked fp32 library of ``isa`` (one register tile,
+    one epilogue chain) plus the converting packers and ``tr_gemm_f16``."""
+    return blocked_source(isa, mr, nr, epilogue) + F16

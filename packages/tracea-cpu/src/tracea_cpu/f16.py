@@ -1,0 +1,125 @@
+"""fp16 GEMM on x86 CPUs with F16C (``cpu.gemm.f16.<isa>``, AVX-512 and AVX2 builds): fp16 A and B
+converted to fp32 while they are packed, fp32 products and accumulation (PyTorch's CPU fp16 matmul has
+the same accuracy class), the fp32 epilogue, fp32 or fp16 output (kernel: :mod:`.emit.f16`, which says
+why AVX512_FP16's fp16 arithmetic is not used). Operands: NumPy ``float16`` arrays or torch CPU
+``float16`` tensors. On other CPUs no variant serves fp16 GEMMs: torch tensors fall back to PyTorch, NumPy
+arrays to the float64 reference (``tracea doctor`` says why).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import OpArgs, Requirements
+from tracea.dtypes import DType
+from tracea.errors import DTypeError, InvalidArgumentError, LayoutError
+from tracea.ir.ops import GemmOp, LayerType, Op
+from tracea.semantic import PipelineConfig, SearchSpace
+from tracea.semantic.config import Validity
+
+from . import kernels, spaces
+from .isa import AVX2, AVX512, Isa
+from .variant_base import CpuVariant, _check_rc, _require, _validate_blocked
+
+
+def _host16(args: OpArgs, name: str, shape: tuple[int, ...], dtype: type = np.float16) -> np.ndarray | None:
+    """A checked host view of argument ``name``: ``dtype``, C-contiguous, ``prod(shape)`` elements."""
+    arr = args.host(name)
+    if arr is None:
+        return None
+    if arr.dtype != dtype:
+        raise DTypeError(name, arr.dtype, np.dtype(dtype).name)
+    if not arr.flags.c_contiguous:
+        raise LayoutError(name, arr, "a packed row-major (C-contiguous) array")
+    if arr.size != math.prod(shape):
+        raise InvalidArgumentError(name, arr, f"{math.prod(shape)} elements (shape {shape})")
+    return arr
+
+
+def _bias32(adapter: Any, bias: Any) -> np.ndarray:
+    """The bias as a C-contiguous float32 array (fp16 widened: a new array to hold until the kernel returned)."""
+    arr = adapter.to_numpy(bias)
+    if arr.dtype not in (np.float16, np.float32):
+        raise DTypeError("bias", arr.dtype, "float16 or float32")
+    return np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+
+
+class CpuGemmF16Variant(CpuVariant):
+    """Blocked fp16 GEMM: converting packers, the ISA's fp32 micro-kernel, fp32 accumulation."""
+
+    def __init__(self, isa: Isa) -> None:
+        super().__init__(isa)
+        self.name = f"cpu.gemm.f16.{isa.name}"
+        self.description = f"blocked fp16 GEMM (fp16 -> fp32 on packing, {isa.name} fp32 micro-kernel), fused epilogue"
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F16}),
+                                         out_dtypes=frozenset({DType.F16, DType.F32}),
+                                         isa=tuple(isa.requires) + ("f16c",))
+
+    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
+        return [f"needs {self.isa.name} and F16C: {r}" if r.startswith("device lacks") else r
+                for r in super().check(op, profile)]
+
+    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        return spaces.blocked_space(self.isa, profile)
+
+    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        return spaces.blocked_heroes(self.isa, op, profile=profile)
+
+    def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        return _validate_blocked(self.isa, config)
+
+    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        return _f16_plan(self, op, config)
+
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        assert isinstance(op, GemmOp)
+        fn, geo = self.prepare(op, config, profile)
+        ptr, nth, has_bias = adapter.data_ptr, self.threads(op, config, profile), op.epilogue.has_bias
+
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            b32 = _bias32(adapter, bias) if has_bias else None
+            rc = fn(*geo[:4], ptr(a), *geo[4:6], ptr(b), *geo[6:8], ptr(out), geo[8],
+                    None if b32 is None else b32.ctypes.data, *geo[9:], nth)
+            del b32  # alive until the kernel returned
+            if rc:
+                _check_rc(rc, "fp16 gemm")
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
+    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        assert isinstance(op, GemmOp)
+        fn, geo = self.prepare(op, config, profile)
+        bt, m, n, k = op.batch, op.m, op.n, op.k
+        a = _host16(args, "a", (bt, m, k))
+        b = _host16(args, "b", (bt, k, n))
+        out = _host16(args, "out", (bt, m, n), np.float16 if op.out_dtype is DType.F16 else np.float32)
+        b32 = _bias32(args.adapter, args.arrays.get("bias")) if op.epilogue.has_bias else None
+        if b32 is not None and b32.size != n:
+            raise InvalidArgumentError("bias", b32, f"{n} values (one per output column)")
+        rc = fn(*geo[:4], a.ctypes.data, *geo[4:6], b.ctypes.data, *geo[6:8], out.ctypes.data, geo[8],  # type: ignore[union-attr]
+                None if b32 is None else b32.ctypes.data, *geo[9:], self.threads(op, config, profile))
+        _check_rc(rc, "fp16 gemm")
+
+
+@functools.lru_cache(maxsize=256)
+def _f16_plan(variant: CpuGemmF16Variant, op: Op, config: PipelineConfig) -> tuple[Any, tuple]:
+    """Validated config -> (``tr_gemm_f16``, its shape, stride, output and block arguments), memoised."""
+    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
+    assert isinstance(op, GemmOp)
+    lib = kernels.f16_gemm_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+    rsa, csa = (1, op.m) if op.trans_a else (op.k, 1)
+    rsb, csb = (1, op.k) if op.trans_b else (op.n, 1)
+    geo = (op.batch, op.m, op.n, op.k, rsa, csa, rsb, csb, int(op.out_dtype is DType.F16),
+           int(config.get("mc")), int(config.get("nc")), int(config.get("kc")))
+    return lib.tr_gemm_f16, geo
+
+
+def f16_variants() -> list[CpuGemmF16Variant]:
+    """The fp16 GEMM variants (x86 with F16C: AVX-512 and AVX2 builds)."""
+    return [CpuGemmF16Variant(AVX512), CpuGemmF16Variant(AVX2)]
