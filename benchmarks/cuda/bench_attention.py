@@ -8,7 +8,8 @@ Three parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / 
 * prefill, B4 H16 S4096, D64 / D128, and GQA B4 H32/8 S4096 D128, causal and not, bf16 / fp16, with the
   isolated kernel of each attention variant (``cuda.attention.wgmma``, ``cuda.attention.flash_mma``)
   beside the default path (``--quick``: bf16 only, no per-hero sweep);
-* one-token decode, q_len 1 over kv_len 4096..32768, GQA 32 query / 8 kv heads, D128, bf16;
+* decode: q_len 1 (and 4 / 16) over kv_len 4096..32768, GQA 32 query / 8 kv heads, D128 / D64, batch 1 / 4,
+  bf16 / fp16, with GB/s beside the copy bandwidth (``--sweep``: every decode hero and split counts);
 * a small Hugging Face style transformer block (GQA attention calling SDPA, then an MLP) with
   ``tracea_torch.patch_attention()`` vs eager.
 
@@ -128,35 +129,101 @@ def _variant(q, k, v, causal, gqa=False) -> str:  # noqa: ANN001
     return (run.variant or f"fallback: {run.reason}") if run is not None else "?"
 
 
-def decode(quick: bool) -> list[dict]:
-    rows = []
-    for b in (1, 8):
-        for skv in ((4096, 32768) if quick else (4096, 8192, 16384, 32768)):
-            q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
-            k, v = (torch.randn(b, 8, skv, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            ref = TORCH_SDPA(q, k, v, enable_gqa=True)
-            out = tracea.ops.attention(q, k, v, enable_gqa=True)
-            err = float((out.double() - ref.double()).norm() / ref.double().norm())
-            ours = lambda: tracea.ops.attention(q, k, v, enable_gqa=True)  # noqa: E731
-            theirs = lambda: TORCH_SDPA(q, k, v, enable_gqa=True)  # noqa: E731
-            user = _time([ours, theirs], 20, False)
-            kern = _time([ours, theirs], 20, True)
-            gbytes = 2 * b * 8 * skv * 128 * 2 / 1e9
-            splits = {}
-            if b == 1:  # isolated kernel time by split count (the default picks one from the grid size)
-                from tracea_cuda.variants.attention import FlashAttention
-                from tracea_cuda.variants.base import hero
+def _copy_gbs() -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second) of a 1 GiB buffer: the ceiling a
+    memory-bound decode kernel is compared with."""
+    x = torch.empty(1 << 29, dtype=torch.float16, device="cuda")
+    y = torch.empty_like(x)
+    t = _time([lambda: y.copy_(x)], 5, True, rounds=3)[0]
+    return 2 * x.numel() * 2 / t / 1e9
 
-                for n in (8, 16, 32, 64):
-                    cfg = hero(16, 64, 128, 2, 1, mt=1, splits=n)
-                    fn = lambda c=cfg: tracea.ops.attention(q, k, v, enable_gqa=True, variant=FlashAttention.name,  # noqa: E731
-                                                            config=c)
-                    splits[n] = round(_time([fn, theirs], 20, True)[0] * 1e6, 1)
-            rows.append(dict(part="decode", b=b, kv=skv, tracea_us=kern[0] * 1e6, sdpa_us=kern[1] * 1e6,
-                             tracea_tbs=gbytes / kern[0] / 1e3, ratio_kernel=kern[1] / kern[0],
-                             ratio_user=user[1] / user[0], rel_err=err, splits_us=splits))
-            print(_fmt(rows[-1]), flush=True)
+
+def decode(quick: bool, dtypes: list | None = None, sweep: bool = False) -> list[dict]:
+    """q_len 1 (and a few q_len 4 / 8 / 16 rows) over long KV caches, GQA 32 / 8 heads: the default path
+    (``cuda.attention.decode`` on sm_80+), its isolated kernel, flash_mma's split-KV kernel, SDPA, and at
+    q_len 1 the patched ``F.scaled_dot_product_attention`` (user path, the arbiter's pick);
+    GB/s of K and V read beside the copy bandwidth. ``sweep``: every decode hero and forced split counts."""
+    from tracea_cuda.variants.attention import FlashAttention
+
+    rows = []
+    copy = _copy_gbs()
+    print(f"device-to-device copy: {copy:.0f} GB/s (read + write)", flush=True)
+    dtypes = dtypes or ([torch.bfloat16] if quick else [torch.bfloat16, torch.float16])
+    shapes = [(b, 1, skv, d, False) for d in (128, 64) for b in (1, 4)
+              for skv in ((4096, 32768) if quick else (4096, 8192, 16384, 32768))]
+    shapes += [(1, 4, 8192, 128, False), (1, 8, 8192, 128, False), (4, 8, 4096, 128, False),
+               (1, 16, 8192, 128, False), (4, 1, 8192, 128, True)]  # last: an HF-style padding mask
+    for dt in dtypes:
+        for b, sq, skv, d, masked in shapes:
+            q = torch.randn(b, 32, sq, d, device="cuda", dtype=dt)
+            k, v = (torch.randn(b, 8, skv, d, device="cuda", dtype=dt) for _ in range(2))
+            mask = None
+            if masked:  # additive (B, 1, 1, kv): the first keys of each sequence are padding
+                mask = torch.zeros(b, 1, 1, skv, device="cuda", dtype=dt)
+                for i in range(b):
+                    mask[i, ..., : 100 * i] = torch.finfo(dt).min
+            ref = TORCH_SDPA(q, k, v, mask, enable_gqa=True)
+            out = tracea.ops.attention(q, k, v, mask, enable_gqa=True)
+            err = float((out.double() - ref.double()).norm() / ref.double().norm())
+            ours = lambda q=q, k=k, v=v, m=mask: tracea.ops.attention(q, k, v, m, enable_gqa=True)  # noqa: E731
+            theirs = lambda q=q, k=k, v=v, m=mask: TORCH_SDPA(q, k, v, m, enable_gqa=True)  # noqa: E731
+            fmma = lambda q=q, k=k, v=v, m=mask: tracea.ops.attention(q, k, v, m, enable_gqa=True,  # noqa: E731
+                                                                      variant=FlashAttention.name)
+            user = _time([ours, theirs], 20, False)
+            kern = _time([ours, theirs, fmma], 20, True)
+            gbytes = 2 * b * 8 * skv * d * 2 / 1e9
+            row = dict(part="decode", dtype=str(dt).split(".")[1], b=b, sq=sq, kv=skv, d=d, mask=masked,
+                       tracea_us=kern[0] * 1e6, sdpa_us=kern[1] * 1e6, flash_mma_us=kern[2] * 1e6,
+                       tracea_gbs=gbytes / kern[0], sdpa_gbs=gbytes / kern[1], copy_share=gbytes / kern[0] / copy,
+                       ratio_kernel=kern[1] / kern[0], ratio_user=user[1] / user[0], user_us=user[0] * 1e6,
+                       sdpa_user_us=user[1] * 1e6, rel_err=err, variant=_variant_of(q, k, v, mask))
+            if sq == 1:  # the patched F.scaled_dot_product_attention (the arbiter's pick on its first call)
+                tracea_torch.patch_attention()
+                try:
+                    patched = lambda q=q, k=k, v=v, m=mask: F.scaled_dot_product_attention(  # noqa: E731
+                        q, k, v, m, enable_gqa=True)
+                    patched()
+                    pt = _time([patched, theirs], 20, False)
+                    row.update(ratio_patched=pt[1] / pt[0], patched_winner=tracea_torch.arbiter.verdicts()[-1].winner)
+                finally:
+                    tracea_torch.unpatch_attention()
+            if sweep and dt == dtypes[0] and sq == 1 and skv in (4096, 32768) and not masked:
+                row["configs_us"] = _decode_sweep(q, k, v, theirs)
+            rows.append(row)
+            print(_fmt(row), flush=True)
     return rows
+
+
+def _variant_of(q, k, v, mask=None) -> str:  # noqa: ANN001
+    key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(mask), None, 0.0,
+           False, None, True, None, None)
+    plan = plans.lookup(key)
+    run = getattr(plan, "runner", None)
+    return (run.variant or f"fallback: {run.reason}") if run is not None else "?"
+
+
+def _decode_sweep(q, k, v, theirs) -> dict:  # noqa: ANN001
+    """Isolated-kernel microseconds of each decode hero (auto splits) and of the first hero at forced
+    split counts."""
+    from tracea.doctor.doctor import get_doctor
+    from tracea.ir.ops import AttentionOp
+    from tracea_cuda.variants.attention_decode import FlashDecode
+    from tracea_cuda.variants.base import hero
+    from tracea_torch.adapter import device_of
+
+    b, h, sq, d = q.shape
+    op = AttentionOp(b, h, sq, k.shape[2], d, kv_heads=k.shape[1], dtype=str(q.dtype).split(".")[1])
+    profile = get_doctor().profile_for(device_of(q.device))
+    var = FlashDecode()
+    heroes = var.hero_configs(op, profile)
+    first = heroes[0]
+    configs = heroes + [hero(16, first.tile_n, d, first.stages, first.warps, splits=n) for n in (4, 8, 16, 32)]
+    out = {}
+    for cfg in configs:
+        fn = lambda c=cfg: tracea.ops.attention(q, k, v, enable_gqa=True, variant=var.name, config=c)  # noqa: E731
+        splits = var.spec(op, cfg, None, profile).splits
+        out[f"{cfg.key}/s{splits}"] = round(_time([fn, theirs], 20, True)[0] * 1e6, 1)
+    return out
 
 
 class Block(nn.Module):
@@ -189,10 +256,9 @@ def model(quick: bool) -> list[dict]:
         x = torch.randn(b, s, 2048, device="cuda", dtype=torch.bfloat16)
         with torch.no_grad():
             ref = blk(x)
-            eager = lambda: blk(x)  # noqa: E731
             tracea_torch.patch_attention(blk)
             out = blk(x)  # first call: plans, the arbiter's verdict
-            patched = lambda: blk(x)  # noqa: E731
+            patched = lambda x=x: blk(x)  # noqa: E731
             t = _time([patched, eager_unpatched(blk, x)], 5, False)
             tracea_torch.unpatch_attention(blk)
         err = float((out.double() - ref.double()).norm() / ref.double().norm())
@@ -222,13 +288,19 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="prefill,decode,model")
-    ap.add_argument("--dtypes", help="prefill dtypes, comma-separated (default: bfloat16, and float16 unless --quick)")
+    ap.add_argument("--dtypes", help="prefill / decode dtypes, comma-separated (default: bfloat16, and float16 "
+                    "unless --quick)")
+    ap.add_argument("--sweep", action="store_true", help="decode: time every hero and forced split counts")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     rows = []
     for part in args.only.split(","):
-        if part == "prefill" and args.dtypes:
-            rows += prefill(args.quick, [getattr(torch, t) for t in args.dtypes.split(",")])
+        dts = [getattr(torch, t) for t in args.dtypes.split(",")] if args.dtypes else None
+        if part == "prefill":
+            rows += prefill(args.quick, dts)
+            continue
+        if part == "decode":
+            rows += decode(args.quick, dts, args.sweep)
             continue
         rows += {"prefill": prefill, "decode": decode, "model": model}[part](args.quick)
     if args.json:

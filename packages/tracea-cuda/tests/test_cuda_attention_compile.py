@@ -111,3 +111,75 @@ def test_wgmma_kernels_compile_without_spills():
     assert set(report) == set(sources)
     for name, res in report.items():
         assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack == 0 and not res.advisories, (name, res)
+
+
+# -- cuda.attention.decode (split-KV decode, sm_80+) ----------------------------------------------------
+
+def test_decode_variant_requirements_and_reasons():
+    from tracea_cuda.variants.attention_decode import MAX_ROWS, FlashDecode
+
+    dv = FlashDecode()
+    assert dv.extra_checks(OPS[2], H100) == []
+    assert dv.extra_checks(AttentionOp(1, 32, 8, 4096, 64, kv_heads=8, dtype="float16"), H100) == []  # 32 rows
+    rows = dv.extra_checks(AttentionOp(1, 32, 17, 4096, 128, kv_heads=8, dtype="bfloat16"), H100)
+    assert any(str(MAX_ROWS) in r for r in rows)
+    assert any("head_dim" in r for r in dv.extra_checks(AttentionOp(1, 8, 1, 100, 96, dtype="bfloat16"), H100))
+    assert any("float32" in r for r in dv.requirements.check(AttentionOp(1, 8, 1, 100, 64, dtype="float32"), H100))
+    assert dv.requirements.check(OPS[3], H100) == []  # masks served
+
+
+def test_decode_splits_fill_one_wave_and_heroes_are_valid():
+    from tracea_cuda.emit.flash_decode import DecodeSpec
+    from tracea_cuda.variants.attention_decode import FlashDecode, decode_splits
+    from tracea_cuda.variants.base import hero
+
+    dv = FlashDecode()
+    for b, sq, kv, d in ((1, 1, 4096, 128), (1, 1, 32768, 128), (4, 1, 8192, 64), (2, 8, 4096, 128), (64, 1, 4096, 128)):
+        op = AttentionOp(b, 32, sq, kv, d, kv_heads=8, dtype="bfloat16")
+        heroes = dv.hero_configs(op, H100)
+        assert heroes and all(dv.validate_config(op, c, H100) for c in heroes), op.describe()
+        for cfg in heroes:
+            spec = dv.spec(op, cfg, None, H100)
+            ctas = -(-4 * sq // 16) * 8 * b * spec.splits
+            assert ctas <= max(132, -(-4 * sq // 16) * 8 * b), (op.describe(), cfg.key, spec.splits)  # one wave
+            if b == 1 and sq == 1:
+                assert ctas > 100, (op.describe(), cfg.key, spec.splits)  # fills most SMs
+    # a tiny KV cache is not cut below two tiles per warp
+    tiny = AttentionOp(1, 32, 1, 300, 128, kv_heads=8, dtype="bfloat16")
+    assert decode_splits(tiny, DecodeSpec(tiny.dtype.storage, 128, 16, 4, 3, False), 132) == 2
+    bad = hero(32, 16, 128, 3, 4)
+    assert "tile_m" in dv.validate_config(OPS[2], bad, H100).reason
+    assert "shared memory" in dv.validate_config(OPS[2], hero(16, 32, 128, 8, 8), H100).reason
+    masked = AttentionOp(2, 8, 1, 3000, 128, kv_heads=2, dtype="float16", mask="bool", mask_shape=(2, 1))
+    assert "registers" in dv.validate_config(masked, hero(16, 32, 128, 3, 4), H100).reason  # mask + bn32 + d128
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
+def test_decode_kernels_beside_the_heroes_compile_without_spills():
+    from tracea.dtypes import DType
+    from tracea_cuda.emit import flash_decode
+    from tracea_cuda.offline import bundle
+
+    specs = [flash_decode.DecodeSpec(DType.F16, 128, 32, 2, 6, True, 0, 3),
+             flash_decode.DecodeSpec(DType.BF16, 64, 16, 8, 8, False, 1, 1),
+             flash_decode.DecodeSpec(DType.BF16, 128, 16, 1, 2, True, 2, 64)]
+    sources = {f"k{i}": flash_decode.render(s, name=f"k{i}") for i, s in enumerate(specs)}
+    for arch in ("sm_80", "sm_90a"):
+        report = compile_report(bundle(sources), arch)
+        assert set(report) == set(sources)
+        for name, res in report.items():
+            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack == 0, (arch, name, res)
+
+
+def test_decode_splits_follow_an_mps_share(monkeypatch):
+    """Under CUDA MPS with a share of the SMs, the default split count fills that share, not the device."""
+    from tracea_cuda.device import MPS_PERCENTAGE_ENV
+    from tracea_cuda.variants.attention_decode import FlashDecode
+
+    dv = FlashDecode()
+    op = AttentionOp(1, 32, 1, 32768, 128, kv_heads=8, dtype="bfloat16")
+    cfg = dv.hero_configs(op, H100)[0]
+    full = dv.spec(op, cfg, None, H100).splits
+    monkeypatch.setenv(MPS_PERCENTAGE_ENV, "50")
+    half = dv.spec(op, cfg, None, H100).splits
+    assert full == 16 and half == 8

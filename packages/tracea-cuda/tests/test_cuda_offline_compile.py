@@ -10,7 +10,7 @@ from tracea.doctor.profile import DeviceProfile
 from tracea.ir.device import Device
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp
 
-from tracea_cuda.emit import flash_attn, flash_wgmma, gemv, mma, skinny, wgmma
+from tracea_cuda.emit import flash_attn, flash_decode, flash_wgmma, gemv, mma, skinny, wgmma
 from tracea_cuda.device import isa_flags
 from tracea_cuda.offline import bundle, compile_report, nvcc_path
 from tracea_cuda.variants import all_variants
@@ -79,6 +79,13 @@ OPS = {
         AttentionOp(4, 16, 4096, 4096, 64, dtype="float16"),
         AttentionOp(2, 32, 1000, 1777, 128, kv_heads=8, dtype="bfloat16"),
     ],
+    "cuda.attention.decode": [
+        AttentionOp(1, 32, 1, 32768, 128, kv_heads=8, dtype="bfloat16"),
+        AttentionOp(4, 32, 1, 4096, 64, kv_heads=8, dtype="float16"),
+        AttentionOp(2, 32, 8, 4096, 128, kv_heads=8, dtype="bfloat16", causal=True),
+        AttentionOp(2, 8, 1, 3000, 128, kv_heads=2, dtype="float16", mask="additive", mask_shape=(2, 1)),
+        AttentionOp(2, 8, 5, 257, 64, dtype="bfloat16", causal=True, mask="bool", mask_shape=(1, 1)),
+    ],
     "cuda.conv2d.implicit_mma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
         Conv2dOp(32, 128, 28, 28, 128, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high"),
@@ -103,7 +110,8 @@ def _sources(arch: str) -> dict[str, str]:
             render = (flash_wgmma.render if variant.name == "cuda.attention.wgmma"
                       else wgmma.render if ".wgmma" in variant.name else _gemv_render if variant.name == "cuda.gemm.gemv"
                       else skinny.render if variant.name == "cuda.gemm.skinny_mma"
-                      else flash_attn.render if variant.name == "cuda.attention.flash_mma" else mma.render)
+                      else flash_attn.render if variant.name == "cuda.attention.flash_mma"
+                      else flash_decode.render if variant.name == "cuda.attention.decode" else mma.render)
             for i, config in enumerate(variant.hero_configs(op, profile)):
                 assert variant.validate_config(op, config, profile), (variant.name, config.key)
                 name = f"k{len(sources)}"

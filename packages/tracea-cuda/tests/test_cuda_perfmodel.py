@@ -168,3 +168,21 @@ def test_few_tile_gemms_take_the_split_k_hero_and_decode_keeps_its_variants(monk
     assert decide(128, 8192, 8192).chosen.config.get("split_k") is None  # half a wave of tiles, K < 12288
     for m in (1, 4, 16):
         assert decide(m, 4096, 4096).variant.name in ("cuda.gemm.gemv", "cuda.gemm.skinny_mma")
+
+
+def test_attention_decode_shapes_go_to_the_decode_kernel(monkeypatch):
+    """One-token decode and short queries over a KV cache: cuda.attention.decode on Hopper and on sm_80;
+    prefill: cuda.attention.wgmma on Hopper, flash_mma on sm_80 (the decode kernel declines > 32 rows)."""
+    from tracea.ir.ops import AttentionOp
+
+    decode = [AttentionOp(b, 32, sq, kv, d, kv_heads=8, dtype=dt) for b in (1, 4) for sq in (1, 4)
+              for kv in (4096, 32768) for d in (64, 128) for dt in ("bfloat16", "float16")]
+    decode += [AttentionOp(2, 8, 1, 3000, 128, kv_heads=2, dtype="float16", mask="additive", mask_shape=(2, 1)),
+               AttentionOp(1, 16, 8, 8192, 128, kv_heads=4, dtype="bfloat16", causal=True)]
+    prefill = AttentionOp(4, 32, 4096, 4096, 128, kv_heads=8, dtype="bfloat16")
+    for profile, pre in ((H100, "cuda.attention.wgmma"), (A100, "cuda.attention.flash_mma")):
+        doc = _doctor(monkeypatch, profile)
+        for op in decode:
+            d = doc.decide(op, "cuda:0", use_cache=False)
+            assert d.variant.name == "cuda.attention.decode", (profile.name, d.explain())
+        assert doc.decide(prefill, "cuda:0", use_cache=False).variant.name == pre

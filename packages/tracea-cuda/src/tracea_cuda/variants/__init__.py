@@ -5,6 +5,7 @@ from __future__ import annotations
 
 def all_variants() -> list:
     from .attention import ATTENTION_VARIANTS  # noqa: PLC0415
+    from .attention_decode import ATTENTION_DECODE_VARIANTS  # noqa: PLC0415
     from .attention_wgmma import ATTENTION_WGMMA_VARIANTS  # noqa: PLC0415
     from .gemm import GEMM_VARIANTS  # noqa: PLC0415
     from .conv import CONV_VARIANTS  # noqa: PLC0415
@@ -14,4 +15,4 @@ def all_variants() -> list:
     from .skinny import SKINNY_VARIANTS  # noqa: PLC0415
 
     return [cls() for cls in GEMV_VARIANTS + SKINNY_VARIANTS + HOPPER_VARIANTS + GEMM_VARIANTS + HOPPER_CONV_VARIANTS
-            + CONV_VARIANTS + ATTENTION_WGMMA_VARIANTS + ATTENTION_VARIANTS]
+            + CONV_VARIANTS + ATTENTION_DECODE_VARIANTS + ATTENTION_WGMMA_VARIANTS + ATTENTION_VARIANTS]

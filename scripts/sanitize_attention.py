@@ -1,0 +1,100 @@
+"""Run the CUDA attention variants' hero configs (and forced split counts) once each on small odd shapes
+through ``tracea.ops.attention`` and check every output against the float64 reference. Meant to run under
+compute-sanitizer (GPU machine), e.g.
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/sanitize_attention.py
+    compute-sanitizer --tool racecheck --error-exitcode 9 python scripts/sanitize_attention.py --variant cuda.attention.decode
+
+Prints one line per run and a summary; exit code 1 when an output is wrong or a run raises."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+VARIANTS = ("cuda.attention.decode", "cuda.attention.flash_mma", "cuda.attention.wgmma")
+# (B, H, KVH, Sq, Skv, D, causal, mask): odd KV lengths, GQA / MQA, a few query rows, masks
+SHAPES = [(1, 8, 2, 1, 1000, 128, False, None), (2, 4, 1, 3, 333, 64, True, None),
+          (2, 8, 2, 1, 515, 128, False, "additive"), (1, 4, 4, 2, 77, 64, False, "bool"),
+          (1, 32, 8, 1, 2049, 128, False, None)]
+
+
+def _ref(q, k, v, mask, causal):  # noqa: ANN001, ANN202
+    import torch
+
+    q64, k64, v64 = (t.double().cpu() for t in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    k64, v64 = k64.repeat_interleave(rep, 1), v64.repeat_interleave(rep, 1)
+    s = (q64 @ k64.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        m = mask.cpu()
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.double()
+    mx = s.amax(-1, keepdim=True)
+    p = torch.exp(s - torch.where(mx == float("-inf"), torch.zeros_like(mx), mx))
+    tot = p.sum(-1, keepdim=True)
+    return (p / torch.where(tot == 0, torch.ones_like(tot), tot)) @ v64
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", action="append", help="only these variant names")
+    args = ap.parse_args()
+    import torch
+
+    import tracea
+    from tracea.doctor.doctor import get_doctor
+    from tracea.errors import UnsupportedConfigError
+    from tracea.ir.ops import AttentionOp
+    from tracea_cuda import testing as T
+    from tracea_cuda.variants import all_variants
+    from tracea_cuda.variants.base import hero
+
+    profile = T.gpu_profile()
+    doctor = get_doctor()
+    runs = bad = 0
+    for variant in all_variants():
+        if variant.name not in VARIANTS or (args.variant and variant.name not in args.variant):
+            continue
+        for i, (b, h, kvh, sq, skv, d, causal, mkind) in enumerate(SHAPES):
+            op = AttentionOp(b, h, sq, skv, d, kv_heads=kvh, causal=causal, dtype="bfloat16", mask=mkind,
+                             mask_shape=(b, 1) if mkind else None)
+            if doctor.check(variant, op, profile):
+                continue
+            g = torch.Generator(device="cuda").manual_seed(i)
+            q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            k = torch.randn(b, kvh, skv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            v = torch.randn(b, kvh, skv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            mask = None
+            if mkind == "bool":
+                mask = torch.rand(b, 1, sq, skv, device="cuda", generator=g) < 0.7
+            elif mkind == "additive":
+                mask = (torch.rand(b, 1, sq, skv, device="cuda", generator=g) * 3 - 2).bfloat16()
+            ref = _ref(q, k, v, mask, causal)
+            configs = variant.hero_configs(op, profile)
+            if variant.name == "cuda.attention.decode":
+                c0 = configs[0]
+                configs += [hero(16, c0.tile_n, d, c0.stages, c0.warps, splits=n) for n in (1, 3, 64)]
+            for cfg in configs:
+                runs += 1
+                try:
+                    out = tracea.ops.attention(q, k, v, mask, is_causal=causal, enable_gqa=True, variant=variant.name,
+                                               config=cfg)
+                    torch.cuda.synchronize()
+                    err = float((out.double().cpu() - ref).norm() / ref.norm())
+                    ok = err < 2e-2
+                    msg = f"err={err:.2e}"
+                except UnsupportedConfigError as exc:
+                    ok, msg = True, f"declined: {exc}"
+                except Exception as exc:  # noqa: BLE001 - reported per run
+                    ok, msg = False, f"{type(exc).__name__}: {exc}"[:300]
+                bad += not ok
+                print(("ok  " if ok else "BAD ") + f"{variant.name:26s} {op.describe()[:60]:60s} {cfg.key} {msg}",
+                      flush=True)
+    print(f"{runs} runs, {bad} bad")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
