@@ -47,5 +47,7 @@ def test_gemv_unaligned_views_and_doctor_choice():
     ref = x.double() @ w.double().t()
     assert float((out.double() - ref).norm() / ref.norm()) < 1.6e-2
     op = GemmOp(1, 4096, 4096, trans_b=True, dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_out=DType.BF16)
-    # the untuned choice (measured entries a tuning cache of this machine may hold decide otherwise)
-    assert get_doctor().decide(op, "cuda:0", use_cache=False).chosen.variant.name == "cuda.gemm.gemv"
+    # the untuned choice is a weight-streaming kernel (which one is the performance model's call per GPU:
+    # gemv on an H100, skinny_mma on an H200 in this session's runs)
+    assert get_doctor().decide(op, "cuda:0", use_cache=False).chosen.variant.name in ("cuda.gemm.gemv",
+                                                                                       "cuda.gemm.skinny_mma")
