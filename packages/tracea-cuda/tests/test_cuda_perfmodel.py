@@ -186,3 +186,16 @@ def test_attention_decode_shapes_go_to_the_decode_kernel(monkeypatch):
             d = doc.decide(op, "cuda:0", use_cache=False)
             assert d.variant.name == "cuda.attention.decode", (profile.name, d.explain())
         assert doc.decide(prefill, "cuda:0", use_cache=False).variant.name == pre
+
+
+def test_skinny_heroes_follow_the_memory_bandwidth():
+    """The skinny GEMM's first hero: (nb=2, kw=16, unroll=2) measured best on an H100 (3.35 TB/s),
+    (nb=2, kw=8, unroll=2) on an H200 (4.8 TB/s)."""
+    from dataclasses import replace as dc_replace
+
+    from tracea_cuda.variants.skinny import SkinnyMmaGemm
+
+    op = GemmOp(4, 8192, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")
+    first = {bw: SkinnyMmaGemm().hero_configs(op, dc_replace(H100, bandwidth_gbs=bw))[0] for bw in (3350.0, 4800.0)}
+    assert (first[3350.0].get("kw"), first[4800.0].get("kw")) == (16, 8)
+    assert len({c.key for c in SkinnyMmaGemm().hero_configs(op, dc_replace(H100, bandwidth_gbs=4800.0))}) == 6

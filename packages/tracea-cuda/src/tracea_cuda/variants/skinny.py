@@ -20,6 +20,8 @@ BANDWIDTH_SHARE = 0.85
 #: rows served (the kernel takes up to MAX_ROWS): at M = 64 it reached only ~52% of the copy bandwidth on an
 #: H100 (0.61-0.77x PyTorch) while the tiled variants do better; M = 4 and 16 ran at 80-95% (1.0-1.6x)
 SERVED_ROWS = 16
+#: memory bandwidth (GB/s) from which the skinny heroes measured on an H200 come first
+HIGH_BANDWIDTH_GBS = 4000.0
 
 
 class SkinnyMmaGemm(WeightStreamingGemm):
@@ -68,8 +70,13 @@ class SkinnyMmaGemm(WeightStreamingGemm):
         # Measured on an H100 (benchmarks/cuda/probe_skinny.py, 12 decode shapes, M = 4 and 16, weights
         # 1024x8192 to 28672x8192): (nb=2, kw=16, unroll=2) was within 3.5% of each shape's best config
         # on geometric mean (6.6% at worst), at 80-95% of the copy bandwidth on weights of 32 MB and more.
+        # On an H200 (4.8 TB/s; same probe, M = 4 and 16) that hero fell to 0.84 of the best on geometric
+        # mean (0.22 on one shape) and (nb=2, kw=8, unroll=2) reached 0.95 (0.89 at worst): GPUs with that
+        # much bandwidth take it first.
         mf = -(-op.m // 16)
         heroes = [(2, 16, 2), (1, 8, 2), (1, 16, 2), (4, 16, 1)]
+        if (profile.bandwidth_gbs or 0) >= HIGH_BANDWIDTH_GBS:
+            heroes = [(2, 8, 2), (4, 16, 2)] + heroes
         return [PipelineConfig(warps=kw, params=(("nb", nb), ("kw", kw), ("unroll", un))) for nb, kw, un in heroes
                 if mf * nb <= 8 and mf * nb * un <= 16]
 
