@@ -205,6 +205,24 @@ def test_default_strategy_when_every_config_fails_or_none_is_valid(rng, capsys):
                            restrictions=["unroll > 8"])
 
 
+def test_decorated_kernel_whose_every_config_fails_raises_a_clear_error(rng):
+    """``@tracea.kernel(autotune=True)``: when tuning finds no config that runs, the call raises a
+    BackendError saying so (with each failure's log), instead of running the first config and failing with
+    the compiler's error as if no tuning had happened; the arrays are left untouched."""
+    src = SAXPY.replace("y[i + j] += alpha * x[i + j];", "y[i + j] += alpha * x[i + j] BROKEN;")
+
+    @tracea.kernel(target="c", autotune=True, tune_params={"unroll": [1, 2, 4]}, strategy="brute_force",
+                   tracea_cache=False)
+    def saxpy(y, x, alpha, n):
+        return tracea.KernelLaunch(src, problem_size=int(n), name="saxpy")
+
+    args, _ = _saxpy_problem(rng, 64)
+    before = args[0].copy()
+    with pytest.raises(tracea.BackendError, match="none of the 3 configs tried ran") as info:
+        saxpy(*args)
+    assert "CompilationFailedConfig" in str(info.value) and info.value.log and np.array_equal(args[0], before)
+
+
 def test_run_kernel_matches_numpy_on_odd_sizes(rng):
     for n in (1, 7, 1000, 4097):
         args, answer = _saxpy_problem(rng, n)

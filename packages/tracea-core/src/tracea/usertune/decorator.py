@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import InvalidArgumentError
+from ..errors import BackendError, InvalidArgumentError
 from .interface import _open, tune_kernel
 from .session import Session
 from .space import check_tune_params
@@ -179,9 +179,15 @@ class TunableKernel:
                     self.best[key] = cached
                     return cached
                 if self.autotune:
-                    self.tune(*args)
+                    results, _ = self.tune(*args)
                     if key in self.best:
                         return self.best[key]
+                    if results:  # every config evaluated failed: running one of them would only fail again
+                        reasons = sorted({str(r.get("time")) for r in results})
+                        raise BackendError(f"autotuning {name!r}: none of the {len(results)} configs "
+                                           f"tried ran ({', '.join(reasons)}); see .tune(...)'s results for each "
+                                           f"config's error", log="\n".join(sorted({str(r["__error__"]) for r in results
+                                                                                    if r.get("__error__")}))[:4000])
             base = {k: v[0] for k, v in self.tune_params.items()}
             if self.heroes:
                 return {**base, **self.heroes[0]}
