@@ -116,7 +116,23 @@ def test_bad_sdpa_arguments_raise_specific_errors(rng):
     with pytest.raises(InvalidArgumentError, match="is_causal"):
         ops.attention(q, q, q, is_causal="yes")
     with pytest.raises(InvalidArgumentError, match="scale"):
-        ops.attention(q, q, q, scale=-1.0)
+        ops.attention(q, q, q, scale=float("nan"))
+
+
+@pytest.mark.parametrize("scale", [-1.0, 0.0, -0.25])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_takes_any_finite_scale(rng, scale, causal):
+    """PyTorch accepts any float scale: zero and negative ones are computed by the documented formula
+    (scale the logits, then mask), by whatever variant accepts them (kernels assuming a positive scale
+    decline with a reason)."""
+    q, k, v = _r(rng, 2, 3, 5, 8), _r(rng, 2, 3, 7, 8), _r(rng, 2, 3, 7, 6)
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64)) * scale
+    if causal:
+        s = np.where(np.tril(np.ones((5, 7), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bhqk,bhkd->bhqd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+    got = ops.attention(q, k, v, is_causal=causal, scale=scale)
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_conv2d_unbatched_and_string_padding(rng):

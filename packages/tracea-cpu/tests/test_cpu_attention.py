@@ -53,3 +53,16 @@ def test_attention_other_blocks(hero):
 def test_attention_large_scores_stay_finite():
     # Scores of magnitude ~100 overflow a naive exp; the online softmax must subtract the running max.
     assert attn_case(BEST, CASES[2], True, scale=12.0) < 1e-5
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.7])
+def test_attention_declines_non_positive_scales(scale):
+    """Masked logits are -inf before the kernel applies the scale, so a zero or negative scale would turn
+    them into NaN / +inf: the variant declines it (the reference computes it)."""
+    from tracea.doctor.doctor import get_doctor
+
+    variant = CpuAttentionVariant(ISA_BY_NAME[BEST])
+    profile = get_doctor().profile_for("cpu")
+    op = AttentionOp(1, 2, 5, 7, 16, causal=True, scale=scale)
+    assert any("positive scale" in r for r in variant.check(op, profile))
+    assert not any("positive scale" in r for r in variant.check(AttentionOp(1, 2, 5, 7, 16, scale=0.3), profile))

@@ -199,3 +199,24 @@ def test_skinny_heroes_follow_the_memory_bandwidth():
     first = {bw: SkinnyMmaGemm().hero_configs(op, dc_replace(H100, bandwidth_gbs=bw))[0] for bw in (3350.0, 4800.0)}
     assert (first[3350.0].get("kw"), first[4800.0].get("kw")) == (16, 8)
     assert len({c.key for c in SkinnyMmaGemm().hero_configs(op, dc_replace(H100, bandwidth_gbs=4800.0))}) == 6
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+def test_cuda_attention_declines_non_positive_scales(monkeypatch, scale):
+    """The online softmax of every CUDA attention kernel assumes a positive scale: zero and negative ones
+    are declined with that reason (PyTorch accepts them; the reference computes them)."""
+    from tracea.errors import NoVariantError
+    from tracea.ir.ops import AttentionOp
+
+    doc = _doctor(monkeypatch, H100)
+    for sq in (1, 4096):  # the decode kernel and the prefill kernels
+        op = AttentionOp(1, 32, sq, 4096, 128, kv_heads=8, dtype="bfloat16", scale=scale)
+        try:
+            decision = doc.decide(op, "cuda:0", use_cache=False)
+        except NoVariantError as exc:
+            rejected = exc.rejections
+        else:
+            assert not decision.chosen.variant.name.startswith("cuda.attention"), decision.chosen.variant.name
+            rejected = {r.variant: r.reasons for r in decision.rejected}
+        for name in ("cuda.attention.flash_mma", "cuda.attention.wgmma", "cuda.attention.decode"):
+            assert any("positive scale" in r for r in rejected.get(name, [])), (name, rejected.get(name))

@@ -198,6 +198,13 @@ class CpuAttentionVariant(CpuVariant):
                                          dtypes=frozenset({DType.F32}), isa=isa.requires,
                                          masks=frozenset({"bool", "additive"}))
 
+    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
+        reasons = super().check(op, profile)
+        if isinstance(op, AttentionOp) and not float(op.scale) > 0:  # type: ignore[arg-type]
+            # masked logits are -inf before the scale is applied: a negative scale would make them +inf
+            reasons.append(f"scale={op.scale} (the kernel assumes a positive scale)")
+        return reasons
+
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         return spaces.attention_space(self.isa, profile, op)
 

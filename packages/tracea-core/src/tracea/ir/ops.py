@@ -318,7 +318,8 @@ class AttentionOp(Op):
     (``tracea.ops.attention`` folds any leading batch dimensions into ``batch``).
     ``kv_heads`` < ``heads`` is grouped-query attention (heads must be a multiple of kv_heads).
     ``causal`` masks key j > query i (top-left aligned, PyTorch's ``is_causal`` convention).
-    ``scale`` defaults to 1/sqrt(head_dim).
+    ``scale`` defaults to 1/sqrt(head_dim); any finite float, as in PyTorch (kernels whose online softmax
+    assumes a positive scale decline zero or negative ones, which the reference then computes).
 
     ``mask``: None, ``"bool"`` (a key takes part where the mask is non-zero; a masked key's logit is
     replaced by -inf, like the causal mask) or ``"additive"`` (added to the scaled logits in IEEE
@@ -352,8 +353,8 @@ class AttentionOp(Op):
         if self.heads % int(self.kv_heads):  # type: ignore[arg-type]
             raise InvalidArgumentError("kv_heads", self.kv_heads, f"a divisor of heads={self.heads}")
         scale = 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise InvalidArgumentError("scale", self.scale, "a finite positive float")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise InvalidArgumentError("scale", self.scale, "a finite float")
         object.__setattr__(self, "scale", float(scale))
         object.__setattr__(self, "causal", bool(self.causal))
         _set_dtype(self, "dtype")

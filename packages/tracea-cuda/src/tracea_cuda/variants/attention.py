@@ -33,6 +33,13 @@ _MASKS = {None: 0, "bool": 1, "additive": 2}
 MAX_SPLITS = 64
 
 
+def scale_reasons(op: AttentionOp) -> list[str]:
+    """The CUDA attention kernels fold ``scale * log2(e)`` into the online softmax's exponent and running
+    maximum, which holds for a positive scale only: zero or negative scales are declined (the reference
+    computes them, as PyTorch accepts any float)."""
+    return [] if float(op.scale) > 0 else [f"scale={op.scale} (the online softmax assumes a positive scale)"]  # type: ignore[arg-type]
+
+
 def auto_splits(op: AttentionOp, bm: int, bn: int, sms: int) -> int:
     """Key chunks for split-KV: about two CTAs per SM when the query blocks alone leave most SMs idle, each
     chunk at least two key tiles long; 1 when the grid is already full. (H100, decode GQA 32/8 D128 batch
@@ -58,7 +65,7 @@ class FlashAttention(CudaVariant):
     priority = 10
 
     def extra_checks(self, op: AttentionOp, profile: DeviceProfile) -> list[str]:
-        reasons = []
+        reasons = scale_reasons(op)
         if op.head_dim not in (64, 128):
             reasons.append(f"head_dim={op.head_dim} not served (64 and 128; others need another register budget)")
         kvh = int(op.kv_heads or op.heads)

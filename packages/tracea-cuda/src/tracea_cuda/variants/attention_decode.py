@@ -27,7 +27,7 @@ from .. import compiler, launcher, toolkit
 from ..device import resident_sms
 from ..emit import flash_attn, flash_decode
 from ..emit.flash_decode import DecodeSpec
-from .attention import _MASKS, _bound
+from .attention import _MASKS, _bound, scale_reasons
 from .base import CudaVariant, hero, u64
 
 MAX_ROWS = 32  # query rows per kv head (G x seq_q) served; each 16 re-read K / V (flash_mma serves more)
@@ -58,7 +58,7 @@ class FlashDecode(CudaVariant):
     priority = 30
 
     def extra_checks(self, op: AttentionOp, profile: DeviceProfile) -> list[str]:
-        reasons = []
+        reasons = scale_reasons(op)
         if op.head_dim not in (64, 128):
             reasons.append(f"head_dim={op.head_dim} not served (64 and 128)")
         kvh = int(op.kv_heads or op.heads)

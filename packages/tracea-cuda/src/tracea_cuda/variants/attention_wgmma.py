@@ -29,7 +29,7 @@ from tracea.semantic.search_space import SearchSpace
 from .. import compiler, launcher, tma, toolkit
 from ..emit import flash_wgmma
 from ..emit.flash_wgmma import FlashWgmmaSpec
-from .attention import _bound
+from .attention import _bound, scale_reasons
 from .base import CudaVariant, hero
 
 
@@ -46,7 +46,7 @@ class FlashAttentionWgmma(CudaVariant):
     priority = 20
 
     def extra_checks(self, op: AttentionOp, profile: DeviceProfile) -> list[str]:
-        reasons = []
+        reasons = scale_reasons(op)
         if op.head_dim not in (64, 128):
             reasons.append(f"head_dim={op.head_dim} not served (64 and 128)")
         kvh = int(op.kv_heads or op.heads)
