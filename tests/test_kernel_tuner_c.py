@@ -4,7 +4,6 @@ own time in ms): parameter spaces, restrictions, grid/defines, verification, str
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import subprocess
 import sys

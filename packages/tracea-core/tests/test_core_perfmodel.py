@@ -17,7 +17,7 @@ from tracea.dtypes import DType
 from tracea.ir.device import Device
 from tracea.ir.ops import Conv2dOp, GemmOp, LayerType
 from tracea.perfmodel import PerfModel, arch_key, load_file
-from tracea.perfmodel.data import Observation, pack, parse, user_observations
+from tracea.perfmodel.data import pack, parse, user_observations
 from tracea.perfmodel.features import group_key, shape_vector, wave_factor
 from tracea.plugins import create_plugin_manager, hookimpl
 from tracea.semantic.config import PipelineConfig

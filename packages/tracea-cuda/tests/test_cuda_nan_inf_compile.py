@@ -152,7 +152,7 @@ def test_nan_propagating_epilogues_compile(arch):
 def _renamed(sources: dict[str, str]) -> dict[str, str]:
     """Kernel sources with unique entry names (the reducer and the split pass have fixed names)."""
     out = {}
-    for i, (name, src) in enumerate(sources.items()):
+    for i, src in enumerate(sources.values()):
         for fixed in (splitk.KERNEL_NAME, split.KERNEL_NAME, gemv.KERNEL_NAME):
             src = src.replace(fixed, f"{fixed}_{i}")
         out[f"k{i}"] = src

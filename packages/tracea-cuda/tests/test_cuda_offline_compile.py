@@ -112,7 +112,7 @@ def _sources(arch: str) -> dict[str, str]:
                       else skinny.render if variant.name == "cuda.gemm.skinny_mma"
                       else flash_attn.render if variant.name == "cuda.attention.flash_mma"
                       else flash_decode.render if variant.name == "cuda.attention.decode" else mma.render)
-            for i, config in enumerate(variant.hero_configs(op, profile)):
+            for config in variant.hero_configs(op, profile):
                 assert variant.validate_config(op, config, profile), (variant.name, config.key)
                 name = f"k{len(sources)}"
                 spec = (variant.spec(op, config, None, profile) if isinstance(op, AttentionOp)

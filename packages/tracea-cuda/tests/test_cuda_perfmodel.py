@@ -159,15 +159,15 @@ def test_few_tile_gemms_take_the_split_k_hero_and_decode_keeps_its_variants(monk
         kw = {"fp32_precision": "high"} if dt == "float32" else {"dtype_a": dt, "dtype_b": dt}
         return doc.decide(GemmOp(m, n, k, trans_b=True, **kw), "cuda:0", use_cache=False)
 
-    for (m, n, k), splits in {(512, 1024, 8192): 4, (128, 4096, 4096): 3, (128, 1024, 8192): 8,
-                              (256, 4096, 14336): 2}.items():
-        d = decide(m, n, k)
+    for (rows, cols, depth), splits in {(512, 1024, 8192): 4, (128, 4096, 4096): 3, (128, 1024, 8192): 8,
+                                        (256, 4096, 14336): 2}.items():
+        d = decide(rows, cols, depth)
         assert d.variant.name == "cuda.gemm.wgmma" and d.chosen.config.get("split_k") == splits, d.explain()
     d = decide(512, 1024, 8192, "float32")
     assert d.variant.name == "cuda.gemm.wgmma_tf32" and d.chosen.config.get("split_k") == 4, d.explain()
     assert decide(128, 8192, 8192).chosen.config.get("split_k") is None  # half a wave of tiles, K < 12288
-    for m in (1, 4, 16):
-        assert decide(m, 4096, 4096).variant.name in ("cuda.gemm.gemv", "cuda.gemm.skinny_mma")
+    for rows in (1, 4, 16):
+        assert decide(rows, 4096, 4096).variant.name in ("cuda.gemm.gemv", "cuda.gemm.skinny_mma")
 
 
 def test_attention_decode_shapes_go_to_the_decode_kernel(monkeypatch):
