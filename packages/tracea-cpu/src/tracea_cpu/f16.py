@@ -95,16 +95,23 @@ class CpuGemmF16Variant(CpuVariant):
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)
         fn, geo = self.prepare(op, config, profile)
-        bt, m, n, k = op.batch, op.m, op.n, op.k
-        a = _host16(args, "a", (bt, m, k))
-        b = _host16(args, "b", (bt, k, n))
-        out = _host16(args, "out", (bt, m, n), np.float16 if op.out_dtype is DType.F16 else np.float32)
-        b32 = _bias32(args.adapter, args.arrays.get("bias")) if op.epilogue.has_bias else None
-        if b32 is not None and b32.size != n:
-            raise InvalidArgumentError("bias", b32, f"{n} values (one per output column)")
+        a, b, out, b32 = host_operands(op, args)
         rc = fn(*geo[:4], a.ctypes.data, *geo[4:6], b.ctypes.data, *geo[6:8], out.ctypes.data, geo[8],  # type: ignore[union-attr]
                 None if b32 is None else b32.ctypes.data, *geo[9:], self.threads(op, config, profile))
         _check_rc(rc, "fp16 gemm")
+
+
+def host_operands(op: GemmOp, args: OpArgs) -> tuple[Any, Any, Any, np.ndarray | None]:
+    """Checked host views of an fp16 GEMM's a, b and out (fp16, or fp32 out) and its bias widened to float32
+    (None without one; hold it until the kernel returned), for the ``run`` paths."""
+    bt, m, n, k = op.batch, op.m, op.n, op.k
+    a = _host16(args, "a", (bt, m, k))
+    b = _host16(args, "b", (bt, k, n))
+    out = _host16(args, "out", (bt, m, n), np.float16 if op.out_dtype is DType.F16 else np.float32)
+    b32 = _bias32(args.adapter, args.arrays.get("bias")) if op.epilogue.has_bias else None
+    if b32 is not None and b32.size != n:
+        raise InvalidArgumentError("bias", b32, f"{n} values (one per output column)")
+    return a, b, out, b32
 
 
 @functools.lru_cache(maxsize=256)

@@ -12,13 +12,12 @@ from typing import Any
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
-from tracea.errors import InvalidArgumentError
 from tracea.ir.ops import GemmOp, LayerType, Op
 from tracea.semantic import PipelineConfig
 
 from . import kernels
 from .amx import AMX_EFFICIENCY, CpuGemmAmxVariant, amx_peak_gflops
-from .f16 import _bias32, _host16
+from .f16 import _bias32, host_operands
 from .isa import AMX_BF16
 from .variant_base import _check_rc, _require
 
@@ -65,17 +64,9 @@ class CpuGemmF16AmxVariant(CpuGemmAmxVariant):
         return launch
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
-        import numpy as np
-
         assert isinstance(op, GemmOp)
         fn, params = self.prepare(op, config, profile)
-        bt, m, n, k = op.batch, op.m, op.n, op.k
-        a = _host16(args, "a", (bt, m, k))
-        b = _host16(args, "b", (bt, k, n))
-        out = _host16(args, "out", (bt, m, n), np.float16 if op.out_dtype is DType.F16 else np.float32)
-        b32 = _bias32(args.adapter, args.arrays.get("bias")) if op.epilogue.has_bias else None
-        if b32 is not None and b32.size != n:
-            raise InvalidArgumentError("bias", b32, f"{n} values (one per output column)")
+        a, b, out, b32 = host_operands(op, args)
         rc = fn(params, a.ctypes.data, b.ctypes.data, out.ctypes.data,  # type: ignore[union-attr]
                 None if b32 is None else b32.ctypes.data, self.threads(op, config, profile))
         _check_rc(rc, "fp16 AMX gemm")
