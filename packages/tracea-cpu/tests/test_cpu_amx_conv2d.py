@@ -14,6 +14,7 @@ from tracea.doctor.variant import OpArgs
 from tracea.errors import BackendError, TraceaError
 from tracea.ir.ops import Conv2dOp
 from tracea.testing import inject_nonfinite, nonfinite_mismatch
+from tracea_cpu import amx as amx_mod
 from tracea_cpu import amx_conv as conv_mod
 from tracea_cpu.amx import amx_permission
 from tracea_cpu.amx_conv import CONV_TILES, CpuConv2dAmxVariant
@@ -231,7 +232,9 @@ def test_tile_blocks_are_checked():
 
 
 def test_declines_with_the_os_reason_when_refused(monkeypatch):
-    monkeypatch.setattr(conv_mod, "amx_permission", lambda: "the OS refused AMX tile data (test)")
+    refused = lambda: "the OS refused AMX tile data (test)"  # noqa: E731
+    monkeypatch.setattr(amx_mod, "amx_permission", refused)  # what check() asks (amx.amx_bf16_reasons)
+    monkeypatch.setattr(conv_mod, "amx_permission", refused)  # what library() asks
     op = Conv2dOp(1, 8, 8, 8, 8, 3, 3, dtype="bf16")
     assert any("refused AMX tile data" in r for r in VARIANT.check(op, AMX_PROFILE))
     with pytest.raises(BackendError, match="refused"):

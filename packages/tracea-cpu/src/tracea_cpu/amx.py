@@ -88,6 +88,17 @@ def amx_compiler_reason(kind: str = "bf16") -> str | None:
     return None
 
 
+def amx_bf16_reasons(reasons: list[str]) -> list[str]:
+    """A bf16 AMX variant's rejection reasons from its base checks: a missing ISA named as AMX, then (when
+    nothing else rejects) why the compiler or the OS cannot run AMX bf16 code here."""
+    reasons = [f"needs AMX (amx_tile, amx_bf16): {r}" if r.startswith("device lacks") else r for r in reasons]
+    if not reasons:
+        why = amx_compiler_reason("bf16") or amx_permission()
+        if why:
+            reasons.append(why)
+    return reasons
+
+
 def rows_driver(op: GemmOp) -> bool:
     """Whether the AMX library runs ``op`` through its few-rows driver (:mod:`.emit.amx_rows`):
     at most 128 rows of a row-major A against transposed (N x K) weights."""
@@ -155,13 +166,7 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
         return launch
 
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
-        reasons = [f"needs AMX (amx_tile, amx_bf16): {r}" if r.startswith("device lacks") else r
-                   for r in super(CpuGemmBf16Variant, self).check(op, profile)]
-        if not reasons:
-            why = amx_compiler_reason("bf16") or amx_permission()
-            if why:
-                reasons.append(why)
-        return reasons
+        return amx_bf16_reasons(super(CpuGemmBf16Variant, self).check(op, profile))
 
     def efficiency_on(self, profile: DeviceProfile) -> float:
         return AMX_EFFICIENCY

@@ -23,7 +23,7 @@ from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels
-from .amx import AMX_EFFICIENCY, amx_compiler_reason, amx_peak_gflops, amx_permission
+from .amx import AMX_EFFICIENCY, amx_bf16_reasons, amx_peak_gflops, amx_permission
 from .bf16 import bf16_operand, f32_operand
 from .emit.amx_conv import PARAMS, check_conv_tile
 from .isa import AMX_BF16
@@ -58,18 +58,13 @@ class CpuConv2dAmxVariant(CpuVariant):
                                          out_dtypes=frozenset({DType.BF16, DType.F32}), isa=AMX_BF16.requires)
 
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
-        reasons = [f"needs AMX (amx_tile, amx_bf16): {r}" if r.startswith("device lacks") else r
-                   for r in super().check(op, profile)]
+        reasons = super().check(op, profile)
         if isinstance(op, Conv2dOp) and min(op.c // op.groups, op.k // op.groups) < MIN_GROUP_CHANNELS:
             # a group's channels fill tile rows of 32 and tile columns of 16: depthwise-like groups
             # would compute 16-512x the products
             reasons.append(f"groups of {op.c // op.groups} input / {op.k // op.groups} output channels: AMX "
                            f"tiles need at least {MIN_GROUP_CHANNELS} of each per group")
-        if not reasons:
-            why = amx_compiler_reason("bf16") or amx_permission()
-            if why:
-                reasons.append(why)
-        return reasons
+        return amx_bf16_reasons(reasons)
 
     def efficiency_on(self, profile: DeviceProfile) -> float:
         return AMX_EFFICIENCY
