@@ -3,6 +3,8 @@ its Python mirror are in :mod:`tracea_cuda.stream_k`)."""
 
 from __future__ import annotations
 
+import textwrap
+
 # Stream-K: CTA b runs its data-parallel tiles (b, b + G, ... below tiles - sk_tiles), then its share
 # [b I / G, (b + 1) I / G) of the I = sk_tiles * KT k-iterations of the last sk_tiles tiles. A tile's
 # piece holding k-iteration 0 is its owner (always the last piece of a CTA's share); the other pieces
@@ -24,6 +26,36 @@ static __device__ __forceinline__ bool sk_unit(int u, int tiles, int KT, int sk_
     return true;
 }
 """
+
+# The partial-sum exchange of a warpgroup's accumulators with an fp32 slot (float4 runs coalesced over the
+# warpgroup), shared by split-K and stream-K: store d to ``slot``, and add ``slot`` into d.
+_STORE_PARTIALS = """\
+#pragma unroll
+for (int sub = 0; sub < {subs}; ++sub)
+    #pragma unroll
+    for (int i = 0; i < {regs}; i += 4)
+        asm volatile("st.global.cg.v4.f32 [%0], {{%1, %2, %3, %4}};"
+                     :: "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)), "f"(d[sub][i]), "f"(d[sub][i + 1]),
+                        "f"(d[sub][i + 2]), "f"(d[sub][i + 3]) : "memory");
+"""
+_ADD_PARTIALS = """\
+#pragma unroll
+for (int sub = 0; sub < {subs}; ++sub)
+    #pragma unroll
+    for (int i = 0; i < {regs}; i += 4) {{
+        float x0, x1, x2, x3;
+        asm volatile("ld.global.cg.v4.f32 {{%0, %1, %2, %3}}, [%4];"
+                     : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3)
+                     : "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)) : "memory");
+        d[sub][i] += x0; d[sub][i + 1] += x1; d[sub][i + 2] += x2; d[sub][i + 3] += x3;
+    }}
+"""
+
+
+def _indented(fragment: str, spaces: int) -> str:
+    """``fragment`` with every line indented by ``spaces`` (where a template places it)."""
+    return textwrap.indent(fragment, " " * spaces)
+
 
 # Split-K (few output tiles): every tile's K range is cut into S = sk_maxc + 1 slices, one unit each, and
 # the host makes tiles x S <= the resident grid, so every CTA runs exactly one unit and all S pieces of a
@@ -48,7 +80,7 @@ static __device__ __forceinline__ bool split_unit(int u, int tiles, int KT, int 
 # the warpgroup), bumps the tile's counter and waits until all S pieces have arrived; then each warp that
 # reduces adds the other S - 1 partial sums of its rows and runs the epilogue, the others skip it. Every
 # piece reads at most (S - 1) / S of one tile (the owner of a stream-K tile reads S - 1 tiles).
-SPLIT_FIXUP = """        bool sk_mine = true;  // this warp stores its rows in the epilogue
+SPLIT_FIXUP = ("""        bool sk_mine = true;  // this warp stores its rows in the epilogue
         if (sk_maxc > 0) {{
             const int tid = threadIdx.x % 128, S = sk_maxc + 1, slice = w.cslot;
             sk_mine = (wg * 4 + warp) % S == slice;
@@ -56,14 +88,7 @@ SPLIT_FIXUP = """        bool sk_mine = true;  // this warp stores its rows in t
             float* tslot = sk_ws + ((long long)tile * S * 2 + wg) * {nreg} * 128;
             if (!sk_mine) {{
                 float* slot = tslot + (long long)slice * 2 * {nreg} * 128;
-                #pragma unroll
-                for (int sub = 0; sub < {subs}; ++sub)
-                    #pragma unroll
-                    for (int i = 0; i < {regs}; i += 4)
-                        asm volatile("st.global.cg.v4.f32 [%0], {{%1, %2, %3, %4}};"
-                                     :: "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)), "f"(d[sub][i]), "f"(d[sub][i + 1]),
-                                        "f"(d[sub][i + 2]), "f"(d[sub][i + 3]) : "memory");
-                __threadfence();
+{store16}                __threadfence();
             }}
             named_bar_sync(1 + wg);
             if (tid == 0) {{
@@ -80,34 +105,17 @@ SPLIT_FIXUP = """        bool sk_mine = true;  // this warp stores its rows in t
                 for (int q = 0; q < S; ++q) {{
                     if (q == slice) continue;
                     const float* slot = tslot + (long long)q * 2 * {nreg} * 128;
-                    #pragma unroll
-                    for (int sub = 0; sub < {subs}; ++sub)
-                        #pragma unroll
-                        for (int i = 0; i < {regs}; i += 4) {{
-                            float x0, x1, x2, x3;
-                            asm volatile("ld.global.cg.v4.f32 {{%0, %1, %2, %3}}, [%4];"
-                                         : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3)
-                                         : "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)) : "memory");
-                            d[sub][i] += x0; d[sub][i + 1] += x1; d[sub][i + 2] += x2; d[sub][i + 3] += x3;
-                        }}
-                }}
+{add20}                }}
             }}
         }}
-"""
+""").replace("{store16}", _indented(_STORE_PARTIALS, 16)).replace("{add20}", _indented(_ADD_PARTIALS, 20))
 
-SK_FIXUP = """        if (w.cslot >= 0 || w.ncon > 0) {{  // a stream-K piece: exchange fp32 partial sums with the owner
+SK_FIXUP = ("""        if (w.cslot >= 0 || w.ncon > 0) {{  // a stream-K piece: exchange fp32 partial sums with the owner
             const int tid = threadIdx.x % 128, t_local = tile - (tiles - sk_tiles);
             unsigned* flag = sk_flags + 2 * t_local + wg;
             if (!w.owner) {{
                 float* slot = sk_ws + ((long long)(t_local * sk_maxc + w.cslot) * 2 + wg) * {nreg} * 128;
-                #pragma unroll
-                for (int sub = 0; sub < {subs}; ++sub)
-                    #pragma unroll
-                    for (int i = 0; i < {regs}; i += 4)
-                        asm volatile("st.global.cg.v4.f32 [%0], {{%1, %2, %3, %4}};"
-                                     :: "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)), "f"(d[sub][i]), "f"(d[sub][i + 1]),
-                                        "f"(d[sub][i + 2]), "f"(d[sub][i + 3]) : "memory");
-                __threadfence();
+{store16}                __threadfence();
                 named_bar_sync(1 + wg);
                 if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(flag) : "memory");
                 continue;
@@ -124,16 +132,6 @@ SK_FIXUP = """        if (w.cslot >= 0 || w.ncon > 0) {{  // a stream-K piece: e
             named_bar_sync(1 + wg);
             for (int c = 0; c < w.ncon; ++c) {{
                 const float* slot = sk_ws + ((long long)(t_local * sk_maxc + c) * 2 + wg) * {nreg} * 128;
-                #pragma unroll
-                for (int sub = 0; sub < {subs}; ++sub)
-                    #pragma unroll
-                    for (int i = 0; i < {regs}; i += 4) {{
-                        float x0, x1, x2, x3;
-                        asm volatile("ld.global.cg.v4.f32 {{%0, %1, %2, %3}}, [%4];"
-                                     : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3)
-                                     : "l"(slot + ((sub * {regs} + i) * 128 + tid * 4)) : "memory");
-                        d[sub][i] += x0; d[sub][i + 1] += x1; d[sub][i + 2] += x2; d[sub][i + 3] += x3;
-                    }}
-            }}
+{add16}            }}
         }}
-"""
+""").replace("{store16}", _indented(_STORE_PARTIALS, 16)).replace("{add16}", _indented(_ADD_PARTIALS, 16))
