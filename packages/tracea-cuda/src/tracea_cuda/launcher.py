@@ -155,14 +155,6 @@ class FastLaunch:
                 raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
 
 
-def src_dst_launch(function: Any, grid: tuple[int, int, int], *ints: int) -> FastLaunch:
-    """A 256-thread pointer-only launch of a helper kernel taking ``(src, dst, *ints)`` (a transpose, an
-    operand split)."""
-    params = ParamBlock.from_args(lambda p: (np.uint64(p["src"]), np.uint64(p["dst"]), *map(np.int32, ints)),
-                                  ("src", "dst"))
-    return FastLaunch(function, grid, 256, 0, params)
-
-
 def pair_launch(function: Any, job0: tuple[tuple[int, int, int], Sequence[int]],
                 job1: tuple[tuple[int, int, int], Sequence[int]]) -> FastLaunch:
     """One 256-thread launch doing two jobs of a helper kernel's ``_pair`` entry point, which takes
@@ -238,4 +230,4 @@ def align_key(ptrs: Sequence[int]) -> tuple[int, ...]:
 
 
 __all__ = ["CaptureRefused", "FastLaunch", "ParamBlock", "align_key", "capturing_now", "is_capturing", "on_device",
-           "pair_launch", "refuse_if_capturing", "scratch", "src_dst_launch", "stream_getter", "with_prepasses"]
+           "pair_launch", "refuse_if_capturing", "scratch", "stream_getter", "with_prepasses"]
