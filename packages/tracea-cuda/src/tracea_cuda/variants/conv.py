@@ -23,17 +23,13 @@ from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, scratch_buffe
 
 
 def to_channels_last(op: Conv2dOp, px: int, pw: int, args: Any, stream: Any, arch: str) -> tuple[Any, Any]:
-    """Transpose float32 NCHW x and KCRS w into NHWC / KRSC scratch buffers (see
-    :func:`~.base.scratch_buffer`) on ``stream``, so they are ordered before the conv that reads them.
-    The caller keeps the returned buffers referenced until the conv is enqueued."""
-    x_t = scratch_buffer(args, op.n * op.c * op.h * op.w)
-    w_t = scratch_buffer(args, op.k * op.c * op.r * op.s)
-    tk = helpers_kernels.transposer(op.dtype, arch)
-    hw, rs = op.h * op.w, op.r * op.s
-    tk.launch((-(-hw // 32), -(-op.c // 32), op.n), (u64(px), u64(data_ptr(x_t, "x")), np.int32(op.c), np.int32(hw)),
-              stream)
-    tk.launch((-(-rs // 32), -(-op.c // 32), op.k), (u64(pw), u64(data_ptr(w_t, "w")), np.int32(op.c), np.int32(rs)),
-              stream)
+    """:func:`channels_last_prepass` for the ``run`` paths: float32 NCHW x and KCRS w transposed into NHWC /
+    KRSC scratch buffers (see :func:`~.base.scratch_buffer`) by one launch on ``stream``, so they are ordered
+    before the conv that reads them. The caller keeps the returned buffers referenced until the conv is
+    enqueued."""
+    (sx, sw), fl = channels_last_prepass(op, arch)
+    x_t, w_t = scratch_buffer(args, sx), scratch_buffer(args, sw)
+    fl(int(stream.ptr), (px, data_ptr(x_t, "x"), pw, data_ptr(w_t, "w")))
     return x_t, w_t
 
 
@@ -198,7 +194,6 @@ class ImplicitGemmConv(CudaVariant):
         self.prepare(op, config, profile)
         arch = toolkit.arch_name(profile.compute_capability or (8, 0))
         if self.transforms_input(op, config):
-            helpers_kernels.transposer(op.dtype, arch)
             helpers_kernels.transposer(op.dtype, arch, pair=True)
         if padded_op(op, config) is not None:
             helpers_kernels.padder(op.dtype, arch)

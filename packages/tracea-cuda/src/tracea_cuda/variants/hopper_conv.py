@@ -140,7 +140,7 @@ class WgmmaConv(WgmmaGemm):
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
         self.prepare(op, config, profile)  # type: ignore[arg-type]
         if op.layout is Layout.NCHW:
-            helpers_kernels.transposer(op.dtype, "sm_90a")
+            helpers_kernels.transposer(op.dtype, "sm_90a", pair=True)
 
     def _build_launch(self, op: Conv2dOp, spec: WgmmaSpec, px: int, pw: int, ptrs: dict, profile: DeviceProfile,
                       kernel: Any = None):
