@@ -145,5 +145,27 @@ def test_memo_guards_compare_every_part_of_the_signature(guard):
     assert not check(x.double(), w, b)  # dtype
     assert not check(x.clone().requires_grad_(), w, b)  # requires_grad
     assert not check(x, w.detach(), b)  # Python type (Parameter vs Tensor)
-    assert not check(x, w, w)  # a missing bias (stood in for by the weight) never matches a bias
+    assert not check(x, w, layer_path._NO_BIAS)  # a missing bias never matches a bias
     assert not check(None, w, b)
+    no_bias = build(x, w, layer_path._NO_BIAS).check
+    assert no_bias(x, w, layer_path._NO_BIAS) and not no_bias(x, w, b)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_memo_serves_layers_with_and_without_bias_inside_a_model(restricted_backend, bias):
+    """Every patched layer of a model reuses its memo from the second forward on (a guard that never
+    matched would pass every test above and still cost a full lookup per call)."""
+    from tracea_torch import layer_path
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=bias), nn.ReLU(), nn.Conv2d(8, 8, 3, bias=bias),
+                          nn.Flatten(), nn.Linear(8 * 6 * 6, 5, bias=bias)).eval()
+    tracea_torch.patch_conv2d(model)
+    tracea_torch.patch_linear(model)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        for layer in (model[0], model[2], model[4]):
+            _poison(layer.__dict__[layer_path._KEY])
+        with pytest.raises(AssertionError, match="memo's plan"):
+            model(x)

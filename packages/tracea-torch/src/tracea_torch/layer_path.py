@@ -83,9 +83,14 @@ def _torch_guard() -> Optional[Callable[..., Any]]:
 _guard_of: Callable[..., Any] = _torch_guard() or _PyGuard
 
 
+#: what a memo's tensor comparison sees for a missing bias (not the weight again: TensorGuards rejects a
+#: tensor passed twice); an empty float32 vector, which no bias a kernel could serve matches.
+_NO_BIAS = torch.empty(0)
+
+
 class CallMemo:
-    """One layer's last call signature and the plan that serves it. ``check(x, w, b_or_w)`` compares the
-    tensors (a missing bias is stood in for by the weight, which no bias can match: they differ in rank);
+    """One layer's last call signature and the plan that serves it. ``check(x, w, b or _NO_BIAS)``
+    compares the tensors;
     ``rg``: some tensor requires grad (then the plan serves only while grad mode is off); ``prec``: the
     float32 mode the plan was chosen under, read by ``prec_of`` (None when the call is not float32)."""
 
@@ -110,8 +115,8 @@ def _never(*tensors: Any) -> bool:
 
 def _memo(gen: int, x: Tensor, w: Tensor, b: Optional[Tensor], prec_of: Optional[Callable[[], Any]],
           plan: Callable[..., Tensor], **hyper: Any) -> CallMemo:
-    bw = w if b is None else b
-    return CallMemo(gen, _guard_of(x, w, bw).check, bool(x.requires_grad or w.requires_grad or bw.requires_grad),
+    bb = _NO_BIAS if b is None else b
+    return CallMemo(gen, _guard_of(x, w, bb).check, bool(x.requires_grad or w.requires_grad or bb.requires_grad),
                     prec_of, None if prec_of is None else prec_of(), plan=plan, **hyper)
 
 
@@ -119,7 +124,7 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
     """What the patched conv layer ``m`` (``padding_mode="zeros"``) computes on ``x`` with weight ``w``
     and bias ``b``, plus the fused activation ``act``."""
     memo = m.__dict__.get(_KEY)
-    if (memo is not None and memo.check(x, w, w if b is None else b)
+    if (memo is not None and memo.check(x, w, _NO_BIAS if b is None else b)
             and memo.stride is m.stride and memo.padding is m.padding and memo.dilation is m.dilation
             and memo.groups == m.groups and memo.act == act and not _any_autocast()
             and not (_is_compiling() or _tracing_state() is not None or _dispatch_modes() or _function_modes()
@@ -148,7 +153,7 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
     """What the patched linear layer ``m`` computes on ``x``, plus the fused activation ``act``."""
     w, b = m.weight, m.bias
     memo = m.__dict__.get(_KEY)
-    if (memo is not None and memo.check(x, w, w if b is None else b) and memo.act == act and not _any_autocast()
+    if (memo is not None and memo.check(x, w, _NO_BIAS if b is None else b) and memo.act == act and not _any_autocast()
             and not (_is_compiling() or _tracing_state() is not None or _dispatch_modes() or _function_modes()
                      or _transforms_active() or (memo.rg and _grad_enabled()))
             and (memo.prec_of is None or memo.prec_of() == memo.prec) and memo.gen == generation()):
