@@ -103,3 +103,60 @@ def test_wgmma_conv_declines_with_reasons():
     assert any("implicit_mma" in r for r in VARIANT.check(pointwise, profile))
     grouped = Conv2dOp(1, 128, 8, 8, 128, 3, 3, groups=2, layout="nhwc", dtype="float16")
     assert any("groups" in r for r in VARIANT.check(grouped, profile))
+
+
+@pytest.mark.parametrize("layout,dt", [("nchw", "float32"), ("nhwc", "float16"), ("nhwc", "bfloat16"),
+                                       ("nhwc", "float32")])
+@pytest.mark.parametrize("splits,bn", [(2, 128), (5, 64), (16, 128), (16, 64)])
+def test_wgmma_conv_split_k(layout, dt, splits, bn):
+    """K split over CTAs (fp32 partial sums exchanged in-kernel): odd M (63 rows in a 128-row tile), N off
+    the tile grid, slices of 1-14 K-tiles; every split piece's output checked against float64."""
+    from tracea_cuda.variants.hopper import _hero
+
+    c = 96 if dt == "float32" else 192  # 27 K-tiles of one (r, s) and 32 / 64 channels
+    config = _hero(bn, 4, smem_epilogue=layout == "nhwc", split_k=splits)
+    # a 9x7 and a 5x5 plane (the NCHW transpose of x takes its narrow-row path below 32 pixels)
+    for h, w in ((9, 7), (5, 5)):
+        op = Conv2dOp(1, c, h, w, 136, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision="high",
+                      epilogue="bias+relu")
+        assert VARIANT.split_plan(op, config, _hopper())[0] == splits
+        _check(op, config)
+
+
+def test_wgmma_conv_split_k_default_user_path_and_graph():
+    """The batch-1 512->512 3x3 layer at 7^2 (4 output tiles over 144 fp32 K-tiles): the default config is the
+    split-K hero; through ``tracea.ops.conv2d`` (bound launcher: transpose pre-pass, counters' memset, conv),
+    repeated and replayed from a CUDA graph, against float64; NHWC float16 (72 K-tiles: not split by default)
+    with the split hero forced likewise."""
+    import torch
+    import torch.nn.functional as F
+
+    import tracea
+    from tracea_cuda.variants.hopper import _hero
+
+    profile = _hopper()
+    for dt, fmt in ((torch.float32, torch.contiguous_format), (torch.float16, torch.channels_last)):
+        layout = "nchw" if dt is torch.float32 else "nhwc"
+        op = Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1, layout=layout, dtype=str(dt)[6:], fp32_precision="high",
+                      epilogue="bias+relu")
+        first = VARIANT.hero_configs(op, profile)[0]
+        assert (int(first.get("split_k") or 1) > 1) == (dt is torch.float32), first.key
+        config = first if dt is torch.float32 else _hero(64, 4, split_k=16)
+        g = torch.Generator(device="cuda").manual_seed(5)
+        x = torch.randn(1, 512, 7, 7, device="cuda", dtype=dt, generator=g).contiguous(memory_format=fmt)
+        w = (torch.randn(512, 512, 3, 3, device="cuda", dtype=dt, generator=g) / 48).contiguous(memory_format=fmt)
+        b = torch.randn(512, device="cuda", dtype=dt, generator=g)
+        ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), padding=1))
+        with torch.backends.cudnn.flags(allow_tf32=True):
+            outs = [tracea.ops.conv2d(x, w, b, padding=1, activation="relu", variant=VARIANT.name, config=config)
+                    for _ in range(3)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = tracea.ops.conv2d(x, w, b, padding=1, activation="relu", variant=VARIANT.name,
+                                             config=config)
+            graph.replay()
+        torch.cuda.synchronize()
+        tol = T.tolerance(math_mode(op.dtype, op.fp32_precision), op.out_dtype)
+        for out in outs + [captured]:
+            assert T.rel_err(out, ref) <= tol, T.rel_err(out, ref)
+        assert torch.equal(captured, outs[-1])

@@ -42,18 +42,27 @@ class ConvGather:
         return cls(op.c, op.h, op.w, op.p, op.q, op.s, tuple(op.stride), tuple(op.padding), tuple(op.dilation))  # type: ignore[arg-type]
 
 
-def producer(g: ConvGather, bm: int, bn: int, stages: int, epc: int) -> str:
-    """C++ body of the producer warpgroup (all 128 threads; ``bars``/``base``/``tile_origin`` etc. in scope)."""
+def producer(g: ConvGather, bm: int, bn: int, stages: int, epc: int, split_k: bool = False) -> str:
+    """C++ body of the producer warpgroup (all 128 threads; ``bars``/``base``/``tile_origin`` etc. in scope).
+    With ``split_k`` it walks the split-K units (``split_unit``: one (tile, K slice) per CTA) instead of whole
+    tiles, gathering only the slice's K-tiles."""
     rows = bm // 16
     a_bytes, b_bytes = bm * 128, bn * 128
     bke = 8 * epc                       # reduction elements per 128-byte slice
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
+    if split_k:
+        loop = ("        for (int u = 0; ; ++u) {\n            SkUnit w;\n"
+                "            if (!split_unit(u, tiles, KT, sk_maxc + 1, w)) break;\n"
+                "            const int tile = w.tile, k_first = w.kb, k_end = w.ke;")
+    else:
+        loop = ("        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n"
+                "            const int k_first = 0, k_end = KT;")
     return f"""
         asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};");
         const int tid = threadIdx.x, chunk = tid & 7, rsub = tid >> 3;
         const u32 swz = (u32)((chunk ^ (rsub & 7)) * 16);   // 128B swizzle: chunk ^ (row % 8)
         int s = 0; u32 phase = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {{
+{loop}
             int m0, n0;
             tile_origin(tile % tiles_mn, tiles_m, tiles_n, m0, n0);
             int off[{rows}], hh[{rows}], ww[{rows}];
@@ -67,7 +76,7 @@ def producer(g: ConvGather, bm: int, bn: int, stages: int, epc: int) -> str:
                 ww[i] = w0;
                 off[i] = ((n_img * {g.h} + h0) * {g.w} + w0) * {g.c} + chunk * {epc};
             }}
-            for (int kt = 0; kt < KT; ++kt) {{
+            for (int kt = k_first; kt < k_end; ++kt) {{
                 mbar_wait(bars + 8 * ({stages} + s), phase ^ 1);
                 const u32 full = bars + 8 * s;
                 const u32 sa = base + s * {a_bytes}, sb = base + {stages * a_bytes} + s * {b_bytes};

@@ -23,11 +23,44 @@ from tracea.semantic.search_space import SearchSpace
 
 from .. import helpers_kernels, launcher, tma, toolkit
 from ..arrays import data_ptr
+from ..device import resident_sms
 from ..emit import im2col, operands
 from ..emit.wgmma import WgmmaSpec
 from .base import FLOAT_IO, aligned
 from .conv import ImplicitGemmConv, channels_last_prepass, to_channels_last
 from .hopper import WgmmaGemm, _hero
+
+
+#: K-tiles (128-byte channel slices of one (r, s)) a tile must have before its K is split. The split launch
+#: costs host time (its scratch allocation and the counters' memset): on an H200, batch 1, user path, the
+#: split hero took fp32 NCHW 512->512 3x3 at 7^2 (144 K-tiles) from 60.5 to 46.8 us and 512->256 at 32^2
+#: from 52.6 to 34.8 us, but at 72 K-tiles (fp32 256->256 at 14^2, fp16 512->512 at 7^2) the device time
+#: it saved (26.6 -> 20.0, 19.6 -> 14.0 us) went to the host: 47.8 -> 56.2, 49.9 -> 60.4 us
+SPLIT_MIN_K_TILES = 96
+#: K-tiles each slice keeps at least (the stage ring's fill latency is paid once per slice)
+SPLIT_SLICE_K_TILES = 4
+#: most slices (an owning warp adds S - 1 partial row blocks)
+SPLIT_MAX = 16
+
+
+def conv_split_hero(op: Conv2dOp, profile: DeviceProfile, smem_epilogue: bool) -> list[PipelineConfig]:
+    """The split-K hero (coop 128 x ``bn``, ``split_k`` slices) for a conv whose output tiles fill less than
+    half of the SMs with a long reduction (batch-1 / small-spatial layers: 512->512 3x3 at 7^2, batch 1,
+    is 4 tiles of 128x128 over 144 fp32 K-tiles), else none. The tile width is the one giving more pieces."""
+    m, n, kdim = op.gemm_mnk
+    ctas = resident_sms(profile)
+    k_tiles = kdim // WgmmaConv.slice_channels(op)
+    best: tuple[int, int, int] | None = None  # (pieces, bn, slices)
+    for bn in (128, 64):
+        tiles = -(-m // 128) * -(-n // bn)
+        if 2 * tiles > ctas or k_tiles < SPLIT_MIN_K_TILES:
+            continue
+        s = min(SPLIT_MAX, ctas // tiles, k_tiles // SPLIT_SLICE_K_TILES)
+        if s >= 2 and (best is None or tiles * s > best[0]):
+            best = (tiles * s, bn, s)
+    if best is None:
+        return []
+    return [_hero(best[1], 4, smem_epilogue=smem_epilogue, split_k=best[2])]
 
 
 class WgmmaConv(WgmmaGemm):
@@ -82,14 +115,26 @@ class WgmmaConv(WgmmaGemm):
                          bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
                          bm=config.tile_m, schedule=str(config.get("schedule") or "coop"),
                          smem_epilogue=bool(config.get("smem_epilogue", True)) and not nchw,
-                         conv=im2col.ConvGather.of(op), store=operands.conv_output(op, pairs) if nchw else None)
+                         conv=im2col.ConvGather.of(op), store=operands.conv_output(op, pairs) if nchw else None,
+                         split_k=int(config.get("split_k") or 1) > 1)
+
+    def split_plan(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> tuple[int, int, int]:
+        """Split-K of ``config`` on the conv's implicit GEMM: (slices S, tiles, float32 scratch elements), as
+        :meth:`WgmmaGemm.split_plan` (S capped at the K-tiles -- one (r, s) and one 128-byte channel slice
+        each -- and at the resident SMs / tiles, so all pieces of a tile run at once)."""
+        spec = self.spec(op, config, None)
+        m, n, kdim = op.gemm_mnk
+        tiles = -(-m // spec.bm) * -(-n // spec.bn)
+        k_tiles = kdim // self.slice_channels(op)
+        splits = max(1, min(int(config.get("split_k") or 1), k_tiles, resident_sms(profile) // tiles))
+        return splits, tiles, (self._flag_floats(tiles) + tiles * splits * spec.bm * spec.bn if splits > 1 else 0)
 
     def search_space(self, op: Conv2dOp, profile: DeviceProfile) -> SearchSpace:
         nchw = op.layout is Layout.NCHW
         return (SearchSpace().tile_m([64, 128]).tile_n([64, 128, 256]).tile_k([64]).stages([3, 4, 5, 6, 7])
                 .warps([12]).swizzles([SwizzleMode.XOR8]).barrier_modes([BarrierMode.PRODUCER_CONSUMER])
                 .param("group_m", [4, 8, 16]).param("schedule", ["coop", "pingpong"])
-                .param("smem_epilogue", [False] if nchw else [True, False])
+                .param("smem_epilogue", [False] if nchw else [True, False]).param("split_k", [1, 2, 4, 8, 16])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))  # type: ignore[arg-type]
 
     def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
@@ -99,15 +144,16 @@ class WgmmaConv(WgmmaGemm):
                 _hero(128, 6, schedule="pingpong", smem_epilogue=epi)]
         narrow = [_hero(64, 7, smem_epilogue=epi), _hero(128, 6, bm=64, schedule="pingpong", smem_epilogue=epi),
                   _hero(64, 7, bm=64, schedule="pingpong", smem_epilogue=epi)]
+        split = conv_split_hero(op, profile, epi)
         if n <= 64:
-            return [narrow[0], narrow[2]]
+            return split + [narrow[0], narrow[2]]
         tiles = -(-m // 128) * -(-n // 128)
         if tiles >= 2 * profile.compute_units:
             # A 256-wide tile over fewer than 256 output channels computes a half-empty tile: fp16 NHWC
             # n32 128->128 3x3 at 112^2 ran 219 TF/s with it first, 570 (coop) / 604 (ping-pong) with
             # 128-wide tiles, paired on an H200.
             return (wide if n >= 256 else [wide[1], wide[2], wide[0]]) + narrow[:1]
-        return [narrow[1], _hero(128, 6, smem_epilogue=epi), narrow[0], wide[0]]
+        return split + [narrow[1], _hero(128, 6, smem_epilogue=epi), narrow[0], wide[0]]
 
     def operands(self, op: Conv2dOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
         """Device pointers of x and w as the kernel reads them: NCHW x and KCRS w are transposed to
@@ -147,8 +193,15 @@ class WgmmaConv(WgmmaGemm):
         m, n, k = op.gemm_mnk
         w_map = tma.tiled_map(pw, spec.dtype_in, (k, n, 1), (self.slice_channels(op), spec.bn, 1))
         tiles = -(-m // spec.bm) * -(-n // spec.bn)
-        return (min(tiles, profile.compute_units), 1, 1), tma.pack([
-            w_map, ctypes.c_uint64(px), ctypes.c_uint64(ptrs["out"]), ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
+        grid, sk = (min(tiles, profile.compute_units), 1, 1), []
+        if spec.split_k:  # one CTA per (tile, K slice), all resident (split_plan); slices given at launch
+            splits = int(ptrs["splits"])
+            grid = (min(tiles * splits, resident_sms(profile)), 1, 1)
+            sk = [ctypes.c_uint64(ptrs.get("sk_ws", 0)), ctypes.c_uint64(ptrs.get("sk_flags", 0)),
+                  ctypes.c_int32(tiles), ctypes.c_int32(splits - 1)]
+        return grid, tma.pack([
+            w_map, ctypes.c_uint64(px), *sk, ctypes.c_uint64(ptrs["out"]),
+            ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
             ctypes.c_int32(m), ctypes.c_int32(n), ctypes.c_int32(k), ctypes.c_int32(1)])
 
 
