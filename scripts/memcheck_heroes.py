@@ -47,7 +47,11 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
                            fp32_precision=prec, epilogue="bias"),
                   Conv2dOp(3, 21, 9, 7, 13, 1, 1, layout=layout, dtype=dt, fp32_precision=prec,  # pointwise,
                            epilogue="bias+relu"),  # odd planes and channels
-                  Conv2dOp(2, 32, 12, 12, 16, 1, 1, layout=layout, dtype=dt, fp32_precision=prec)]
+                  Conv2dOp(2, 32, 12, 12, 16, 1, 1, layout=layout, dtype=dt, fp32_precision=prec),
+                  Conv2dOp(2, 16, 9, 11, 40, 3, 3, padding=1, layout=layout, dtype=dt,  # C below one slice
+                           fp32_precision=prec, epilogue="bias+relu"),
+                  Conv2dOp(1, 3, 256, 260, 16, 5, 5, padding=2, layout=layout, dtype=dt,  # padded stem, M >= 65536
+                           fp32_precision=prec)]
 
 
 # Big shapes only to collect the heroes the Doctor proposes there (bigger tiles, clusters, stream-K, the

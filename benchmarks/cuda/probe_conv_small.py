@@ -5,7 +5,8 @@ device time alone (20 calls captured in a CUDA graph, replayed) of
 
 - ``default``: what ``tracea.ops.conv2d`` runs untuned;
 - ``previous``: the default before this probe's changes (the wgmma conv's first non-split hero, or
-  ``cuda.conv2d.implicit_mma``'s first hero where the pointwise variant is now chosen);
+  ``cuda.conv2d.implicit_mma``'s first hero where the pointwise variant or the wgmma conv's gather of
+  channels below one 128-byte slice -- padded RGB stems, C = 8 / 16 / 32 -- is now chosen);
 - ``torch``: ``F.conv2d`` (cuDNN; float32 with ``torch.backends.cudnn.allow_tf32`` as set, TF32 by default).
 
     python benchmarks/cuda/probe_conv_small.py [--json out.json]
@@ -43,7 +44,13 @@ LAYERS = [("resnet 512->512 3x3 @7^2", 1, 512, 512, 7, 3, 1, torch.float32, Fals
           ("mobilenet 96->24 1x1 @56^2", 32, 96, 24, 56, 1, 1, torch.float32, False),
           ("mobilenet 32->16 1x1 @112^2", 32, 32, 16, 112, 1, 1, torch.float16, True),
           ("mobilenet 32->16 1x1 @112^2", 1, 32, 16, 112, 1, 1, torch.float32, False),
-          ("resnet stem 3->64 7x7/2 @224^2", 32, 3, 64, 224, 7, 2, torch.float16, True)]
+          ("mobilenet 240->40 1x1 @28^2", 32, 240, 40, 28, 1, 1, torch.float32, False),
+          ("mobilenet 96->24 1x1 @56^2", 32, 96, 24, 56, 1, 1, torch.float16, True),
+          ("resnet stem 3->64 7x7/2 @224^2", 1, 3, 64, 224, 7, 2, torch.float16, True),
+          ("resnet stem 3->64 7x7/2 @224^2", 32, 3, 64, 224, 7, 2, torch.float16, True),
+          ("resnet stem 3->64 7x7/2 @224^2", 32, 3, 64, 224, 7, 2, torch.bfloat16, True),
+          ("mobilenet-like 32->64 3x3 @112^2", 32, 32, 64, 112, 3, 1, torch.float16, True),
+          ("small-C 16->64 3x3 @56^2", 32, 16, 64, 56, 3, 1, torch.float32, False)]
 
 
 def graph_time(fn: Callable[[], Any], calls: int = 20) -> float:
@@ -89,13 +96,15 @@ def breakdown(fn: Callable[[], Any], calls: int = 10) -> str:
 def previous(op: Conv2dOp, chosen: Any) -> tuple[str, Any] | None:
     """The variant and config the untuned default ran before split-K / the pointwise variant."""
     name = chosen.variant.name
+    slice_c = 128 // op.dtype.storage.itemsize
+    if name in ("cuda.conv2d.wgmma", "cuda.conv2d.pointwise") and (op.c % slice_c or name.endswith("pointwise")):
+        # channels below one 128-byte slice (padded stems, C = 8 / 16 / 32) and pointwise layers ran on mma.sync
+        v = {v.name: v for v in get_doctor().variants()}["cuda.conv2d.implicit_mma"]
+        return v.name, v.hero_configs(op, get_doctor().profile_for("cuda:0"))[0]
     if name == "cuda.conv2d.wgmma":
         old = [c for c in chosen.variant.hero_configs(op, get_doctor().profile_for("cuda:0"))
                if int(c.get("split_k") or 1) == 1]
         return (name, old[0]) if old else None
-    if name == "cuda.conv2d.pointwise":
-        v = {v.name: v for v in get_doctor().variants()}["cuda.conv2d.implicit_mma"]
-        return v.name, v.hero_configs(op, get_doctor().profile_for("cuda:0"))[0]
     return None
 
 

@@ -96,7 +96,14 @@ def test_wgmma_conv_misaligned_input_falls_back():
 def test_wgmma_conv_declines_with_reasons():
     profile = _hopper()
     stem = Conv2dOp(1, 3, 32, 32, 64, 7, 7, stride=2, padding=3, layout="nhwc", dtype="float16")
-    assert any("multiple of 64 channels" in r for r in VARIANT.check(stem, profile))
+    assert any("pre-pass" in r for r in VARIANT.check(stem, profile))  # padded only from PAD_ROWS (65536) rows
+    assert not VARIANT.check(Conv2dOp(32, 3, 224, 224, 64, 7, 7, stride=2, padding=3, layout="nhwc",
+                                      dtype="float16"), profile)
+    odd = Conv2dOp(1, 24, 32, 32, 64, 3, 3, padding=1, layout="nhwc", dtype="float16")
+    assert any("divisor" in r for r in VARIANT.check(odd, profile))
+    nchw_stem = Conv2dOp(32, 3, 224, 224, 64, 7, 7, stride=2, padding=3, layout="nchw", dtype="float32",
+                         fp32_precision="high")
+    assert VARIANT.check(nchw_stem, profile)
     accurate = Conv2dOp(1, 64, 8, 8, 64, 3, 3, layout="nchw", dtype="float32", fp32_precision="highest")
     assert VARIANT.check(accurate, profile)
     pointwise = Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype="float32", fp32_precision="high")
@@ -160,3 +167,53 @@ def test_wgmma_conv_split_k_default_user_path_and_graph():
         for out in outs + [captured]:
             assert T.rel_err(out, ref) <= tol, T.rel_err(out, ref)
         assert torch.equal(captured, outs[-1])
+
+
+@pytest.mark.parametrize("layout,dt,c", [("nhwc", "float16", 8), ("nhwc", "bfloat16", 16), ("nhwc", "float16", 32),
+                                         ("nhwc", "float32", 4), ("nhwc", "float32", 16), ("nchw", "float32", 8)])
+def test_wgmma_conv_channels_below_one_slice(layout, dt, c):
+    """C a divisor of the 128-byte slice: each 16-byte chunk of a gathered row has its own (r, s), chunks past
+    the last (r, s) are zeros; odd planes, strides, dilation, 3x3 / 5x5 / 7x7 kernels; every hero. Reductions
+    shorter than two K-tiles are declined (mostly zeros)."""
+    slice_c = 128 // (4 if dt == "float32" else 2)
+    for geom in ((2, 9, 11, 40, 5, 5, 1, 2, 1), (1, 17, 15, 72, 7, 7, 2, 3, 1), (3, 10, 13, 24, 3, 3, 1, 1, 1),
+                 (1, 12, 12, 136, 3, 3, 1, 2, 2)):
+        n, h, w, k, r, s_, st, pad, dil = geom
+        op = Conv2dOp(n, c, h, w, k, r, s_, stride=st, padding=pad, dilation=dil, layout=layout, dtype=dt,
+                      fp32_precision="high", epilogue="bias+relu")
+        if c * r * s_ < 2 * slice_c:
+            assert any("two" in reason for reason in VARIANT.check(op, _hopper()))
+            continue
+        _check(op)
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16", "float32"])
+def test_wgmma_conv_padded_stem_bound_path_and_graph(dt):
+    """An NHWC RGB stem (C = 3) with >= 65536 output rows: x and w padded to one 16-byte channel run by the
+    pre-pass, then the wgmma conv; through ``variant.run``, ``tracea.ops.conv2d`` (the bound launcher:
+    pad pre-pass + conv), repeated and replayed from a CUDA graph, against float64."""
+    import torch
+    import torch.nn.functional as F
+
+    import tracea
+
+    profile = _hopper()
+    op = Conv2dOp(2, 3, 363, 361, 24, 7, 7, stride=2, padding=3, layout="nhwc", dtype=dt, fp32_precision="high",
+                  epilogue="bias+relu")
+    assert not VARIANT.check(op, profile), VARIANT.check(op, profile)
+    _check(op)
+    t = T.conv_inputs(op)
+    x, w, b = (t["x"].permute(0, 3, 1, 2), t["w"].permute(0, 3, 1, 2), t["bias"])  # channels_last views
+    ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), stride=2, padding=3))
+    tol = T.tolerance(math_mode(op.dtype, op.fp32_precision), op.out_dtype)
+    with torch.backends.cudnn.flags(allow_tf32=True):
+        outs = [tracea.ops.conv2d(x, w, b, stride=2, padding=3, activation="relu", variant=VARIANT.name)
+                for _ in range(2)]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = tracea.ops.conv2d(x, w, b, stride=2, padding=3, activation="relu", variant=VARIANT.name)
+        graph.replay()
+    torch.cuda.synchronize()
+    for out in outs + [captured]:
+        assert T.rel_err(out, ref) <= tol, T.rel_err(out, ref)
+    assert torch.equal(captured, outs[-1])

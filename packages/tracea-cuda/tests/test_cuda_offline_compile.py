@@ -66,6 +66,9 @@ OPS = {
         Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high",
                  epilogue="bias"),  # few tiles, long K: split-K hero
         Conv2dOp(1, 256, 14, 14, 256, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),
+        Conv2dOp(32, 3, 224, 224, 64, 7, 7, stride=2, padding=3, layout="nhwc", dtype="float16",
+                 epilogue="bias+relu"),  # RGB stem padded to 8 channels: one (r, s) per 16-byte chunk
+        Conv2dOp(8, 16, 56, 56, 64, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high"),
     ],
     "cuda.conv2d.pointwise": [
         Conv2dOp(32, 32, 112, 112, 16, 1, 1, layout="nchw", dtype="float32", fp32_precision="high", epilogue="bias"),

@@ -73,8 +73,8 @@ def channel_pad_prepass(op: Conv2dOp, pop: Conv2dOp, arch: str) -> tuple[tuple[i
     op's device)."""
     pk = helpers_kernels.padder(op.dtype, arch)
     rows_x, rows_w = op.n * op.h * op.w, op.k * op.r * op.s
-    jobs = [((-(-rows_x * pop.c // 256), 1, 1), (rows_x, op.c, pop.c)),
-            ((-(-rows_w * pop.c // 256), 1, 1), (rows_w, op.c, pop.c))]
+    jobs = [((-(-rows_x // 256), 1, 1), (rows_x, op.c, pop.c)),  # one row per thread
+            ((-(-rows_w // 256), 1, 1), (rows_w, op.c, pop.c))]
     return (rows_x * pop.c, rows_w * pop.c), launcher.pair_launch(pk.function, *jobs)
 
 
