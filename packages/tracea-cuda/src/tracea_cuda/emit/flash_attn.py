@@ -61,6 +61,7 @@ class FlashSpec:
     mask: int = 0  # 0 none, 1 bool, 2 additive
     splits: int = 1  # > 1: split-KV partials (fp32) for the combine kernel
     mt: int = 1  # 16-row m-tiles per warp (2: each K / V fragment feeds two MMAs; Q read from smem)
+    lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
 
     @property
     def warps(self) -> int:
@@ -129,7 +130,7 @@ static __device__ __forceinline__ void load_tile(u16* s, const u16* g, int r0, i
 
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ out,
-        const u16* __restrict__ mask, float* __restrict__ part, float* __restrict__ part_lse,
+        const u16* __restrict__ mask, float* __restrict__ part, float* __restrict__ part_lse, float* __restrict__ lse,
         int B, int H, int KVH, int Sq, int Skv, float scale_log2, int MB, int MH) {
     extern __shared__ __align__(128) u16 smem[];
     u16* sQ = smem;
@@ -377,6 +378,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 for (int j = 0; j < D / 8; ++j)
                     *reinterpret_cast<u32*>(dst + j * 8 + 2 * tq) =
                         pack2(o[mt][j][2 * h] * inv, o[mt][j][2 * h + 1] * inv);
+                if (LSE && tq == 0) {  // natural-log log-sum-exp of the row (-inf: all masked)
+                    const float msafe = mrun[mt][h] == -INFINITY ? 0.0f : mrun[mt][h];
+                    lse[head0 * Sq + row[mt][h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
+                }
             }
         }
     }
@@ -386,7 +391,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
 COMBINE = r"""
 // one warp per output row: out = sum_s w_s part_s with w_s = exp2(lse_s - max lse) / sum
 extern "C" __global__ void __launch_bounds__(256) COMBINE_KERNEL(
-        const float* __restrict__ part, const float* __restrict__ part_lse, u16* __restrict__ out, int rows) {
+        const float* __restrict__ part, const float* __restrict__ part_lse, u16* __restrict__ out,
+        float* __restrict__ lse, int rows) {
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= rows) return;
     float mx = -INFINITY;
@@ -403,6 +409,7 @@ extern "C" __global__ void __launch_bounds__(256) COMBINE_KERNEL(
         for (int j = 0; j < D / 32; ++j) acc[j] += w * p[j * 32 + lane];
     }
     const float inv = wsum == 0.0f ? 1.0f : 1.0f / wsum;
+    if (LSE && lane == 0) lse[row] = wsum == 0.0f ? -INFINITY : (msafe + log2f(wsum)) * 0.6931471805599453f;
     #pragma unroll
     for (int j = 0; j < D / 32; ++j) out[(size_t)row * D + j * 32 + lane] = TO16(acc[j] * inv);
 }
@@ -414,6 +421,7 @@ def _defines(spec: FlashSpec) -> str:
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BM {spec.bm}", f"#define BN {spec.bn}", f"#define WARPS {spec.warps}",
         f"#define CAUSAL {int(spec.causal)}", f"#define MT {spec.mt}", f"#define MASK {spec.mask}", f"#define SPLITS {spec.splits}",
+        f"#define LSE {int(spec.lse)}",
         f'#define MMA_KIND "{"bf16" if bf else "f16"}"',
         f"#define TO16(x) {'f32_to_bf16' if bf else 'f32_to_f16'}(x)",
         f"#define TO32(x) {'bf16_to_f32' if bf else 'f16_to_f32'}(x)",
@@ -425,7 +433,7 @@ def render(spec: FlashSpec, name: str = KERNEL_NAME) -> str:
     """Complete CUDA source of the flash-attention forward kernel ``name`` for ``spec``."""
     spec.check()
     head = (f"// Tracea flash attention forward: {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
-            f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits} mt={spec.mt}\n")
+            f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits} mt={spec.mt} lse={int(spec.lse)}\n")
     return head + PRELUDE + _defines(spec) + f"\n#define KERNEL {name}\n" + BODY
 
 
