@@ -138,11 +138,12 @@ def _copy_gbs() -> float:
     return 2 * x.numel() * 2 / t / 1e9
 
 
-def decode(quick: bool, dtypes: list | None = None, sweep: bool = False) -> list[dict]:
+def decode(quick: bool, dtypes: list | None = None, sweep: bool = False, masked_only: bool = False) -> list[dict]:
     """q_len 1 (and a few q_len 4 / 8 / 16 rows) over long KV caches, GQA 32 / 8 heads: the default path
     (``cuda.attention.decode`` on sm_80+), its isolated kernel, flash_mma's split-KV kernel, SDPA, and at
     q_len 1 the patched ``F.scaled_dot_product_attention`` (user path, the arbiter's pick);
-    GB/s of K and V read beside the copy bandwidth. ``sweep``: every decode hero and forced split counts."""
+    GB/s of K and V read beside the copy bandwidth. ``sweep``: every decode hero and forced split counts.
+    ``masked_only``: only padding-mask rows and the same shapes without the mask."""
     from tracea_cuda.variants.attention import FlashAttention
 
     rows = []
@@ -153,6 +154,8 @@ def decode(quick: bool, dtypes: list | None = None, sweep: bool = False) -> list
               for skv in ((4096, 32768) if quick else (4096, 8192, 16384, 32768))]
     shapes += [(1, 4, 8192, 128, False), (1, 8, 8192, 128, False), (4, 8, 4096, 128, False),
                (1, 16, 8192, 128, False), (4, 1, 8192, 128, True)]  # last: an HF-style padding mask
+    if masked_only:
+        shapes = [(b, 1, skv, 128, m) for b, skv in ((4, 8192), (1, 32768), (8, 4096)) for m in (False, True)]
     for dt in dtypes:
         for b, sq, skv, d, masked in shapes:
             q = torch.randn(b, 32, sq, d, device="cuda", dtype=dt)
@@ -291,6 +294,7 @@ def main() -> None:
     ap.add_argument("--dtypes", help="prefill / decode dtypes, comma-separated (default: bfloat16, and float16 "
                     "unless --quick)")
     ap.add_argument("--sweep", action="store_true", help="decode: time every hero and forced split counts")
+    ap.add_argument("--masked", action="store_true", help="decode: only padding-mask rows and their unmasked twins")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     rows = []
@@ -300,7 +304,7 @@ def main() -> None:
             rows += prefill(args.quick, dts)
             continue
         if part == "decode":
-            rows += decode(args.quick, dts, args.sweep)
+            rows += decode(args.quick, dts, args.sweep, args.masked)
             continue
         rows += {"prefill": prefill, "decode": decode, "model": model}[part](args.quick)
     if args.json:
