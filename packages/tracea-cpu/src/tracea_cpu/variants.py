@@ -231,8 +231,8 @@ class CpuAttentionVariant(CpuVariant):
         fn, ptr, scale = lib.tr_attention_call, adapter.data_ptr, float(op.scale)  # type: ignore[arg-type]
 
         if op.mask is None and not op.lse:
-            def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
-                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(out), None, None)
+            def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
+                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(rest[-1]), None, None)
                 if rc:
                     _check_rc(rc, "attention")
         else:  # (q, k, v, mask, out) or, with the log-sum-exp output, (q, k, v, mask, lse, out)
