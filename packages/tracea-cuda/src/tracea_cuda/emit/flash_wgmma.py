@@ -468,14 +468,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             for (int h = 0; h < 2; ++h) {
                 if (row[h] >= M) continue;
                 const int r = cw * 64 + warp * 16 + g + 8 * h;
-                // every piece (this one's too, read back) in piece order: the same sums whichever arrives last
-                float mx = -INFINITY;
-                for_pieces(j, nt, T, P, [&](int slot) { mx = fmaxf(mx, __ldcg(part_lse + (size_t)slot * BM + r)); });
-                const float msafe = mx == -INFINITY ? 0.0f : mx;
-                float wsum = 0.0f;
-                #pragma unroll
-                for (int jj = 0; jj < D / 8; ++jj) o[4 * jj + 2 * h] = o[4 * jj + 2 * h + 1] = 0.0f;
+                float mx = l2[h];
                 for_pieces(j, nt, T, P, [&](int slot) {
+                    if (slot != pc.slot) mx = fmaxf(mx, __ldcg(part_lse + (size_t)slot * BM + r));
+                });
+                const float msafe = mx == -INFINITY ? 0.0f : mx;
+                const float w0 = exp2f(l2[h] - msafe);
+                float wsum = w0;
+                #pragma unroll
+                for (int jj = 0; jj < D / 8; ++jj) {
+                    o[4 * jj + 2 * h] *= inv2[h] * w0;
+                    o[4 * jj + 2 * h + 1] *= inv2[h] * w0;
+                }
+                for_pieces(j, nt, T, P, [&](int slot) {
+                    if (slot == pc.slot) return;
                     const float w = exp2f(__ldcg(part_lse + (size_t)slot * BM + r) - msafe);
                     wsum += w;
                     const float* src = part + ((size_t)slot * BM + r) * D + 2 * t4;
