@@ -89,57 +89,6 @@ def test_persistent_grid_walks_more_items_than_ctas(case, causal):
         assert _rel(out, ref) < TOL["bfloat16"], cfg.key
 
 
-TAIL_CASES = [(4, 8, 8, 600, 333, 128), (2, 16, 16, 3000, 3000, 128), (4, 32, 8, 1024, 1500, 128),
-              (4, 16, 16, 2000, 2001, 64), (1, 8, 8, 4096, 1, 128)]
-
-
-@pytest.mark.parametrize("case", TAIL_CASES, ids=[str(c) for c in TAIL_CASES])
-def test_tail_split_pieces_merge_like_whole_blocks(case):
-    """``tail``: the blocks of the last partial wave cut along the keys into one run per CTA (runs shorter
-    than a tile or empty when the tail has fewer tiles than SMs; pieces of one to many tiles, edge tiles
-    past seq_kv), merged by the last piece to arrive; the output, the log-sum-exp and a second launch
-    (the arrival counts back at zero) match the float64 reference."""
-    import torch
-
-    import tracea
-    from tracea_cuda.testing_attention import lse_close
-    from tracea_cuda.variants.base import hero
-
-    d = case[-1]
-    q, k, v = _inputs(case, "bfloat16", sum(case))
-    ref, ref_lse = _ref(q, k, v, return_lse=True)
-    configs = [hero(128, 176, d, 2, 12, persistent=True, tail=True), hero(128, 128, d, 2, 12, persistent=True, tail=True),
-               hero(192, 128 if d == 64 else 64, d, 2, 16, persistent=True, tail=True)]
-    for cfg in configs:
-        first = None
-        for _ in range(3):
-            out, lse = tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT, config=cfg, return_lse=True)
-            assert _rel(out, ref) < TOL["bfloat16"], cfg.key
-            assert lse_close(lse, ref_lse) is None, (cfg.key, lse_close(lse, ref_lse))
-            if first is not None:
-                torch.testing.assert_close(out, first, atol=0, rtol=0)
-            first = out
-        plain = tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT, config=cfg)
-        assert _rel(plain, ref) < TOL["bfloat16"], cfg.key
-
-
-def test_tail_split_is_declined_for_causal_and_without_persistent():
-    from tracea.doctor.doctor import get_doctor
-    from tracea.ir.ops import AttentionOp
-    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
-    from tracea_cuda.variants.base import hero
-    from tracea_torch.adapter import device_of
-
-    import torch
-
-    profile = get_doctor().profile_for(device_of(torch.device("cuda")))
-    var = FlashAttentionWgmma()
-    causal = AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16")
-    assert not var.validate_config(causal, hero(128, 128, 128, 2, 12, persistent=True, tail=True), profile)
-    plain = AttentionOp(4, 16, 4096, 4096, 128, dtype="bfloat16")
-    assert not var.validate_config(plain, hero(128, 128, 128, 2, 12, tail=True), profile)
-
-
 def test_default_path_picks_the_wgmma_kernel_for_prefill():
     import torch
 

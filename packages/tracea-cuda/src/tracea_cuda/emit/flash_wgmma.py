@@ -61,7 +61,6 @@ class FlashWgmmaSpec:
     causal: bool
     pingpong: bool = True  # consumer warpgroups take turns issuing their GEMMs (named barriers)
     lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
-    tail: bool = False  # persistent, not causal: the last partial wave's items split over the CTAs by key tiles
 
     @property
     def bm(self) -> int:
@@ -73,8 +72,8 @@ class FlashWgmmaSpec:
 
     @property
     def smem_bytes(self) -> int:
-        """Q tile, ``stages`` K and V tiles (16-bit), mbarriers, a flag word, plus 1 KB to align the base."""
-        return 2 * self.head_dim * (self.bm + 2 * self.stages * self.bn) + 8 * (2 + 4 * self.stages) + 16 + 1024
+        """Q tile, ``stages`` K and V tiles (16-bit), mbarriers, plus 1 KB to align the base to 1024."""
+        return 2 * self.head_dim * (self.bm + 2 * self.stages * self.bn) + 8 * (2 + 4 * self.stages) + 1024
 
     @property
     def regs(self) -> tuple[int, int]:
@@ -93,8 +92,6 @@ class FlashWgmmaSpec:
             problems.append(f"consumer warpgroups={self.cw} not in 2/3 (tile_m 128 / 192)")
         if not 2 <= self.stages <= 4:
             problems.append(f"stages={self.stages} not in 2..4")
-        if self.tail and self.causal:
-            problems.append("the tail split serves non-causal attention (causal items differ in length)")
         # registers per consumer thread: O (D/2) + S (BN/2) + P (BN/4) + ~32 for addresses and row state
         budget = self.regs[1] - 32
         if self.head_dim // 2 + self.bn // 2 + self.bn // 4 > budget:
@@ -150,11 +147,6 @@ static __device__ __forceinline__ void turn_pass(int w) {
     if (PINGPONG) asm volatile("bar.arrive %0, 256;" :: "r"(1 + w) : "memory");
 }
 
-// the consumer warpgroups only (named barrier CW + 1; 1..CW are the ping-pong turns)
-static __device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;" :: "r"(CW + 1), "r"(128 * CW) : "memory");
-}
-
 // Work item w = one query block of one (batch, kv head): its first row, head, key tiles, causal bound.
 struct Item { int m0, bz, ntiles, i_min; };
 static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, int Sq, int Skv) {
@@ -186,66 +178,18 @@ static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, in
     return it;
 }
 
-// Segment s of this CTA: the whole items b, b + P, ... below `full` (tb = 0, te = the item's tiles), then
-// (TAIL) its share of the tail: the key tiles of items full..items-1 numbered item by item are cut into P
-// equal runs [u0, u1), run b for CTA b, one segment per item it touches (at most two: the tail is less than
-// a wave, so a run is shorter than an item). `slot` numbers a tail piece 2 b + k for the merge scratch.
-#if TAIL
-struct Seg { int w, tb, te, slot; };
-struct Run { int nwhole, u0, u1; };  // this CTA's whole items and tail run (loop invariant)
-static __device__ __forceinline__ Run run_of(int full, int items, int nt) {
-    const int b = blockIdx.x, P = gridDim.x;
-    Run r;
-    r.nwhole = b < full ? (full - b + P - 1) / P : 0;
-    const int T = (items - full) * nt;  // tail tiles: fewer than a wave of items (T * P fits an int)
-    r.u0 = T * b / P;
-    r.u1 = T * (b + 1) / P;
-    return r;
-}
-static __device__ __forceinline__ bool seg_of(int s, const Run& run, int full, int nt, Seg& g) {
-    if (s < run.nwhole) {
-        g.w = blockIdx.x + s * gridDim.x;
-        g.tb = 0;
-        g.te = -1;  // the item's own tile count
-        g.slot = -1;
-        return true;
-    }
-    const int j = run.u0 / nt + (s - run.nwhole);
-    if (run.u0 >= run.u1 || j * nt >= run.u1) return false;
-    g.w = full + j;
-    g.tb = max(run.u0 - j * nt, 0);
-    g.te = min(run.u1 - j * nt, nt);
-    g.slot = 2 * blockIdx.x + (s - run.nwhole);
-    return true;
-}
-// the pieces of tail item j: the CTAs bb whose non-empty run [T bb / P, T (bb + 1) / P) meets the item's
-// tiles [j nt, (j + 1) nt); calls f(slot) for each, slot = 2 bb + (j - the first item of bb's run)
-template <class F>
-static __device__ __forceinline__ void for_pieces(int j, int nt, int T, int P, F f) {
-    #pragma unroll 1
-    for (int bb = max(0, j * nt * P / T - 1); bb < P; ++bb) {
-        const int u0 = T * bb / P, u1 = T * (bb + 1) / P;
-        if (u0 >= (j + 1) * nt) break;
-        if (u1 > j * nt && u0 < u1) f(2 * bb + (j - u0 / nt));
-    }
-}
-#endif
-
 // 1-D grid; CTA b runs items b, b + gridDim.x, ... (gridDim.x = items: one each; fewer: persistent, the
 // producer loads the next item's Q and K / V while the consumers finish and store the current one).
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
-        u16* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, float* __restrict__ part_lse,
-        int* __restrict__ arrivals, int full, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2) {
+        u16* __restrict__ out, float* __restrict__ lse, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
     const u32 bars = sv + ST * KV_BYTES;  // full Q, empty Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
     const u32 full_q = bars, empty_q = bars + 8, kvb = bars + 16;
-    const u32 flag_at = bars + 8 * (2 + 4 * ST);  // (tail) the merge flag of a piece, one int
     const int G = H / KVH, M = G * Sq;
     const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads
-    const int nt = (Skv + BN - 1) / BN;  // key tiles of a (non-causal) item
 
     if (threadIdx.x == 0) {
         mbar_init(full_q, 1);
@@ -265,22 +209,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
         if (threadIdx.x == 0) {
             int kt = 0, n = 0;  // K / V tiles loaded so far (ring position), items so far (Q phase)
-#if TAIL
-            Seg sg;
-            const Run run = run_of(full, items, nt);
-            for (int si = 0; seg_of(si, run, full, nt, sg); ++si, ++n) {
-                const Item it = item_of(sg.w, nmb, heads_kv, M, Sq, Skv);
-                const int t0 = sg.tb, tn = sg.te >= 0 ? sg.te - sg.tb : it.ntiles;
-#else
             for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
                 const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
-                const int t0 = 0, tn = it.ntiles;
-#endif
                 mbar_wait(empty_q, (n & 1) ^ 1);  // the consumers' last S GEMM of the previous item is done
                 mbar_expect_tx(full_q, Q_BYTES);
                 #pragma unroll
                 for (int c = 0; c < DCH; ++c) tma_load_3d(sq + c * CHUNK_Q, &tmQ, full_q, c * 64, it.m0, it.bz);
-                for (int t = t0; t < t0 + tn; ++t, ++kt) {
+                for (int t = 0; t < it.ntiles; ++t, ++kt) {
                     const int s = kt % ST;
                     const u32 ph = (kt / ST) & 1;
                     const u32 fk = kvb + 8 * s, fv = kvb + 8 * (ST + s);
@@ -304,18 +239,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const u32 qa = sq + cw * 64 * 128;
         const float c = scale_log2;  // scale * log2(e), applied in the exponent
         int kt = 0, n = 0;  // K / V tiles consumed so far (ring position), items so far (Q phase)
-#if TAIL
-        Seg sg;
-        const Run run = run_of(full, items, nt);
-        for (int si = 0; seg_of(si, run, full, nt, sg); ++si, ++n) {
-        const Item it = item_of(sg.w, nmb, heads_kv, M, Sq, Skv);
-        const int t0 = sg.tb, ntiles = sg.te >= 0 ? sg.te - sg.tb : it.ntiles;
-#else
         for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
         const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
-        const int t0 = 0, ntiles = it.ntiles;
-#endif
-        const int i_min = it.i_min, bz = it.bz;
+        const int ntiles = it.ntiles, i_min = it.i_min, bz = it.bz;
         int row[2], klim[2];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -382,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             #pragma unroll
             for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
             if (lane == 0) mbar_arrive(kvb + 8 * (2 * ST + kt % ST));
-            SOFTMAX(t0)
+            SOFTMAX(0)
             PACK_P()
             for (int t = 1; t < ntiles; ++t) {
                 const int kc = kt + t, st = kc % ST, sp = (kc - 1) % ST;
@@ -396,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
                 if (lane == 0) mbar_arrive(kvb + 8 * (2 * ST + st));
-                SOFTMAX(t0 + t)
+                SOFTMAX(t)
                 wgmma_wait<0>();
                 #pragma unroll
                 for (int i = 0; i < D / 2; ++i) fence_acc(o[i]);
@@ -419,100 +345,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             mbar_arrive(empty_q);
         }
         kt += ntiles;
-        // finish: row sums over the quad; inv2 = 1 / sum (l = 0: every logit -inf, weights 0, as PyTorch),
-        // l2 = the row's base-2 log-sum-exp
-        float inv2[2], l2[2];
-#if TAIL || LSE
+        // finish: row sums over the quad, normalise, store
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = lrun[h];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv2[h] = l == 0.0f ? 1.0f : 1.0f / l;
-            l2[h] = l == 0.0f ? -INFINITY : (mrun[h] == -INFINITY ? 0.0f : mrun[h]) + log2f(l);
-        }
-#endif
-#if TAIL
-        Seg pc;  // this segment again (recomputed: nothing of it stays live across the main loop)
-        seg_of(si, run, full, nt, pc);
-        if (pc.slot >= 0) {
-            // a piece of a split tail item: publish the normalised O rows and base-2 log-sum-exps of its keys;
-            // the last piece of the item to arrive merges every piece (weights exp2(lse_p - max)), stores
-            // and leaves the item's arrival count at 0 for the next launch on this stream
-            const int j = pc.w - full, T = (items - full) * nt, P = gridDim.x;
-            volatile int* last_flag = reinterpret_cast<volatile int*>(smem_raw + (flag_at - smem_u32(smem_raw)));
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (row[h] >= M) continue;
-                const int r = cw * 64 + warp * 16 + g + 8 * h;  // the row within the block
-                float* dst = part + ((size_t)pc.slot * BM + r) * D + 2 * t4;
-                #pragma unroll
-                for (int jj = 0; jj < D / 8; ++jj)
-                    __stcg(reinterpret_cast<float2*>(dst + 8 * jj),
-                           make_float2(o[4 * jj + 2 * h] * inv2[h], o[4 * jj + 2 * h + 1] * inv2[h]));
-                if (t4 == 0) __stcg(part_lse + (size_t)pc.slot * BM + r, l2[h]);
-            }
-            __threadfence();
-            consumers_sync();
-            if (threadIdx.x == 128) {
-                int pieces = 0;
-                for_pieces(j, nt, T, P, [&](int) { ++pieces; });
-                const int last = atomicAdd(arrivals + j, 1) == pieces - 1;
-                if (last) arrivals[j] = 0;
-                *last_flag = last;
-            }
-            consumers_sync();
-            if (!*last_flag) continue;
-            __threadfence();
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (row[h] >= M) continue;
-                const int r = cw * 64 + warp * 16 + g + 8 * h;
-                float mx = l2[h];
-                for_pieces(j, nt, T, P, [&](int slot) {
-                    if (slot != pc.slot) mx = fmaxf(mx, __ldcg(part_lse + (size_t)slot * BM + r));
-                });
-                const float msafe = mx == -INFINITY ? 0.0f : mx;
-                const float w0 = exp2f(l2[h] - msafe);
-                float wsum = w0;
-                #pragma unroll
-                for (int jj = 0; jj < D / 8; ++jj) {
-                    o[4 * jj + 2 * h] *= inv2[h] * w0;
-                    o[4 * jj + 2 * h + 1] *= inv2[h] * w0;
-                }
-                for_pieces(j, nt, T, P, [&](int slot) {
-                    if (slot == pc.slot) return;
-                    const float w = exp2f(__ldcg(part_lse + (size_t)slot * BM + r) - msafe);
-                    wsum += w;
-                    const float* src = part + ((size_t)slot * BM + r) * D + 2 * t4;
-                    #pragma unroll
-                    for (int jj = 0; jj < D / 8; ++jj) {
-                        const float2 x = __ldcg(reinterpret_cast<const float2*>(src + 8 * jj));
-                        o[4 * jj + 2 * h] += w * x.x;
-                        o[4 * jj + 2 * h + 1] += w * x.y;
-                    }
-                });
-                inv2[h] = wsum == 0.0f ? 1.0f : 1.0f / wsum;
-                l2[h] = wsum == 0.0f ? -INFINITY : msafe + log2f(wsum);
-            }
-        }
-#endif
-        // normalise, store
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#if !(TAIL || LSE)
-            float l = lrun[h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv2[h] = l == 0.0f ? 1.0f : 1.0f / l;
-#endif
+            const float inv = l == 0.0f ? 1.0f : 1.0f / l;  // l = 0: every logit -inf, weights 0 (PyTorch)
             if (row[h] < M) {
-                if (LSE && t4 == 0) lse[(size_t)bz * M + row[h]] = l2[h] * 0.6931471805599453f;
+                if (LSE && t4 == 0) {
+                    const float msafe = mrun[h] == -INFINITY ? 0.0f : mrun[h];
+                    lse[(size_t)bz * M + row[h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
+                }
                 u16* dst = out + ((size_t)bz * M + row[h]) * D + 2 * t4;
                 #pragma unroll
                 for (int j = 0; j < D / 8; ++j)
                     asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
-                                 "r"(pack2(o[4 * j + 2 * h] * inv2[h], o[4 * j + 2 * h + 1] * inv2[h])) : "memory");
+                                 "r"(pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv)) : "memory");
             }
         }
         }
@@ -527,7 +376,6 @@ def _defines(spec: FlashWgmmaSpec) -> str:
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
-        f"#define TAIL {int(spec.tail)}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -539,8 +387,7 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     spec.check()
     kind = "bf16" if spec.dtype is DType.BF16 else "f16"
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
-            f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
-            f"tail={int(spec.tail)}\n")
+            f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     return head + PRELUDE + HOPPER_PTX + _defines(spec) + f"\n#define KERNEL {name}\n" + mmas + BODY

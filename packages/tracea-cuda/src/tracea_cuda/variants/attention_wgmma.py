@@ -9,9 +9,7 @@ Misaligned arrays (TMA needs 16-byte aligned bases) raise :class:`~tracea.errors
 Config: ``tile_m`` = 64 x consumer warpgroups (128 or 192), ``tile_n`` = keys per tile, ``stages`` = depth of
 the K and V rings, ``warps`` = 4 x (consumer warpgroups + 1), param ``pingpong`` (default True: the consumer
 warpgroups take turns issuing their GEMMs), param ``persistent`` (default False: one CTA per query block;
-True: one CTA per SM walking the blocks, each block's load overlapping the previous one's epilogue), param
-``tail`` (persistent, non-causal: the blocks of the last partial wave are cut along the keys into one equal
-run of key tiles per CTA; the pieces of a block publish fp32 partials and the last to arrive merges them).
+True: one CTA per SM walking the blocks, each block's load overlapping the previous one's epilogue).
 """
 
 from __future__ import annotations
@@ -80,8 +78,7 @@ class FlashAttentionWgmma(CudaVariant):
         if config.tile_m % 64:
             raise UnsupportedConfigError(f"tile_m={config.tile_m} must be 64 x consumer warpgroups")
         return FlashWgmmaSpec(op.dtype.storage, op.head_dim, config.tile_n, config.tile_m // 64, config.stages,
-                              op.causal, pingpong=bool(config.get("pingpong", True)), lse=op.lse,
-                              tail=bool(config.get("tail", False)))
+                              op.causal, pingpong=bool(config.get("pingpong", True)), lse=op.lse)
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -89,8 +86,6 @@ class FlashAttentionWgmma(CudaVariant):
             spec.check()
         except UnsupportedConfigError as exc:
             return Validity(False, exc.reason)
-        if spec.tail and not config.get("persistent", False):
-            return Validity(False, "tail=True splits the last wave of a persistent grid (needs persistent=True)")
         if config.warps != spec.threads // 32:
             return Validity(False, f"warps={config.warps} must be 4 x (tile_m / 64 + 1) = {spec.threads // 32}")
         if profile.shared_mem_per_block and spec.smem_bytes > profile.shared_mem_per_block:
@@ -101,13 +96,11 @@ class FlashAttentionWgmma(CudaVariant):
     def search_space(self, op: AttentionOp, profile: DeviceProfile) -> SearchSpace:
         return (SearchSpace().tile_m([128, 192]).tile_n([64, 96, 128, 160, 176, 192]).tile_k([op.head_dim])
                 .stages([2, 3, 4]).warps([12, 16]).param("pingpong", [True, False])
-                .param("persistent", [False, True]).param("tail", [False, True])
+                .param("persistent", [False, True])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        def h(bm: int, bn: int, st: int, pp: bool = True, persistent: bool = False, tail: bool = False) -> PipelineConfig:
-            if tail:
-                return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=persistent, tail=True)
+        def h(bm: int, bn: int, st: int, pp: bool = True, persistent: bool = False) -> PipelineConfig:
             return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=persistent)
 
         # H100, B4 H16 S4096 bf16 (TFLOP/s, kernel time): d64 192x128 516 / causal 407, 192x96x3 493 / 401,
@@ -118,14 +111,13 @@ class FlashAttentionWgmma(CudaVariant):
         # hardware's dynamic dispatch balances them far better (d128 593 vs 472 persistent).
         pers = not op.causal
         if op.head_dim <= 64:
-            first = [h(192, 128, 2, persistent=True, tail=True)] if pers else []
-            return first + [h(192, 128, 2, persistent=pers), h(192, 128, 2, persistent=not pers), h(192, 96, 3),
-                            h(128, 128, 3), h(192, 96, 3, False)]
+            return [h(192, 128, 2, persistent=pers), h(192, 128, 2, persistent=not pers), h(192, 96, 3),
+                    h(128, 128, 3), h(192, 96, 3, False)]
         if op.causal:
             return [h(128, 128, 2), h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2),
                     h(128, 128, 2, False)]
-        return [h(128, 176, 2, persistent=True, tail=True), h(128, 176, 2, persistent=True), h(128, 176, 2),
-                h(128, 128, 2, persistent=True), h(128, 144, 2), h(192, 64, 2), h(128, 128, 2, False)]
+        return [h(128, 176, 2, persistent=True), h(128, 176, 2), h(128, 128, 2, persistent=True), h(128, 144, 2),
+                h(192, 64, 2), h(128, 128, 2, False)]
 
     # -- compile and launch ----------------------------------------------------------------------
     def _kernel(self, spec: FlashWgmmaSpec) -> compiler.Kernel:
@@ -141,11 +133,8 @@ class FlashAttentionWgmma(CudaVariant):
 
     def bind(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         """Compiles once; per call: the tensor maps of q, k and v (memoised per pointer triple: torch's
-        caching allocator mostly hands the same blocks back), the output (and lse) pointers, one
-        cuLaunchKernel. With ``tail`` (and a partial last wave) the tail pieces' fp32 partials come from the
-        caller's stream-ordered allocator and their arrival counts from a zeroed int32 buffer that every
-        launch leaves at zero: one per stream, a fresh one per call inside CUDA graph capture (as the
-        decode kernel's). Nothing is synchronised at launch, so captured CUDA graphs replay it."""
+        caching allocator mostly hands the same blocks back), the output pointer, one cuLaunchKernel.
+        Nothing is allocated or synchronised at launch, so captured CUDA graphs replay it."""
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
         launcher.refuse_if_capturing(stream(), self.name)
@@ -157,33 +146,25 @@ class FlashAttentionWgmma(CudaVariant):
         items = -(-rows // spec.bm) * op.batch * kvh  # query blocks x (batch, kv head) pairs
         sms = profile.compute_units if profile.compute_units > 1 else 132
         grid = (min(items, sms) if bool(config.get("persistent", False)) else items, 1, 1)
-        # items run whole; with the tail split the rest (less than one wave) is cut along the keys
-        full = items - items % grid[0] if spec.tail else items
-        n_tail, slots = items - full, 2 * grid[0]
-        part_floats = slots * spec.bm * (op.head_dim + 1)
         dt, d = spec.dtype, op.head_dim
         fptr, threads, smem = int(kernel.function.ptr), spec.threads, spec.smem_bytes
-        tail = [ctypes.c_int32(full), ctypes.c_int32(op.heads), ctypes.c_int32(kvh), ctypes.c_int32(op.seq_q),
-                ctypes.c_int32(op.seq_kv), ctypes.c_int32(op.batch * kvh),
-                ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]  # type: ignore[arg-type]
-        memo: dict[tuple[int, int, int], tuple[tma.Packed, list[ctypes.c_uint64]]] = {}
+        tail = [ctypes.c_int32(op.heads), ctypes.c_int32(kvh), ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv),
+                ctypes.c_int32(op.batch * kvh), ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]  # type: ignore[arg-type]
+        memo: dict[tuple[int, int, int], tuple[tma.Packed, ctypes.c_uint64, ctypes.c_uint64]] = {}
         lock = threading.Lock()
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
         ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
-        scratch, capturing = launcher.scratch, launcher.is_capturing
-        counters: dict[int, Any] = {}  # stream handle -> int32 arrival counts of the tail items (zero between launches)
 
-        def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, list[ctypes.c_uint64]]:
-            ptr_slots = [ctypes.c_uint64(0) for _ in range(5)]  # out, lse, part, part_lse, arrivals
+        def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, ctypes.c_uint64, ctypes.c_uint64]:
+            out_slot, lse_slot = ctypes.c_uint64(0), ctypes.c_uint64(0)
             maps = [tma.tiled_map(pq, dt, (d, rows, op.batch * kvh), (64, spec.bm, 1)),
                     tma.tiled_map(pk, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1)),
                     tma.tiled_map(pv, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1))]
-            return tma.pack([*maps, *ptr_slots, *tail]), ptr_slots
+            return tma.pack([*maps, out_slot, lse_slot, *tail]), out_slot, lse_slot
 
         def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
             # rest: (out,) or, with the log-sum-exp output, (lse, out)
-            out = rest[-1]
-            pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(out)
+            pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(rest[-1])
             pl = ptr(rest[0]) if len(rest) > 1 and rest[0] is not None else 0
             if mask is not None:
                 raise InvalidArgumentError("mask", mask, f"no mask ({name} serves attention without attn_mask)")
@@ -191,33 +172,21 @@ class FlashAttentionWgmma(CudaVariant):
                 raise LaunchError(f"{name}: q, k and v must be 16-byte aligned, out 4-byte (pass packed arrays)",
                                   backend="cuda")
             key = (pq, pk, pv)
-            s = stream()
-            part = None
             with lock:
                 hit = memo.get(key)
                 if hit is None:
                     if len(memo) >= 64:
                         memo.clear()
                     hit = memo[key] = build(pq, pk, pv)
-                packed, ptr_slots = hit
-                ptr_slots[0].value, ptr_slots[1].value = po, pl
+                packed, out_slot, lse_slot = hit
+                out_slot.value = po
+                lse_slot.value = pl
+                s = stream()
                 try:
                     with device():  # makes dev current only when it is not
-                        if n_tail:
-                            if capturing(s):
-                                arrivals = scratch(adapter, out, n_tail, zeroed=True)
-                            else:
-                                arrivals = counters.get(s)
-                                if arrivals is None:
-                                    arrivals = counters[s] = scratch(adapter, out, n_tail, zeroed=True)
-                            part = scratch(adapter, out, part_floats)
-                            pp = ptr(part)
-                            ptr_slots[2].value, ptr_slots[3].value = pp, pp + 4 * slots * spec.bm * op.head_dim
-                            ptr_slots[4].value = ptr(arrivals)
                         drv_launch(fptr, grid[0], grid[1], grid[2], threads, 1, 1, smem, s, packed.address, 0)
                 except Exception as exc:  # noqa: BLE001
                     raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
-            del part  # stream-ordered allocator: reused only after the launch above
 
         launch.pointer_only = True  # type: ignore[attr-defined]
         return launch
