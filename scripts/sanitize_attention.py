@@ -20,7 +20,7 @@ SHAPES = [(1, 8, 2, 1, 1000, 128, False, None), (2, 4, 1, 3, 333, 64, True, None
           (1, 32, 8, 1, 2049, 128, False, None),
           # decode's mask tile by cp.async (seq_kv % 8 == 0): one shared row (seq_q 1), then 16 rows (seq_q 2)
           (2, 8, 2, 1, 1024, 64, False, "additive"), (2, 8, 2, 2, 1024, 128, True, "bool"),
-          # more query blocks than SMs: the wgmma persistent grid's tail split (pieces merged by the last)
+          # more query blocks than SMs: persistent grids walk several blocks per CTA
           (4, 16, 16, 600, 333, 128, False, None)]
 
 
