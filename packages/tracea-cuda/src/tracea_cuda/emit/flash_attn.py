@@ -94,6 +94,33 @@ class FlashSpec:
             raise UnsupportedConfigError(f"mask={self.mask} / splits={self.splits} out of range")
 
 
+def key_range(rows: str) -> str:
+    """C statements of a kernel body: the visible keys ``[kbeg, kend)`` of the query rows ``m0 ..
+    m0 + rows - 1`` of one kv head (row r is query r % Sq of the group's head r / Sq; top-left causal),
+    cut to key chunk ``split`` of ``SPLITS``, ``i_min`` (causal masking needed for keys past it) and
+    ``ntiles`` (``BN``-key tiles). Shared by this kernel and ``flash_decode``."""
+    return KEY_RANGE.replace("@ROWS@", rows)
+
+
+KEY_RANGE = r"""    // visible keys of this block: [kbeg, kend)
+    const int r_first = m0, r_last = min(m0 + @ROWS@, M) - 1;
+    const bool one_head = (r_first / Sq) == (r_last / Sq);
+    int kend = Skv;
+    int i_min = 0;  // smallest query index in the block (causal masking needed past it)
+    if (CAUSAL) {
+        const int i_max = one_head ? r_last % Sq : Sq - 1;
+        i_min = one_head ? r_first % Sq : 0;
+        kend = min(Skv, i_max + 1);
+    }
+    int kbeg = 0;
+    if (SPLITS > 1) {
+        const int per = ((Skv + SPLITS - 1) / SPLITS + BN - 1) / BN * BN;
+        kbeg = split * per;
+        kend = min(kend, kbeg + per);
+    }
+    const int ntiles = kend > kbeg ? (kend - kbeg + BN - 1) / BN : 0;
+"""
+
 BODY = r"""
 #define NT (WARPS * 32)
 #define CHUNKS (D / 8)
@@ -150,24 +177,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     const u16* kb = k + ((size_t)b * KVH + kvh) * Skv * D;
     const u16* vb = v + ((size_t)b * KVH + kvh) * Skv * D;
 
-    // visible keys of this block: [kbeg, kend)
-    const int r_first = m0, r_last = min(m0 + BM, M) - 1;
-    const bool one_head = (r_first / Sq) == (r_last / Sq);
-    int kend = Skv;
-    int i_min = 0;  // smallest query index in the block (causal masking needed past it)
-    if (CAUSAL) {
-        const int i_max = one_head ? r_last % Sq : Sq - 1;
-        i_min = one_head ? r_first % Sq : 0;
-        kend = min(Skv, i_max + 1);
-    }
-    int kbeg = 0;
-    if (SPLITS > 1) {
-        const int per = ((Skv + SPLITS - 1) / SPLITS + BN - 1) / BN * BN;
-        kbeg = split * per;
-        kend = min(kend, kbeg + per);
-    }
-    const int ntiles = kend > kbeg ? (kend - kbeg + BN - 1) / BN : 0;
-
+@KEY_RANGE@
     load_tile<BM>(sQ, qb, m0, M);
     cp_async_commit();
     if (ntiles > 0) {
@@ -434,7 +444,7 @@ def render(spec: FlashSpec, name: str = KERNEL_NAME) -> str:
     spec.check()
     head = (f"// Tracea flash attention forward: {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits} mt={spec.mt} lse={int(spec.lse)}\n")
-    return head + PRELUDE + _defines(spec) + f"\n#define KERNEL {name}\n" + BODY
+    return head + PRELUDE + _defines(spec) + f"\n#define KERNEL {name}\n" + BODY.replace("@KEY_RANGE@", key_range("BM"))
 
 
 def render_combine(spec: FlashSpec, name: str = COMBINE_NAME) -> str:

@@ -39,6 +39,7 @@ from tracea.dtypes import DType
 from tracea.errors import UnsupportedConfigError
 
 from .common import PRELUDE
+from .flash_attn import key_range
 
 KERNEL_NAME = "tracea_flash_decode"
 ROWS = 16  # query rows per CTA (one m16 tile shared by every warp)
@@ -194,22 +195,7 @@ extern "C" __global__ void __maxnreg__(MAXREG) KERNEL(
     const u16* kb = k + ((size_t)b * KVH + kvh) * Skv * D;
     const u16* vb = v + ((size_t)b * KVH + kvh) * Skv * D;
 
-    const int r_first = m0, r_last = min(m0 + 16, M) - 1;
-    const bool one_head = (r_first / Sq) == (r_last / Sq);
-    int kend = Skv, i_min = 0;
-    if (CAUSAL) {
-        const int i_max = one_head ? r_last % Sq : Sq - 1;
-        i_min = one_head ? r_first % Sq : 0;
-        kend = min(Skv, i_max + 1);
-    }
-    int kbeg = 0;
-    if (SPLITS > 1) {
-        const int per = ((Skv + SPLITS - 1) / SPLITS + BN - 1) / BN * BN;
-        kbeg = split * per;
-        kend = min(kend, kbeg + per);
-    }
-    const int ntiles = kend > kbeg ? (kend - kbeg + BN - 1) / BN : 0;
-    const int mine = warp < ntiles ? (ntiles - warp + WARPS - 1) / WARPS : 0;  // tiles warp, warp + WARPS, ...
+@KEY_RANGE@    const int mine = warp < ntiles ? (ntiles - warp + WARPS - 1) / WARPS : 0;  // tiles warp, warp + WARPS, ...
 
     // Q (16 rows, zero past M) by the whole CTA, then each warp's first STAGES - 1 tiles
     for (int i = threadIdx.x; i < 16 * CHUNKS; i += NT) {
@@ -470,4 +456,4 @@ def render(spec: DecodeSpec, name: str = KERNEL_NAME) -> str:
             f"warps={spec.warps} stages={spec.stages} causal={int(spec.causal)} mask={spec.mask} "
             f"splits={spec.splits} lse={int(spec.lse)}\n")
     tail = "\n" + "\n".join(f"#undef {m}" for m in _MACROS) + "\n"
-    return head + PRELUDE + _defines(spec, name) + "\n" + BODY + tail
+    return head + PRELUDE + _defines(spec, name) + "\n" + BODY.replace("@KEY_RANGE@", key_range("16")) + tail
