@@ -3,7 +3,7 @@
 Usage (on a GPU machine, from the repo root):
     source scripts/srcenv.sh && python benchmarks/cuda/bench_attention.py [--json out.json] [--quick]
 
-Three parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorch:
+Parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorch:
 
 * prefill, B4 H16 S4096, D64 / D128, and GQA B4 H32/8 S4096 D128, causal and not, bf16 / fp16, with the
   isolated kernel of each attention variant (``cuda.attention.wgmma``, ``cuda.attention.flash_mma``)
@@ -11,7 +11,8 @@ Three parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / 
 * decode: q_len 1 (and 4 / 16) over kv_len 4096..32768, GQA 32 query / 8 kv heads, D128 / D64, batch 1 / 4,
   bf16 / fp16, with GB/s beside the copy bandwidth (``--sweep``: every decode hero and split counts);
 * a small Hugging Face style transformer block (GQA attention calling SDPA, then an MLP) with
-  ``tracea_torch.patch_attention()`` vs eager.
+  ``tracea_torch.patch_attention()`` vs eager;
+* ``--only lse`` (not in the default parts): the cost of ``return_lse=True`` on a prefill and a decode shape.
 
 Two timings per row: the *user path* (``tracea.ops.attention`` with default settings, untuned, called back
 to back between two CUDA events with nothing queued ahead: host time counts where it exceeds the
@@ -197,6 +198,26 @@ def decode(quick: bool, dtypes: list | None = None, sweep: bool = False, masked_
     return rows
 
 
+def lse_cost(quick: bool) -> list[dict]:
+    """The log-sum-exp output's cost: ``tracea.ops.attention(..., return_lse=True)`` against the same call
+    without it and SDPA (kernel: queued behind a sleep kernel; user path: back to back), bf16, prefill
+    B4 H16 S4096 D128 and decode q_len 1 GQA 32/8 batch 4 kv 8192."""
+    rows = []
+    for b, h, kvh, sq, skv, d in ((4, 16, 16, 4096, 4096, 128), (4, 32, 8, 1, 8192, 128)):
+        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, kvh, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        plain = lambda q=q, k=k, v=v: tracea.ops.attention(q, k, v, enable_gqa=True)  # noqa: E731
+        with_lse = lambda q=q, k=k, v=v: tracea.ops.attention(q, k, v, enable_gqa=True, return_lse=True)  # noqa: E731
+        theirs = lambda q=q, k=k, v=v: TORCH_SDPA(q, k, v, enable_gqa=True)  # noqa: E731
+        kern = _time([plain, with_lse, theirs], 10, True)
+        user = _time([plain, with_lse, theirs], 10, False)
+        rows.append(dict(part="lse", b=b, h=h, kvh=kvh, sq=sq, kv=skv, d=d, plain_us=kern[0] * 1e6,
+                         lse_us=kern[1] * 1e6, sdpa_us=kern[2] * 1e6, lse_cost_kernel=kern[1] / kern[0],
+                         ratio_lse_kernel=kern[2] / kern[1], ratio_lse_user=user[2] / user[1]))
+        print(_fmt(rows[-1]), flush=True)
+    return rows
+
+
 def _variant_of(q, k, v, mask=None) -> str:  # noqa: ANN001
     key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(mask), None, 0.0,
            False, None, True, None, None)
@@ -306,7 +327,7 @@ def main() -> None:
         if part == "decode":
             rows += decode(args.quick, dts, args.sweep, args.masked)
             continue
-        rows += {"prefill": prefill, "decode": decode, "model": model}[part](args.quick)
+        rows += {"prefill": prefill, "decode": decode, "model": model, "lse": lse_cost}[part](args.quick)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
