@@ -62,21 +62,22 @@ NARROW_TILE_BANDWIDTH_GBS = 4000.0
 
 def narrow_tiles(op: GemmOp, profile: DeviceProfile) -> bool:
     """Whether ``op`` takes the 128x64-tile hero: 128 or 256 rows (whole 128-row tiles), at most one 128x64
-    tile per SM, K <= 8192 (measured there; x128 @ W4096x11008.T ran 0.82x torch on it against 0.92x with
-    the 128x128 split), on a GPU of >= 4 TB/s (see :meth:`WgmmaGemm.hero_configs`)."""
+    tile per SM, on a GPU of >= 4 TB/s (see :meth:`WgmmaGemm.hero_configs`)."""
     tiles = -(-op.m // 128) * -(-op.n // 64) * op.batch
-    return (op.m in (128, 256) and op.k <= 8192 and tiles <= profile.compute_units
+    return (op.m in (128, 256) and tiles <= profile.compute_units
             and (profile.bandwidth_gbs or 0) >= NARROW_TILE_BANDWIDTH_GBS)
 
 
 def narrow_split_slices(op: GemmOp, ctas: int) -> int:
-    """K slices for the 128x64-tile hero: a whole wave of pieces where the tiles fill at most a quarter of
-    the SMs, else none (H200: M128 N2048 K8192 32 tiles: 4 slices 0.97x cuBLAS, 3 0.90x; N4096 K4096 64
-    tiles: unsplit 0.87x, 2 slices 0.84x), at most 8 slices of at least 8 k-tiles of 64 each."""
+    """K slices for the 128x64-tile hero, from the H200 probe (kernel time vs cuBLAS): a whole wave of
+    pieces where the tiles fill at most a quarter of the SMs (M128 N2048 K8192, 32 tiles: 4 slices 0.97x,
+    3 0.90x), at most 8 slices of at least 8 k-tiles of 64 each; else as many as fit the SMs while every
+    slice keeps at least 64 k-tiles (M128 N4096, 64 tiles: K4096 unsplit 0.87x, 2 slices 0.84x; K11008
+    unsplit 0.81x, 2 slices 0.94x)."""
     tiles = -(-op.m // 128) * -(-op.n // 64) * op.batch
-    if 4 * tiles > ctas:
-        return 1
-    return max(1, min(8, ctas // tiles, op.k // 512))
+    if 4 * tiles <= ctas:
+        return max(1, min(8, ctas // tiles, op.k // 512))
+    return max(1, min(ctas // tiles, op.k // 4096))
 
 
 def wave_efficiency(tiles: int, ctas: int) -> float:
@@ -295,11 +296,11 @@ class WgmmaGemm(CudaVariant):
             return big + sk
         few = [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
         if narrow_tiles(op, profile):
-            # Whole 128-row tiles over a weight of <= SMs x 64 columns, K <= 8192: 128x64 tiles put twice the CTAs on
+            # Whole 128-row tiles over a weight of <= SMs x 64 columns: 128x64 tiles put twice the CTAs on
             # the weight stream. H200, kernel time vs cuBLAS (benchmarks/cuda/probe_split_k.py), best
             # 128x128 split (1-8 slices) -> this hero: M128 N4096 K4096 0.82x -> 0.87x, N5120 K5120 0.73x
-            # -> 0.85x, N8192 K8192 0.85x -> 0.94x, N2048 K8192 0.89x -> 0.97x, N1024 K8192 0.56x -> 0.68x;
-            # M256 N4096 K4096 0.71x -> 0.89x, N1024 K8192 0.77x -> 0.82x. Not on partial row tiles (M64
+            # -> 0.85x, N8192 K8192 0.85x -> 0.94x, N2048 K8192 0.89x -> 0.97x, N1024 K8192 0.56x -> 0.68x,
+            # N4096 K11008 0.89x -> 0.94x; M256 N4096 K4096 0.71x -> 0.89x, N1024 K8192 0.77x -> 0.82x. Not on partial row tiles (M64
             # N4096 K4096 0.43x -> 0.37x, M96 N4096 K14336 0.90x -> 0.81x, M192 N4096 K4096 0.82x -> 0.66x),
             # M512 (N1024 K8192 0.82x -> 0.78x) or GPUs not probed (H100).
             return [_hero(64, 8, cluster=1, split_k=narrow_split_slices(op, ctas))] + few
