@@ -11,6 +11,12 @@ runs on those registers as they are: the reduction order over k is free, so the 
 fragments are assigned to match what each lane loaded (each 16-byte vector of lane t of a quad feeds
 slots 2t, 2t+1, 2t+8, 2t+9 of two mmas: its first four k one, its last four the next). ``KW`` warps of a block split K and reduce their partial tiles through shared memory, then apply
 the fused epilogue. Rows of A past M and k past K are zero-filled. 16-bit inputs, fp32 accumulation.
+
+Options: ``coalesced`` assigns k so that a quad reads 64 contiguous bytes per instruction instead;
+``prefetch`` issues the next chunk's loads before this chunk's mma (two register buffers: each warp keeps
+a chunk in flight while it computes); ``half`` (M <= 8) compiles out rows 8-15 of the A fragment;
+``wide_regs`` adds a minimum of one block per SM to the launch bounds (registers for the prefetching
+16-warp blocks, which spill when ptxas plans for two).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ class SkinnySpec:
     kw: int  # warps per block, splitting K
     unroll: int  # 32-wide k chunks loaded ahead per lane
     vec: bool  # 16-byte loads (K % 8 == 0, 16-byte aligned A and B); else element loads
-    coalesced: bool = True  # each load instruction reads 64 contiguous bytes of a row (else 16 of every 32)
+    coalesced: bool = False  # each load instruction reads 64 contiguous bytes of a row (else 16 of every 32)
     prefetch: bool = False  # the next chunk's loads are issued before this chunk's mma (registers x2)
     half: bool = False  # M <= 8: rows 8-15 of the one A fragment are absent (zero registers, no loads)
     wide_regs: bool = False  # __launch_bounds__(threads, 1): registers for one block per SM (no spills at kw=16)
@@ -157,8 +163,8 @@ extern "C" __global__ void __launch_bounds__(32 * KW{", 1" if spec.wide_regs els
     extern __shared__ float red[];  // [KW][MF][NB][32 lanes][4]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const long long n0 = (long long)blockIdx.x * (8 * NB);
-    // K in chunks of 32 * UNROLL: a lane's UNROLL vectors of one row are adjacent (a quad reads
-    // 64 * UNROLL contiguous bytes of the row: whole cache lines)
+    // K in chunks of 32 * UNROLL (which k each lane loads: load_chunk); a warp takes a contiguous run of
+    // chunks
     const int chunks = (K + 32 * UNROLL - 1) / (32 * UNROLL);
     const int per = (chunks + KW - 1) / KW;
     const int c_begin = warp * per, c_end = min(chunks, c_begin + per);

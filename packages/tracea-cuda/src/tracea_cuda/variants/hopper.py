@@ -300,9 +300,9 @@ class WgmmaGemm(CudaVariant):
             # the weight stream. H200, kernel time vs cuBLAS (benchmarks/cuda/probe_split_k.py), best
             # 128x128 split (1-8 slices) -> this hero: M128 N4096 K4096 0.82x -> 0.87x, N5120 K5120 0.73x
             # -> 0.85x, N8192 K8192 0.85x -> 0.94x, N2048 K8192 0.89x -> 0.97x, N1024 K8192 0.56x -> 0.68x,
-            # N4096 K11008 0.89x -> 0.94x; M256 N4096 K4096 0.71x -> 0.89x, N1024 K8192 0.77x -> 0.82x. Not on partial row tiles (M64
-            # N4096 K4096 0.43x -> 0.37x, M96 N4096 K14336 0.90x -> 0.81x, M192 N4096 K4096 0.82x -> 0.66x),
-            # M512 (N1024 K8192 0.82x -> 0.78x) or GPUs not probed (H100).
+            # N4096 K11008 0.89x -> 0.94x; M256 N4096 K4096 0.71x -> 0.89x, N1024 K8192 0.77x -> 0.82x. Not
+            # on partial row tiles (M64 N4096 K4096 0.43x -> 0.37x, M96 N4096 K14336 0.90x -> 0.81x, M192
+            # N4096 K4096 0.82x -> 0.66x), M512 (N1024 K8192 0.82x -> 0.78x) or GPUs not probed (H100).
             return [_hero(64, 8, cluster=1, split_k=narrow_split_slices(op, ctas))] + few
         splits = split_slices(op, ctas)
         if splits > 1:  # few 128x128 tiles: K split so that the pieces fill the SMs
