@@ -59,7 +59,10 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
 HARVEST = [GemmOp(4096, 4096, 4096, dtype_a=dt, dtype_b=dt, fp32_precision=prec, epilogue=epi, trans_b=tb)
            for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "high"), ("float32", "highest"))
            for epi in ("bias+gelu", "none") for tb in (False, True)]
-HARVEST += [GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")]  # few-tile heroes
+HARVEST += [GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # few-tile heroes
+            GemmOp(128, 2048, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x64 split (H200)
+            GemmOp(4, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # few-block skinny heroes
+            GemmOp(16, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")]
 HARVEST += [Conv2dOp(32, c, hw, hw, c, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias+relu")
             for dt, prec in (("float16", "highest"), ("float32", "high"), ("float32", "highest"))
             for layout in ("nhwc", "nchw") for c, hw in ((64, 56), (256, 14), (512, 7))]

@@ -1,62 +1,147 @@
-"""Probe of ``cuda.gemm.skinny_mma``'s configurations on decode shapes (``x @ W.T``, few tokens), against
-PyTorch and against the default (untuned) choice, in one run: which (nb, kw, unroll) reaches what share of
-the measured copy bandwidth, so the hero order can follow measurements.
+"""Probe of ``cuda.gemm.skinny_mma``'s configurations (and ``cuda.gemm.gemv`` at M = 1) on decode shapes
+(``x @ W.T``, few tokens), against PyTorch and against the default (untuned) choice, in one run: which
+(nb, kw, unroll, coalesced, prefetch) reaches what share of the measured copy bandwidth, so the hero order
+can follow measurements.
 
-    python benchmarks/cuda/probe_skinny.py [--ms 4,8,16,32,64] [--json out.json]
+Per shape it prints PyTorch's time, the default path's (user path: ``tracea.ops.matmul`` back to back,
+host time included, as a ratio torch / tracea; kernel: the calls replayed from a CUDA graph, device time
+only) and the best config's kernel time; at the end, per row class (M <= 8: half fragments, else whole),
+every config's geometric mean and worst share of each shape's best kernel time, best first.
+
+    python benchmarks/cuda/probe_skinny.py [--ms 1,4,16] [--kws 8,16] [--orders 0,1] [--prefetch 0,1] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import itertools
 import json
+import math
+import multiprocessing as mp
 import os
 import sys
 
 import torch
 
 import tracea
+from tracea.ir.ops import GemmOp
 from tracea.semantic.config import PipelineConfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "user_path"))
-from bench_shapes import b2b, copy_bandwidth, paired  # noqa: E402
+from bench_shapes import copy_bandwidth, paired  # noqa: E402
+from probe_split_k import graph_time  # noqa: E402
 
-SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (8192, 8192), (28672, 8192), (1024, 8192)]
+SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (5120, 5120), (13824, 5120), (8192, 8192), (28672, 8192),
+          (1024, 8192)]
+
+
+def configs(kws: list[int], orders: list[bool], prefetch: list[bool]) -> list[tuple[str, PipelineConfig]]:
+    """Every (nb, kw, unroll) with kw in ``kws`` for each k order (``coalesced``) and prefetch setting,
+    named ``[pf ][old ]nbX kwY uZ`` (``old``: the non-coalesced order)."""
+    out = []
+    for co, pf, nb, kw, un in itertools.product(orders, prefetch, (1, 2, 4), kws, (1, 2, 4)):
+        out.append((f"{'pf ' if pf else ''}{'' if co else 'old '}nb{nb} kw{kw} u{un}", PipelineConfig(
+            warps=kw, params=(("nb", nb), ("kw", kw), ("unroll", un), ("coalesced", co), ("prefetch", pf)))))
+    return out
+
+
+def _compile(item: tuple[str, str, str]) -> str:
+    """Worker: compile one kernel into the disk cache (no CUDA context needed)."""
+    from tracea.fileio import write_atomic  # noqa: PLC0415
+    from tracea_cuda import compiler  # noqa: PLC0415
+
+    source, name, arch = item
+    options = compiler.options_for(arch)
+    path = compiler.cache_dir() / f"{compiler.cache_key(source, options, arch)}.cubin"
+    if not path.is_file():
+        write_atomic(path, compiler._nvrtc_cubin(source, options, name))
+    return name
+
+
+def precompile(cfgs: list[tuple[str, PipelineConfig]], ms: list[int]) -> None:
+    """Every probed skinny kernel compiled into the disk cache by a process pool (the probe then loads
+    them), instead of one after the other on first use."""
+    from tracea_cuda import toolkit  # noqa: PLC0415
+    from tracea_cuda.emit.skinny import KERNEL_NAME, render  # noqa: PLC0415
+    from tracea_cuda.variants.skinny import SkinnyMmaGemm  # noqa: PLC0415
+
+    v, arch = SkinnyMmaGemm(), toolkit.arch_name(torch.cuda.get_device_capability())
+    srcs = set()
+    for m, (_, cfg) in itertools.product(ms, cfgs):
+        op = GemmOp(m, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")
+        try:
+            srcs.add((render(v.spec(op, cfg, None)), KERNEL_NAME, arch))
+        except tracea.TraceaError:
+            continue
+    with cf.ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 4), mp_context=mp.get_context("spawn")) as ex:
+        list(ex.map(_compile, srcs))
+    print(f"{len(srcs)} kernels compiled", flush=True)
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ms", default="4,8,16,32,64")
+    p.add_argument("--ms", default="1,4,16")
+    p.add_argument("--kws", default="4,8,16", help="warps per block to sweep")
+    p.add_argument("--orders", default="0,1", help="k orders: 0 adjacent vectors per lane, 1 coalesced")
+    p.add_argument("--prefetch", default="0,1")
+    p.add_argument("--npw", default="1,2,4", help="GEMV rows per warp timed at M = 1")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s")
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; ratios are torch time / tracea time")
     rows = []
+    ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
+    cfgs = configs(ints(args.kws), [bool(v) for v in ints(args.orders)], [bool(v) for v in ints(args.prefetch)])
+    precompile(cfgs, [int(v) for v in args.ms.split(",")])
     for (n, k), m in itertools.product(SHAPES, [int(v) for v in args.ms.split(",")]):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = x.double() @ w.double().t()
         t_def, t_torch = paired(lambda x=x, w=w: tracea.ops.matmul(x, w.t()), lambda x=x, w=w: x @ w.t())
-        best = None
-        for nb, kw, un in itertools.product((1, 2, 4), (4, 8, 16), (1, 2, 4)):
-            cfg = PipelineConfig(warps=kw, params=(("nb", nb), ("kw", kw), ("unroll", un)))
+        t_torch_g = graph_time(lambda x=x, w=w: x @ w.t())
+        t_def_g = graph_time(lambda x=x, w=w: tracea.ops.matmul(x, w.t()))
+        decision = tracea.get_doctor().decide(GemmOp(m, n, k, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),
+                                             "cuda:0")
+        row = {"m": m, "n": n, "k": k, "torch_s": t_torch, "torch_graph_s": t_torch_g, "default_s": t_def,
+               "default_graph_s": t_def_g, "default": f"{decision.variant.name} {dict(decision.chosen.config.params)}",
+               "configs": {}}
+        extra = [(f"gemv npw{v}", "cuda.gemm.gemv", PipelineConfig(params=(("npw", v),))) for v in ints(args.npw)
+                 if m == 1]
+        for key, variant, cfg in [(key, "cuda.gemm.skinny_mma", cfg) for key, cfg in cfgs] + extra:
+            fn = lambda x=x, w=w, cfg=cfg, variant=variant: tracea.ops.matmul(  # noqa: E731
+                x, w.t(), variant=variant, config=cfg)
             try:
-                fn = lambda x=x, w=w, cfg=cfg: tracea.ops.matmul(  # noqa: E731
-                    x, w.t(), variant="cuda.gemm.skinny_mma", config=cfg)
-                fn()
+                out = fn()
             except tracea.TraceaError:
                 continue
-            t = min(b2b(fn, 50) for _ in range(3))
-            rows.append({"m": m, "n": n, "k": k, "nb": nb, "kw": kw, "unroll": un, "s": t,
-                         "bw%": 100 * n * k * 2 / t / bw})
-            if best is None or t < best[0]:
-                best = (t, nb, kw, un)
-        assert best is not None
-        print(f"x{m:<3} @ W{n}x{k}.T  torch {t_torch * 1e6:6.1f} us  default {t_def * 1e6:6.1f} us "
-              f"({t_torch / t_def:4.2f}x)  best skinny {best[0] * 1e6:6.1f} us ({t_torch / best[0]:4.2f}x, "
-              f"{100 * n * k * 2 / best[0] / bw:3.0f}% bw) nb={best[1]} kw={best[2]} unroll={best[3]}", flush=True)
+            err = float((out.double() - ref).norm() / ref.norm())
+            if err > 2e-2:
+                print(f"    {key}: relative error {err:.1e}", flush=True)
+                continue
+            row["configs"][key] = graph_time(fn)
+        best = min(row["configs"].items(), key=lambda kv: kv[1])
+        row["best"] = best[0]
+        rows.append(row)
+        print(f"x{m:<3} @ W{n}x{k}.T  torch {t_torch_g * 1e6:6.1f} us ({100 * n * k * 2 / t_torch_g / bw:3.0f}% bw)"
+              f" | default user {t_torch / t_def:4.2f}x kernel {t_torch_g / t_def_g:4.2f}x "
+              f"({100 * n * k * 2 / t_def_g / bw:3.0f}% bw) | best {best[0]} {t_torch_g / best[1]:4.2f}x "
+              f"({100 * n * k * 2 / best[1] / bw:3.0f}% bw)"
+              + "".join(f" {key} {t_torch_g / t:4.2f}x" for key, t in row["configs"].items() if key.startswith("gemv"))
+              + f" | default {row['default']}", flush=True)
+    for label, sel in (("M <= 8", lambda r: r["m"] <= 8), ("M 9-16", lambda r: 8 < r["m"] <= 16)):
+        part = [r for r in rows if sel(r)]
+        if not part:
+            continue
+        keys = set.intersection(*(set(r["configs"]) for r in part))
+        score = {key: [min(r["configs"].values()) / r["configs"][key] for r in part] for key in keys}
+        ranked = sorted(score.items(), key=lambda kv: -sum(math.log(v) for v in kv[1]))
+        print(f"\n{label}: share of each shape's best kernel time (geomean, worst), best first")
+        for key, v in ranked[:14]:
+            print(f"  {key:<22} {math.exp(sum(math.log(s) for s in v) / len(v)):.3f}  {min(v):.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "copy_bw": bw, "rows": rows}, f, indent=1)
     return 0
 
 

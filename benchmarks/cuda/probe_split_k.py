@@ -4,7 +4,7 @@ few output tiles (``x @ W.T``, M = 96-2048 rows against LLM-sized weights), agai
 
 Per shape and dtype it prints PyTorch's time, the default path's (user path: ``tracea.ops.matmul`` back to
 back, host time included; kernel: the same calls replayed from a CUDA graph, device time only) and the
-kernel time of every (tile_n, split_k) pair with tile_m 128, as ratios torch / tracea.
+kernel time of every (tile_n, split_k) pair with tile_m 128 (tile_n 64, 128, 256), as ratios torch / tracea.
 
     python benchmarks/cuda/probe_split_k.py [--dtypes bfloat16,float16,float32] [--quick] [--default-only]
                                             [--json out.json]
@@ -79,6 +79,7 @@ def probe(m: int, n: int, k: int, dtype: torch.dtype, splits: list[int], sweep: 
         return row
     configs = {f"bn128_s{s}": _hero(128, 6, cluster=1, split_k=s) for s in splits}
     configs.update({f"bn256_s{s}": _hero(256, 4, cluster=1, split_k=s) for s in splits if s <= 4})
+    configs.update({f"bn64_s{s}": _hero(64, 8, cluster=1, split_k=s) for s in splits})
     configs.update({f"bm256_s{s}": _hero(128, 4, bm=256, cluster=1, split_k=s) for s in splits if s <= 2})
     if dtype != torch.float32:
         configs["bn256_defer"] = _hero(256, 3, 16, cluster=1, defer=True)

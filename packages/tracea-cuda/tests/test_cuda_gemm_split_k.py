@@ -104,7 +104,8 @@ def test_split_k_gemm_matches_reference(shape, dt, epilogue, out_dtype, splits):
     configs = [_hero(128, 6, cluster=1, split_k=splits, smem_epilogue=not direct)]
     if epilogue == "bias+gelu":  # the other tiles (each config is one more compile)
         configs += [_hero(256, 4, cluster=1, split_k=splits, smem_epilogue=not direct),
-                    _hero(128, 4, bm=256, cluster=1, split_k=splits, smem_epilogue=not direct)]
+                    _hero(128, 4, bm=256, cluster=1, split_k=splits, smem_epilogue=not direct),
+                    _hero(64, 8, cluster=1, split_k=splits, smem_epilogue=not direct)]
     t = T.gemm_inputs(op, seed=m + n + splits)
     ref = T.gemm_reference(op, t)
     tol = T.tolerance({"bfloat16": "bf16", "float16": "f16", "float32": "tf32"}[dt], op.out_dtype)

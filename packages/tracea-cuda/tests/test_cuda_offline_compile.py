@@ -26,7 +26,8 @@ PROFILES = {
                            shared_mem_per_block=166912, registers_per_block=65536, isa=isa_flags((8, 0))),
     "sm_90a": DeviceProfile(Device("cuda", 0), "H200 (offline)", backend="cuda", arch="sm_90a", compute_units=132,
                             compute_capability=(9, 0), warp_size=32, max_threads_per_block=1024,
-                            shared_mem_per_block=232448, registers_per_block=65536, isa=isa_flags((9, 0))),
+                            shared_mem_per_block=232448, registers_per_block=65536, isa=isa_flags((9, 0)),
+                            bandwidth_gbs=4800.0),  # the heroes of GPUs of >= 4 TB/s
 }
 
 OPS = {
@@ -36,7 +37,9 @@ OPS = {
                         GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="float16",
                                dtype_b="float16", dtype_out="float32", epilogue="silu"),
                         GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16",
-                               epilogue="bias+gelu")],  # few tiles: split-K hero
+                               epilogue="bias+gelu"),  # few tiles: split-K hero
+                        GemmOp(128, 2048, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16",
+                               epilogue="bias")],  # 128x64 split-K hero (>= 4 TB/s)
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
                           GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="bfloat16",
                                  dtype_b="bfloat16", epilogue="bias+silu")],
@@ -57,6 +60,8 @@ OPS = {
         GemmOp(16, 11008, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias+gelu"),
         GemmOp(16, 4096, 11008, trans_b=True, dtype_a="float16", dtype_b="float16", dtype_out="float32"),
         GemmOp(3, 1000, 336, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="silu"),
+        GemmOp(4, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias"),  # few blocks
+        GemmOp(12, 1024, 8192, trans_b=True, dtype_a="float16", dtype_b="float16", epilogue="bias+relu"),
     ],
     "cuda.conv2d.wgmma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),

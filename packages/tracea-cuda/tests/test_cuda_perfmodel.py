@@ -152,22 +152,32 @@ def test_doctor_cli_text_explains_the_ranking(monkeypatch):
 
 def test_few_tile_gemms_take_the_split_k_hero_and_decode_keeps_its_variants(monkeypatch):
     """x @ W.T with few 128x128 tiles: the Doctor picks the Hopper GEMM with the split-K hero (measured
-    1.9-2.6x faster than the mma.sync default it replaced on an H100); M <= 16 keeps GEMV / skinny."""
-    doc = _doctor(monkeypatch, H100)
+    1.9-2.6x faster than the mma.sync default it replaced on an H100); on a GPU of >= 4 TB/s (H200) whole
+    128-row tiles over at most one 128x64 tile per SM take 128x64 tiles; M <= 16 keeps GEMV / skinny."""
+    from dataclasses import replace as dc_replace
 
-    def decide(m, n, k, dt="bfloat16"):
-        kw = {"fp32_precision": "high"} if dt == "float32" else {"dtype_a": dt, "dtype_b": dt}
-        return doc.decide(GemmOp(m, n, k, trans_b=True, **kw), "cuda:0", use_cache=False)
+    for profile, expected in (
+            (H100, {(512, 1024, 8192): (128, 4), (128, 4096, 4096): (128, 3), (128, 1024, 8192): (128, 8),
+                    (256, 4096, 14336): (128, 2)}),
+            (dc_replace(H100, bandwidth_gbs=4800.0), {
+                (512, 1024, 8192): (128, 4), (128, 4096, 4096): (64, None), (128, 1024, 8192): (64, 8),
+                (128, 2048, 8192): (64, 4), (256, 4096, 4096): (64, None), (128, 8192, 8192): (64, None),
+                (128, 11008, 4096): (128, None), (96, 4096, 14336): (128, 3), (128, 4096, 11008): (64, 2), (192, 4096, 4096): (128, None)})):
+        doc = _doctor(monkeypatch, profile)
 
-    for (rows, cols, depth), splits in {(512, 1024, 8192): 4, (128, 4096, 4096): 3, (128, 1024, 8192): 8,
-                                        (256, 4096, 14336): 2}.items():
-        d = decide(rows, cols, depth)
-        assert d.variant.name == "cuda.gemm.wgmma" and d.chosen.config.get("split_k") == splits, d.explain()
-    d = decide(512, 1024, 8192, "float32")
-    assert d.variant.name == "cuda.gemm.wgmma_tf32" and d.chosen.config.get("split_k") == 4, d.explain()
-    assert decide(128, 8192, 8192).chosen.config.get("split_k") is None  # half a wave of tiles, K < 12288
-    for rows in (1, 4, 16):
-        assert decide(rows, 4096, 4096).variant.name in ("cuda.gemm.gemv", "cuda.gemm.skinny_mma")
+        def decide(m, n, k, dt="bfloat16", doc=doc):
+            kw = {"fp32_precision": "high"} if dt == "float32" else {"dtype_a": dt, "dtype_b": dt}
+            return doc.decide(GemmOp(m, n, k, trans_b=True, **kw), "cuda:0", use_cache=False)
+
+        for (rows, cols, depth), (tile_n, splits) in expected.items():
+            d = decide(rows, cols, depth)
+            assert d.variant.name == "cuda.gemm.wgmma" and d.chosen.config.get("split_k") == splits, d.explain()
+            assert d.chosen.config.tile_n == tile_n, d.explain()
+        d = decide(512, 1024, 8192, "float32")
+        assert d.variant.name == "cuda.gemm.wgmma_tf32" and d.chosen.config.get("split_k") == 4, d.explain()
+        assert decide(192, 8192, 8192).chosen.config.get("split_k") is None  # half a wave of tiles, K < 12288
+        for rows in (1, 4, 16):
+            assert decide(rows, 4096, 4096).variant.name in ("cuda.gemm.gemv", "cuda.gemm.skinny_mma")
 
 
 def test_attention_decode_shapes_go_to_the_decode_kernel(monkeypatch):
@@ -189,16 +199,47 @@ def test_attention_decode_shapes_go_to_the_decode_kernel(monkeypatch):
 
 
 def test_skinny_heroes_follow_the_memory_bandwidth():
-    """The skinny GEMM's first hero: (nb=2, kw=16, unroll=2) measured best on an H100 (3.35 TB/s),
-    (nb=2, kw=8, unroll=2) on an H200 (4.8 TB/s)."""
+    """The skinny GEMM's first hero: (nb=2, kw=16, unroll=2) measured best on an H100 (3.35 TB/s); on an
+    H200 (4.8 TB/s) the prefetching loop, (nb=2, kw=16, unroll=2) at M <= 8 and (nb=2, kw=8, unroll=2) at
+    M 9-16, one-block rows over 16 warps where two-block rows leave SMs idle (N < 16 x SMs)."""
     from dataclasses import replace as dc_replace
 
     from tracea_cuda.variants.skinny import SkinnyMmaGemm
 
-    op = GemmOp(4, 8192, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")
-    first = {bw: SkinnyMmaGemm().hero_configs(op, dc_replace(H100, bandwidth_gbs=bw))[0] for bw in (3350.0, 4800.0)}
-    assert (first[3350.0].get("kw"), first[4800.0].get("kw")) == (16, 8)
-    assert len({c.key for c in SkinnyMmaGemm().hero_configs(op, dc_replace(H100, bandwidth_gbs=4800.0))}) == 6
+    def first(m, n, bw):
+        c = SkinnyMmaGemm().hero_configs(GemmOp(m, n, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),
+                                         dc_replace(H100, bandwidth_gbs=bw))[0]
+        return tuple(c.get(p) for p in ("nb", "kw", "unroll", "coalesced", "prefetch"))
+
+    assert first(4, 8192, 3350.0) == (2, 16, 2, False, False)
+    assert first(16, 8192, 3350.0) == (2, 16, 2, False, False)
+    assert first(4, 8192, 4800.0) == (2, 16, 2, False, True)
+    assert first(16, 8192, 4800.0) == (2, 8, 2, False, True)
+    assert first(4, 1024, 4800.0) == (1, 16, 4, True, True)
+    assert first(16, 1024, 4800.0) == (1, 16, 2, False, True)
+    heroes = SkinnyMmaGemm().hero_configs(GemmOp(16, 8192, 8192, trans_b=True, dtype_a="bfloat16",
+                                                 dtype_b="bfloat16"), dc_replace(H100, bandwidth_gbs=4800.0))
+    assert len({c.key for c in heroes}) == len(heroes) == 8
+    assert all(c.get("wide_regs") == (c.get("kw") == 16 and c.get("prefetch") and c.get("nb") == 1) for c in heroes)
+
+
+def test_one_row_decode_goes_to_the_gemv_on_tall_weights(monkeypatch):
+    """M = 1 against a weight of >= 48 rows per SM: the skinny GEMM declines (the GEMV streamed those
+    faster on an H200), on fewer rows it stays a candidate; M = 4 keeps the skinny GEMM."""
+    from dataclasses import replace as dc_replace
+
+    from tracea_cuda.variants.skinny import SkinnyMmaGemm
+
+    h200 = dc_replace(H100, bandwidth_gbs=4800.0)
+    op = lambda m, n, k: GemmOp(m, n, k, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")  # noqa: E731
+    doc = _doctor(monkeypatch, h200)  # CuPy reported usable
+    reasons = SkinnyMmaGemm().check(op(1, 11008, 4096), h200)
+    assert any("cuda.gemm.gemv" in r for r in reasons), reasons
+    assert not SkinnyMmaGemm().check(op(1, 4096, 11008), h200)
+    for n, k in ((11008, 4096), (8192, 8192), (28672, 8192)):
+        assert doc.decide(op(1, n, k), "cuda:0", use_cache=False).variant.name == "cuda.gemm.gemv"
+        assert doc.decide(op(4, n, k), "cuda:0", use_cache=False).variant.name == "cuda.gemm.skinny_mma"
+    assert doc.decide(op(1, 1024, 8192), "cuda:0", use_cache=False).variant.name == "cuda.gemm.skinny_mma"
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.5])

@@ -24,7 +24,8 @@ def _tol(dtype: str, out: str) -> float:
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("m,n,k", [(1, 8, 8), (5, 333, 520), (16, 4096, 4096), (17, 1000, 264), (33, 2049, 1000),
-                                   (64, 1024, 8192), (40, 37, 8), (9, 11008, 4096)])
+                                   (64, 1024, 8192), (40, 37, 8), (9, 11008, 4096), (1, 5120, 5120), (8, 1001, 2056),
+                                   (2, 13, 24)])
 @pytest.mark.parametrize("epi", ["none", "bias+relu", "bias+gelu", "silu"])
 def test_skinny_matches_reference(dtype, m, n, k, epi):
     op = GemmOp(m, n, k, trans_b=True, dtype_a=dtype, dtype_b=dtype, dtype_out=dtype, epilogue=epi)
@@ -33,11 +34,18 @@ def test_skinny_matches_reference(dtype, m, n, k, epi):
     T.check_gemm_configs(V, op, V.hero_configs(op, profile), _tol(dtype, dtype), seed=m * 31 + n)
 
 
-@pytest.mark.parametrize("nb,kw,unroll", [(1, 2, 1), (4, 16, 4), (2, 8, 4), (1, 16, 1)])
-def test_skinny_search_space_corners(nb, kw, unroll):
-    op = GemmOp(13, 517, 1032, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias")
-    cfg = PipelineConfig(warps=kw, params=(("nb", nb), ("kw", kw), ("unroll", unroll)))
-    T.check_gemm_configs(V, op, [cfg], _tol("bfloat16", "bfloat16"), seed=nb + kw)
+@pytest.mark.parametrize("m", [13, 8, 1])  # whole and half (M <= 8) A fragments
+@pytest.mark.parametrize("nb,kw,unroll,coalesced,prefetch,wide", [
+    (1, 2, 1, True, False, False), (4, 16, 4, True, False, False), (2, 8, 4, False, False, True),
+    (1, 16, 1, False, True, False), (2, 8, 2, True, True, False), (4, 4, 2, True, True, False),
+    (1, 8, 4, False, True, False), (1, 16, 4, True, True, True)])
+def test_skinny_search_space_corners(m, nb, kw, unroll, coalesced, prefetch, wide):
+    """Both k orders of the loads and the prefetching loop, on K not a multiple of a chunk and warps left
+    without chunks (K = 1032: 17 chunks of 64 over 16 warps)."""
+    op = GemmOp(m, 517, 1032, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias")
+    cfg = PipelineConfig(warps=kw, params=(("nb", nb), ("kw", kw), ("unroll", unroll), ("coalesced", coalesced),
+                                           ("prefetch", prefetch), ("wide_regs", wide)))
+    T.check_gemm_configs(V, op, [cfg], _tol("bfloat16", "bfloat16"), seed=nb + kw + m)
 
 
 @pytest.mark.parametrize("out", ["float32", "float16"])

@@ -11,6 +11,12 @@ runs on those registers as they are: the reduction order over k is free, so the 
 fragments are assigned to match what each lane loaded (each 16-byte vector of lane t of a quad feeds
 slots 2t, 2t+1, 2t+8, 2t+9 of two mmas: its first four k one, its last four the next). ``KW`` warps of a block split K and reduce their partial tiles through shared memory, then apply
 the fused epilogue. Rows of A past M and k past K are zero-filled. 16-bit inputs, fp32 accumulation.
+
+Options: ``coalesced`` assigns k so that a quad reads 64 contiguous bytes per instruction instead;
+``prefetch`` issues the next chunk's loads before this chunk's mma (two register buffers: each warp keeps
+a chunk in flight while it computes); ``half`` (M <= 8) compiles out rows 8-15 of the A fragment;
+``wide_regs`` adds a minimum of one block per SM to the launch bounds (registers for the prefetching
+16-warp blocks, which spill when ptxas plans for two).
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ class SkinnySpec:
     kw: int  # warps per block, splitting K
     unroll: int  # 32-wide k chunks loaded ahead per lane
     vec: bool  # 16-byte loads (K % 8 == 0, 16-byte aligned A and B); else element loads
+    coalesced: bool = False  # each load instruction reads 64 contiguous bytes of a row (else 16 of every 32)
+    prefetch: bool = False  # the next chunk's loads are issued before this chunk's mma (registers x2)
+    half: bool = False  # M <= 8: rows 8-15 of the one A fragment are absent (zero registers, no loads)
+    wide_regs: bool = False  # __launch_bounds__(threads, 1): registers for one block per SM (no spills at kw=16)
 
     @property
     def threads(self) -> int:
@@ -63,6 +73,11 @@ class SkinnySpec:
         if self.mf * self.nb * self.unroll > 16 or self.mf * self.nb > 8:
             raise UnsupportedConfigError(f"mf={self.mf} x nb={self.nb} x unroll={self.unroll}: too many registers "
                                          "per lane (spills)")
+        if self.prefetch and self.mf * self.nb * self.unroll > 8:
+            raise UnsupportedConfigError(f"prefetch with mf={self.mf} x nb={self.nb} x unroll={self.unroll}: two "
+                                         "chunks of loads take too many registers per lane (spills)")
+        if self.half and self.mf != 1:
+            raise UnsupportedConfigError("half fragments (M <= 8) need mf=1")
 
 
 def _loader(spec: SkinnySpec) -> str:
@@ -96,6 +111,30 @@ static __device__ __forceinline__ uint4 load8_any(const u16* row, int k, int K, 
 """
 
 
+def _chunk_loader(spec: SkinnySpec) -> str:
+    """``load_chunk(...)``: the weight and A vectors of chunk ``c`` (zeros where ``!live``). Coalesced: lane
+    t's vector u starts at k = 32 * UNROLL * c + 32 * u + 8 * t, so the four lanes of a quad read 64
+    contiguous bytes of a row per instruction (whole 32-byte sectors, each requested once); else at
+    ``8 * (UNROLL * t + u)`` (a lane's vectors adjacent, each instruction reading half of four sectors)."""
+    koff = "32 * u + 8 * t" if spec.coalesced else "8 * (UNROLL * t + u)"
+    return f"""
+static __device__ __forceinline__ void load_chunk(uint4 (&bv)[UNROLL][NB], uint4 (&av)[UNROLL][MF][2],
+        const u16* const (&brow)[NB], const bool (&bok)[NB], const u16* const (&arow)[MF][2],
+        const bool (&aok)[MF][2], int c, bool live, int K, int t) {{
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {{
+        const int k = 32 * UNROLL * c + {koff};
+        #pragma unroll
+        for (int j = 0; j < NB; ++j) bv[u][j] = load8_b(brow[j], k, K, live && bok[j]);
+        #pragma unroll
+        for (int i = 0; i < MF; ++i)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) av[u][i][h] = load8_a(arow[i][h], k, K, live && aok[i][h]);
+    }}
+}}
+"""
+
+
 def render(spec: SkinnySpec, name: str = KERNEL_NAME) -> str:
     """Complete CUDA source of the skinny-GEMM kernel for ``spec``, with entry point ``name``."""
     spec.check()
@@ -106,6 +145,8 @@ def render(spec: SkinnySpec, name: str = KERNEL_NAME) -> str:
 #define NB {spec.nb}
 #define KW {spec.kw}
 #define UNROLL {spec.unroll}
+#define PREFETCH {int(spec.prefetch)}
+#define HALF {int(spec.half)}
 {epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
 {_loader(spec)}
 static __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {{
@@ -115,14 +156,15 @@ static __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }}
 
-extern "C" __global__ void __launch_bounds__(32 * KW) {name}(
+{_chunk_loader(spec)}
+extern "C" __global__ void __launch_bounds__(32 * KW{", 1" if spec.wide_regs else ""}) {name}(
         const u16* __restrict__ A, const u16* __restrict__ B, {tout}* __restrict__ C,
         const {tb}* __restrict__ bias, int M, int N, int K) {{
     extern __shared__ float red[];  // [KW][MF][NB][32 lanes][4]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const long long n0 = (long long)blockIdx.x * (8 * NB);
-    // K in chunks of 32 * UNROLL: a lane's UNROLL vectors of one row are adjacent (a quad reads
-    // 64 * UNROLL contiguous bytes of the row: whole cache lines)
+    // K in chunks of 32 * UNROLL (which k each lane loads: load_chunk); a warp takes a contiguous run of
+    // chunks
     const int chunks = (K + 32 * UNROLL - 1) / (32 * UNROLL);
     const int per = (chunks + KW - 1) / KW;
     const int c_begin = warp * per, c_end = min(chunks, c_begin + per);
@@ -148,21 +190,21 @@ extern "C" __global__ void __launch_bounds__(32 * KW) {name}(
         #pragma unroll
         for (int h = 0; h < 2; ++h) {{
             const int m = 16 * i + 8 * h + g;
-            aok[i][h] = m < M;
+            aok[i][h] = !(HALF && h) && m < M;
             arow[i][h] = A + (long long)(aok[i][h] ? m : 0) * K;
         }}
+    uint4 bv[UNROLL][NB], av[UNROLL][MF][2];
+#if PREFETCH
+    load_chunk(bv, av, brow, bok, arow, aok, c_begin, c_begin < c_end, K, t);
+#endif
     for (int c = c_begin; c < c_end; ++c) {{
-        uint4 bv[UNROLL][NB], av[UNROLL][MF][2];
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {{
-            const int k = 32 * UNROLL * c + 8 * (UNROLL * t + u);
-            #pragma unroll
-            for (int j = 0; j < NB; ++j) bv[u][j] = load8_b(brow[j], k, K, bok[j]);
-            #pragma unroll
-            for (int i = 0; i < MF; ++i)
-                #pragma unroll
-                for (int h = 0; h < 2; ++h) av[u][i][h] = load8_a(arow[i][h], k, K, aok[i][h]);
-        }}
+#if PREFETCH
+        // the next chunk's loads go out before this chunk's mma (asm volatile keeps that order)
+        uint4 bn[UNROLL][NB], an[UNROLL][MF][2];
+        load_chunk(bn, an, brow, bok, arow, aok, c + 1, c + 1 < c_end, K, t);
+#else
+        load_chunk(bv, av, brow, bok, arow, aok, c, true, K, t);
+#endif
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
             #pragma unroll
@@ -174,6 +216,15 @@ extern "C" __global__ void __launch_bounds__(32 * KW) {name}(
                     mma16816(acc[i][j], av[u][i][0].z, av[u][i][1].z, av[u][i][0].w, av[u][i][1].w,
                              bv[u][j].z, bv[u][j].w);
                 }}
+#if PREFETCH
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {{
+            #pragma unroll
+            for (int j = 0; j < NB; ++j) bv[u][j] = bn[u][j];
+            #pragma unroll
+            for (int i = 0; i < MF; ++i) {{ av[u][i][0] = an[u][i][0]; av[u][i][1] = an[u][i][1]; }}
+        }}
+#endif
     }}
     #pragma unroll
     for (int i = 0; i < MF; ++i)

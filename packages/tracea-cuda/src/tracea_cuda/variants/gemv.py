@@ -39,6 +39,17 @@ def int_param(config: PipelineConfig, name: str, default: int) -> int:
     return value
 
 
+def flag_param(config: PipelineConfig, name: str, default: bool) -> bool:
+    """Boolean parameter ``name`` of ``config`` (``default`` when absent; 0 / 1 read as False / True);
+    anything else is refused."""
+    value = config.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise UnsupportedConfigError(f"param {name}={value!r} must be a boolean")
+
+
 class WeightStreamingGemm(CudaVariant):
     """Base of the few-row kernels streaming an (N, K) weight once (``C = epi(A @ B^T)``, A (M, K) row-major,
     one launch of ``(A, B, C, bias, M, N, K)``): the layout checks, config validation, compile and

@@ -38,14 +38,14 @@ def _hero(bn: int, stages: int, group_m: int = 8, schedule: str = "coop", bm: in
     return PipelineConfig(bm, bn, 64, stages, 12, SwizzleMode.XOR8, BarrierMode.PRODUCER_CONSUMER, params)
 
 
-def split_slices(op: GemmOp, ctas: int) -> int:
-    """K slices for the split-K hero on a GEMM with few 128x128 tiles (1: do not split), from the H100
+def split_slices(op: GemmOp, ctas: int, bn: int = 128) -> int:
+    """K slices for the split-K hero on a GEMM with few 128 x ``bn`` tiles (1: do not split), from the H100
     probe (``benchmarks/cuda/probe_split_k.py``, kernel time vs slices): about 3/4 of a wave of pieces up
     to 256 rows (weight-bound) and a whole wave above, at most 8 slices and at least 8 k-tiles of 64 per
     slice; grids of half a wave or more are split in two only for K >= 12288 (M256 N4096 K14336: 0.76x ->
     1.00x cuBLAS; M128 N8192 K8192 ran 7% slower split). Fewer than 64 rows are left to the few-row
     variants."""
-    tiles = -(-op.m // 128) * -(-op.n // 128) * op.batch
+    tiles = -(-op.m // 128) * -(-op.n // bn) * op.batch
     if op.m < 64 or not ctas or 2 * tiles > ctas and op.k < 12288:
         return 1
     target = ctas if op.m > 256 else 3 * ctas // 4
@@ -53,6 +53,31 @@ def split_slices(op: GemmOp, ctas: int) -> int:
     if s < 2 and 2 * tiles <= ctas and op.k >= 12288:
         s = 2
     return max(1, s)
+
+
+#: memory bandwidth (GB/s) from which few-tile GEMMs of whole 128-row tiles take 128x64 tiles (measured on
+#: an H200; H100s keep the 128x128 split heroes measured there)
+NARROW_TILE_BANDWIDTH_GBS = 4000.0
+
+
+def narrow_tiles(op: GemmOp, profile: DeviceProfile) -> bool:
+    """Whether ``op`` takes the 128x64-tile hero: 128 or 256 rows (whole 128-row tiles), at most one 128x64
+    tile per SM, on a GPU of >= 4 TB/s (see :meth:`WgmmaGemm.hero_configs`)."""
+    tiles = -(-op.m // 128) * -(-op.n // 64) * op.batch
+    return (op.m in (128, 256) and tiles <= profile.compute_units
+            and (profile.bandwidth_gbs or 0) >= NARROW_TILE_BANDWIDTH_GBS)
+
+
+def narrow_split_slices(op: GemmOp, ctas: int) -> int:
+    """K slices for the 128x64-tile hero, from the H200 probe (kernel time vs cuBLAS): a whole wave of
+    pieces where the tiles fill at most a quarter of the SMs (M128 N2048 K8192, 32 tiles: 4 slices 0.97x,
+    3 0.90x), at most 8 slices of at least 8 k-tiles of 64 each; else as many as fit the SMs while every
+    slice keeps at least 64 k-tiles (M128 N4096, 64 tiles: K4096 unsplit 0.87x, 2 slices 0.84x; K11008
+    unsplit 0.81x, 2 slices 0.94x)."""
+    tiles = -(-op.m // 128) * -(-op.n // 64) * op.batch
+    if 4 * tiles <= ctas:
+        return max(1, min(8, ctas // tiles, op.k // 512))
+    return max(1, min(ctas // tiles, op.k // 4096))
 
 
 def wave_efficiency(tiles: int, ctas: int) -> float:
@@ -270,6 +295,15 @@ class WgmmaGemm(CudaVariant):
                 return [_hero(128, 6, cluster=1)] + big + sk
             return big + sk
         few = [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
+        if narrow_tiles(op, profile):
+            # Whole 128-row tiles over a weight of <= SMs x 64 columns: 128x64 tiles put twice the CTAs on
+            # the weight stream. H200, kernel time vs cuBLAS (benchmarks/cuda/probe_split_k.py), best
+            # 128x128 split (1-8 slices) -> this hero: M128 N4096 K4096 0.82x -> 0.87x, N5120 K5120 0.73x
+            # -> 0.85x, N8192 K8192 0.85x -> 0.94x, N2048 K8192 0.89x -> 0.97x, N1024 K8192 0.56x -> 0.68x,
+            # N4096 K11008 0.89x -> 0.94x; M256 N4096 K4096 0.71x -> 0.89x, N1024 K8192 0.77x -> 0.82x. Not
+            # on partial row tiles (M64 N4096 K4096 0.43x -> 0.37x, M96 N4096 K14336 0.90x -> 0.81x, M192
+            # N4096 K4096 0.82x -> 0.66x), M512 (N1024 K8192 0.82x -> 0.78x) or GPUs not probed (H100).
+            return [_hero(64, 8, cluster=1, split_k=narrow_split_slices(op, ctas))] + few
         splits = split_slices(op, ctas)
         if splits > 1:  # few 128x128 tiles: K split so that the pieces fill the SMs
             return [_hero(128, 6, cluster=1, split_k=splits)] + few
