@@ -45,7 +45,7 @@ def test_split_plan_caps_slices_and_sizes_the_scratch():
     v = VARIANTS["cuda.gemm.wgmma"]
     op = GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")
     splits, tiles, size = v.split_plan(op, _hero(128, 6, cluster=1, split_k=4), h100)
-    assert (splits, tiles) == (4, 32) and size == 64 + 32 * 4 * 128 * 128
+    assert (splits, tiles) == (4, 32) and size == 128 + 32 * 4 * 128 * 128  # 4 counters a tile, then partials
     # K = 100: two 64-wide k tiles; 40 tiles: at most 3 pieces each on 132 SMs; 200 tiles: no split
     assert v.split_plan(GemmOp(256, 256, 100, dtype_a="float16", dtype_b="float16"),
                         _hero(128, 6, cluster=1, split_k=8), h100)[0] == 2
@@ -171,7 +171,7 @@ def test_split_k_bound_path_and_cuda_graph_replay_equal_eager(dt):
     eager = call()
     tol = 5e-3 if dt == "float32" else 1e-2
     assert T.rel_err(eager, ref) <= tol
-    for _ in range(3):  # repeated bound calls: counters zeroed per call
+    for _ in range(3):  # repeated bound calls: the stream's counters left at zero by every launch
         assert torch.equal(call(), eager)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -186,3 +186,30 @@ def test_split_k_bound_path_and_cuda_graph_replay_equal_eager(dt):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, call()), "replay differs from an eager call on the same inputs"
+
+
+@gpu
+def test_split_k_launchers_share_the_stream_scratch_across_shapes_and_streams():
+    """Bound split-K launchers of different shapes (different tile counts, slices and workspace sizes)
+    alternate on one stream, then on a second stream, through the one per-stream scratch
+    (``launcher.split_scratch``): every call equals the float64 reference, so every launch found its
+    counters at zero -- a counter left non-zero hangs or corrupts the next launch that uses it."""
+    import torch
+
+    from tracea_cuda import launcher
+
+    _hopper()
+    cases = []
+    for m, n, k, split in ((384, 1000, 3000, 4), (130, 520, 4100, 8), (512, 1024, 8192, 2), (64, 256, 999, 3)):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        ref = x.double() @ w.double().t()
+        cases.append((x, w, ref, _hero(128, 6, cluster=1, split_k=split)))
+    for stream in (torch.cuda.current_stream(), torch.cuda.Stream()):
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                for x, w, ref, cfg in cases:
+                    assert T.rel_err(tracea_matmul(x, w.t(), "cuda.gemm.wgmma", cfg), ref) <= 1e-2
+        stream.synchronize()
+    keys = {key for key in launcher._split_buffers if key[0] == torch.cuda.current_device()}
+    assert len(keys) >= 2, "each stream has its own split scratch"

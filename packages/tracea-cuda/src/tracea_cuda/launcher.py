@@ -91,6 +91,36 @@ def scratch(adapter: Any, like: Any, n: int, zeroed: bool = False) -> Any:
     return make(max(n, 1), dtype=np.float32)
 
 
+_split_buffers: dict[tuple[int, int], tuple[Any, Any]] = {}
+_split_lock = threading.Lock()
+
+
+def split_scratch(adapter: Any, like: Any, dev: int, stream_ptr: int, flag_words: int, ws_floats: int) -> tuple[int, int]:
+    """Addresses of split-K counters (``flag_words`` 32-bit words, zero) and fp32 partial-sum workspace
+    (``ws_floats``) for a launch on ``stream_ptr``: one pair per (device, stream), shared by every split-K
+    launcher and kept across calls, so a call allocates and clears nothing. Sharing is safe because launches
+    on one stream run one after another, every split-K kernel leaves the counters it used at zero (the last
+    piece of a tile re-zeroes them) and writes each partial sum before it is read. Grown (never shrunk) on
+    demand: the new counters are zeroed on the stream, the old buffers go back to the stream-ordered
+    allocator on that stream, so work already queued keeps them. Not for CUDA graph capture (a captured
+    graph could replay on another stream): capture takes :func:`scratch` per call."""
+    key = (dev, stream_ptr)
+    pair = _split_buffers.get(key)
+    if pair is None or _elements(pair[0]) < flag_words or _elements(pair[1]) < ws_floats:
+        with _split_lock:
+            old = _split_buffers.get(key)
+            flags_n = max(flag_words, _elements(old[0]) if old else 0)
+            ws_n = max(ws_floats, _elements(old[1]) if old else 0)
+            pair = _split_buffers[key] = (scratch(adapter, like, flags_n, zeroed=True), scratch(adapter, like, ws_n))
+    ptr = adapter.data_ptr
+    return ptr(pair[0]), ptr(pair[1])
+
+
+def _elements(buf: Any) -> int:
+    size = getattr(buf, "size", None)
+    return int(size) if isinstance(size, int) else int(buf.numel())
+
+
 def to_ctypes(value: Any) -> Any:
     """A kernel argument as a ctypes value (NumPy scalars from ``kernel_args``, ints, ctypes values)."""
     if isinstance(value, (ctypes._SimpleCData, ctypes.Structure)):

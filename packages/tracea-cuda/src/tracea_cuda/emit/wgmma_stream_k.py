@@ -77,7 +77,9 @@ static __device__ __forceinline__ bool split_unit(int u, int tiles, int KT, int 
 # The split-K exchange shares the reduction among the S pieces of a tile: consumer warp r (its 16-row
 # block, r = 4 wg + warp) of slice r mod S reduces and stores those rows. Every piece first stores the fp32
 # partial sums of the row blocks it does not reduce (slot [tile][slice][wg], float4 runs coalesced over
-# the warpgroup), bumps the tile's counter and waits until all S pieces have arrived; then each warp that
+# the warpgroup), bumps the tile's counter and waits until all S pieces have arrived (the last piece to
+# leave that wait, counted by a second counter, sets both back to zero: counters left at zero by every
+# launch can live in a buffer that outlasts it, see launcher.split_scratch); then each warp that
 # reduces adds the other S - 1 partial sums of its rows and runs the epilogue, the others skip it. Every
 # piece reads at most (S - 1) / S of one tile (the owner of a stream-K tile reads S - 1 tiles).
 SPLIT_FIXUP = ("""        bool sk_mine = true;  // this warp stores its rows in the epilogue
@@ -99,6 +101,10 @@ SPLIT_FIXUP = ("""        bool sk_mine = true;  // this warp stores its rows in 
                     __nanosleep(64);
                     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
                 }}
+                // departures (a second counter per tile and warpgroup, 2 * sk_tiles words on): the last piece
+                // out has seen every other leave its wait, so it re-zeroes both for the next launch
+                unsigned* gone = flag + 2 * sk_tiles;
+                if (atomicAdd(gone, 1u) == (unsigned)(S - 1)) {{ *flag = 0u; *gone = 0u; }}
             }}
             named_bar_sync(1 + wg);
             if (sk_mine) {{

@@ -176,8 +176,9 @@ class WgmmaGemm(CudaVariant):
         """Split-K of ``config`` on ``op``: (slices S, tiles, float32 scratch elements). S is the config's
         ``split_k``, capped so that no slice is empty (S <= K tiles) and every piece of every tile is
         resident at once (tiles x S <= SMs: the pieces of a tile wait for each other); S = 1 runs the
-        tiles whole. The scratch holds the per-tile counters (two per tile, zeroed per call, padded to 256
-        bytes), then S fp32 partial tiles per tile."""
+        tiles whole. The scratch holds the per-tile counters (arrivals and departures for each of the two
+        consumer warpgroups, left at zero by every launch, padded to 256 bytes), then S fp32 partial tiles per
+        tile."""
         kop = self.kernel_op(op)
         spec = self.spec(op, config, None)
         tiles = self._tiles(kop, spec)
@@ -187,7 +188,7 @@ class WgmmaGemm(CudaVariant):
 
     @staticmethod
     def _flag_floats(tiles: int) -> int:
-        return -(-2 * tiles // 64) * 64
+        return -(-4 * tiles // 64) * 64
 
     def _split_k_buffers(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, args: OpArgs, ptrs: dict,
                          stream: Any) -> None:
@@ -200,7 +201,7 @@ class WgmmaGemm(CudaVariant):
         buf = scratch_buffer(args, size)
         ptrs.setdefault("_keep", []).append(buf)
         base = data_ptr(buf, "sk_flags")
-        toolkit.cupy().cuda.runtime.memsetAsync(base, 0, 8 * tiles, stream.ptr)
+        toolkit.cupy().cuda.runtime.memsetAsync(base, 0, 16 * tiles, stream.ptr)
         ptrs.update(splits=splits, sk_flags=base, sk_ws=base + 4 * self._flag_floats(tiles))
 
     def kernel_op(self, op: GemmOp) -> GemmOp:
@@ -339,14 +340,17 @@ class WgmmaGemm(CudaVariant):
         mapped = [i for i, r in enumerate((r0, r1)) if r in self.mapped_roles]
         m0, m1 = 0 in mapped, 1 in mapped
         plain_roles = [r for r in (r0, r1) if r not in self.mapped_roles] + ["out", "bias"]
-        # Split-K: one scratch buffer per call from the caller's allocator (counters, then partial sums),
-        # its counters zeroed on the launch stream right before the kernel.
+        # Split-K: counters and partial sums in the stream's split scratch (launcher.split_scratch: kept
+        # across calls, the kernel leaves its counters at zero); inside CUDA graph capture one buffer per
+        # call from the caller's allocator instead, its counters zeroed by a memset captured with the kernel.
         splits, tiles, scratch_size = (self.split_plan(op, config, profile) if self.spec(op, config, None).split_k
                                        else (1, 0, 0))
         if scratch_size:
             plain_roles += ["sk_ws", "sk_flags"]
             factory: list[Any] = []  # bound on the first call (the factory needs an array of the call)
-            memset, ws_off, flag_bytes = toolkit.cupy().cuda.runtime.memsetAsync, 4 * self._flag_floats(tiles), 8 * tiles
+            memset, flag_floats = toolkit.cupy().cuda.runtime.memsetAsync, self._flag_floats(tiles)
+            ws_off, flag_bytes, ws_floats = 4 * flag_floats, 16 * tiles, scratch_size - flag_floats
+            capturing, split_scratch = launcher.is_capturing, launcher.split_scratch
         specs: dict[int, tuple[Any, WgmmaSpec]] = {}
 
         def kernel_for(out_mod: int) -> tuple[Any, WgmmaSpec]:
@@ -398,23 +402,28 @@ class WgmmaGemm(CudaVariant):
             values: tuple[int, ...] = ((po, pb) if m0 and m1 else (p1, po, pb) if m0 else (p0, po, pb) if m1
                                        else (p0, p1, po, pb))
             s = stream()
+            zero = False
             if scratch_size:
-                if not factory:
-                    factory.append(adapter.empty_factory((scratch_size,), DType.F32, out))
-                buf = factory[0](out)  # released after the launch: stream order keeps it for the kernel
-                pbuf = ptr(buf)
-                values += (pbuf + ws_off, pbuf)
+                if capturing(s):
+                    if not factory:
+                        factory.append(adapter.empty_factory((scratch_size,), DType.F32, out))
+                    buf = factory[0](out)  # released after the launch: stream order keeps it for the kernel
+                    pbuf, zero = ptr(buf), True
+                    values += (pbuf + ws_off, pbuf)
+                else:
+                    pflags, pws = split_scratch(adapter, out, dev, s, flag_floats, ws_floats)
+                    values += (pws, pflags)
             with lock:
                 for holder, role in slots:
                     holder.value = values[role]
                 try:
                     if current() == dev:
-                        if scratch_size:
+                        if zero:
                             memset(pbuf, 0, flag_bytes, s)
                         drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
                     else:
                         with device():
-                            if scratch_size:
+                            if zero:
                                 memset(pbuf, 0, flag_bytes, s)
                             drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
                 except Exception as exc:  # noqa: BLE001

@@ -42,7 +42,9 @@ PAD_ROWS = PAD_FIRST_ROWS
 #: costs host time (its scratch allocation and the counters' memset): on an H200, batch 1, user path, the
 #: split hero took fp32 NCHW 512->512 3x3 at 7^2 (144 K-tiles) from 60.5 to 46.8 us and 512->256 at 32^2
 #: from 52.6 to 34.8 us, but at 72 K-tiles (fp32 256->256 at 14^2, fp16 512->512 at 7^2) the device time
-#: it saved (26.6 -> 20.0, 19.6 -> 14.0 us) went to the host: 47.8 -> 56.2, 49.9 -> 60.4 us
+#: it saved (26.6 -> 20.0, 19.6 -> 14.0 us) went to the host: 47.8 -> 56.2, 49.9 -> 60.4 us. Measured with a
+#: per-call scratch and memset; since then the counters and partial sums live in the stream's split scratch
+#: (launcher.split_scratch), so the cut may now sit lower (not re-measured)
 SPLIT_MIN_K_TILES = 96
 #: K-tiles each slice keeps at least (the stage ring's fill latency is paid once per slice)
 SPLIT_SLICE_K_TILES = 4
