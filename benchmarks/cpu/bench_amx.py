@@ -76,10 +76,14 @@ def _line(label: str, flops: float, t: dict, anchor: str) -> dict:
                 ratio={n: t[anchor] / s for n, s in t.items()})
 
 
+#: isolated-kernel columns of the gemm and linear rows (``--kernels``)
+KERNELS = ["amxbf16", "avx512bf16"]
+
+
 def _variants(op: GemmOp, args: OpArgs) -> dict:
     fns = {}
     for v in (CpuGemmAmxVariant(), CpuGemmBf16Variant()):
-        if v.check(op, PROFILE):
+        if v.isa.name not in KERNELS or v.check(op, PROFILE):
             continue
         cfg = v.hero_configs(op, PROFILE)[0]
         fns[v.isa.name] = (lambda v=v, cfg=cfg: v.run(op, cfg, args, PROFILE))
@@ -248,8 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0,
                     help="threads for Tracea ($TRACEA_NUM_THREADS) and torch (default: every core); one "
                          "thread gives comparable figures on a machine other processes keep busy")
+    ap.add_argument("--kernels", default=",".join(KERNELS),
+                    help="isolated-kernel columns of the gemm / linear rows (amxbf16, avx512bf16; empty: none). "
+                         "The AVX512_BF16 kernel runs 5-20x longer than the others at 512-1024, so its calls "
+                         "dominate the rounds they share")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
+    KERNELS[:] = [k for k in ns.kernels.split(",") if k]
     if ns.threads:
         os.environ["TRACEA_NUM_THREADS"] = str(ns.threads)
         torch.set_num_threads(ns.threads)

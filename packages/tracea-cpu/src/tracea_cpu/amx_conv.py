@@ -9,6 +9,7 @@ convolution of a deep layer at batch 1 (512@7^2: ~0.4 ms against ~0.3 ms), so th
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Any
 
@@ -27,8 +28,9 @@ from .amx import AMX_EFFICIENCY, amx_bf16_reasons, amx_peak_gflops, amx_permissi
 from .bf16 import bf16_operand, f32_operand
 from .emit.amx_conv import PARAMS, check_conv_tile
 from .isa import AMX_BF16
+from .host_load import thread_picker
 from .panel_cache import PANELS
-from .variant_base import CpuVariant, _check_rc, _require, _threads_problem
+from .variant_base import CpuVariant, _check_rc, _require, _requested_threads, _threads_problem
 
 #: tile blocks offered (MR pixels x NR output channels); the heroes order them per op (hero_configs)
 CONV_TILES = ((32, 32), (32, 16), (64, 16), (48, 16), (16, 64), (16, 32))
@@ -119,13 +121,17 @@ class CpuConv2dAmxVariant(CpuVariant):
 
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, Conv2dOp)
-        lib, prm, geometry = self.prepare(op, config, profile)
+        lib, shared, geometry = self.prepare(op, config, profile)
+        prm = (ctypes.c_long * len(shared))(*shared)  # this launcher's own block: it sets the thread count
+        slot = PARAMS.index("nth")
+        pick = thread_picker(prm[slot], _requested_threads(config))
         fn, ptr, has_bias = lib.tc_conv2d, adapter.data_ptr, op.epilogue.has_bias
         panels_of = PANELS.panels
         words, pack = lib.tc_wpack_words(prm), lib.tc_pack_w
 
         def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
             wp = ptr(w)
+            prm[slot] = pick()
             panels = panels_of(geometry, w, wp, words, lambda dst: pack(prm, wp, dst))
             b32 = _bias_f32(adapter, bias) if has_bias else None
             rc = fn(prm, ptr(x), wp, None if panels is None else panels[1], None if b32 is None else b32.ctypes.data,
