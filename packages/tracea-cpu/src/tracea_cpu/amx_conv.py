@@ -89,9 +89,11 @@ class CpuConv2dAmxVariant(CpuVariant):
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
         tiles = list(CONV_TILES)
-        if isinstance(op, Conv2dOp) and 64 < op.c // op.groups <= 128:
+        if isinstance(op, Conv2dOp) and 32 < op.c // op.groups <= 128:
             # measured (one thread, NHWC 128@28^2): 32 x 16 1.86-1.88 TFLOP/s, 32 x 32 1.54-1.58, 64 x 16
-            # 1.48-1.66; with 256 channels 32 x 32 led (1.76-1.83 against 1.51-1.54)
+            # 1.48-1.66; with 256 channels 32 x 32 led (1.76-1.83 against 1.51-1.54). 64 channels (NHWC
+            # 64@56^2 batch 8, thread CPU time, medians of 15, 2026-11-26): 32 x 16 1.26x F.conv2d, 32 x 32
+            # 1.12x, 48 x 16 / 64 x 16 1.19-1.20x; 32 channels: 32 x 32 and 32 x 16 alike (1.08-1.10x)
             tiles.remove((32, 16))
             tiles.insert(0, (32, 16))
         return [PipelineConfig(params=(("mr", mr), ("nr", nr), ("wblk", WBLK[0]), ("kst", KST[0]), ("mbg", MBG[0]),
