@@ -38,6 +38,7 @@ class FreeCores:
         self._tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
         self._last: tuple[float, float, float] | None = None  # (wall, busy CPU-s of the host, our CPU-s)
         self._others = 0.0
+        self._measured = False
         self._cpus = 0
         self._dead = False
         self._lock = threading.Lock()
@@ -77,8 +78,10 @@ class FreeCores:
             ours = time.process_time()
             if last is not None:
                 window = now - last[0]
-                other = max(0.0, (busy - last[1]) - (ours - last[2])) / window
-                self._others = (1 - NEW_WEIGHT) * self._others + NEW_WEIGHT * min(other, float(cpus or 1))
+                other = min(max(0.0, (busy - last[1]) - (ours - last[2])) / window, float(cpus or 1))
+                # the first window is the estimate; later ones are averaged into it
+                self._others = other if not self._measured else (1 - NEW_WEIGHT) * self._others + NEW_WEIGHT * other
+                self._measured = True
             self._cpus = cpus
             self._last = (now, busy, ours)
             return self._others
