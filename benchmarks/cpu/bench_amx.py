@@ -24,7 +24,8 @@ Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
   on torch float16 tensors (default settings), ``amx`` (``cpu.gemm.f16amx``: exact bf16 split on AMX)
   and ``avx512`` (``cpu.gemm.f16.avx512``: fp32 FMAs) the variants run directly with their first hero. Anchor: ``torch.matmul`` in float16.
 * ``interference``: one bf16 GEMM and its torch anchor timed alone (back to back) and interleaved with
-  a NumPy (OpenBLAS) fp32 matmul and a torch fp32 matmul between calls, 5 runs; prints both ratios.
+  a NumPy (OpenBLAS) fp32 matmul and a torch fp32 matmul between calls, 5 runs after an untimed warm-up
+  block of each; prints both ratios.
 """
 
 from __future__ import annotations
@@ -231,6 +232,10 @@ def bench_interference(n: int, rows: list, runs: int = 5) -> None:
             ts.append(time.perf_counter() - t)
         return statistics.median(ts)
 
+    # one untimed pair of blocks first: the first parallel calls of a fresh process run 10-25 ms instead of
+    # ~1 ms on the 2-core VM, and the 16-core host's first block showed 0.47x against 1.16-1.24x after
+    block(theirs, [])
+    block(ours, [])
     alone, mixed = [], []
     for _ in range(runs):
         alone.append(block(theirs, []) / block(ours, []))
