@@ -96,7 +96,7 @@ def test_linear_memo_and_its_bypass(restricted_backend, rel_err):
         x2 = torch.randn(4, 2, 8)  # another shape: not the (poisoned) memo, and it becomes the memo
         assert rel_err(lin(x2), F.linear(x2, lin.weight, lin.bias)) < 1e-5
     fresh = lin.__dict__["_tracea_memo"]
-    assert fresh is not memo and fresh.sx[0] == x2.shape
+    assert fresh is not memo and fresh.check(x2, lin.weight, lin.bias) and not fresh.check(x, lin.weight, lin.bias)
     _poison(fresh)
     with torch.no_grad(), pytest.raises(AssertionError, match="memo's plan"):
         lin(x2)
@@ -126,3 +126,46 @@ def test_copies_and_pickles_start_empty(restricted_backend, rel_err):
     buf = io.BytesIO()
     torch.save(conv, buf)  # a whole patched module saves (plans are closures, which do not pickle)
     assert buf.tell() > 0
+
+
+@pytest.mark.parametrize("guard", ["torch", "python"])
+def test_memo_guards_compare_every_part_of_the_signature(guard):
+    """Both tensor comparisons a memo may use (dynamo's TensorGuards where it behaves as needed, the
+    Python stand-in otherwise) tell apart exactly the same things."""
+    from tracea_torch import layer_path
+
+    build = layer_path._PyGuard if guard == "python" else layer_path._torch_guard()
+    if build is None:
+        pytest.skip("this torch has no usable TensorGuards (the Python comparison serves)")
+    x, w, b = torch.randn(2, 4, 5, 5), nn.Parameter(torch.randn(6, 4, 3, 3)), nn.Parameter(torch.randn(6))
+    check = build(x, w, b).check
+    assert check(x, w, b) and check(torch.randn(2, 4, 5, 5), w, b)  # same signature, other data
+    assert not check(torch.randn(2, 4, 5, 6), w, b)  # shape
+    assert not check(x.contiguous(memory_format=torch.channels_last), w, b)  # strides
+    assert not check(x.double(), w, b)  # dtype
+    assert not check(x.clone().requires_grad_(), w, b)  # requires_grad
+    assert not check(x, w.detach(), b)  # Python type (Parameter vs Tensor)
+    assert not check(x, w, layer_path._NO_BIAS)  # a missing bias never matches a bias
+    assert not check(None, w, b)
+    no_bias = build(x, w, layer_path._NO_BIAS).check
+    assert no_bias(x, w, layer_path._NO_BIAS) and not no_bias(x, w, b)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_memo_serves_layers_with_and_without_bias_inside_a_model(restricted_backend, bias):
+    """Every patched layer of a model reuses its memo from the second forward on (a guard that never
+    matched would pass every test above and still cost a full lookup per call)."""
+    from tracea_torch import layer_path
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=bias), nn.ReLU(), nn.Conv2d(8, 8, 3, bias=bias),
+                          nn.Flatten(), nn.Linear(8 * 6 * 6, 5, bias=bias)).eval()
+    tracea_torch.patch_conv2d(model)
+    tracea_torch.patch_linear(model)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        for layer in (model[0], model[2], model[4]):
+            _poison(layer.__dict__[layer_path._KEY])
+        with pytest.raises(AssertionError, match="memo's plan"):
+            model(x)
