@@ -65,6 +65,24 @@ def _rounds(fns: dict, rounds: int) -> dict:
     return {k: statistics.median(v) for k, v in ts.items()}
 
 
+def _bf16_fns(n: int) -> dict:
+    a, b = torch.randn(n, n).bfloat16(), torch.randn(n, n).bfloat16()
+    op = GemmOp(n, n, n, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16")
+    capped, fixed = _bound_pair(CpuGemmAmxVariant(), op, TorchAdapter())
+    return {"capped": lambda: capped(a, b, None, torch.empty(n, n, dtype=torch.bfloat16)),
+            "fixed": lambda: fixed(a, b, None, torch.empty(n, n, dtype=torch.bfloat16)),
+            "torch": lambda: torch.matmul(a, b)}
+
+
+def _fp32_fns(n: int) -> dict:
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)
+    capped, fixed = _bound_pair(CpuGemmVariant(ISA_BY_NAME["avx512"]), GemmOp(n, n, n), NumpyAdapter())
+    return {"capped": lambda: capped(a, b, None, np.empty((n, n), np.float32)),
+            "fixed": lambda: fixed(a, b, None, np.empty((n, n), np.float32)),
+            "numpy": lambda: a @ b}
+
+
 def _show(label: str, flops: float, t: dict, anchor: str) -> None:
     cells = "  ".join(f"{k} {flops / s / 1e9:6.0f} GF/s {t[anchor] / s:5.2f}x" for k, s in t.items())
     print(f"{label:>12}  {cells}  (others busy: {host_load._FREE.others() or 0.0:.2f} cores)")
@@ -86,22 +104,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}")
         for n in (int(s) for s in ns.sizes.split(",")):
             if "bf16" in ns.only and PROFILE.has("amx_tile", "amx_bf16") and amx_permission() is None:
-                a, b = torch.randn(n, n).bfloat16(), torch.randn(n, n).bfloat16()
-                op = GemmOp(n, n, n, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16")
-                capped, fixed = _bound_pair(CpuGemmAmxVariant(), op, TorchAdapter())
-                fns = {"capped": lambda: capped(a, b, None, torch.empty(n, n, dtype=torch.bfloat16)),
-                       "fixed": lambda: fixed(a, b, None, torch.empty(n, n, dtype=torch.bfloat16)),
-                       "torch": lambda: torch.matmul(a, b)}
-                _show(f"bf16 {n}", 2.0 * n ** 3, _rounds(fns, ns.rounds), "torch")
+                _show(f"bf16 {n}", 2.0 * n ** 3, _rounds(_bf16_fns(n), ns.rounds), "torch")
             if "fp32" in ns.only and PROFILE.has("avx512f"):
-                rng = np.random.default_rng(0)
-                a32, b32 = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)
-                op = GemmOp(n, n, n)
-                capped, fixed = _bound_pair(CpuGemmVariant(ISA_BY_NAME["avx512"]), op, NumpyAdapter())
-                fns = {"capped": lambda: capped(a32, b32, None, np.empty((n, n), np.float32)),
-                       "fixed": lambda: fixed(a32, b32, None, np.empty((n, n), np.float32)),
-                       "numpy": lambda: a32 @ b32}
-                _show(f"fp32 {n}", 2.0 * n ** 3, _rounds(fns, ns.rounds), "numpy")
+                _show(f"fp32 {n}", 2.0 * n ** 3, _rounds(_fp32_fns(n), ns.rounds), "numpy")
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
     finally:
         for h in hogs:
