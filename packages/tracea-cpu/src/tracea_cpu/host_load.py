@@ -43,20 +43,19 @@ class FreeCores:
         self._dead = False
         self._lock = threading.Lock()
 
-    def _sample(self) -> tuple[float, int] | None:
-        """(busy CPU-seconds of the whole host since boot, CPUs counted), or None when unreadable."""
+    def _sample(self) -> tuple[float, int]:
+        """(busy CPU-seconds of the whole host since boot, CPUs of the host); raises OSError / ValueError
+        when unreadable. Only the aggregate first line is read (the per-CPU lines of a large host run
+        past any small read)."""
         if self._fd is None:
             self._fd = os.open(self._path, os.O_RDONLY)
-        head = os.pread(self._fd, 4096, 0)
-        lines = head.split(b"\n")
-        fields = lines[0].split()
+        fields = os.pread(self._fd, 512, 0).split(b"\n", 1)[0].split()
         if not fields or fields[0] != b"cpu":
             raise ValueError("no aggregate cpu line")
         ticks = [int(x) for x in fields[1:]]
         # user nice system idle iowait irq softirq steal [guest guest_nice]; guest time is in user already
         busy = sum(ticks[:8]) - ticks[3] - ticks[4]
-        cpus = sum(1 for ln in lines[1:] if ln.startswith(b"cpu"))
-        return busy / self._tick, cpus
+        return busy / self._tick, os.cpu_count() or 1
 
     def others(self) -> float | None:
         """Cores the other processes kept busy (running estimate), None where it cannot be measured."""
@@ -71,7 +70,7 @@ class FreeCores:
             if last is not None and now - last[0] < WINDOW_S:
                 return self._others
             try:
-                busy, cpus = self._sample()  # type: ignore[misc]
+                busy, cpus = self._sample()
             except (OSError, ValueError, IndexError):
                 self._dead = True
                 return None
