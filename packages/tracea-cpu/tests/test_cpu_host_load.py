@@ -27,6 +27,12 @@ def _stat(path, busy_ticks: int, idle_ticks: int, cpus: int = 4) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _busy(path) -> int:
+    """user + system ticks of the aggregate line of a stat file written by :func:`_stat`."""
+    fields = path.read_text().split()
+    return int(fields[1]) + int(fields[3])
+
+
 class _Clock:
     def __init__(self) -> None:
         self.wall = 100.0
@@ -55,13 +61,13 @@ def test_other_processes_busy_cores(tmp_path, clock):
     assert free.others() == pytest.approx(2.0)  # the first window is the estimate
     clock.wall += 0.5
     clock.ours += 0.5
-    busy = int(open(stat).read().split()[1]) + int(open(stat).read().split()[3])
+    busy = _busy(stat)
     _stat(stat, busy + int(0.5 * tick), 5000)  # others idle now: averaged with the previous window
     assert free.others() == pytest.approx(host_load.NEW_WEIGHT * 0.0 + (1 - host_load.NEW_WEIGHT) * 2.0)
     for _ in range(12):  # busy again for a while: the estimate converges to 2 busy cores
         clock.wall += 0.5
         clock.ours += 0.5
-        busy = int(open(stat).read().split()[1]) + int(open(stat).read().split()[3])
+        busy = _busy(stat)
         _stat(stat, busy + int(1.5 * tick), 5000)
         free.others()
     assert free.others() == pytest.approx(2.0, abs=0.01)
