@@ -234,7 +234,7 @@ def _from_cache(op: Any, profile: Any, variant: str, cfg_key: str) -> dict[str, 
         out = {"winner": p["winner"], "tracea_s": float(p["tracea_s"]), "torch_s": float(p["torch_s"]),
                "rel_err": float(p["rel_err"]), "note": str(p.get("note", "")),
                "graph_winner": graph if graph in ("tracea", "torch") else "",
-               "tracea_eager_s": float(p.get("tracea_eager_s", "nan")), "torch_eager_s": float(p.get("torch_eager_s", "nan"))}
+               "tracea_eager_s": _time(p.get("tracea_eager_s")), "torch_eager_s": _time(p.get("torch_eager_s"))}
     except (KeyError, TypeError, ValueError):
         return None
     return out
@@ -259,3 +259,10 @@ def _to_cache(op: Any, profile: Any, v: Verdict) -> None:
 
 def _num(x: float) -> float:
     return x if x == x and abs(x) != float("inf") else -1.0
+
+
+def _time(x: Any) -> float:
+    """A time read back from a cache entry: :func:`_num`'s -1 (not measured: the CPU has no eager/device
+    split) is NaN again."""
+    t = float("nan") if x is None else float(x)
+    return t if t >= 0 else float("nan")
