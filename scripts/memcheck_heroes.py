@@ -42,7 +42,16 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
                            fp32_precision=prec, epilogue="bias"),
                   Conv2dOp(4, 256, 7, 7, 512, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec),
                   Conv2dOp(2, 3, 19, 17, 16, 7, 7, stride=2, padding=3, layout=layout, dtype=dt,  # RGB stem
-                           fp32_precision=prec, epilogue="bias+relu")]
+                           fp32_precision=prec, epilogue="bias+relu"),
+                  Conv2dOp(1, 96, 9, 7, 136, 3, 3, padding=1, layout=layout, dtype=dt,  # few tiles: split-K
+                           fp32_precision=prec, epilogue="bias"),
+                  Conv2dOp(3, 21, 9, 7, 13, 1, 1, layout=layout, dtype=dt, fp32_precision=prec,  # pointwise,
+                           epilogue="bias+relu"),  # odd planes and channels
+                  Conv2dOp(2, 32, 12, 12, 16, 1, 1, layout=layout, dtype=dt, fp32_precision=prec),
+                  Conv2dOp(2, 16, 9, 11, 40, 3, 3, padding=1, layout=layout, dtype=dt,  # C below one slice
+                           fp32_precision=prec, epilogue="bias+relu"),
+                  Conv2dOp(1, 3, 256, 260, 16, 5, 5, padding=2, layout=layout, dtype=dt,  # padded stem, M >= 65536
+                           fp32_precision=prec)]
 
 
 # Big shapes only to collect the heroes the Doctor proposes there (bigger tiles, clusters, stream-K, the
@@ -54,6 +63,10 @@ HARVEST += [GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="b
 HARVEST += [Conv2dOp(32, c, hw, hw, c, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias+relu")
             for dt, prec in (("float16", "highest"), ("float32", "high"), ("float32", "highest"))
             for layout in ("nhwc", "nchw") for c, hw in ((64, 56), (256, 14), (512, 7))]
+HARVEST += [Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision="high")
+            for dt, layout in (("float16", "nhwc"), ("float32", "nchw"), ("float32", "nhwc"))]  # split-K heroes
+HARVEST += [Conv2dOp(n, 32, 112, 112, 16, 1, 1, layout=layout, dtype=dt, fp32_precision="high")
+            for n in (1, 32) for dt, layout in (("float16", "nhwc"), ("float32", "nchw"))]  # pointwise heroes
 
 
 def plan(variant, profile, per_config: int = 2) -> list:

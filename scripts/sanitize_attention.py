@@ -1,5 +1,6 @@
 """Run the CUDA attention variants' hero configs (and forced split counts) once each on small odd shapes
-through ``tracea.ops.attention`` and check every output against the float64 reference. Meant to run under
+through ``tracea.ops.attention``, without and with the log-sum-exp output (``return_lse``), and check every
+output (and lse) against the float64 reference. Meant to run under
 compute-sanitizer (GPU machine), e.g.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/sanitize_attention.py
@@ -16,25 +17,11 @@ VARIANTS = ("cuda.attention.decode", "cuda.attention.flash_mma", "cuda.attention
 # (B, H, KVH, Sq, Skv, D, causal, mask): odd KV lengths, GQA / MQA, a few query rows, masks
 SHAPES = [(1, 8, 2, 1, 1000, 128, False, None), (2, 4, 1, 3, 333, 64, True, None),
           (2, 8, 2, 1, 515, 128, False, "additive"), (1, 4, 4, 2, 77, 64, False, "bool"),
-          (1, 32, 8, 1, 2049, 128, False, None)]
-
-
-def _ref(q, k, v, mask, causal):  # noqa: ANN001, ANN202
-    import torch
-
-    q64, k64, v64 = (t.double().cpu() for t in (q, k, v))
-    rep = q.shape[1] // k.shape[1]
-    k64, v64 = k64.repeat_interleave(rep, 1), v64.repeat_interleave(rep, 1)
-    s = (q64 @ k64.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-    if mask is not None:
-        m = mask.cpu()
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.double()
-    mx = s.amax(-1, keepdim=True)
-    p = torch.exp(s - torch.where(mx == float("-inf"), torch.zeros_like(mx), mx))
-    tot = p.sum(-1, keepdim=True)
-    return (p / torch.where(tot == 0, torch.ones_like(tot), tot)) @ v64
+          (1, 32, 8, 1, 2049, 128, False, None),
+          # decode's mask tile by cp.async (seq_kv % 8 == 0): one shared row (seq_q 1), then 16 rows (seq_q 2)
+          (2, 8, 2, 1, 1024, 64, False, "additive"), (2, 8, 2, 2, 1024, 128, True, "bool"),
+          # more query blocks than SMs: persistent grids walk several blocks per CTA
+          (4, 16, 16, 600, 333, 128, False, None)]
 
 
 def main() -> int:
@@ -48,6 +35,7 @@ def main() -> int:
     from tracea.errors import UnsupportedConfigError
     from tracea.ir.ops import AttentionOp
     from tracea_cuda import testing as T
+    from tracea_cuda.testing_attention import attention_ref, lse_close
     from tracea_cuda.variants import all_variants
     from tracea_cuda.variants.base import hero
 
@@ -71,20 +59,24 @@ def main() -> int:
                 mask = torch.rand(b, 1, sq, skv, device="cuda", generator=g) < 0.7
             elif mkind == "additive":
                 mask = (torch.rand(b, 1, sq, skv, device="cuda", generator=g) * 3 - 2).bfloat16()
-            ref = _ref(q, k, v, mask, causal)
+            ref, ref_lse = attention_ref(q, k, v, mask, causal, return_lse=True)
             configs = variant.hero_configs(op, profile)
             if variant.name == "cuda.attention.decode":
                 c0 = configs[0]
                 configs += [hero(16, c0.tile_n, d, c0.stages, c0.warps, splits=n) for n in (1, 3, 64)]
-            for cfg in configs:
+            for cfg, lse in [(c, flag) for c in configs for flag in (False, True)]:
                 runs += 1
                 try:
                     out = tracea.ops.attention(q, k, v, mask, is_causal=causal, enable_gqa=True, variant=variant.name,
-                                               config=cfg)
+                                               config=cfg, return_lse=lse)
                     torch.cuda.synchronize()
+                    lse_msg = None
+                    if lse:
+                        out, got_lse = out
+                        lse_msg = lse_close(got_lse, ref_lse)
                     err = float((out.double().cpu() - ref).norm() / ref.norm())
-                    ok = err < 2e-2
-                    msg = f"err={err:.2e}"
+                    ok = err < 2e-2 and lse_msg is None
+                    msg = f"err={err:.2e}" + (f" lse: {lse_msg or 'ok'}" if lse else "")
                 except UnsupportedConfigError as exc:
                     ok, msg = True, f"declined: {exc}"
                 except Exception as exc:  # noqa: BLE001 - reported per run

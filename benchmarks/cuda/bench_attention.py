@@ -3,7 +3,7 @@
 Usage (on a GPU machine, from the repo root):
     source scripts/srcenv.sh && python benchmarks/cuda/bench_attention.py [--json out.json] [--quick]
 
-Three parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorch:
+Parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorch:
 
 * prefill, B4 H16 S4096, D64 / D128, and GQA B4 H32/8 S4096 D128, causal and not, bf16 / fp16, with the
   isolated kernel of each attention variant (``cuda.attention.wgmma``, ``cuda.attention.flash_mma``)
@@ -11,7 +11,8 @@ Three parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / 
 * decode: q_len 1 (and 4 / 16) over kv_len 4096..32768, GQA 32 query / 8 kv heads, D128 / D64, batch 1 / 4,
   bf16 / fp16, with GB/s beside the copy bandwidth (``--sweep``: every decode hero and split counts);
 * a small Hugging Face style transformer block (GQA attention calling SDPA, then an MLP) with
-  ``tracea_torch.patch_attention()`` vs eager.
+  ``tracea_torch.patch_attention()`` vs eager;
+* ``--only lse`` (not in the default parts): the cost of ``return_lse=True`` on a prefill and a decode shape.
 
 Two timings per row: the *user path* (``tracea.ops.attention`` with default settings, untuned, called back
 to back between two CUDA events with nothing queued ahead: host time counts where it exceeds the
@@ -138,11 +139,12 @@ def _copy_gbs() -> float:
     return 2 * x.numel() * 2 / t / 1e9
 
 
-def decode(quick: bool, dtypes: list | None = None, sweep: bool = False) -> list[dict]:
+def decode(quick: bool, dtypes: list | None = None, sweep: bool = False, masked_only: bool = False) -> list[dict]:
     """q_len 1 (and a few q_len 4 / 8 / 16 rows) over long KV caches, GQA 32 / 8 heads: the default path
     (``cuda.attention.decode`` on sm_80+), its isolated kernel, flash_mma's split-KV kernel, SDPA, and at
     q_len 1 the patched ``F.scaled_dot_product_attention`` (user path, the arbiter's pick);
-    GB/s of K and V read beside the copy bandwidth. ``sweep``: every decode hero and forced split counts."""
+    GB/s of K and V read beside the copy bandwidth. ``sweep``: every decode hero and forced split counts.
+    ``masked_only``: only padding-mask rows and the same shapes without the mask."""
     from tracea_cuda.variants.attention import FlashAttention
 
     rows = []
@@ -153,6 +155,8 @@ def decode(quick: bool, dtypes: list | None = None, sweep: bool = False) -> list
               for skv in ((4096, 32768) if quick else (4096, 8192, 16384, 32768))]
     shapes += [(1, 4, 8192, 128, False), (1, 8, 8192, 128, False), (4, 8, 4096, 128, False),
                (1, 16, 8192, 128, False), (4, 1, 8192, 128, True)]  # last: an HF-style padding mask
+    if masked_only:
+        shapes = [(b, 1, skv, 128, m) for b, skv in ((4, 8192), (1, 32768), (8, 4096)) for m in (False, True)]
     for dt in dtypes:
         for b, sq, skv, d, masked in shapes:
             q = torch.randn(b, 32, sq, d, device="cuda", dtype=dt)
@@ -191,6 +195,26 @@ def decode(quick: bool, dtypes: list | None = None, sweep: bool = False) -> list
                 row["configs_us"] = _decode_sweep(q, k, v, theirs)
             rows.append(row)
             print(_fmt(row), flush=True)
+    return rows
+
+
+def lse_cost(quick: bool) -> list[dict]:
+    """The log-sum-exp output's cost: ``tracea.ops.attention(..., return_lse=True)`` against the same call
+    without it and SDPA (kernel: queued behind a sleep kernel; user path: back to back), bf16, prefill
+    B4 H16 S4096 D128 and decode q_len 1 GQA 32/8 batch 4 kv 8192."""
+    rows = []
+    for b, h, kvh, sq, skv, d in ((4, 16, 16, 4096, 4096, 128), (4, 32, 8, 1, 8192, 128)):
+        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, kvh, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        plain = lambda q=q, k=k, v=v: tracea.ops.attention(q, k, v, enable_gqa=True)  # noqa: E731
+        with_lse = lambda q=q, k=k, v=v: tracea.ops.attention(q, k, v, enable_gqa=True, return_lse=True)  # noqa: E731
+        theirs = lambda q=q, k=k, v=v: TORCH_SDPA(q, k, v, enable_gqa=True)  # noqa: E731
+        kern = _time([plain, with_lse, theirs], 10, True)
+        user = _time([plain, with_lse, theirs], 10, False)
+        rows.append(dict(part="lse", b=b, h=h, kvh=kvh, sq=sq, kv=skv, d=d, plain_us=kern[0] * 1e6,
+                         lse_us=kern[1] * 1e6, sdpa_us=kern[2] * 1e6, lse_cost_kernel=kern[1] / kern[0],
+                         ratio_lse_kernel=kern[2] / kern[1], ratio_lse_user=user[2] / user[1]))
+        print(_fmt(rows[-1]), flush=True)
     return rows
 
 
@@ -291,6 +315,7 @@ def main() -> None:
     ap.add_argument("--dtypes", help="prefill / decode dtypes, comma-separated (default: bfloat16, and float16 "
                     "unless --quick)")
     ap.add_argument("--sweep", action="store_true", help="decode: time every hero and forced split counts")
+    ap.add_argument("--masked", action="store_true", help="decode: only padding-mask rows and their unmasked twins")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     rows = []
@@ -300,9 +325,9 @@ def main() -> None:
             rows += prefill(args.quick, dts)
             continue
         if part == "decode":
-            rows += decode(args.quick, dts, args.sweep)
+            rows += decode(args.quick, dts, args.sweep, args.masked)
             continue
-        rows += {"prefill": prefill, "decode": decode, "model": model}[part](args.quick)
+        rows += {"prefill": prefill, "decode": decode, "model": model, "lse": lse_cost}[part](args.quick)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
         long B = a[0], H = a[1], KVH = a[2], Sq = a[3], Skv = a[4], D = a[5];
         float *q = tr_read(B * H * Sq * D), *k = tr_read(B * KVH * Skv * D), *v = tr_read(B * KVH * Skv * D);
         n_out = B * H * Sq * D; out = tr_poisoned(n_out);
-        rc = tr_attention(B, H, KVH, Sq, Skv, D, (float)(a[7] * 1e-6), (int)a[6], q, k, v, out, 1, 0, 0, 1, 1);
+        rc = tr_attention(B, H, KVH, Sq, Skv, D, (float)(a[7] * 1e-6), (int)a[6], q, k, v, out, 1, 0, 0, 1, 1, 0);
 #endif
     } else {
         fprintf(stderr, "unknown mode %s\n", argv[1]);

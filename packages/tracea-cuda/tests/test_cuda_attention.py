@@ -9,35 +9,12 @@ from __future__ import annotations
 import pytest
 
 from tracea_cuda import testing as T
+from tracea_cuda.testing_attention import attention_ref as _ref, rel as _rel
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not T.gpu_available(), reason="needs a CUDA GPU, CuPy and torch")]
 
 VARIANT = "cuda.attention.flash_mma"
 TOL = {"float16": 4e-3, "bfloat16": 2e-2}
-
-
-def _ref(q, k, v, mask=None, causal=False, scale=None):  # noqa: ANN001, ANN202
-    import torch
-
-    q64, k64, v64 = (t.double().cpu() for t in (q, k, v))
-    rep = q.shape[-3] // k.shape[-3]
-    if rep > 1:
-        k64, v64 = k64.repeat_interleave(rep, -3), v64.repeat_interleave(rep, -3)
-    s = (q64 @ k64.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-    if mask is not None:
-        m = mask.cpu()
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.double()
-    mx = s.amax(-1, keepdim=True)
-    p = torch.exp(s - torch.where(mx == float("-inf"), torch.zeros_like(mx), mx))
-    tot = p.sum(-1, keepdim=True)
-    return (p / torch.where(tot == 0, torch.ones_like(tot), tot)) @ v64
-
-
-def _rel(got, ref) -> float:  # noqa: ANN001
-    g = got.double().cpu()
-    return float((g - ref).norm() / ref.norm())
 
 
 CASES = [  # (B, H, KVH, Sq, Skv, D)

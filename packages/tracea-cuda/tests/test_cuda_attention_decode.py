@@ -9,46 +9,12 @@ from __future__ import annotations
 import pytest
 
 from tracea_cuda import testing as T
+from tracea_cuda.testing_attention import attention_inputs as _inputs, attention_ref as _ref, rel as _rel
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not T.gpu_available(), reason="needs a CUDA GPU, CuPy and torch")]
 
 VARIANT = "cuda.attention.decode"
 TOL = {"float16": 4e-3, "bfloat16": 2e-2}
-
-
-def _ref(q, k, v, mask=None, causal=False, scale=None):  # noqa: ANN001, ANN202
-    import torch
-
-    q64, k64, v64 = (t.double().cpu() for t in (q, k, v))
-    rep = q.shape[-3] // k.shape[-3]
-    if rep > 1:
-        k64, v64 = k64.repeat_interleave(rep, -3), v64.repeat_interleave(rep, -3)
-    s = (q64 @ k64.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-    if mask is not None:
-        m = mask.cpu()
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.double()
-    mx = s.amax(-1, keepdim=True)
-    p = torch.exp(s - torch.where(mx == float("-inf"), torch.zeros_like(mx), mx))
-    tot = p.sum(-1, keepdim=True)
-    return (p / torch.where(tot == 0, torch.ones_like(tot), tot)) @ v64
-
-
-def _rel(got, ref) -> float:  # noqa: ANN001
-    return float((got.double().cpu() - ref).norm() / ref.norm())
-
-
-def _inputs(case, dt, seed):  # noqa: ANN001, ANN202
-    import torch
-
-    b, h, kvh, sq, skv, d = case
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dtype = getattr(torch, dt)
-    q = torch.randn(b, h, sq, d, device="cuda", dtype=dtype, generator=g)
-    k = torch.randn(b, kvh, skv, d, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn(b, kvh, skv, d, device="cuda", dtype=dtype, generator=g)
-    return q, k, v
 
 
 CASES = [  # (B, H, KVH, Sq, Skv, D)
@@ -102,8 +68,13 @@ def test_decode_masks_and_scale(kind):
     import tracea
 
     g = torch.Generator(device="cuda").manual_seed(3)
+    # the mask tile travels through cp.async when its rows are 16-byte aligned (seq_kv % 8 == 0), as one row
+    # when every row of a block reads the same mask row (mask_heads 1, seq_q 1), else 16 rows; plain loads
+    # otherwise (seq_kv 257, 1999)
     for b, h, kvh, sq, skv, d, mshape in [(2, 8, 2, 1, 3000, 128, (2, 1, 1, 3000)), (1, 8, 8, 5, 257, 64, (5, 257)),
-                                          (2, 4, 4, 1, 1999, 128, (2, 4, 1, 1999))]:
+                                          (2, 4, 4, 1, 1999, 128, (2, 4, 1, 1999)),
+                                          (2, 8, 2, 1, 4096, 128, (2, 8, 1, 4096)),
+                                          (1, 32, 8, 2, 1024, 64, (1, 32, 2, 1024))]:
         q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.float16, generator=g)
         k = torch.randn(b, kvh, skv, d, device="cuda", dtype=torch.float16, generator=g)
         v = torch.randn(b, kvh, skv, d, device="cuda", dtype=torch.float16, generator=g)
@@ -113,6 +84,22 @@ def test_decode_masks_and_scale(kind):
             mask = (torch.rand(mshape, device="cuda", generator=g) * 3 - 2).half()
         out = tracea.ops.attention(q, k, v, mask, scale=0.1, enable_gqa=True, variant=VARIANT)
         assert _rel(out, _ref(q, k, v, mask, scale=0.1)) < TOL["float16"], (b, h, kvh, sq, skv, d)
+
+
+def test_decode_mask_with_an_unaligned_base():
+    """A packed mask whose base is 2 bytes past an aligned address (seq_kv a multiple of 8): the kernel sees
+    its rows are not 16-byte aligned and copies them with plain loads."""
+    import torch
+
+    import tracea
+
+    q, k, v = _inputs((2, 32, 8, 1, 4096, 128), "bfloat16", 9)
+    store = torch.empty(2 * 4096 + 1, device="cuda", dtype=torch.bfloat16)
+    mask = store[1:].view(2, 1, 1, 4096)
+    mask.copy_(torch.rand(2, 1, 1, 4096, device="cuda") * 4 - 3)
+    assert mask.data_ptr() % 16 == 2 and mask.is_contiguous()
+    out = tracea.ops.attention(q, k, v, mask, enable_gqa=True, variant=VARIANT)
+    assert _rel(out, _ref(q, k, v, mask)) < TOL["bfloat16"]
 
 
 def test_decode_fully_masked_rows_and_nonfinite():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tracea_cuda import testing as T
+from tracea_cuda.testing_attention import attention_inputs as _inputs, attention_ref as _ref, rel as _rel
 
 VARIANT = "cuda.attention.wgmma"
 TOL = {"float16": 4e-3, "bfloat16": 2e-2}
@@ -23,38 +24,6 @@ def _hopper() -> bool:
 
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (sm_90), CuPy and torch")]
-
-
-def _ref(q, k, v, causal=False, scale=None):  # noqa: ANN001, ANN202
-    import torch
-
-    q64, k64, v64 = (t.double().cpu() for t in (q, k, v))
-    rep = q.shape[-3] // k.shape[-3]
-    if rep > 1:
-        k64, v64 = k64.repeat_interleave(rep, -3), v64.repeat_interleave(rep, -3)
-    s = (q64 @ k64.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-    mx = s.amax(-1, keepdim=True)
-    p = torch.exp(s - torch.where(mx == float("-inf"), torch.zeros_like(mx), mx))
-    tot = p.sum(-1, keepdim=True)
-    return (p / torch.where(tot == 0, torch.ones_like(tot), tot)) @ v64
-
-
-def _rel(got, ref) -> float:  # noqa: ANN001
-    return float((got.double().cpu() - ref).norm() / ref.norm())
-
-
-def _inputs(case, dt, seed):  # noqa: ANN001, ANN202
-    import torch
-
-    b, h, kvh, sq, skv, d = case
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dtype = getattr(torch, dt)
-    q = torch.randn(b, h, sq, d, device="cuda", dtype=dtype, generator=g)
-    k = torch.randn(b, kvh, skv, d, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn(b, kvh, skv, d, device="cuda", dtype=dtype, generator=g)
-    return q, k, v
 
 
 CASES = [  # (B, H, KVH, Sq, Skv, D): odd lengths, GQA / MQA packing across heads, seq_q != seq_kv

@@ -96,10 +96,124 @@ def test_wgmma_conv_misaligned_input_falls_back():
 def test_wgmma_conv_declines_with_reasons():
     profile = _hopper()
     stem = Conv2dOp(1, 3, 32, 32, 64, 7, 7, stride=2, padding=3, layout="nhwc", dtype="float16")
-    assert any("multiple of 64 channels" in r for r in VARIANT.check(stem, profile))
+    assert any("pre-pass" in r for r in VARIANT.check(stem, profile))  # padded only from PAD_ROWS (65536) rows
+    assert not VARIANT.check(Conv2dOp(32, 3, 224, 224, 64, 7, 7, stride=2, padding=3, layout="nhwc",
+                                      dtype="float16"), profile)
+    odd = Conv2dOp(1, 24, 32, 32, 64, 3, 3, padding=1, layout="nhwc", dtype="float16")
+    assert any("divisor" in r for r in VARIANT.check(odd, profile))
+    nchw_stem = Conv2dOp(32, 3, 224, 224, 64, 7, 7, stride=2, padding=3, layout="nchw", dtype="float32",
+                         fp32_precision="high")
+    assert VARIANT.check(nchw_stem, profile)
     accurate = Conv2dOp(1, 64, 8, 8, 64, 3, 3, layout="nchw", dtype="float32", fp32_precision="highest")
     assert VARIANT.check(accurate, profile)
     pointwise = Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype="float32", fp32_precision="high")
     assert any("implicit_mma" in r for r in VARIANT.check(pointwise, profile))
     grouped = Conv2dOp(1, 128, 8, 8, 128, 3, 3, groups=2, layout="nhwc", dtype="float16")
     assert any("groups" in r for r in VARIANT.check(grouped, profile))
+
+
+@pytest.mark.parametrize("layout,dt", [("nchw", "float32"), ("nhwc", "float16"), ("nhwc", "bfloat16"),
+                                       ("nhwc", "float32")])
+@pytest.mark.parametrize("splits,bn", [(2, 128), (5, 64), (16, 128), (16, 64)])
+def test_wgmma_conv_split_k(layout, dt, splits, bn):
+    """K split over CTAs (fp32 partial sums exchanged in-kernel): odd M (63 rows in a 128-row tile), N off
+    the tile grid, slices of 1-14 K-tiles; every split piece's output checked against float64."""
+    from tracea_cuda.variants.hopper import _hero
+
+    c = 96 if dt == "float32" else 192  # 27 K-tiles of one (r, s) and 32 / 64 channels
+    config = _hero(bn, 4, smem_epilogue=layout == "nhwc", split_k=splits)
+    # a 9x7 and a 5x5 plane (the NCHW transpose of x takes its narrow-row path below 32 pixels)
+    for h, w in ((9, 7), (5, 5)):
+        op = Conv2dOp(1, c, h, w, 136, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision="high",
+                      epilogue="bias+relu")
+        assert VARIANT.split_plan(op, config, _hopper())[0] == splits
+        _check(op, config)
+
+
+def test_wgmma_conv_split_k_default_user_path_and_graph():
+    """The batch-1 512->512 3x3 layer at 7^2 (4 output tiles over 144 fp32 K-tiles): the default config is the
+    split-K hero; through ``tracea.ops.conv2d`` (bound launcher: transpose pre-pass, counters' memset, conv),
+    repeated and replayed from a CUDA graph, against float64; NHWC float16 (72 K-tiles: not split by default)
+    with the split hero forced likewise."""
+    import torch
+    import torch.nn.functional as F
+
+    import tracea
+    from tracea_cuda.variants.hopper import _hero
+
+    profile = _hopper()
+    for dt, fmt in ((torch.float32, torch.contiguous_format), (torch.float16, torch.channels_last)):
+        layout = "nchw" if dt is torch.float32 else "nhwc"
+        op = Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1, layout=layout, dtype=str(dt)[6:], fp32_precision="high",
+                      epilogue="bias+relu")
+        first = VARIANT.hero_configs(op, profile)[0]
+        assert (int(first.get("split_k") or 1) > 1) == (dt is torch.float32), first.key
+        config = first if dt is torch.float32 else _hero(64, 4, split_k=16)
+        g = torch.Generator(device="cuda").manual_seed(5)
+        x = torch.randn(1, 512, 7, 7, device="cuda", dtype=dt, generator=g).contiguous(memory_format=fmt)
+        w = (torch.randn(512, 512, 3, 3, device="cuda", dtype=dt, generator=g) / 48).contiguous(memory_format=fmt)
+        b = torch.randn(512, device="cuda", dtype=dt, generator=g)
+        ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), padding=1))
+        with torch.backends.cudnn.flags(allow_tf32=True):
+            outs = [tracea.ops.conv2d(x, w, b, padding=1, activation="relu", variant=VARIANT.name, config=config)
+                    for _ in range(3)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = tracea.ops.conv2d(x, w, b, padding=1, activation="relu", variant=VARIANT.name,
+                                             config=config)
+            graph.replay()
+        torch.cuda.synchronize()
+        tol = T.tolerance(math_mode(op.dtype, op.fp32_precision), op.out_dtype)
+        for out in outs + [captured]:
+            assert T.rel_err(out, ref) <= tol, T.rel_err(out, ref)
+        assert torch.equal(captured, outs[-1])
+
+
+@pytest.mark.parametrize("layout,dt,c", [("nhwc", "float16", 8), ("nhwc", "bfloat16", 16), ("nhwc", "float16", 32),
+                                         ("nhwc", "float32", 4), ("nhwc", "float32", 16), ("nchw", "float32", 8)])
+def test_wgmma_conv_channels_below_one_slice(layout, dt, c):
+    """C a divisor of the 128-byte slice: each 16-byte chunk of a gathered row has its own (r, s), chunks past
+    the last (r, s) are zeros; odd planes, strides, dilation, 3x3 / 5x5 / 7x7 kernels; every hero. Reductions
+    shorter than two K-tiles are declined (mostly zeros)."""
+    slice_c = 128 // (4 if dt == "float32" else 2)
+    for geom in ((2, 9, 11, 40, 5, 5, 1, 2, 1), (1, 17, 15, 72, 7, 7, 2, 3, 1), (3, 10, 13, 24, 3, 3, 1, 1, 1),
+                 (1, 12, 12, 136, 3, 3, 1, 2, 2)):
+        n, h, w, k, r, s_, st, pad, dil = geom
+        op = Conv2dOp(n, c, h, w, k, r, s_, stride=st, padding=pad, dilation=dil, layout=layout, dtype=dt,
+                      fp32_precision="high", epilogue="bias+relu")
+        if c * r * s_ < 2 * slice_c:
+            assert any("two" in reason for reason in VARIANT.check(op, _hopper()))
+            continue
+        _check(op)
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16", "float32"])
+def test_wgmma_conv_padded_stem_bound_path_and_graph(dt):
+    """An NHWC RGB stem (C = 3) with >= 65536 output rows: x and w padded to one 16-byte channel run by the
+    pre-pass, then the wgmma conv; through ``variant.run``, ``tracea.ops.conv2d`` (the bound launcher:
+    pad pre-pass + conv), repeated and replayed from a CUDA graph, against float64."""
+    import torch
+    import torch.nn.functional as F
+
+    import tracea
+
+    profile = _hopper()
+    op = Conv2dOp(2, 3, 363, 361, 24, 7, 7, stride=2, padding=3, layout="nhwc", dtype=dt, fp32_precision="high",
+                  epilogue="bias+relu")
+    assert not VARIANT.check(op, profile), VARIANT.check(op, profile)
+    _check(op)
+    t = T.conv_inputs(op)
+    x, w, b = (t["x"].permute(0, 3, 1, 2), t["w"].permute(0, 3, 1, 2), t["bias"])  # channels_last views
+    ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), stride=2, padding=3))
+    tol = T.tolerance(math_mode(op.dtype, op.fp32_precision), op.out_dtype)
+    with torch.backends.cudnn.flags(allow_tf32=True):
+        outs = [tracea.ops.conv2d(x, w, b, stride=2, padding=3, activation="relu", variant=VARIANT.name)
+                for _ in range(2)]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = tracea.ops.conv2d(x, w, b, stride=2, padding=3, activation="relu", variant=VARIANT.name)
+        graph.replay()
+    torch.cuda.synchronize()
+    for out in outs + [captured]:
+        assert T.rel_err(out, ref) <= tol, T.rel_err(out, ref)
+    assert torch.equal(captured, outs[-1])

@@ -10,7 +10,7 @@ from tracea.doctor.profile import DeviceProfile
 from tracea.ir.device import Device
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp
 
-from tracea_cuda.emit import flash_attn, flash_decode, flash_wgmma, gemv, mma, skinny, wgmma
+from tracea_cuda.emit import flash_attn, flash_decode, flash_wgmma, gemv, mma, pointwise, skinny, wgmma
 from tracea_cuda.device import isa_flags
 from tracea_cuda.offline import bundle, compile_report, nvcc_path
 from tracea_cuda.variants import all_variants
@@ -63,6 +63,20 @@ OPS = {
         Conv2dOp(32, 512, 7, 7, 512, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
         Conv2dOp(32, 256, 14, 14, 256, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high",
                  epilogue="bias+relu"),
+        Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high",
+                 epilogue="bias"),  # few tiles, long K: split-K hero
+        Conv2dOp(1, 256, 14, 14, 256, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),
+        Conv2dOp(32, 3, 224, 224, 64, 7, 7, stride=2, padding=3, layout="nhwc", dtype="float16",
+                 epilogue="bias+relu"),  # RGB stem padded to 8 channels: one (r, s) per 16-byte chunk
+        Conv2dOp(8, 16, 56, 56, 64, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high"),
+    ],
+    "cuda.conv2d.pointwise": [
+        Conv2dOp(32, 32, 112, 112, 16, 1, 1, layout="nchw", dtype="float32", fp32_precision="high", epilogue="bias"),
+        Conv2dOp(32, 96, 56, 56, 24, 1, 1, layout="nchw", dtype="float32", dtype_out="bfloat16", epilogue="bias+gelu"),
+        Conv2dOp(1, 21, 9, 7, 13, 1, 1, layout="nchw", dtype="float32", epilogue="silu"),
+        Conv2dOp(32, 32, 112, 112, 16, 1, 1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
+        Conv2dOp(4, 40, 28, 28, 24, 1, 1, layout="nhwc", dtype="bfloat16", dtype_out="float32", epilogue="bias"),
+        Conv2dOp(2, 96, 13, 11, 24, 1, 1, layout="nhwc", dtype="float32", epilogue="bias+silu"),
     ],
     "cuda.attention.flash_mma": [
         AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16"),
@@ -111,7 +125,8 @@ def _sources(arch: str) -> dict[str, str]:
                       else wgmma.render if ".wgmma" in variant.name else _gemv_render if variant.name == "cuda.gemm.gemv"
                       else skinny.render if variant.name == "cuda.gemm.skinny_mma"
                       else flash_attn.render if variant.name == "cuda.attention.flash_mma"
-                      else flash_decode.render if variant.name == "cuda.attention.decode" else mma.render)
+                      else flash_decode.render if variant.name == "cuda.attention.decode"
+                      else pointwise.render if variant.name == "cuda.conv2d.pointwise" else mma.render)
             for config in variant.hero_configs(op, profile):
                 assert variant.validate_config(op, config, profile), (variant.name, config.key)
                 name = f"k{len(sources)}"

@@ -102,7 +102,7 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
 
 def attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, *, causal: bool | None = None, out: Any = None,
-              variant: str | None = None, config: PipelineConfig | None = None) -> Any:
+              variant: str | None = None, config: PipelineConfig | None = None, return_lse: bool = False) -> Any:
     """Scaled dot-product attention with the arguments of ``torch.nn.functional.scaled_dot_product_attention``.
 
     ``softmax(q @ k^T * scale + mask) @ v`` over the last two dimensions.
@@ -121,7 +121,14 @@ def attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 
         Unlike PyTorch, it may be combined with ``attn_mask`` (both apply).
     :param scale: logits scale, default 1/sqrt(head_dim).
     :param out: optional output array of the result's shape and q's dtype.
-    :returns: (..., heads, seq_q, head_dim_v), of q's dtype and array kind.
+    :param return_lse: also return the log-sum-exp of every query row (for a backward pass): float32
+        (..., heads, seq_q), the natural log of ``sum_j exp(scale * q k_j^T + mask_j)`` over the keys the
+        row sees, as FlashAttention's ``softmax_lse``; -inf for a row whose keys are all masked (its
+        output row is 0). Served by the CUDA kernels (``cuda.attention.wgmma`` / ``flash_mma`` /
+        ``decode``), the CPU kernel and the float64 reference; a call that only a framework fallback
+        would compute (e.g. ``dropout_p`` > 0) raises :class:`~tracea.errors.NoVariantError`.
+    :returns: (..., heads, seq_q, head_dim_v), of q's dtype and array kind; with ``return_lse`` the pair
+        ``(out, lse)``.
     """
     if causal is not None:
         is_causal = causal
@@ -132,6 +139,8 @@ def attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 
         except KeyError:
             sq, sk, sv, sm, so = signature(q), signature(k), signature(v), signature(attn_mask), signature(out)
         key: Any = ("attention", sq, sk, sv, sm, so, dropout_p, is_causal, scale, enable_gqa, variant, config)
+        if return_lse:
+            key += ("lse", return_lse)
         plan = lookup(key)
     except (Uncacheable, TypeError):
         key = plan = None
@@ -141,7 +150,7 @@ def attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 
         except Quarantined:
             pass
     return plan_attention.attention(key, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, out, variant,
-                                    config)
+                                    config, return_lse)
 
 
 __all__ = ["attention", "conv2d", "gemm", "matmul"]

@@ -24,7 +24,7 @@ GEMM_ROUTES = {0: "packed", 1: "rows", 2: "gemv", 3: "axpy"}
 GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _P, _L, _L, _L, _I]
 CONV_ARGTYPES = [_I] + [_L] * 16 + [_P, _P, _P, _P, _L, _L, _L, _I, _I]
 BF16_GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _I, _P, _L, _L, _L, _I]
-ATTN_ARGTYPES = [_L, _L, _L, _L, _L, _L, _F, _I, _P, _P, _P, _P, _I, _P, _I, _L, _L]
+ATTN_ARGTYPES = [_L, _L, _L, _L, _L, _L, _F, _I, _P, _P, _P, _P, _I, _P, _I, _L, _L, _P]
 
 
 @functools.lru_cache(maxsize=128)
@@ -143,7 +143,7 @@ def attention_library(isa_name: str, bq: int, bk: int) -> ctypes.CDLL:
     lib = build(attention_source(isa, bq, bk), isa.cflags, f"attention-{isa_name}-{bq}x{bk}")
     lib.tr_attention.argtypes = ATTN_ARGTYPES  # type: ignore[assignment]
     lib.tr_attention.restype = _I
-    lib.tr_attention_call.argtypes = [_P, _F, _P, _P, _P, _P, _P]
+    lib.tr_attention_call.argtypes = [_P, _F, _P, _P, _P, _P, _P, _P]
     lib.tr_attention_call.restype = _I
     return lib
 

@@ -201,7 +201,7 @@ class CpuAttentionVariant(CpuVariant):
         self.description = f"flash attention forward (online softmax, causal, GQA, masks), {isa.name}"
         self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.ATTENTION,
                                          dtypes=frozenset({DType.F32}), isa=isa.requires,
-                                         masks=frozenset({"bool", "additive"}))
+                                         masks=frozenset({"bool", "additive"}), lse=True)
 
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
         reasons = super().check(op, profile)
@@ -235,16 +235,18 @@ class CpuAttentionVariant(CpuVariant):
             causal=int(op.causal), nth=self.threads(op, config, profile), mkind=_MASK_KINDS[op.mask], MB=mb, MH=mh))
         fn, ptr, scale = lib.tr_attention_call, adapter.data_ptr, float(op.scale)  # type: ignore[arg-type]
 
-        if op.mask is None:
-            def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
-                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(out), None)
+        if op.mask is None and not op.lse:
+            def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
+                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(rest[-1]), None, None)
                 if rc:
                     _check_rc(rc, "attention")
-        else:
-            def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
-                if mask is None:
+        else:  # (q, k, v, mask, out) or, with the log-sum-exp output, (q, k, v, mask, lse, out)
+            def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
+                if op.mask is not None and mask is None:
                     raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
-                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(out), ptr(mask))
+                lse = rest[0] if len(rest) > 1 else None
+                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(rest[-1]), None if mask is None else ptr(mask),
+                        None if lse is None else ptr(lse))
                 if rc:
                     _check_rc(rc, "attention")
 
@@ -263,9 +265,10 @@ class CpuAttentionVariant(CpuVariant):
         mask = _host(args, "mask", (mb, mh, op.seq_q, op.seq_kv)) if op.mask else None
         if op.mask and mask is None:
             raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
+        lse = _host(args, "lse", (op.batch, op.heads, op.seq_q)) if op.lse else None
         rc = lib.tr_attention(op.batch, op.heads, kvh, op.seq_q, op.seq_kv, op.head_dim, float(op.scale),  # type: ignore[arg-type]
                               int(op.causal), _ptr(q), _ptr(k), _ptr(v), _ptr(out),
-                              self.threads(op, config, profile), _ptr(mask), _MASK_KINDS[op.mask], mb, mh)
+                              self.threads(op, config, profile), _ptr(mask), _MASK_KINDS[op.mask], mb, mh, _ptr(lse))
         _check_rc(rc, "attention")
 
 

@@ -44,6 +44,7 @@ class Requirements:
     :param masks: attention mask kinds served (``"bool"``, ``"additive"``); empty: no ``attn_mask``.
     :param value_head_dim: whether attention with V's head dim unlike Q's and K's is served.
     :param dropout: whether attention dropout (``dropout_p`` > 0) is served.
+    :param lse: whether the attention log-sum-exp output (``AttentionOp.lse``) is served.
     :param alignment: every contiguous (leading) dimension must be a multiple of this many elements.
     :param max_dims: upper limits by op field name (``{"head_dim": 256}``).
     :param min_dims: lower limits by op field name.
@@ -66,6 +67,7 @@ class Requirements:
     masks: frozenset[str] = frozenset()
     value_head_dim: bool = False
     dropout: bool = False
+    lse: bool = False
     alignment: int = 1
     max_dims: Mapping[str, int] = field(default_factory=dict)
     min_dims: Mapping[str, int] = field(default_factory=dict)
@@ -121,6 +123,8 @@ class Requirements:
                 reasons.append(f"value head dim {op.head_dim_v} unlike head_dim {op.head_dim} not supported")
             if op.dropout_p and not self.dropout:
                 reasons.append(f"dropout_p={op.dropout_p:g}: no Tracea kernel applies dropout")
+            if op.lse and not self.lse:
+                reasons.append("no log-sum-exp output (return_lse)")
         if self.alignment > 1:
             for name, size in leading_dims(op).items():
                 if size % self.alignment:

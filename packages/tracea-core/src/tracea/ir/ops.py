@@ -327,6 +327,10 @@ class AttentionOp(Op):
     input dtype, ``mask_shape = (mask_batch, mask_heads)`` each 1 (broadcast) or the full extent.
     ``dropout_p`` > 0 is described so dispatch can name it, but no Tracea kernel serves it.
     ``head_dim_v``: the head dim of V and the output when it differs from ``head_dim`` (else None).
+    ``lse``: the kernel also writes the log-sum-exp of every query row, float32 (batch, heads, seq_q),
+    natural log of ``sum_j exp(scale * q k_j^T + mask_j)`` over the visible keys (FlashAttention's
+    ``softmax_lse``; -inf for a row whose keys are all masked), taken as the extra input role ``"lse"``
+    (launchers then take ``(q, k, v, mask, lse, out)``).
     """
 
     kind: ClassVar[LayerType] = LayerType.ATTENTION
@@ -345,8 +349,12 @@ class AttentionOp(Op):
     mask_shape: tuple[int, int] | None = field(default=None, metadata={"key_if_set": True})
     dropout_p: float = field(default=0.0, metadata={"key_if_set": True})
     head_dim_v: int | None = field(default=None, metadata={"key_if_set": True})
+    lse: bool = field(default=False, metadata={"key_if_set": True})
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lse", bool(self.lse))
+        if self.lse:  # the log-sum-exp array is one more role, after the mask
+            object.__setattr__(self, "roles", AttentionOp.roles + ("lse",))
         for name in ("batch", "heads", "seq_q", "seq_kv", "head_dim"):
             object.__setattr__(self, name, check_positive(name, getattr(self, name)))
         object.__setattr__(self, "kv_heads", check_positive("kv_heads", self.kv_heads or self.heads))
@@ -429,8 +437,9 @@ class AttentionOp(Op):
         m = f" {self.mask}-mask" if self.mask else ""
         dv = f"/{self.head_dim_v}" if self.head_dim_v is not None else ""
         drop = f" dropout {self.dropout_p:g}" if self.dropout_p else ""
+        lse = " +lse" if self.lse else ""
         return (f"attention b{self.batch} h{self.heads} q{self.seq_q} kv{self.seq_kv} "
-                f"d{self.head_dim}{dv}{c}{m}{drop} {self.dtype.short}")
+                f"d{self.head_dim}{dv}{c}{m}{drop}{lse} {self.dtype.short}")
 
 
 def _set_dtype(op: Any, name: str) -> None:

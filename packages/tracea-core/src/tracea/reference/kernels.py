@@ -4,6 +4,7 @@ last-resort fallback for host arrays. Clarity over speed, but vectorised enough 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -100,8 +101,11 @@ def _conv_groups(op: Conv2dOp, xp: np.ndarray, w64: np.ndarray, out: np.ndarray)
 
 
 def attention(op: AttentionOp, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-              mask: np.ndarray | None = None) -> np.ndarray:
-    """Softmax attention in float64 with PyTorch's top-left causal convention; returns (B, H, Sq, Dv).
+              mask: np.ndarray | None = None, *, return_lse: bool = False) -> Any:
+    """Softmax attention in float64 with PyTorch's top-left causal convention; returns (B, H, Sq, Dv),
+    or with ``return_lse`` the pair (out, lse): lse (B, H, Sq) float64, the natural log of the sum of
+    ``exp`` of the scaled, masked logits of each row (-inf for a row whose logits are all -inf, NaN for
+    a row with a NaN or +inf logit).
 
     ``mask`` (op.mask set): (mask_batch, mask_heads, Sq, Skv); a ``"bool"`` mask keeps the keys where it is
     non-zero and replaces the others' logits by -inf (as the causal mask does), an ``"additive"`` one is
@@ -134,4 +138,9 @@ def attention(op: AttentionOp, q: np.ndarray, k: np.ndarray, v: np.ndarray,
         p = np.exp(s - np.where(m == -np.inf, 0.0, m))  # all -inf: exp(-inf) = 0, not exp(NaN)
         total = p.sum(axis=-1, keepdims=True)
         p /= np.where(total == 0.0, 1.0, total)
-        return np.einsum("bhqk,bhkd->bhqd", p, v64, optimize=True)
+        out = np.einsum("bhqk,bhkd->bhqd", p, v64, optimize=True)
+        if not return_lse:
+            return out
+        with np.errstate(divide="ignore"):  # log(0) = -inf: every logit of the row was -inf
+            lse = (np.where(m == -np.inf, 0.0, m) + np.log(total))[..., 0]
+        return out, lse

@@ -63,12 +63,18 @@ class ReferenceAttention(_ReferenceVariant):
     name = "reference.attention"
     description = "NumPy float64 softmax attention, causal, GQA, bool and additive masks"
     requirements = Requirements("cpu", LayerType.ATTENTION, dtypes=FLOAT_DTYPES, out_dtypes=_OUT,
-                                masks=frozenset({"bool", "additive"}), value_head_dim=True)
+                                masks=frozenset({"bool", "additive"}), value_head_dim=True, lse=True)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, AttentionOp)
-        self._store(args, kernels.attention(op, args.host("q"), args.host("k"), args.host("v"),
-                                                   args.host("mask")))
+        result = kernels.attention(op, args.host("q"), args.host("k"), args.host("v"), args.host("mask"),
+                                   return_lse=op.lse)
+        if op.lse:
+            result, lse = result
+            dst = args.host("lse")
+            if dst is not None:  # float32 (batch, heads, seq_q)
+                dst[...] = lse.reshape(dst.shape).astype(dst.dtype, copy=False)
+        self._store(args, result)
 
 
 #: the float64 oracles (the plugin also registers :class:`~tracea.reference.blas.ReferenceBlasGemm`)

@@ -7,7 +7,10 @@ a packed one is only viewed); ``attn_mask`` (boolean or additive, broadcastable 
 (..., heads, seq_q, seq_kv)) becomes a packed (mask_batch, mask_heads, seq_q, seq_kv) array of the
 input dtype, with mask_batch / mask_heads 1 where the mask broadcasts; ``dropout_p`` > 0 is described in
 the op so that no kernel takes it (torch tensors: PyTorch computes the call, counted as a fallback;
-other arrays: :class:`~tracea.errors.NoVariantError` naming the reason).
+other arrays: :class:`~tracea.errors.NoVariantError` naming the reason). ``return_lse`` makes the op
+ask for the log-sum-exp output (``AttentionOp.lse``): each call allocates a float32 (..., heads, seq_q)
+array and the launcher takes it after the mask; the plan returns ``(out, lse)``. A framework fallback
+does not give the log-sum-exp, so such a call raises :class:`~tracea.errors.NoVariantError`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..doctor.doctor import get_doctor
-from ..errors import DTypeError, InvalidArgumentError, ShapeError
+from ..dtypes import DType
+from ..errors import DTypeError, InvalidArgumentError, NoVariantError, ShapeError
 from ..ir.ops import AttentionOp
 from . import dispatch, operands as ops_args
 from .plan_ops import _deliver, _finish, _out_checks, retrying
@@ -79,7 +83,7 @@ def _flag(name: str, value: Any) -> bool:
 
 @retrying
 def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, causal: Any, scale: Any,
-              enable_gqa: Any, out: Any, variant: str | None, config: Any) -> Any:
+              enable_gqa: Any, out: Any, variant: str | None, config: Any, return_lse: Any = False) -> Any:
     """The full path of ``tracea.ops.attention`` (see its docstring for the arguments)."""
     doctor = get_doctor()
     adapter, device, o = ops_args.operands(doctor, [("q", q), ("k", k), ("v", v), ("out", out)])
@@ -90,6 +94,7 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
     ops_args.same_dtype(Q, K, V)
     causal = _flag("is_causal", causal)
     enable_gqa = _flag("enable_gqa", enable_gqa)
+    return_lse = _flag("return_lse", return_lse)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= float(dropout_p) <= 1.0:
         raise InvalidArgumentError("dropout_p", dropout_p, "a probability in [0, 1]")
     *lq, hq, sq, d = Q.info.shape
@@ -137,7 +142,7 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
             prep_mask = _expanded(adapter, target, kmask, dtype)
 
     op = AttentionOp(batch, heads, sq, sk, d, causal=causal, scale=scale, kv_heads=hk, dtype=dtype,
-                     mask=mask_kind, mask_shape=mask_shape, dropout_p=float(dropout_p), head_dim_v=dv)
+                     mask=mask_kind, mask_shape=mask_shape, dropout_p=float(dropout_p), head_dim_v=dv, lse=return_lse)
     out_shape = tuple(lead) + (heads, sq, dv)
     kshape = (batch, heads, sq, dv)
     U = o.get("out")
@@ -166,9 +171,19 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
 
     inputs0, target0, kout0 = kernel_args(preps, view_out, q, k, v, attn_mask, out)
     user0 = {"q": q, "k": k, "v": v, "mask": attn_mask}
+    if return_lse:  # float32 (..., heads, seq_q), fresh per call; the kernel sees (batch, heads, seq_q)
+        new_lse, lse_kshape = adapter.empty_factory(tuple(lead) + (heads, sq), DType.F32, q), (batch, heads, sq)
+        lse0 = new_lse(q)
+        inputs0 = inputs0 + (reshape(lse0, lse_kshape),)
     run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor,
                                    inputs=inputs0)
     launch = run.launch
+    if return_lse:
+        if launch is None:
+            raise NoVariantError(f"return_lse: no Tracea kernel serves {op.describe()} ({run.reason}); the framework "
+                                 "fallback does not give the log-sum-exp")
+        return _finish(key, *_lse_plan(run, lse0, new_lse, lse_kshape, preps, kernel_args, view_out, check_out,
+                                       adapter, inputs0, target0, kout0, out))
 
     if launch is None:  # a framework computes every call of this signature (PyTorch, on the user's arrays)
         def plan(qq: Any, kk: Any, vv: Any, mm: Any, user_out: Any) -> Any:
@@ -213,3 +228,37 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
 
     plan.runner = run  # type: ignore[attr-defined]  # for tools and tests: what this plan runs
     return _finish(key, plan, first_call)
+
+
+def _lse_plan(run: Any, lse0: Any, new_lse: Callable[[Any], Any], lse_kshape: tuple[int, ...], preps: tuple,
+              kernel_args: Callable[..., tuple], view_out: bool, check_out: Any, adapter: Any, inputs0: tuple,
+              target0: Any, kout0: Any, out0: Any) -> tuple[Callable[..., Any], Callable[[], Any]]:
+    """The plan (and its first call) of a ``return_lse`` signature: each call allocates the float32
+    log-sum-exp array, launches with it after the mask and returns ``(out, lse)``."""
+    launch = run.launch
+    lean = getattr(launch, "pointer_only", False)
+    lean_preps = tuple(None if (p is not None and lean and getattr(p, "is_view", False)) else p for p in preps)
+    lean_view = view_out and not lean
+    reshape, copy_ = adapter.reshape, adapter.copy_
+
+    def deliver(target: Any, user_out: Any) -> Any:
+        if user_out is None:
+            return target
+        if target is not user_out:
+            copy_(user_out, target)
+        return user_out
+
+    def plan(qq: Any, kk: Any, vv: Any, mm: Any, user_out: Any) -> Any:
+        if check_out is not None:
+            check_out(user_out, qq, kk, vv)
+        inputs, target, kout = kernel_args(lean_preps, lean_view, qq, kk, vv, mm, user_out)
+        lse = new_lse(qq)
+        launch(*inputs, reshape(lse, lse_kshape), kout)
+        return deliver(target, user_out), lse
+
+    def first_call() -> Any:
+        launch(*inputs0, kout0)
+        return deliver(target0, out0), lse0
+
+    plan.runner = run  # type: ignore[attr-defined]  # for tools and tests: what this plan runs
+    return plan, first_call

@@ -42,8 +42,11 @@ def array_shapes(op: Op) -> dict[str, tuple[int, ...] | None]:
         q = (op.batch, op.heads, op.seq_q, op.head_dim)
         kv = (op.batch, int(op.kv_heads or op.heads), op.seq_kv)
         mask = None if op.mask_shape is None else tuple(op.mask_shape) + (op.seq_q, op.seq_kv)
-        return {"q": q, "k": kv + (op.head_dim,), "v": kv + (op.dv,), "mask": mask,
-                "out": q[:3] + (op.dv,)}
+        shapes: dict[str, tuple[int, ...] | None] = {"q": q, "k": kv + (op.head_dim,), "v": kv + (op.dv,),
+                                                      "mask": mask}
+        if op.lse:  # float32 (batch, heads, seq_q), written by the kernel
+            shapes["lse"] = q[:3]
+        return {**shapes, "out": q[:3] + (op.dv,)}
     raise DTypeError("op", type(op).__name__, "a GemmOp, Conv2dOp or AttentionOp")
 
 
@@ -53,6 +56,8 @@ def host_roles(op: Op) -> list[str]:
 
 
 def input_dtype(op: Op, role: str) -> DType:
+    if role == "lse":
+        return DType.F32
     if role in ("out", "bias"):
         return op.out_dtype
     return op.dtypes[0]

@@ -7,7 +7,9 @@ vector width. K^T panels and padded V are packed once per (batch, kv head) and s
 heads of a GQA group. Causal masking is top-left aligned (key j visible to query i when j <= i).
 An optional mask (``mkind`` 1: boolean, a key takes part where the mask is non-zero, else its logit is
 replaced by -inf; 2: additive, added to the scaled logits) is read from a packed (MB, MH, Sq, Skv) array
-whose batch / head extents MB / MH are 1 (broadcast) or B / H.
+whose batch / head extents MB / MH are 1 (broadcast) or B / H. An optional ``lse`` (B, H, Sq) float32
+receives each row's log-sum-exp ``m + log(l)`` of the scaled, masked logits (-inf for a row whose logits
+are all -inf).
 
 NaN and Inf follow ``softmax(masked_fill(scale Q K^T, mask, -inf)) @ V`` in IEEE arithmetic, as the
 float64 reference and PyTorch do: a NaN or +inf logit makes its row NaN (``exp(NaN)`` and
@@ -81,10 +83,10 @@ static void tr_pv_all(long Dp, const float *p, const float *v, float *o, const f
     }
 }
 
-/* q: (B, H, Sq, D), k/v: (B, KVH, Skv, D), out: (B, H, Sq, D), all packed row-major. */
+/* q: (B, H, Sq, D), k/v: (B, KVH, Skv, D), out: (B, H, Sq, D), all packed row-major; lse (B, H, Sq) or 0. */
 int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scale, int causal,
                  const float *q, const float *k, const float *v, float *out, int nth,
-                 const float *mask, int mkind, long MB, long MH) {
+                 const float *mask, int mkind, long MB, long MH, float *lse) {
     long Dp = TR_ROUNDUP(D, VW), Skp = TR_ROUNDUP(Skv, BK), nkb = Skp / BK, nqb = (Sq + BQ - 1) / BQ;
     long per_head = Skp * D + Skp * Dp, per_thread = TR_ROUNDUP(D * BQ + BQ * BK + BQ * Dp + 4 * BQP + BQ * VW, 16);
     if (nth <= 0) nth = tr_threads_available();
@@ -197,6 +199,8 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
                 /* l = 0: every logit of the row was -inf (weights 0, PyTorch's convention) */
                 float l = VHSUM(VLOAD(lv + i * VW)), inv = l == 0.0f ? 1.0f : 1.0f / l;
                 for (long d = 0; d < D; d++) os[i * D + d] = o[i * Dp + d] * inv;
+                /* m is the running max of the scaled logits (-inf: none seen; NaN rows stay NaN) */
+                if (lse) lse[bh * Sq + q0 + i] = l == 0.0f ? -INFINITY : (m[i] == -INFINITY ? 0.0f : m[i]) + logf(l);
             }
             /* Causal: keys from jvis on were never read; weight 0 times a NaN / Inf v there is NaN. */
             long jvis = TR_ROUNDUP(kend, BK);

@@ -25,8 +25,8 @@ int tr_conv2d_call(const long *p, const float *x, const float *w, const float *b
 
 ATTENTION_CALL = r"""
 int tr_attention_call(const long *p, float scale, const float *q, const float *k, const float *v, float *out,
-                      const float *mask) {
+                      const float *mask, float *lse) {
     return tr_attention(p[0], p[1], p[2], p[3], p[4], p[5], scale, (int)p[6], q, k, v, out, (int)p[7], mask,
-                        (int)p[8], p[9], p[10]);
+                        (int)p[8], p[9], p[10], lse);
 }
 """

@@ -61,6 +61,7 @@ class FlashSpec:
     mask: int = 0  # 0 none, 1 bool, 2 additive
     splits: int = 1  # > 1: split-KV partials (fp32) for the combine kernel
     mt: int = 1  # 16-row m-tiles per warp (2: each K / V fragment feeds two MMAs; Q read from smem)
+    lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
 
     @property
     def warps(self) -> int:
@@ -92,6 +93,33 @@ class FlashSpec:
         if self.mask not in (0, 1, 2) or self.splits < 1:
             raise UnsupportedConfigError(f"mask={self.mask} / splits={self.splits} out of range")
 
+
+def key_range(rows: str) -> str:
+    """C statements of a kernel body: the visible keys ``[kbeg, kend)`` of the query rows ``m0 ..
+    m0 + rows - 1`` of one kv head (row r is query r % Sq of the group's head r / Sq; top-left causal),
+    cut to key chunk ``split`` of ``SPLITS``, ``i_min`` (causal masking needed for keys past it) and
+    ``ntiles`` (``BN``-key tiles). Shared by this kernel and ``flash_decode``."""
+    return KEY_RANGE.replace("@ROWS@", rows)
+
+
+KEY_RANGE = r"""    // visible keys of this block: [kbeg, kend)
+    const int r_first = m0, r_last = min(m0 + @ROWS@, M) - 1;
+    const bool one_head = (r_first / Sq) == (r_last / Sq);
+    int kend = Skv;
+    int i_min = 0;  // smallest query index in the block (causal masking needed past it)
+    if (CAUSAL) {
+        const int i_max = one_head ? r_last % Sq : Sq - 1;
+        i_min = one_head ? r_first % Sq : 0;
+        kend = min(Skv, i_max + 1);
+    }
+    int kbeg = 0;
+    if (SPLITS > 1) {
+        const int per = ((Skv + SPLITS - 1) / SPLITS + BN - 1) / BN * BN;
+        kbeg = split * per;
+        kend = min(kend, kbeg + per);
+    }
+    const int ntiles = kend > kbeg ? (kend - kbeg + BN - 1) / BN : 0;
+"""
 
 BODY = r"""
 #define NT (WARPS * 32)
@@ -129,7 +157,7 @@ static __device__ __forceinline__ void load_tile(u16* s, const u16* g, int r0, i
 
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ out,
-        const u16* __restrict__ mask, float* __restrict__ part, float* __restrict__ part_lse,
+        const u16* __restrict__ mask, float* __restrict__ part, float* __restrict__ part_lse, float* __restrict__ lse,
         int B, int H, int KVH, int Sq, int Skv, float scale_log2, int MB, int MH) {
     extern __shared__ __align__(128) u16 smem[];
     u16* sQ = smem;
@@ -149,24 +177,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     const u16* kb = k + ((size_t)b * KVH + kvh) * Skv * D;
     const u16* vb = v + ((size_t)b * KVH + kvh) * Skv * D;
 
-    // visible keys of this block: [kbeg, kend)
-    const int r_first = m0, r_last = min(m0 + BM, M) - 1;
-    const bool one_head = (r_first / Sq) == (r_last / Sq);
-    int kend = Skv;
-    int i_min = 0;  // smallest query index in the block (causal masking needed past it)
-    if (CAUSAL) {
-        const int i_max = one_head ? r_last % Sq : Sq - 1;
-        i_min = one_head ? r_first % Sq : 0;
-        kend = min(Skv, i_max + 1);
-    }
-    int kbeg = 0;
-    if (SPLITS > 1) {
-        const int per = ((Skv + SPLITS - 1) / SPLITS + BN - 1) / BN * BN;
-        kbeg = split * per;
-        kend = min(kend, kbeg + per);
-    }
-    const int ntiles = kend > kbeg ? (kend - kbeg + BN - 1) / BN : 0;
-
+@KEY_RANGE@
     load_tile<BM>(sQ, qb, m0, M);
     cp_async_commit();
     if (ntiles > 0) {
@@ -377,6 +388,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 for (int j = 0; j < D / 8; ++j)
                     *reinterpret_cast<u32*>(dst + j * 8 + 2 * tq) =
                         pack2(o[mt][j][2 * h] * inv, o[mt][j][2 * h + 1] * inv);
+                if (LSE && tq == 0) {  // natural-log log-sum-exp of the row (-inf: all masked)
+                    const float msafe = mrun[mt][h] == -INFINITY ? 0.0f : mrun[mt][h];
+                    lse[head0 * Sq + row[mt][h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
+                }
             }
         }
     }
@@ -386,7 +401,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
 COMBINE = r"""
 // one warp per output row: out = sum_s w_s part_s with w_s = exp2(lse_s - max lse) / sum
 extern "C" __global__ void __launch_bounds__(256) COMBINE_KERNEL(
-        const float* __restrict__ part, const float* __restrict__ part_lse, u16* __restrict__ out, int rows) {
+        const float* __restrict__ part, const float* __restrict__ part_lse, u16* __restrict__ out,
+        float* __restrict__ lse, int rows) {
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= rows) return;
     float mx = -INFINITY;
@@ -403,6 +419,7 @@ extern "C" __global__ void __launch_bounds__(256) COMBINE_KERNEL(
         for (int j = 0; j < D / 32; ++j) acc[j] += w * p[j * 32 + lane];
     }
     const float inv = wsum == 0.0f ? 1.0f : 1.0f / wsum;
+    if (LSE && lane == 0) lse[row] = wsum == 0.0f ? -INFINITY : (msafe + log2f(wsum)) * 0.6931471805599453f;
     #pragma unroll
     for (int j = 0; j < D / 32; ++j) out[(size_t)row * D + j * 32 + lane] = TO16(acc[j] * inv);
 }
@@ -414,6 +431,7 @@ def _defines(spec: FlashSpec) -> str:
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BM {spec.bm}", f"#define BN {spec.bn}", f"#define WARPS {spec.warps}",
         f"#define CAUSAL {int(spec.causal)}", f"#define MT {spec.mt}", f"#define MASK {spec.mask}", f"#define SPLITS {spec.splits}",
+        f"#define LSE {int(spec.lse)}",
         f'#define MMA_KIND "{"bf16" if bf else "f16"}"',
         f"#define TO16(x) {'f32_to_bf16' if bf else 'f32_to_f16'}(x)",
         f"#define TO32(x) {'bf16_to_f32' if bf else 'f16_to_f32'}(x)",
@@ -425,8 +443,8 @@ def render(spec: FlashSpec, name: str = KERNEL_NAME) -> str:
     """Complete CUDA source of the flash-attention forward kernel ``name`` for ``spec``."""
     spec.check()
     head = (f"// Tracea flash attention forward: {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
-            f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits} mt={spec.mt}\n")
-    return head + PRELUDE + _defines(spec) + f"\n#define KERNEL {name}\n" + BODY
+            f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits} mt={spec.mt} lse={int(spec.lse)}\n")
+    return head + PRELUDE + _defines(spec) + f"\n#define KERNEL {name}\n" + BODY.replace("@KEY_RANGE@", key_range("BM"))
 
 
 def render_combine(spec: FlashSpec, name: str = COMBINE_NAME) -> str:

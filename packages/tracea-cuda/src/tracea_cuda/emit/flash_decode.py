@@ -20,7 +20,15 @@ prefill chunks), where the kernel is bound by reading K and V once from memory:
 
 Masks (bool / additive), causal (top-left), ``scale`` and the NaN / Inf behaviour are those of
 ``flash_attn.py``: keys past ``seq_kv`` are zero-filled and masked; a NaN or +Inf logit makes its row NaN;
-a row whose keys are all masked gives 0.
+a row whose keys are all masked gives 0. The mask values of a tile travel with its K and V: each warp's
+ring has a 16-row x ``BN``-key mask slot per stage, filled by ``cp.async`` in the tile's group (one row
+when every row of the block reads the same mask row: ``mask_heads`` 1 and ``seq_q`` 1, the padding
+mask of decode), so the softmax reads shared memory instead of waiting on a global load per key. A mask
+whose rows are not 16-byte aligned (``seq_kv`` not a multiple of 8, or an offset base) is copied into the
+slot by plain loads instead (correct, slower).
+
+Optional log-sum-exp output (``lse`` not null): float32 per query row, natural log, from the merged
+(max, sum) of the warps or of the splits.
 """
 
 from __future__ import annotations
@@ -31,11 +39,12 @@ from tracea.dtypes import DType
 from tracea.errors import UnsupportedConfigError
 
 from .common import PRELUDE
+from .flash_attn import key_range
 
 KERNEL_NAME = "tracea_flash_decode"
 ROWS = 16  # query rows per CTA (one m16 tile shared by every warp)
 _MACROS = ("D", "BN", "WARPS", "STAGES", "CAUSAL", "MASK", "SPLITS", "MMA_KIND", "TO16", "TO32", "NT", "CHUNKS",
-           "RSTRIDE", "KERNEL", "MAXREG")
+           "RSTRIDE", "KERNEL", "MAXREG", "LN2F", "MCH", "MPL", "LSE")
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class DecodeSpec:
     causal: bool
     mask: int = 0  # 0 none, 1 bool, 2 additive
     splits: int = 1
+    lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
 
     @property
     def threads(self) -> int:
@@ -57,11 +67,13 @@ class DecodeSpec:
 
     @property
     def smem_bytes(self) -> int:
-        """Q tile, then per warp ``stages`` K and V tiles, then the per-warp row max / sum (fp32); the
-        rings are reused for the per-warp fp32 O rows of the final merge."""
+        """Q tile, then per warp ``stages`` K and V tiles, then the per-warp row max / sum (fp32), then
+        (with a mask) per warp ``stages`` 16-row mask tiles; the rings are reused for the per-warp fp32 O
+        rows of the final merge."""
         ring = self.warps * self.stages * 2 * self.bn * self.head_dim * 2
         merge = self.warps * ROWS * (self.head_dim + 8) * 4
-        return 2 * ROWS * self.head_dim + max(ring, merge) + self.warps * ROWS * 2 * 4
+        masks = self.warps * self.stages * ROWS * self.bn * 2 if self.mask else 0
+        return 2 * ROWS * self.head_dim + max(ring, merge) + self.warps * ROWS * 2 * 4 + masks
 
     @property
     def max_registers(self) -> int:
@@ -91,6 +103,7 @@ class DecodeSpec:
 BODY = r"""
 #define NT (WARPS * 32)
 #define CHUNKS (D / 8)
+#define LN2F 0.6931471805599453f
 #define RSTRIDE (D + 8)
 
 namespace {
@@ -119,12 +132,37 @@ __device__ __forceinline__ void warp_tile(u16* s, const u16* g, int r0, int rows
         cp_async16(smem_u32(s + dswz(r, c)), g + (size_t)(ok ? r0 + r : 0) * D + c, ok);
     }
 }
+#if MASK
+#define MCH (BN / 8)        // 8-key (16-byte) chunks of a mask tile row
+#define MPL (16 * MCH / 32) // chunks per lane of a 16-row mask tile (1 or 2): rows lane / MCH (+ 32 / MCH)
+// the mask values of the BN keys from n0 into a (16, BN) slot: lane chunk u covers row lane / MCH + u * 32 /
+// MCH, keys (lane % MCH) * 8 .. + 8, read from mask + mo[u]; only the first `rows` rows (1 when every row
+// reads the same mask row); zero past Skv (those keys are masked anyway). vec: rows 16-byte aligned, by
+// cp.async in the caller's group; else plain 2-byte loads.
+__device__ __forceinline__ void warp_mask(u16* s, const u16* mask, const size_t* mo, int n0, int Skv, int rows,
+                                          bool vec) {
+    const int lane = dlane(), c = (lane % MCH) * 8;
+    #pragma unroll
+    for (int u = 0; u < MPL; ++u) {
+        const int r = lane / MCH + u * (32 / MCH);
+        if (r >= rows) continue;
+        const bool ok = n0 + c < Skv;
+        if (vec) {
+            cp_async16(smem_u32(s + r * BN + c), mask + mo[u] + (ok ? n0 + c : 0), ok);
+        } else {
+            #pragma unroll
+            for (int e = 0; e < 8; ++e) s[r * BN + c + e] = n0 + c + e < Skv ? mask[mo[u] + n0 + c + e] : (u16)0;
+        }
+    }
+}
+#endif
 }  // namespace
 
 extern "C" __global__ void __maxnreg__(MAXREG) KERNEL(
         const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ out,
         const u16* __restrict__ mask, float* __restrict__ part, float* __restrict__ part_lse,
-        int* __restrict__ arrivals, int B, int H, int KVH, int Sq, int Skv, float scale_log2, int MB, int MH) {
+        int* __restrict__ arrivals, float* __restrict__ lse, int B, int H, int KVH, int Sq, int Skv, float scale_log2,
+        int MB, int MH) {
     extern __shared__ __align__(128) u16 smem[];
     __shared__ int is_last;
     u16* sQ = smem;
@@ -132,34 +170,32 @@ extern "C" __global__ void __maxnreg__(MAXREG) KERNEL(
     const int ring_elems = WARPS * STAGES * 2 * BN * D;
     const int merge_elems = WARPS * 16 * RSTRIDE * 2;  // fp32 as u16 pairs
     float* red = reinterpret_cast<float*>(ring + (ring_elems > merge_elems ? ring_elems : merge_elems));
+
     const int G = H / KVH, M = G * Sq;
     const int m0 = (int)blockIdx.x * 16;
     const int kvh = blockIdx.y;
     const int b = (int)blockIdx.z / SPLITS, split = (int)blockIdx.z % SPLITS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gq = lane >> 2, tq = lane & 3;
+#if MASK
+    u16* mring = reinterpret_cast<u16*>(red + WARPS * 16 * 2) + warp * STAGES * 16 * BN;
+    // mask row offsets of this lane's tile rows (rows past M read row M - 1's); one row when all share it
+    const int mrows = (MH == 1 && Sq == 1) ? 1 : 16;
+    const bool mvec = (Skv & 7) == 0 && (reinterpret_cast<size_t>(mask) & 15) == 0;  // 16-byte aligned rows
+    size_t mo[MPL];
+    #pragma unroll
+    for (int u = 0; u < MPL; ++u) {
+        const int rr = min(m0 + lane / MCH + u * (32 / MCH), M - 1);
+        mo[u] = (((size_t)(MB > 1 ? b : 0) * MH + (MH > 1 ? kvh * G + rr / Sq : 0)) * Sq + rr % Sq) * Skv;
+    }
+#endif
 
     const size_t head0 = (size_t)b * H + (size_t)kvh * G;
     const u16* qb = q + head0 * Sq * D;
     const u16* kb = k + ((size_t)b * KVH + kvh) * Skv * D;
     const u16* vb = v + ((size_t)b * KVH + kvh) * Skv * D;
 
-    const int r_first = m0, r_last = min(m0 + 16, M) - 1;
-    const bool one_head = (r_first / Sq) == (r_last / Sq);
-    int kend = Skv, i_min = 0;
-    if (CAUSAL) {
-        const int i_max = one_head ? r_last % Sq : Sq - 1;
-        i_min = one_head ? r_first % Sq : 0;
-        kend = min(Skv, i_max + 1);
-    }
-    int kbeg = 0;
-    if (SPLITS > 1) {
-        const int per = ((Skv + SPLITS - 1) / SPLITS + BN - 1) / BN * BN;
-        kbeg = split * per;
-        kend = min(kend, kbeg + per);
-    }
-    const int ntiles = kend > kbeg ? (kend - kbeg + BN - 1) / BN : 0;
-    const int mine = warp < ntiles ? (ntiles - warp + WARPS - 1) / WARPS : 0;  // tiles warp, warp + WARPS, ...
+@KEY_RANGE@    const int mine = warp < ntiles ? (ntiles - warp + WARPS - 1) / WARPS : 0;  // tiles warp, warp + WARPS, ...
 
     // Q (16 rows, zero past M) by the whole CTA, then each warp's first STAGES - 1 tiles
     for (int i = threadIdx.x; i < 16 * CHUNKS; i += NT) {
@@ -175,20 +211,20 @@ extern "C" __global__ void __maxnreg__(MAXREG) KERNEL(
             const int n0 = kbeg + (warp + s * WARPS) * BN;
             warp_tile(wring + (2 * s) * BN * D, kb, n0, Skv);
             warp_tile(wring + (2 * s + 1) * BN * D, vb, n0, Skv);
+#if MASK
+            warp_mask(mring + s * 16 * BN, mask, mo, n0, Skv, mrows, mvec);
+#endif
         }
         cp_async_commit();
     }
 
     int row[2], qi[2], klim[2];
-    const u16* mrow[2];
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         row[h] = m0 + gq + h * 8;
         const int rr = min(row[h], M - 1);
         qi[h] = rr % Sq;
-        const int qh = kvh * G + rr / Sq;
         klim[h] = CAUSAL ? min(Skv, qi[h] + 1) : Skv;
-        mrow[h] = MASK ? mask + (((size_t)(MB > 1 ? b : 0) * MH + (MH > 1 ? qh : 0)) * Sq + qi[h]) * Skv : mask;
     }
 
     float o[D / 8][4];
@@ -214,6 +250,9 @@ extern "C" __global__ void __maxnreg__(MAXREG) KERNEL(
                 const int n1 = kbeg + (warp + j * WARPS) * BN, slot = j % STAGES;
                 warp_tile(wring + (2 * slot) * BN * D, kb, n1, Skv);
                 warp_tile(wring + (2 * slot + 1) * BN * D, vb, n1, Skv);
+#if MASK
+                warp_mask(mring + slot * 16 * BN, mask, mo, n1, Skv, mrows, mvec);
+#endif
             }
             cp_async_commit();
         }
@@ -236,6 +275,9 @@ extern "C" __global__ void __maxnreg__(MAXREG) KERNEL(
             }
         }
         const bool edge = n0 + BN > Skv || (CAUSAL && n0 + BN - 1 > i_min);
+#if MASK
+        const u16* cM = mring + slot * 16 * BN;  // this tile's mask values (row 0 only when all rows share it)
+#endif
         #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             #pragma unroll
@@ -243,11 +285,15 @@ extern "C" __global__ void __maxnreg__(MAXREG) KERNEL(
                 const int h = e >> 1, key = n0 + j * 8 + 2 * tq + (e & 1);
                 float x = s[j][e] * scale_log2;
                 if (edge && key >= klim[h]) x = -INFINITY;
+#if MASK
+                // keys past Skv read 0 here; they are -inf already (edge), and -inf + 0 stays -inf
+                const float mv = TO32(cM[(mrows == 1 ? 0 : gq + 8 * h) * BN + j * 8 + 2 * tq + (e & 1)]);
                 if (MASK == 1) {
-                    if (key < Skv && TO32(mrow[h][key]) == 0.0f) x = -INFINITY;
-                } else if (MASK == 2) {
-                    if (key < Skv) x += TO32(mrow[h][key]) * 1.4426950408889634f;
+                    if (mv == 0.0f) x = -INFINITY;
+                } else {
+                    x += mv * 1.4426950408889634f;
                 }
+#endif
                 s[j][e] = x;
             }
         }
@@ -337,6 +383,7 @@ extern "C" __global__ void __maxnreg__(MAXREG) KERNEL(
             if (d == 0) part_lse[prow] = l == 0.0f ? -INFINITY : msafe + log2f(l);
         } else {
             out[orow * D + d] = TO16(acc * inv);
+            if (LSE && d == 0) lse[orow] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * LN2F;
         }
     }
 #if SPLITS > 1
@@ -370,6 +417,7 @@ extern "C" __global__ void __maxnreg__(MAXREG) KERNEL(
             tot += w;
         }
         wts[16 * SPLITS + r] = tot == 0.0f ? 1.0f : 1.0f / tot;
+        if (LSE) lse[orow] = tot == 0.0f ? -INFINITY : (msafe + log2f(tot)) * LN2F;
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < 16 * D; idx += NT) {
@@ -391,7 +439,7 @@ def _defines(spec: DecodeSpec, name: str) -> str:
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define WARPS {spec.warps}",
         f"#define STAGES {spec.stages}", f"#define CAUSAL {int(spec.causal)}", f"#define MASK {spec.mask}",
-        f"#define SPLITS {spec.splits}", f'#define MMA_KIND "{"bf16" if bf else "f16"}"',
+        f"#define SPLITS {spec.splits}", f"#define LSE {int(spec.lse)}", f'#define MMA_KIND "{"bf16" if bf else "f16"}"',
         f"#define TO16(x) {'f32_to_bf16' if bf else 'f32_to_f16'}(x)",
         f"#define TO32(x) {'bf16_to_f32' if bf else 'f16_to_f32'}(x)",
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -406,6 +454,6 @@ def render(spec: DecodeSpec, name: str = KERNEL_NAME) -> str:
     spec.check()
     head = (f"// Tracea split-KV decode attention: {spec.dtype.value} d{spec.head_dim} bn={spec.bn} "
             f"warps={spec.warps} stages={spec.stages} causal={int(spec.causal)} mask={spec.mask} "
-            f"splits={spec.splits}\n")
+            f"splits={spec.splits} lse={int(spec.lse)}\n")
     tail = "\n" + "\n".join(f"#undef {m}" for m in _MACROS) + "\n"
-    return head + PRELUDE + _defines(spec, name) + "\n" + BODY + tail
+    return head + PRELUDE + _defines(spec, name) + "\n" + BODY.replace("@KEY_RANGE@", key_range("16")) + tail

@@ -30,6 +30,8 @@ items to start are short ones; others block-fastest. A grid of fewer CTAs than i
 ``b`` runs items ``b, b + grid, ...``, the K / V rings run on across items and the producer loads the next
 item's Q (once every consumer's last score GEMM is done: an ``empty Q`` mbarrier) and K / V while the
 consumers finish and store the current one. A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
+With ``lse`` not null the epilogue also writes each row's log-sum-exp (natural log, float32): the running
+max (base-2 units) plus log2 of the row sum, times ln 2.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class FlashWgmmaSpec:
     stages: int  # depth of the K and V rings
     causal: bool
     pingpong: bool = True  # consumer warpgroups take turns issuing their GEMMs (named barriers)
+    lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
 
     @property
     def bm(self) -> int:
@@ -179,7 +182,7 @@ static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, in
 // producer loads the next item's Q and K / V while the consumers finish and store the current one).
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
-        u16* __restrict__ out, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2) {
+        u16* __restrict__ out, float* __restrict__ lse, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
@@ -350,6 +353,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const float inv = l == 0.0f ? 1.0f : 1.0f / l;  // l = 0: every logit -inf, weights 0 (PyTorch)
             if (row[h] < M) {
+                if (LSE && t4 == 0) {
+                    const float msafe = mrun[h] == -INFINITY ? 0.0f : mrun[h];
+                    lse[(size_t)bz * M + row[h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
+                }
                 u16* dst = out + ((size_t)bz * M + row[h]) * D + 2 * t4;
                 #pragma unroll
                 for (int j = 0; j < D / 8; ++j)
@@ -368,7 +375,7 @@ def _defines(spec: FlashWgmmaSpec) -> str:
     prod, cons = spec.regs
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
-        f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}",
+        f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -380,7 +387,7 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     spec.check()
     kind = "bf16" if spec.dtype is DType.BF16 else "f16"
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
-            f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)}\n")
+            f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     return head + PRELUDE + HOPPER_PTX + _defines(spec) + f"\n#define KERNEL {name}\n" + mmas + BODY

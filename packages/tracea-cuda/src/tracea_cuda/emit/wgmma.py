@@ -126,9 +126,9 @@ class WgmmaSpec:
         if self.stream_k and (self.schedule != "coop" or self.cluster != 1 or self.conv is not None
                               or self.split_acc):
             problems.append("stream-K serves the coop schedule without clusters, conv gathers or split accumulation")
-        if self.split_k and (self.schedule != "coop" or self.cluster != 1 or self.conv is not None
+        if self.split_k and (self.schedule != "coop" or self.cluster != 1
                              or self.split_acc or self.stream_k or self.defer):
-            problems.append("split-K serves the coop schedule without clusters, conv gathers, split accumulation, "
+            problems.append("split-K serves the coop schedule without clusters, split accumulation, "
                             "stream-K or the deferred epilogue")
         if self.defer and (self.schedule != "coop" or not self.smem_epilogue or self.split_acc
                            or self.conv is not None or self.out_cm
@@ -462,9 +462,11 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         producer = _tma_producer(spec, a_loads, b_loads)
     else:
         operands = f"const __grid_constant__ TmaDesc tmB, const {tin}* __restrict__ X"
+        if spec.split_k:
+            operands += ", float* __restrict__ sk_ws, unsigned* __restrict__ sk_flags, int sk_tiles, int sk_maxc"
         full_count, consumer_regs = 129, im2col.CONSUMER_REGS
         proxy_fence = '            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async wrote A\n'
-        producer = im2col.producer(conv, bm, bn, st, 16 // spec.dtype_in.itemsize)
+        producer = im2col.producer(conv, bm, bn, st, 16 // spec.dtype_in.itemsize, spec.split_k)
     if spec.stream_k or spec.split_k:
         loop_head = ("    unsigned itc = 0;  // stages consumed so far (units have different k ranges)\n"
                      "    for (int u = 0; ; ++u) {\n"

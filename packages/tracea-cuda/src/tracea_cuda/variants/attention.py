@@ -60,7 +60,7 @@ class FlashAttention(CudaVariant):
                    "softmax in registers, causal tile skipping, GQA, masks, split-KV decode (sm_80+)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.ATTENTION,
                                 dtypes=frozenset({DType.F16, DType.BF16}), min_compute_capability=(8, 0),
-                                masks=frozenset({"bool", "additive"}))
+                                masks=frozenset({"bool", "additive"}), lse=True)
     efficiency = 0.3  # of the f16/bf16 Tensor Core peak (an mma.sync FA2 design on Hopper)
     priority = 10
 
@@ -86,7 +86,7 @@ class FlashAttention(CudaVariant):
             sms = profile.compute_units if profile is not None and profile.compute_units > 1 else 132
             splits = auto_splits(op, config.tile_m, config.tile_n, sms)
         return FlashSpec(op.dtype.storage, op.head_dim, config.tile_m, config.tile_n, op.causal, _MASKS[op.mask],
-                         min(splits, MAX_SPLITS), mt)
+                         min(splits, MAX_SPLITS), mt, op.lse)
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -116,7 +116,7 @@ class FlashAttention(CudaVariant):
             return [h(64, 64), h(16, 64), h(128, 64)]
         if op.head_dim <= 64:
             return [h(128, 64, 2), h(128, 64), h(64, 64), h(128, 32)]
-        if op.mask is not None:  # d128 with two m-tiles per warp and a mask needs more than 255 registers
+        if op.mask is not None or op.lse:  # d128 with two m-tiles per warp and a mask (or lse) spills
             return [h(128, 64), h(64, 64), h(128, 32)]
         return [h(128, 32, 2), h(128, 64), h(64, 64)]
 
@@ -150,7 +150,7 @@ class FlashAttention(CudaVariant):
         mb, mh = op.mask_shape or (1, 1)
         scalars = (np.int32(op.batch), np.int32(op.heads), np.int32(kvh), np.int32(op.seq_q), np.int32(op.seq_kv),
                    np.float32(float(op.scale) * flash_attn.LOG2E), np.int32(mb), np.int32(mh))  # type: ignore[arg-type]
-        roles = ("q", "k", "v", "out", "mask", "part", "lse")
+        roles = ("q", "k", "v", "out", "mask", "part", "plse", "lse")
 
         def main_args(p: dict[str, int]) -> tuple:
             return tuple(u64(p[r]) for r in roles) + scalars
@@ -160,29 +160,32 @@ class FlashAttention(CudaVariant):
         total_rows = op.batch * op.heads * op.seq_q
         fc = None
         if combine is not None:
-            croles = ("part", "lse", "out")
+            croles = ("part", "plse", "out", "lse")
             fc = launcher.FastLaunch(combine.function, (-(-total_rows // 8), 1, 1), 256, 0, launcher.ParamBlock.from_args(
-                lambda p: (u64(p["part"]), u64(p["lse"]), u64(p["out"]), np.int32(total_rows)), croles))
+                lambda p: (u64(p["part"]), u64(p["plse"]), u64(p["out"]), u64(p["lse"]), np.int32(total_rows)), croles))
         ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
         scratch, splits, needs_mask = launcher.scratch, spec.splits, op.mask is not None
 
-        def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
+        def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
+            # rest: (out,) or, with the log-sum-exp output, (lse, out)
+            out = rest[-1]
             pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(out)
+            plo = ptr(rest[0]) if len(rest) > 1 and rest[0] is not None else 0
             if needs_mask and mask is None:
                 raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
             pm = ptr(mask) if needs_mask else po
-            if (pq | pk | pv | po) & 15 or pm & 1:
+            if (pq | pk | pv | po) & 15 or pm & 1 or plo & 3:
                 raise LaunchError(f"{name}: q, k, v and out must be 16-byte aligned (pass packed arrays)", backend="cuda")
             s = stream()
             with device():  # makes dev current only when it is not
                 if fc is None:
-                    fl(s, (pq, pk, pv, po, pm, po, po))
+                    fl(s, (pq, pk, pv, po, pm, po, po, plo))
                 else:
                     part = scratch(adapter, out, splits * total_rows * (op.head_dim + 1))
                     pp = ptr(part)
                     pl = pp + 4 * splits * total_rows * op.head_dim
-                    fl(s, (pq, pk, pv, po, pm, pp, pl))
-                    fc(s, (pp, pl, po))
+                    fl(s, (pq, pk, pv, po, pm, pp, pl, 0))
+                    fc(s, (pp, pl, po, plo))
                     del part  # stream-ordered allocator: reused only after the launches above
 
         launch.pointer_only = True  # type: ignore[attr-defined]
@@ -190,7 +193,8 @@ class FlashAttention(CudaVariant):
 
     def run(self, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
         launch = _bound(self, op, config, profile, args.adapter)
-        launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.out)
+        launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.arrays.get("lse"),
+               args.out)
 
 
 @functools.lru_cache(maxsize=256)

@@ -53,7 +53,7 @@ class FlashDecode(CudaVariant):
                    "merged by the last CTA of each row block (sm_80+)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.ATTENTION,
                                 dtypes=frozenset({DType.F16, DType.BF16}), min_compute_capability=(8, 0),
-                                masks=frozenset({"bool", "additive"}))
+                                masks=frozenset({"bool", "additive"}), lse=True)
     efficiency = 0.3  # same roofline as flash_mma: ties at decode shapes go to the higher priority
     priority = 30
 
@@ -81,7 +81,7 @@ class FlashDecode(CudaVariant):
         if config.tile_m != flash_decode.ROWS:
             raise UnsupportedConfigError(f"tile_m={config.tile_m} must be {flash_decode.ROWS} (one m16 tile)")
         spec = DecodeSpec(op.dtype.storage, op.head_dim, config.tile_n, config.warps, config.stages, op.causal,
-                          _MASKS[op.mask], 1)
+                          _MASKS[op.mask], 1, op.lse)
         splits = int(config.get("splits", 0) or 0)
         if splits <= 0:
             # SMs this process can count on (an MPS share scales them down): one wave of blocks; the
@@ -89,7 +89,7 @@ class FlashDecode(CudaVariant):
             sms = resident_sms(profile) if profile is not None and profile.compute_units > 1 else 132
             splits = decode_splits(op, spec, sms)
         return DecodeSpec(spec.dtype, spec.head_dim, spec.bn, spec.warps, spec.stages, spec.causal, spec.mask,
-                          min(splits, MAX_SPLITS))
+                          min(splits, MAX_SPLITS), spec.lse)
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -150,7 +150,7 @@ class FlashDecode(CudaVariant):
         mb, mh = op.mask_shape or (1, 1)
         scalars = (np.int32(op.batch), np.int32(op.heads), np.int32(kvh), np.int32(op.seq_q), np.int32(op.seq_kv),
                    np.float32(float(op.scale) * flash_attn.LOG2E), np.int32(mb), np.int32(mh))  # type: ignore[arg-type]
-        roles = ("q", "k", "v", "out", "mask", "part", "lse", "arrivals")
+        roles = ("q", "k", "v", "out", "mask", "part", "plse", "arrivals", "lse")
 
         def main_args(p: dict[str, int]) -> tuple:
             return tuple(u64(p[r]) for r in roles) + scalars
@@ -163,17 +163,20 @@ class FlashDecode(CudaVariant):
         capturing = launcher.is_capturing
         counters: dict[int, Any] = {}  # stream handle -> int32 arrival counts (zero between launches)
 
-        def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
+        def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
+            # rest: (out,) or, with the log-sum-exp output, (lse, out)
+            out = rest[-1]
             pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(out)
+            pl = ptr(rest[0]) if len(rest) > 1 and rest[0] is not None else 0
             if needs_mask and mask is None:
                 raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
             pm = ptr(mask) if needs_mask else po
-            if (pq | pk | pv | po) & 15 or pm & 1:
+            if (pq | pk | pv | po) & 15 or pm & 1 or pl & 3:
                 raise LaunchError(f"{name}: q, k, v and out must be 16-byte aligned (pass packed arrays)", backend="cuda")
             s = stream()
             with device():
                 if splits == 1:
-                    fl(s, (pq, pk, pv, po, pm, po, po, po))
+                    fl(s, (pq, pk, pv, po, pm, po, po, po, pl))
                     return
                 if capturing(s):
                     arrivals = scratch(adapter, out, slots, zeroed=True)
@@ -183,7 +186,7 @@ class FlashDecode(CudaVariant):
                         arrivals = counters[s] = scratch(adapter, out, slots, zeroed=True)
                 part = scratch(adapter, out, splits * total_rows * (op.head_dim + 1))
                 pp = ptr(part)
-                fl(s, (pq, pk, pv, po, pm, pp, pp + 4 * splits * total_rows * op.head_dim, ptr(arrivals)))
+                fl(s, (pq, pk, pv, po, pm, pp, pp + 4 * splits * total_rows * op.head_dim, ptr(arrivals), pl))
                 del part  # stream-ordered allocator: reused only after the launch above
 
         launch.pointer_only = True  # type: ignore[attr-defined]
@@ -191,7 +194,8 @@ class FlashDecode(CudaVariant):
 
     def run(self, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
         launch = _bound(self, op, config, profile, args.adapter)
-        launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.out)
+        launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.arrays.get("lse"),
+               args.out)
 
 
 ATTENTION_DECODE_VARIANTS = [FlashDecode]

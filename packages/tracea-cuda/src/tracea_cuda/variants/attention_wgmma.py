@@ -41,7 +41,7 @@ class FlashAttentionWgmma(CudaVariant):
                    "(sm_90a)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.ATTENTION,
                                 dtypes=frozenset({DType.F16, DType.BF16}), isa=("wgmma", "tma"),
-                                min_compute_capability=(9, 0))
+                                min_compute_capability=(9, 0), lse=True)
     efficiency = 0.6  # of the f16/bf16 Tensor Core peak
     priority = 20
 
@@ -78,7 +78,7 @@ class FlashAttentionWgmma(CudaVariant):
         if config.tile_m % 64:
             raise UnsupportedConfigError(f"tile_m={config.tile_m} must be 64 x consumer warpgroups")
         return FlashWgmmaSpec(op.dtype.storage, op.head_dim, config.tile_n, config.tile_m // 64, config.stages,
-                              op.causal, pingpong=bool(config.get("pingpong", True)))
+                              op.causal, pingpong=bool(config.get("pingpong", True)), lse=op.lse)
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -150,23 +150,25 @@ class FlashAttentionWgmma(CudaVariant):
         fptr, threads, smem = int(kernel.function.ptr), spec.threads, spec.smem_bytes
         tail = [ctypes.c_int32(op.heads), ctypes.c_int32(kvh), ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv),
                 ctypes.c_int32(op.batch * kvh), ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]  # type: ignore[arg-type]
-        memo: dict[tuple[int, int, int], tuple[tma.Packed, ctypes.c_uint64]] = {}
+        memo: dict[tuple[int, int, int], tuple[tma.Packed, ctypes.c_uint64, ctypes.c_uint64]] = {}
         lock = threading.Lock()
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
         ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
 
-        def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, ctypes.c_uint64]:
-            out_slot = ctypes.c_uint64(0)
+        def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, ctypes.c_uint64, ctypes.c_uint64]:
+            out_slot, lse_slot = ctypes.c_uint64(0), ctypes.c_uint64(0)
             maps = [tma.tiled_map(pq, dt, (d, rows, op.batch * kvh), (64, spec.bm, 1)),
                     tma.tiled_map(pk, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1)),
                     tma.tiled_map(pv, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1))]
-            return tma.pack([*maps, out_slot, *tail]), out_slot
+            return tma.pack([*maps, out_slot, lse_slot, *tail]), out_slot, lse_slot
 
-        def launch(q: Any, k: Any, v: Any, mask: Any, out: Any) -> None:
-            pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(out)
+        def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
+            # rest: (out,) or, with the log-sum-exp output, (lse, out)
+            pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(rest[-1])
+            pl = ptr(rest[0]) if len(rest) > 1 and rest[0] is not None else 0
             if mask is not None:
                 raise InvalidArgumentError("mask", mask, f"no mask ({name} serves attention without attn_mask)")
-            if (pq | pk | pv) & 15 or po & 3:  # TMA needs 16-byte aligned bases (as flash_mma's loads do)
+            if (pq | pk | pv) & 15 or (po | pl) & 3:  # TMA needs 16-byte aligned bases (as flash_mma's loads do)
                 raise LaunchError(f"{name}: q, k and v must be 16-byte aligned, out 4-byte (pass packed arrays)",
                                   backend="cuda")
             key = (pq, pk, pv)
@@ -176,8 +178,9 @@ class FlashAttentionWgmma(CudaVariant):
                     if len(memo) >= 64:
                         memo.clear()
                     hit = memo[key] = build(pq, pk, pv)
-                packed, out_slot = hit
+                packed, out_slot, lse_slot = hit
                 out_slot.value = po
+                lse_slot.value = pl
                 s = stream()
                 try:
                     with device():  # makes dev current only when it is not
@@ -190,7 +193,8 @@ class FlashAttentionWgmma(CudaVariant):
 
     def run(self, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
         launch = _bound(self, op, config, profile, args.adapter)
-        launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.out)
+        launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.arrays.get("lse"),
+               args.out)
 
 
 ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]

@@ -15,7 +15,7 @@ from tracea.ir.ops import Conv2dOp, LayerType, Layout
 from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode
 from tracea.semantic.search_space import SearchSpace
 
-from ..emit import operands
+from ..emit import operands, transpose
 from ..emit.mma import MmaSpec
 from .. import helpers_kernels, launcher, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
@@ -38,9 +38,14 @@ def channels_last_prepass(op: Conv2dOp, arch: str) -> tuple[tuple[int, int], lau
     launch transposing both (``launcher.pair_launch``; load it on the op's device)."""
     tk = helpers_kernels.transposer(op.dtype, arch, pair=True)
     hw, rs = op.h * op.w, op.r * op.s
-    # [batch][C][pixels] -> [batch][pixels][C] for x (batch N) and w (batch K)
-    jobs = [((-(-hw // 32), -(-op.c // 32), op.n), (op.c, hw)), ((-(-rs // 32), -(-op.c // 32), op.k), (op.c, rs))]
-    return (op.n * hw * op.c, op.k * rs * op.c), launcher.pair_launch(tk.function, *jobs)
+
+    def job(batch: int, inner: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
+        # [batch][C][inner] -> [batch][inner][C]: 32x32 tiles, or blocks of whole rows when they are short
+        if inner < transpose.NARROW:
+            return (-(-op.c // transpose.NARROW_ROWS), 1, batch), (op.c, inner)
+        return (-(-inner // 32), -(-op.c // 32), batch), (op.c, inner)
+
+    return (op.n * hw * op.c, op.k * rs * op.c), launcher.pair_launch(tk.function, job(op.n, hw), job(op.k, rs))
 
 
 #: output rows (N*P*Q) from which the padded-channel heroes come first: below, the extra pre-pass launch
@@ -68,8 +73,8 @@ def channel_pad_prepass(op: Conv2dOp, pop: Conv2dOp, arch: str) -> tuple[tuple[i
     op's device)."""
     pk = helpers_kernels.padder(op.dtype, arch)
     rows_x, rows_w = op.n * op.h * op.w, op.k * op.r * op.s
-    jobs = [((-(-rows_x * pop.c // 256), 1, 1), (rows_x, op.c, pop.c)),
-            ((-(-rows_w * pop.c // 256), 1, 1), (rows_w, op.c, pop.c))]
+    jobs = [((-(-rows_x // 256), 1, 1), (rows_x, op.c, pop.c)),  # one row per thread
+            ((-(-rows_w // 256), 1, 1), (rows_w, op.c, pop.c))]
     return (rows_x * pop.c, rows_w * pop.c), launcher.pair_launch(pk.function, *jobs)
 
 
