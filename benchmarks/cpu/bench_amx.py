@@ -24,7 +24,8 @@ Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
   on torch float16 tensors (default settings), ``amx`` (``cpu.gemm.f16amx``: exact bf16 split on AMX)
   and ``avx512`` (``cpu.gemm.f16.avx512``: fp32 FMAs) the variants run directly with their first hero. Anchor: ``torch.matmul`` in float16.
 * ``interference``: one bf16 GEMM and its torch anchor timed alone (back to back) and interleaved with
-  a NumPy (OpenBLAS) fp32 matmul and a torch fp32 matmul between calls, 5 runs; prints both ratios.
+  a NumPy (OpenBLAS) fp32 matmul and a torch fp32 matmul between calls, 5 runs after an untimed warm-up
+  block of each; prints both ratios.
 """
 
 from __future__ import annotations
@@ -76,10 +77,14 @@ def _line(label: str, flops: float, t: dict, anchor: str) -> dict:
                 ratio={n: t[anchor] / s for n, s in t.items()})
 
 
+#: isolated-kernel columns of the gemm and linear rows (``--kernels``)
+KERNELS = ["amxbf16", "avx512bf16"]
+
+
 def _variants(op: GemmOp, args: OpArgs) -> dict:
     fns = {}
     for v in (CpuGemmAmxVariant(), CpuGemmBf16Variant()):
-        if v.check(op, PROFILE):
+        if v.isa.name not in KERNELS or v.check(op, PROFILE):
             continue
         cfg = v.hero_configs(op, PROFILE)[0]
         fns[v.isa.name] = (lambda v=v, cfg=cfg: v.run(op, cfg, args, PROFILE))
@@ -227,6 +232,10 @@ def bench_interference(n: int, rows: list, runs: int = 5) -> None:
             ts.append(time.perf_counter() - t)
         return statistics.median(ts)
 
+    # one untimed pair of blocks first: the first parallel calls of a fresh process run 10-25 ms instead of
+    # ~1 ms on the 2-core VM, and the 16-core host's first block showed 0.47x against 1.16-1.24x after
+    block(theirs, [])
+    block(ours, [])
     alone, mixed = [], []
     for _ in range(runs):
         alone.append(block(theirs, []) / block(ours, []))
@@ -248,8 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0,
                     help="threads for Tracea ($TRACEA_NUM_THREADS) and torch (default: every core); one "
                          "thread gives comparable figures on a machine other processes keep busy")
+    ap.add_argument("--kernels", default=",".join(KERNELS),
+                    help="isolated-kernel columns of the gemm / linear rows (amxbf16, avx512bf16; empty: none). "
+                         "The AVX512_BF16 kernel runs 5-20x longer than the others at 512-1024, so its calls "
+                         "dominate the rounds they share")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
+    KERNELS[:] = [k for k in ns.kernels.split(",") if k]
     if ns.threads:
         os.environ["TRACEA_NUM_THREADS"] = str(ns.threads)
         torch.set_num_threads(ns.threads)

@@ -30,7 +30,8 @@ from .bf16 import CpuGemmBf16Variant
 from .panel_cache import PANELS
 from .emit.amx import check_amx_tile
 from .isa import AMX_BF16
-from .variant_base import _check_rc, _threads_problem
+from .host_load import thread_picker
+from .variant_base import _check_rc, _requested_threads, _threads_problem
 
 _SYS_ARCH_PRCTL = 158  # x86_64
 _ARCH_GET_XCOMP_PERM = 0x1022
@@ -146,18 +147,19 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
         words, packb, pk, panels_of = lib.tb_amx_bwords(op.n, op.k), lib.tb_amx_pack_b, lib.tb_gemm_call_pk, PANELS.panels
         ptr, n, k, rsb, csb = adapter.data_ptr, op.n, op.k, call.rsb, call.csb
         has_bias, widen = op.epilogue.has_bias, op.out_dtype is DType.BF16
+        pick = thread_picker(nth, _requested_threads(config))
 
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-            bp = ptr(b)
-            panels = panels_of(geometry, b, bp, words, lambda dst: packb(n, k, bp, rsb, csb, dst, nth))
+            bp, nt = ptr(b), pick()
+            panels = panels_of(geometry, b, bp, words, lambda dst: packb(n, k, bp, rsb, csb, dst, nt))
             b32 = None
             if has_bias:  # the bias arrives in the output dtype; the epilogue runs in fp32
                 b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if widen else bias
             bias_ptr = None if b32 is None else (b32.ctypes.data if widen else ptr(b32))
             if panels is None:
-                rc = fn(ref, ptr(a), bp, ptr(out), bias_ptr, nth)
+                rc = fn(ref, ptr(a), bp, ptr(out), bias_ptr, nt)
             else:
-                rc = pk(ref, ptr(a), bp, panels[1], ptr(out), bias_ptr, nth)
+                rc = pk(ref, ptr(a), bp, panels[1], ptr(out), bias_ptr, nt)
             del panels, b32  # alive until the kernel returned
             if rc:
                 _check_rc(rc, "bf16 gemm")

@@ -9,6 +9,7 @@ convolution of a deep layer at batch 1 (512@7^2: ~0.4 ms against ~0.3 ms), so th
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Any
 
@@ -27,8 +28,9 @@ from .amx import AMX_EFFICIENCY, amx_bf16_reasons, amx_peak_gflops, amx_permissi
 from .bf16 import bf16_operand, f32_operand
 from .emit.amx_conv import PARAMS, check_conv_tile
 from .isa import AMX_BF16
+from .host_load import thread_picker
 from .panel_cache import PANELS
-from .variant_base import CpuVariant, _check_rc, _require, _threads_problem
+from .variant_base import CpuVariant, _check_rc, _require, _requested_threads, _threads_problem
 
 #: tile blocks offered (MR pixels x NR output channels); the heroes order them per op (hero_configs)
 CONV_TILES = ((32, 32), (32, 16), (64, 16), (48, 16), (16, 64), (16, 32))
@@ -87,9 +89,11 @@ class CpuConv2dAmxVariant(CpuVariant):
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
         tiles = list(CONV_TILES)
-        if isinstance(op, Conv2dOp) and 64 < op.c // op.groups <= 128:
+        if isinstance(op, Conv2dOp) and 32 < op.c // op.groups <= 128:
             # measured (one thread, NHWC 128@28^2): 32 x 16 1.86-1.88 TFLOP/s, 32 x 32 1.54-1.58, 64 x 16
-            # 1.48-1.66; with 256 channels 32 x 32 led (1.76-1.83 against 1.51-1.54)
+            # 1.48-1.66; with 256 channels 32 x 32 led (1.76-1.83 against 1.51-1.54). 64 channels (NHWC
+            # 64@56^2 batch 8, thread CPU time, medians of 15, 2026-11-26): 32 x 16 1.26x F.conv2d, 32 x 32
+            # 1.12x, 48 x 16 / 64 x 16 1.19-1.20x; 32 channels: 32 x 32 and 32 x 16 alike (1.08-1.10x)
             tiles.remove((32, 16))
             tiles.insert(0, (32, 16))
         return [PipelineConfig(params=(("mr", mr), ("nr", nr), ("wblk", WBLK[0]), ("kst", KST[0]), ("mbg", MBG[0]),
@@ -119,13 +123,17 @@ class CpuConv2dAmxVariant(CpuVariant):
 
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, Conv2dOp)
-        lib, prm, geometry = self.prepare(op, config, profile)
+        lib, shared, geometry = self.prepare(op, config, profile)
+        prm = (ctypes.c_long * len(shared))(*shared)  # this launcher's own block: it sets the thread count
+        slot = PARAMS.index("nth")
+        pick = thread_picker(prm[slot], _requested_threads(config))
         fn, ptr, has_bias = lib.tc_conv2d, adapter.data_ptr, op.epilogue.has_bias
         panels_of = PANELS.panels
         words, pack = lib.tc_wpack_words(prm), lib.tc_pack_w
 
         def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
             wp = ptr(w)
+            prm[slot] = pick()
             panels = panels_of(geometry, w, wp, words, lambda dst: pack(prm, wp, dst))
             b32 = _bias_f32(adapter, bias) if has_bias else None
             rc = fn(prm, ptr(x), wp, None if panels is None else panels[1], None if b32 is None else b32.ctypes.data,

@@ -25,7 +25,8 @@ from tracea.semantic.config import Validity
 
 from . import kernels, spaces
 from .isa import AVX512_BF16
-from .variant_base import CpuVariant, _check_rc, _host, _ptr, _require, _validate_blocked
+from .host_load import thread_picker
+from .variant_base import CpuVariant, _check_rc, _host, _ptr, _require, _requested_threads, _validate_blocked
 
 # Measured share of the bf16 dot-product peak (2x the fp32 FMA rate) the kernel reaches.
 BF16_EFFICIENCY = 0.85
@@ -162,10 +163,10 @@ class CpuGemmBf16Variant(CpuVariant):
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, GemmOp)
         fn, call, ref = self.prepare(op, config, profile)
-        ptr, nth = adapter.data_ptr, self.threads(op, config, profile)
+        ptr, pick = adapter.data_ptr, thread_picker(self.threads(op, config, profile), _requested_threads(config))
         if not op.epilogue.has_bias:
             def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-                rc = fn(ref, ptr(a), ptr(b), ptr(out), None, nth)
+                rc = fn(ref, ptr(a), ptr(b), ptr(out), None, pick())
                 if rc:
                     _check_rc(rc, "bf16 gemm")
 
@@ -176,7 +177,7 @@ class CpuGemmBf16Variant(CpuVariant):
         def launch_bias(a: Any, b: Any, bias: Any, out: Any) -> None:
             # the fp32 bias must outlive the kernel call: hold it in a local until the call returns
             b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if widen else bias
-            rc = fn(ref, ptr(a), ptr(b), ptr(out), b32.ctypes.data if widen else ptr(b32), nth)
+            rc = fn(ref, ptr(a), ptr(b), ptr(out), b32.ctypes.data if widen else ptr(b32), pick())
             if rc:
                 _check_rc(rc, "bf16 gemm")
 

@@ -23,6 +23,7 @@ from .f16_amx import CpuGemmF16AmxVariant
 from .bf16 import CpuGemmBf16Variant
 from .emit.calls import ATTENTION_PARAMS, CONV_PARAMS, GEMM_PARAMS
 from .emit.gemv import unpacked_driver
+from .host_load import thread_picker
 from .isa import ALL_ISAS, Isa
 from .variant_base import (GEMV_THREADS_BYTES, CpuVariant, _check_rc, _host, _ptr, _require,  # noqa: F401
                            _requested_threads, _threads_problem, _validate_blocked)
@@ -82,8 +83,10 @@ class CpuGemmVariant(CpuVariant):
             batch=op.batch, M=m, N=n, K=k, rsa=rsa, csa=csa, sa=m * k, rsb=rsb, csb=csb, sb=k * n, ldc=n, sc=m * n,
             mc=mc, nc=nc, kc=kc, nth=self.threads(op, config, profile)))
         fn, ptr, has_bias = lib.tr_gemm_call, adapter.data_ptr, op.epilogue.has_bias
+        pick, slot = thread_picker(params[GEMM_PARAMS.index("nth")], _requested_threads(config)), GEMM_PARAMS.index("nth")
 
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            params[slot] = pick()  # this launcher's own parameter block
             rc = fn(params, ptr(a), ptr(b), ptr(out), ptr(bias) if has_bias else None)
             if rc:
                 _check_rc(rc, "gemm")
@@ -162,8 +165,10 @@ class CpuConv2dVariant(CpuVariant):
             dw=op.dilation[1], groups=op.groups, P=op.p, Q=op.q, mc=mc, nc=nc, kc=kc,
             nth=self.threads(op, config, profile), indirect=int(config.get("indirect", 0) or 0)))
         fn, ptr, has_bias = lib.tr_conv2d_call, adapter.data_ptr, op.epilogue.has_bias
+        pick, slot = thread_picker(params[CONV_PARAMS.index("nth")], _requested_threads(config)), CONV_PARAMS.index("nth")
 
         def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
+            params[slot] = pick()  # this launcher's own parameter block
             rc = fn(params, ptr(x), ptr(w), ptr(bias) if has_bias else None, ptr(out))
             if rc:
                 _check_rc(rc, "conv2d")

@@ -123,6 +123,11 @@ static int tb_drive_amx(long M, long N, long K, const tb_dense *A, const tb_dens
     long npan = (N + NR - 1) / NR, nic = (M + mc - 1) / mc, pnc = nc / NR;
     long nsplit = nic >= 2 * nth ? 1 : TR_MIN(npan, (2 * nth + nic - 1) / nic);
     long ngrp = (npan + TB_PACK_GROUP - 1) / TB_PACK_GROUP;
+    /* Fewer panel groups than 2 per thread: each group's K split into runs (whole 16-pair steps) too, so
+       every thread packs (512^2 B, 64-wide panels: one group, which one thread packed alone while the
+       others waited at the barrier) */
+    long nks = ngrp >= 2 * nth ? 1 : TR_MIN((2 * nth + ngrp - 1) / ngrp, KP / 16);
+    if (nks < 1) nks = 1;
     size_t bwords = TR_ROUNDUP((size_t)npan * NR * KP, 16), per = TR_ROUNDUP((size_t)mc * KP, 16) + (size_t)mc * nc;
     /* streaming output stores from TB_NT_BYTES of output on */
     int nt = (double)M * N * (o ? 2 : 4) >= TB_NT_BYTES;
@@ -141,15 +146,21 @@ static int tb_drive_amx(long M, long N, long K, const tb_dense *A, const tb_dens
 #endif
         uint32_t *abuf = ws + bwords + (size_t)tid * per;
         float *cb = (float *)(abuf + TR_ROUNDUP((size_t)mc * KP, 16));
-        #pragma omp for schedule(dynamic, 1)
-        for (long g = 0; g < ngrp; g++) {
-            long p1 = TR_MIN(npan, (g + 1) * TB_PACK_GROUP);
-            for (long t0 = 0; t0 < KP; t0 += 16)
-                for (long p = g * TB_PACK_GROUP; p < p1; p++)
-                    tb_pack_b(B, p * NR, TR_MIN(NR, N - p * NR), 2 * t0, TR_MIN(32, K - 2 * t0), bbuf + p * NR * KP + t0 * NR);
+        /* B packed here (the barrier after it lets no thread compute before every panel is written) or
+           given packed: then no barrier at all, and none after the items either (the region's end is
+           one); a thread the scheduler wakes late finds the items taken instead of holding the others */
+        if (ngrp) {
+            #pragma omp for schedule(dynamic, 1)
+            for (long gi = 0; gi < ngrp * nks; gi++) {
+                long g = gi / nks, ks = gi % nks, p1 = TR_MIN(npan, (g + 1) * TB_PACK_GROUP);
+                long steps = KP / 16, ta = steps * ks / nks * 16, tb = steps * (ks + 1) / nks * 16;
+                for (long t0 = ta; t0 < tb; t0 += 16)
+                    for (long p = g * TB_PACK_GROUP; p < p1; p++)
+                        tb_pack_b(B, p * NR, TR_MIN(NR, N - p * NR), 2 * t0, TR_MIN(32, K - 2 * t0), bbuf + p * NR * KP + t0 * NR);
+            }
         }
         TB_THREAD_BEGIN();
-        #pragma omp for schedule(dynamic, 1)
+        #pragma omp for schedule(dynamic, 1) nowait
         for (long it = 0; it < nic * nsplit; it++) {
             long ic = (it / nsplit) * mc, sp = it % nsplit, mcur = TR_MIN(mc, M - ic), nmp = (mcur + MR - 1) / MR;
             long plo = npan * sp / nsplit, phi = npan * (sp + 1) / nsplit;
