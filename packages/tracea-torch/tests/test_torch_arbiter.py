@@ -149,3 +149,16 @@ def test_pytorch_is_timed_as_the_unpatched_layer_runs(restricted_backend, monkey
     if activation is not None:
         ref = {"relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu}[activation](ref)
     assert len(seen) == 1 and rel_err(seen[0], ref) < 1e-6
+
+
+@pytest.mark.parametrize("ours,winner", [(0.98e-3, "torch"), (1.02e-3, "torch"), (0.90e-3, "tracea")])
+def test_cpu_near_ties_go_to_pytorch(restricted_backend, monkeypatch, ours, winner):
+    """On the CPU Tracea serves only when clearly faster (arbiter.CPU_WIN); a near tie names the rule."""
+    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, device, timer: (ours, 1.0e-3))
+    lin, x = _linear()
+    with torch.no_grad():
+        lin(x)
+    (v,) = arbiter.verdicts()
+    assert v.winner == winner
+    if winner == "torch" and ours < 1.0e-3:
+        assert "ties go to PyTorch" in v.reason

@@ -169,3 +169,45 @@ def test_memo_serves_layers_with_and_without_bias_inside_a_model(restricted_back
             _poison(layer.__dict__[layer_path._KEY])
         with pytest.raises(AssertionError, match="memo's plan"):
             model(x)
+
+
+@pytest.mark.arbiter
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_a_signature_pytorch_serves_calls_pytorch_straight_from_the_layer(restricted_backend, monkeypatch, kind):
+    """The arbiter gave the signature to PyTorch: the layer calls F.linear / F.conv2d itself (the plan is
+    not called), with gradients too, and a new shape is judged again."""
+    from tracea_torch import arbiter
+
+    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, device, timer: (2.0e-3, 1.0e-3))  # PyTorch faster
+    if kind == "linear":
+        layer, x = nn.Linear(8, 5), torch.randn(3, 8)
+        tracea_torch.patch_linear(layer)
+        ref = lambda t: F.linear(t, layer.weight, layer.bias)  # noqa: E731
+    else:
+        layer, x = _conv(), torch.randn(2, 4, 9, 9)
+        ref = lambda t: F.conv2d(t, layer.weight, layer.bias, 1, 1)  # noqa: E731
+    memo = _warm(layer, x)
+    assert memo.lean
+    _poison(memo)
+    calls = (restricted_backend.gemm if kind == "linear" else restricted_backend.conv).calls
+    with torch.no_grad():
+        assert torch.equal(layer(x), ref(x))
+    xg = x.clone().requires_grad_(True)
+    layer(xg).sum().backward()  # autograd through F.* (another signature: requires_grad differs)
+    assert xg.grad is not None
+    assert (restricted_backend.gemm if kind == "linear" else restricted_backend.conv).calls == calls
+
+
+def test_compile_after_eager_calls_left_a_memo(restricted_backend):
+    """dynamo traces a patched model whose layers already hold memos (the C++ tensor comparison is not
+    traced: compiling takes the custom-op path)."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 5 * 5, 6)).eval()
+    tracea_torch.patch_conv2d(model)
+    tracea_torch.patch_linear(model)
+    x = torch.randn(2, 3, 5, 5)
+    with torch.no_grad():
+        for _ in range(3):
+            ref = model(x)
+        assert model[0].__dict__["_tracea_memo"].plan is not None
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(x), ref, rtol=1e-5, atol=1e-5)

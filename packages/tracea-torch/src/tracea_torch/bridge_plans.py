@@ -418,4 +418,5 @@ def _lean(compute: Callable[..., torch.Tensor], kind: str, op: Any, extra: tuple
 
     plan.op = op  # type: ignore[attr-defined]
     plan.fallback = reason  # type: ignore[attr-defined]
+    plan.lean = True  # type: ignore[attr-defined]  # PyTorch by verdict: a layer may call F.* itself
     return plan

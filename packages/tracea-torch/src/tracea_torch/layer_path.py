@@ -27,11 +27,12 @@ from torch import Tensor, nn
 
 from tracea.runtime.plans import _SIGS, generation
 
-from . import bridge, ops
+from . import bridge, ops, recording
 from .ops import (_any_autocast, _dispatch_modes, _function_modes, _grad_enabled, _is_compiling, _pair,
                   _tracing_state, _transforms_active)
 
 _F32 = torch.float32
+_conv2d, _linear = torch.nn.functional.conv2d, torch.nn.functional.linear
 _cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch.backends.cudnn.allow_tf32)
 _matmul_precision = torch.get_float32_matmul_precision
 _KEY = "_tracea_memo"
@@ -92,10 +93,13 @@ class CallMemo:
     """One layer's last call signature and the plan that serves it. ``check(x, w, b or _NO_BIAS)``
     compares the tensors;
     ``rg``: some tensor requires grad (then the plan serves only while grad mode is off); ``prec``: the
-    float32 mode the plan was chosen under, read by ``prec_of`` (None when the call is not float32)."""
+    float32 mode the plan was chosen under, read by ``prec_of`` (None when the call is not float32);
+    ``lean``: the arbiter gave the signature to PyTorch and the layer fuses no activation, so the layer calls
+    ``F.conv2d`` / ``F.linear`` itself, as the unpatched layer does (they handle grad, autocast, tracing and
+    precision themselves: only the signature and the plan generation are checked)."""
 
     __slots__ = ("gen", "check", "rg", "prec_of", "prec", "stride", "padding", "dilation", "groups", "act",
-                 "plan")
+                 "plan", "lean")
 
     def __init__(self, gen: int = -1, check: Optional[Callable[..., bool]] = None, rg: bool = False,
                  prec_of: Optional[Callable[[], Any]] = None, prec: Any = None, stride: Any = None,
@@ -104,6 +108,7 @@ class CallMemo:
         self.gen, self.check, self.rg, self.prec_of, self.prec = gen, check or _never, rg, prec_of, prec
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.act, self.plan = act, plan
+        self.lean = bool(getattr(plan, "lean", False)) and act is None
 
     def __reduce__(self) -> tuple:
         return (CallMemo, ())  # plans do not travel: a copy or an unpickled model starts empty
@@ -124,10 +129,17 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
     """What the patched conv layer ``m`` (``padding_mode="zeros"``) computes on ``x`` with weight ``w``
     and bias ``b``, plus the fused activation ``act``."""
     memo = m.__dict__.get(_KEY)
-    if (memo is not None and memo.check(x, w, _NO_BIAS if b is None else b)
+    if memo is None or _is_compiling():  # (dynamo does not trace the C++ tensor comparison)
+        return _conv2d_refresh(m, x, w, b, act)
+    if memo.lean:
+        if (memo.check(x, w, _NO_BIAS if b is None else b) and act is None and memo.stride is m.stride
+                and memo.padding is m.padding and memo.dilation is m.dilation and memo.groups == m.groups
+                and memo.gen == generation() and recording._recorder is None):
+            return _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
+    elif (memo.check(x, w, _NO_BIAS if b is None else b)
             and memo.stride is m.stride and memo.padding is m.padding and memo.dilation is m.dilation
             and memo.groups == m.groups and memo.act == act and not _any_autocast()
-            and not (_is_compiling() or _tracing_state() is not None or _dispatch_modes() or _function_modes()
+            and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
                      or _transforms_active() or (memo.rg and _grad_enabled()))
             and (memo.prec_of is None or memo.prec_of() == memo.prec) and memo.gen == generation()):
         return memo.plan(x, w, b)
@@ -153,11 +165,16 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
     """What the patched linear layer ``m`` computes on ``x``, plus the fused activation ``act``."""
     w, b = m.weight, m.bias
     memo = m.__dict__.get(_KEY)
-    if (memo is not None and memo.check(x, w, _NO_BIAS if b is None else b) and memo.act == act and not _any_autocast()
-            and not (_is_compiling() or _tracing_state() is not None or _dispatch_modes() or _function_modes()
-                     or _transforms_active() or (memo.rg and _grad_enabled()))
-            and (memo.prec_of is None or memo.prec_of() == memo.prec) and memo.gen == generation()):
-        return memo.plan(x, w, b)
+    if memo is not None and not _is_compiling():  # (dynamo does not trace the C++ tensor comparison)
+        if memo.lean:
+            if (memo.check(x, w, _NO_BIAS if b is None else b) and act is None and memo.gen == generation()
+                    and recording._recorder is None):
+                return _linear(x, w, b)
+        elif (memo.check(x, w, _NO_BIAS if b is None else b) and memo.act == act and not _any_autocast()
+                and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
+                         or _transforms_active() or (memo.rg and _grad_enabled()))
+                and (memo.prec_of is None or memo.prec_of() == memo.prec) and memo.gen == generation()):
+            return memo.plan(x, w, b)
     get = _SIGS.get
     fx, fw, fb = get(type(x)), get(type(w)), get(type(b))
     if fx is None or fw is None or fb is None or _any_autocast() or not ops._direct(x, w, b):
