@@ -157,8 +157,9 @@ def test_gemv_threads_follow_weight_bytes(monkeypatch):
     monkeypatch.delenv("TRACEA_NUM_THREADS", raising=False)
     v = CpuGemmVariant(ISA_BY_NAME[BEST])
     cfg = _hero(BEST, threads=0)
-    big = GemmOp(1, 512, 512, trans_b=True)  # 1 MiB of weights, 0.5 MFLOP: memory-bound
-    assert 4 * 512 * 512 >= GEMV_THREADS_BYTES
+    big = GemmOp(1, 1024, 1024, trans_b=True)  # 4 MiB of weights, 2 MFLOP: memory-bound
+    assert 4 * 1024 * 1024 >= GEMV_THREADS_BYTES > 4 * 512 * 512
+    assert v.threads(GemmOp(1, 512, 512, trans_b=True), cfg, PROFILE) == 1  # 1 MiB: not worth a wake-up
     assert v.threads(big, cfg, PROFILE) == max(1, PROFILE.compute_units)
     assert v.threads(GemmOp(1, 64, 64, trans_b=True), cfg, PROFILE) == 1
     assert v.threads(big, _hero(BEST, threads=1), PROFILE) == 1

@@ -154,7 +154,7 @@ def test_pytorch_is_timed_as_the_unpatched_layer_runs(restricted_backend, monkey
 @pytest.mark.parametrize("ours,winner", [(0.98e-3, "torch"), (1.02e-3, "torch"), (0.90e-3, "tracea")])
 def test_cpu_near_ties_go_to_pytorch(restricted_backend, monkeypatch, ours, winner):
     """On the CPU Tracea serves only when clearly faster (arbiter.CPU_WIN); a near tie names the rule."""
-    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, device, timer: (ours, 1.0e-3))
+    monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (ours, 1.0e-3))
     lin, x = _linear()
     with torch.no_grad():
         lin(x)

@@ -178,7 +178,7 @@ def test_a_signature_pytorch_serves_calls_pytorch_straight_from_the_layer(restri
     not called), with gradients too, and a new shape is judged again."""
     from tracea_torch import arbiter
 
-    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, device, timer: (2.0e-3, 1.0e-3))  # PyTorch faster
+    monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (2.0e-3, 1.0e-3))  # PyTorch faster
     if kind == "linear":
         layer, x = nn.Linear(8, 5), torch.randn(3, 8)
         tracea_torch.patch_linear(layer)

@@ -22,8 +22,13 @@ _LANES = {"avx512": 16, "avx512bf16": 16, "avx2": 8, "neon": 4, "scalar": 1}
 # Fraction of the per-lane peak each ISA's kernels reach (measured); scalar code gets what the
 # compiler's auto-vectorisation gives.
 _BASE_EFFICIENCY = {"avx512": 0.85, "avx512bf16": 0.7, "avx2": 0.8, "neon": 0.7, "scalar": 0.5}
-# B bytes from which the packing-free GEMM drivers use every thread (see CpuGemmVariant.threads).
-GEMV_THREADS_BYTES = 256 * 1024
+# B bytes from which the packing-free GEMM drivers use every thread (see CpuGemmVariant.threads). Timed
+# alone, two threads pay off from ~256 KiB (M = 1, 512 x 512 fp32: 57 -> 95 GB/s); inside a model the
+# pool's sleeping worker must be woken for every such call, and on the 2-core Sapphire Rapids VM a
+# Llama-style d512 fp32 block at one-token decode (weights 1-2.8 MiB) ran 0.87-0.90x eager with the
+# two-thread GEMVs and 1.00x with one thread (torch's ops after them slowed too). 4 MiB: one thread up
+# to a 1024 x 1024 fp32 weight.
+GEMV_THREADS_BYTES = 4 * 1024 * 1024
 _PRIORITY = {"avx512": 30, "avx512bf16": 40, "avx2": 20, "neon": 20, "scalar": 0}
 
 
