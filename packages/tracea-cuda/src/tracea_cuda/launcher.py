@@ -91,7 +91,9 @@ def scratch(adapter: Any, like: Any, n: int, zeroed: bool = False) -> Any:
     return make(max(n, 1), dtype=np.float32)
 
 
-_split_buffers: dict[tuple[int, int], tuple[Any, Any]] = {}
+#: (device, stream) -> (counters address, workspace address, their sizes in 4-byte elements, the buffers,
+#: the entry it replaced)
+_split_buffers: dict[tuple[int, int], tuple[int, int, int, int, Any, Any, Any]] = {}
 _split_lock = threading.Lock()
 
 
@@ -101,24 +103,21 @@ def split_scratch(adapter: Any, like: Any, dev: int, stream_ptr: int, flag_words
     launcher and kept across calls, so a call allocates and clears nothing. Sharing is safe because launches
     on one stream run one after another, every split-K kernel leaves the counters it used at zero (the last
     piece of a tile re-zeroes them) and writes each partial sum before it is read. Grown (never shrunk) on
-    demand: the new counters are zeroed on the stream, the old buffers go back to the stream-ordered
-    allocator on that stream, so work already queued keeps them. Not for CUDA graph capture (a captured
-    graph could replay on another stream): capture takes :func:`scratch` per call."""
+    demand: the new counters are zeroed on the stream; the old buffers stay allocated (the new entry holds
+    the old one), since another thread may have taken their addresses for a launch not yet queued. Not for
+    CUDA graph capture (a captured graph could replay on another stream): capture takes :func:`scratch` per
+    call."""
     key = (dev, stream_ptr)
-    pair = _split_buffers.get(key)
-    if pair is None or _elements(pair[0]) < flag_words or _elements(pair[1]) < ws_floats:
+    entry = _split_buffers.get(key)
+    if entry is None or entry[2] < flag_words or entry[3] < ws_floats:
         with _split_lock:
             old = _split_buffers.get(key)
-            flags_n = max(flag_words, _elements(old[0]) if old else 0)
-            ws_n = max(ws_floats, _elements(old[1]) if old else 0)
-            pair = _split_buffers[key] = (scratch(adapter, like, flags_n, zeroed=True), scratch(adapter, like, ws_n))
-    ptr = adapter.data_ptr
-    return ptr(pair[0]), ptr(pair[1])
-
-
-def _elements(buf: Any) -> int:
-    size = getattr(buf, "size", None)
-    return int(size) if isinstance(size, int) else int(buf.numel())
+            flags_n = max(flag_words, old[2] if old else 0, 1)
+            ws_n = max(ws_floats, old[3] if old else 0, 1)
+            flags, ws = scratch(adapter, like, flags_n, zeroed=True), scratch(adapter, like, ws_n)
+            entry = _split_buffers[key] = (adapter.data_ptr(flags), adapter.data_ptr(ws), flags_n, ws_n, flags, ws,
+                                           old)
+    return entry[0], entry[1]
 
 
 def to_ctypes(value: Any) -> Any:
