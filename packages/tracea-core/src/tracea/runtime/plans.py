@@ -54,7 +54,8 @@ else:  # pragma: no cover - Windows
 
 
 def _env_token() -> tuple[Any, ...]:
-    # unrolled: this runs on every call (a generator over the keys costs twice as much)
+    # unrolled (a generator over the keys costs twice as much); generation() builds the same tuple inline,
+    # since it runs on every call
     return _g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7), _g(_K8), _g(_K9)
 
 
@@ -68,21 +69,15 @@ _monotonic = time.monotonic
 def lookup(key: Any) -> Plan | None:
     """The plan stored for ``key``, or None. Checks the steering environment on every call and the
     tuning-cache file every :data:`RECHECK_S` seconds; either changing drops every plan first."""
-    global _next_check
-    if (_g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7), _g(_K8), _g(_K9)) != _env_seen:
-        _env_changed()
-    now = _monotonic()
-    if now >= _next_check:
-        _next_check = now + RECHECK_S
-        _recheck()
+    generation()  # the checks
     return _get(key)
 
 
 def generation() -> int:
-    """A number that changes whenever plans are dropped or replaced, after the same checks as
-    :func:`lookup` (the steering environment, the tuning-cache file). A caller that memoises a plan
-    outside this cache (a patched layer remembering its last call's plan) reuses it only while this
-    number is unchanged."""
+    """A number that changes whenever plans are dropped or replaced, after the checks :func:`lookup` relies
+    on (the steering environment on every call, the tuning-cache file every :data:`RECHECK_S` seconds). A
+    caller that memoises a plan outside this cache (a patched layer remembering its last call's plan)
+    reuses it only while this number is unchanged."""
     global _next_check
     if (_g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7), _g(_K8), _g(_K9)) != _env_seen:
         _env_changed()
