@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from typing import Any, Callable
 
@@ -32,6 +31,7 @@ from tracea.ir.ops import Conv2dOp
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/user_path")
 from bench_shapes import paired  # noqa: E402
+from probe_split_k import graph_time  # noqa: E402  (20 calls in one CUDA graph, median of 5 replays)
 
 # (label, n, c, k, hw, r, stride, dtype, channels_last)
 LAYERS = [("resnet 512->512 3x3 @7^2", 1, 512, 512, 7, 3, 1, torch.float32, False),
@@ -51,27 +51,6 @@ LAYERS = [("resnet 512->512 3x3 @7^2", 1, 512, 512, 7, 3, 1, torch.float32, Fals
           ("resnet stem 3->64 7x7/2 @224^2", 32, 3, 64, 224, 7, 2, torch.bfloat16, True),
           ("mobilenet-like 32->64 3x3 @112^2", 32, 32, 64, 112, 3, 1, torch.float16, True),
           ("small-C 16->64 3x3 @56^2", 32, 16, 64, 56, 3, 1, torch.float32, False)]
-
-
-def graph_time(fn: Callable[[], Any], calls: int = 20) -> float:
-    """Device time per call: ``calls`` calls captured in one CUDA graph, median of 5 replays."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3 / calls)
-    return statistics.median(times)
 
 
 def breakdown(fn: Callable[[], Any], calls: int = 10) -> str:
