@@ -149,8 +149,8 @@ def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run
                            "" if t_ours <= CPU_WIN * t_theirs or t_ours > t_theirs else
                            f"PyTorch within {1 - CPU_WIN:.0%} ({t_theirs * 1e6:.1f} us vs {t_ours * 1e6:.1f} us "
                            f"for {variant}): ties go to PyTorch on the CPU")
-        t_ours, t_theirs = _paired(fa, fb, device, _gpu_batch)
-        e_ours, e_theirs = _paired(fa, fb, device, _gpu_back_to_back)
+        t_ours, t_theirs = _paired(fa, fb, _gpu_batch)
+        e_ours, e_theirs = _paired(fa, fb, _gpu_back_to_back)
     return Verdict(op_desc, str(device), variant, cfg_key, "tracea" if e_ours <= e_theirs else "torch", t_ours,
                    t_theirs, rel, "measured", graph_winner="tracea" if t_ours <= t_theirs else "torch",
                    tracea_eager_s=e_ours, torch_eager_s=e_theirs)
@@ -168,17 +168,22 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(diff.norm() / ref.norm().clamp_min(1e-300))
 
 
-def _paired(fa: Callable[[], Any], fb: Callable[[], Any], device: torch.device,
+def _paired(fa: Callable[[], Any], fb: Callable[[], Any],
             timer: Callable[[Callable[[], Any], int], float]) -> tuple[float, float]:
-    """Median seconds per call of ``fa`` and ``fb`` by ``timer``, interleaved over :data:`ROUNDS` rounds."""
-    target = GPU_TARGET_S if device.type == "cuda" else CPU_TARGET_S
+    """GPU: median seconds per call of ``fa`` and ``fb`` by ``timer`` (batches of about :data:`GPU_TARGET_S`
+    of device time), interleaved over :data:`ROUNDS` rounds."""
     one = max(timer(fa, 1), timer(fb, 1), 1e-7)
-    reps = max(1, min(50, int(target / one)))
+    return _alternate(fa, fb, timer, max(1, min(50, int(GPU_TARGET_S / one))), ROUNDS)
+
+
+def _alternate(fa: Callable[[], Any], fb: Callable[[], Any], timer: Callable[[Callable[[], Any], int], float],
+               reps: int, rounds: int) -> tuple[float, float]:
+    """Medians of ``timer(fa, reps)`` and ``timer(fb, reps)`` over ``rounds`` rounds, the first side
+    alternating."""
     ta: list[float] = []
     tb: list[float] = []
-    for r in range(ROUNDS):
-        pair = ((fa, ta), (fb, tb)) if r % 2 == 0 else ((fb, tb), (fa, ta))
-        for f, acc in pair:
+    for r in range(rounds):
+        for f, acc in ((fa, ta), (fb, tb)) if r % 2 == 0 else ((fb, tb), (fa, ta)):
             acc.append(timer(f, reps))
     return statistics.median(ta), statistics.median(tb)
 
@@ -223,16 +228,7 @@ def _cpu_alternating(fa: Callable[[], Any], fb: Callable[[], Any]) -> tuple[floa
     for f in (fa, fb, fa, fb):
         f()
     one = max(_cpu_batch(fa, 1), _cpu_batch(fb, 1), 1e-7)
-    n = max(9, min(200, int(ROUNDS * CPU_TARGET_S / one)))
-    ta: list[float] = []
-    tb: list[float] = []
-    clock = time.perf_counter
-    for i in range(n):
-        for f, acc in ((fa, ta), (fb, tb)) if i % 2 == 0 else ((fb, tb), (fa, ta)):
-            t0 = clock()
-            f()
-            acc.append(clock() - t0)
-    return statistics.median(ta), statistics.median(tb)
+    return _alternate(fa, fb, _cpu_batch, 1, max(9, min(200, int(ROUNDS * CPU_TARGET_S / one))))
 
 
 # ------------------------------------------------------------------------------------------------
