@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tracea_cuda import testing as T
-from tracea_cuda.testing_attention import attention_inputs as _inputs, attention_ref as _ref, rel as _rel
+from tracea_cuda.testing_attention import attention_inputs as _inputs, attention_ref as _ref, graph_replays, rel as _rel
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not T.gpu_available(), reason="needs a CUDA GPU, CuPy and torch")]
 
@@ -142,25 +142,10 @@ def test_cuda_graph_capture_and_replay_equals_eager():
     import tracea
 
     q, k, v = _inputs((2, 32, 8, 1, 6000, 128), "bfloat16", 11)
-    tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT)  # compile and bind outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT)
-        stream.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            out = tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT)
-    for seed in (1, 2):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        for t in (q, k, v):
-            t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g))
-        graph.replay()
-        torch.cuda.synchronize()
+    for seed, out in graph_replays(lambda: tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT), (q, k, v)):
         eager = tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT)
         torch.testing.assert_close(out, eager, atol=0, rtol=0)
         assert _rel(out, _ref(q, k, v)) < TOL["bfloat16"], seed
-
 
 def test_split_launches_on_two_streams_at_once():
     """Each stream has its own arrival counts: launches queued on two streams without synchronisation give

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tracea_cuda import testing as T
-from tracea_cuda.testing_attention import attention_inputs, attention_ref, lse_close, rel
+from tracea_cuda.testing_attention import attention_inputs, attention_ref, graph_replays, lse_close, rel
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not T.gpu_available(), reason="needs a CUDA GPU, CuPy and torch")]
 
@@ -116,21 +116,7 @@ def test_lse_call_is_captured_in_a_cuda_graph():
     import tracea
 
     q, k, v = attention_inputs((2, 32, 8, 1, 6000, 128), "bfloat16", 12)
-    tracea.ops.attention(q, k, v, enable_gqa=True, return_lse=True)  # compile and bind outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        tracea.ops.attention(q, k, v, enable_gqa=True, return_lse=True)
-        stream.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            out, lse = tracea.ops.attention(q, k, v, enable_gqa=True, return_lse=True)
-    for seed in (1, 2):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        for t in (q, k, v):
-            t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g))
-        graph.replay()
-        torch.cuda.synchronize()
+    for _, (out, lse) in graph_replays(lambda: tracea.ops.attention(q, k, v, enable_gqa=True, return_lse=True), (q, k, v)):
         eager, eager_lse = tracea.ops.attention(q, k, v, enable_gqa=True, return_lse=True)
         torch.testing.assert_close(out, eager, atol=0, rtol=0)
         torch.testing.assert_close(lse, eager_lse, atol=0, rtol=0)

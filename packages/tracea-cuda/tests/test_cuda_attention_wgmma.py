@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tracea_cuda import testing as T
-from tracea_cuda.testing_attention import attention_inputs as _inputs, attention_ref as _ref, rel as _rel
+from tracea_cuda.testing_attention import attention_inputs as _inputs, attention_ref as _ref, graph_replays, rel as _rel
 
 VARIANT = "cuda.attention.wgmma"
 TOL = {"float16": 4e-3, "bfloat16": 2e-2}
@@ -135,28 +135,11 @@ def test_misaligned_arrays_are_refused_with_a_reason():
 
 
 def test_cuda_graph_capture_and_replay():
-    import torch
-
     import tracea
 
     q, k, v = _inputs((2, 4, 4, 384, 384, 128), "float16", 11)
-    tracea.ops.attention(q, k, v, is_causal=True, variant=VARIANT)  # compile and bind outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        tracea.ops.attention(q, k, v, is_causal=True, variant=VARIANT)
-        stream.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            out = tracea.ops.attention(q, k, v, is_causal=True, variant=VARIANT)
-    for seed in (1, 2):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        for t in (q, k, v):
-            t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g))
-        graph.replay()
-        torch.cuda.synchronize()
+    for seed, out in graph_replays(lambda: tracea.ops.attention(q, k, v, is_causal=True, variant=VARIANT), (q, k, v)):
         assert _rel(out, _ref(q, k, v, causal=True)) < TOL["float16"], seed
-
 
 @pytest.mark.parametrize("scale", [1e-3, 0.3, 2.5])
 def test_scale_argument(scale):

@@ -4,7 +4,7 @@ optional log-sum-exp."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterator
 
 
 def attention_inputs(case: tuple[int, int, int, int, int, int], dt: str, seed: int) -> tuple[Any, Any, Any]:
@@ -47,6 +47,31 @@ def attention_ref(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False
     return out, (msafe + torch.log(tot))[..., 0]
 
 
+def graph_replays(call: Callable[[], Any], inputs: tuple[Any, ...], seeds: tuple[int, ...] = (1, 2)) -> Iterator[tuple[int, Any]]:
+    """``call()`` captured in a CUDA graph (after a call outside the capture to compile and bind, and one on
+    the capture's side stream); for each seed the ``inputs`` are refilled in place with fresh random
+    values, the graph is replayed and synchronised, and ``(seed, what the captured call returned)`` is
+    yielded."""
+    import torch
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        call()
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            out = call()
+    for seed in seeds:
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        for t in inputs:
+            t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        yield seed, out
+
+
 def rel(got: Any, ref: Any) -> float:
     """||got - ref|| / ||ref|| in float64 (got moved to the CPU)."""
     return float((got.double().cpu() - ref).norm() / ref.norm())
@@ -72,4 +97,4 @@ def lse_close(got: Any, ref: Any, atol: float = 2e-3) -> str | None:
     return None
 
 
-__all__ = ["attention_inputs", "attention_ref", "lse_close", "rel"]
+__all__ = ["attention_inputs", "attention_ref", "graph_replays", "lse_close", "rel"]
