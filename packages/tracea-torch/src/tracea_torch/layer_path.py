@@ -94,7 +94,8 @@ class CallMemo:
     compares the tensors;
     ``rg``: some tensor requires grad (then the plan serves only while grad mode is off); ``prec``: the
     float32 mode the plan was chosen under, read by ``prec_of`` (None when the call is not float32);
-    ``lean``: the arbiter gave the signature to PyTorch and the layer fuses no activation, so the layer calls
+    ``lean``: the arbiter gave the signature to PyTorch and the layer fuses no activation (so ``act`` is
+    None whenever a lean memo matches), so the layer calls
     ``F.conv2d`` / ``F.linear`` itself, as the unpatched layer does (they handle grad, autocast, tracing and
     precision themselves: only the signature and the plan generation are checked)."""
 
@@ -129,20 +130,17 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
     """What the patched conv layer ``m`` (``padding_mode="zeros"``) computes on ``x`` with weight ``w``
     and bias ``b``, plus the fused activation ``act``."""
     memo = m.__dict__.get(_KEY)
-    if memo is None or _is_compiling():  # (dynamo does not trace the C++ tensor comparison)
-        return _conv2d_refresh(m, x, w, b, act)
-    if memo.lean:
-        if (memo.check(x, w, _NO_BIAS if b is None else b) and act is None and memo.stride is m.stride
-                and memo.padding is m.padding and memo.dilation is m.dilation and memo.groups == m.groups
-                and memo.gen == generation() and recording._recorder is None):
-            return _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
-    elif (memo.check(x, w, _NO_BIAS if b is None else b)
+    # (dynamo does not trace the C++ tensor comparison: compiling takes the refresh path's custom op)
+    if (memo is not None and not _is_compiling() and memo.check(x, w, _NO_BIAS if b is None else b)
             and memo.stride is m.stride and memo.padding is m.padding and memo.dilation is m.dilation
-            and memo.groups == m.groups and memo.act == act and not _any_autocast()
-            and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
-                     or _transforms_active() or (memo.rg and _grad_enabled()))
-            and (memo.prec_of is None or memo.prec_of() == memo.prec) and memo.gen == generation()):
-        return memo.plan(x, w, b)
+            and memo.groups == m.groups and memo.act == act and memo.gen == generation()):
+        if memo.lean:
+            if recording._recorder is None:
+                return _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
+        elif (not _any_autocast() and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
+                                           or _transforms_active() or (memo.rg and _grad_enabled()))
+                and (memo.prec_of is None or memo.prec_of() == memo.prec)):
+            return memo.plan(x, w, b)
     return _conv2d_refresh(m, x, w, b, act)
 
 
@@ -165,15 +163,14 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
     """What the patched linear layer ``m`` computes on ``x``, plus the fused activation ``act``."""
     w, b = m.weight, m.bias
     memo = m.__dict__.get(_KEY)
-    if memo is not None and not _is_compiling():  # (dynamo does not trace the C++ tensor comparison)
+    if (memo is not None and not _is_compiling() and memo.check(x, w, _NO_BIAS if b is None else b)
+            and memo.act == act and memo.gen == generation()):  # (compiling: as in conv2d_layer)
         if memo.lean:
-            if (memo.check(x, w, _NO_BIAS if b is None else b) and act is None and memo.gen == generation()
-                    and recording._recorder is None):
+            if recording._recorder is None:
                 return _linear(x, w, b)
-        elif (memo.check(x, w, _NO_BIAS if b is None else b) and memo.act == act and not _any_autocast()
-                and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
-                         or _transforms_active() or (memo.rg and _grad_enabled()))
-                and (memo.prec_of is None or memo.prec_of() == memo.prec) and memo.gen == generation()):
+        elif (not _any_autocast() and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
+                                           or _transforms_active() or (memo.rg and _grad_enabled()))
+                and (memo.prec_of is None or memo.prec_of() == memo.prec)):
             return memo.plan(x, w, b)
     get = _SIGS.get
     fx, fw, fb = get(type(x)), get(type(w)), get(type(b))
