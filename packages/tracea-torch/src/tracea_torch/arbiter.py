@@ -144,11 +144,12 @@ def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run
         fa, fb = (lambda: run_tracea(*args)), (lambda: run_torch(*args))
         if device.type != "cuda":
             t_ours, t_theirs = _cpu_alternating(fa, fb)
-            return Verdict(op_desc, str(device), variant, cfg_key,
-                           "tracea" if t_ours <= CPU_WIN * t_theirs else "torch", t_ours, t_theirs, rel, "measured",
-                           "" if t_ours <= CPU_WIN * t_theirs or t_ours > t_theirs else
-                           f"PyTorch within {1 - CPU_WIN:.0%} ({t_theirs * 1e6:.1f} us vs {t_ours * 1e6:.1f} us "
-                           f"for {variant}): ties go to PyTorch on the CPU")
+            wins = t_ours <= CPU_WIN * t_theirs
+            tie = "" if wins or t_ours > t_theirs else (
+                f"PyTorch within {1 - CPU_WIN:.0%} ({t_theirs * 1e6:.1f} us vs {t_ours * 1e6:.1f} us for {variant}): "
+                "ties go to PyTorch on the CPU")
+            return Verdict(op_desc, str(device), variant, cfg_key, "tracea" if wins else "torch", t_ours, t_theirs,
+                           rel, "measured", tie)
         t_ours, t_theirs = _paired(fa, fb, _gpu_batch)
         e_ours, e_theirs = _paired(fa, fb, _gpu_back_to_back)
     return Verdict(op_desc, str(device), variant, cfg_key, "tracea" if e_ours <= e_theirs else "torch", t_ours,
