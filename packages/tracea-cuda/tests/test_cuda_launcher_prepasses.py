@@ -137,7 +137,7 @@ def test_prepasses_allocate_per_call_inside_capture_and_above_the_cap(monkeypatc
     launch(object(), object(), None, None)
     assert not made and len(adapter.made) == 2  # the graph's allocator, per call
     monkeypatch.setattr(launcher, "is_capturing", lambda s: False)
-    monkeypatch.setattr(launcher, "PREPASS_KEEP_BYTES", 64)
+    monkeypatch.setattr(launcher, "prepass_keep_bytes", lambda dev: 64)
     huge = _bound(adapter, lambda: 5, (13, 30), log)
     huge(object(), object(), None, None)
     assert not made and len(adapter.made) == 3

@@ -207,10 +207,20 @@ def pair_launch(function: Any, job0: tuple[tuple[int, int, int], Sequence[int]],
 SCRATCH_ALIGN = 256
 
 
-#: pre-pass scratch up to this many bytes is kept per (device, stream) across calls
-#: (:func:`prepass_scratch`); larger buffers are taken from the allocator per call, where the pre-pass
-#: alone (reading and writing that many bytes) takes long enough on the GPU to hide the allocation
+#: pre-pass scratch up to this many bytes -- or 1/128 of the device's memory where that is more (640 MB
+#: on an 80 GB H100) -- is kept per (device, stream) across calls (:func:`prepass_scratch`); larger
+#: buffers are taken from the allocator per call, where the pre-pass alone (reading and writing that many
+#: bytes) takes long enough on the GPU to hide the allocation
 PREPASS_KEEP_BYTES = 256 << 20
+
+
+def prepass_keep_bytes(dev: int) -> int:
+    """The largest pre-pass scratch kept for device ``dev`` (see :data:`PREPASS_KEEP_BYTES`)."""
+    try:
+        total = int(toolkit.cupy().cuda.runtime.getDeviceProperties(dev)["totalGlobalMem"])
+    except Exception:  # noqa: BLE001 - no device facts: the floor
+        total = 0
+    return max(PREPASS_KEEP_BYTES, total // 128)
 
 #: (device, stream) -> (address, size in bytes, the buffer): each stream's pre-pass scratch
 _prepass_buffers: dict[tuple[int, int], tuple[int, int, Any]] = {}
@@ -251,7 +261,7 @@ def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tup
     ``sizes[1]`` elements of ``dtype`` into its two regions -- then runs the pointer form of ``inner``
     (``inner.by_pointer(p0, p1, bias, out)``) on the two regions, all on ``stream()``: two launches per
     call. The scratch is the stream's kept buffer (:func:`prepass_scratch`) up to
-    :data:`PREPASS_KEEP_BYTES`; larger ones, and every call inside CUDA graph capture, take a buffer from
+    :func:`prepass_keep_bytes`; larger ones, and every call inside CUDA graph capture, take a buffer from
     the caller's allocator per call (released after the launches; stream order makes reuse safe)."""
     ptr, device = adapter.data_ptr, on_device(dev)
     itemsize = dtype.itemsize
@@ -259,7 +269,7 @@ def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tup
     offset = -(-sizes[0] // align) * align
     byte_offset = offset * itemsize
     nbytes = (offset + sizes[1]) * itemsize
-    keep = nbytes <= PREPASS_KEEP_BYTES
+    keep = nbytes <= prepass_keep_bytes(dev)
     factory: list[Any] = []
     by_pointer = inner.by_pointer  # type: ignore[attr-defined]
     capturing, lock = is_capturing, _prepass_lock
