@@ -1,10 +1,10 @@
 """Models nobody tuned for, through the user path: timm CNNs / ViTs and Hugging Face transformers (random
 weights, built offline from configs) patched with ``tracea_torch.patched(model, attention=True)`` (conv2d,
-linear and SDPA; default settings, arbiter on, untuned) against the same model eager, interleaved in one
-run. Per model and configuration it prints the first patched call's time (plans, compilation and the
-arbiter's timing), the output's error against eager, eager and CUDA-graph ratios (eager time / patched
-time: > 1 means Tracea is faster), and the fallbacks; a failure is printed and the run goes on (any
-failure is a bug).
+linear and SDPA, or without SDPA: ``--no-attention``; default settings, arbiter on, untuned) against the
+same model eager, interleaved in one run. Per model and configuration it prints the first patched call's
+time (plans, compilation and the arbiter's timing), the output's error against eager, eager and CUDA-graph
+ratios (eager time / patched time: > 1 means Tracea is faster), and the fallbacks; a failure is printed and
+the run goes on (any failure is a bug).
 
     source scripts/srcenv.sh
     python benchmarks/user_path/bench_zoo.py --device cuda [--timm a,b] [--hf bert,llama] [--no-graphs]
@@ -104,7 +104,8 @@ def _logits(out: Any) -> torch.Tensor:
     return out[0]
 
 
-def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch.device, graphs: bool) -> dict:
+def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch.device, graphs: bool,
+             attention: bool = True) -> dict:
     """Eager vs patched for one model and input; never raises (a failure is the row's ``error``)."""
     cuda = device.type == "cuda"
     args = make()
@@ -112,7 +113,7 @@ def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     patched_model = copy.deepcopy(model)
     try:
-        with torch.no_grad(), tracea_torch.patched(patched_model, attention=True):
+        with torch.no_grad(), tracea_torch.patched(patched_model, attention=attention):
             fallbacks.reset()
             ref = _logits(model(*args))
             sync()
@@ -144,6 +145,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--timm", default=TIMM_DEFAULT, help="comma-separated timm model names ('' for none)")
     p.add_argument("--hf", default=HF_DEFAULT, help="bert,llama ('' for none)")
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--no-attention", action="store_true", help="patch conv2d and linear only")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -152,7 +154,7 @@ def main(argv: list[str]) -> int:
     print(f"machine: {where}, torch {torch.__version__}; ratio = eager time / patched time")
     rows = []
     for name, model, make in [*timm_cases(args.timm, device), *hf_cases(args.hf, device)]:
-        row = run_case(name, model, make, device, not args.no_graphs)
+        row = run_case(name, model, make, device, not args.no_graphs, not args.no_attention)
         rows.append(row)
         if "error" in row:
             print(f"  {name:<44} FAILED {row['error']}", flush=True)
