@@ -296,3 +296,29 @@ def test_conv_input_contiguous_both_ways_takes_the_layout_kernels_serve(dtype, l
     dt = {torch.float16: DType.F16, torch.bfloat16: DType.BF16, torch.float32: DType.F32}[dtype]
     op = bridge_plans._conv_op(x, w, None, (1, 1), (0, 0), (1, 1), 1, None, dt)
     assert op.layout.name == layout
+
+
+def test_memo_of_a_routed_plan_calls_torch_unless_capturing(monkeypatch):
+    """The arbiter gave eager calls to PyTorch and captured ones to Tracea (``lean_eager``): the layer calls
+    ``F.linear`` itself while its stream is not capturing, and runs the routed plan while it is."""
+    from tracea_torch import layer_path
+
+    layer, x = nn.Linear(8, 5), torch.randn(3, 8)
+    tracea_torch.patch_linear(layer)
+    ran = []
+
+    def routed(xx, w, b):  # noqa: ANN001, ANN202
+        ran.append(1)
+        return F.linear(xx, w, b) + 1
+
+    routed.lean_eager = True
+    memo = layer_path._memo(plans.generation(), x, layer.weight, layer.bias, None, routed, act=None)
+    assert memo.lean == 2
+    layer.__dict__["_tracea_memo"] = memo
+    capturing = [False]
+    monkeypatch.setattr(layer_path, "_capturing", lambda: capturing[0])
+    with torch.no_grad():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)) and not ran
+        capturing[0] = True
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias) + 1) and ran
+    assert layer_path._memo(plans.generation(), x, layer.weight, layer.bias, None, routed, act="relu").lean == 0

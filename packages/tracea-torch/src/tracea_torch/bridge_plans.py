@@ -405,6 +405,9 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
         return (graph_side if capturing() else eager_side)(x, w, bias)
 
     routed.op = op  # type: ignore[attr-defined]
+    # PyTorch serving eager calls (Tracea only captured ones): a patched layer may call F.* itself while
+    # its stream is not capturing (the host-bound case, where those frames would cost most)
+    routed.lean_eager = verdict.winner == "torch"  # type: ignore[attr-defined]
     return routed
 
 

@@ -36,6 +36,7 @@ _F32 = torch.float32
 _conv2d, _linear = torch.nn.functional.conv2d, torch.nn.functional.linear
 _cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch.backends.cudnn.allow_tf32)
 _matmul_precision = torch.get_float32_matmul_precision
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 _KEY = "_tracea_memo"
 
 
@@ -95,10 +96,12 @@ class CallMemo:
     compares the tensors;
     ``rg``: some tensor requires grad (then the plan serves only while grad mode is off); ``prec``: the
     float32 mode the plan was chosen under, read by ``prec_of`` (None when the call is not float32);
-    ``lean``: PyTorch serves the signature (the arbiter's verdict, or a CUDA call no kernel serves) and the
-    layer fuses no activation (so ``act`` is None whenever a lean memo matches), so the layer calls
-    ``F.conv2d`` / ``F.linear`` itself, as the unpatched layer does (they handle grad, autocast, tracing and
-    precision themselves: only the signature and the plan generation are checked); ``count``: the
+    ``lean``: 1 when PyTorch serves the signature (the arbiter's verdict, or a CUDA call no kernel serves),
+    2 when it serves the signature's eager calls and Tracea only calls captured in CUDA graphs, 0 otherwise;
+    only for a layer that fuses no activation (so ``act`` is None whenever a lean memo matches). A lean
+    call (for 2: one whose stream is not capturing) calls ``F.conv2d`` / ``F.linear`` itself, as the
+    unpatched layer does (they handle grad, autocast, tracing and precision themselves: only the signature
+    and the plan generation are checked); ``count``: the
     ``(kind, reason)`` a lean call counts in :mod:`tracea_torch.fallbacks` (None for a verdict, which is
     counted once)."""
 
@@ -112,7 +115,8 @@ class CallMemo:
         self.gen, self.check, self.rg, self.prec_of, self.prec = gen, check or _never, rg, prec_of, prec
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.act, self.plan = act, plan
-        self.lean = bool(getattr(plan, "lean", False)) and act is None
+        self.lean = 0 if act is not None else 1 if getattr(plan, "lean", False) else 2 if getattr(
+            plan, "lean_eager", False) else 0
         self.count = getattr(plan, "count", None)
 
     def __reduce__(self) -> tuple:
@@ -138,7 +142,8 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
     if (memo is not None and not _is_compiling() and memo.check(x, w, _NO_BIAS if b is None else b)
             and memo.stride is m.stride and memo.padding is m.padding and memo.dilation is m.dilation
             and memo.groups == m.groups and memo.act == act and memo.gen == generation()):
-        if memo.lean:
+        lean = memo.lean
+        if lean and (lean == 1 or not _capturing()):
             if recording._recorder is None:
                 if memo.count is not None:
                     _record(*memo.count)
@@ -170,7 +175,8 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
     memo = m.__dict__.get(_KEY)
     if (memo is not None and not _is_compiling() and memo.check(x, w, _NO_BIAS if b is None else b)
             and memo.act == act and memo.gen == generation()):  # (compiling: as in conv2d_layer)
-        if memo.lean:
+        lean = memo.lean
+        if lean and (lean == 1 or not _capturing()):
             if recording._recorder is None:
                 if memo.count is not None:
                     _record(*memo.count)
