@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks, in one go: the CUDA and torch GPU tests (CUDA-graph capture of every
 # variant path, torch.compile), the user-path benchmarks (patched layers and models vs PyTorch, eager and
-# in CUDA graphs; the untuned shapes; a zoo of models no test uses), the isolated-kernel benchmark, and the public-ops fuzzer on CUDA tensors.
+# in CUDA graphs; the untuned shapes; a zoo of models no test uses), the isolated-kernel benchmark, and
+# the public-ops fuzzer on CUDA tensors.
 # Logs and JSON go to $OUT (default /tmp/tracea-gpu).
 #   scripts/gpu_run.sh [--quick] [--tests-only|--bench-only|--user-only|--fuzz-only] [--pytest-k EXPR] [bench args...]
 # Carry .whl (optuna's wheels: ../shared/tools/device-wheels.sh) for the tuner's tests.
