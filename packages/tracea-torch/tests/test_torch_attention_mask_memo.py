@@ -106,3 +106,47 @@ def test_adapter_version_and_capture_hooks():
     assert a.capturing(t) is False  # a CPU tensor is never captured
     with torch.inference_mode():
         assert a.version(torch.zeros(2)) is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("kind", ["bool", "padding"])
+def test_cuda_mask_memo_eager_and_graph_replays_follow_the_mask(kind):
+    """On the GPU (flash_mma / decode kernels): the memo is reused eagerly and dropped after an in-place
+    write; a call captured in a CUDA graph (after eager calls filled the memo) converts inside the capture,
+    so replays after the mask is refilled in place follow its new contents."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    b, h, sq, skv = 2, 4, 70, 136
+    q = torch.randn(b, h, sq, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(b, h, skv, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+
+    def fresh() -> torch.Tensor:
+        if kind == "bool":
+            m = torch.rand(b, 1, sq, skv, device="cuda", generator=g) < 0.6
+            m[..., 0] = True
+            return m
+        m = torch.zeros(b, 1, 1, skv, device="cuda", dtype=torch.bfloat16)  # broadcast over seq_q: expanded
+        m[..., : int(torch.randint(1, skv - 1, (1,), device="cuda", generator=g))] = float("-inf")
+        return m
+
+    def want(m: torch.Tensor) -> torch.Tensor:
+        return ref(q.cpu(), k.cpu(), v.cpu(), m.cpu().expand(b, 1, sq, skv) if kind == "padding" else m.cpu())
+
+    mask = fresh()
+    call = lambda: tracea.ops.attention(q, k, v, mask)  # noqa: E731
+    for _ in range(2):
+        assert float((call().double().cpu() - want(mask)).abs().max()) < 3e-2
+    mask.copy_(fresh())  # in place: converted again
+    assert float((call().double().cpu() - want(mask)).abs().max()) < 3e-2
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        call()
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            out = call()
+    for _ in range(2):
+        mask.copy_(fresh())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert float((out.double().cpu() - want(mask)).abs().max()) < 3e-2
