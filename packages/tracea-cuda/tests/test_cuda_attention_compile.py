@@ -55,6 +55,29 @@ def test_split_combine_kernel_compiles():
         assert res.spill_stores == 0 and res.spill_loads == 0
 
 
+def test_mask_ring_follows_the_key_length_and_fits_shared_memory():
+    """A mask's tiles go through shared memory (``mask_ring``) where seq_kv is a multiple of 8 (16-byte
+    aligned mask rows); the tiles and row offsets count in the shared memory; masked heroes stay valid;
+    ``mask_ring=False`` selects the per-key loads."""
+    from tracea_cuda.variants.base import hero
+
+    aligned = AttentionOp(2, 8, 300, 2048, 128, kv_heads=2, dtype="bfloat16", mask="bool", mask_shape=(2, 1))
+    odd = AttentionOp(2, 8, 300, 2047, 128, kv_heads=2, dtype="bfloat16", mask="bool", mask_shape=(2, 1))
+    for op, ring in ((aligned, True), (odd, False), (OPS[3], False), (OPS[0], False)):
+        heroes = V.hero_configs(op, H100)
+        assert heroes and all(V.validate_config(op, c, H100) for c in heroes), op.describe()
+        spec = V.spec(op, heroes[0], None, H100)
+        assert spec.ring is ring, op.describe()
+        plain = flash_attn.FlashSpec(spec.dtype, spec.head_dim, spec.bm, spec.bn, spec.causal)
+        extra = 2 * spec.bm * (spec.bn + flash_attn.MASK_PAD) * 2 + 8 * spec.bm
+        assert spec.smem_bytes == plain.smem_bytes + (extra if ring else 0)
+        assert f"#define MASK_RING {int(ring)}" in flash_attn.render(spec)
+    off = hero(128, 64, 128, 2, 8, mt=1, splits=0, mask_ring=False)
+    assert V.spec(aligned, off, None, H100).ring is False
+    big = hero(128, 128, 128, 2, 8, mt=1, splits=1)  # two 128-key K / V buffers plus the mask tiles: too much
+    assert not V.validate_config(aligned, big, H100) and V.validate_config(odd, big, H100)
+
+
 # -- cuda.attention.wgmma (Hopper) -------------------------------------------------------------------
 
 def test_wgmma_variant_requirements_and_ranking():
@@ -78,6 +101,7 @@ def test_wgmma_variant_requirements_and_ranking():
 
 
 def test_wgmma_configs_are_valid_or_declined_with_reasons():
+    from tracea_cuda.emit import flash_wgmma
     from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
     from tracea_cuda.variants.base import hero
 
@@ -88,6 +112,12 @@ def test_wgmma_configs_are_valid_or_declined_with_reasons():
         space = w.search_space(op, H100)
         assert space is not None
     d128 = OPS[0]
+    # the softmax / P V overlap: on by default with two consumer warpgroups, off with three (param overlap)
+    assert w.spec(d128, hero(128, 128, 128, 2, 12), None, H100).overlap is True
+    assert w.spec(d128, hero(192, 64, 128, 2, 16), None, H100).overlap is False
+    assert w.spec(d128, hero(128, 128, 128, 2, 12, overlap=False), None, H100).overlap is False
+    assert "softmax_fence(p, Skv, sq)" in flash_wgmma.render(w.spec(d128, hero(128, 128, 128, 2, 12), None, H100))
+    assert "#define OVERLAP 0" in flash_wgmma.render(w.spec(d128, hero(192, 64, 128, 2, 16), None, H100))
     assert "registers" in w.validate_config(d128, hero(192, 128, 128, 2, 16), H100).reason  # O+S+P over 160
     assert "shared memory" in w.validate_config(d128, hero(128, 256, 128, 3, 12), H100).reason
     assert "warps" in w.validate_config(d128, hero(128, 128, 128, 2, 8), H100).reason

@@ -62,7 +62,8 @@ def test_every_hero_config_and_the_search_space(d, causal):
     op = AttentionOp(1, 4, 555, 700, d, kv_heads=2, causal=causal, dtype="bfloat16", scale=0.3)
     profile = get_doctor().profile_for(device_of(q.device))
     extra = [hero(128, 64, d, 4, 12), hero(192, 64, d, 3, 16), hero(128, 160, d, 2, 12),
-             hero(192, 96, d, 2, 16, persistent=True), hero(128, 128, d, 2, 12, pingpong=False, persistent=True)]
+             hero(192, 96, d, 2, 16, persistent=True), hero(128, 128, d, 2, 12, pingpong=False, persistent=True),
+             hero(192, 96, d, 2, 16, overlap=True), hero(128, 176, d, 2, 12, overlap=False, pingpong=False)]
     configs = var.hero_configs(op, profile) + [c for c in extra if var.validate_config(op, c, profile)]
     for cfg in configs:
         out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, scale=0.3, variant=VARIANT, config=cfg)

@@ -112,7 +112,11 @@ def attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 
         dimensions of q, k and v broadcast against each other. kv_heads must divide heads
         (grouped-query attention, always allowed: ``enable_gqa`` is accepted for compatibility).
     :param attn_mask: optional mask broadcastable to (..., heads, seq_q, seq_kv): boolean (True: the key
-        takes part) or additive (a floating array added to the scaled logits).
+        takes part) or additive (a floating array added to the scaled logits). A mask the kernels cannot
+        read as it is (boolean, another dtype, broadcast over seq_q, strided) is converted into a packed
+        array; for torch tensors the conversion is reused while the same mask tensor is passed again
+        unchanged (its version counter: any in-place torch op counts; writes torch does not see, through
+        ``.data`` or DLPack, do not), never inside a CUDA graph capture.
     :param dropout_p: dropout probability; no Tracea kernel applies dropout, so a non-zero value is
         computed by PyTorch for torch tensors (counted in the fallback counters) and raises
         :class:`~tracea.errors.NoVariantError` for other arrays.

@@ -235,6 +235,23 @@ class TorchAdapter(ArrayAdapter):
     def signature(self, obj: Any) -> Any:
         return obj.shape, obj.stride(), obj.dtype, obj.device
 
+    def version(self, obj: Any) -> Any:
+        """The tensor's version counter (bumped by every in-place torch op on it or on a view sharing its
+        storage); None for inference tensors, which keep none. Writes torch does not see (through
+        ``.data``, DLPack or a foreign kernel) do not bump it."""
+        if obj.is_inference():
+            return None
+        return obj._version
+
+    def capturing(self, obj: Any) -> bool:
+        """Whether a CUDA graph is capturing on the current CUDA stream (of the current device: a capture
+        records one device's stream)."""
+        if obj.device.type != "cuda":
+            return False
+        import torch
+
+        return bool(getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)())
+
     def write_error(self, obj: Any) -> str | None:
         import torch
 

@@ -197,6 +197,19 @@ class ArrayAdapter:
         takes the full path). Called on every call: keep it to a few attribute reads."""
         return None
 
+    def version(self, obj: Any) -> Any:
+        """A token that changes whenever ``obj``'s elements are written in place (torch: the tensor's
+        version counter), or None when the framework keeps none. Plans may then reuse what they derived
+        from ``obj`` (a converted attention mask) while the same object keeps the same token; None means
+        nothing is reused."""
+        return None
+
+    def capturing(self, obj: Any) -> bool:
+        """Whether work queued for ``obj`` now is being recorded for later replay (a CUDA graph capture on
+        its device's current stream): derived arrays must then be recomputed inside the recording, since
+        the replays see the inputs' contents at replay time."""
+        return False
+
 
 class NumpyAdapter(ArrayAdapter):
     """NumPy ndarrays (always ``cpu:0``)."""

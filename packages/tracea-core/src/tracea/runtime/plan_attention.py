@@ -5,7 +5,9 @@ What the signature fixes is worked out once: the leading batch dimensions of q, 
 against each other and are folded into one batch (a broadcast operand is materialised on every call,
 a packed one is only viewed); ``attn_mask`` (boolean or additive, broadcastable to
 (..., heads, seq_q, seq_kv)) becomes a packed (mask_batch, mask_heads, seq_q, seq_kv) array of the
-input dtype, with mask_batch / mask_heads 1 where the mask broadcasts; ``dropout_p`` > 0 is described in
+input dtype, with mask_batch / mask_heads 1 where the mask broadcasts (a mask that must be converted,
+boolean or broadcast over seq_q, is converted once per version of the same mask object: see
+:func:`_memoised`); ``dropout_p`` > 0 is described in
 the op so that no kernel takes it (torch tensors: PyTorch computes the call, counted as a fallback;
 other arrays: :class:`~tracea.errors.NoVariantError` naming the reason). ``return_lse`` makes the op
 ask for the log-sum-exp output (``AttentionOp.lse``): each call allocates a float32 (..., heads, seq_q)
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -60,6 +63,40 @@ def _expanded(adapter: Any, shape: tuple[int, ...], kshape: tuple[int, ...], dty
         return reshape(buf, kshape)
 
     return expand
+
+
+def _memoised(adapter: Any, convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``convert`` (a mask's conversion to the packed kernel operand) that reuses its last result while it
+    is given the same array object with the same :meth:`~tracea.runtime.arrays.ArrayAdapter.version`
+    (no in-place write since), so a mask shared by every layer of a model is converted once per forward,
+    not once per layer. One entry per plan; it holds the converted array only while the source array
+    lives (a weak reference drops it). Never reused under a CUDA graph capture (the capture records the
+    conversion, so each replay converts the mask's contents of that time) nor for arrays without a
+    version (NumPy, torch inference tensors)."""
+    version, capturing = adapter.version, adapter.capturing
+    memo: list[Any] = [None]  # (weak ref to the source, its version, the converted array)
+
+    def drop(ref: Any) -> None:
+        entry = memo[0]
+        if entry is not None and entry[0] is ref:
+            memo[0] = None
+
+    def convert_once(x: Any) -> Any:
+        ver = version(x)
+        if ver is None or capturing(x):
+            return convert(x)
+        entry = memo[0]
+        if entry is not None and entry[0]() is x and entry[1] == ver:
+            return entry[2]
+        converted = convert(x)
+        try:
+            ref = weakref.ref(x, drop)
+        except TypeError:  # not weakly referenceable: nothing is kept
+            return converted
+        memo[0] = (ref, ver, converted)
+        return converted
+
+    return convert_once
 
 
 def _packed_as(adapter: Any, packed: bool, kshape: tuple[int, ...], same_shape: bool) -> Callable[[Any], Any] | None:
@@ -138,8 +175,8 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
         kmask = (mb, mh, sq, sk)
         if mask_kind == "additive" and info.dtype is dtype and info.c_contiguous and padded == target:
             prep_mask = _packed_as(adapter, True, kmask, mshape == kmask)
-        else:
-            prep_mask = _expanded(adapter, target, kmask, dtype)
+        else:  # broadcast over seq_q, another dtype (bool) or strided: converted, once per mask version
+            prep_mask = _memoised(adapter, _expanded(adapter, target, kmask, dtype))
 
     op = AttentionOp(batch, heads, sq, sk, d, causal=causal, scale=scale, kv_heads=hk, dtype=dtype,
                      mask=mask_kind, mask_shape=mask_shape, dropout_p=float(dropout_p), head_dim_v=dv, lse=return_lse)

@@ -21,7 +21,12 @@ with a zero source size) and masked, so no garbage (possibly NaN) reaches the su
 
 Optional mask (``MASK`` 1: boolean, a key takes part where the mask is non-zero, else its logit is
 replaced by -inf; 2: additive, added to the scaled logits): read from a packed (MB, MH, Sq, Skv) array
-of the input dtype, MB / MH 1 (broadcast) or B / H.
+of the input dtype, MB / MH 1 (broadcast) or B / H. With ``MASK_RING`` a tile's mask values travel with
+its K and V: a (BM, BN) mask tile per buffer, filled by ``cp.async`` in the tile's group from each row's
+mask row (offsets computed once per block into shared memory; plain loads into the tile when the mask's
+base is not 16-byte aligned), rows padded by 16 bytes so the softmax's reads (a quad's 4-byte pairs over
+8 rows) hit distinct banks. Without it (the variant turns it off unless ``seq_kv`` is a multiple of 8)
+every thread loads its keys' mask values from global memory after the score MMAs.
 
 Split-KV (``SPLITS`` > 1, decode): the keys are cut into ``SPLITS`` chunks along grid z; each CTA writes
 its rows' normalised partial output (fp32) and base-2 log-sum-exp to scratch, and a second kernel
@@ -47,6 +52,7 @@ from .common import PRELUDE
 KERNEL_NAME = "tracea_flash_fwd"
 COMBINE_NAME = "tracea_flash_combine"
 LOG2E = 1.4426950408889634
+MASK_PAD = 8  # u16 elements after each mask tile row: 16 bytes keep cp.async aligned and the quads' reads conflict-free
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,12 @@ class FlashSpec:
     splits: int = 1  # > 1: split-KV partials (fp32) for the combine kernel
     mt: int = 1  # 16-row m-tiles per warp (2: each K / V fragment feeds two MMAs; Q read from smem)
     lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
+    mask_ring: bool = True  # with a mask: its tiles travel with K / V through cp.async (else a global load per key)
+
+    @property
+    def ring(self) -> bool:
+        """Whether the mask's tiles go through shared memory (a mask, and ``mask_ring``)."""
+        return bool(self.mask) and self.mask_ring
 
     @property
     def warps(self) -> int:
@@ -73,8 +85,10 @@ class FlashSpec:
 
     @property
     def smem_bytes(self) -> int:
-        """Q tile plus two K and two V tiles, 16-bit elements."""
-        return 2 * self.head_dim * (self.bm + 4 * self.bn)
+        """Q tile plus two K and two V tiles, 16-bit elements; with the mask ring two (BM, BN + 8) mask
+        tiles and BM 8-byte mask row offsets."""
+        ring = 2 * self.bm * (self.bn + MASK_PAD) * 2 + 8 * self.bm if self.ring else 0
+        return 2 * self.head_dim * (self.bm + 4 * self.bn) + ring
 
     def check(self) -> None:
         if self.dtype not in (DType.F16, DType.BF16):
@@ -155,6 +169,27 @@ static __device__ __forceinline__ void load_tile(u16* s, const u16* g, int r0, i
     }
 }
 
+#if MASK_RING
+#define MROW (BN + MASK_PAD)  // u16 elements per mask tile row
+// the mask values of keys [n0, n0 + BN) of the block's BM rows into a (BM, MROW) tile: row r from
+// mask + moff[r]; zero past Skv (those keys are masked anyway). vec: rows 16-byte aligned (cp.async),
+// else plain loads.
+static __device__ __forceinline__ void load_mask(u16* s, const u16* mask, const size_t* moff, int n0, int Skv,
+                                                 bool vec) {
+    #pragma unroll
+    for (int i = threadIdx.x; i < BM * (BN / 8); i += NT) {
+        const int r = i / (BN / 8), c = (i % (BN / 8)) * 8;
+        if (vec) {
+            const bool ok = n0 + c < Skv;
+            cp_async16(smem_u32(s + r * MROW + c), mask + (ok ? moff[r] + n0 + c : 0), ok);
+        } else {
+            #pragma unroll
+            for (int e = 0; e < 8; ++e) s[r * MROW + c + e] = n0 + c + e < Skv ? mask[moff[r] + n0 + c + e] : (u16)0;
+        }
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ out,
         const u16* __restrict__ mask, float* __restrict__ part, float* __restrict__ part_lse, float* __restrict__ lse,
@@ -163,6 +198,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     u16* sQ = smem;
     u16* sK = sQ + BM * D;           // two buffers
     u16* sV = sK + 2 * BN * D;       // two buffers
+#if MASK_RING
+    u16* sM = sV + 2 * BN * D;       // two (BM, MROW) mask tiles
+    size_t* sMoff = reinterpret_cast<size_t*>(sM + 2 * BM * MROW);  // mask row offset of each block row
+#endif
     const int G = H / KVH, M = G * Sq;
     const int nmb = (M + BM - 1) / BM;
     const int mb = CAUSAL ? nmb - 1 - (int)blockIdx.x : (int)blockIdx.x;  // causal: longest blocks first
@@ -178,11 +217,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     const u16* vb = v + ((size_t)b * KVH + kvh) * Skv * D;
 
 @KEY_RANGE@
+#if MASK_RING
+    // mask row offsets of the block's rows (rows past M read row M - 1's)
+    for (int r = threadIdx.x; r < BM; r += NT) {
+        const int rr = min(m0 + r, M - 1);
+        sMoff[r] = (((size_t)(MB > 1 ? b : 0) * MH + (MH > 1 ? kvh * G + rr / Sq : 0)) * Sq + rr % Sq) * Skv;
+    }
+    const bool mvec = (Skv & 7) == 0 && (reinterpret_cast<size_t>(mask) & 15) == 0;  // 16-byte aligned rows
+    __syncthreads();
+#endif
     load_tile<BM>(sQ, qb, m0, M);
     cp_async_commit();
     if (ntiles > 0) {
         load_tile<BN>(sK, kb, kbeg, Skv);
         load_tile<BN>(sV, vb, kbeg, Skv);
+#if MASK_RING
+        load_mask(sM, mask, sMoff, kbeg, Skv, mvec);
+#endif
     }
     cp_async_commit();
 
@@ -203,6 +254,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     for (int mt = 0; mt < MT; ++mt)
         #pragma unroll
         for (int h = 0; h < 2; ++h) klim[mt][h] = CAUSAL ? min(Skv, qi[mt][h] + 1) : Skv;
+#if !MASK_RING
     const u16* mrow[MT][2];
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -211,6 +263,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             mrow[mt][h] = MASK ? mask + (((size_t)(MB > 1 ? b : 0) * MH + (MH > 1 ? qh[mt][h] : 0)) * Sq + qi[mt][h]) * Skv
                                : mask;
     }
+#endif
 
     float o[MT][D / 8][4];
     #pragma unroll
@@ -243,6 +296,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         if (t + 1 < ntiles) {  // the next tile loads while this one is computed
             load_tile<BN>(sK + (buf ^ 1) * BN * D, kb, n0 + BN, Skv);
             load_tile<BN>(sV + (buf ^ 1) * BN * D, vb, n0 + BN, Skv);
+#if MASK_RING
+            load_mask(sM + (buf ^ 1) * BM * MROW, mask, sMoff, n0 + BN, Skv, mvec);
+#endif
         }
         cp_async_commit();
         const u16* cK = sK + buf * BN * D;
@@ -286,20 +342,38 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         }
         // scale (base-2 units), masks
         const bool edge = n0 + BN > Skv || (CAUSAL && n0 + BN - 1 > i_min);
+#if MASK_RING
+        const u16* cM = sM + buf * BM * MROW;  // this tile's mask values, row r at cM + r * MROW
+#endif
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
+#if MASK_RING
+                u32 mpair[2];  // the mask values of this thread's two keys in rows gq and gq + 8
+                #pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    mpair[h] = *reinterpret_cast<const u32*>(cM + ((warp * MT + mt) * 16 + gq + 8 * h) * MROW + j * 8 + 2 * tq);
+#endif
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int h = e >> 1, key = n0 + j * 8 + 2 * tq + (e & 1);
                     float x = s[mt][j][e] * scale_log2;
                     if (edge && key >= klim[mt][h]) x = -INFINITY;  // past seq_kv, or causally hidden
+#if MASK_RING
+                    const float mv = TO32((u16)(mpair[h] >> (16 * (e & 1))));  // 0 past Skv: masked anyway
+                    if (MASK == 1) {
+                        if (mv == 0.0f) x = -INFINITY;
+                    } else if (MASK == 2) {
+                        x += mv * 1.4426950408889634f;
+                    }
+#else
                     if (MASK == 1) {
                         if (key < Skv && TO32(mrow[mt][h][key]) == 0.0f) x = -INFINITY;
                     } else if (MASK == 2) {
                         if (key < Skv) x += TO32(mrow[mt][h][key]) * 1.4426950408889634f;
                     }
+#endif
                     s[mt][j][e] = x;
                 }
             }
@@ -431,7 +505,7 @@ def _defines(spec: FlashSpec) -> str:
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BM {spec.bm}", f"#define BN {spec.bn}", f"#define WARPS {spec.warps}",
         f"#define CAUSAL {int(spec.causal)}", f"#define MT {spec.mt}", f"#define MASK {spec.mask}", f"#define SPLITS {spec.splits}",
-        f"#define LSE {int(spec.lse)}",
+        f"#define LSE {int(spec.lse)}", f"#define MASK_RING {int(spec.ring)}", f"#define MASK_PAD {MASK_PAD}",
         f'#define MMA_KIND "{"bf16" if bf else "f16"}"',
         f"#define TO16(x) {'f32_to_bf16' if bf else 'f32_to_f16'}(x)",
         f"#define TO32(x) {'bf16_to_f32' if bf else 'f16_to_f32'}(x)",
@@ -443,7 +517,8 @@ def render(spec: FlashSpec, name: str = KERNEL_NAME) -> str:
     """Complete CUDA source of the flash-attention forward kernel ``name`` for ``spec``."""
     spec.check()
     head = (f"// Tracea flash attention forward: {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
-            f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits} mt={spec.mt} lse={int(spec.lse)}\n")
+            f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits} mt={spec.mt} lse={int(spec.lse)} "
+            f"mask_ring={int(spec.ring)}\n")
     return head + PRELUDE + _defines(spec) + f"\n#define KERNEL {name}\n" + BODY.replace("@KEY_RANGE@", key_range("BM"))
 
 

@@ -15,6 +15,8 @@ Block = one producer warpgroup and ``CW`` (2 or 3) consumer warpgroups; ``BM = 6
   shared memory (the descriptor's transpose bit).
 * Intra-warpgroup overlap: tile ``t``'s score GEMM and tile ``t-1``'s ``P V`` are in flight together; the
   softmax of tile ``t`` runs while ``P V`` still computes (``wgmma.wait_group 1``), then ``O`` is rescaled.
+  ``OVERLAP`` (two consumer warpgroups by default) ends the softmax's basic block before the
+  ``wgmma.wait_group 0`` (see ``softmax_fence``): without it ptxas hoists that wait above the softmax.
 * Ping-pong: the consumer warpgroups take turns issuing their GEMMs (named barriers), so one warpgroup's
   softmax overlaps the others' tensor-core work.
 * Online softmax in base-2 units (``ex2.approx``; the row max is taken on the raw scores and the positive
@@ -61,6 +63,7 @@ class FlashWgmmaSpec:
     causal: bool
     pingpong: bool = True  # consumer warpgroups take turns issuing their GEMMs (named barriers)
     lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
+    overlap: bool = True  # tile t's softmax inside tile t-1's P V (ptxas kept from hoisting the wait above it)
 
     @property
     def bm(self) -> int:
@@ -135,6 +138,21 @@ static __device__ __forceinline__ void issue_pv(float* o, u32 (*p)[4], u32 va) {
     #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) wg_pv(o, p[kk], smem_desc(va + kk * 2048, CHUNK_KV, 1024), 1);
     wgmma_commit();
+}
+
+// Keeping the softmax of tile t inside tile t-1's P V (the wait for P V after it): ptxas schedules a basic
+// block freely and, left alone, hoists the ``wgmma.wait_group 0`` that retires P V above the softmax (the
+// arithmetic has no dependence on it), so the softmax never overlapped this warpgroup's own P V. A loop
+// that never runs (``n`` is never negative: it is seq_kv) ends the softmax's basic block; its body reads P,
+// so P's registers also stay live (not reused as softmax temporaries while P V still reads them). A loop,
+// unlike an ``if``, cannot be turned into predicated instructions, which would merge the blocks again.
+static __device__ __forceinline__ void softmax_fence(u32 (*p)[4], int n, u32 dst) {
+    for (int i = n; i < 0; ++i) {
+        #pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" :: "r"(dst + 16 * kk), "r"(p[kk][0]),
+                         "r"(p[kk][1]), "r"(p[kk][2]), "r"(p[kk][3]) : "memory");
+    }
 }
 
 // Ping-pong (PINGPONG): consumer warpgroup w issues its GEMMs only in its turn (named barrier 1 + w: its
@@ -323,6 +341,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
                 if (lane == 0) mbar_arrive(kvb + 8 * (2 * ST + st));
                 SOFTMAX(t)
+                if (OVERLAP) softmax_fence(p, Skv, sq);
                 wgmma_wait<0>();
                 #pragma unroll
                 for (int i = 0; i < D / 2; ++i) fence_acc(o[i]);
@@ -376,6 +395,7 @@ def _defines(spec: FlashWgmmaSpec) -> str:
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
+        f"#define OVERLAP {int(spec.overlap)}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -387,7 +407,8 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     spec.check()
     kind = "bf16" if spec.dtype is DType.BF16 else "f16"
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
-            f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)}\n")
+            f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
+            f"overlap={int(spec.overlap)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     return head + PRELUDE + HOPPER_PTX + _defines(spec) + f"\n#define KERNEL {name}\n" + mmas + BODY

@@ -5,7 +5,9 @@ rows alone cannot (one-token decode over a long KV cache).
 
 Config: ``tile_m`` = query rows per CTA, param ``mt`` = 16-row m-tiles per warp (``warps = tile_m / (16 mt)``),
 ``tile_n`` = keys per tile, param ``splits`` (0: chosen from the grid size and the SM count, 1: none,
-n: n key chunks).
+n: n key chunks), param ``mask_ring`` (default True: a mask's tiles travel with K / V through ``cp.async``
+into shared memory; used where ``seq_kv`` is a multiple of 8, so the mask rows are 16-byte aligned: with
+other lengths the per-key global loads measured faster than plain loads into the tile).
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class FlashAttention(CudaVariant):
             sms = profile.compute_units if profile is not None and profile.compute_units > 1 else 132
             splits = auto_splits(op, config.tile_m, config.tile_n, sms)
         return FlashSpec(op.dtype.storage, op.head_dim, config.tile_m, config.tile_n, op.causal, _MASKS[op.mask],
-                         min(splits, MAX_SPLITS), mt, op.lse)
+                         min(splits, MAX_SPLITS), mt, op.lse,
+                         mask_ring=bool(config.get("mask_ring", True)) and op.seq_kv % 8 == 0)
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:

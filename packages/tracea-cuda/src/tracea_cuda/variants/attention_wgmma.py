@@ -9,7 +9,10 @@ Misaligned arrays (TMA needs 16-byte aligned bases) raise :class:`~tracea.errors
 Config: ``tile_m`` = 64 x consumer warpgroups (128 or 192), ``tile_n`` = keys per tile, ``stages`` = depth of
 the K and V rings, ``warps`` = 4 x (consumer warpgroups + 1), param ``pingpong`` (default True: the consumer
 warpgroups take turns issuing their GEMMs), param ``persistent`` (default False: one CTA per query block;
-True: one CTA per SM walking the blocks, each block's load overlapping the previous one's epilogue).
+True: one CTA per SM walking the blocks, each block's load overlapping the previous one's epilogue), param
+``overlap`` (default: True with two consumer warpgroups, False with three; not a search dimension: a tile's
+softmax runs inside its own warpgroup's previous P V, see ``emit/flash_wgmma.py``; H200, B4 H16 S4096 bf16:
+with two warpgroups it was worth +0.3-1.5% with ping-pong and +2-12% without, with three 2-4% less).
 """
 
 from __future__ import annotations
@@ -77,8 +80,10 @@ class FlashAttentionWgmma(CudaVariant):
         """The kernel ``config`` compiles to (``ptrs`` and ``profile`` unused: the signature of flash_mma's)."""
         if config.tile_m % 64:
             raise UnsupportedConfigError(f"tile_m={config.tile_m} must be 64 x consumer warpgroups")
-        return FlashWgmmaSpec(op.dtype.storage, op.head_dim, config.tile_n, config.tile_m // 64, config.stages,
-                              op.causal, pingpong=bool(config.get("pingpong", True)), lse=op.lse)
+        cw = config.tile_m // 64
+        return FlashWgmmaSpec(op.dtype.storage, op.head_dim, config.tile_n, cw, config.stages, op.causal,
+                              pingpong=bool(config.get("pingpong", True)), lse=op.lse,
+                              overlap=bool(config.get("overlap", cw == 2)))
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -106,6 +111,9 @@ class FlashAttentionWgmma(CudaVariant):
         # H100, B4 H16 S4096 bf16 (TFLOP/s, kernel time): d64 192x128 516 / causal 407, 192x96x3 493 / 401,
         # 128x128x3 453 / 391; d128 128x176 673 / causal 583, 128x128 658 / 585, 192x64 622 / 515; without
         # ping-pong 0-18% less. (Later, with the grouped causal order: d128 128x192 672 / 600, 128x160 669 / 596.)
+        # H200, 2026-11-26, with the softmax / P V overlap (B4 H16 and GQA H32/8 S4096 D128 non-causal, bf16 /
+        # fp16, two runs): 128x160 persistent 667-671 TFLOP/s (bf16), 128x128 persistent 654-671, 128x176
+        # persistent 663-668; 128x160 read best or within 0.3% of the best on every shape, so it leads.
         # Non-causal items are all alike: a persistent grid overlaps each item's loads with the last one's
         # epilogue (+1-2%: d64 518 vs 509, d128 128x176 664 vs 657); causal items differ, and the
         # hardware's dynamic dispatch balances them far better (d128 593 vs 472 persistent).
@@ -116,8 +124,8 @@ class FlashAttentionWgmma(CudaVariant):
         if op.causal:
             return [h(128, 128, 2), h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2),
                     h(128, 128, 2, False)]
-        return [h(128, 176, 2, persistent=True), h(128, 176, 2), h(128, 128, 2, persistent=True), h(128, 144, 2),
-                h(192, 64, 2), h(128, 128, 2, False)]
+        return [h(128, 160, 2, persistent=True), h(128, 128, 2, persistent=True), h(128, 176, 2, persistent=True),
+                h(128, 176, 2), h(192, 64, 2), h(128, 128, 2, False)]
 
     # -- compile and launch ----------------------------------------------------------------------
     def _kernel(self, spec: FlashWgmmaSpec) -> compiler.Kernel:
