@@ -7,6 +7,14 @@ from tracea.doctor import Doctor
 
 
 @pytest.fixture
+def no_env_plugin_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests that build plugin managers without autoloading and expect no backend in them: a
+    ``TRACEA_PLUGINS`` list from the shell (``scripts/srcenv.sh`` sets one to run from source) would add
+    its backends."""
+    monkeypatch.delenv("TRACEA_PLUGINS", raising=False)
+
+
+@pytest.fixture
 def core_doctor() -> Doctor:
     """A Doctor over built-in plugins only (no backends), independent of what is installed."""
     return Doctor(create_plugin_manager(autoload=False, blocked=[]))

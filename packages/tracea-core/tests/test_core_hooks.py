@@ -395,7 +395,7 @@ def test_adapter_declining_the_oracle_gets_the_framework_fallback(monkeypatch):
     assert np.all(out == 8.0) and run.variant == "reference.gemm_blas"  # NumPy arrays accept the reference backend
 
 
-def test_hook_tracea_kernel_runner():
+def test_hook_tracea_kernel_runner(no_env_plugin_list):
     import pytest
 
     from tracea.errors import UnsupportedDeviceError

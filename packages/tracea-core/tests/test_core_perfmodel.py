@@ -24,6 +24,8 @@ from tracea.semantic.config import PipelineConfig
 from tracea.tuning.cache import CacheEntry, TuningCache
 from tracea.tuning.fingerprint import device_fingerprint
 
+pytestmark = pytest.mark.usefixtures("no_env_plugin_list")
+
 
 def _cpu(vendor="GenuineIntel", family=6, flags=("avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl")):
     return CpuInfo("x", vendor, "x86_64", 2, 2, tuple(flags), family=family)

@@ -17,6 +17,8 @@ from tracea.plugins import create_plugin_manager
 from tracea.reference import blas, reference
 from tracea.testing import output_error
 
+pytestmark = pytest.mark.usefixtures("no_env_plugin_list")
+
 SHAPES = [(1, 1, 1), (7, 13, 5), (33, 17, 65), (64, 48, 31), (129, 3, 257)]
 
 
