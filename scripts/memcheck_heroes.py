@@ -66,7 +66,9 @@ HARVEST += [GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="b
             GemmOp(512, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # fill widths:
             GemmOp(512, 13824, 5120, trans_b=True, dtype_a="float16", dtype_b="float16"),  # 128x160, 128x224,
             GemmOp(256, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x80
-            GemmOp(1000, 1000, 1000, dtype_a="float16", dtype_b="float16")]  # 128x64 (MN-major B)
+            GemmOp(1000, 1000, 1000, dtype_a="float16", dtype_b="float16"),  # 128x64 (MN-major B),
+            GemmOp(128, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x32 and
+            GemmOp(128, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")]  # 128x48 (one row tile)
 HARVEST += [Conv2dOp(32, c, hw, hw, c, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias+relu")
             for dt, prec in (("float16", "highest"), ("float32", "high"), ("float32", "highest"))
             for layout in ("nhwc", "nchw") for c, hw in ((64, 56), (256, 14), (512, 7))]

@@ -38,7 +38,9 @@ SHAPES = ["512x5120x5120", "512x13824x5120", "512x11008x4096", "256x5120x5120", 
           "1000x1000x1000t", "768x768x768t", "2048x4096x4096"]
 # (shape, extra configs (bn, stages, split_k)) for the 128-row shapes
 EXTRAS = {"128x5120x5120": [(48, 8, 1), (80, 7, 2), (96, 6, 2)], "128x4096x4096": [(32, 8, 1), (48, 8, 1)],
-          "128x13824x5120": [(112, 6, 1), (224, 4, 2)], "128x11008x4096": [(96, 6, 1), (176, 5, 2)]}
+          "128x13824x5120": [(112, 6, 1), (224, 4, 2)], "128x11008x4096": [(96, 6, 1), (176, 5, 2)],
+          "128x28672x8192": [(128, 6, 1)], "128x14336x4096": [], "128x6144x4096": [], "128x3584x3584": [],
+          "128x9216x3072": [], "128x8192x8192": [(48, 8, 1)]}
 
 
 def parse(s: str) -> tuple[int, int, int, bool]:
@@ -71,7 +73,7 @@ def configs_for(op: GemmOp, profile: Any, extras: list) -> dict[str, Any]:
     for bn, st, s in extras:
         out[f"bn{bn}_s{s}"] = _hero(bn, st, cluster=1, split_k=s)
     out = {k: c for i, (k, c) in enumerate(out.items()) if c not in list(out.values())[:i]}
-    if "old" in out and op.n % 8 == 0:
+    if "old" in out and op.n % 8 == 0 and op.m >= hopper_tiles.FILL_MIN_ROWS:
         out["bn256_defer"] = _hero(256, 3, 16, cluster=1, defer=True)
     return {k: c for k, c in out.items() if v.validate_config(op, c, profile)}
 

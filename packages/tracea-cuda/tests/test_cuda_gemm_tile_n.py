@@ -36,19 +36,29 @@ def test_fill_rule_picks_the_width_that_fills_the_waves():
     assert hopper_tiles.tiles(_bf16(512, 5120, 5120), 128, 160) <= 132
     # two waves of 128 x 224 instead of two of 128 x 256 (216 tiles) or four of 128 x 128
     assert first(_bf16(512, 13824, 5120)).tile_n == 224
-    # an MN-major B (a @ b, b stored (K, N)) is loaded in 64-column boxes: 128 x 64 for 1000^3
+    # an MN-major B (a @ b, b stored (K, N)) is loaded in 64-column boxes; fill widths from 80 (from 128 there):
+    # 1000^3 keeps its 128 x 128 tiles, M512 N6144 takes 128 x 192
     op = GemmOp(1000, 1000, 1000, dtype_a="float16", dtype_b="float16")
-    assert first(op).tile_n == 64 and all(c.tile_n % 64 == 0 for c in v.hero_configs(op, H200))
+    assert first(op).tile_n == 128 and all(c.tile_n % 64 == 0 for c in v.hero_configs(op, H200))
+    assert first(_bf16(512, 6144, 4096, trans_b=False)).tile_n == 192
     # shapes whose waves the rule's tiles fill already keep them
     for op in (_bf16(4096, 4096, 4096), _bf16(2048, 4096, 4096), _bf16(512, 4096, 4096), _bf16(512, 8192, 8192)):
         assert first(op).tile_n in (128, 256), op
-    # fewer than FILL_MIN_ROWS rows: the weight-streaming heroes (split-K, 128x64) are untouched
-    assert first(_bf16(128, 5120, 5120)).tile_n == 64
+    # split-K heroes are untouched
     assert first(_bf16(512, 1024, 8192)).get("split_k") == 4
+    assert first(_bf16(128, 1024, 8192)).get("split_k") == 8 and first(_bf16(128, 1024, 8192)).tile_n == 64
+    # one 128-row tile over a long K: narrower tiles put more SMs on the weight (128x48: 107 tiles, not 80)
+    c = first(_bf16(128, 5120, 5120))
+    assert (c.tile_n, c.get("split_k") or 1) == (48, 1)
+    assert first(_bf16(128, 4096, 4096)).tile_n == 32 and first(_bf16(128, 13824, 5120)).tile_n == 112
+    # partial row tiles and short K keep the rule's tiles
+    assert first(_bf16(192, 4096, 4096)).tile_n in (64, 128, 256)
+    assert first(_bf16(128, 3072, 768)).tile_n in (64, 128, 256)
 
 
 def test_fill_widths_cost_and_stages():
-    assert hopper_tiles.widths(False) == (64, 128, 192, 256)
+    assert hopper_tiles.widths(False) == (64, 128, 192, 256) and hopper_tiles.widths(False, 80) == (128, 192, 256)
+    assert hopper_tiles.widths(True, 32)[:2] == (32, 48)
     assert all(bn % 16 == 0 for bn in hopper_tiles.widths(True))
     for bn in hopper_tiles.widths(True):
         st = hopper_tiles.fill_stages(bn)
@@ -92,7 +102,7 @@ def _configs(direct: bool, defer_ok: bool) -> list:
     """Fill widths, then the other schedules / tile heights / split-K / clusters at widths that are not
     64-column multiples (a test case runs two of them: each config is one more compile)."""
     epi = {"smem_epilogue": not direct}
-    out = [_hero(bn, hopper_tiles.fill_stages(bn), cluster=1, **epi) for bn in (48, 80, 160, 176, 192, 224)]
+    out = [_hero(bn, hopper_tiles.fill_stages(bn), cluster=1, **epi) for bn in (32, 48, 80, 160, 176, 192, 224)]
     out += [_hero(96, 6, cluster=1, split_k=3, **epi), _hero(144, 6, bm=64, schedule="pingpong", cluster=1, **epi),
             _hero(112, 4, bm=256, cluster=1, **epi), _hero(160, 4, cluster=2, **epi)]  # 2 CTAs: 80 rows of B each
     if defer_ok:

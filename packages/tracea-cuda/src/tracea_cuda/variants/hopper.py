@@ -306,7 +306,9 @@ class WgmmaGemm(CudaVariant):
             # N4096 K11008 0.89x -> 0.94x; M256 N4096 K4096 0.71x -> 0.89x, N1024 K8192 0.77x -> 0.82x. Not
             # on partial row tiles (M64 N4096 K4096 0.43x -> 0.37x, M96 N4096 K14336 0.90x -> 0.81x, M192
             # N4096 K4096 0.82x -> 0.66x), M512 (N1024 K8192 0.82x -> 0.78x) or GPUs not probed (H100).
-            return [_hero(64, 8, cluster=1, split_k=narrow_split_slices(op, ctas))] + few
+            slices = narrow_split_slices(op, ctas)
+            head = self._fill(op, ctas, b_kmajor, (128, 64)) if slices == 1 else []  # M128 N5120: 128x48
+            return head + [_hero(64, 8, cluster=1, split_k=slices)] + few
         splits = split_slices(op, ctas)
         if splits > 1:  # few 128x128 tiles: K split so that the pieces fill the SMs
             return [_hero(128, 6, cluster=1, split_k=splits)] + few
