@@ -9,6 +9,9 @@ the whole-model difference, so a model-level miss can be traced to layers (kerne
 what is left outside them.
 
     python benchmarks/user_path/layer_breakdown.py --device cuda [--models resnet,decoder] [--timm resnet50]
+
+``--graphs`` (CUDA) adds each layer and the whole model captured in CUDA graphs, patched vs unpatched
+(device time only: where a ``[CUDA graphs]`` model row of ``bench_user_path.py`` loses).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tracea_torch  # noqa: E402
-from bench_user_path import model_cases, paired  # noqa: E402
+from bench_user_path import graphed, model_cases, paired  # noqa: E402
 from tracea_torch import recording  # noqa: E402
 from tracea_torch.choice import choose  # noqa: E402
 
@@ -64,7 +67,7 @@ def served_by(layer: nn.Module, xin: torch.Tensor) -> str:
         return f"tracea: ? ({type(exc).__name__})"
 
 
-def breakdown(name: str, model: nn.Module, x: torch.Tensor, device: torch.device) -> dict[str, Any]:
+def breakdown(name: str, model: nn.Module, x: torch.Tensor, device: torch.device, graphs: bool = False) -> dict[str, Any]:
     patched = copy.deepcopy(model)
     tracea_torch.patch_conv2d(patched)
     tracea_torch.patch_linear(patched)
@@ -73,9 +76,14 @@ def breakdown(name: str, model: nn.Module, x: torch.Tensor, device: torch.device
     with torch.no_grad():
         patched(x)  # first calls: plans and the arbiter's verdicts
         tm, te = paired(lambda: patched(x), lambda: model(x), calls, 7, device)
+        if graphs:
+            gm, ge = paired(graphed(lambda: patched(x)), graphed(lambda: model(x)), calls, 7, device)
     print(f"\n{name}: model patched {tm * 1e6:.1f} us, eager {te * 1e6:.1f} us, ratio {te / tm:.2f}x "
           f"(difference {(tm - te) * 1e6:+.1f} us)")
-    print(f"  {'layer':<22} {'served by':<58} {'patched':>9} {'eager':>9} {'diff':>8} {'host p/e':>13}")
+    if graphs:
+        print(f"  in CUDA graphs: patched {gm * 1e6:.1f} us, eager {ge * 1e6:.1f} us, ratio {ge / gm:.2f}x")
+    print(f"  {'layer':<22} {'served by':<58} {'patched':>9} {'eager':>9} {'diff':>8} {'host p/e':>13}"
+          + (f" {'graph p/e':>15}" if graphs else ""))
     ours, theirs = dict(patched.named_modules()), dict(model.named_modules())
     rows = []
     with torch.no_grad():
@@ -87,8 +95,13 @@ def breakdown(name: str, model: nn.Module, x: torch.Tensor, device: torch.device
             hp, hr = paired(fp, fr, 40, 5, device, host=True)
             rows.append({"layer": lname, "served_by": who, "patched_s": tp, "eager_s": tr, "host_patched_s": hp,
                          "host_eager_s": hr})
+            extra = ""
+            if graphs:
+                gp, gr = paired(graphed(fp), graphed(fr), 40, 7, device)
+                rows[-1].update(graph_patched_s=gp, graph_eager_s=gr)
+                extra = f" {gp * 1e6:7.1f}/{gr * 1e6:6.1f}u"
             print(f"  {lname:<22} {who:<58} {tp * 1e6:8.1f}u {tr * 1e6:8.1f}u {(tp - tr) * 1e6:+7.1f}u "
-                  f"{hp * 1e6:6.1f}/{hr * 1e6:5.1f}u", flush=True)
+                  f"{hp * 1e6:6.1f}/{hr * 1e6:5.1f}u{extra}", flush=True)
     by_kind: dict[str, float] = {}
     for r in rows:
         kind = r["served_by"].split(":")[0]
@@ -97,7 +110,12 @@ def breakdown(name: str, model: nn.Module, x: torch.Tensor, device: torch.device
     print(f"  sum of layer differences {summed * 1e6:+.1f} us ("
           + ", ".join(f"{k} layers {v * 1e6:+.1f} us" for k, v in by_kind.items())
           + f"); outside the layers {(tm - te - summed) * 1e6:+.1f} us")
-    return {"case": name, "model_patched_s": tm, "model_eager_s": te, "layers": rows}
+    if graphs:
+        summed_g = sum(r["graph_patched_s"] - r["graph_eager_s"] for r in rows)
+        print(f"  in CUDA graphs: sum of layer differences {summed_g * 1e6:+.1f} us; outside the layers "
+              f"{(gm - ge - summed_g) * 1e6:+.1f} us")
+    return {"case": name, "model_patched_s": tm, "model_eager_s": te, "layers": rows,
+            **({"graph_patched_s": gm, "graph_eager_s": ge} if graphs else {})}
 
 
 def main(argv: list[str]) -> int:
@@ -106,13 +124,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--models", default="resnet,decoder")
     p.add_argument("--timm", default="")
     p.add_argument("--only", default="", help="substring a case name must contain")
+    p.add_argument("--graphs", action="store_true", help="also time layers and models in CUDA graphs")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     torch.manual_seed(0)
     if device.type == "cuda":
         print(f"machine: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
-    results = [breakdown(name, model, x, device) for name, model, x in model_cases(device, args)
+    graphs = args.graphs and device.type == "cuda"
+    results = [breakdown(name, model, x, device, graphs) for name, model, x in model_cases(device, args)
                if args.only in name]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

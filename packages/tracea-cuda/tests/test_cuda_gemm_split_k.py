@@ -213,3 +213,45 @@ def test_split_k_launchers_share_the_stream_scratch_across_shapes_and_streams():
         stream.synchronize()
     keys = {key for key in launcher._split_buffers if key[0] == torch.cuda.current_device()}
     assert len(keys) >= 2, "each stream has its own split scratch"
+
+
+@gpu
+def test_prepass_launchers_share_the_stream_scratch_across_shapes_streams_and_threads():
+    """3xTF32 GEMMs (a split pre-pass, then the kernel reading it) of different sizes alternate on one
+    stream, on a second stream and from two threads on one stream, all through the stream's kept
+    pre-pass scratch (``launcher.prepass_scratch``): every result equals the float64 reference, so no
+    pre-pass rewrote a buffer another call's kernel had yet to read."""
+    import threading
+
+    import torch
+
+    from tracea_cuda import launcher
+
+    _hopper()
+    cases = []
+    for m, n, k in ((300, 520, 1000), (64, 1024, 4096), (1030, 200, 516)):
+        x = torch.randn(m, k, device="cuda")
+        w = torch.randn(n, k, device="cuda")
+        cases.append((x, w, x.double() @ w.double().t()))
+
+    def run_all(rounds: int) -> list[float]:
+        return [T.rel_err(tracea_matmul(x, w.t(), "cuda.gemm.wgmma_3xtf32", None, fp32_precision="highest"), ref)
+                for _ in range(rounds) for x, w, ref in cases]
+
+    for stream in (torch.cuda.current_stream(), torch.cuda.Stream()):
+        with torch.cuda.stream(stream):
+            assert max(run_all(3)) <= 1e-5
+        stream.synchronize()
+    keys = {key for key in launcher._prepass_buffers if key[0] == torch.cuda.current_device()}
+    assert len(keys) >= 2, "each stream has its own pre-pass scratch"
+    errs: list[float] = []
+    threads = [threading.Thread(target=lambda: errs.extend(run_all(4))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert len(errs) == 2 * 4 * len(cases) and max(errs) <= 1e-5
+    launcher.release_scratch()
+    assert not launcher._prepass_buffers
+    assert max(run_all(1)) <= 1e-5  # allocated again on demand

@@ -48,6 +48,19 @@ def test_memo_serves_repeated_calls(restricted_backend):
         conv(x)
 
 
+@pytest.mark.parametrize("kind", ["conv", "linear"])
+def test_first_call_stores_a_memo_before_array_kinds_are_learned(restricted_backend, kind):
+    """The first call of a process (torch tensors not yet known to the plan cache) builds its memo: it
+    used to take the general path until the array kind was learned, so a layer called twice had none."""
+    layer, x = (_conv(), torch.randn(2, 4, 9, 9)) if kind == "conv" else (nn.Linear(8, 5), torch.randn(3, 8))
+    if kind == "linear":
+        tracea_torch.patch_linear(layer)
+    plans._forget_kinds()
+    with torch.no_grad():
+        layer(x)
+    assert isinstance(layer.__dict__.get("_tracea_memo"), CallMemo)
+
+
 @pytest.mark.parametrize("change", ["shape", "layout", "stride_attr", "padding_attr", "weight_shape",
                                     "invalidate", "grad", "precision"])
 def test_memo_is_bypassed_when_anything_it_was_chosen_for_changes(restricted_backend, rel_err, change):

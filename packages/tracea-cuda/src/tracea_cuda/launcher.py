@@ -10,8 +10,10 @@ CUDA-graph safety (``torch.cuda.graph`` / ``make_graphed_callables`` / CuPy grap
   inside a capture raises :class:`CaptureRefused` *before* touching the stream (tracea-torch then lets
   PyTorch compute that call; run the model once before capturing to get Tracea's kernels);
 * scratch memory (transposes, 3xTF32 splits, split-K / stream-K partials) comes from the framework's
-  stream-ordered allocator on every call (:func:`scratch`), so a capture allocates from the graph's
-  pool and consecutive calls never race;
+  stream-ordered allocator: outside capture most launchers keep one buffer per (device, stream)
+  (:func:`split_scratch`, :func:`prepass_scratch`; launches on one stream run in order), inside capture
+  every call takes its own (:func:`scratch`), so a graph allocates from its pool and never shares a
+  buffer with eager calls;
 * no synchronization and no host reads of device data on the launch path.
 """
 
@@ -205,30 +207,89 @@ def pair_launch(function: Any, job0: tuple[tuple[int, int, int], Sequence[int]],
 SCRATCH_ALIGN = 256
 
 
+#: pre-pass scratch up to this many bytes -- or 1/128 of the device's memory where that is more (640 MB
+#: on an 80 GB H100) -- is kept per (device, stream) across calls (:func:`prepass_scratch`); larger
+#: buffers are taken from the allocator per call, where the pre-pass alone (reading and writing that many
+#: bytes) takes long enough on the GPU to hide the allocation
+PREPASS_KEEP_BYTES = 256 << 20
+
+
+def prepass_keep_bytes(dev: int) -> int:
+    """The largest pre-pass scratch kept for device ``dev`` (see :data:`PREPASS_KEEP_BYTES`)."""
+    try:
+        total = int(toolkit.cupy().cuda.runtime.getDeviceProperties(dev)["totalGlobalMem"])
+    except Exception:  # noqa: BLE001 - no device facts: the floor
+        total = 0
+    return max(PREPASS_KEEP_BYTES, total // 128)
+
+#: (device, stream) -> (address, size in bytes, the buffer): each stream's pre-pass scratch
+_prepass_buffers: dict[tuple[int, int], tuple[int, int, Any]] = {}
+#: held from a pre-pass launch to its kernel's launch when they use a stream's kept scratch: another
+#: thread issuing on the same stream must not rewrite the scratch between the two
+_prepass_lock = threading.Lock()
+
+
+def prepass_scratch(adapter: Any, like: Any, dev: int, stream_ptr: int, nbytes: int) -> int:
+    """The address of ``nbytes`` of scratch for a pre-pass and the kernel reading it on ``stream_ptr``:
+    one grow-only buffer per (device, stream), kept across calls (no allocation per call). Reuse is safe
+    because launches on one stream run in order and :func:`with_prepasses` holds ``_prepass_lock`` from
+    the pre-pass to its kernel. A buffer outgrown is released to the framework's stream-ordered
+    allocator (it was allocated on this stream, so nothing reuses it before the kernels queued here
+    finish). Not for CUDA graph capture (a graph may replay on another stream: capture allocates per call);
+    :func:`release_scratch` gives the buffers back."""
+    key = (dev, stream_ptr)
+    entry = _prepass_buffers.get(key)
+    if entry is None or entry[1] < nbytes:
+        buf = scratch(adapter, like, -(-nbytes // 4))
+        entry = _prepass_buffers[key] = (adapter.data_ptr(buf), nbytes, buf)
+    return entry[0]
+
+
+def release_scratch() -> None:
+    """Give the kept per-stream scratch (pre-pass buffers and split-K partial sums) back to the
+    framework's allocator, e.g. before ``torch.cuda.empty_cache()``; the next launch that needs scratch
+    allocates it again. Call it with no Tracea launch in flight on another thread."""
+    with _prepass_lock, _split_lock:
+        _prepass_buffers.clear()
+        _split_buffers.clear()
+
+
 def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tuple[int, int], dtype: Any,
                    prepass: FastLaunch, inner: Callable[..., None]) -> Callable[..., None]:
     """A pointer-only launcher ``launch(x0, x1, bias, out)`` that first rewrites both operands into one
-    scratch buffer from the caller's allocator -- ``prepass`` (a :func:`pair_launch`) reads x0 and x1 and
-    writes ``sizes[0]`` then ``sizes[1]`` elements of ``dtype`` into its two regions -- then runs the
-    pointer form of ``inner`` (``inner.by_pointer(p0, p1, bias, out)``) on the two regions, all on
-    ``stream()``: two launches and one allocation per call (the buffer is released after the launches;
-    stream order makes reuse safe)."""
+    scratch buffer -- ``prepass`` (a :func:`pair_launch`) reads x0 and x1 and writes ``sizes[0]`` then
+    ``sizes[1]`` elements of ``dtype`` into its two regions -- then runs the pointer form of ``inner``
+    (``inner.by_pointer(p0, p1, bias, out)``) on the two regions, all on ``stream()``: two launches per
+    call. The scratch is the stream's kept buffer (:func:`prepass_scratch`) up to
+    :func:`prepass_keep_bytes`; larger ones, and every call inside CUDA graph capture, take a buffer from
+    the caller's allocator per call (released after the launches; stream order makes reuse safe)."""
     ptr, device = adapter.data_ptr, on_device(dev)
     itemsize = dtype.itemsize
     align = max(1, SCRATCH_ALIGN // itemsize)
     offset = -(-sizes[0] // align) * align
     byte_offset = offset * itemsize
+    nbytes = (offset + sizes[1]) * itemsize
+    keep = nbytes <= prepass_keep_bytes(dev)
     factory: list[Any] = []
     by_pointer = inner.by_pointer  # type: ignore[attr-defined]
+    capturing, lock = is_capturing, _prepass_lock
 
     def launch(x0: Any, x1: Any, bias: Any, out: Any) -> None:
+        s = stream()
+        if keep and not capturing(s):
+            with lock:
+                with device():
+                    t0 = prepass_scratch(adapter, x0, dev, s, nbytes)
+                    prepass(s, (ptr(x0), t0, ptr(x1), t0 + byte_offset))
+                by_pointer(t0, t0 + byte_offset, bias, out)
+            return
         if not factory:
             factory.append(adapter.empty_factory((offset + sizes[1],), dtype, x0))
         buf = factory[0](x0)
         t0 = ptr(buf)
         t1 = t0 + byte_offset
         with device():
-            prepass(stream(), (ptr(x0), t0, ptr(x1), t1))
+            prepass(s, (ptr(x0), t0, ptr(x1), t1))
         by_pointer(t0, t1, bias, out)
         del buf  # after both launches are queued
 
@@ -259,4 +320,5 @@ def align_key(ptrs: Sequence[int]) -> tuple[int, ...]:
 
 
 __all__ = ["CaptureRefused", "FastLaunch", "ParamBlock", "align_key", "capturing_now", "is_capturing", "on_device",
-           "pair_launch", "refuse_if_capturing", "scratch", "stream_getter", "with_prepasses"]
+           "pair_launch", "prepass_scratch", "refuse_if_capturing", "release_scratch", "scratch", "split_scratch",
+           "stream_getter", "with_prepasses"]

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from tracea.runtime.plans import _SIGS, generation
+from tracea.runtime.plans import generation
 
 from . import bridge, ops, recording
 from .ops import (_any_autocast, _dispatch_modes, _function_modes, _grad_enabled, _is_compiling, _pair,
@@ -145,10 +145,8 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
 
 
 def _conv2d_refresh(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: Optional[str]) -> Tensor:
-    padding, get = m.padding, _SIGS.get
-    fx, fw, fb = get(type(x)), get(type(w)), get(type(b))
-    if (fx is None or fw is None or fb is None or isinstance(padding, str) or x.dim() != 4 or _any_autocast()
-            or not ops._direct(x, w, b)):  # the general path (it also learns new array kinds)
+    padding = m.padding
+    if isinstance(padding, str) or x.dim() != 4 or _any_autocast() or not ops._direct(x, w, b):  # the general path
         return ops.conv2d(x, w, b, m.stride, padding, m.dilation, m.groups, activation=act)
     gen = generation()  # before building: a plan built across an invalidation is looked up again
     plan = bridge.conv2d_plan_for(x, w, b, _pair(m.stride, "stride"), _pair(padding, "padding"),
@@ -172,9 +170,7 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
                                            or _transforms_active() or (memo.rg and _grad_enabled()))
                 and (memo.prec_of is None or memo.prec_of() == memo.prec)):
             return memo.plan(x, w, b)
-    get = _SIGS.get
-    fx, fw, fb = get(type(x)), get(type(w)), get(type(b))
-    if fx is None or fw is None or fb is None or _any_autocast() or not ops._direct(x, w, b):
+    if _any_autocast() or not ops._direct(x, w, b):
         return ops.linear(x, w, b, act)
     gen = generation()
     plan = bridge.linear_plan_for(x, w, b, act or "none")
