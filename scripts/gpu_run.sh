@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks, in one go: the CUDA and torch GPU tests (CUDA-graph capture of every
-# variant path, torch.compile), the user-path benchmark (patched layers and models vs PyTorch, eager and
-# in CUDA graphs), the isolated-kernel benchmark, and the public-ops fuzzer on CUDA tensors.
+# variant path, torch.compile), the user-path benchmarks (patched layers and models vs PyTorch, eager and
+# in CUDA graphs; the untuned shapes; a zoo of models no test uses), the isolated-kernel benchmark, and
+# the public-ops fuzzer on CUDA tensors.
 # Logs and JSON go to $OUT (default /tmp/tracea-gpu).
 #   scripts/gpu_run.sh [--quick] [--tests-only|--bench-only|--user-only|--fuzz-only] [--pytest-k EXPR] [bench args...]
 # Carry .whl (optuna's wheels: ../shared/tools/device-wheels.sh) for the tuner's tests.
@@ -56,6 +57,9 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
     > "$OUT/layers.log" 2>&1
   rc=$(( rc || $? )); grep -E "ratio|sum of" "$OUT/layers.log"
   python benchmarks/user_path/bench_shapes.py --json "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.log" | tail -70
+  rc=$(( rc || $? ))
+  # models no test uses (timm CNNs/ViTs, HF BERT/Llama; conv, linear and SDPA patched)
+  python benchmarks/user_path/bench_zoo.py --device cuda --json "$OUT/zoo.json" 2>&1 | tee "$OUT/zoo.log" | tail -25
   rc=$(( rc || $? ))
   python benchmarks/cuda/bench_attention.py --quick --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -30
   rc=$(( rc || $? ))

@@ -224,3 +224,101 @@ def test_compile_after_eager_calls_left_a_memo(restricted_backend):
         assert model[0].__dict__["_tracea_memo"].plan is not None
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
         torch.testing.assert_close(compiled(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_plan_for_one_call_only_is_not_remembered(restricted_backend, monkeypatch, rel_err):
+    """A first call inside CUDA graph capture gets a plan for that call only (PyTorch computes it): the
+    layer keeps no memo of it, so the next call builds the kernel's plan."""
+    from tracea_torch import bridge_plans
+
+    real, refused = bridge_plans._launcher, []
+
+    def once(decision):  # noqa: ANN001, ANN202
+        if not refused:
+            refused.append(1)
+            raise bridge_plans._NotNow("first call inside CUDA graph capture (test)")
+        return real(decision)
+
+    monkeypatch.setattr(bridge_plans, "_launcher", once)
+    conv, x = _conv(), torch.randn(2, 4, 9, 9)
+    with torch.no_grad():
+        out = conv(x)
+        assert "_tracea_memo" not in conv.__dict__ and refused
+        assert rel_err(out, F.conv2d(x, conv.weight, conv.bias, padding=1)) < 1e-5
+        conv(x)
+    memo = conv.__dict__.get("_tracea_memo")
+    assert isinstance(memo, CallMemo) and not getattr(memo.plan, "fallback", None)
+
+
+@pytest.mark.parametrize("kind", ["conv", "linear"])
+def test_lean_fallback_memo_calls_torch_and_counts_each_call(kind, monkeypatch):
+    """A fallback plan marked lean (CUDA signatures no kernel serves) is short-cut by the layer: F.* is
+    called directly (the plan is not) and every call is still counted under the plan's reason."""
+    from tracea_torch import bridge_plans, fallbacks, layer_path
+
+    if kind == "conv":
+        layer, x = nn.Conv2d(4, 6, 3, padding=1, groups=2), torch.randn(2, 4, 9, 9)
+        tracea_torch.patch_conv2d(layer)
+        ref = F.conv2d(x, layer.weight, layer.bias, padding=1, groups=2)
+        plan = bridge_plans._conv_eager(None, None, ((1, 1), (1, 1), (1, 1), 2, None), "test reason", lean=True)
+        hyper = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation, groups=layer.groups)
+    else:
+        layer, x = nn.Linear(8, 5), torch.randn(3, 8)
+        tracea_torch.patch_linear(layer)
+        ref = F.linear(x, layer.weight, layer.bias)
+        plan = bridge_plans._linear_eager(None, None, None, "test reason", lean=True)
+        hyper = {}
+    assert plan.lean and plan.count[1] == "test reason"
+
+    def boom(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("the plan was called")
+
+    boom.lean, boom.count = True, plan.count
+    layer.__dict__["_tracea_memo"] = layer_path._memo(plans.generation(), x, layer.weight, layer.bias, None, boom,
+                                                      act=None, **hyper)
+    fallbacks.reset()
+    with torch.no_grad():
+        outs = [layer(x) for _ in range(3)]
+    assert all(torch.equal(o, ref) for o in outs)
+    assert fallbacks.total(contains="test reason") == 3
+
+
+@pytest.mark.parametrize("dtype,layout", [(torch.float16, "NHWC"), (torch.bfloat16, "NHWC"),
+                                          (torch.float32, "NCHW")])
+def test_conv_input_contiguous_both_ways_takes_the_layout_kernels_serve(dtype, layout):
+    """A squeeze-excite conv's input (N, C, 1, 1) is NCHW- and channels_last-contiguous at once (the
+    same memory): 16-bit calls take NHWC (the 16-bit kernels' layout), fp32 NCHW."""
+    from tracea.dtypes import DType
+    from tracea_torch import bridge_plans
+
+    x = torch.randn(4, 16, 1, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(8, 16, 1, 1, dtype=dtype)
+    dt = {torch.float16: DType.F16, torch.bfloat16: DType.BF16, torch.float32: DType.F32}[dtype]
+    op = bridge_plans._conv_op(x, w, None, (1, 1), (0, 0), (1, 1), 1, None, dt)
+    assert op.layout.name == layout
+
+
+def test_memo_of_a_routed_plan_calls_torch_unless_capturing(monkeypatch):
+    """The arbiter gave eager calls to PyTorch and captured ones to Tracea (``lean_eager``): the layer calls
+    ``F.linear`` itself while its stream is not capturing, and runs the routed plan while it is."""
+    from tracea_torch import layer_path
+
+    layer, x = nn.Linear(8, 5), torch.randn(3, 8)
+    tracea_torch.patch_linear(layer)
+    ran = []
+
+    def routed(xx, w, b):  # noqa: ANN001, ANN202
+        ran.append(1)
+        return F.linear(xx, w, b) + 1
+
+    routed.lean_eager = True
+    memo = layer_path._memo(plans.generation(), x, layer.weight, layer.bias, None, routed, act=None)
+    assert memo.lean == 2
+    layer.__dict__["_tracea_memo"] = memo
+    capturing = [False]
+    monkeypatch.setattr(layer_path, "_capturing", lambda: capturing[0])
+    with torch.no_grad():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)) and not ran
+        capturing[0] = True
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias) + 1) and ran
+    assert layer_path._memo(plans.generation(), x, layer.weight, layer.bias, None, routed, act="relu").lean == 0

@@ -138,6 +138,16 @@ class TorchAdapter(ArrayAdapter):
     def swap_last(self, obj: Any) -> Any:
         return obj.transpose(-1, -2)
 
+    def channels_last_factory(self, shape: Sequence[int], dtype: DType, like: Any) -> Any:
+        """``torch.empty(shape, memory_format=torch.channels_last)`` on ``like``'s device (4-D shapes)."""
+        import torch
+
+        if len(shape) != 4:
+            return None
+        shape, tdt, dev, empty, cl = (tuple(int(s) for s in shape), torch_dtype(dtype), like.device, torch.empty,
+                                      torch.channels_last)
+        return lambda obj: empty(shape, dtype=tdt, device=dev, memory_format=cl)
+
     def reshape(self, obj: Any, shape: Sequence[int]) -> Any:
         return obj.view(tuple(int(s) for s in shape))
 

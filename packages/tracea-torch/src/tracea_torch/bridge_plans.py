@@ -139,9 +139,9 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         plan = _arbitrated(key, "conv2d", op, conf, decision, x.device, run, _conv_torch(op, act, conf),
                            lambda reason: _conv_eager(op, act, conf, reason), (x, w, bias))
     except _NotNow as why:
-        return _conv_eager(op, act, conf, str(why))
+        return _transient(_conv_eager(op, act, conf, str(why)))
     except Fallback as fb:
-        plan = _conv_eager(op, act, conf, str(fb))
+        plan = _conv_eager(op, act, conf, str(fb), lean=x.is_cuda)
     return _store(key, plan)
 
 
@@ -149,9 +149,12 @@ def _conv_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride
              dilation: tuple, groups: int, act: str | None, dtype: DType) -> Conv2dOp:
     if x.dim() != 4 or w.dim() != 4:
         raise Fallback("conv2d needs a 4-D input and weight")
-    if x.is_contiguous():
+    nchw, nhwc = x.is_contiguous(), x.is_contiguous(memory_format=torch.channels_last)
+    if nchw and nhwc:  # 1x1 spatial (squeeze-excite) or one channel: the same memory either way; 16-bit
+        layout = Layout.NHWC if dtype in (DType.F16, DType.BF16) else Layout.NCHW  # kernels are NHWC
+    elif nchw:
         layout = Layout.NCHW
-    elif x.is_contiguous(memory_format=torch.channels_last):
+    elif nhwc:
         layout = Layout.NHWC
     else:
         raise Fallback("non-contiguous input (neither NCHW-contiguous nor channels_last)")
@@ -224,7 +227,27 @@ def _conv_torch(op: Conv2dOp | None, act: str | None, conf: tuple) -> Callable[.
     return run
 
 
-def _conv_eager(op: Conv2dOp | None, act: str | None, conf: tuple, reason: str) -> Callable[..., torch.Tensor]:
+def _transient(plan: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Mark a plan that serves this call only (a first call inside CUDA graph capture): not stored, and a
+    patched layer does not remember it either, so the next call builds the real plan."""
+    plan.transient = True  # type: ignore[attr-defined]
+    return plan
+
+
+def _leaned(plan: Callable[..., torch.Tensor], kind: str, reason: str, direct: bool) -> Callable[..., torch.Tensor]:
+    """A fallback plan a patched layer may short-cut (``lean``): the layer calls ``F.conv2d`` /
+    ``F.linear`` itself and counts the fallback (``count``), skipping the plan's frames. Only where the
+    plan computes exactly that call (``direct``: no fused activation, a CUDA tensor)."""
+    if direct:
+        plan.lean = True  # type: ignore[attr-defined]
+        plan.count = (kind, reason)  # type: ignore[attr-defined]
+    return plan
+
+
+def _conv_eager(op: Conv2dOp | None, act: str | None, conf: tuple, reason: str,
+                lean: bool = False) -> Callable[..., torch.Tensor]:
+    """PyTorch computing a signature no kernel serves (``reason``), each call counted; ``lean``: the
+    signature's tensors are on CUDA, so a patched layer may call ``F.conv2d`` itself (see :func:`_leaned`)."""
     stride, padding, dilation, groups, activation = conf
     compute = _conv_torch(op, act, conf)
     # CUDA tensors: what the unpatched layer runs (F.conv2d and the activation), ~10-20 us less host time
@@ -240,7 +263,7 @@ def _conv_eager(op: Conv2dOp | None, act: str | None, conf: tuple, reason: str) 
 
     plan.op = op  # type: ignore[attr-defined]
     plan.fallback = reason  # type: ignore[attr-defined]
-    return plan
+    return _leaned(plan, "conv2d", reason, lean and act is None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -261,9 +284,9 @@ def linear_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         plan = _arbitrated(key, "linear", op, (activation,), decision, x.device, run, _linear_torch(act),
                            lambda reason: _linear_eager(op, act, activation, reason), (x, w, bias))
     except _NotNow as why:
-        return _linear_eager(op, act, activation, str(why))
+        return _transient(_linear_eager(op, act, activation, str(why)))
     except Fallback as fb:
-        plan = _linear_eager(op, act, activation, str(fb))
+        plan = _linear_eager(op, act, activation, str(fb), lean=x.is_cuda)
     return _store(key, plan)
 
 
@@ -332,7 +355,10 @@ def _linear_torch(act: str | None) -> Callable[..., torch.Tensor]:
     return run
 
 
-def _linear_eager(op: GemmOp | None, act: str | None, activation: str | None, reason: str) -> Callable[..., torch.Tensor]:
+def _linear_eager(op: GemmOp | None, act: str | None, activation: str | None, reason: str,
+                  lean: bool = False) -> Callable[..., torch.Tensor]:
+    """PyTorch computing a signature no kernel serves (``reason``), each call counted; ``lean``: as in
+    :func:`_conv_eager`."""
     compute = _linear_torch(act)
 
     def plan(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -343,7 +369,7 @@ def _linear_eager(op: GemmOp | None, act: str | None, activation: str | None, re
 
     plan.op = op  # type: ignore[attr-defined]
     plan.fallback = reason  # type: ignore[attr-defined]
-    return plan
+    return _leaned(plan, "gemm", reason, lean and act is None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,6 +405,9 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
         return (graph_side if capturing() else eager_side)(x, w, bias)
 
     routed.op = op  # type: ignore[attr-defined]
+    # PyTorch serving eager calls (Tracea only captured ones): a patched layer may call F.* itself while
+    # its stream is not capturing (the host-bound case, where those frames would cost most)
+    routed.lean_eager = verdict.winner == "torch"  # type: ignore[attr-defined]
     return routed
 
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from tracea.runtime.plans import generation
 
 from . import bridge, ops, recording
+from .fallbacks import record as _record
 from .ops import (_any_autocast, _dispatch_modes, _function_modes, _grad_enabled, _is_compiling, _pair,
                   _tracing_state, _transforms_active)
 
@@ -35,6 +36,7 @@ _F32 = torch.float32
 _conv2d, _linear = torch.nn.functional.conv2d, torch.nn.functional.linear
 _cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch.backends.cudnn.allow_tf32)
 _matmul_precision = torch.get_float32_matmul_precision
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 _KEY = "_tracea_memo"
 
 
@@ -94,13 +96,17 @@ class CallMemo:
     compares the tensors;
     ``rg``: some tensor requires grad (then the plan serves only while grad mode is off); ``prec``: the
     float32 mode the plan was chosen under, read by ``prec_of`` (None when the call is not float32);
-    ``lean``: the arbiter gave the signature to PyTorch and the layer fuses no activation (so ``act`` is
-    None whenever a lean memo matches), so the layer calls
-    ``F.conv2d`` / ``F.linear`` itself, as the unpatched layer does (they handle grad, autocast, tracing and
-    precision themselves: only the signature and the plan generation are checked)."""
+    ``lean``: 1 when PyTorch serves the signature (the arbiter's verdict, or a CUDA call no kernel serves),
+    2 when it serves the signature's eager calls and Tracea only calls captured in CUDA graphs, 0 otherwise;
+    only for a layer that fuses no activation (so ``act`` is None whenever a lean memo matches). A lean
+    call (for 2: one whose stream is not capturing) calls ``F.conv2d`` / ``F.linear`` itself, as the
+    unpatched layer does (they handle grad, autocast, tracing and precision themselves: only the signature
+    and the plan generation are checked); ``count``: the
+    ``(kind, reason)`` a lean call counts in :mod:`tracea_torch.fallbacks` (None for a verdict, which is
+    counted once)."""
 
     __slots__ = ("gen", "check", "rg", "prec_of", "prec", "stride", "padding", "dilation", "groups", "act",
-                 "plan", "lean")
+                 "plan", "lean", "count")
 
     def __init__(self, gen: int = -1, check: Optional[Callable[..., bool]] = None, rg: bool = False,
                  prec_of: Optional[Callable[[], Any]] = None, prec: Any = None, stride: Any = None,
@@ -109,7 +115,9 @@ class CallMemo:
         self.gen, self.check, self.rg, self.prec_of, self.prec = gen, check or _never, rg, prec_of, prec
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.act, self.plan = act, plan
-        self.lean = bool(getattr(plan, "lean", False)) and act is None
+        self.lean = 0 if act is not None else 1 if getattr(plan, "lean", False) else 2 if getattr(
+            plan, "lean_eager", False) else 0
+        self.count = getattr(plan, "count", None)
 
     def __reduce__(self) -> tuple:
         return (CallMemo, ())  # plans do not travel: a copy or an unpickled model starts empty
@@ -134,8 +142,11 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
     if (memo is not None and not _is_compiling() and memo.check(x, w, _NO_BIAS if b is None else b)
             and memo.stride is m.stride and memo.padding is m.padding and memo.dilation is m.dilation
             and memo.groups == m.groups and memo.act == act and memo.gen == generation()):
-        if memo.lean:
+        lean = memo.lean
+        if lean and (lean == 1 or not _capturing()):
             if recording._recorder is None:
+                if memo.count is not None:
+                    _record(*memo.count)
                 return _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
         elif (not _any_autocast() and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
                                            or _transforms_active() or (memo.rg and _grad_enabled()))
@@ -151,9 +162,10 @@ def _conv2d_refresh(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act
     gen = generation()  # before building: a plan built across an invalidation is looked up again
     plan = bridge.conv2d_plan_for(x, w, b, _pair(m.stride, "stride"), _pair(padding, "padding"),
                                   _pair(m.dilation, "dilation"), int(m.groups), act or "none")
-    prec_of = (_cudnn_tf32 if x.is_cuda else _matmul_precision) if x.dtype is _F32 else None
-    m.__dict__[_KEY] = _memo(gen, x, w, b, prec_of, plan, stride=m.stride, padding=padding, dilation=m.dilation,
-                             groups=m.groups, act=act)
+    if not getattr(plan, "transient", False):  # (a plan for this call only is not remembered)
+        prec_of = (_cudnn_tf32 if x.is_cuda else _matmul_precision) if x.dtype is _F32 else None
+        m.__dict__[_KEY] = _memo(gen, x, w, b, prec_of, plan, stride=m.stride, padding=padding,
+                                 dilation=m.dilation, groups=m.groups, act=act)
     return plan(x, w, b)
 
 
@@ -163,8 +175,11 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
     memo = m.__dict__.get(_KEY)
     if (memo is not None and not _is_compiling() and memo.check(x, w, _NO_BIAS if b is None else b)
             and memo.act == act and memo.gen == generation()):  # (compiling: as in conv2d_layer)
-        if memo.lean:
+        lean = memo.lean
+        if lean and (lean == 1 or not _capturing()):
             if recording._recorder is None:
+                if memo.count is not None:
+                    _record(*memo.count)
                 return _linear(x, w, b)
         elif (not _any_autocast() and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
                                            or _transforms_active() or (memo.rg and _grad_enabled()))
@@ -174,7 +189,8 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
         return ops.linear(x, w, b, act)
     gen = generation()
     plan = bridge.linear_plan_for(x, w, b, act or "none")
-    m.__dict__[_KEY] = _memo(gen, x, w, b, _matmul_precision if x.dtype is _F32 else None, plan, act=act)
+    if not getattr(plan, "transient", False):
+        m.__dict__[_KEY] = _memo(gen, x, w, b, _matmul_precision if x.dtype is _F32 else None, plan, act=act)
     return plan(x, w, b)
 
 

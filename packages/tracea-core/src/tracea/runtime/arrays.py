@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -97,6 +97,12 @@ class ArrayAdapter:
     def swap_last(self, obj: Any) -> Any:
         """A view of ``obj`` with its last two axes swapped (no copy)."""
         raise NotImplementedError
+
+    def channels_last_factory(self, shape: Sequence[int], dtype: DType, like: Any) -> Callable[[Any], Any] | None:
+        """For array kinds that are logically NCHW (:attr:`logical_nchw`): a function ``new(like)``
+        allocating an array of logical ``shape`` (N, C, H, W) whose memory is NHWC (torch's channels_last),
+        so an NHWC kernel writes it in place; None (the default) when the kind has no such arrays."""
+        return None
 
     #: True when arrays of this kind are logically NCHW whatever their memory order (torch's
     #: channels_last tensors); conv2d then infers NHWC from the strides.

@@ -268,6 +268,24 @@ def _is_channels_last(op: ops_args.Operand) -> bool:
     return st[1] == 1 and (h == 1 or st[2] == w * c) and (w == 1 or st[3] == c)
 
 
+def _lean_conv(launch: Any, adapter: Any, X: ops_args.Operand, W: ops_args.Operand, lay: Layout, logical: bool,
+               prep_x: Any, prep_w: Any, prep_b: Any, U: Any, op: Conv2dOp, dtype_out: DType,
+               x: Any) -> Callable[[Any], Any] | None:
+    """The output allocator of a conv plan that passes the caller's arrays straight to a pointer-only
+    launcher (None when the call needs views, copies, a bias conversion or ``out=``): NCHW with packed x
+    and w, or logically-NCHW arrays (torch) whose x and w are channels_last, with an adapter that can
+    allocate a channels_last output (:meth:`~tracea.runtime.arrays.ArrayAdapter.channels_last_factory`)."""
+    if launch is None or not getattr(launch, "pointer_only", False) or U is not None or prep_b is not None:
+        return None
+    if not logical or lay is Layout.NCHW:
+        return adapter.empty_factory(op.out_shape, dtype_out, x) if prep_x is None and prep_w is None else None
+    x_packed = adapter.info(adapter.permute(X.obj, (0, 2, 3, 1))).c_contiguous
+    w_packed = adapter.info(adapter.permute(W.obj, (0, 2, 3, 1))).c_contiguous
+    if not (x_packed and w_packed):
+        return None
+    return adapter.channels_last_factory((op.n, op.k, op.p, op.q), dtype_out, x)
+
+
 @retrying
 def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: Any,
            layout: Any, epilogue: Any, activation: Any, out: Any, out_dtype: Any, fp32_precision: Any,
@@ -335,6 +353,7 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
     run, result0 = dispatch.runner(op, device, adapter, {"x": x, "w": w, "bias": inputs0[2]}, phys0,
                                    variant=variant, config=config, doctor=doctor, inputs=inputs0)
     launch = run.launch
+    lean = _lean_conv(launch, adapter, X, W, lay, logical, prep_x, prep_w, prep_b, U, op, dtype_out, x)
 
     def deliver(result: Any, phys: Any, user_out: Any) -> Any:
         if result is phys:
@@ -354,6 +373,18 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
 
         def first_call() -> Any:
             return deliver(result0, phys0, out)
+    elif lean is not None:
+        # the common case in one frame: a pointer-only launcher on arrays whose memory the kernel reads as
+        # they are (NCHW packed, or torch channels_last x and w for the NHWC kernels), no out=, a bias of
+        # the output dtype: no views built, the output allocated in its final layout
+        def plan(xx: Any, ww: Any, bb: Any, user_out: Any) -> Any:
+            target = lean(xx)
+            launch(xx, ww, bb, target)
+            return target
+
+        def first_call() -> Any:
+            launch(*inputs0, phys0)
+            return deliver(phys0, phys0, out)
     else:
         def plan(xx: Any, ww: Any, bb: Any, user_out: Any) -> Any:
             if check_out is not None:

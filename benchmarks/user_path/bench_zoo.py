@@ -1,0 +1,179 @@
+"""Models nobody tuned for, through the user path: timm CNNs / ViTs and Hugging Face transformers (random
+weights, built offline from configs) patched with ``tracea_torch.patched(model, attention=True)`` (conv2d,
+linear and SDPA, or without SDPA: ``--no-attention``; default settings, arbiter on, untuned) against the
+same model eager, interleaved in one run. Per model and configuration it prints the first patched call's
+time (plans, compilation and the arbiter's timing), the output's error against eager, eager and CUDA-graph
+ratios (eager time / patched time: > 1 means Tracea is faster), and the fallbacks; a failure is printed and
+the run goes on (any failure is a bug).
+
+    source scripts/srcenv.sh
+    python benchmarks/user_path/bench_zoo.py --device cuda [--timm a,b] [--hf bert,llama] [--no-graphs]
+        [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tracea_torch  # noqa: E402
+from bench_user_path import graphed, paired  # noqa: E402
+from tracea_torch import fallbacks  # noqa: E402
+
+TIMM_DEFAULT = "efficientnet_b0,mobilenetv3_large_100,regnety_016,resnext50_32x4d,densenet121,vit_small_patch16_224"
+HF_DEFAULT = "bert,llama"
+
+
+def timm_cases(names: str, device: torch.device) -> Iterator[tuple[str, nn.Module, Callable[[], Any]]]:
+    """(name, model, make_input) for each timm model: fp16 channels-last at batch 32 and 1, fp32 at batch 8
+    on CUDA; fp32 at batch 2 on the CPU."""
+    try:
+        import timm
+    except ImportError:
+        print("  (timm is not installed)")
+        return
+    cuda = device.type == "cuda"
+    configs = ([(torch.float16, True, 32), (torch.float16, True, 1), (torch.float32, False, 8)] if cuda
+               else [(torch.float32, False, 2)])
+    for name in filter(None, names.split(",")):
+        try:
+            base = timm.create_model(name, pretrained=False).eval()
+        except Exception as exc:  # noqa: BLE001
+            print(f"  (timm {name} unavailable: {exc})")
+            continue
+        size = base.default_cfg.get("input_size", (3, 224, 224))[-1]
+        for dtype, cl, batch in configs:
+            fmt = torch.channels_last if cl else torch.contiguous_format
+            model = copy.deepcopy(base).to(device=device, dtype=dtype, memory_format=fmt)
+            x = torch.randn(batch, 3, size, size, device=device, dtype=dtype).contiguous(memory_format=fmt)
+            yield f"timm {name} b{batch} {str(dtype)[6:]}{' CL' if cl else ''}", model, (lambda x=x: (x,))
+
+
+def hf_cases(names: str, device: torch.device) -> Iterator[tuple[str, nn.Module, Callable[[], Any]]]:
+    """(name, model, make_input) for small Hugging Face models built from configs (SDPA attention):
+    a BERT-style encoder at batch 8 x 256 tokens, a Llama-style decoder (GQA) at 1 x 1024 (prefill) and
+    4 x 1 token (no KV cache)."""
+    try:
+        import transformers
+    except ImportError:
+        print("  (transformers is not installed)")
+        return
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    scale = 1 if cuda else 4  # smaller models on the CPU
+    for name in filter(None, names.split(",")):
+        if name == "bert":
+            cfg = transformers.BertConfig(hidden_size=768 // scale, num_hidden_layers=4,
+                                          num_attention_heads=12 // scale, intermediate_size=3072 // scale,
+                                          attn_implementation="sdpa")
+            model = transformers.BertModel(cfg)
+            shapes = [(8, 256 // scale)]
+        elif name == "llama":
+            cfg = transformers.LlamaConfig(hidden_size=2048 // scale, intermediate_size=5632 // scale,
+                                           num_hidden_layers=4, num_attention_heads=16 // scale,
+                                           num_key_value_heads=4 // scale, vocab_size=32000 // scale,
+                                           attn_implementation="sdpa")
+            model = transformers.LlamaForCausalLM(cfg)
+            shapes = [(1, 1024 // scale), (4, 1)]
+        else:
+            print(f"  (unknown hf model {name}: bert, llama)")
+            continue
+        model = model.to(device=device, dtype=dtype).eval()
+        for batch, seq in shapes:
+            ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+            yield (f"hf {name} {batch}x{seq} {str(dtype)[6:]}", model,
+                   (lambda ids=ids: (ids,)))
+
+
+def _logits(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    for attr in ("logits", "last_hidden_state"):
+        if getattr(out, attr, None) is not None:
+            return getattr(out, attr)
+    return out[0]
+
+
+def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch.device, graphs: bool,
+             attention: bool = True) -> dict:
+    """Eager vs patched for one model and input; never raises (a failure is the row's ``error``)."""
+    cuda = device.type == "cuda"
+    args = make()
+    row: dict[str, Any] = {"case": name}
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    patched_model = copy.deepcopy(model)
+    try:
+        with torch.no_grad(), tracea_torch.patched(patched_model, attention=attention):
+            fallbacks.reset()
+            ref = _logits(model(*args))
+            sync()
+            t0 = time.perf_counter()
+            out = _logits(patched_model(*args))
+            sync()
+            row["first_call_s"] = time.perf_counter() - t0
+            row["rel_err"] = float((out.double() - ref.double()).norm() / max(ref.double().norm(), 1e-30))
+            row["finite_match"] = bool(torch.equal(torch.isfinite(out), torch.isfinite(ref)))
+            calls = 10 if cuda else 3
+            tp, te = paired(lambda: patched_model(*args), lambda: model(*args), calls, 7, device)
+            row.update(patched_s=tp, eager_s=te, ratio=te / tp)
+            row["fallbacks"] = sum(fallbacks.counts().values())
+            if cuda and graphs:
+                try:
+                    gp, ge = graphed(lambda: patched_model(*args)), graphed(lambda: model(*args))
+                    tp, te = paired(gp, ge, calls, 7, device)
+                    row.update(graph_patched_s=tp, graph_eager_s=te, graph_ratio=te / tp)
+                except Exception as exc:  # noqa: BLE001 - a model torch itself cannot capture is not ours
+                    row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    except Exception as exc:  # noqa: BLE001 - report and go on
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return row
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--timm", default=TIMM_DEFAULT, help="comma-separated timm model names ('' for none)")
+    p.add_argument("--hf", default=HF_DEFAULT, help="bert,llama ('' for none)")
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--no-attention", action="store_true", help="patch conv2d and linear only")
+    p.add_argument("--json", default="")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"machine: {where}, torch {torch.__version__}; ratio = eager time / patched time")
+    rows = []
+    for name, model, make in [*timm_cases(args.timm, device), *hf_cases(args.hf, device)]:
+        row = run_case(name, model, make, device, not args.no_graphs, not args.no_attention)
+        rows.append(row)
+        if "error" in row:
+            print(f"  {name:<44} FAILED {row['error']}", flush=True)
+            continue
+        graph = (f"graphs {row['graph_ratio']:.2f}x" if "graph_ratio" in row
+                 else "graphs -" if "graph_error" not in row else "graphs FAILED")
+        print(f"  {name:<44} first call {row['first_call_s']:6.2f} s  err {row['rel_err']:.1e}  eager "
+              f"{row['ratio']:.2f}x  {graph}  fallbacks {row['fallbacks']}", flush=True)
+        if "graph_error" in row:
+            print(f"      graph capture: {row['graph_error']}")
+    ok = [r for r in rows if "ratio" in r]
+    if ok:
+        ratios = sorted(r["ratio"] for r in ok)
+        print(f"\n{len(ok)} cases: eager ratio median {ratios[len(ratios) // 2]:.2f}x, min {ratios[0]:.2f}x; "
+              f"failures {len(rows) - len(ok)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": where, "rows": rows}, indent=1))
+    return 1 if len(ok) < len(rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
