@@ -62,7 +62,13 @@ HARVEST = [GemmOp(4096, 4096, 4096, dtype_a=dt, dtype_b=dt, fp32_precision=prec,
 HARVEST += [GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # few-tile heroes
             GemmOp(128, 2048, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x64 split (H200)
             GemmOp(4, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # few-block skinny heroes
-            GemmOp(16, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")]
+            GemmOp(16, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),
+            GemmOp(512, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # fill widths:
+            GemmOp(512, 13824, 5120, trans_b=True, dtype_a="float16", dtype_b="float16"),  # 128x160, 128x224,
+            GemmOp(256, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x80
+            GemmOp(1000, 1000, 1000, dtype_a="float16", dtype_b="float16"),  # 128x64 (MN-major B),
+            GemmOp(128, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x32 and
+            GemmOp(128, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")]  # 128x48 (one row tile)
 HARVEST += [Conv2dOp(32, c, hw, hw, c, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias+relu")
             for dt, prec in (("float16", "highest"), ("float32", "high"), ("float32", "highest"))
             for layout in ("nhwc", "nchw") for c, hw in ((64, 56), (256, 14), (512, 7))]

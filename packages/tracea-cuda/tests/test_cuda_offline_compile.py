@@ -39,7 +39,11 @@ OPS = {
                         GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16",
                                epilogue="bias+gelu"),  # few tiles: split-K hero
                         GemmOp(128, 2048, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16",
-                               epilogue="bias")],  # 128x64 split-K hero (>= 4 TB/s)
+                               epilogue="bias"),  # 128x64 split-K hero (>= 4 TB/s)
+                        GemmOp(512, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16",
+                               epilogue="bias+gelu"),  # 128x160 fill hero (hopper_tiles)
+                        GemmOp(128, 5120, 5120, trans_b=True, dtype_a="float16", dtype_b="float16",
+                               dtype_out="float32", epilogue="bias")],  # 128x48 fill hero, one row tile
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
                           GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="bfloat16",
                                  dtype_b="bfloat16", epilogue="bias+silu")],

@@ -41,7 +41,8 @@ class WgmmaSpec:
 
     :param a_kmajor: A stored (M, K) (else (K, M): MN-major, transposed by wgmma).
     :param b_kmajor: B stored (N, K) (else (K, N): MN-major).
-    :param bn: tile_n (64, 128 or 256); tile_m is 128 (two consumer warpgroups of 64 rows).
+    :param bn: tile_n: a multiple of 16 in 16..256 with a K-major B (64 / 128 / 192 / 256 with an MN-major B,
+        loaded in 64-column boxes; 64 / 128 / 256 for the conv); tile_m is 128 or 256 (coop) / 64 or 128 (pingpong).
     """
 
     dtype_in: DType
@@ -113,8 +114,12 @@ class WgmmaSpec:
             problems.append("pingpong schedule needs tile_m in 64/128 and at most 128 accumulators per thread")
         if self.split_acc and self.subs * self.bn // 2 > 64:
             problems.append("split accumulation needs at most 64 accumulators per thread (x2 for the partial sum)")
-        if self.bn not in (64, 128, 256):
-            problems.append(f"tile_n={self.bn} not in 64/128/256")
+        if self.conv is not None and self.bn not in (64, 128, 256):
+            problems.append(f"tile_n={self.bn} not in 64/128/256 (conv)")
+        elif not self.b_kmajor and self.bn not in (64, 128, 192, 256):
+            problems.append(f"tile_n={self.bn} not in 64/128/192/256 (an MN-major B is loaded in 64-column boxes)")
+        elif self.bn % 16 or not 16 <= self.bn <= 256:
+            problems.append(f"tile_n={self.bn} is not a multiple of 16 in 16..256")
         if not 2 <= self.stages <= 8:
             problems.append(f"stages={self.stages} not in 2..8")
         if self.conv is not None and (self.bm not in (64, 128) or not (self.a_kmajor and self.b_kmajor)):
@@ -330,7 +335,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     else:
         smem_pair = values + ('asm volatile("st.shared.u32 [%0], %1;" :: "r"(smem_u32(e)), '
                               f'"r"((u32){c0} | ((u32){c1} << 16)));')
-    bn8, n_cc, cc8, vs = bn // 8, bn // cc_cols, cc_cols // 8, int(spec.vec_store)
+    bn8, n_cc, cc8, vs = bn // 8, -(-bn // cc_cols), cc_cols // 8, int(spec.vec_store)  # the last pass may be partial
     if spec.split_acc:
         master_decl = f"    float acc[{subs}][{regs}];"
         master_zero = (f"        for (int sub = 0; sub < {subs}; ++sub) for (int i = 0; i < {regs}; ++i) acc[sub][i] = 0.0f;")

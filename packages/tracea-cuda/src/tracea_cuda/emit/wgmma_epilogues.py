@@ -35,6 +35,7 @@ STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem
                 #pragma unroll
                 for (int jj = 0; jj < {cc8}; ++jj) {{
                     const int j2 = cc * {cc8} + jj;
+                    if (j2 >= {bn8}) break;  // a tile_n that is not a whole number of passes: the last one is partial
                     const int col = n0 + j2 * 8 + 2 * t4;
                     {bias_pair}
                     #pragma unroll
@@ -48,7 +49,7 @@ STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem
                 for (int i = 0; i < 4; ++i) {{
                     const int idx = lane + 32 * i, r = idx / 8, c = (idx % 8) * {vec};
                     const int row = rbase + r, col = n0 + cc * {cc_cols} + c;
-                    if (row < M) {{
+                    if (row < M && cc * {cc_cols} + c < {bn}) {{
                         const {tout}* e = ebuf + r * {ld} + c;
                         {tout}* p = Cb + (long long)row * N + col;
                         if ({vs} && col + {vec} <= N) {{

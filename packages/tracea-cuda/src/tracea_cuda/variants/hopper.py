@@ -19,6 +19,7 @@ from .. import compiler, helpers_kernels, launcher, stream_k, tma, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
 from ..device import resident_sms
 from ..emit.wgmma import KERNEL_NAME, WgmmaSpec, render
+from . import hopper_tiles
 from .base import FLOAT_IO, CudaVariant, scratch_buffer
 from .gemm import MmaGemm16
 
@@ -288,13 +289,14 @@ class WgmmaGemm(CudaVariant):
         if tiles >= 12 * ctas and tiles % ctas:  # a partial last wave
             return sk + big
         t128 = -(-op.m // 128) * -(-op.n // 128) * op.batch
+        b_kmajor = self.kmajor(op)[1]
         if tiles >= ctas:
             # 128x128 tiles where they fill the waves much better (the 128x256 tile runs ~10% faster per
             # tile): H100, M512 N11008 K4096 0.72x -> 0.90x cuBLAS, M2048 N5120 K5120 0.89x -> 1.14x,
             # M512 N28672 K8192 0.83x -> 0.95x; 4096^3 and 8192^3 keep 128x256 (both fill 97%).
             if wave_efficiency(t128, ctas) > wave_efficiency(tiles, ctas) + 0.1:
-                return [_hero(128, 6, cluster=1)] + big + sk
-            return big + sk
+                return self._fill(op, ctas, b_kmajor, (128, 128)) + [_hero(128, 6, cluster=1)] + big + sk
+            return self._fill(op, ctas, b_kmajor, (128, 256)) + big + sk
         few = [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
         if narrow_tiles(op, profile):
             # Whole 128-row tiles over a weight of <= SMs x 64 columns: 128x64 tiles put twice the CTAs on
@@ -304,13 +306,22 @@ class WgmmaGemm(CudaVariant):
             # N4096 K11008 0.89x -> 0.94x; M256 N4096 K4096 0.71x -> 0.89x, N1024 K8192 0.77x -> 0.82x. Not
             # on partial row tiles (M64 N4096 K4096 0.43x -> 0.37x, M96 N4096 K14336 0.90x -> 0.81x, M192
             # N4096 K4096 0.82x -> 0.66x), M512 (N1024 K8192 0.82x -> 0.78x) or GPUs not probed (H100).
-            return [_hero(64, 8, cluster=1, split_k=narrow_split_slices(op, ctas))] + few
+            slices = narrow_split_slices(op, ctas)
+            head = self._fill(op, ctas, b_kmajor, (128, 64)) if slices == 1 else []  # M128 N5120: 128x48
+            return head + [_hero(64, 8, cluster=1, split_k=slices)] + few
         splits = split_slices(op, ctas)
         if splits > 1:  # few 128x128 tiles: K split so that the pieces fill the SMs
             return [_hero(128, 6, cluster=1, split_k=splits)] + few
         if t128 > ctas and op.m >= 256:  # 256x128 tiles fill the wave (M512 N5120 K5120 0.70x -> 0.74x)
-            return [_hero(128, 4, bm=256, cluster=1)] + few
-        return few
+            return self._fill(op, ctas, b_kmajor, (256, 128)) + [_hero(128, 4, bm=256, cluster=1)] + few
+        return self._fill(op, ctas, b_kmajor, (128, 128)) + few
+
+    @staticmethod
+    def _fill(op: GemmOp, ctas: int, b_kmajor: bool, current: tuple[int, int]) -> list[PipelineConfig]:
+        """The 128-row tile whose width fills the waves (``hopper_tiles.fill_tile``) ahead of the rule's
+        ``current`` (tile_m, tile_n) tile, or nothing."""
+        bn = hopper_tiles.fill_tile(op, ctas, b_kmajor, current)
+        return [] if bn is None else [_hero(bn, hopper_tiles.fill_stages(bn), cluster=1)]
 
     def _kernel(self, spec: WgmmaSpec, profile: DeviceProfile) -> compiler.Kernel:
         return compiler.load(render(spec), KERNEL_NAME, "sm_90a", smem=spec.smem_bytes, threads=spec.threads)
