@@ -173,3 +173,31 @@ def test_arbiter_judges_the_first_call_of_a_signature(monkeypatch):
         got = tracea_sdpa(q, k, v, is_causal=True)
     torch.testing.assert_close(got, TORCH_SDPA(q, k, v, is_causal=True), atol=2e-5, rtol=1e-4)
     assert any(v_.op.startswith("attention") for v_ in arbiter.verdicts())
+
+
+def test_new_signature_inside_capture_runs_nothing_of_traceas(monkeypatch):
+    """A signature first seen while the stream captures a CUDA graph (Hugging Face models build their masks
+    only then) goes to PyTorch before any Tracea work could be queued into the graph (mask conversion,
+    operand copies), is counted, and is not stored: the next call outside capture builds its plan."""
+    import tracea
+    from tracea_torch import bridge_attention
+
+    q, k, v = (torch.randn(2, 4, 24, 16) for _ in range(3))
+    mask = torch.rand(2, 1, 24, 24) > 0.3
+    built = []
+    real_attention = tracea.ops.attention
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        built.append(1)
+        return real_attention(*args, **kwargs)
+
+    monkeypatch.setattr(tracea.ops, "attention", spy)
+    monkeypatch.setattr(bridge_attention, "_capturing", lambda t: True)
+    plans.invalidate("test")
+    fallbacks.reset()
+    out = bridge_attention.sdpa(q, k, v, mask)
+    assert not built and torch.allclose(out, TORCH_SDPA(q, k, v, mask), atol=1e-6)
+    assert fallbacks.total("attention", "inside CUDA graph capture") == 1
+    monkeypatch.setattr(bridge_attention, "_capturing", lambda t: False)
+    bridge_attention.sdpa(q, k, v, mask)
+    assert built, "outside capture the signature's plan is built"

@@ -70,7 +70,7 @@ def test_channels_last_operands_reach_a_pointer_only_launcher_as_they_are(fake_r
         assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
         assert float((out.double() - ref).abs().max()) < 1e-4
     launch = fake_runner[0]
-    for xx, ww, bb, oo in launch.calls[1:]:  # the plan's calls: the caller's tensors themselves
+    for xx, ww, _bb, oo in launch.calls[1:]:  # the plan's calls: the caller's tensors themselves
         assert xx.shape[1] == 8 and ww.shape[1] == 8 and oo.shape == ref.shape
 
 
@@ -90,7 +90,7 @@ def test_other_calls_keep_the_full_plan(fake_runner, case):
         assert out.shape == ref.shape
         assert float((out.double() - ref).abs().max()) < 1e-4
     launch = fake_runner[-1]
-    for xx, ww, bb, oo in launch.calls:  # NHWC views of x and w, an NHWC output
+    for xx, ww, _bb, oo in launch.calls:  # NHWC views of x and w, an NHWC output
         assert xx.shape == (2, 9, 7, 8) and ww.shape == (5, 3, 3, 8) and oo.shape == (2, 9, 7, 5)
 
 

@@ -8,7 +8,9 @@ kernel launch), judged against PyTorch's SDPA by the arbiter (:mod:`tracea_torch
 that first call, the faster one serves the signature; on CUDA eager and graph-captured calls have
 their own winners), or PyTorch's SDPA itself, counted in :mod:`tracea_torch.fallbacks` with the reason,
 when no Tracea kernel serves the call (dropout, a dtype or mask no kernel takes, only the reference
-oracle accepting it) or the first call happens inside a CUDA graph capture (then nothing is stored).
+oracle accepting it) or the first call happens inside a CUDA graph capture (then nothing is stored, and
+nothing of Tracea's runs: a plan build would queue work into the graph before finding that no kernel may
+load).
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
     if plan is None:
         plan = sdpa_plan(key, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return plan(q, k, v, attn_mask)
+
+
+def _capturing(q: torch.Tensor) -> bool:
+    """Whether ``q``'s device's current stream is capturing a CUDA graph."""
+    return q.is_cuda and bool(_is_capturing())
+
+
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 
 
 def _torch_plan(conf: tuple, reason: str, count_each_call: bool) -> Callable[..., torch.Tensor]:
@@ -84,6 +94,10 @@ def sdpa_plan(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: to
         return _torch_plan(conf, "arguments PyTorch rejects", False)  # PyTorch raises its own error
     if q.dim() < 3 or k.dim() < 3 or v.dim() < 3 or q.numel() == 0 or k.numel() == 0:
         return _store(key, _torch_plan(conf, "empty or low-rank operands", True))
+    if _capturing(q):  # building would queue work (mask conversion, operand copies) into the graph before
+        # finding out that no kernel may load now: PyTorch computes this call, nothing is stored
+        return _torch_plan(conf, "first call of this signature inside CUDA graph capture (run it once before "
+                           "capturing; Hugging Face models build masks only while capturing)", True)
     try:
         core_key: Any = ("attention", signature(q), signature(k), signature(v), signature(m), None, 0.0,
                          is_causal, scale, enable_gqa, None, None)
