@@ -57,7 +57,8 @@ def _gemm(isa: str, op: GemmOp, a: np.ndarray, b: np.ndarray, bias, threads: int
 # (route, m, n, trans_b): K = 2, the second product 0 * 1, so that each output is exactly one SPECIAL
 # value (+ bias). (The rows driver needs B stored N x K with K > 1.)
 TABLE_ROUTES = [("packed", len(SPECIAL), 40, False), ("gemv", 3, len(SPECIAL), True),
-                ("axpy", 4, len(SPECIAL), False), ("rows", len(SPECIAL), 300, True)]
+                ("axpy", 4, len(SPECIAL), False), ("rows", len(SPECIAL), 300, True),
+                ("cols", len(SPECIAL), 1200, False)]  # (M x N x K >= 65536: two threads)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -85,7 +86,9 @@ def test_activation_of_special_values_every_driver(isa, route, m, n, tb):
 RANDOM_SHAPES = [("packed", 37, 45, 29, False, False, 1), ("packed", 23, 70, 40, True, False, 2),
                  ("rows", 20, 300, 33, False, True, 1), ("gemv", 1, 77, 50, False, True, 1),
                  ("gemv", 4, 33, 300, True, True, 2), ("gemv", 2, 1, 19, False, False, 1),
-                 ("axpy", 1, 100, 21, False, False, 1), ("axpy", 3, 45, 40, True, False, 1)]
+                 ("axpy", 1, 100, 21, False, False, 1), ("axpy", 3, 45, 40, True, False, 1),
+                 ("cols", 61, 530, 47, False, False, 1), ("cols", 45, 600, 33, True, False, 2),
+                 ("cols", 300, 520, 40, False, True, 1)]
 
 
 @pytest.mark.parametrize("isa", ISAS)

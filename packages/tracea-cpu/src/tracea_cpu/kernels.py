@@ -20,7 +20,7 @@ from .toolchain import build
 _L, _P, _I, _F = ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 # tr_gemm_route's answers: which driver tr_gemm runs for a shape.
-GEMM_ROUTES = {0: "packed", 1: "rows", 2: "gemv", 3: "axpy"}
+GEMM_ROUTES = {0: "packed", 1: "rows", 2: "gemv", 3: "axpy", 4: "cols"}
 GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _P, _L, _L, _L, _I]
 CONV_ARGTYPES = [_I] + [_L] * 16 + [_P, _P, _P, _P, _L, _L, _L, _I, _I]
 BF16_GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _I, _P, _L, _L, _L, _I]

@@ -339,8 +339,67 @@ __attribute__((noinline)) static int tr_drive_rows(long M, long N, long K, const
     return 0;
 }
 
+#ifndef TR_COLS_DRIVER
+#define TR_COLS_DRIVER 1
+#endif
+#ifndef TR_COLS_MIN_PANELS
+#define TR_COLS_MIN_PANELS 4
+#endif
+/* The blocked GEMM with the columns shared out instead of the row blocks: each thread owns a contiguous
+   range of NR panels and runs the NC / KC / MC loops over it with its own B block and A block, so no
+   block is shared and no thread waits for another until the end. Taken when every thread gets at least
+   TR_COLS_MIN_PANELS panels (each thread packs all of A: M x K per call, small next to the M x N x K
+   work); 2-core Sapphire Rapids VM, fp32 1024^3 / 2048^3: see docs/backends/cpu.md. */
+__attribute__((noinline)) static int tr_drive_cols(long M, long N, long K, const tr_dense *A, const tr_dense *B,
+                                                   float *c, long ldc, const float *bias, long mc, long nc, long kc,
+                                                   int nth) {
+    long npan = (N + NR - 1) / NR, per = (npan + nth - 1) / nth;
+    mc = TR_MIN(TR_ROUNDUP(TR_MAX(mc, MR), MR), TR_ROUNDUP(M, MR));
+    nc = TR_MIN(TR_ROUNDUP(TR_MAX(nc, NR), NR), per * NR);
+    kc = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
+    size_t each = TR_ROUNDUP((size_t)nc * kc, 16) + TR_ROUNDUP((size_t)mc * kc, 16);
+    int owned;
+    float *ws = tr_ws_get((size_t)nth * each + 32, &owned);
+    if (!ws) return 1;
+    #pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+#ifdef _OPENMP
+        int tid = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+        int tid = 0, T = 1;
+#endif
+        float *bbuf = ws + (size_t)tid * each, *abuf = bbuf + TR_ROUNDUP((size_t)nc * kc, 16);
+        long j0 = TR_MIN(N, npan * tid / T * NR), j1 = TR_MIN(N, npan * (tid + 1) / T * NR);
+        for (long jc = j0; jc < j1; jc += nc) {
+            long ncur = TR_MIN(nc, j1 - jc), np = (ncur + NR - 1) / NR;
+            for (long pc = 0; pc < K; pc += kc) {
+                long kcur = TR_MIN(kc, K - pc), kcp = TR_ROUNDUP(kcur, KU);
+                int first = pc == 0, last = pc + kcur >= K;
+                for (long p = 0; p < np; p++)
+                    tr_pack_b_dense(B, jc + p * NR, TR_MIN(NR, ncur - p * NR), pc, kcur, bbuf + p * NR * kcp);
+                for (long ic = 0; ic < M; ic += mc) {
+                    long mcur = TR_MIN(mc, M - ic), nmp = (mcur + MR - 1) / MR;
+                    for (long r = 0; r < nmp; r++)
+                        tr_pack_a_dense(A, ic + r * MR, TR_MIN(MR, mcur - r * MR), pc, kcur, abuf + r * MR * kcp);
+                    for (long jr = 0; jr < np; jr++) {
+                        long j = jc + jr * NR;
+                        int nr = (int)TR_MIN(NR, N - j);
+                        for (long r = 0; r < nmp; r++) {
+                            long i = ic + r * MR;
+                            tr_ukernel(kcp, abuf + r * MR * kcp, bbuf + jr * NR * kcp, c + i * ldc + j, ldc,
+                                       (int)TR_MIN(MR, M - i), nr, first, last, bias ? bias + j : 0, 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    tr_ws_put(ws, owned);
+    return 0;
+}
+
 /* Which driver tr_gemm runs: 0 the packed blocked driver, 1 tr_drive_rows, 2 tr_drive_gemv,
-   3 tr_drive_axpy. */
+   3 tr_drive_axpy, 4 tr_drive_cols. */
 int tr_gemm_route(long M, long N, long K, long rsb, long csb, int nth) {
     int T = nth > 0 ? nth : tr_threads_available();
     if ((double)M * N * K < 65536.0) T = 1;
@@ -351,6 +410,7 @@ int tr_gemm_route(long M, long N, long K, long rsb, long csb, int nth) {
     /* Few rows against transposed weights (measured at M x 4096 x 4096, 6x64 tile: M = 1 / 8 / 32:
        9.0 / 9.5 / 12.8 ms -> see docs/backends/cpu.md) take the per-thread-panel driver. */
     if (TR_ROWS_DRIVER && M <= TR_ROWS_MAXM && csb != 1 && (N + NR - 1) / NR >= 2 * T) return 1;
+    if (TR_COLS_DRIVER && T > 1 && (N + NR - 1) / NR >= (long)TR_COLS_MIN_PANELS * T && M >= 2 * MR) return 4;
     return 0;
 }
 
@@ -359,13 +419,15 @@ int tr_gemm(long batch, long M, long N, long K,
             float *c, long ldc, long sc, const float *bias, long mc, long nc, long kc, int nth) {
     int T = nth > 0 ? nth : tr_threads_available();
     if ((double)M * N * K < 65536.0) T = 1;
-    int route = tr_gemm_route(M, N, K, rsb, csb, nth), rows = route == 1, gemv = route == 2, axpy = route == 3;
+    int route = tr_gemm_route(M, N, K, rsb, csb, nth), rows = route == 1, gemv = route == 2, axpy = route == 3,
+        cols = route == 4;
     long kcr = TR_MIN(TR_ROUNDUP(TR_MAX(kc, KU), KU), TR_ROUNDUP(K, KU));
     for (long q = 0; q < batch; q++) {
         tr_dense A = {a + q * sa, rsa, csa}, B = {b + q * sb, rsb, csb};
         int rc = gemv ? tr_drive_gemv(M, N, K, a + q * sa, rsa, csa, b + q * sb, csb, c + q * sc, ldc, bias, T)
                : axpy ? tr_drive_axpy(M, N, K, a + q * sa, rsa, csa, b + q * sb, rsb, c + q * sc, ldc, bias, T)
                : rows ? tr_drive_rows(M, N, K, &A, &B, c + q * sc, ldc, bias, kcr, T)
+               : cols ? tr_drive_cols(M, N, K, &A, &B, c + q * sc, ldc, bias, mc, nc, kc, T)
                       : tr_drive(M, N, K, tr_pack_a_dense, &A, tr_pack_b_dense, &B, c + q * sc, ldc, 0, 0, bias, 0,
                                  mc, nc, kc, nth, 0, 0);
         if (rc) return rc;
