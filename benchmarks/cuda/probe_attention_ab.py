@@ -24,14 +24,17 @@ import importlib
 import importlib.util
 import json
 import multiprocessing as mp
-import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 
 import tracea
 from tracea_torch.bridge_attention import TORCH_SDPA
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention import _time  # noqa: E402  (interleaved CUDA-event timing, the benchmark's own)
 
 
 def load_baseline(path: str) -> Any:
@@ -84,26 +87,6 @@ def baseline_variants(path: str) -> dict[str, Any]:
             return main, combine
 
     return {OldWgmma.name: OldWgmma(), OldFlash.name: OldFlash()}
-
-
-def _time(fns: list, reps: int, queue_ahead: bool, rounds: int = 5) -> list[float]:
-    """Median seconds per call of each fn, interleaved by rounds of ``reps`` back-to-back calls."""
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    per: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, acc in zip(fns, per):
-            if queue_ahead:
-                torch.cuda._sleep(20_000_000)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(reps):
-                fn()
-            e.record()
-            torch.cuda.synchronize()
-            acc.append(s.elapsed_time(e) / 1e3 / reps)
-    return [statistics.median(a) for a in per]
 
 
 def _flops(b: int, h: int, s: int, d: int, causal: bool) -> float:

@@ -19,11 +19,7 @@ CONFIGS = [_hero(256, 4, cluster=2), _hero(128, 6, cluster=2), _hero(128, 4, bm=
 SHAPES = [(8, 8, 8, 1), (136, 264, 72, 1), (392, 136, 2000, 1), (1000, 1016, 520, 2), (2304, 1280, 512, 1)]
 
 
-def _hopper():
-    profile = T.gpu_profile()
-    if not profile.has("wgmma"):
-        pytest.skip("needs a Hopper GPU (wgmma)")
-    return profile
+_hopper = T.require_hopper
 
 
 def _run(variant_name, op, configs, tol):

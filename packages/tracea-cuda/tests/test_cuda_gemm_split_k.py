@@ -66,17 +66,10 @@ def test_split_plan_caps_slices_and_sizes_the_scratch():
         assert not v.validate_config(op, bad, h100)
 
 
-def _hopper():
-    profile = T.gpu_profile()
-    if not profile.has("wgmma"):
-        pytest.skip("needs a Hopper GPU (wgmma)")
-    return profile
+_hopper = T.require_hopper
 
 
-def gpu(fn):
-    """GPU test: marked ``cuda`` and skipped without a CUDA GPU, CuPy and torch."""
-    fn = pytest.mark.skipif(not T.gpu_available(), reason="needs a CUDA GPU, CuPy and torch")(fn)
-    return pytest.mark.cuda(fn)
+gpu = T.gpu_test
 
 SHAPES = [(512, 1024, 8192, 1, False, True), (129, 200, 1000, 1, False, True), (333, 97, 2056, 1, False, False),
           (96, 768, 2048, 2, True, True), (1, 136, 4096, 1, False, True), (200, 384, 520, 3, True, False)]

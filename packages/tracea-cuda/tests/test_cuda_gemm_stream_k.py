@@ -40,11 +40,7 @@ def test_plan_declines_small_or_full_grids():
     assert stream_k.plan(512, 132, 64).sk_tiles == 116  # 3 waves + 116
 
 
-def _hopper():
-    profile = T.gpu_profile()
-    if not profile.has("wgmma"):
-        pytest.skip("needs a Hopper GPU (wgmma)")
-    return profile
+_hopper = T.require_hopper
 
 
 SHAPES = [(2100, 4000, 1000, 1), (4096, 4096, 520, 1), (1000, 1000, 328, 9), (4224, 2056, 136, 1)]

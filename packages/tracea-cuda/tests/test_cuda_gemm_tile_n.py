@@ -79,17 +79,10 @@ def test_kernel_declines_widths_it_cannot_serve(bn):
     assert v.validate_config(mn_major, _hero(192, 4, cluster=1), H200)
 
 
-def _hopper():
-    profile = T.gpu_profile()
-    if not profile.has("wgmma"):
-        pytest.skip("needs a Hopper GPU (wgmma)")
-    return profile
+_hopper = T.require_hopper
 
 
-def gpu(fn):
-    """GPU test: marked ``cuda`` and skipped without a CUDA GPU, CuPy and torch."""
-    fn = pytest.mark.skipif(not T.gpu_available(), reason="needs a CUDA GPU, CuPy and torch")(fn)
-    return pytest.mark.cuda(fn)
+gpu = T.gpu_test
 
 
 SHAPES = [(333, 1000, 520, 1, False, True), (129, 200, 72, 1, False, True), (257, 777, 1000, 2, True, True),

@@ -34,6 +34,24 @@ def gpu_profile():
     return profile(0)
 
 
+def gpu_test(fn: Any) -> Any:
+    """Decorator of a GPU test: marked ``cuda`` and skipped without a CUDA GPU, CuPy and torch."""
+    import pytest  # noqa: PLC0415 - test helper
+
+    fn = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU, CuPy and torch")(fn)
+    return pytest.mark.cuda(fn)
+
+
+def require_hopper() -> Any:
+    """The GPU's profile; skips the calling test unless the GPU has wgmma (Hopper, sm_90)."""
+    import pytest  # noqa: PLC0415 - test helper
+
+    profile = gpu_profile()
+    if not profile.has("wgmma"):
+        pytest.skip("needs a Hopper GPU (wgmma)")
+    return profile
+
+
 def torch_dtype(dtype: DType):
     import torch  # noqa: PLC0415
 
