@@ -162,3 +162,21 @@ def test_cpu_near_ties_go_to_pytorch(restricted_backend, monkeypatch, ours, winn
     assert v.winner == winner
     if winner == "torch" and ours < 1.0e-3:
         assert "ties go to PyTorch" in v.reason
+
+
+@pytest.mark.parametrize("eager,device,winner,graph", [
+    ((12.1e-6, 12.3e-6), (12.1e-6, 7.1e-6), "torch", "torch"),    # eager tie: the kernels decide
+    ((12.3e-6, 12.1e-6), (6.0e-6, 7.1e-6), "tracea", "tracea"),  # eager tie the other way
+    ((10.0e-6, 12.0e-6), (8.0e-6, 7.1e-6), "tracea", "torch"),   # clearly faster eager: host time counts
+    ((12.0e-6, 10.0e-6), (6.0e-6, 7.1e-6), "torch", "tracea")])
+def test_gpu_eager_ties_are_decided_by_device_time(monkeypatch, eager, device, winner, graph):
+    """On CUDA eager times within arbiter.GPU_TIE are a tie that the device time decides; a clear eager
+    difference stands; captured calls go by device time alone."""
+    times = {arbiter._gpu_back_to_back: eager, arbiter._gpu_batch: device}
+    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: times[timer])
+    x = torch.randn(4, 8)
+    v = arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t: t * 2,
+                         lambda t: t * 2, (x,))
+    assert (v.winner, v.graph_winner) == (winner, graph)
+    if winner == "torch" and eager[0] < eager[1]:
+        assert "eager a tie" in v.reason
