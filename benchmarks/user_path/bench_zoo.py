@@ -3,8 +3,8 @@ weights, built offline from configs) patched with ``tracea_torch.patched(model, 
 linear and SDPA, or without SDPA: ``--no-attention``; default settings, arbiter on, untuned) against the
 same model eager, interleaved in one run. Per model and configuration it prints the first patched call's
 time (plans, compilation and the arbiter's timing), the output's error against eager, eager and CUDA-graph
-ratios (eager time / patched time: > 1 means Tracea is faster), and the fallbacks; a failure is printed and
-the run goes on (any failure is a bug).
+ratios (eager time / patched time: > 1 means Tracea is faster), and the fallbacks (the three most counted
+reasons under each row); a failure is printed and the run goes on (any failure is a bug).
 
     source scripts/srcenv.sh
     python benchmarks/user_path/bench_zoo.py --device cuda [--timm a,b] [--hf bert,llama] [--no-graphs]
@@ -126,7 +126,10 @@ def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch
             calls = 10 if cuda else 3
             tp, te = paired(lambda: patched_model(*args), lambda: model(*args), calls, 7, device)
             row.update(patched_s=tp, eager_s=te, ratio=te / tp)
-            row["fallbacks"] = sum(fallbacks.counts().values())
+            counts = fallbacks.counts()
+            row["fallbacks"] = sum(counts.values())
+            row["fallback_reasons"] = [f"{kind} x{n}: {reason[:90]}" for (kind, reason), n in
+                                       sorted(counts.items(), key=lambda kv: -kv[1])[:3]]
             if cuda and graphs:
                 try:
                     gp, ge = graphed(lambda: patched_model(*args)), graphed(lambda: model(*args))
@@ -165,6 +168,8 @@ def main(argv: list[str]) -> int:
               f"{row['ratio']:.2f}x  {graph}  fallbacks {row['fallbacks']}", flush=True)
         if "graph_error" in row:
             print(f"      graph capture: {row['graph_error']}")
+        for reason in row.get("fallback_reasons", []):
+            print(f"      fallback {reason}")
     ok = [r for r in rows if "ratio" in r]
     if ok:
         ratios = sorted(r["ratio"] for r in ok)
