@@ -76,6 +76,15 @@ def tracea_dtype(torch_dtype_: Any) -> DType:
     return found
 
 
+def stream_capturing() -> Any:
+    """torch's cheapest query whether the current CUDA stream is capturing a CUDA graph (a C function of no
+    arguments: ``torch._C._cuda_isCurrentStreamCapturing``, or the public wrapper where that is missing);
+    resolve it once and call the result on hot paths."""
+    import torch
+
+    return getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+
+
 def _matmul_precision() -> str:
     """``torch.get_float32_matmul_precision()`` (bound on first use: this runs on every call's key)."""
     global _matmul_precision
@@ -246,11 +255,7 @@ class TorchAdapter(ArrayAdapter):
     def capturing(self, obj: Any) -> bool:
         """Whether a CUDA graph is capturing on the current CUDA stream (of the current device: a capture
         records one device's stream)."""
-        if obj.device.type != "cuda":
-            return False
-        import torch
-
-        return bool(getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)())
+        return obj.device.type == "cuda" and bool(stream_capturing()())
 
     def write_error(self, obj: Any) -> str | None:
         import torch

@@ -25,7 +25,8 @@ from tracea.runtime.dispatch import fallback_reason
 from tracea.runtime.plans import _SIGS, Uncacheable, lookup, signature
 
 from . import arbiter, fallbacks
-from .bridge_plans import _backend_failure
+from .adapter import stream_capturing
+from .bridge_plans import _backend_failure, routed_plan
 
 #: PyTorch's own SDPA (the C function ``F.scaled_dot_product_attention`` is), immune to the patch.
 TORCH_SDPA = torch._C._nn.scaled_dot_product_attention
@@ -54,7 +55,7 @@ def _capturing(q: torch.Tensor) -> bool:
     return q.is_cuda and bool(_is_capturing())
 
 
-_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+_is_capturing = stream_capturing()
 
 
 def _torch_plan(conf: tuple, reason: str, count_each_call: bool) -> Callable[..., torch.Tensor]:
@@ -139,10 +140,4 @@ def sdpa_plan(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: to
     torch_plan = _torch_plan(conf, verdict.reason, False)
     if verdict.winner == verdict.captured_winner:
         return _store(key, torch_plan)
-    eager_side, graph_side = (tracea_run, torch_plan) if verdict.winner == "tracea" else (torch_plan, tracea_run)
-    capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
-
-    def routed(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, mm: torch.Tensor | None) -> torch.Tensor:
-        return (graph_side if capturing() else eager_side)(qq, kk, vv, mm)
-
-    return _store(key, routed)
+    return _store(key, routed_plan(verdict, tracea_run, torch_plan))

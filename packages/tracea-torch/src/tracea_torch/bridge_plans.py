@@ -26,7 +26,7 @@ from tracea.runtime import plans
 from tracea.runtime.dispatch import bind, fallback_reason
 
 from . import arbiter, eager, fallbacks, recording
-from .adapter import tracea_dtype
+from .adapter import stream_capturing, tracea_dtype
 from .choice import SERVED_DTYPES, Fallback, choose, epilogue_for, fp32_precision, output_memory_format, \
     parse_activation
 
@@ -398,15 +398,23 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
     torch_plan = _lean(torch_run, kind, op, extra, verdict.reason)
     if verdict.winner == verdict.captured_winner:
         return torch_plan
-    eager_side, graph_side = (kernel_plan, torch_plan) if verdict.winner == "tracea" else (torch_plan, kernel_plan)
-    capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
-
-    def routed(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return (graph_side if capturing() else eager_side)(x, w, bias)
-
+    routed = routed_plan(verdict, kernel_plan, torch_plan)
     routed.op = op  # type: ignore[attr-defined]
-    # PyTorch serving eager calls (Tracea only captured ones): a patched layer may call F.* itself while
-    # its stream is not capturing (the host-bound case, where those frames would cost most)
+    return routed
+
+
+def routed_plan(verdict: arbiter.Verdict, tracea_plan: Callable[..., torch.Tensor],
+                torch_plan: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A plan for a verdict whose eager and captured winners differ: each call runs the side that won
+    its situation, by whether its stream is capturing a CUDA graph. ``lean_eager`` marks PyTorch serving
+    the eager calls: a patched layer may then call F.* itself while its stream is not capturing (the
+    host-bound case, where the plan's frames would cost most)."""
+    eager_side, graph_side = (tracea_plan, torch_plan) if verdict.winner == "tracea" else (torch_plan, tracea_plan)
+    capturing = stream_capturing()
+
+    def routed(*args: Any) -> torch.Tensor:
+        return (graph_side if capturing() else eager_side)(*args)
+
     routed.lean_eager = verdict.winner == "torch"  # type: ignore[attr-defined]
     return routed
 

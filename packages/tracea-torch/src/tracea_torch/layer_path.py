@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from tracea.runtime.plans import generation
 
 from . import bridge, ops, recording
+from .adapter import stream_capturing
 from .fallbacks import record as _record
 from .ops import (_any_autocast, _dispatch_modes, _function_modes, _grad_enabled, _is_compiling, _pair,
                   _tracing_state, _transforms_active)
@@ -36,7 +37,7 @@ _F32 = torch.float32
 _conv2d, _linear = torch.nn.functional.conv2d, torch.nn.functional.linear
 _cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch.backends.cudnn.allow_tf32)
 _matmul_precision = torch.get_float32_matmul_precision
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+_capturing = stream_capturing()
 _KEY = "_tracea_memo"
 
 
