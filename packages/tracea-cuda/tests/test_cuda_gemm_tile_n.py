@@ -121,14 +121,8 @@ def test_fill_widths_match_reference(shape, combo):
              if v.validate_config(op, c, profile)]  # e.g. only 64-column multiples on an MN-major B
     i = SHAPES.index(shape) * len(COMBOS) + COMBOS.index(combo)
     configs = [valid[(2 * i) % len(valid)], valid[(2 * i + 1) % len(valid)]]  # every config over the cases
-    t = T.gemm_inputs(op, seed=m + n + k)
-    ref = T.gemm_reference(op, t)
     tol = T.tolerance({"bfloat16": "bf16", "float16": "f16", "float32": "tf32"}[dt], op.out_dtype)
-    for config in configs:
-        t["out"].fill_(float("nan"))
-        v.run(op, config, T.op_args(t), profile)
-        err = T.rel_err(t["out"], ref)
-        assert err <= tol, (config.key, err)
+    T.check_gemm_configs(v, op, configs, tol, seed=m + n + k)
 
 
 def test_every_test_config_is_valid_somewhere():
