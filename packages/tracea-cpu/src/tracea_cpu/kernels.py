@@ -43,7 +43,19 @@ def blocked_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctype
     lib.tr_gemm_call.restype = _I
     lib.tr_conv2d_call.argtypes = [_P, _P, _P, _P, _P]
     lib.tr_conv2d_call.restype = _I
+    set_caches(lib)
     return lib
+
+
+def set_caches(lib: ctypes.CDLL) -> None:
+    """Tell a blocked library (``tr_set_caches``) the host's per-core L1d and L2 sizes, which its drivers'
+    blocking decisions read (see ``tr_drive_cols``); unknown sizes keep the library's defaults."""
+    from tracea.doctor.host_plugin import host_profile
+
+    caches = host_profile().caches
+    lib.tr_set_caches.argtypes = [_L, _L]
+    lib.tr_set_caches.restype = None
+    lib.tr_set_caches(int(caches.get("L1d") or 0), int(caches.get("L2") or 0))
 
 
 def _bind_tb_gemm(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -32,8 +32,12 @@ GEMM_HEROES: dict[str, list[dict[str, int]]] = {
 # (6x64 mc48 kc1024) ran 2.14x / 0.87x / 0.87x; it was also among the fastest under heavy load (load
 # average 10-11). 6x64 tiles are left out: the least-waste order would put them first on multiples of 6 /
 # 1024 (6x64 mc96 kc512: 0.91x at 1024), and 4x64 mc72 kc384 (first on multiples of 4) ran 0.81x at 2048.
+# kc 768 (the K block is at most that deep, cut into equal blocks by tr_drive_cols; a 14 x 768 A
+# micro-panel is 42 KiB, within the 48 KiB L1d): 768^3 in one K block 2745 us against 2848 for two of
+# 384 (and 2915 for 512 + 256 before the equal cut), 1024-2048 as fast as kc 512 (probes/gemm_phases.py).
+# The table's kc is capped per host so the A micro-panel fits 7/8 of its L1d (:func:`gemm_hero_table`).
 MICROARCH_GEMM_HEROES: dict[str, list[dict[str, int]]] = {
-    "intel-avx512": [dict(mr=14, nr=32, mc=112, nc=4096, kc=512), dict(mr=14, nr=32, mc=56, nc=4096, kc=1024),
+    "intel-avx512": [dict(mr=14, nr=32, mc=112, nc=4096, kc=768), dict(mr=14, nr=32, mc=56, nc=4096, kc=1024),
                      dict(mr=12, nr=32, mc=96, nc=4096, kc=512), dict(mr=8, nr=48, mc=96, nc=4080, kc=512)],
 }
 # Indirect conv heroes whose tile is an equal part of one output row (Q % mr == 0): tiles in the top
@@ -159,8 +163,19 @@ def gemm_hero_table(isa: Isa, profile: DeviceProfile | None = None) -> list[Pipe
     micro = str(profile.extras.get("microarch", "")) if profile is not None else ""
     table = MICROARCH_GEMM_HEROES.get(micro)
     if table and micro.endswith("-" + isa.name):
-        return [PipelineConfig(params=tuple(dict(h, threads=0).items())) for h in table]
+        assert profile is not None
+        return [PipelineConfig(params=tuple(dict(h, kc=l1_kc(h["kc"], h["mr"], profile), threads=0).items()))
+                for h in table]
     return heroes(GEMM_HEROES, isa)
+
+
+def l1_kc(kc: int, mr: int, profile: DeviceProfile) -> int:
+    """``kc`` capped so that an ``mr`` x kc fp32 A micro-panel takes at most 7/8 of the profile's L1d
+    (a multiple of 8, at least 64; unknown L1d: ``kc`` unchanged)."""
+    l1 = int(profile.caches.get("L1d") or 0)
+    if l1 <= 0:
+        return kc
+    return max(64, min(kc, l1 * 7 // 8 // (4 * mr) // 8 * 8))
 
 
 def _least_waste_first(cfgs: list[PipelineConfig], m: int, n: int) -> list[PipelineConfig]:

@@ -34,10 +34,10 @@ static int tr_taps_all_hit(const tr_conv *g) {
    (tiny images), nothing is skipped at all. */
 static int tr_drive_ind_exact(long M, long N, long K, tr_pack_fn pb, const void *cb, float *c, long ldc,
                               const float *bias, long mc, long kc, int nth, const tr_conv *ind,
-                              const tr_ind_nchw *nchw) {
+                              const tr_ind_nchw *nchw, tr_xcopy *xc) {
     int keep = !tr_taps_all_hit(ind), nf = 0;
-    int rc = tr_drive_ind(M, N, K, pb, cb, c, ldc, bias, mc, kc, nth, ind, nchw, keep, keep ? 0 : &nf);
-    if (!rc && nf) rc = tr_drive_ind(M, N, K, pb, cb, c, ldc, bias, mc, kc, nth, ind, nchw, 1, 0);
+    int rc = tr_drive_ind(M, N, K, pb, cb, c, ldc, bias, mc, kc, nth, ind, nchw, keep, keep ? 0 : &nf, xc);
+    if (!rc && nf) rc = tr_drive_ind(M, N, K, pb, cb, c, ldc, bias, mc, kc, nth, ind, nchw, 1, 0, 0);
     return rc;
 }
 
@@ -56,40 +56,31 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
         /* channel blocks of (almost) equal size, at most kc / RS channels each */
         long cbmax = TR_MAX(1, kc / RS), cb = (Cg + (Cg + cbmax - 1) / cbmax - 1) / ((Cg + cbmax - 1) / cbmax);
         int multi = Cg > cb;
-        int xt_owned, ot_owned = 0, T = nth > 0 ? nth : tr_threads_available();
+        int xt_owned, ot_owned = 0;
         float *xt = tr_ws_slot(1, (size_t)n * HW * C, &xt_owned), *ot = 0;
         if (xt && multi) ot = tr_ws_slot(2, (size_t)n * PQ * K, &ot_owned);
         if (!xt || (multi && !ot)) { if (xt) tr_ws_release(1, xt, xt_owned); return 1; }
-        TR_PROBE_BEGIN;
-        if (C <= TR_XCOPY_PIX_MAXC && n * C * HW <= TR_XCOPY_PIX_MAXF) {
-            /* 16 pixels x every channel at a time: the NHWC copy is written as one sequential stream
-               (C read streams). 64@56^2 batch 1: 45-57 -> 24-29 us (wall -2.7%); 128 channels: no
-               change measured; 256 channels: 12 -> 16 us; batch 8 of 64@56^2 (6.4 MB, past L2):
-               188-211 -> 312-397 us. */
-            long npb = (HW + 15) / 16;
-            #pragma omp parallel for collapse(2) schedule(dynamic, 8) num_threads(T) if (T > 1)
-            for (long img = 0; img < n; img++)
-                for (long pb = 0; pb < npb; pb++) {
-                    long p0 = pb * 16, pn = TR_MIN(16, HW - p0);
-                    for (long c0 = 0; c0 < C; c0 += 16)
-                        tr_transpose_strip(x + (img * C + c0) * HW + p0, TR_MIN(16, C - c0), pn, HW,
-                                           xt + (img * HW + p0) * C + c0, C);
-                }
-        } else {
-            #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(T) if (T > 1)
-            for (long img = 0; img < n; img++)
-                for (long c0 = 0; c0 < C; c0 += 16)
-                    tr_transpose_strip(x + (img * C + c0) * HW, TR_MIN(16, C - c0), HW, HW, xt + img * HW * C + c0, C);
+        /* The NHWC copy of x is made inside the first group's tr_drive_ind (tr_xcopy). With C <= 64 and at
+           most 1 MiB of input, 16 pixels x all channels at a time so the copy is written as one
+           sequential stream (64@56^2 batch 1: 45-57 -> 24-29 us); otherwise 16 channels x all pixels
+           (batch 8 of 64@56^2, past L2, ran 188-211 us that way against 312-397 by pixels). */
+        int pix = C <= TR_XCOPY_PIX_MAXC && n * C * HW <= TR_XCOPY_PIX_MAXF;
+        long *cnt = (long *)calloc((size_t)(2 * n + 2), sizeof(long));
+        if (!cnt) {
+            if (ot) tr_ws_release(2, ot, ot_owned);
+            tr_ws_release(1, xt, xt_owned);
+            return 1;
         }
-        TR_PROBE_LAP(0, 0);
+        tr_xcopy xc = {x, xt, C, HW, pix ? TR_MIN(8, (HW + 15) / 16) : (C + 15) / 16, pix, cnt, cnt + n};
         int rc = 0;
         for (long gi = 0; gi < groups && !rc; gi++) {
             tr_conv A = {xt + gi * Cg, C, H, W, Cg, R, S, sh, sw, ph, pw, dh, dw, P, Q};
             tr_kcrs B = {w + gi * Kg * CRS, CRS, Cg, RS};
             tr_ind_nchw o = {&B, cb, out + gi * Kg * PQ, PQ, K * PQ};
             rc = tr_drive_ind_exact(n * PQ, Kg, CRS, 0, 0, ot ? ot + gi * Kg : 0, K, bias ? bias + gi * Kg : 0,
-                                    mc, kc, nth, &A, &o);
+                                    mc, kc, nth, &A, &o, gi == 0 ? &xc : 0);
         }
+        free(cnt);
         if (ot) tr_ws_release(2, ot, ot_owned);
         tr_ws_release(1, xt, xt_owned);
         return rc;
@@ -128,7 +119,7 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
             tr_dense B = {w + gi * Kg * CRS, 1, CRS};
             if (indirect == 1) {
                 int rc = tr_drive_ind_exact(n * P * Q, Kg, CRS, tr_pack_b_dense, &B, out + gi * Kg, K, bg, mc, kc,
-                                            nth, &A, 0);
+                                            nth, &A, 0, 0);
                 if (rc) return rc;
                 continue;
             }

@@ -93,6 +93,47 @@ __attribute__((noinline)) static void tr_pack_b_kcrs_blk(const tr_kcrs *x, long 
    img_stride, PQ pixels per plane; K walked in channel blocks of cb. */
 typedef struct { const tr_kcrs *w; long cb; float *out; long PQ, img_stride; } tr_ind_nchw;
 
+/* The NHWC copy of an NCHW conv's input, made inside the conv's parallel region image by image as the
+   work items first need them (tr_xcopy_need) instead of in a parallel region of its own before it (one
+   fork and one join less per call, and an image is copied right before its pixels are computed, while
+   it is in that core's L2). An image's copy is cut into nsub sub-tasks handed out from the image's
+   counter, so the threads that need an image at the same time copy it together. pix: 16 pixels x every
+   channel at a time (the copy written as one stream); else 16 channels x every pixel. */
+typedef struct {
+    const float *x; float *xt; long C, HW, nsub; int pix;
+    long *next, *done;  /* per image: next sub-task to hand out, sub-tasks finished */
+} tr_xcopy;
+
+static void tr_xcopy_sub(const tr_xcopy *xc, long img, long q) {
+    long C = xc->C, HW = xc->HW;
+    if (xc->pix) {
+        long npb = (HW + 15) / 16, b0 = q * npb / xc->nsub, b1 = (q + 1) * npb / xc->nsub;
+        for (long pb = b0; pb < b1; pb++) {
+            long p0 = pb * 16, pn = TR_MIN(16, HW - p0);
+            for (long c0 = 0; c0 < C; c0 += 16)
+                tr_transpose_strip(xc->x + (img * C + c0) * HW + p0, TR_MIN(16, C - c0), pn, HW,
+                                   xc->xt + (img * HW + p0) * C + c0, C);
+        }
+    } else {
+        long c0 = q * 16;
+        tr_transpose_strip(xc->x + (img * C + c0) * HW, TR_MIN(16, C - c0), HW, HW, xc->xt + img * HW * C + c0, C);
+    }
+}
+
+/* Returns once image img is copied; helps copy it while sub-tasks are left. */
+static void tr_xcopy_need(tr_xcopy *xc, long img) {
+    for (int spin = 0; __atomic_load_n(&xc->done[img], __ATOMIC_ACQUIRE) < xc->nsub; spin++) {
+        long q = __atomic_fetch_add(&xc->next[img], 1, __ATOMIC_RELAXED);
+        if (q < xc->nsub) {
+            tr_xcopy_sub(xc, img, q);
+            __atomic_add_fetch(&xc->done[img], 1, __ATOMIC_RELEASE);
+        } else {
+            tr_cpu_relax();
+            if (spin > 4096) sched_yield();
+        }
+    }
+}
+
 /* Up to 16 pixels of a tile (tr_store_nchw). */
 static void tr_store_nchw16(const float *src, long ld, const tr_ind_nchw *o, long i, long j, int mr, int nr) {
     long PQ = o->PQ, p = i % PQ;
