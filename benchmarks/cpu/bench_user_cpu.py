@@ -4,7 +4,7 @@ on ResNet-50's 3x3 layers at batch 1 and 8 (NCHW NumPy arrays / torch CPU tensor
 
     source scripts/srcenv.sh
     OMP_WAIT_POLICY=passive python benchmarks/cpu/bench_user_cpu.py [--rounds 30] [--only gemm,conv] [--json out.json]
-        [--threads T] [--gemm-shapes 512,1024,512x4096x4096]
+        [--threads T] [--gemm-shapes 512,1024,512x4096x4096] [--conv-layers 64@56,128@28] [--batches 1,8]
 
 ``--gemm-shapes``: squares (``n``) and ``MxNxK`` GEMMs (default: 512-2048 squares and two LLM-like
 projections, 512 tokens x 4096^2 and 2048 tokens x 4096 -> 1024). ``--threads T`` runs Tracea, NumPy's
@@ -74,6 +74,9 @@ def main() -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--threads", type=int, default=0, help="threads for every library (default: every core)")
     ap.add_argument("--gemm-shapes", default="512,768,1024,1536,2048,512x4096x4096,2048x1024x4096")
+    ap.add_argument("--conv-layers", default=",".join(f"{c}@{hw}" for c, hw in RESNET_3X3),
+                    help="ResNet 3x3 layers channels@size (default: all four)")
+    ap.add_argument("--batches", default="1,8", help="conv batch sizes")
     args = ap.parse_args()
     set_cache(TuningCache(os.path.join(tempfile.mkdtemp(), "empty_cache.json")))
     prof = host_profile()
@@ -103,8 +106,9 @@ def main() -> int:
         import torch.nn.functional as F
 
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-        for batch in (1, 8):
-            for c, hw in RESNET_3X3:
+        layers = [tuple(int(v) for v in lay.split("@")) for lay in args.conv_layers.split(",")]
+        for batch in (int(v) for v in args.batches.split(",")):
+            for c, hw in layers:
                 x = rng.standard_normal((batch, c, hw, hw), dtype=np.float32)
                 w = (rng.standard_normal((c, c, 3, 3), dtype=np.float32) / np.sqrt(9 * c)).astype(np.float32)
                 xt, wt = torch.from_numpy(x), torch.from_numpy(w)

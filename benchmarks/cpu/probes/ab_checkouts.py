@@ -7,6 +7,7 @@ difference is only believed where it clearly exceeds A'/A.
     source scripts/srcenv.sh
     flock /tmp/tracea-bench.lock python benchmarks/cpu/probes/ab_checkouts.py --base /path/to/other/checkout \\
         [--only gemm,conv,attention] [--threads 1] [--rounds 61] [--isa avx512] [--gemm-sizes 1024,2048]
+        [--conv-layers 64@56:8:nchw,128@28:1:nhwc]
 
 The kernels are called through their C entry points (``tr_gemm``, ``tr_conv2d``, ``tr_attention``), whose
 signatures must agree between the checkouts; the hero config of this checkout is used for both.
@@ -62,8 +63,8 @@ def render(root: str, wanted: list[list]) -> dict[str, str]:
             return json.load(f)
 
 
-def problems(isa: str, only: set[str], nth: int,
-             gemm_sizes: tuple[int, ...] = (1024,)) -> list[tuple[str, list, Callable[[Any], Callable[[], Any]], float]]:
+def problems(isa: str, only: set[str], nth: int, gemm_sizes: tuple[int, ...] = (1024,),
+             conv_layers: str = "128@28:1:nhwc,128@28:1:nchw,512@7:1:nhwc,512@7:1:nchw") -> list[tuple[str, list, Callable[[Any], Callable[[], Any]], float]]:
     """(label, source key, library -> zero-argument call, FLOPs) per problem."""
     rng = np.random.default_rng(0)
     P = lambda a: a.ctypes.data  # noqa: E731
@@ -78,8 +79,10 @@ def problems(isa: str, only: set[str], nth: int,
                                        s * s, None, cfg.get("mc"), cfg.get("nc"), cfg.get("kc"), nth)
         out.append((f"gemm {s}^3 relu", ["blocked", isa, cfg.get("mr"), cfg.get("nr"), "relu"], gemm, op.flops))
     if "conv" in only:
-        for ch, hw, lay in [(128, 28, "nhwc"), (128, 28, "nchw"), (512, 7, "nhwc"), (512, 7, "nchw")]:
-            op = Conv2dOp(1, ch, hw, hw, ch, 3, 3, padding=1, layout=lay, epilogue="bias+relu")
+        for layer in conv_layers.split(","):
+            shape, nb, lay = layer.split(":")
+            ch, hw = (int(v) for v in shape.split("@"))
+            op = Conv2dOp(int(nb), ch, hw, hw, ch, 3, 3, padding=1, layout=lay, epilogue="bias+relu")
             cfg = CpuConv2dVariant(ISA_BY_NAME[isa]).hero_configs(op, PROFILE)[0]
             x = rng.standard_normal(op.x_shape, dtype=np.float32)
             w = rng.standard_normal(op.w_shape, dtype=np.float32) * 0.05
@@ -89,7 +92,7 @@ def problems(isa: str, only: set[str], nth: int,
                 return lambda: lib.tr_conv2d(0 if op.layout.value == "nchw" else 1, op.n, op.c, op.h, op.w, op.k, 3, 3,
                                              1, 1, 1, 1, 1, 1, 1, op.p, op.q, P(x), P(w), P(bias), P(y), cfg.get("mc"),
                                              cfg.get("nc"), cfg.get("kc"), nth, int(cfg.get("indirect", 0) or 0))
-            out.append((f"conv {ch}@{hw}^2 {lay} {cfg.get('mr')}x{cfg.get('nr')} indirect={cfg.get('indirect')} "
+            out.append((f"conv {ch}@{hw}^2 b{nb} {lay} {cfg.get('mr')}x{cfg.get('nr')} indirect={cfg.get('indirect')} "
                         f"bias+relu", ["blocked", isa, cfg.get("mr"), cfg.get("nr"), "bias+relu"], conv, op.flops))
     if "attention" in only:
         for causal in (False, True):
@@ -113,10 +116,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=61)
     ap.add_argument("--isa", default="avx512")
     ap.add_argument("--gemm-sizes", default="1024", help="square GEMM sizes (comma-separated)")
+    ap.add_argument("--conv-layers", default="128@28:1:nhwc,128@28:1:nchw,512@7:1:nhwc,512@7:1:nchw",
+                    help="3x3 conv layers channels@size:batch:layout (comma-separated)")
     args = ap.parse_args()
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     cases = problems(args.isa, set(args.only.split(",")), args.threads,
-                     tuple(int(v) for v in args.gemm_sizes.split(",")))
+                     tuple(int(v) for v in args.gemm_sizes.split(",")), args.conv_layers)
     wanted = [key for _, key, _, _ in cases]
     sources = {"A": render(args.base, wanted), "B": render(here, wanted)}
     flags = ISA_BY_NAME[args.isa].cflags

@@ -71,7 +71,7 @@ def main() -> None:
         a, b = rng.standard_normal((s, s), dtype=np.float32), rng.standard_normal((s, s), dtype=np.float32)
         c = np.empty((s, s), np.float32)
 
-        def tracea_call(name: str) -> None:
+        def tracea_call(name: str, s: int = s, a: np.ndarray = a, b: np.ndarray = b, c: np.ndarray = c) -> None:
             mc, kc, lib = settings[name]
             rc = lib.tr_gemm(1, s, s, s, a.ctypes.data, s, 1, 0, b.ctypes.data, s, 1, 0, c.ctypes.data, s, 0, None,
                              mc, ns.nc, kc, ns.threads)

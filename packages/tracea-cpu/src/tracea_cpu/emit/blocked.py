@@ -26,6 +26,9 @@ DRIVER = r"""
 #ifndef TR_SBUF
 #define TR_SBUF 48
 #endif
+#ifndef TR_NCHW_ALIGN
+#define TR_NCHW_ALIGN 1
+#endif
 #ifndef TR_ROWS_DRIVER
 #define TR_ROWS_DRIVER 1
 #endif
@@ -297,8 +300,19 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
                     /* flush when full, at the chunk's end, or where the next tile starts another image */
                     long pq = nchw->PQ;
                     if (sb_n >= TR_SBUF || t + 1 == t1 || (sb_i % pq) + sb_n + MR > pq) {
-                        tr_store_nchw(sc, NR, nchw, sb_i, j, sb_n, nr);
-                        sb_n = 0;
+                        int flush = sb_n;
+                        if (TR_NCHW_ALIGN && sb_n >= TR_SBUF && t + 1 < t1 && (sb_i % pq) + sb_n + MR <= pq) {
+                            /* a full buffer mid-chunk: store up to the last pixel where the output rows reach
+                               a 64-byte boundary and keep the rest, so the next stores begin there */
+                            long p0 = sb_i % pq, mis = (long)(((uintptr_t)(nchw->out + (sb_i / pq) * nchw->img_stride
+                                                                           + j * pq + p0) & 63) / sizeof(float));
+                            int keep = (int)((mis + sb_n) & 15);
+                            if (keep < sb_n) flush = sb_n - keep;
+                        }
+                        tr_store_nchw(sc, NR, nchw, sb_i, j, flush, nr);
+                        if (flush < sb_n) memmove(sc, sc + (size_t)flush * NR, sizeof(float) * (size_t)(sb_n - flush) * NR);
+                        sb_i += flush;
+                        sb_n -= flush;
                         TR_PROBE_LAP(3, tid);
                     }
                 }

@@ -64,7 +64,7 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
            most 1 MiB of input, 16 pixels x all channels at a time so the copy is written as one
            sequential stream (64@56^2 batch 1: 45-57 -> 24-29 us); otherwise 16 channels x all pixels
            (batch 8 of 64@56^2, past L2, ran 188-211 us that way against 312-397 by pixels). */
-        int pix = C <= TR_XCOPY_PIX_MAXC && n * C * HW <= TR_XCOPY_PIX_MAXF;
+        int pix = C <= TR_XCOPY_PIX_MAXC && C * HW <= TR_XCOPY_PIX_MAXF;
         long *cnt = (long *)calloc((size_t)(2 * n + 2), sizeof(long));
         if (!cnt) {
             if (ot) tr_ws_release(2, ot, ot_owned);
