@@ -64,3 +64,17 @@ def test_row_heroes_first_per_family():
     assert (amd.get("mr"), amd.get("nr")) != (7, 32)
     small = Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1)
     assert v.hero_configs(small, _profile("amd-zen4-avx512"))[0].get("mr") == 7  # 7^2: rows first everywhere
+
+
+def test_family_hero_kc_follows_the_l1d():
+    """The family table's kc is capped so the MR x kc A micro-panel fits 7/8 of the host's L1d."""
+    from tracea_cpu.spaces import l1_kc
+
+    avx512 = ISA_BY_NAME["avx512"]
+    for l1, want in ((48 << 10, 768), (32 << 10, 512), (1 << 20, 768)):
+        prof = DeviceProfile(Device.cpu(), "cpu", compute_units=2, caches={"L1d": l1},
+                             extras={"microarch": "intel-avx512", "best_isa": "avx512"})
+        first = gemm_hero_table(avx512, prof)[0]
+        assert first.get("kc") == want  # 14 x 768 x 4 B = 42 KiB; 14 x 512 x 4 B = 28 KiB
+    assert l1_kc(1024, 14, DeviceProfile(Device.cpu(), "cpu", compute_units=2)) == 1024  # unknown L1d
+    assert l1_kc(1024, 6, DeviceProfile(Device.cpu(), "cpu", compute_units=2, caches={"L1d": 1024})) == 64
