@@ -73,14 +73,16 @@ class SkinnyMmaGemm(WeightStreamingGemm):
         return SkinnySpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, mf,
                           int_param(config, "nb", 2), int_param(config, "kw", 4), int_param(config, "unroll", 2), vec,
                           coalesced=flag_param(config, "coalesced", False), prefetch=flag_param(config, "prefetch", False),
-                          half=op.m <= 8, wide_regs=flag_param(config, "wide_regs", False))
+                          half=op.m <= 8, wide_regs=flag_param(config, "wide_regs", False),
+                          wn=int_param(config, "wn", 1))
 
     def grid(self, op: GemmOp, spec: SkinnySpec) -> tuple[int, int, int]:  # type: ignore[override]
-        return (-(-op.n // (8 * spec.nb)), 1, 1)
+        return (-(-op.n // spec.rows), 1, 1)
 
     def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
         return (SearchSpace().param("nb", [1, 2, 4]).param("kw", [2, 4, 8, 16]).param("unroll", [1, 2, 4])
                 .param("coalesced", [False, True]).param("prefetch", [False, True]).param("wide_regs", [False, True])
+                .param("wn", [1, 2, 4])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
