@@ -56,17 +56,11 @@ def split_slices(op: GemmOp, ctas: int, bn: int = 128) -> int:
     return max(1, s)
 
 
-#: memory bandwidth (GB/s) from which few-tile GEMMs of whole 128-row tiles take 128x64 tiles (measured on
-#: an H200; H100s keep the 128x128 split heroes measured there)
-NARROW_TILE_BANDWIDTH_GBS = 4000.0
-
-
 def narrow_tiles(op: GemmOp, profile: DeviceProfile) -> bool:
     """Whether ``op`` takes the 128x64-tile hero: 128 or 256 rows (whole 128-row tiles), at most one 128x64
-    tile per SM, on a GPU of >= 4 TB/s (see :meth:`WgmmaGemm.hero_configs`)."""
+    tile per SM (see :meth:`WgmmaGemm.hero_configs`; measured on an H200 and an H100)."""
     tiles = -(-op.m // 128) * -(-op.n // 64) * op.batch
-    return (op.m in (128, 256) and tiles <= profile.compute_units
-            and (profile.bandwidth_gbs or 0) >= NARROW_TILE_BANDWIDTH_GBS)
+    return op.m in (128, 256) and tiles <= profile.compute_units
 
 
 def narrow_split_slices(op: GemmOp, ctas: int) -> int:
