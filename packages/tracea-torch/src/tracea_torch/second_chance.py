@@ -26,20 +26,24 @@ from . import arbiter
 
 #: alternatives timed after a lost verdict
 RETRIES = 3
+#: a verdict is worth a second chance when Tracea's kernel time exceeds PyTorch's by this factor (closer
+#: losses are not worth the first call's extra compilations: H100, a ViT-S/ResNeXt-50 first forward took
+#: 0.4 / 9.5 s without second chances and 5.3 / 19.5 s with them on every lost signature)
+LOST_BY = 1.05
 #: an alternative replaces the first choice only when both its time and its time relative to PyTorch's
 #: are at most this share of the first choice's (measurement noise must not flip a choice)
 MARGIN = 0.97
 
 
 def worth_retrying(verdict: arbiter.Verdict) -> bool:
-    """Whether a verdict lost on kernel time (device time on CUDA, the alternating time on the CPU), was
-    measured now (a cached verdict had its chance in the process that measured it) and not for a wrong
-    result."""
+    """Whether a verdict lost on kernel time by more than :data:`LOST_BY` (device time on CUDA, the
+    alternating time on the CPU), was measured now (a cached verdict had its chance in the process that
+    measured it) and not for a wrong result."""
     if verdict.source != "measured" or verdict.note.startswith("result differed"):
         return False
     if not (verdict.tracea_s == verdict.tracea_s and verdict.torch_s == verdict.torch_s):
         return False
-    return verdict.captured_winner == "torch" or verdict.winner == "torch" and verdict.tracea_s > verdict.torch_s
+    return verdict.tracea_s > LOST_BY * verdict.torch_s
 
 
 def retry(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
@@ -80,4 +84,4 @@ def retry(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
     return written
 
 
-__all__ = ["MARGIN", "RETRIES", "retry", "worth_retrying"]
+__all__ = ["LOST_BY", "MARGIN", "RETRIES", "retry", "worth_retrying"]
