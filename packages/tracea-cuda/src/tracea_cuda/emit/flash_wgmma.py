@@ -64,6 +64,7 @@ class FlashWgmmaSpec:
     pingpong: bool = True  # consumer warpgroups take turns issuing their GEMMs (named barriers)
     lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
     overlap: bool = True  # tile t's softmax inside tile t-1's P V (ptxas kept from hoisting the wait above it)
+    strided: bool = False  # q, k, v through 4-D maps (d, seq, head, batch), out through (batch, head, seq) strides
 
     @property
     def bm(self) -> int:
@@ -165,6 +166,22 @@ static __device__ __forceinline__ void turn_pass(int w) {
     if (PINGPONG) asm volatile("bar.arrive %0, 256;" :: "r"(1 + w) : "memory");
 }
 
+// STRIDED: q, k and v through 4-D tensor maps (d, seq, head, batch) of any (16-byte multiple) strides, the
+// output through its (batch, head, seq) element strides; a work item is a query block of one query head
+// (tiles never straddle heads: TMA zero-fills rows past seq_q), "bz" then numbers (batch, query head) pairs.
+// Otherwise q is packed (batch x kv heads, G x seq_q, d): a block holds rows of the G heads of a kv head.
+static __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* map, u32 bar, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];"
+                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+#if STRIDED
+#define LOAD_Q(dst, c, it) tma_load_4d(dst, &tmQ, full_q, (c) * 64, (it).m0, (it).bz % H, (it).bz / H)
+#define LOAD_KV(dst, map, bar, c, t, it) tma_load_4d(dst, map, bar, (c) * 64, (t) * BN, ((it).bz % H) / G, (it).bz / H)
+#else
+#define LOAD_Q(dst, c, it) tma_load_3d(dst, &tmQ, full_q, (c) * 64, (it).m0, (it).bz)
+#define LOAD_KV(dst, map, bar, c, t, it) tma_load_3d(dst, map, bar, (c) * 64, (t) * BN, (it).bz)
+#endif
+
 // Work item w = one query block of one (batch, kv head): its first row, head, key tiles, causal bound.
 struct Item { int m0, bz, ntiles, i_min; };
 static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, int Sq, int Skv) {
@@ -200,14 +217,15 @@ static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, in
 // producer loads the next item's Q and K / V while the consumers finish and store the current one).
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
-        u16* __restrict__ out, float* __restrict__ lse, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2) {
+        u16* __restrict__ out, float* __restrict__ lse, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2,
+        long long osb, long long osh, long long oss) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
     const u32 bars = sv + ST * KV_BYTES;  // full Q, empty Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
     const u32 full_q = bars, empty_q = bars + 8, kvb = bars + 16;
-    const int G = H / KVH, M = G * Sq;
-    const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads
+    const int G = H / KVH, M = STRIDED ? Sq : G * Sq;
+    const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads (STRIDED: x heads)
 
     if (threadIdx.x == 0) {
         mbar_init(full_q, 1);
@@ -232,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 mbar_wait(empty_q, (n & 1) ^ 1);  // the consumers' last S GEMM of the previous item is done
                 mbar_expect_tx(full_q, Q_BYTES);
                 #pragma unroll
-                for (int c = 0; c < DCH; ++c) tma_load_3d(sq + c * CHUNK_Q, &tmQ, full_q, c * 64, it.m0, it.bz);
+                for (int c = 0; c < DCH; ++c) LOAD_Q(sq + c * CHUNK_Q, c, it);
                 for (int t = 0; t < it.ntiles; ++t, ++kt) {
                     const int s = kt % ST;
                     const u32 ph = (kt / ST) & 1;
@@ -241,12 +259,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                     mbar_expect_tx(fk, KV_BYTES);
                     #pragma unroll
                     for (int c = 0; c < DCH; ++c)
-                        tma_load_3d(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c * 64, t * BN, it.bz);
+                        LOAD_KV(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c, t, it);
                     mbar_wait(kvb + 8 * (3 * ST + s), ph ^ 1);
                     mbar_expect_tx(fv, KV_BYTES);
                     #pragma unroll
                     for (int c = 0; c < DCH; ++c)
-                        tma_load_3d(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c * 64, t * BN, it.bz);
+                        LOAD_KV(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c, t, it);
                 }
             }
         }
@@ -376,7 +394,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                     const float msafe = mrun[h] == -INFINITY ? 0.0f : mrun[h];
                     lse[(size_t)bz * M + row[h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
                 }
-                u16* dst = out + ((size_t)bz * M + row[h]) * D + 2 * t4;
+                u16* dst = out + (STRIDED ? (size_t)(bz / H) * osb + (size_t)(bz % H) * osh + (size_t)row[h] * oss
+                                          : ((size_t)bz * M + row[h]) * D) + 2 * t4;
                 #pragma unroll
                 for (int j = 0; j < D / 8; ++j)
                     asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
@@ -395,7 +414,7 @@ def _defines(spec: FlashWgmmaSpec) -> str:
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
-        f"#define OVERLAP {int(spec.overlap)}",
+        f"#define OVERLAP {int(spec.overlap)}", f"#define STRIDED {int(spec.strided)}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -408,7 +427,7 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     kind = "bf16" if spec.dtype is DType.BF16 else "f16"
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
-            f"overlap={int(spec.overlap)}\n")
+            f"overlap={int(spec.overlap)} strided={int(spec.strided)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     return head + PRELUDE + HOPPER_PTX + _defines(spec) + f"\n#define KERNEL {name}\n" + mmas + BODY
