@@ -201,3 +201,57 @@ def test_new_signature_inside_capture_runs_nothing_of_traceas(monkeypatch):
     monkeypatch.setattr(bridge_attention, "_capturing", lambda t: False)
     bridge_attention.sdpa(q, k, v, mask)
     assert built, "outside capture the signature's plan is built"
+
+
+def test_repeated_signature_runs_the_remembered_plan(monkeypatch):
+    """The patched SDPA remembers its last eager call: the same signature runs that plan without a lookup;
+    another signature, a plan-cache invalidation, grad mode with a tensor that requires grad or a signature
+    first seen inside capture take the full path, and every result matches PyTorch's."""
+    from tracea_torch import bridge_attention
+    from tracea_torch import ops as tops
+
+    plans.invalidate("test")
+    calls = []
+    real = bridge_attention.sdpa_plan_for
+
+    def spy(*args):  # noqa: ANN002, ANN202
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(bridge_attention, "sdpa_plan_for", spy)
+    q, k, v = _qkv(2, 4, 13, 16, seed=7)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(tracea_sdpa(q, k, v, is_causal=True), TORCH_SDPA(q, k, v, is_causal=True),
+                                       atol=2e-5, rtol=1e-4)
+        assert len(calls) == 1, "the second and third calls run the remembered plan"
+        q2 = torch.randn_like(q)  # other data, same signature
+        torch.testing.assert_close(tracea_sdpa(q2, k, v, is_causal=True), TORCH_SDPA(q2, k, v, is_causal=True),
+                                   atol=2e-5, rtol=1e-4)
+        assert len(calls) == 1
+        tracea_sdpa(q, k, v)  # another flag: the full path
+        assert len(calls) == 2
+        tracea_sdpa(q, k, v, is_causal=True)
+        assert len(calls) == 3
+        plans.invalidate("test")
+        tracea_sdpa(q, k, v, is_causal=True)
+        assert len(calls) == 4, "an invalidation drops the remembered plan"
+        x = torch.randn(2, 4, 13, 16)
+        torch.testing.assert_close(tracea_sdpa(x, x, x), TORCH_SDPA(x, x, x), atol=2e-5, rtol=1e-4)
+        tracea_sdpa(x, x, x)
+        assert len(calls) == 5, "one tensor passed three times is remembered too"
+    qg = q.clone().requires_grad_()
+    with torch.no_grad():
+        tracea_sdpa(qg, k, v)
+    out = tracea_sdpa(qg, k, v)  # grad mode: not the remembered no-grad plan, PyTorch's backward
+    out.sum().backward()
+    assert qg.grad is not None and out.grad_fn is not None
+    monkeypatch.setattr(bridge_attention, "_capturing", lambda t: True)
+    plans.invalidate("test")
+    q3 = torch.randn(1, 2, 9, 16)
+    with torch.no_grad():
+        tracea_sdpa(q3, q3.clone(), q3.clone())
+        n = len(calls)
+        tracea_sdpa(q3, q3.clone(), q3.clone())
+    assert len(calls) == n + 1, "a plan for one captured call only is not remembered"
+    assert tops._SDPA_MEMO[0] is None or tops._SDPA_MEMO[0][0](q3, q3.clone(), q3.clone(), tops.NO_TENSOR) is False

@@ -145,9 +145,9 @@ def test_copies_and_pickles_start_empty(restricted_backend, rel_err):
 def test_memo_guards_compare_every_part_of_the_signature(guard):
     """Both tensor comparisons a memo may use (dynamo's TensorGuards where it behaves as needed, the
     Python stand-in otherwise) tell apart exactly the same things."""
-    from tracea_torch import layer_path
+    from tracea_torch import guards
 
-    build = layer_path._PyGuard if guard == "python" else layer_path._torch_guard()
+    build = guards.PyGuard if guard == "python" else guards.torch_guard()
     if build is None:
         pytest.skip("this torch has no usable TensorGuards (the Python comparison serves)")
     x, w, b = torch.randn(2, 4, 5, 5), nn.Parameter(torch.randn(6, 4, 3, 3)), nn.Parameter(torch.randn(6))
@@ -158,10 +158,21 @@ def test_memo_guards_compare_every_part_of_the_signature(guard):
     assert not check(x.double(), w, b)  # dtype
     assert not check(x.clone().requires_grad_(), w, b)  # requires_grad
     assert not check(x, w.detach(), b)  # Python type (Parameter vs Tensor)
-    assert not check(x, w, layer_path._NO_BIAS)  # a missing bias never matches a bias
+    assert not check(x, w, guards.NO_TENSOR)  # a missing bias never matches a bias
     assert not check(None, w, b)
-    no_bias = build(x, w, layer_path._NO_BIAS).check
-    assert no_bias(x, w, layer_path._NO_BIAS) and not no_bias(x, w, b)
+    no_bias = build(x, w, guards.NO_TENSOR).check
+    assert no_bias(x, w, guards.NO_TENSOR) and not no_bias(x, w, b)
+
+
+def test_guard_of_a_tensor_passed_twice_matches_the_same_call():
+    """``sdpa(x, x, x)`` passes one tensor three times: TensorGuards never matches such a call, so
+    guard_of builds the Python comparison for it (a memo that never matched would cost a lookup per call)."""
+    from tracea_torch import guards
+
+    x, y = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)
+    check = guards.guard_of(x, x, x, guards.NO_TENSOR).check
+    assert check(x, x, x, guards.NO_TENSOR) and check(y, y, y, guards.NO_TENSOR)
+    assert not check(x, x, x.double(), guards.NO_TENSOR) and not check(x, x, x, x)
 
 
 @pytest.mark.parametrize("bias", [True, False])

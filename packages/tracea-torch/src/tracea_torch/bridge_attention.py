@@ -36,6 +36,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
          enable_gqa: bool = False) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` through the plan of this call's signature."""
+    return sdpa_plan_for(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0](q, k, v, attn_mask)
+
+
+def sdpa_plan_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+                  dropout_p: float, is_causal: bool, scale: float | None,
+                  enable_gqa: bool) -> tuple[Callable[..., torch.Tensor], bool]:
+    """``(plan, kept)``: the plan of this call's signature (looked up, or built and stored), called as
+    ``plan(q, k, v, attn_mask)``; ``kept``: whether it is the stored plan of the signature (False for a
+    plan serving this call only, e.g. one built inside CUDA graph capture: not to be remembered)."""
     try:
         try:  # the signatures without the frames of plans.signature in the common case
             sq, sk, sv, sm = _SIGS[type(q)](q), _SIGS[type(k)](k), _SIGS[type(v)](v), _SIGS[type(attn_mask)](attn_mask)
@@ -45,9 +54,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
         plan = lookup(key)
     except (Uncacheable, TypeError):
         key = plan = None
-    if plan is None:
-        plan = sdpa_plan(key, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return plan(q, k, v, attn_mask)
+    if plan is not None:
+        return plan, True
+    plan = sdpa_plan(key, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return plan, key is not None and lookup(key) is plan
 
 
 def _capturing(q: torch.Tensor) -> bool:
@@ -63,14 +73,27 @@ def _torch_plan(conf: tuple, reason: str, count_each_call: bool) -> Callable[...
     counted once where it is reached)."""
     dropout_p, is_causal, scale, enable_gqa = conf
     record = fallbacks.record
+    sdpa = _torch_sdpa(dropout_p, is_causal, scale, enable_gqa)
 
-    def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-        if count_each_call:
+    if count_each_call:
+        def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
             record("attention", reason)
-        return TORCH_SDPA(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            return sdpa(q, k, v, m)
+    else:
+        def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+            return sdpa(q, k, v, m)
 
     plan.fallback = reason  # type: ignore[attr-defined]
     return plan
+
+
+def _torch_sdpa(dropout_p: float, is_causal: bool, scale: float | None,
+                enable_gqa: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    """PyTorch's SDPA with these arguments bound, as ``fn(q, k, v, mask)`` (positional only where the
+    defaults allow: keyword arguments cost ~0.7 us more per call)."""
+    if scale is None and not enable_gqa:
+        return lambda q, k, v, m: TORCH_SDPA(q, k, v, m, dropout_p, is_causal)
+    return lambda q, k, v, m: TORCH_SDPA(q, k, v, m, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 def _store(key: Any, plan: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -122,8 +145,7 @@ def sdpa_plan(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: to
     def tracea_run(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, mm: torch.Tensor | None) -> torch.Tensor:
         return core(qq, kk, vv, mm, None)  # type: ignore[misc]
 
-    def torch_run(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, mm: torch.Tensor | None) -> torch.Tensor:
-        return TORCH_SDPA(qq, kk, vv, mm, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
+    torch_run = _torch_sdpa(0.0, is_causal, scale, enable_gqa)
 
     tracea_run.op = run.op  # type: ignore[attr-defined]
     if not arbiter.enabled():

@@ -10,12 +10,7 @@ directly ran 1.03-1.08x eager, through the frames 0.88-0.96x). Anything else -- 
 compiling, autocast, a new shape, dropped plans -- takes the general path of :mod:`tracea_torch.ops`,
 and the next call refreshes the memo. A memo pickles and deep-copies as empty (plans are process state).
 
-The tensors are compared by one C++ call when this torch has dynamo's ``TensorGuards`` (what
-``torch.compile`` checks its graphs' inputs with: Python type, dispatch keys, dtype, device,
-``requires_grad``, sizes and strides): ~0.35 us for three tensors instead of ~2 us of attribute reads
-and tuple compares on a Sapphire Rapids core. The class is private to torch, so it is self-tested at
-import and the Python comparison (:class:`_PyGuard`) takes over when it is missing or behaves
-differently.
+The tensors are compared by one C++ call (:func:`tracea_torch.guards.guard_of`).
 """
 
 from __future__ import annotations
@@ -30,6 +25,8 @@ from tracea.runtime.plans import generation
 from . import bridge, ops, recording
 from .adapter import stream_capturing
 from .fallbacks import record as _record
+from .guards import NO_TENSOR as _NO_BIAS
+from .guards import guard_of as _guard_of
 from .ops import (_any_autocast, _dispatch_modes, _function_modes, _grad_enabled, _is_compiling, _pair,
                   _tracing_state, _transforms_active)
 
@@ -39,57 +36,6 @@ _cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch
 _matmul_precision = torch.get_float32_matmul_precision
 _capturing = stream_capturing()
 _KEY = "_tracea_memo"
-
-
-class _PyGuard:
-    """The tensors' signatures (Python type, shape, strides, dtype, device, ``requires_grad``) compared
-    in Python: the stand-in for ``TensorGuards``."""
-
-    __slots__ = ("sigs",)
-
-    def __init__(self, *tensors: Tensor) -> None:
-        self.sigs = tuple(_meta(t) for t in tensors)
-
-    def check(self, *tensors: Tensor) -> bool:
-        """Whether ``tensors`` have the signatures this guard was built on."""
-        return len(tensors) == len(self.sigs) and all(_meta(t) == s for t, s in zip(tensors, self.sigs))
-
-
-def _meta(t: Any) -> Any:
-    if not isinstance(t, Tensor):
-        return None, type(t)
-    return type(t), t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad
-
-
-def _torch_guard() -> Optional[Callable[..., Any]]:
-    """dynamo's ``TensorGuards`` when it exists and compares what a memo needs (checked on samples)."""
-    try:
-        from torch._C._dynamo.guards import TensorGuards
-    except Exception:  # noqa: BLE001 - a private class: any failure means "not usable"
-        return None
-
-    def build(*tensors: Tensor) -> Any:
-        return TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
-
-    try:
-        a, b = torch.zeros(2, 3), torch.zeros(3)
-        g = build(a, b)
-        ok = (g.check(a, b) and g.check(torch.ones(2, 3), torch.ones(3))
-              and not g.check(torch.zeros(3, 3), b) and not g.check(a.t().contiguous().t(), b)
-              and not g.check(a.double(), b) and not g.check(a.requires_grad_(True), b)
-              and not g.check(nn.Parameter(torch.zeros(2, 3)), b) and not g.check(None, b))
-        a.requires_grad_(False)
-    except Exception:  # noqa: BLE001
-        return None
-    return build if ok else None
-
-
-_guard_of: Callable[..., Any] = _torch_guard() or _PyGuard
-
-
-#: what a memo's tensor comparison sees for a missing bias (not the weight again: TensorGuards rejects a
-#: tensor passed twice); an empty float32 vector, which no bias a kernel could serve matches.
-_NO_BIAS = torch.empty(0)
 
 
 class CallMemo:

@@ -22,14 +22,17 @@ result, about 50 us less host time per call.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tracea.runtime.plans import generation
+
 from . import bridge, bridge_attention
 from .compat import check_torch_version
+from .guards import NO_TENSOR, guard_of
 
 check_torch_version()
 
@@ -301,12 +304,29 @@ def _direct_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]) -
     return attn_mask is None or (type(attn_mask) in _PLAIN and not (_grad_enabled() and attn_mask.requires_grad))
 
 
+#: the patched SDPA's last call: (tensor guard, (is_causal, scale, enable_gqa), some tensor requires grad,
+#: plan generation, plan). Transformer layers mostly share one attention signature, so one entry serves a
+#: whole model; another signature replaces it (its lookup is the full path's, ~1-2 us more).
+_SDPA_MEMO: list[Any] = [None]
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False) -> Tensor:
     """``F.scaled_dot_product_attention`` computed by Tracea (same arguments and result). Differentiable
     (the backward is PyTorch's, recomputing the forward); traceable by torch.compile. ``dropout_p`` > 0
-    is computed by PyTorch (no Tracea kernel applies dropout) and counted as a fallback."""
+    is computed by PyTorch (no Tracea kernel applies dropout) and counted as a fallback.
+
+    A call with the tensor signatures, flags and plan generation of the previous eager call runs that
+    call's plan directly (compared by one guard call, as a patched layer's memo does; see
+    :mod:`tracea_torch.layer_path`)."""
+    memo = _SDPA_MEMO[0]
+    if (memo is not None and not dropout_p and memo[1] == (is_causal, scale, enable_gqa) and not _is_compiling()
+            and memo[0](query, key, value, NO_TENSOR if attn_mask is None else attn_mask) and memo[3] == generation()
+            and not _any_autocast()
+            and not (_tracing_state() is not None or _dispatch_modes() or _function_modes() or _transforms_active()
+                     or (memo[2] and _grad_enabled()))):
+        return memo[4](query, key, value, attn_mask)
     if dropout_p:
         from . import fallbacks
 
@@ -315,6 +335,15 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                            enable_gqa=enable_gqa)
     if _any_autocast():
         query, key, value, attn_mask = _autocast(query, key, value, attn_mask)  # type: ignore[assignment]
+    elif _direct_sdpa(query, key, value, attn_mask):
+        gen = generation()  # before building: a plan built across an invalidation is looked up again
+        plan, kept = bridge_attention.sdpa_plan_for(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+        if kept and type(is_causal) is bool and (scale is None or type(scale) in (float, int)) \
+                and type(enable_gqa) is bool:
+            mask = NO_TENSOR if attn_mask is None else attn_mask
+            rg = bool(query.requires_grad or key.requires_grad or value.requires_grad or mask.requires_grad)
+            _SDPA_MEMO[0] = (guard_of(query, key, value, mask).check, (is_causal, scale, enable_gqa), rg, gen, plan)
+        return plan(query, key, value, attn_mask)
     if _direct_sdpa(query, key, value, attn_mask):
         return bridge_attention.sdpa(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
     return torch.ops.tracea.sdpa(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
