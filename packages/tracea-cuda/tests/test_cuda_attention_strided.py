@@ -169,3 +169,32 @@ def test_default_path_matches_pytorch_and_its_layout():
             b, h, s, d = out.shape
             flat = out.transpose(1, 2).reshape(b, s, h * d)
             assert flat.data_ptr() == out.data_ptr() and _strided_output(out), (kind, out.stride())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_run_with_packed_arrays_for_a_strided_op(variant):
+    """The tuner's path: ``run`` on a strided op's fresh packed inputs reads them as packed (the strides of
+    the arrays it is given, not the op's), and on the strided arrays themselves as strided."""
+    import torch
+
+    from tracea.doctor.doctor import get_doctor
+    from tracea.doctor.variant import OpArgs
+    from tracea.ir.ops import AttentionOp
+    from tracea_torch.adapter import TorchAdapter, device_of
+
+    q, k, v = _layout("bshd", 2, 8, 2, 100, 150, 64, "bfloat16", 4)
+    bshd = (100 * 8 * 64, 64, 8 * 64)
+    kv = (150 * 2 * 64, 64, 2 * 64)
+    op = AttentionOp(2, 8, 100, 150, 64, kv_heads=2, dtype="bfloat16", strides=bshd + kv + kv + bshd)
+    var = get_doctor().registry.get(variant)
+    assert var.takes_strides(op)
+    profile = get_doctor().profile_for(device_of(q.device))
+    cfg = var.hero_configs(op, profile)[0]
+    ref = _ref(q, k, v)
+    packed = [t.contiguous() for t in (q, k, v)]
+    out = torch.empty(2, 8, 100, 64, device="cuda", dtype=torch.bfloat16)
+    var.run(op, cfg, OpArgs(dict(zip("qkv", packed)), out, TorchAdapter()), profile)
+    assert _rel(out, ref) < TOL["bfloat16"]
+    out2 = torch.empty(2, 100, 8, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    var.run(op, cfg, OpArgs({"q": q, "k": k, "v": v}, out2, TorchAdapter()), profile)
+    assert _rel(out2, ref) < TOL["bfloat16"]
