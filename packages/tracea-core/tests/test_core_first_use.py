@@ -56,3 +56,15 @@ def test_environment_switch_and_bad_mode(rng, monkeypatch):
     assert len(get_cache()) == 1
     with pytest.raises(tracea.InvalidArgumentError):
         tracea.set_tuning("always")
+
+
+def test_alternatives_are_the_other_candidates_in_the_doctors_order():
+    from tracea.runtime import first_use
+
+    decision = get_doctor().decide(GemmOp(64, 80, 48), "cpu")
+    alts = first_use.alternatives(decision, 4)
+    assert 1 <= len(alts) <= 4
+    chosen = (decision.chosen.variant, decision.chosen.config)
+    assert chosen not in alts and len(set((v.name, c.key) for v, c in alts)) == len(alts)
+    assert not any(v.fallback_only for v, _ in alts)
+    assert first_use.alternatives(decision, 1) == alts[:1]

@@ -75,6 +75,66 @@ def test_slower_kernel_loses_to_pytorch(restricted_backend, monkeypatch, rel_err
     assert fallbacks.total("gemm", "arbiter: PyTorch faster") >= 1
 
 
+def test_second_chance_times_the_next_configs_and_persists_a_better_one(restricted_backend, monkeypatch, rel_err):
+    """PyTorch beats the first choice (a slow config): the arbiter times the next hero config on the same call,
+    persists it as a tuned entry (the Doctor picks it here and in the next process) and judges it; a
+    config that still loses stays with PyTorch, and no config is timed twice."""
+    from tracea.semantic.config import PipelineConfig
+
+    gemm = type(restricted_backend.gemm)
+    slow_cfg = PipelineConfig(tile_m=8, tile_n=8, tile_k=8, stages=1, warps=1)
+    fast_cfg = PipelineConfig(tile_m=16, tile_n=8, tile_k=8, stages=1, warps=1)
+    monkeypatch.setattr(gemm, "hero_configs", lambda self, op, profile: [slow_cfg, fast_cfg])
+    run, seen = gemm.run, []
+
+    def run_by_config(self, op, config, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(config.key)
+        if config.key == slow_cfg.key:
+            time.sleep(0.05)
+        return run(self, op, config, *a, **k)
+
+    monkeypatch.setattr(gemm, "run", run_by_config)
+    lin, x = _linear()
+    with torch.no_grad():
+        out = lin(x)
+    assert rel_err(out, torch.nn.functional.linear(x, lin.weight, lin.bias)) < 1e-5
+    assert fast_cfg.key in seen, "the next hero config was timed"
+    tuned = [e for e in get_cache().entries() if e.variant == "testkit.gemm"]
+    assert len(tuned) == 1 and tuned[0].config.key == fast_cfg.key
+    (v,) = arbiter.verdicts()
+    assert v.config == fast_cfg.key and v.source == "measured"  # the new choice was judged
+    # a new process: the Doctor picks the tuned config, whose verdict is read back; nothing is timed
+    arbiter.reset()
+    plans.invalidate("new process")
+    seen.clear()
+    with torch.no_grad():
+        out = lin(x)
+    (v2,) = arbiter.verdicts()
+    assert v2.source == "cache" and v2.config == fast_cfg.key and slow_cfg.key not in seen
+    assert rel_err(out, torch.nn.functional.linear(x, lin.weight, lin.bias)) < 1e-5
+
+
+def test_second_chance_keeps_the_first_choice_when_nothing_is_better(restricted_backend, monkeypatch):
+    from tracea.semantic.config import PipelineConfig
+
+    gemm = type(restricted_backend.gemm)
+    cfgs = [PipelineConfig(tile_m=8 * i, tile_n=8, tile_k=8, stages=1, warps=1) for i in (1, 2, 3)]
+    monkeypatch.setattr(gemm, "hero_configs", lambda self, op, profile: cfgs)
+    run = gemm.run
+
+    def slow(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        time.sleep(0.05)
+        return run(self, *a, **k)
+
+    monkeypatch.setattr(gemm, "run", slow)
+    lin, x = _linear()
+    with torch.no_grad():
+        lin(x)
+    assert not [e for e in get_cache().entries() if e.variant == "testkit.gemm"]
+    (v,) = arbiter.verdicts()
+    assert v.winner == "torch" and v.config == cfgs[0].key
+
+
 def test_wrong_result_never_wins(restricted_backend, monkeypatch, rel_err):
     run = type(restricted_backend.gemm).run
 

@@ -18,14 +18,14 @@ import torch.nn.functional as F
 
 from tracea.doctor.decision import Decision
 from tracea.dtypes import DType
-from tracea.errors import (BackendError, CaptureError, DTypeError, KernelFailureWarning, NoVariantError,
+from tracea.errors import (BackendError, CaptureError, DTypeError, KernelFailureWarning, NoVariantError, TraceaError,
                            UnsupportedDeviceError)
 from tracea.ir.epilogue import Epilogue
 from tracea.ir.ops import Conv2dOp, GemmOp, Layout
 from tracea.runtime import plans
 from tracea.runtime.dispatch import bind, fallback_reason
 
-from . import arbiter, eager, fallbacks, recording
+from . import arbiter, eager, fallbacks, recording, second_chance
 from .adapter import stream_capturing, tracea_dtype
 from .choice import SERVED_DTYPES, Fallback, choose, epilogue_for, fp32_precision, output_memory_format, \
     parse_activation
@@ -134,10 +134,11 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         dtype = _common_checks((x, w, bias))
         op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
         decision = choose(op, x.device)
-        run = (_conv_via_ops(op, act) if decision.variant.fallback_only or not _plain_bias(bias, op.k)
-               else _conv_run(op, _launcher(decision), w))
+        via_ops = decision.variant.fallback_only or not _plain_bias(bias, op.k)
+        run = _conv_via_ops(op, act) if via_ops else _conv_run(op, _launcher(decision), w)
         plan = _arbitrated(key, "conv2d", op, conf, decision, x.device, run, _conv_torch(op, act, conf),
-                           lambda reason: _conv_eager(op, act, conf, reason), (x, w, bias))
+                           lambda reason: _conv_eager(op, act, conf, reason), (x, w, bias),
+                           None if via_ops else _builder(_conv_run, op, decision, w))
     except _NotNow as why:
         return _transient(_conv_eager(op, act, conf, str(why)))
     except Fallback as fb:
@@ -279,10 +280,11 @@ def linear_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         dtype = _common_checks((x, w, bias))
         op = _linear_op(x, w, bias, act, dtype)
         decision = choose(op, x.device)
-        run = (_linear_via_ops(op, act) if decision.variant.fallback_only or not _plain_bias(bias, op.n)
-               else _linear_run(op, _launcher(decision), x))
+        via_ops = decision.variant.fallback_only or not _plain_bias(bias, op.n)
+        run = _linear_via_ops(op, act) if via_ops else _linear_run(op, _launcher(decision), x)
         plan = _arbitrated(key, "linear", op, (activation,), decision, x.device, run, _linear_torch(act),
-                           lambda reason: _linear_eager(op, act, activation, reason), (x, w, bias))
+                           lambda reason: _linear_eager(op, act, activation, reason), (x, w, bias),
+                           None if via_ops else _builder(_linear_run, op, decision, x))
     except _NotNow as why:
         return _transient(_linear_eager(op, act, activation, str(why)))
     except Fallback as fb:
@@ -378,14 +380,19 @@ def _linear_eager(op: GemmOp | None, act: str | None, activation: str | None, re
 
 def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, device: torch.device,
                 run: Callable[..., torch.Tensor], torch_run: Callable[..., torch.Tensor],
-                eager_plan: Callable[[str], Callable[..., torch.Tensor]], args: tuple) -> Callable[..., torch.Tensor]:
+                eager_plan: Callable[[str], Callable[..., torch.Tensor]], args: tuple,
+                build_run: Callable[[Any, Any], Callable[..., torch.Tensor]] | None = None
+                ) -> Callable[..., torch.Tensor]:
     """The kernel plan, unless the arbiter (see :mod:`tracea_torch.arbiter`) finds PyTorch faster for
-    this signature or Tracea's result wrong: then the eager plan, with the verdict as its reason."""
+    this signature or Tracea's result wrong: then the eager plan, with the verdict as its reason.
+    ``build_run(variant, config)``: a run like ``run`` for another choice, for the arbiter's second chance
+    (:mod:`tracea_torch.second_chance`) when PyTorch's kernel won."""
     kernel_plan = _kernel_plan(key, kind, op, extra, run, eager_plan)
     if not arbiter.enabled() or decision.variant.fallback_only:
         return kernel_plan
-    try:  # PyTorch timed as the unpatched layer runs the call (what serves it when PyTorch wins)
-        verdict = arbiter.judge(decision, device, run, _torch_direct(kind, op, extra) or torch_run, args)
+    direct = _torch_direct(kind, op, extra) or torch_run  # PyTorch timed as the unpatched layer runs the call
+    try:
+        verdict = arbiter.judge(decision, device, run, direct, args)
     except CaptureError as exc:
         raise _NotNow(f"first call inside CUDA graph capture ({str(exc).splitlines()[0][:160]})") from exc
     except BackendError as exc:
@@ -394,6 +401,10 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
         return eager_plan(fallback_reason(exc))
     if verdict.winner == "tracea" and verdict.captured_winner == "tracea":
         return kernel_plan
+    if build_run is not None and second_chance.worth_retrying(verdict):
+        again = _second_chance(decision, device, verdict, build_run, direct, args)
+        if again is not None:
+            return _arbitrated(key, kind, op, extra, again[0], device, again[1], torch_run, eager_plan, args)
     fallbacks.record(kind if kind == "conv2d" else "gemm", verdict.reason)  # once per signature, not per call
     torch_plan = _lean(torch_run, kind, op, extra, verdict.reason)
     if verdict.winner == verdict.captured_winner:
@@ -401,6 +412,32 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
     routed = routed_plan(verdict, kernel_plan, torch_plan)
     routed.op = op  # type: ignore[attr-defined]
     return routed
+
+
+def _second_chance(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
+                   build_run: Callable[[Any, Any], Callable[..., torch.Tensor]], direct: Callable[..., torch.Tensor],
+                   args: tuple) -> tuple[Decision, Callable[..., torch.Tensor]] | None:
+    """The new decision and its run when the second chance found (and persisted) a better choice."""
+    try:
+        if not second_chance.retry(decision, device, verdict, build_run, direct, args):
+            return None
+        again = choose(decision.op, device)
+        c = again.chosen
+        if c.variant is decision.chosen.variant and c.config == decision.chosen.config:
+            return None
+        return again, build_run(c.variant, c.config)
+    except (TraceaError, Fallback):  # nothing better can run here: the first verdict stands
+        return None
+
+
+def _builder(make_run: Callable[[Any, Callable[..., None], torch.Tensor], Callable[..., torch.Tensor]], op: Any,
+             decision: Decision, sample: torch.Tensor) -> Callable[[Any, Any], Callable[..., torch.Tensor]]:
+    """``build_run(variant, config)`` for the second chance: ``make_run`` (:func:`_linear_run` /
+    :func:`_conv_run`) over a launcher of that choice (errors: :class:`TraceaError`)."""
+    def build(variant: Any, config: Any) -> Callable[..., torch.Tensor]:
+        return make_run(op, bind(variant, decision.op, config, decision.profile, _torch_adapter()), sample)
+
+    return build
 
 
 def routed_plan(verdict: arbiter.Verdict, tracea_plan: Callable[..., torch.Tensor],

@@ -76,6 +76,24 @@ def _heroes(decision: Decision, candidate: Any) -> list[Any]:
     return configs
 
 
+def alternatives(decision: Decision, limit: int = MAX_CANDIDATES) -> list[tuple[Any, Any]]:
+    """Up to ``limit`` ``(variant, config)`` pairs other than the decision's choice that first-use tuning
+    would time: the accepted variants in the Doctor's order, each with its first hero configs (fallback-only
+    oracles excluded)."""
+    chosen = decision.chosen
+    out: list[tuple[Any, Any]] = []
+    for cand in decision.candidates:
+        if cand.variant.fallback_only:
+            continue
+        for cfg in _heroes(decision, cand):
+            if cand.variant is chosen.variant and cfg == chosen.config:
+                continue
+            out.append((cand.variant, cfg))
+            if len(out) >= limit:
+                return out
+    return out
+
+
 def tune(decision: Decision, inputs: tuple, out: Any, adapter: Any,
          bind: Callable[[Any, Any], Callable[..., None]]) -> bool:
     """Time the top candidates of ``decision`` on one call's packed ``inputs`` (writing ``out``) and
@@ -122,7 +140,7 @@ def tune(decision: Decision, inputs: tuple, out: Any, adapter: Any,
     # the winner's first hero (its default config), when it was timed: data for the performance model
     first = next((i for i, (v, _, _) in enumerate(ok) if v is variant), None)
     default_s = medians.get(first, 0.0) if first is not None and ok[first][1] == _default(decision, variant) else 0.0
-    return _persist(decision, variant, config, times[best], default_s)
+    return persist(decision, variant, config, times[best], default_s)
 
 
 def _default(decision: Decision, variant: Any) -> Any:
@@ -171,7 +189,10 @@ def _tolerance(op: Any) -> float:
     return 1e-4
 
 
-def _persist(decision: Decision, variant: Any, config: Any, times: list[float], default_s: float = 0.0) -> bool:
+def persist(decision: Decision, variant: Any, config: Any, times: list[float], default_s: float = 0.0) -> bool:
+    """Write ``config`` of ``variant`` for ``decision``'s op as a tuned entry with the measured ``times``
+    (seconds per call; ``default_s``: the default config's time, data for the performance model). False
+    when no tuning cache can take it."""
     try:
         from ..tuning.cache import get_cache
         from ..tuning.goals import time_stats
