@@ -1,5 +1,10 @@
 """The plan of ``tracea.ops.attention``: the arguments of ``torch.nn.functional.scaled_dot_product_attention``
-turned into an :class:`AttentionOp` on packed (batch, heads, seq, head_dim) arrays.
+turned into an :class:`AttentionOp` on (batch, heads, seq, head_dim) arrays: packed ones, or q / k / v as
+the caller laid them out when they are strided but fold into one batch with a unit-stride head_dim
+(``AttentionOp.strides``, :mod:`tracea.runtime.attention_strides`): a variant that takes strides reads
+them in place and writes an output allocated in q's storage order when q is (batch, seq, heads, dim)
+memory; any other variant is handed packed copies (by :func:`tracea.runtime.dispatch.bind`), and the
+plan's later calls then pack in the plan and allocate a packed output.
 
 What the signature fixes is worked out once: the leading batch dimensions of q, k and v broadcast
 against each other and are folded into one batch (a broadcast operand is materialised on every call,
