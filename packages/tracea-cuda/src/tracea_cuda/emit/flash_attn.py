@@ -536,7 +536,6 @@ extern "C" __global__ void __launch_bounds__(256) COMBINE_KERNEL(
     }
     const float inv = wsum == 0.0f ? 1.0f : 1.0f / wsum;
     if (LSE && lane == 0) lse[row] = wsum == 0.0f ? -INFINITY : (msafe + log2f(wsum)) * 0.6931471805599453f;
-    #pragma unroll
 #if STRIDED
     u16* dst = out + (size_t)(row / Sq / H) * osb + (size_t)(row / Sq % H) * osh + (size_t)(row % Sq) * oss;
 #else

@@ -174,12 +174,16 @@ static __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* map, 
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];"
                  :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
+// LOAD_Q: 64-column chunk c of the Q tile of rows m0.. of bz; LOAD_KV: chunk c of key tile t of bz's K or
+// V; OUT_ROW: the element offset of output row r of bz.
 #if STRIDED
-#define LOAD_Q(dst, c, it) tma_load_4d(dst, &tmQ, full_q, (c) * 64, (it).m0, (it).bz % H, (it).bz / H)
-#define LOAD_KV(dst, map, bar, c, t, it) tma_load_4d(dst, map, bar, (c) * 64, (t) * BN, ((it).bz % H) / G, (it).bz / H)
+#define LOAD_Q(dst, c, m0, bz) tma_load_4d(dst, &tmQ, full_q, (c) * 64, (m0), (bz) % H, (bz) / H)
+#define LOAD_KV(dst, map, bar, c, t, bz) tma_load_4d(dst, map, bar, (c) * 64, (t) * BN, ((bz) % H) / G, (bz) / H)
+#define OUT_ROW(bz, r) ((size_t)((bz) / H) * osb + (size_t)((bz) % H) * osh + (size_t)(r) * oss)
 #else
-#define LOAD_Q(dst, c, it) tma_load_3d(dst, &tmQ, full_q, (c) * 64, (it).m0, (it).bz)
-#define LOAD_KV(dst, map, bar, c, t, it) tma_load_3d(dst, map, bar, (c) * 64, (t) * BN, (it).bz)
+#define LOAD_Q(dst, c, m0, bz) tma_load_3d(dst, &tmQ, full_q, (c) * 64, (m0), (bz))
+#define LOAD_KV(dst, map, bar, c, t, bz) tma_load_3d(dst, map, bar, (c) * 64, (t) * BN, (bz))
+#define OUT_ROW(bz, r) (((size_t)(bz) * M + (r)) * D)
 #endif
 
 // Work item w = one query block of one (batch, kv head): its first row, head, key tiles, causal bound.
@@ -250,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 mbar_wait(empty_q, (n & 1) ^ 1);  // the consumers' last S GEMM of the previous item is done
                 mbar_expect_tx(full_q, Q_BYTES);
                 #pragma unroll
-                for (int c = 0; c < DCH; ++c) LOAD_Q(sq + c * CHUNK_Q, c, it);
+                for (int c = 0; c < DCH; ++c) LOAD_Q(sq + c * CHUNK_Q, c, it.m0, it.bz);
                 for (int t = 0; t < it.ntiles; ++t, ++kt) {
                     const int s = kt % ST;
                     const u32 ph = (kt / ST) & 1;
@@ -259,12 +263,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                     mbar_expect_tx(fk, KV_BYTES);
                     #pragma unroll
                     for (int c = 0; c < DCH; ++c)
-                        LOAD_KV(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c, t, it);
+                        LOAD_KV(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c, t, it.bz);
                     mbar_wait(kvb + 8 * (3 * ST + s), ph ^ 1);
                     mbar_expect_tx(fv, KV_BYTES);
                     #pragma unroll
                     for (int c = 0; c < DCH; ++c)
-                        LOAD_KV(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c, t, it);
+                        LOAD_KV(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c, t, it.bz);
                 }
             }
         }
@@ -394,8 +398,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                     const float msafe = mrun[h] == -INFINITY ? 0.0f : mrun[h];
                     lse[(size_t)bz * M + row[h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
                 }
-                u16* dst = out + (STRIDED ? (size_t)(bz / H) * osb + (size_t)(bz % H) * osh + (size_t)row[h] * oss
-                                          : ((size_t)bz * M + row[h]) * D) + 2 * t4;
+                u16* dst = out + OUT_ROW(bz, row[h]) + 2 * t4;
                 #pragma unroll
                 for (int j = 0; j < D / 8; ++j)
                     asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
