@@ -34,6 +34,11 @@ item's Q (once every consumer's last score GEMM is done: an ``empty Q`` mbarrier
 consumers finish and store the current one. A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
 With ``lse`` not null the epilogue also writes each row's log-sum-exp (natural log, float32): the running
 max (base-2 units) plus log2 of the row sum, times ln 2.
+
+``strided`` (``AttentionOp.strides``): q, k and v through 4-D tensor maps (d, seq, head, batch) with the
+caller's strides (16-byte multiples), a work item is a query block of one query head (its kv head is
+``head / G``; TMA zero-fills rows past ``seq_q``, so a tile never mixes heads) and the epilogue stores
+through the output's (batch, head, seq) strides (``LOAD_Q`` / ``LOAD_KV`` / ``OUT_ROW`` in the source).
 """
 
 from __future__ import annotations
