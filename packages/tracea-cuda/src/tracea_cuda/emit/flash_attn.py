@@ -492,7 +492,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 }
             } else {
 #if STRIDED
-                u16* dst = out + (size_t)b * osb + (size_t)qh[mt][h] * osh + (size_t)qi[mt][h] * oss;
+                // head and query index recomputed here: kept live through the key loop they cost spills
+                const int rq = row[mt][h];
+                u16* dst = out + (size_t)b * osb + (size_t)(kvh * G + rq / Sq) * osh + (size_t)(rq % Sq) * oss;
 #else
                 u16* dst = out + (head0 * Sq + row[mt][h]) * D;
 #endif
