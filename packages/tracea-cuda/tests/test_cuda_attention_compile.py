@@ -138,12 +138,44 @@ def test_wgmma_kernels_compile_without_spills():
 
     specs = [flash_wgmma.FlashWgmmaSpec(DType.BF16, 128, 80, 3, 2, True, pingpong=False),
              flash_wgmma.FlashWgmmaSpec(DType.F16, 64, 192, 2, 4, False),
-             flash_wgmma.FlashWgmmaSpec(DType.F16, 128, 192, 2, 2, True)]
+             flash_wgmma.FlashWgmmaSpec(DType.F16, 128, 192, 2, 2, True),
+             flash_wgmma.FlashWgmmaSpec(DType.BF16, 128, 160, 2, 2, False, tail=True, lse=True),
+             flash_wgmma.FlashWgmmaSpec(DType.F16, 64, 128, 3, 2, False, tail=True)]
     sources = {f"k{i}": flash_wgmma.render(s, name=f"k{i}") for i, s in enumerate(specs)}
     report = compile_report(bundle(sources), "sm_90a")
     assert set(report) == set(sources)
     for name, res in report.items():
         assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack == 0 and not res.advisories, (name, res)
+
+
+def test_wgmma_tail_split():
+    """``tail``: whole waves run whole, the rest (fewer items than CTAs) cut into runs of key tiles no
+    longer than an item and no item in more than about TAIL_MAX_PIECES pieces (plus one where a run's
+    start falls inside it); it needs a persistent grid and non-causal attention."""
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.variants.attention_wgmma import TAIL_MAX_PIECES, FlashAttentionWgmma, tail_split
+    from tracea_cuda.variants.base import hero
+
+    assert tail_split(2048, 132, 26) == (1980, 14)  # B4 H16 S4096, 128x160: 68 tail items in runs of 14
+    assert tail_split(4096, 132, 26) == (4092, 7)  # GQA 32/8: 4 tail items, 4 pieces each, not 26
+    assert tail_split(1056, 132, 26) == (1056, 1)  # whole waves: nothing to cut
+    assert tail_split(100, 132, 26) == (100, 1)  # fewer items than CTAs: one CTA per item
+    for items, ctas, nt in ((160, 132, 3), (2049, 132, 26), (1408, 132, 32), (4097, 114, 64), (300, 7, 5)):
+        full, trun = tail_split(items, ctas, nt)
+        assert full % ctas == 0 and 0 < items - full < ctas and 1 <= trun <= nt
+        tiles = (items - full) * nt
+        assert -(-tiles // trun) <= ctas  # every run has a CTA
+        assert -(-nt // trun) <= TAIL_MAX_PIECES
+    w = FlashAttentionWgmma()
+    d128 = AttentionOp(4, 16, 4096, 4096, 128, dtype="bfloat16")
+    spec = w.spec(d128, hero(128, 160, 128, 2, 12, persistent=True, tail=True), None, H100)
+    assert spec.tail and spec.smem_bytes == flash_wgmma.FlashWgmmaSpec(spec.dtype, 128, 160, 2, 2, False).smem_bytes + 16
+    src = flash_wgmma.render(spec)
+    assert "#define TAIL 1" in src and "SOFTMAX(t0 + t)" in src
+    assert "SOFTMAX(t0" not in flash_wgmma.render(w.spec(d128, hero(128, 160, 128, 2, 12, persistent=True), None, H100))
+    assert "persistent" in w.validate_config(d128, hero(128, 160, 128, 2, 12, tail=True), H100).reason
+    causal = AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16")
+    assert "causal" in w.validate_config(causal, hero(128, 128, 128, 2, 12, persistent=True, tail=True), H100).reason
 
 
 # -- cuda.attention.decode (split-KV decode, sm_80+) ----------------------------------------------------
