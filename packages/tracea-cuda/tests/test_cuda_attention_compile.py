@@ -4,9 +4,12 @@ in ``test_cuda_offline_compile.py``; the nvcc parts skip when nvcc is absent).""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tracea.doctor.profile import DeviceProfile
+from tracea.dtypes import DType
 from tracea.ir.device import Device
 from tracea.ir.ops import AttentionOp
 
@@ -245,3 +248,54 @@ def test_decode_splits_follow_an_mps_share(monkeypatch):
     monkeypatch.setenv(MPS_PERCENTAGE_ENV, "50")
     half = dv.spec(op, cfg, None, H100).splits
     assert full == 16 and half == 8
+
+
+# -- strided operands (AttentionOp.strides) -----------------------------------------------------------
+
+def _strided_op(d: int = 64, seq: int = 197, heads: int = 6, **kw) -> AttentionOp:
+    """ViT-style packed qkv: (batch, head, seq) strides (seq * 3 * heads * d, d, 3 * heads * d); out BSHD."""
+    qkv = (seq * 3 * heads * d, d, 3 * heads * d)
+    return AttentionOp(4, heads, seq, seq, d, dtype="float16", strides=qkv * 3 + (seq * heads * d, d, heads * d), **kw)
+
+
+def test_which_variants_take_strided_operands():
+    """flash_mma and wgmma read 16-byte-multiple strides in place (their specs compile the strided mode);
+    other strides (and packed ops) are not taken, so dispatch packs for them; decode never takes them."""
+    from tracea_cuda.variants.attention_decode import FlashDecode
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+    from tracea_cuda.variants.base import hero
+
+    w = FlashAttentionWgmma()
+    op = _strided_op()
+    assert V.takes_strides(op) and w.takes_strides(op) and not FlashDecode().takes_strides(op)
+    assert not V.takes_strides(OPS[1]) and not w.takes_strides(OPS[1])
+    odd = AttentionOp(1, 2, 5, 5, 64, dtype="float16", strides=(1000, 500, 100) + (640, 320, 64) * 3)  # 100 x 2 B
+    assert not V.takes_strides(odd) and not w.takes_strides(odd)
+    assert V.spec(op, V.hero_configs(op, H100)[0], None, H100).strided
+    assert w.spec(op, hero(128, 128, 64, 2, 12)).strided and not w.spec(OPS[1], hero(128, 128, 64, 2, 12)).strided
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
+def test_strided_kernels_compile_without_spills():
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+
+    w = FlashAttentionWgmma()
+    for causal in (False, True):
+        op = _strided_op(d=128, causal=causal)
+        spec = w.spec(op, w.hero_configs(op, H100)[0])
+        res = compile_report(flash_wgmma.render(spec), "sm_90a")[flash_wgmma.KERNEL_NAME]
+        assert spec.strided and res.spill_stores == 0 and res.spill_loads == 0
+    # flash_mma's first heroes (d64 two m-tiles; d128), masked (per-key loads at seq 197) or not, with the
+    # log-sum-exp, and a split-KV decode kernel
+    specs = [flash_attn.FlashSpec(DType.BF16, 128, 16, 64, False, 0, 8, strided=True)]
+    for d in (64, 128):
+        for mask in (None, "additive", "bool"):
+            op = dataclasses.replace(_strided_op(d=d), mask=mask, mask_shape=(4, 1) if mask else None, lse=True)
+            specs.append(V.spec(op, V.hero_configs(op, H100)[0], None, H100))
+    for spec in specs:
+        assert spec.strided
+        res = compile_report(flash_attn.render(spec), "sm_90a")[flash_attn.KERNEL_NAME]
+        assert res.spill_stores == 0 and res.spill_loads == 0, spec
+    combine = compile_report(flash_attn.render_combine(spec), "sm_90a")[flash_attn.COMBINE_NAME]
+    assert combine.spill_stores == 0

@@ -47,6 +47,11 @@ them with weights ``exp2(lse_p - max)`` and stores. ``EDGE_PV``: an item's last 
 that hold keys below seq_kv (the rest have P = 0 and V = 0); the choice is a chain of branches over whole
 fence..commit groups, since a branch around single wgmma instructions makes ptxas serialise every wgmma of
 the kernel (advisory C7519).
+
+``strided`` (``AttentionOp.strides``): q, k and v through 4-D tensor maps (d, seq, head, batch) with the
+caller's strides (16-byte multiples), a work item is a query block of one query head (its kv head is
+``head / G``; TMA zero-fills rows past ``seq_q``, so a tile never mixes heads) and the epilogue stores
+through the output's (batch, head, seq) strides (``LOAD_Q`` / ``LOAD_KV`` / ``OUT_ROW`` in the source).
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ class FlashWgmmaSpec:
     overlap: bool = True  # tile t's softmax inside tile t-1's P V (ptxas kept from hoisting the wait above it)
     tail: bool = False  # persistent, not causal: the items past the last whole wave cut along the keys
     edge_pv: bool = False  # not causal: an item's last P V skips the 16-key groups past seq_kv
+    strided: bool = False  # q, k, v through 4-D maps (d, seq, head, batch), out through (batch, head, seq) strides
 
     @property
     def bm(self) -> int:
@@ -204,6 +210,26 @@ static __device__ __forceinline__ void turn_pass(int w) {
     if (PINGPONG) asm volatile("bar.arrive %0, 256;" :: "r"(1 + w) : "memory");
 }
 
+// STRIDED: q, k and v through 4-D tensor maps (d, seq, head, batch) of any (16-byte multiple) strides, the
+// output through its (batch, head, seq) element strides; a work item is a query block of one query head
+// (tiles never straddle heads: TMA zero-fills rows past seq_q), "bz" then numbers (batch, query head) pairs.
+// Otherwise q is packed (batch x kv heads, G x seq_q, d): a block holds rows of the G heads of a kv head.
+static __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* map, u32 bar, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];"
+                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+// LOAD_Q: 64-column chunk c of the Q tile of rows m0.. of bz; LOAD_KV: chunk c of key tile t of bz's K or
+// V; OUT_ROW: the element offset of output row r of bz.
+#if STRIDED
+#define LOAD_Q(dst, c, m0, bz) tma_load_4d(dst, &tmQ, full_q, (c) * 64, (m0), (bz) % H, (bz) / H)
+#define LOAD_KV(dst, map, bar, c, t, bz) tma_load_4d(dst, map, bar, (c) * 64, (t) * BN, ((bz) % H) / G, (bz) / H)
+#define OUT_ROW(bz, r) ((size_t)((bz) / H) * osb + (size_t)((bz) % H) * osh + (size_t)(r) * oss)
+#else
+#define LOAD_Q(dst, c, m0, bz) tma_load_3d(dst, &tmQ, full_q, (c) * 64, (m0), (bz))
+#define LOAD_KV(dst, map, bar, c, t, bz) tma_load_3d(dst, map, bar, (c) * 64, (t) * BN, (bz))
+#define OUT_ROW(bz, r) (((size_t)(bz) * M + (r)) * D)
+#endif
+
 // Work item w = one query block of one (batch, kv head): its first row, head, key tiles, causal bound.
 struct Item { int m0, bz, ntiles, i_min; };
 static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, int Sq, int Skv) {
@@ -260,14 +286,15 @@ static __device__ __forceinline__ void consumers_sync() {
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
         u16* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, float* __restrict__ part_lse,
-        int* __restrict__ arrivals, int full, int trun, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2) {
+        int* __restrict__ arrivals, int full, int trun, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2,
+        long long osb, long long osh, long long oss) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
     const u32 bars = sv + ST * KV_BYTES;  // full Q, empty Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
     const u32 full_q = bars, empty_q = bars + 8, kvb = bars + 16;
-    const int G = H / KVH, M = G * Sq;
-    const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads
+    const int G = H / KVH, M = STRIDED ? Sq : G * Sq;
+    const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads (STRIDED: x heads)
     const int nt = (Skv + BN - 1) / BN;  // key tiles of a non-causal item
 
     if (threadIdx.x == 0) {
@@ -294,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 mbar_wait(empty_q, (nq & 1) ^ 1);
                 mbar_expect_tx(full_q, Q_BYTES);
                 #pragma unroll
-                for (int c = 0; c < DCH; ++c) tma_load_3d(sq + c * CHUNK_Q, &tmQ, full_q, c * 64, iq.m0, iq.bz);
+                for (int c = 0; c < DCH; ++c) LOAD_Q(sq + c * CHUNK_Q, c, iq.m0, iq.bz);
             };
             // key tile t of (batch, kv head) bz into ring slot kt % ST, K and V each once its slot is free
             auto load_kv = [&](int t, int kt, int bz) {
@@ -304,11 +331,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                 mbar_wait(kvb + 8 * (2 * ST + s), ph ^ 1);
                 mbar_expect_tx(fk, KV_BYTES);
                 #pragma unroll
-                for (int c = 0; c < DCH; ++c) tma_load_3d(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c * 64, t * BN, bz);
+                for (int c = 0; c < DCH; ++c) LOAD_KV(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c, t, bz);
                 mbar_wait(kvb + 8 * (3 * ST + s), ph ^ 1);
                 mbar_expect_tx(fv, KV_BYTES);
                 #pragma unroll
-                for (int c = 0; c < DCH; ++c) tma_load_3d(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c * 64, t * BN, bz);
+                for (int c = 0; c < DCH; ++c) LOAD_KV(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c, t, bz);
             };
             for (int w = blockIdx.x; w < full; w += gridDim.x, ++n) {
                 const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
@@ -388,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                     const float msafe = mrun[h] == -INFINITY ? 0.0f : mrun[h];
                     lse[(size_t)bz * M + row[h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
                 }
-                u16* dst = out + ((size_t)bz * M + row[h]) * D + 2 * t4;
+                u16* dst = out + OUT_ROW(bz, row[h]) + 2 * t4;
                 #pragma unroll
                 for (int j = 0; j < D / 8; ++j)
                     asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
@@ -549,7 +576,7 @@ TAIL_ITEMS = r"""#if TAIL
         for (int h = 0; h < 2; ++h) {
             if (row[h] < M) {
                 if (LSE && t4 == 0) lse[(size_t)bz * M + row[h]] = l2[h] * 0.6931471805599453f;
-                u16* dst = out + ((size_t)bz * M + row[h]) * D + 2 * t4;
+                u16* dst = out + OUT_ROW(bz, row[h]) + 2 * t4;
                 #pragma unroll
                 for (int jj = 0; jj < D / 8; ++jj)
                     asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * jj),
@@ -567,6 +594,7 @@ def _defines(spec: FlashWgmmaSpec) -> str:
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
         f"#define OVERLAP {int(spec.overlap)}", f"#define TAIL {int(spec.tail)}", f"#define EDGE_PV {int(spec.edge_pv)}",
+        f"#define STRIDED {int(spec.strided)}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -579,7 +607,7 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     kind = "bf16" if spec.dtype is DType.BF16 else "f16"
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
-            f"overlap={int(spec.overlap)} tail={int(spec.tail)} edge_pv={int(spec.edge_pv)}\n")
+            f"overlap={int(spec.overlap)} tail={int(spec.tail)} edge_pv={int(spec.edge_pv)} strided={int(spec.strided)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     tail = "" if not spec.tail else TAIL_ITEMS.replace(

@@ -6,6 +6,11 @@ long KV caches are served but rank below flash_mma, whose split-KV pass fills th
 :meth:`FlashAttentionWgmma.estimate_seconds`).
 Misaligned arrays (TMA needs 16-byte aligned bases) raise :class:`~tracea.errors.LaunchError`, as flash_mma does.
 
+Strided operands (:attr:`AttentionOp.strides`, e.g. Hugging Face's BSHD views or timm's packed qkv) are read
+as they are when every q / k / v stride is a multiple of 16 bytes and the output's of 4 (see
+:meth:`FlashAttentionWgmma.takes_strides`): 4-D tensor maps (d, seq, head, batch), one query head per
+work item, the output stored through its strides.
+
 Config: ``tile_m`` = 64 x consumer warpgroups (128 or 192), ``tile_n`` = keys per tile, ``stages`` = depth of
 the K and V rings, ``warps`` = 4 x (consumer warpgroups + 1), param ``pingpong`` (default True: the consumer
 warpgroups take turns issuing their GEMMs), param ``persistent`` (default False: one CTA per query block;
@@ -36,7 +41,7 @@ from tracea.semantic.search_space import SearchSpace
 from .. import compiler, launcher, tma, toolkit
 from ..emit import flash_wgmma
 from ..emit.flash_wgmma import FlashWgmmaSpec
-from .attention import _bound, scale_reasons
+from .attention import _as_laid_out, _bound, scale_reasons, strides_fit
 from .base import CudaVariant, hero
 
 
@@ -84,13 +89,21 @@ class FlashAttentionWgmma(CudaVariant):
             reasons.append("arrays exceed the 32-bit index range of the kernel")
         return reasons
 
+    def takes_strides(self, op: AttentionOp) -> bool:  # type: ignore[override]
+        """Strided q / k / v whose strides are 16-byte multiples (TMA) and an output whose are 4-byte ones
+        (the epilogue stores 32-bit pairs)."""
+        return strides_fit(op)
+
     def estimate_seconds(self, op: AttentionOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         """The roofline estimate divided by how much of the GPU the grid keeps busy: the fraction of each
         128-row block that holds query rows, and of the SMs that get a block. Decode and short-query,
         long-KV shapes so rank below flash_mma, whose split-KV pass fills the GPU (its estimate assumes a
         full GPU at half this variant's efficiency: this one wins where it fills more than half)."""
         kvh = int(op.kv_heads or op.heads)
-        rows = (op.heads // kvh) * op.seq_q
+        if self.takes_strides(op):  # one query head per block
+            kvh, rows = op.heads, op.seq_q
+        else:
+            rows = (op.heads // kvh) * op.seq_q
         ctas = -(-rows // 128) * op.batch * kvh
         sms = profile.compute_units if profile.compute_units > 1 else 132
         fill = min(1.0, rows / 128) * min(1.0, ctas / sms)
@@ -106,7 +119,8 @@ class FlashAttentionWgmma(CudaVariant):
         return FlashWgmmaSpec(op.dtype.storage, op.head_dim, config.tile_n, cw, config.stages, op.causal,
                               pingpong=bool(config.get("pingpong", True)), lse=op.lse,
                               overlap=bool(config.get("overlap", cw == 2)),
-                              tail=bool(config.get("tail", False)), edge_pv=bool(config.get("edge_pv", False)))
+                              tail=bool(config.get("tail", False)), edge_pv=bool(config.get("edge_pv", False)),
+                              strided=self.takes_strides(op))
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -179,7 +193,8 @@ class FlashAttentionWgmma(CudaVariant):
     def pack_params(self, maps: list[Any], slots: list[ctypes.c_uint64], scalars: list[Any]) -> tma.Packed:
         """The kernel's parameter block: the Q / K / V tensor maps, the pointer slots (out, lse, tail
         partials, their log-sum-exps, arrival counts) and the scalars (full, trun, heads, kv heads, seq_q,
-        seq_kv, batch x kv heads, scale x log2 e), in the kernel's order."""
+        seq_kv, batch x kv heads (strided: batch x heads), scale x log2 e, the output's (batch, head, seq)
+        strides as int64), in the kernel's order."""
         return tma.pack([*maps, *slots, *scalars])
 
     def bind(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
@@ -196,8 +211,11 @@ class FlashAttentionWgmma(CudaVariant):
         with toolkit.cupy().cuda.Device(dev):
             kernel = self._kernel(spec)
         kvh = int(op.kv_heads or op.heads)
-        rows = (op.heads // kvh) * op.seq_q
-        items = -(-rows // spec.bm) * op.batch * kvh  # query blocks x (batch, kv head) pairs
+        strided = spec.strided
+        # query blocks x (batch, kv head) pairs; strided: x (batch, query head) pairs
+        rows = op.seq_q if strided else (op.heads // kvh) * op.seq_q
+        pairs = op.batch * (op.heads if strided else kvh)
+        items = -(-rows // spec.bm) * pairs
         sms = profile.compute_units if profile.compute_units > 1 else 132
         grid = (min(items, sms) if bool(config.get("persistent", False)) else items, 1, 1)
         cut = bool(config.get("tail", False))  # spec.tail (read from the config: a probe's baseline spec lacks it)
@@ -207,9 +225,11 @@ class FlashAttentionWgmma(CudaVariant):
         lse_off = 4 * 2 * grid[0] * spec.bm * op.head_dim
         dt, d = spec.dtype, op.head_dim
         fptr, threads, smem = int(kernel.function.ptr), spec.threads, spec.smem_bytes
+        ost = op.strides[9:] if strided and op.strides is not None else (0, 0, 0)
         tail = [ctypes.c_int32(full), ctypes.c_int32(trun), ctypes.c_int32(op.heads), ctypes.c_int32(kvh),
-                ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv), ctypes.c_int32(op.batch * kvh),
-                ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]  # type: ignore[arg-type]
+                ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv), ctypes.c_int32(pairs),
+                ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E),  # type: ignore[arg-type]
+                *(ctypes.c_int64(x) for x in ost)]
         memo: dict[tuple[int, int, int], tuple[tma.Packed, list[ctypes.c_uint64]]] = {}
         lock = threading.Lock()
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
@@ -218,9 +238,18 @@ class FlashAttentionWgmma(CudaVariant):
 
         def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, list[ctypes.c_uint64]]:
             slots = [ctypes.c_uint64(0) for _ in range(5)]  # out, lse, part, part_lse, arrivals
-            maps = [tma.tiled_map(pq, dt, (d, rows, op.batch * kvh), (64, spec.bm, 1)),
-                    tma.tiled_map(pk, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1)),
-                    tma.tiled_map(pv, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1))]
+            if strided and op.strides is not None:  # (d, seq, head, batch), the op's (seq, head, batch) strides
+                st = op.strides
+                maps = [tma.tiled_map(pq, dt, (d, op.seq_q, op.heads, op.batch), (64, spec.bm, 1, 1),
+                                      strides=(st[2], st[1], st[0])),
+                        tma.tiled_map(pk, dt, (d, op.seq_kv, kvh, op.batch), (64, spec.bn, 1, 1),
+                                      strides=(st[5], st[4], st[3])),
+                        tma.tiled_map(pv, dt, (d, op.seq_kv, kvh, op.batch), (64, spec.bn, 1, 1),
+                                      strides=(st[8], st[7], st[6]))]
+            else:
+                maps = [tma.tiled_map(pq, dt, (d, rows, op.batch * kvh), (64, spec.bm, 1)),
+                        tma.tiled_map(pk, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1)),
+                        tma.tiled_map(pv, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1))]
             return self.pack_params(maps, slots, tail), slots
 
         def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
@@ -262,6 +291,7 @@ class FlashAttentionWgmma(CudaVariant):
         return launch
 
     def run(self, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
+        op = _as_laid_out(op, args)
         launch = _bound(self, op, config, profile, args.adapter)
         launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.arrays.get("lse"),
                args.out)
