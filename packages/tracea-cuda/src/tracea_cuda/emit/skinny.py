@@ -147,6 +147,48 @@ static __device__ __forceinline__ void load_chunk(uint4 (&bv)[UNROLL][NB], uint4
 """
 
 
+def _block_head(spec: SkinnySpec) -> str:
+    """The block's warp / row coordinates. With one row group (``wn`` = 1) the code of the kernels before
+    row groups existed: the general form's index arithmetic cost an H200 8-23% at M = 16 on 8192x8192 and
+    13824x5120 weights (x16 @ W8192²: 35.1 -> 43.7 us) with the same config."""
+    if spec.wn == 1:
+        return ("    extern __shared__ float red[];  // [KW][MF][NB][32 lanes][4]\n"
+                "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+                "    const long long n0 = (long long)blockIdx.x * (8 * NB);")
+    return ("    extern __shared__ float red[];  // [WN][KW][MF][NB][32 lanes][4]\n"
+            "    // warp (row group ng, K slice warp); the WN warps of one K slice read the same A vectors\n"
+            "    const int ng = (threadIdx.x >> 5) / KW, warp = (threadIdx.x >> 5) % KW, lane = threadIdx.x & 31;\n"
+            "    const int g = lane >> 2, t = lane & 3;\n"
+            "    const long long nblk = (long long)blockIdx.x * (8 * NB * WN), n0 = nblk + 8 * NB * ng;")
+
+
+def _block_reduce(spec: SkinnySpec) -> str:
+    """The partial tiles' store to shared memory and the cross-warp sum up to each output's coordinates
+    (``m``, ``n``, the sum ``v``); one row group keeps the pre-row-group code (see :func:`_block_head`)."""
+    if spec.wn == 1:
+        return ("                red[(((warp * MF + i) * NB + j) * 32 + lane) * 4 + r] = acc[i][j][r];\n"
+                "    __syncthreads();\n"
+                "    const int tile = MF * NB * 128;\n"
+                "    for (int e = threadIdx.x; e < tile; e += 32 * KW) {\n"
+                "        float v = 0.0f;\n"
+                "        #pragma unroll\n"
+                "        for (int w = 0; w < KW; ++w) v += red[w * tile + e];\n"
+                "        const int r = e & 3, ln = (e >> 2) & 31, j = (e >> 7) % NB, i = (e >> 7) / NB;\n"
+                "        const int m = 16 * i + (ln >> 2) + 8 * (r >> 1);\n"
+                "        const long long n = n0 + 8 * j + 2 * (ln & 3) + (r & 1);")
+    return ("                red[((((ng * KW + warp) * MF + i) * NB + j) * 32 + lane) * 4 + r] = acc[i][j][r];\n"
+            "    __syncthreads();\n"
+            "    const int tile = MF * NB * 128;\n"
+            "    for (int f = threadIdx.x; f < WN * tile; f += 32 * KW * WN) {\n"
+            "        const int gr = f / tile, e = f - gr * tile;\n"
+            "        float v = 0.0f;\n"
+            "        #pragma unroll\n"
+            "        for (int w = 0; w < KW; ++w) v += red[(gr * KW + w) * tile + e];\n"
+            "        const int r = e & 3, ln = (e >> 2) & 31, j = (e >> 7) % NB, i = (e >> 7) / NB;\n"
+            "        const int m = 16 * i + (ln >> 2) + 8 * (r >> 1);\n"
+            "        const long long n = nblk + 8 * NB * gr + 8 * j + 2 * (ln & 3) + (r & 1);")
+
+
 def render(spec: SkinnySpec, name: str = KERNEL_NAME) -> str:
     """Complete CUDA source of the skinny-GEMM kernel for ``spec``, with entry point ``name``."""
     spec.check()
@@ -170,14 +212,10 @@ static __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2
 }}
 
 {_chunk_loader(spec)}
-extern "C" __global__ void __launch_bounds__(32 * KW * WN{", 1" if spec.wide_regs else ""}) {name}(
+extern "C" __global__ void __launch_bounds__({"32 * KW" if spec.wn == 1 else "32 * KW * WN"}{", 1" if spec.wide_regs else ""}) {name}(
         const u16* __restrict__ A, const u16* __restrict__ B, {tout}* __restrict__ C,
         const {tb}* __restrict__ bias, int M, int N, int K) {{
-    extern __shared__ float red[];  // [WN][KW][MF][NB][32 lanes][4]
-    // warp (row group ng, K slice warp); the WN warps of one K slice read the same A vectors
-    const int ng = (threadIdx.x >> 5) / KW, warp = (threadIdx.x >> 5) % KW, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const long long nblk = (long long)blockIdx.x * (8 * NB * WN), n0 = nblk + 8 * NB * ng;
+{_block_head(spec)}
     // K in chunks of 32 * UNROLL (which k each lane loads: load_chunk); a warp takes a contiguous run of
     // chunks
     const int chunks = (K + 32 * UNROLL - 1) / (32 * UNROLL);
@@ -247,17 +285,7 @@ extern "C" __global__ void __launch_bounds__(32 * KW * WN{", 1" if spec.wide_reg
         for (int j = 0; j < NB; ++j)
             #pragma unroll
             for (int r = 0; r < 4; ++r)
-                red[((((ng * KW + warp) * MF + i) * NB + j) * 32 + lane) * 4 + r] = acc[i][j][r];
-    __syncthreads();
-    const int tile = MF * NB * 128;
-    for (int f = threadIdx.x; f < WN * tile; f += 32 * KW * WN) {{
-        const int gr = f / tile, e = f - gr * tile;
-        float v = 0.0f;
-        #pragma unroll
-        for (int w = 0; w < KW; ++w) v += red[(gr * KW + w) * tile + e];
-        const int r = e & 3, ln = (e >> 2) & 31, j = (e >> 7) % NB, i = (e >> 7) / NB;
-        const int m = 16 * i + (ln >> 2) + 8 * (r >> 1);
-        const long long n = nblk + 8 * NB * gr + 8 * j + 2 * (ln & 3) + (r & 1);
+{_block_reduce(spec)}
         if (m < M && n < N)
             C[(long long)m * N + n] = {store_expr(spec.dtype_out, "apply_epilogue(v, bias, (int)n)")};
     }}
