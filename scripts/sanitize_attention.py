@@ -22,6 +22,8 @@ SHAPES = [(1, 8, 2, 1, 1000, 128, False, None), (2, 4, 1, 3, 333, 64, True, None
           (2, 8, 2, 1, 1024, 64, False, "additive"), (2, 8, 2, 2, 1024, 128, True, "bool"),
           # more query blocks than SMs: persistent grids walk several blocks per CTA
           (4, 16, 16, 600, 333, 128, False, None),
+          # ... with a partial last wave (tail pieces of one and of several key tiles) on 132 SMs
+          (4, 8, 8, 600, 333, 128, False, None), (1, 43, 43, 600, 1000, 64, False, None),
           # flash_mma's mask tiles over several blocks and key tiles: plain loads (seq_kv % 8 != 0), cp.async
           (2, 4, 2, 130, 300, 128, False, "bool"), (1, 4, 1, 200, 264, 64, True, "additive")]
 
@@ -29,6 +31,7 @@ SHAPES = [(1, 8, 2, 1, 1000, 128, False, None), (2, 4, 1, 3, 333, 64, True, None
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", action="append", help="only these variant names")
+    ap.add_argument("--match", help="only configs whose key contains this text (e.g. tail=True)")
     args = ap.parse_args()
     import torch
 
@@ -67,9 +70,13 @@ def main() -> int:
                 c0 = configs[0]
                 configs.append(hero(c0.tile_m, c0.tile_n, d, c0.stages, c0.warps, pingpong=True,
                                     overlap=c0.tile_m != 128))
+                if not causal:  # the persistent grid without and with the tail split
+                    configs += [hero(c0.tile_m, c0.tile_n, d, c0.stages, c0.warps, persistent=True, tail=t)
+                                for t in (False, True)]
             if variant.name == "cuda.attention.decode":
                 c0 = configs[0]
                 configs += [hero(16, c0.tile_n, d, c0.stages, c0.warps, splits=n) for n in (1, 3, 64)]
+            configs = [c for c in configs if args.match is None or args.match in c.key]
             for cfg, lse in [(c, flag) for c in configs for flag in (False, True)]:
                 runs += 1
                 try:

@@ -12,7 +12,11 @@ Parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorc
   bf16 / fp16, with GB/s beside the copy bandwidth (``--sweep``: every decode hero and split counts);
 * a small Hugging Face style transformer block (GQA attention calling SDPA, then an MLP) with
   ``tracea_torch.patch_attention()`` vs eager;
-* ``--only lse`` (not in the default parts): the cost of ``return_lse=True`` on a prefill and a decode shape.
+* ``--only lse`` (not in the default parts): the cost of ``return_lse=True`` on a prefill and a decode shape;
+* layouts: the operands as models pass them -- packed (B, H, S, D), Hugging Face's
+  ``view(B, S, H, D).transpose(1, 2)`` ("bshd") and timm ViT's packed qkv ("vit") -- on ViT / BERT / Llama
+  sized shapes, with the variant that served each row and whether the output came back in q's storage
+  order (``out_bshd``: ``out.transpose(1, 2).reshape(B, S, H * D)`` is then a view, as with PyTorch).
 
 Two timings per row: the *user path* (``tracea.ops.attention`` with default settings, untuned, called back
 to back between two CUDA events with nothing queued ahead: host time counts where it exceeds the
@@ -218,6 +222,49 @@ def lse_cost(quick: bool) -> list[dict]:
     return rows
 
 
+LAYOUT_SHAPES = [  # (B, H, KVH, S, D, dtype, causal): ViT-S/16, BERT-base, a 1k-token Llama-style prefill, GQA
+    (32, 6, 6, 197, 64, torch.float16, False), (8, 12, 12, 256, 64, torch.bfloat16, False),
+    (1, 16, 16, 1024, 128, torch.bfloat16, False), (1, 16, 16, 1024, 128, torch.bfloat16, True),
+    (1, 32, 8, 2048, 128, torch.bfloat16, True),
+]
+
+
+def _laid_out(kind: str, b: int, h: int, kvh: int, s: int, d: int, dt: torch.dtype) -> tuple:
+    """q, k, v of logical shapes (B, H, S, D) / (B, KVH, S, D) in memory layout ``kind``."""
+    if kind == "packed":
+        return (torch.randn(b, h, s, d, device="cuda", dtype=dt),
+                *(torch.randn(b, kvh, s, d, device="cuda", dtype=dt) for _ in range(2)))
+    if kind == "bshd":
+        return (torch.randn(b, s, h, d, device="cuda", dtype=dt).transpose(1, 2),
+                *(torch.randn(b, s, kvh, d, device="cuda", dtype=dt).transpose(1, 2) for _ in range(2)))
+    return tuple(torch.randn(b, s, 3, h, d, device="cuda", dtype=dt).permute(2, 0, 3, 1, 4).unbind(0))  # vit
+
+
+def layouts(quick: bool) -> list[dict]:
+    """``tracea.ops.attention`` vs SDPA on packed, BSHD and ViT-qkv operands (same tensors for both)."""
+    rows = []
+    for b, h, kvh, s, d, dt, causal in LAYOUT_SHAPES[:3] if quick else LAYOUT_SHAPES:
+        for kind in ("packed", "bshd") + (("vit",) if h == kvh else ()):
+            q, k, v = _laid_out(kind, b, h, kvh, s, d, dt)
+            gqa = kvh != h
+            ours = lambda q=q, k=k, v=v, c=causal, g=gqa: tracea.ops.attention(q, k, v, is_causal=c, enable_gqa=g)  # noqa: E731
+            theirs = lambda q=q, k=k, v=v, c=causal, g=gqa: TORCH_SDPA(q, k, v, is_causal=c, enable_gqa=g)  # noqa: E731
+            out, ref = ours(), theirs()
+            err = float((out.double() - ref.double()).norm() / ref.double().norm())
+            kern = _time([ours, theirs], 20, True)
+            user = _time([ours, theirs], 20, False)
+            key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(None),
+                   None, 0.0, causal, None, gqa, None, None)
+            run = getattr(plans.lookup(key), "runner", None)
+            rows.append(dict(part="layouts", layout=kind, b=b, h=h, kvh=kvh, s=s, d=d, dtype=str(dt).split(".")[1],
+                             causal=causal, tracea_us=kern[0] * 1e6, sdpa_us=kern[1] * 1e6,
+                             ratio_kernel=kern[1] / kern[0], user_tracea_us=user[0] * 1e6, user_sdpa_us=user[1] * 1e6,
+                             ratio_user=user[1] / user[0], out_bshd=bool(out.transpose(1, 2).is_contiguous()),
+                             variant=(run.variant or "fallback") if run is not None else "?", rel_err=err))
+            print(_fmt(rows[-1]), flush=True)
+    return rows
+
+
 def _variant_of(q, k, v, mask=None) -> str:  # noqa: ANN001
     key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(mask), None, 0.0,
            False, None, True, None, None)
@@ -311,7 +358,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="prefill,decode,model")
+    ap.add_argument("--only", default="prefill,decode,model,layouts")
     ap.add_argument("--dtypes", help="prefill / decode dtypes, comma-separated (default: bfloat16, and float16 "
                     "unless --quick)")
     ap.add_argument("--sweep", action="store_true", help="decode: time every hero and forced split counts")
@@ -327,7 +374,8 @@ def main() -> None:
         if part == "decode":
             rows += decode(args.quick, dts, args.sweep, args.masked)
             continue
-        rows += {"prefill": prefill, "decode": decode, "model": model, "lse": lse_cost}[part](args.quick)
+        rows += {"prefill": prefill, "decode": decode, "model": model, "lse": lse_cost,
+                 "layouts": layouts}[part](args.quick)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -9,7 +9,11 @@ with a mask also the time of one conversion of it into the kernels' packed opera
 Every output is checked against SDPA's (relative error).
 
     python benchmarks/cuda/probe_attention_ab.py --baseline /path/to/other/packages/tracea-cuda/src/tracea_cuda/emit \
-        [--parts prefill,gqa,masked] [--dtypes bfloat16,float16] [--json out.json]
+        [--parts prefill,gqa,masked] [--dtypes bfloat16,float16] [--heroes N] [--json out.json]
+
+A config with params the baseline lacks (``tail``, ``edge_pv``) runs there without them, so such a row
+compares the new option with the baseline's plain config; a baseline kernel from before the tail split's
+kernel parameters gets the old parameter block.
 
 Parts: ``prefill`` (``cuda.attention.wgmma``, B4 H16 S4096, D64 / D128, causal and not), ``gqa`` (B4 H32/8
 S4096 D128), ``masked`` (``cuda.attention.flash_mma`` with a boolean and an additive mask, B4 H16 S2048).
@@ -71,6 +75,21 @@ def baseline_variants(path: str) -> dict[str, Any]:
             return compiler.load(old_wg.render(spec), old_wg.KERNEL_NAME, "sm_90a", smem=spec.smem_bytes,
                                  threads=spec.threads)
 
+        def bind(self, op: Any, config: Any, profile: Any, adapter: Any) -> Any:
+            # the params this tree added (the baseline compiles the config without them)
+            fields = {f.name for f in dataclasses.fields(old_wg.FlashWgmmaSpec)}
+            drop = {k for k in ("tail", "edge_pv") if k not in fields}
+            config = dataclasses.replace(config, params=tuple((k, v) for k, v in config.params if k not in drop))
+            return super().bind(op, config, profile, adapter)
+
+        def pack_params(self, maps: list, slots: list, scalars: list) -> Any:
+            # a baseline from before the tail split's parameters (part, part_lse, arrivals, full, trun)
+            if "int full" in old_wg.BODY:
+                return super().pack_params(maps, slots, scalars)
+            from tracea_cuda import tma
+
+            return tma.pack([*maps, *slots[:2], *scalars[2:]])
+
     class OldFlash(FlashAttention):
         def spec(self, op: Any, config: Any, ptrs: Any = None, profile: Any = None) -> Any:
             return _convert(super().spec(op, config, ptrs, profile), old_fa.FlashSpec)
@@ -93,9 +112,9 @@ def _flops(b: int, h: int, s: int, d: int, causal: bool) -> float:
     return 4.0 * b * h * (s * (s + 1) / 2 if causal else s * s) * d
 
 
-def _configs(var: Any, op: Any, profile: Any, extra: list) -> list:
+def _configs(var: Any, op: Any, profile: Any, extra: list, heroes: int | None = None) -> list:
     seen, out = set(), []
-    for c in var.hero_configs(op, profile) + extra:
+    for c in var.hero_configs(op, profile)[:heroes] + extra:
         if c.key not in seen and var.validate_config(op, c, profile):
             seen.add(c.key)
             out.append(c)
@@ -108,10 +127,13 @@ def _extra(name: str, d: int, causal: bool) -> list:
     if name.endswith("wgmma"):
         def h(bm: int, bn: int, st: int, pers: bool = False, **kw: Any) -> Any:
             return hero(bm, bn, d, st, 4 * (bm // 64 + 1), pingpong=True, persistent=pers, **kw)
-        pers = not causal
-        if d == 128:  # the overlap off, for the A / B of the fence alone
-            return [h(128, 160, 2, pers, overlap=False), h(128, 128, 2, pers, overlap=False)]
-        return [h(192, 128, 2, pers, overlap=True)]
+        if causal:
+            return []
+        # the tail split and the edge P V skip, each alone (the first hero has both)
+        bm, bn = (128, 160) if d == 128 else (192, 128)
+        out = [h(bm, bn, 2, True, tail=True), h(bm, bn, 2, True, edge_pv=True)]
+        return out + ([h(128, 128, 2, True, tail=True), h(128, 176, 2, True, tail=True, edge_pv=True)] if d == 128
+                      else [])
     return []
 
 
@@ -153,7 +175,7 @@ def _sources(var: Any, op: Any, cfg: Any, profile: Any) -> list[tuple[str, str, 
     return got
 
 
-def probe(parts: list[str], dtypes: list[torch.dtype], baseline: str) -> list[dict]:
+def probe(parts: list[str], dtypes: list[torch.dtype], baseline: str, heroes: int | None = None) -> list[dict]:
     from tracea.doctor.doctor import get_doctor
     from tracea.ir.ops import AttentionOp
     from tracea_cuda.variants.attention import FlashAttention
@@ -177,7 +199,7 @@ def probe(parts: list[str], dtypes: list[torch.dtype], baseline: str) -> list[di
         for b, h, kvh, s, d, causal, mkind, vname in cases:
             op = AttentionOp(b, h, s, s, d, kv_heads=kvh, causal=causal, dtype=str(dt).split(".")[1], mask=mkind,
                              mask_shape=(b, 1) if mkind else None)
-            cfgs = _configs(new[vname], op, profile, _extra(vname, d, causal))
+            cfgs = _configs(new[vname], op, profile, _extra(vname, d, causal), heroes)
             plan.append((dt, b, h, kvh, s, d, causal, mkind, vname, op, cfgs))
     items = {}
     for *_, vname, op, cfgs in plan:
@@ -242,10 +264,12 @@ def main() -> None:
     ap.add_argument("--baseline", required=True, help="path of the baseline tracea_cuda/emit folder")
     ap.add_argument("--parts", default="prefill,gqa,masked")
     ap.add_argument("--dtypes", default="bfloat16")
+    ap.add_argument("--heroes", type=int, help="only the first N hero configs of each shape (and the extras)")
     ap.add_argument("--json")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
-    rows = probe(args.parts.split(","), [getattr(torch, t) for t in args.dtypes.split(",")], args.baseline)
+    rows = probe(args.parts.split(","), [getattr(torch, t) for t in args.dtypes.split(",")], args.baseline,
+                 args.heroes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

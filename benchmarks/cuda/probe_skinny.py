@@ -1,6 +1,6 @@
 """Probe of ``cuda.gemm.skinny_mma``'s configurations (and ``cuda.gemm.gemv`` at M = 1) on decode shapes
 (``x @ W.T``, few tokens), against PyTorch and against the default (untuned) choice, in one run: which
-(nb, kw, unroll, coalesced, prefetch) reaches what share of the measured copy bandwidth, so the hero order
+(nb, kw, unroll, coalesced, prefetch, wn) reaches what share of the measured copy bandwidth, so the hero order
 can follow measurements.
 
 Per shape it prints PyTorch's time, the default path's (user path: ``tracea.ops.matmul`` back to back,
@@ -8,7 +8,10 @@ host time included, as a ratio torch / tracea; kernel: the calls replayed from a
 only) and the best config's kernel time; at the end, per row class (M <= 8: half fragments, else whole),
 every config's geometric mean and worst share of each shape's best kernel time, best first.
 
-    python benchmarks/cuda/probe_skinny.py [--ms 1,4,16] [--kws 8,16] [--orders 0,1] [--prefetch 0,1] [--json out.json]
+    python benchmarks/cuda/probe_skinny.py [--ms 1,4,16] [--kws 8,16] [--orders 0,1] [--prefetch 0,1] [--wns 1,2]
+        [--nbs 1,2,4] [--unrolls 1,2,4] [--shapes 5120x5120,11008x4096] [--heroes] [--json out.json]
+
+``--heroes`` adds the variant's hero configs for each shape (named ``hero <params>``).
 """
 
 from __future__ import annotations
@@ -36,14 +39,30 @@ SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (5120, 5120), (13824, 5120
           (1024, 8192)]
 
 
-def configs(kws: list[int], orders: list[bool], prefetch: list[bool]) -> list[tuple[str, PipelineConfig]]:
-    """Every (nb, kw, unroll) with kw in ``kws`` for each k order (``coalesced``) and prefetch setting,
-    named ``[pf ][old ]nbX kwY uZ`` (``old``: the non-coalesced order)."""
+def configs(kws: list[int], orders: list[bool], prefetch: list[bool], wns: tuple[int, ...] = (1,),
+            nbs: tuple[int, ...] = (1, 2, 4), unrolls: tuple[int, ...] = (1, 2, 4)) -> list[tuple[str, PipelineConfig]]:
+    """Every (nb, kw, unroll, wn) with kw in ``kws`` for each k order (``coalesced``) and prefetch setting,
+    named ``[pf ][old ]nbX kwY uZ[ wnW]`` (``old``: the non-coalesced order); 16-warp blocks get
+    ``wide_regs``."""
     out = []
-    for co, pf, nb, kw, un in itertools.product(orders, prefetch, (1, 2, 4), kws, (1, 2, 4)):
-        out.append((f"{'pf ' if pf else ''}{'' if co else 'old '}nb{nb} kw{kw} u{un}", PipelineConfig(
-            warps=kw, params=(("nb", nb), ("kw", kw), ("unroll", un), ("coalesced", co), ("prefetch", pf)))))
+    for co, pf, nb, kw, un, wn in itertools.product(orders, prefetch, nbs, kws, unrolls, wns):
+        if kw * wn > 16:
+            continue
+        out.append((f"{'pf ' if pf else ''}{'' if co else 'old '}nb{nb} kw{kw} u{un}{f' wn{wn}' if wn > 1 else ''}",
+                    PipelineConfig(warps=kw * wn, params=(("nb", nb), ("kw", kw), ("unroll", un), ("coalesced", co),
+                                                          ("prefetch", pf), ("wide_regs", kw * wn == 16),
+                                                          ("wn", wn)))))
     return out
+
+
+def hero_items(m: int, n: int, k: int) -> list[tuple[str, PipelineConfig]]:
+    """The skinny variant's hero configs for this shape on this GPU, named ``hero <params>``."""
+    from tracea_cuda.variants.skinny import SkinnyMmaGemm  # noqa: PLC0415
+
+    op = GemmOp(m, n, k, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")
+    profile = tracea.get_doctor().profile_for("cuda:0")
+    return [("hero " + " ".join(f"{key}={v}" for key, v in cfg.params), cfg)
+            for cfg in SkinnyMmaGemm().hero_configs(op, profile)]
 
 
 def _compile(item: tuple[str, str, str]) -> str:
@@ -86,15 +105,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--orders", default="0,1", help="k orders: 0 adjacent vectors per lane, 1 coalesced")
     p.add_argument("--prefetch", default="0,1")
     p.add_argument("--npw", default="1,2,4", help="GEMV rows per warp timed at M = 1")
+    p.add_argument("--wns", default="1", help="row groups per block (warps sharing A's K slices) to sweep")
+    p.add_argument("--nbs", default="1,2,4")
+    p.add_argument("--unrolls", default="1,2,4")
+    p.add_argument("--shapes", default="", help="weights NxK,... (default: the 8 decode weights)")
+    p.add_argument("--heroes", action="store_true", help="also time the variant's hero configs per shape")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; ratios are torch time / tracea time")
     rows = []
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
-    cfgs = configs(ints(args.kws), [bool(v) for v in ints(args.orders)], [bool(v) for v in ints(args.prefetch)])
-    precompile(cfgs, [int(v) for v in args.ms.split(",")])
-    for (n, k), m in itertools.product(SHAPES, [int(v) for v in args.ms.split(",")]):
+    cfgs = configs(ints(args.kws), [bool(v) for v in ints(args.orders)], [bool(v) for v in ints(args.prefetch)],
+                   tuple(ints(args.wns)), tuple(ints(args.nbs)), tuple(ints(args.unrolls)))
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    ms = ints(args.ms)
+    heroes = {(m, n, k): hero_items(m, n, k) for (n, k), m in itertools.product(shapes, ms)} if args.heroes else {}
+    precompile(cfgs + [item for items in heroes.values() for item in items], ms)
+    for (n, k), m in itertools.product(shapes, ms):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = x.double() @ w.double().t()
@@ -108,7 +136,7 @@ def main(argv: list[str]) -> int:
                "configs": {}}
         extra = [(f"gemv npw{v}", "cuda.gemm.gemv", PipelineConfig(params=(("npw", v),))) for v in ints(args.npw)
                  if m == 1]
-        for key, variant, cfg in [(key, "cuda.gemm.skinny_mma", cfg) for key, cfg in cfgs] + extra:
+        for key, variant, cfg in [(key, "cuda.gemm.skinny_mma", cfg) for key, cfg in cfgs + heroes.get((m, n, k), [])] + extra:
             fn = lambda x=x, w=w, cfg=cfg, variant=variant: tracea.ops.matmul(  # noqa: E731
                 x, w.t(), variant=variant, config=cfg)
             try:

@@ -4,7 +4,8 @@ linear and SDPA, or without SDPA: ``--no-attention``; default settings, arbiter 
 same model eager, interleaved in one run. Per model and configuration it prints the first patched call's
 time (plans, compilation and the arbiter's timing), the output's error against eager, eager and CUDA-graph
 ratios (eager time / patched time: > 1 means Tracea is faster), and the fallbacks (the three most counted
-reasons under each row); a failure is printed and the run goes on (any failure is a bug).
+reasons under each row) and the arbiter's verdicts on the model's attention signatures (which side serves
+SDPA, with both device times); a failure is printed and the run goes on (any failure is a bug).
 
     source scripts/srcenv.sh
     python benchmarks/user_path/bench_zoo.py --device cuda [--timm a,b] [--hf bert,llama] [--no-graphs]
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tracea_torch  # noqa: E402
 from bench_user_path import graphed, paired  # noqa: E402
-from tracea_torch import fallbacks  # noqa: E402
+from tracea_torch import arbiter, fallbacks  # noqa: E402
 
 TIMM_DEFAULT = "efficientnet_b0,mobilenetv3_large_100,regnety_016,resnext50_32x4d,densenet121,vit_small_patch16_224"
 HF_DEFAULT = "bert,llama"
@@ -115,6 +116,7 @@ def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch
     try:
         with torch.no_grad(), tracea_torch.patched(patched_model, attention=attention):
             fallbacks.reset()
+            arbiter.reset()
             ref = _logits(model(*args))
             sync()
             t0 = time.perf_counter()
@@ -130,6 +132,9 @@ def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch
             row["fallbacks"] = sum(counts.values())
             row["fallback_reasons"] = [f"{kind} x{n}: {reason[:90]}" for (kind, reason), n in
                                        sorted(counts.items(), key=lambda kv: -kv[1])[:3]]
+            row["attention_verdicts"] = [f"{v.winner} ({v.op}: {v.variant} {v.tracea_s * 1e6:.1f} vs PyTorch "
+                                         f"{v.torch_s * 1e6:.1f} us device)"
+                                         for v in arbiter.verdicts() if v.op.startswith("attention")]
             if cuda and graphs:
                 try:
                     gp, ge = graphed(lambda: patched_model(*args)), graphed(lambda: model(*args))
@@ -170,6 +175,8 @@ def main(argv: list[str]) -> int:
             print(f"      graph capture: {row['graph_error']}")
         for reason in row.get("fallback_reasons", []):
             print(f"      fallback {reason}")
+        for verdict in row.get("attention_verdicts", []):
+            print(f"      SDPA verdict: {verdict}")
     ok = [r for r in rows if "ratio" in r]
     if ok:
         ratios = sorted(r["ratio"] for r in ok)

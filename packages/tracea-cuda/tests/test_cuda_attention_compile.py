@@ -4,9 +4,12 @@ in ``test_cuda_offline_compile.py``; the nvcc parts skip when nvcc is absent).""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tracea.doctor.profile import DeviceProfile
+from tracea.dtypes import DType
 from tracea.ir.device import Device
 from tracea.ir.ops import AttentionOp
 
@@ -135,12 +138,44 @@ def test_wgmma_kernels_compile_without_spills():
 
     specs = [flash_wgmma.FlashWgmmaSpec(DType.BF16, 128, 80, 3, 2, True, pingpong=False),
              flash_wgmma.FlashWgmmaSpec(DType.F16, 64, 192, 2, 4, False),
-             flash_wgmma.FlashWgmmaSpec(DType.F16, 128, 192, 2, 2, True)]
+             flash_wgmma.FlashWgmmaSpec(DType.F16, 128, 192, 2, 2, True),
+             flash_wgmma.FlashWgmmaSpec(DType.BF16, 128, 160, 2, 2, False, tail=True, lse=True),
+             flash_wgmma.FlashWgmmaSpec(DType.F16, 64, 128, 3, 2, False, tail=True)]
     sources = {f"k{i}": flash_wgmma.render(s, name=f"k{i}") for i, s in enumerate(specs)}
     report = compile_report(bundle(sources), "sm_90a")
     assert set(report) == set(sources)
     for name, res in report.items():
         assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack == 0 and not res.advisories, (name, res)
+
+
+def test_wgmma_tail_split():
+    """``tail``: whole waves run whole, the rest (fewer items than CTAs) cut into runs of key tiles no
+    longer than an item and no item in more than about TAIL_MAX_PIECES pieces (plus one where a run's
+    start falls inside it); it needs a persistent grid and non-causal attention."""
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.variants.attention_wgmma import TAIL_MAX_PIECES, FlashAttentionWgmma, tail_split
+    from tracea_cuda.variants.base import hero
+
+    assert tail_split(2048, 132, 26) == (1980, 14)  # B4 H16 S4096, 128x160: 68 tail items in runs of 14
+    assert tail_split(4096, 132, 26) == (4092, 7)  # GQA 32/8: 4 tail items, 4 pieces each, not 26
+    assert tail_split(1056, 132, 26) == (1056, 1)  # whole waves: nothing to cut
+    assert tail_split(100, 132, 26) == (100, 1)  # fewer items than CTAs: one CTA per item
+    for items, ctas, nt in ((160, 132, 3), (2049, 132, 26), (1408, 132, 32), (4097, 114, 64), (300, 7, 5)):
+        full, trun = tail_split(items, ctas, nt)
+        assert full % ctas == 0 and 0 < items - full < ctas and 1 <= trun <= nt
+        tiles = (items - full) * nt
+        assert -(-tiles // trun) <= ctas  # every run has a CTA
+        assert -(-nt // trun) <= TAIL_MAX_PIECES
+    w = FlashAttentionWgmma()
+    d128 = AttentionOp(4, 16, 4096, 4096, 128, dtype="bfloat16")
+    spec = w.spec(d128, hero(128, 160, 128, 2, 12, persistent=True, tail=True), None, H100)
+    assert spec.tail and spec.smem_bytes == flash_wgmma.FlashWgmmaSpec(spec.dtype, 128, 160, 2, 2, False).smem_bytes + 16
+    src = flash_wgmma.render(spec)
+    assert "#define TAIL 1" in src and "SOFTMAX(t0 + t)" in src
+    assert "SOFTMAX(t0" not in flash_wgmma.render(w.spec(d128, hero(128, 160, 128, 2, 12, persistent=True), None, H100))
+    assert "persistent" in w.validate_config(d128, hero(128, 160, 128, 2, 12, tail=True), H100).reason
+    causal = AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16")
+    assert "causal" in w.validate_config(causal, hero(128, 128, 128, 2, 12, persistent=True, tail=True), H100).reason
 
 
 # -- cuda.attention.decode (split-KV decode, sm_80+) ----------------------------------------------------
@@ -213,3 +248,54 @@ def test_decode_splits_follow_an_mps_share(monkeypatch):
     monkeypatch.setenv(MPS_PERCENTAGE_ENV, "50")
     half = dv.spec(op, cfg, None, H100).splits
     assert full == 16 and half == 8
+
+
+# -- strided operands (AttentionOp.strides) -----------------------------------------------------------
+
+def _strided_op(d: int = 64, seq: int = 197, heads: int = 6, **kw) -> AttentionOp:
+    """ViT-style packed qkv: (batch, head, seq) strides (seq * 3 * heads * d, d, 3 * heads * d); out BSHD."""
+    qkv = (seq * 3 * heads * d, d, 3 * heads * d)
+    return AttentionOp(4, heads, seq, seq, d, dtype="float16", strides=qkv * 3 + (seq * heads * d, d, heads * d), **kw)
+
+
+def test_which_variants_take_strided_operands():
+    """flash_mma and wgmma read 16-byte-multiple strides in place (their specs compile the strided mode);
+    other strides (and packed ops) are not taken, so dispatch packs for them; decode never takes them."""
+    from tracea_cuda.variants.attention_decode import FlashDecode
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+    from tracea_cuda.variants.base import hero
+
+    w = FlashAttentionWgmma()
+    op = _strided_op()
+    assert V.takes_strides(op) and w.takes_strides(op) and not FlashDecode().takes_strides(op)
+    assert not V.takes_strides(OPS[1]) and not w.takes_strides(OPS[1])
+    odd = AttentionOp(1, 2, 5, 5, 64, dtype="float16", strides=(1000, 500, 100) + (640, 320, 64) * 3)  # 100 x 2 B
+    assert not V.takes_strides(odd) and not w.takes_strides(odd)
+    assert V.spec(op, V.hero_configs(op, H100)[0], None, H100).strided
+    assert w.spec(op, hero(128, 128, 64, 2, 12)).strided and not w.spec(OPS[1], hero(128, 128, 64, 2, 12)).strided
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
+def test_strided_kernels_compile_without_spills():
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+
+    w = FlashAttentionWgmma()
+    for causal in (False, True):
+        op = _strided_op(d=128, causal=causal)
+        spec = w.spec(op, w.hero_configs(op, H100)[0])
+        res = compile_report(flash_wgmma.render(spec), "sm_90a")[flash_wgmma.KERNEL_NAME]
+        assert spec.strided and res.spill_stores == 0 and res.spill_loads == 0
+    # flash_mma's first heroes (d64 two m-tiles; d128), masked (per-key loads at seq 197) or not, with the
+    # log-sum-exp, and a split-KV decode kernel
+    specs = [flash_attn.FlashSpec(DType.BF16, 128, 16, 64, False, 0, 8, strided=True)]
+    for d in (64, 128):
+        for mask in (None, "additive", "bool"):
+            op = dataclasses.replace(_strided_op(d=d), mask=mask, mask_shape=(4, 1) if mask else None, lse=True)
+            specs.append(V.spec(op, V.hero_configs(op, H100)[0], None, H100))
+    for spec in specs:
+        assert spec.strided
+        res = compile_report(flash_attn.render(spec), "sm_90a")[flash_attn.KERNEL_NAME]
+        assert res.spill_stores == 0 and res.spill_loads == 0, spec
+    combine = compile_report(flash_attn.render_combine(spec), "sm_90a")[flash_attn.COMBINE_NAME]
+    assert combine.spill_stores == 0

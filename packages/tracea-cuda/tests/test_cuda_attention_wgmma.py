@@ -90,6 +90,65 @@ def test_persistent_grid_walks_more_items_than_ctas(case, causal):
         assert _rel(out, ref) < TOL["bfloat16"], cfg.key
 
 
+# (B, H, KVH, Sq, Skv, D): more items than SMs with a partial last wave (on 132 SMs: 160 items, 3 key tiles:
+# one-tile runs, three pieces an item; 768 items of 19 tiles; GQA 1024 items; D64 704 items of 192 rows;
+# 256 items of one key tile: every tail item whole in one run), and one with whole waves only
+TAIL_CASES = [(4, 8, 8, 600, 333, 128), (2, 16, 16, 3000, 3000, 128), (4, 32, 8, 1024, 1500, 128),
+              (4, 16, 16, 2000, 2001, 64), (1, 8, 8, 4096, 1, 128), (2, 33, 33, 4096, 777, 128)]
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", TAIL_CASES, ids=[str(c) for c in TAIL_CASES])
+def test_tail_split_matches_float64(case, dt):
+    """``tail``: the items past the last whole wave cut along the keys (runs of one to many tiles, edge
+    tiles past seq_kv, pieces merged by the last to arrive in piece order); ``edge_pv``: an item's (or
+    piece's) last P V skips the 16-key groups past seq_kv (1 to all of a tile's k steps run here). The
+    output and the log-sum-exp match the float64 reference, and repeated launches (the arrival counts back
+    at zero) give the same bits."""
+    import torch
+
+    import tracea
+    from tracea_cuda.testing_attention import lse_close
+    from tracea_cuda.variants.base import hero
+
+    d = case[-1]
+    q, k, v = _inputs(case, dt, sum(case) + len(dt))
+    ref, ref_lse = _ref(q, k, v, return_lse=True)
+    shapes = [(128, 160), (128, 128)] if d == 128 else [(192, 128), (128, 128)]
+    configs = [hero(bm, bn, d, 2, 4 * (bm // 64 + 1), persistent=p, **kw) for bm, bn in shapes
+               for p, kw in ((True, {"tail": True}), (True, {"tail": True, "edge_pv": True}), (False, {"edge_pv": True}))]
+    for cfg in configs:
+        first = None
+        for _ in range(3):
+            out, lse = tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT, config=cfg, return_lse=True)
+            assert _rel(out, ref) < TOL[dt], cfg.key
+            assert lse_close(lse, ref_lse) is None, (cfg.key, lse_close(lse, ref_lse))
+            if first is not None:
+                torch.testing.assert_close(out, first, atol=0, rtol=0)
+            first = out
+        plain = tracea.ops.attention(q, k, v, enable_gqa=True, variant=VARIANT, config=cfg)
+        assert _rel(plain, ref) < TOL[dt], cfg.key
+
+
+def test_tail_split_propagates_nonfinite_values_and_replays_in_a_graph():
+    """A NaN in a tail item's keys reaches its rows through the merge (the pieces' weights); the tail
+    split captured in a CUDA graph (its counts and partials from buffers of the capture) replays right."""
+    import tracea
+    from tracea.testing import nonfinite_mismatch
+    from tracea_cuda.variants.base import hero
+
+    case = (4, 8, 8, 600, 333, 128)
+    cfg = hero(128, 160, 128, 2, 12, persistent=True, tail=True, edge_pv=True)
+    q, k, v = _inputs(case, "bfloat16", 21)
+    kk = k.clone()
+    kk[3, 7, 200, 5] = float("nan")  # the last (batch, head): its blocks are tail items on 132 SMs
+    got = tracea.ops.attention(q, kk, v, variant=VARIANT, config=cfg).double().cpu().numpy()
+    msg = nonfinite_mismatch(got, _ref(q, kk, v).numpy(), atol=2e-2)
+    assert msg is None, msg
+    for seed, out in graph_replays(lambda: tracea.ops.attention(q, k, v, variant=VARIANT, config=cfg), (q, k, v)):
+        assert _rel(out, _ref(q, k, v)) < TOL["bfloat16"], seed
+
+
 def test_default_path_picks_the_wgmma_kernel_for_prefill():
     import torch
 

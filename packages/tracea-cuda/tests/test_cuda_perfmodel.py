@@ -152,19 +152,16 @@ def test_doctor_cli_text_explains_the_ranking(monkeypatch):
 
 def test_few_tile_gemms_take_the_split_k_hero_and_decode_keeps_its_variants(monkeypatch):
     """x @ W.T with few 128x128 tiles: the Doctor picks the Hopper GEMM with the split-K hero (measured
-    1.9-2.6x faster than the mma.sync default it replaced on an H100); on a GPU of >= 4 TB/s (H200) whole
-    128-row tiles over at most one 128x64 tile per SM take 128x64 tiles, or narrower ones that fill the SMs
-    where those are not split (``hopper_tiles``: 128x32 at N4096 K4096, 128x96 at N11008); M <= 16 keeps
-    GEMV / skinny."""
+    1.9-2.6x faster than the mma.sync default it replaced on an H100); whole 128-row tiles over at most one
+    128x64 tile per SM take 128x64 tiles (H200 and H100 alike), or narrower ones that fill the SMs where those
+    are not split (``hopper_tiles``: 128x32 at N4096 K4096, 128x96 at N11008); M <= 16 keeps GEMV / skinny."""
     from dataclasses import replace as dc_replace
 
-    for profile, expected in (
-            (H100, {(512, 1024, 8192): (128, 4), (128, 4096, 4096): (128, 3), (128, 1024, 8192): (128, 8),
-                    (256, 4096, 14336): (128, 2)}),
-            (dc_replace(H100, bandwidth_gbs=4800.0), {
-                (512, 1024, 8192): (128, 4), (128, 4096, 4096): (32, None), (128, 1024, 8192): (64, 8),
+    expected = {(512, 1024, 8192): (128, 4), (128, 4096, 4096): (32, None), (128, 1024, 8192): (64, 8),
                 (128, 2048, 8192): (64, 4), (256, 4096, 4096): (64, None), (128, 8192, 8192): (64, None),
-                (128, 11008, 4096): (96, None), (96, 4096, 14336): (128, 3), (128, 4096, 11008): (64, 2), (192, 4096, 4096): (128, None)})):
+                (128, 11008, 4096): (96, None), (96, 4096, 14336): (128, 3), (128, 4096, 11008): (64, 2),
+                (192, 4096, 4096): (128, None), (256, 4096, 14336): (64, None)}
+    for profile in (H100, dc_replace(H100, bandwidth_gbs=4800.0)):
         doc = _doctor(monkeypatch, profile)
 
         def decide(m, n, k, dt="bfloat16", doc=doc):
@@ -201,28 +198,72 @@ def test_attention_decode_shapes_go_to_the_decode_kernel(monkeypatch):
 
 
 def test_skinny_heroes_follow_the_memory_bandwidth():
-    """The skinny GEMM's first hero: (nb=2, kw=16, unroll=2) measured best on an H100 (3.35 TB/s); on an
-    H200 (4.8 TB/s) the prefetching loop, (nb=2, kw=16, unroll=2) at M <= 8 and (nb=2, kw=8, unroll=2) at
-    M 9-16, one-block rows over 16 warps where two-block rows leave SMs idle (N < 16 x SMs)."""
+    """The skinny GEMM's first hero. Below 4 TB/s (H100 probe): the prefetching one-row-block kernels,
+    (nb=1, kw=16, unroll=2, wide_regs) at M <= 8 and on narrow weights, (nb=1, kw=8, unroll=2) at M 9-16 unless
+    its grid ends in a short last wave (then nb=2). On an H200 (4.8 TB/s) the prefetching loop, (nb=2, kw=16,
+    unroll=2) at M <= 8 and (nb=2, kw=8, unroll=2) at M 9-16, one-block rows over 16 warps where two-block rows
+    leave SMs idle (N < 16 x SMs)."""
     from dataclasses import replace as dc_replace
 
     from tracea_cuda.variants.skinny import SkinnyMmaGemm
 
-    def first(m, n, bw):
+    def first(m, n, bw, profile=H100):
         c = SkinnyMmaGemm().hero_configs(GemmOp(m, n, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),
-                                         dc_replace(H100, bandwidth_gbs=bw))[0]
-        return tuple(c.get(p) for p in ("nb", "kw", "unroll", "coalesced", "prefetch"))
+                                         dc_replace(profile, bandwidth_gbs=bw))[0]
+        return tuple(c.get(p) for p in ("nb", "kw", "unroll", "coalesced", "prefetch", "wide_regs"))
 
-    assert first(4, 8192, 3350.0) == (2, 16, 2, False, False)
-    assert first(16, 8192, 3350.0) == (2, 16, 2, False, False)
-    assert first(4, 8192, 4800.0) == (2, 16, 2, False, True)
-    assert first(16, 8192, 4800.0) == (2, 8, 2, False, True)
-    assert first(4, 1024, 4800.0) == (1, 16, 4, True, True)
-    assert first(16, 1024, 4800.0) == (1, 16, 2, False, True)
-    heroes = SkinnyMmaGemm().hero_configs(GemmOp(16, 8192, 8192, trans_b=True, dtype_a="bfloat16",
-                                                 dtype_b="bfloat16"), dc_replace(H100, bandwidth_gbs=4800.0))
-    assert len({c.key for c in heroes}) == len(heroes) == 8
-    assert all(c.get("wide_regs") == (c.get("kw") == 16 and c.get("prefetch") and c.get("nb") == 1) for c in heroes)
+    for rows in (1, 4, 8):
+        assert first(rows, 8192, 3350.0) == first(rows, 1024, 3350.0) == (1, 16, 2, False, True, True)
+    # M 9-16 on 132 SMs, 4 one-row blocks per SM: 5120 rows are 1.21 waves, 6000 1.42, 8192 1.94, 13824 3.27
+    assert first(16, 5120, 3350.0) == first(9, 5120, 3350.0) == (2, 8, 2, False, True, False)
+    for n in (6000, 8192, 11008, 13824, 28672, 3000):
+        assert first(16, n, 3350.0) == (1, 8, 2, False, True, False), n
+    assert first(16, 1024, 3350.0) == (1, 16, 2, False, True, True)
+    # the waves follow the SM count: 108 SMs (A100) put 4096 rows at 1.19 waves
+    assert first(16, 4096, 2039.0, A100) == (2, 8, 2, False, True, False)
+    assert first(16, 4096, 3350.0) == (1, 8, 2, False, True, False)
+    assert first(4, 8192, 4800.0) == (2, 16, 2, False, True, False)
+    assert first(16, 8192, 4800.0) == (2, 8, 2, False, True, False)
+    assert first(4, 1024, 4800.0) == (1, 16, 4, True, True, True)
+    assert first(16, 1024, 4800.0) == (1, 16, 2, False, True, True)
+    for bw in (3350.0, 4800.0):
+        heroes = SkinnyMmaGemm().hero_configs(GemmOp(16, 8192, 8192, trans_b=True, dtype_a="bfloat16",
+                                                     dtype_b="bfloat16"), dc_replace(H100, bandwidth_gbs=bw))
+        assert len({c.key for c in heroes}) == len(heroes) == (7 if bw < 4000 else 8)
+        assert all(c.get("wide_regs") == (c.get("kw") == 16 and c.get("prefetch") and c.get("nb") == 1)
+                   for c in heroes)
+
+
+def test_short_last_wave():
+    from tracea_cuda.variants.skinny import short_last_wave
+
+    assert short_last_wave(640, 4, 132)  # 1.21 waves
+    assert not short_last_wave(1024, 4, 132)  # 1.94
+    assert not short_last_wave(500, 4, 132)  # one wave, not full
+    assert not short_last_wave(1728, 4, 132)  # 3.27: later waves dilute the tail
+    assert short_last_wave(1100, 4, 132)  # 2.08
+    assert not short_last_wave(10, 4, 0)  # no SM count: no claim
+
+
+def test_skinny_row_groups_validated_on_the_cpu():
+    """wn row groups: at most 16 warps a block (kw x wn), wn in 1 / 2 / 4 / 8; the grid covers N in blocks
+    of 8 x nb x wn rows."""
+    from tracea.semantic.config import PipelineConfig
+
+    from tracea_cuda.variants.skinny import SkinnyMmaGemm
+
+    v, op = SkinnyMmaGemm(), GemmOp(16, 1000, 512, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")
+
+    def cfg(kw, wn, nb=1):
+        return PipelineConfig(warps=kw * wn, params=(("nb", nb), ("kw", kw), ("unroll", 2), ("wn", wn)))
+
+    assert v.validate_config(op, cfg(8, 2), H100) and v.validate_config(op, cfg(2, 8), H100)
+    for bad in (cfg(8, 4), cfg(16, 2), cfg(4, 3)):
+        validity = v.validate_config(op, bad, H100)
+        assert not validity and "wn=" in validity.reason, bad.key
+    spec = v.spec(op, cfg(4, 2, nb=2), None)
+    assert spec.threads == 256 and spec.rows == 32 and v.grid(op, spec) == (32, 1, 1)
+    assert spec.smem_bytes == 4 * 8 * 2 * 128
 
 
 def test_one_row_decode_goes_to_the_gemv_on_tall_weights(monkeypatch):

@@ -48,6 +48,20 @@ def test_skinny_search_space_corners(m, nb, kw, unroll, coalesced, prefetch, wid
     T.check_gemm_configs(V, op, [cfg], _tol("bfloat16", "bfloat16"), seed=nb + kw + m)
 
 
+@pytest.mark.parametrize("m", [16, 11, 4, 1])
+@pytest.mark.parametrize("nb,kw,unroll,wn,prefetch,coalesced", [
+    (2, 8, 2, 2, True, False), (2, 4, 2, 4, True, False), (1, 2, 4, 8, True, True), (4, 4, 2, 2, True, False),
+    (2, 2, 1, 2, False, True)])
+@pytest.mark.parametrize("n,k", [(517, 1032), (1000, 264), (37, 4104)])
+def test_skinny_row_groups(m, nb, kw, unroll, wn, prefetch, coalesced, n, k):
+    """Several row groups per block (wn): partial last blocks (N = 517 / 1000 / 37 against 16-256-row blocks),
+    K not a multiple of a chunk, warps without chunks (K = 264 over 8 K slices)."""
+    op = GemmOp(m, n, k, trans_b=True, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu")
+    cfg = PipelineConfig(warps=kw * wn, params=(("nb", nb), ("kw", kw), ("unroll", unroll), ("coalesced", coalesced),
+                                                ("prefetch", prefetch), ("wide_regs", kw * wn == 16), ("wn", wn)))
+    T.check_gemm_configs(V, op, [cfg], _tol("float16", "float16"), seed=nb + kw + wn + m + n)
+
+
 @pytest.mark.parametrize("out", ["float32", "float16"])
 def test_skinny_output_cast(out):
     op = GemmOp(24, 777, 640, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", dtype_out=out, epilogue="bias+gelu")

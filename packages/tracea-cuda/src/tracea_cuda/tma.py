@@ -40,21 +40,27 @@ def _libcuda() -> Any:
     return lib
 
 
-def tiled_map(ptr: int, dtype: DType, dims: Sequence[int], box: Sequence[int], pitch: int | None = None) -> TensorMap:
+def tiled_map(ptr: int, dtype: DType, dims: Sequence[int], box: Sequence[int], pitch: int | None = None,
+              strides: Sequence[int] | None = None) -> TensorMap:
     """A 128B-swizzled tiled tensor map of a row-major tensor, packed but for its rows.
 
     :param dims: sizes innermost first (for a (batch, rows, cols) array: ``(cols, rows, batch)``).
     :param box: box sizes innermost first; the innermost box must span at most 128 bytes.
     :param pitch: elements from one row to the next (default ``dims[0]``; its bytes must be a multiple
         of 16); the outer dimensions are packed over rows of that pitch.
+    :param strides: instead of ``pitch``, the element strides of ``dims[1:]`` (innermost dim unit-stride;
+        each stride's bytes a multiple of 16; a dimension of size 1 may give 0).
     """
     rank = len(dims)
     item = dtype.itemsize
     g_dim = (ctypes.c_uint64 * rank)(*dims)
-    strides, acc = [], item
-    for i, d in enumerate(dims[:-1]):
-        acc *= pitch if i == 0 and pitch is not None else d
-        strides.append(acc)
+    if strides is not None:  # a size-1 dim's stride is never used; TMA still wants a valid one
+        strides = [(int(st) or int(dims[0])) * item for st in strides]
+    else:
+        strides, acc = [], item
+        for i, d in enumerate(dims[:-1]):
+            acc *= pitch if i == 0 and pitch is not None else d
+            strides.append(acc)
     g_stride = (ctypes.c_uint64 * max(rank - 1, 1))(*strides)
     b_dim = (ctypes.c_uint32 * rank)(*box)
     e_str = (ctypes.c_uint32 * rank)(*([1] * rank))

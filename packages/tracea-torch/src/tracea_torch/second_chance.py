@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from tracea.doctor.decision import Decision
-from tracea.errors import TraceaError
+from tracea.errors import TraceaError, TuningCacheWarning
 from tracea.runtime import first_use
 
 from . import arbiter
@@ -80,7 +80,7 @@ def retry(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
     written = first_use.persist(decision, variant, cfg, [t_ours])
     if not written:
         warnings.warn(f"tracea: {decision.op.describe()}: {variant.name} {cfg.key} ran {first_ratio / ratio:.2f}x "
-                      "faster than the first choice, but no tuning cache took it", RuntimeWarning, stacklevel=3)
+                      "faster than the first choice, but no tuning cache took it", TuningCacheWarning, stacklevel=3)
     return written
 
 

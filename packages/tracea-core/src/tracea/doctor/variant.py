@@ -244,6 +244,12 @@ class KernelVariant:
         """Compute ``op`` on ``args`` with ``config``, writing ``args.out``."""
         raise NotImplementedError(f"{type(self).__name__}.run")
 
+    def takes_strides(self, op: Op) -> bool:
+        """Whether this variant's launcher reads strided operands as described by ``op.strides``
+        (attention: :attr:`~tracea.ir.ops.AttentionOp.strides`). False (the default): dispatch hands it
+        packed arrays (:func:`tracea.runtime.attention_strides.packing_launcher`)."""
+        return False
+
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         """A fast launcher ``launch(*inputs, out)`` for the plan cache (inputs in ``op.roles`` order),
         or None to be run through :meth:`run` on every call. Called once per call signature, after

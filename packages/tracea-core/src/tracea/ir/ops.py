@@ -331,6 +331,10 @@ class AttentionOp(Op):
     natural log of ``sum_j exp(scale * q k_j^T + mask_j)`` over the visible keys (FlashAttention's
     ``softmax_lse``; -inf for a row whose keys are all masked), taken as the extra input role ``"lse"``
     (launchers then take ``(q, k, v, mask, lse, out)``).
+    ``strides``: None when q, k, v and the output are packed; else 12 ints, the (batch, head, seq) element
+    strides of q, k, v and the output in that order (head_dim unit-stride, a size-1 dimension's stride 0),
+    as ``tracea.ops.attention`` hands the arrays to launchers (:mod:`tracea.runtime.attention_strides`):
+    variants whose ``takes_strides(op)`` is true read them so, the others get packed arrays.
     """
 
     kind: ClassVar[LayerType] = LayerType.ATTENTION
@@ -350,9 +354,16 @@ class AttentionOp(Op):
     dropout_p: float = field(default=0.0, metadata={"key_if_set": True})
     head_dim_v: int | None = field(default=None, metadata={"key_if_set": True})
     lse: bool = field(default=False, metadata={"key_if_set": True})
+    strides: tuple[int, ...] | None = field(default=None, metadata={"key_if_set": True})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lse", bool(self.lse))
+        if self.strides is not None:
+            st = tuple(self.strides)
+            if len(st) != 12 or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in st):
+                raise InvalidArgumentError("strides", self.strides, "None or 12 non-negative ints ((batch, head, seq) "
+                                                                    "strides of q, k, v and out)")
+            object.__setattr__(self, "strides", tuple(int(x) for x in st))
         if self.lse:  # the log-sum-exp array is one more role, after the mask
             object.__setattr__(self, "roles", AttentionOp.roles + ("lse",))
         for name in ("batch", "heads", "seq_q", "seq_kv", "head_dim"):

@@ -21,7 +21,7 @@ from ..errors import (BackendError, CaptureError, KernelFailureWarning, NoVarian
 from ..ir.device import Device
 from ..ir.ops import Op
 from ..semantic.config import PipelineConfig
-from . import fallbacks, first_use
+from . import attention_strides, fallbacks, first_use
 
 Launcher = Callable[..., None]
 
@@ -71,6 +71,8 @@ def bind(variant: KernelVariant, op: Op, config: PipelineConfig, profile: Device
         raise
     except Exception as exc:  # noqa: BLE001
         raise _wrap(exc, variant, op, config) from exc
+    if getattr(op, "strides", None) is not None and not variant.takes_strides(op):
+        launch = attention_strides.packing_launcher(launch, op, adapter)  # it reads packed arrays only
 
     def guarded(*arrays: Any) -> None:
         try:

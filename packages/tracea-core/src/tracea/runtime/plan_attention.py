@@ -1,5 +1,10 @@
 """The plan of ``tracea.ops.attention``: the arguments of ``torch.nn.functional.scaled_dot_product_attention``
-turned into an :class:`AttentionOp` on packed (batch, heads, seq, head_dim) arrays.
+turned into an :class:`AttentionOp` on (batch, heads, seq, head_dim) arrays: packed ones, or q / k / v as
+the caller laid them out when they are strided but fold into one batch with a unit-stride head_dim
+(``AttentionOp.strides``, :mod:`tracea.runtime.attention_strides`): a variant that takes strides reads
+them in place and writes an output allocated in q's storage order when q is (batch, seq, heads, dim)
+memory; any other variant is handed packed copies (by :func:`tracea.runtime.dispatch.bind`), and the
+plan's later calls then pack in the plan and allocate a packed output.
 
 What the signature fixes is worked out once: the leading batch dimensions of q, k and v broadcast
 against each other and are folded into one batch (a broadcast operand is materialised on every call,
@@ -28,7 +33,7 @@ from ..doctor.doctor import get_doctor
 from ..dtypes import DType
 from ..errors import DTypeError, InvalidArgumentError, NoVariantError, ShapeError
 from ..ir.ops import AttentionOp
-from . import dispatch, operands as ops_args
+from . import attention_strides as strided, dispatch, operands as ops_args
 from .plan_ops import _deliver, _finish, _out_checks, retrying
 
 _BOOL_DTYPES = ("bool", "torch.bool")
@@ -178,13 +183,12 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
         else:  # broadcast over seq_q, another dtype (bool) or strided: converted, once per mask version
             prep_mask = _memoised(adapter, _expanded(adapter, target, kmask, dtype))
 
-    op = AttentionOp(batch, heads, sq, sk, d, causal=causal, scale=scale, kv_heads=hk, dtype=dtype,
-                     mask=mask_kind, mask_shape=mask_shape, dropout_p=float(dropout_p), head_dim_v=dv, lse=return_lse)
     out_shape = tuple(lead) + (heads, sq, dv)
     kshape = (batch, heads, sq, dv)
     U = o.get("out")
     ops_args.check_out(U, out_shape, dtype)
     ops_args.check_no_overlap(U, [Q, K, V])
+    direct_out = U is not None and U.info.c_contiguous
 
     def prep(t: ops_args.Operand, lead_t: list[int], h: int, s: int, e: int) -> Callable[[Any], Any] | None:
         kshape_t = (batch, h, s, e)
@@ -192,10 +196,38 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
             return _packed_as(adapter, t.info.c_contiguous, kshape_t, tuple(t.info.shape) == kshape_t)
         return _expanded(adapter, tuple(lead) + (h, s, e), kshape_t, dtype)
 
-    preps = (prep(Q, lq, heads, sq, d), prep(K, lk, hk, sk, d), prep(V, lv, hk, sk, dv), prep_mask)
-    new_out = adapter.empty_factory(out_shape, dtype, q)
+    def layout(t: ops_args.Operand, lead_t: list[int], h: int, s: int, e: int) -> strided.Triple | None:
+        """The strides a variant that takes strided operands reads ``t`` with, when ``t`` is served as it is
+        (not packed, but its leading dims fold into one batch: see :mod:`tracea.runtime.attention_strides`)."""
+        if tuple(lead_t) != tuple(lead) or t.info.shape[-3] != h or t.info.c_contiguous:
+            return None
+        return strided.fold(t.info.shape, t.info.strides)
+
+    dims = ((Q, lq, heads, sq, d), (K, lk, hk, sk, d), (V, lv, hk, sk, dv))
+    preps = tuple(prep(*a) for a in dims) + (prep_mask,)
+    layouts = [layout(*a) for a in dims]
+    op_strides = None
+    bshd_out = False
+    if any(t is not None for t in layouts):  # served as they are by variants that take strides
+        bshd_out = not direct_out and strided.bshd_like(layouts[0])
+        outs = (sq * heads * dv if batch > 1 else 0, dv if heads > 1 else 0, heads * dv if sq > 1 else 0) \
+            if bshd_out else strided.packed(heads, sq, dv, batch)
+        op_strides = tuple(x for t, (_, _, h, s, e) in zip(layouts, dims)
+                           for x in (t if t is not None else strided.packed(h, s, e, batch))) + outs
+    op = AttentionOp(batch, heads, sq, sk, d, causal=causal, scale=scale, kv_heads=hk, dtype=dtype,
+                     mask=mask_kind, mask_shape=mask_shape, dropout_p=float(dropout_p), head_dim_v=dv, lse=return_lse,
+                     strides=op_strides)
+    raw_preps = tuple(None if t is not None else p for t, p in zip(layouts, preps[:3])) + preps[3:]
+    packed_new_out = adapter.empty_factory(out_shape, dtype, q)
+    if bshd_out:  # q's storage order, (..., seq, heads, dv), viewed as (..., heads, seq, dv) like PyTorch's
+        n = len(lead)
+        bshd_alloc = adapter.empty_factory(tuple(lead) + (sq, heads, dv), dtype, q)
+        axes = tuple(range(n)) + (n + 1, n, n + 2)
+        permute = adapter.permute
+        new_out: Callable[[Any], Any] = lambda x: permute(bshd_alloc(x), axes)  # noqa: E731
+    else:
+        new_out = packed_new_out
     reshape, copy_ = adapter.reshape, adapter.copy_
-    direct_out = U is not None and U.info.c_contiguous
     check_out = _out_checks(U, [Q, K, V])
     view_out = out_shape != kshape
 
@@ -206,7 +238,7 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
         target = user_out if direct_out else new_out(qq)
         return inputs, target, (reshape(target, kshape) if view else target)
 
-    inputs0, target0, kout0 = kernel_args(preps, view_out, q, k, v, attn_mask, out)
+    inputs0, target0, kout0 = kernel_args(raw_preps, view_out, q, k, v, attn_mask, out)
     user0 = {"q": q, "k": k, "v": v, "mask": attn_mask}
     if return_lse:  # float32 (..., heads, seq_q), fresh per call; the kernel sees (batch, heads, seq_q)
         new_lse, lse_kshape = adapter.empty_factory(tuple(lead) + (heads, sq), DType.F32, q), (batch, heads, sq)
@@ -215,6 +247,11 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
     run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor,
                                    inputs=inputs0)
     launch = run.launch
+    if op_strides is not None and launch is not None:
+        if run.decision is not None and run.decision.chosen.variant.takes_strides(run.decision.op):
+            preps = raw_preps  # the strided operands as they are (pointer launchers: no views either)
+        elif bshd_out:  # later calls: a packed output, no copy through a packed temporary
+            new_out = packed_new_out
     if return_lse:
         if launch is None:
             raise NoVariantError(f"return_lse: no Tracea kernel serves {op.describe()} ({run.reason}); the framework "

@@ -69,6 +69,7 @@ class FlashSpec:
     mt: int = 1  # 16-row m-tiles per warp (2: each K / V fragment feeds two MMAs; Q read from smem)
     lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
     mask_ring: bool = True  # with a mask: its tiles travel with K / V through cp.async (else a global load per key)
+    strided: bool = False  # q, k, v and out through their (batch, head, seq) element strides (kernel arguments)
 
     @property
     def ring(self) -> bool:
@@ -156,18 +157,34 @@ static __device__ __forceinline__ int lane_now() {
 static __device__ __forceinline__ u32 pack2(float lo, float hi) {
     return (u32)TO16(lo) | ((u32)TO16(hi) << 16);
 }
-// rows [r0, r0 + ROWS) of a (rows_total, D) matrix at g into swizzled shared memory; rows past the end zeroed
+// rows [r0, r0 + ROWS) of a (rows_total, D) matrix at g, rows rs elements apart, into swizzled shared
+// memory; rows past the end zeroed
 template <int ROWS>
-static __device__ __forceinline__ void load_tile(u16* s, const u16* g, int r0, int rows_total) {
+static __device__ __forceinline__ void load_tile(u16* s, const u16* g, int r0, int rows_total, size_t rs) {
     const int tid = threadIdx.x;
     #pragma unroll
     for (int i = tid; i < ROWS * CHUNKS; i += NT) {
         const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
         const bool ok = r0 + r < rows_total;
-        const u16* src = g + (size_t)(ok ? r0 + r : 0) * D + c;
+        const u16* src = g + (size_t)(ok ? r0 + r : 0) * rs + c;
         cp_async16(smem_u32(s + swz(r, c)), src, ok);
     }
 }
+#if STRIDED
+// the Q tile of a group's rows [r0, r0 + ROWS): row r is query r % per of head r / per, at
+// g + (r / per) * hs + (r % per) * rs; rows past the end zeroed
+template <int ROWS>
+static __device__ __forceinline__ void load_q_strided(u16* s, const u16* g, int r0, int rows_total, int per,
+                                                      long long hs, long long rs) {
+    #pragma unroll
+    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += NT) {
+        const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+        const bool ok = r0 + r < rows_total;
+        const int rr = ok ? r0 + r : 0;
+        cp_async16(smem_u32(s + swz(r, c)), g + (size_t)(rr / per) * hs + (size_t)(rr % per) * rs + c, ok);
+    }
+}
+#endif
 
 #if MASK_RING
 #define MROW (BN + MASK_PAD)  // u16 elements per mask tile row
@@ -193,7 +210,12 @@ static __device__ __forceinline__ void load_mask(u16* s, const u16* mask, const 
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, u16* __restrict__ out,
         const u16* __restrict__ mask, float* __restrict__ part, float* __restrict__ part_lse, float* __restrict__ lse,
-        int B, int H, int KVH, int Sq, int Skv, float scale_log2, int MB, int MH) {
+        int B, int H, int KVH, int Sq, int Skv, float scale_log2, int MB, int MH
+#if STRIDED
+        , long long qsb, long long qsh, long long qss, long long ksb, long long ksh, long long kss,
+        long long vsb, long long vsh, long long vss, long long osb, long long osh, long long oss
+#endif
+        ) {
     extern __shared__ __align__(128) u16 smem[];
     u16* sQ = smem;
     u16* sK = sQ + BM * D;           // two buffers
@@ -212,9 +234,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     const int gq = lane >> 2, tq = lane & 3;
 
     const size_t head0 = (size_t)b * H + (size_t)kvh * G;            // first q head of this kv head
+#if STRIDED
+    const u16* qb = q + (size_t)b * qsb + (size_t)kvh * G * qsh;       // row r: head r / Sq, query r % Sq
+    const u16* kb = k + (size_t)b * ksb + (size_t)kvh * ksh;
+    const u16* vb = v + (size_t)b * vsb + (size_t)kvh * vsh;
+    const size_t krs = kss, vrs = vss;
+#else
     const u16* qb = q + head0 * Sq * D;                                // rows r of the group: qb + r * D
     const u16* kb = k + ((size_t)b * KVH + kvh) * Skv * D;
     const u16* vb = v + ((size_t)b * KVH + kvh) * Skv * D;
+    const size_t krs = D, vrs = D;
+#endif
 
 @KEY_RANGE@
 #if MASK_RING
@@ -226,11 +256,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     const bool mvec = (Skv & 7) == 0 && (reinterpret_cast<size_t>(mask) & 15) == 0;  // 16-byte aligned rows
     __syncthreads();
 #endif
-    load_tile<BM>(sQ, qb, m0, M);
+#if STRIDED
+    load_q_strided<BM>(sQ, qb, m0, M, Sq, qsh, qss);
+#else
+    load_tile<BM>(sQ, qb, m0, M, D);
+#endif
     cp_async_commit();
     if (ntiles > 0) {
-        load_tile<BN>(sK, kb, kbeg, Skv);
-        load_tile<BN>(sV, vb, kbeg, Skv);
+        load_tile<BN>(sK, kb, kbeg, Skv, krs);
+        load_tile<BN>(sV, vb, kbeg, Skv, vrs);
 #if MASK_RING
         load_mask(sM, mask, sMoff, kbeg, Skv, mvec);
 #endif
@@ -294,8 +328,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         cp_async_wait<0>();
         __syncthreads();
         if (t + 1 < ntiles) {  // the next tile loads while this one is computed
-            load_tile<BN>(sK + (buf ^ 1) * BN * D, kb, n0 + BN, Skv);
-            load_tile<BN>(sV + (buf ^ 1) * BN * D, vb, n0 + BN, Skv);
+            load_tile<BN>(sK + (buf ^ 1) * BN * D, kb, n0 + BN, Skv, krs);
+            load_tile<BN>(sV + (buf ^ 1) * BN * D, vb, n0 + BN, Skv, vrs);
 #if MASK_RING
             load_mask(sM + (buf ^ 1) * BM * MROW, mask, sMoff, n0 + BN, Skv, mvec);
 #endif
@@ -457,7 +491,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
                     part_lse[prow] = l == 0.0f ? -INFINITY : msafe + log2f(l);
                 }
             } else {
+#if STRIDED
+                // head and query index recomputed here: kept live through the key loop they cost spills
+                const int rq = row[mt][h];
+                u16* dst = out + (size_t)b * osb + (size_t)(kvh * G + rq / Sq) * osh + (size_t)(rq % Sq) * oss;
+#else
                 u16* dst = out + (head0 * Sq + row[mt][h]) * D;
+#endif
                 #pragma unroll
                 for (int j = 0; j < D / 8; ++j)
                     *reinterpret_cast<u32*>(dst + j * 8 + 2 * tq) =
@@ -476,7 +516,11 @@ COMBINE = r"""
 // one warp per output row: out = sum_s w_s part_s with w_s = exp2(lse_s - max lse) / sum
 extern "C" __global__ void __launch_bounds__(256) COMBINE_KERNEL(
         const float* __restrict__ part, const float* __restrict__ part_lse, u16* __restrict__ out,
-        float* __restrict__ lse, int rows) {
+        float* __restrict__ lse, int rows
+#if STRIDED
+        , int H, int Sq, long long osb, long long osh, long long oss
+#endif
+        ) {
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= rows) return;
     float mx = -INFINITY;
@@ -494,8 +538,13 @@ extern "C" __global__ void __launch_bounds__(256) COMBINE_KERNEL(
     }
     const float inv = wsum == 0.0f ? 1.0f : 1.0f / wsum;
     if (LSE && lane == 0) lse[row] = wsum == 0.0f ? -INFINITY : (msafe + log2f(wsum)) * 0.6931471805599453f;
+#if STRIDED
+    u16* dst = out + (size_t)(row / Sq / H) * osb + (size_t)(row / Sq % H) * osh + (size_t)(row % Sq) * oss;
+#else
+    u16* dst = out + (size_t)row * D;
+#endif
     #pragma unroll
-    for (int j = 0; j < D / 32; ++j) out[(size_t)row * D + j * 32 + lane] = TO16(acc[j] * inv);
+    for (int j = 0; j < D / 32; ++j) dst[j * 32 + lane] = TO16(acc[j] * inv);
 }
 """
 
@@ -506,6 +555,7 @@ def _defines(spec: FlashSpec) -> str:
         f"#define D {spec.head_dim}", f"#define BM {spec.bm}", f"#define BN {spec.bn}", f"#define WARPS {spec.warps}",
         f"#define CAUSAL {int(spec.causal)}", f"#define MT {spec.mt}", f"#define MASK {spec.mask}", f"#define SPLITS {spec.splits}",
         f"#define LSE {int(spec.lse)}", f"#define MASK_RING {int(spec.ring)}", f"#define MASK_PAD {MASK_PAD}",
+        f"#define STRIDED {int(spec.strided)}",
         f'#define MMA_KIND "{"bf16" if bf else "f16"}"',
         f"#define TO16(x) {'f32_to_bf16' if bf else 'f32_to_f16'}(x)",
         f"#define TO32(x) {'bf16_to_f32' if bf else 'f16_to_f32'}(x)",
@@ -518,11 +568,12 @@ def render(spec: FlashSpec, name: str = KERNEL_NAME) -> str:
     spec.check()
     head = (f"// Tracea flash attention forward: {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"causal={int(spec.causal)} mask={spec.mask} splits={spec.splits} mt={spec.mt} lse={int(spec.lse)} "
-            f"mask_ring={int(spec.ring)}\n")
+            f"mask_ring={int(spec.ring)} strided={int(spec.strided)}\n")
     return head + PRELUDE + _defines(spec) + f"\n#define KERNEL {name}\n" + BODY.replace("@KEY_RANGE@", key_range("BM"))
 
 
 def render_combine(spec: FlashSpec, name: str = COMBINE_NAME) -> str:
     """CUDA source of the split-KV combine kernel ``name`` (``spec.splits`` partials of ``spec.head_dim``)."""
-    return (f"// Tracea flash attention split-KV combine: {spec.dtype.value} d{spec.head_dim} splits={spec.splits}\n"
+    return (f"// Tracea flash attention split-KV combine: {spec.dtype.value} d{spec.head_dim} splits={spec.splits} "
+            f"strided={int(spec.strided)}\n"
             + PRELUDE + _defines(spec) + f"\n#define COMBINE_KERNEL {name}\n" + COMBINE)

@@ -34,6 +34,24 @@ item's Q (once every consumer's last score GEMM is done: an ``empty Q`` mbarrier
 consumers finish and store the current one. A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
 With ``lse`` not null the epilogue also writes each row's log-sum-exp (natural log, float32): the running
 max (base-2 units) plus log2 of the row sum, times ln 2.
+
+``TAIL`` (persistent, non-causal): the whole-item loop stops at ``full`` (a multiple of the grid) and the
+items past it -- fewer than a wave, which would leave the other SMs idle -- are cut along the keys: their key
+tiles, numbered item by item, in runs of ``trun`` tiles, one per CTA (a run meets at most two items). A
+piece runs the same item code over its tiles (the whole-item loop's text is unchanged: the tail is a second
+copy of it after the loop, so ptxas schedules the main loop as without the option), then publishes its
+normalised O rows and base-2 log-sum-exp as fp32 (``part``, ``part_lse``: two slots per CTA); the last
+piece of an item to arrive (an int32 count per tail item, ``arrivals``, which it leaves at zero) reads every
+piece back in piece order -- its own too, so the result does not depend on the arrival order -- merges
+them with weights ``exp2(lse_p - max)`` and stores. ``EDGE_PV``: an item's last P V runs only the k steps
+that hold keys below seq_kv (the rest have P = 0 and V = 0); the choice is a chain of branches over whole
+fence..commit groups, since a branch around single wgmma instructions makes ptxas serialise every wgmma of
+the kernel (advisory C7519).
+
+``strided`` (``AttentionOp.strides``): q, k and v through 4-D tensor maps (d, seq, head, batch) with the
+caller's strides (16-byte multiples), a work item is a query block of one query head (its kv head is
+``head / G``; TMA zero-fills rows past ``seq_q``, so a tile never mixes heads) and the epilogue stores
+through the output's (batch, head, seq) strides (``LOAD_Q`` / ``LOAD_KV`` / ``OUT_ROW`` in the source).
 """
 
 from __future__ import annotations
@@ -64,6 +82,9 @@ class FlashWgmmaSpec:
     pingpong: bool = True  # consumer warpgroups take turns issuing their GEMMs (named barriers)
     lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
     overlap: bool = True  # tile t's softmax inside tile t-1's P V (ptxas kept from hoisting the wait above it)
+    tail: bool = False  # persistent, not causal: the items past the last whole wave cut along the keys
+    edge_pv: bool = False  # not causal: an item's last P V skips the 16-key groups past seq_kv
+    strided: bool = False  # q, k, v through 4-D maps (d, seq, head, batch), out through (batch, head, seq) strides
 
     @property
     def bm(self) -> int:
@@ -75,8 +96,10 @@ class FlashWgmmaSpec:
 
     @property
     def smem_bytes(self) -> int:
-        """Q tile, ``stages`` K and V tiles (16-bit), mbarriers, plus 1 KB to align the base to 1024."""
-        return 2 * self.head_dim * (self.bm + 2 * self.stages * self.bn) + 8 * (2 + 4 * self.stages) + 1024
+        """Q tile, ``stages`` K and V tiles (16-bit), mbarriers, (tail) a flag word, plus 1 KB to align the
+        base to 1024."""
+        return (2 * self.head_dim * (self.bm + 2 * self.stages * self.bn) + 8 * (2 + 4 * self.stages)
+                + (16 if self.tail else 0) + 1024)
 
     @property
     def regs(self) -> tuple[int, int]:
@@ -95,6 +118,8 @@ class FlashWgmmaSpec:
             problems.append(f"consumer warpgroups={self.cw} not in 2/3 (tile_m 128 / 192)")
         if not 2 <= self.stages <= 4:
             problems.append(f"stages={self.stages} not in 2..4")
+        if self.tail and self.causal:
+            problems.append("the tail split serves non-causal attention (causal items differ in length)")
         # registers per consumer thread: O (D/2) + S (BN/2) + P (BN/4) + ~32 for addresses and row state
         budget = self.regs[1] - 32
         if self.head_dim // 2 + self.bn // 2 + self.bn // 4 > budget:
@@ -140,6 +165,26 @@ static __device__ __forceinline__ void issue_pv(float* o, u32 (*p)[4], u32 va) {
     wgmma_commit();
 }
 
+// the last tile's O += P V over its first nk k steps only (EDGE_PV, not causal: the 16-key groups past
+// seq_kv hold P = 0 and V = 0, TMA's fill). Each branch is a whole fence..commit group of a fixed length
+// (a wgmma under a branch of its own makes ptxas serialise every wgmma of the kernel, advisory C7519).
+template <int K> static __device__ __forceinline__ void issue_pv_k(float* o, u32 (*p)[4], u32 va) {
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < K; ++kk) wg_pv(o, p[kk], smem_desc(va + kk * 2048, CHUNK_KV, 1024), 1);
+    wgmma_commit();
+}
+// the K-step group for nk (1 <= nk <= BN / 16): K = BN / 16, then down one step per branch
+template <int K> static __device__ __forceinline__ void issue_pv_n(float* o, u32 (*p)[4], u32 va, int nk) {
+    if constexpr (K > 1) {
+        if (nk < K) {
+            issue_pv_n<K - 1>(o, p, va, nk);
+            return;
+        }
+    }
+    issue_pv_k<K>(o, p, va);
+}
+
 // Keeping the softmax of tile t inside tile t-1's P V (the wait for P V after it): ptxas schedules a basic
 // block freely and, left alone, hoists the ``wgmma.wait_group 0`` that retires P V above the softmax (the
 // arithmetic has no dependence on it), so the softmax never overlapped this warpgroup's own P V. A loop
@@ -164,6 +209,26 @@ static __device__ __forceinline__ void turn_wait(int w) {
 static __device__ __forceinline__ void turn_pass(int w) {
     if (PINGPONG) asm volatile("bar.arrive %0, 256;" :: "r"(1 + w) : "memory");
 }
+
+// STRIDED: q, k and v through 4-D tensor maps (d, seq, head, batch) of any (16-byte multiple) strides, the
+// output through its (batch, head, seq) element strides; a work item is a query block of one query head
+// (tiles never straddle heads: TMA zero-fills rows past seq_q), "bz" then numbers (batch, query head) pairs.
+// Otherwise q is packed (batch x kv heads, G x seq_q, d): a block holds rows of the G heads of a kv head.
+static __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* map, u32 bar, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];"
+                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+// LOAD_Q: 64-column chunk c of the Q tile of rows m0.. of bz; LOAD_KV: chunk c of key tile t of bz's K or
+// V; OUT_ROW: the element offset of output row r of bz.
+#if STRIDED
+#define LOAD_Q(dst, c, m0, bz) tma_load_4d(dst, &tmQ, full_q, (c) * 64, (m0), (bz) % H, (bz) / H)
+#define LOAD_KV(dst, map, bar, c, t, bz) tma_load_4d(dst, map, bar, (c) * 64, (t) * BN, ((bz) % H) / G, (bz) / H)
+#define OUT_ROW(bz, r) ((size_t)((bz) / H) * osb + (size_t)((bz) % H) * osh + (size_t)(r) * oss)
+#else
+#define LOAD_Q(dst, c, m0, bz) tma_load_3d(dst, &tmQ, full_q, (c) * 64, (m0), (bz))
+#define LOAD_KV(dst, map, bar, c, t, bz) tma_load_3d(dst, map, bar, (c) * 64, (t) * BN, (bz))
+#define OUT_ROW(bz, r) (((size_t)(bz) * M + (r)) * D)
+#endif
 
 // Work item w = one query block of one (batch, kv head): its first row, head, key tiles, causal bound.
 struct Item { int m0, bz, ntiles, i_min; };
@@ -196,18 +261,41 @@ static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, in
     return it;
 }
 
-// 1-D grid; CTA b runs items b, b + gridDim.x, ... (gridDim.x = items: one each; fewer: persistent, the
-// producer loads the next item's Q and K / V while the consumers finish and store the current one).
+// TAIL (persistent, non-causal): items [full, items) -- fewer than a wave -- are cut along the keys. Their
+// key tiles, numbered item by item (u = j * nt + t for tail item j), are cut into runs of ``trun`` tiles,
+// run b = [b trun, (b + 1) trun) for CTA b; a run meets at most two items (trun <= nt), so CTA b's tail
+// segment si is item u0 / nt + si's tiles [tb, te) within it, and its partial results go to slot 2 b + si.
+struct Seg { int w, tb, te; };
+static __device__ __forceinline__ bool seg_of(int si, int full, int items, int nt, int trun, Seg& g) {
+    const int T = (items - full) * nt, u0 = blockIdx.x * trun, u1 = min(T, u0 + trun);
+    const int j = u0 / nt + si;
+    if (u0 >= u1 || j * nt >= u1) return false;
+    g.w = full + j;
+    g.tb = max(u0 - j * nt, 0);
+    g.te = min(u1 - j * nt, nt);
+    return true;
+}
+// the consumer warpgroups only (named barrier CW + 1; 1..CW are the ping-pong turns)
+static __device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;" :: "r"(CW + 1), "r"(128 * CW) : "memory");
+}
+
+// 1-D grid; CTA b runs items b, b + gridDim.x, ... below ``full`` (gridDim.x = items: one each; fewer:
+// persistent, the producer loads the next item's Q and K / V while the consumers finish and store the
+// current one), then (TAIL) its run of the tail's key tiles.
 extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
-        u16* __restrict__ out, float* __restrict__ lse, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2) {
+        u16* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, float* __restrict__ part_lse,
+        int* __restrict__ arrivals, int full, int trun, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2,
+        long long osb, long long osh, long long oss) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
     const u32 bars = sv + ST * KV_BYTES;  // full Q, empty Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
     const u32 full_q = bars, empty_q = bars + 8, kvb = bars + 16;
-    const int G = H / KVH, M = G * Sq;
-    const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads
+    const int G = H / KVH, M = STRIDED ? Sq : G * Sq;
+    const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads (STRIDED: x heads)
+    const int nt = (Skv + BN - 1) / BN;  // key tiles of a non-causal item
 
     if (threadIdx.x == 0) {
         mbar_init(full_q, 1);
@@ -227,28 +315,41 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
         if (threadIdx.x == 0) {
             int kt = 0, n = 0;  // K / V tiles loaded so far (ring position), items so far (Q phase)
-            for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
-                const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
-                mbar_wait(empty_q, (n & 1) ^ 1);  // the consumers' last S GEMM of the previous item is done
+            // the Q tile of item w (the n-th of this CTA), once the consumers' last S GEMM of the previous one is done
+            auto load_q = [&](int wq, int nq) {
+                const Item iq = item_of(wq, nmb, heads_kv, M, Sq, Skv);
+                mbar_wait(empty_q, (nq & 1) ^ 1);
                 mbar_expect_tx(full_q, Q_BYTES);
                 #pragma unroll
-                for (int c = 0; c < DCH; ++c) tma_load_3d(sq + c * CHUNK_Q, &tmQ, full_q, c * 64, it.m0, it.bz);
-                for (int t = 0; t < it.ntiles; ++t, ++kt) {
-                    const int s = kt % ST;
-                    const u32 ph = (kt / ST) & 1;
-                    const u32 fk = kvb + 8 * s, fv = kvb + 8 * (ST + s);
-                    mbar_wait(kvb + 8 * (2 * ST + s), ph ^ 1);
-                    mbar_expect_tx(fk, KV_BYTES);
-                    #pragma unroll
-                    for (int c = 0; c < DCH; ++c)
-                        tma_load_3d(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c * 64, t * BN, it.bz);
-                    mbar_wait(kvb + 8 * (3 * ST + s), ph ^ 1);
-                    mbar_expect_tx(fv, KV_BYTES);
-                    #pragma unroll
-                    for (int c = 0; c < DCH; ++c)
-                        tma_load_3d(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c * 64, t * BN, it.bz);
-                }
+                for (int c = 0; c < DCH; ++c) LOAD_Q(sq + c * CHUNK_Q, c, iq.m0, iq.bz);
+            };
+            // key tile t of (batch, kv head) bz into ring slot kt % ST, K and V each once its slot is free
+            auto load_kv = [&](int t, int kt, int bz) {
+                const int s = kt % ST;
+                const u32 ph = (kt / ST) & 1;
+                const u32 fk = kvb + 8 * s, fv = kvb + 8 * (ST + s);
+                mbar_wait(kvb + 8 * (2 * ST + s), ph ^ 1);
+                mbar_expect_tx(fk, KV_BYTES);
+                #pragma unroll
+                for (int c = 0; c < DCH; ++c) LOAD_KV(sk + s * KV_BYTES + c * CHUNK_KV, &tmK, fk, c, t, bz);
+                mbar_wait(kvb + 8 * (3 * ST + s), ph ^ 1);
+                mbar_expect_tx(fv, KV_BYTES);
+                #pragma unroll
+                for (int c = 0; c < DCH; ++c) LOAD_KV(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c, t, bz);
+            };
+            for (int w = blockIdx.x; w < full; w += gridDim.x, ++n) {
+                const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
+                load_q(w, n);
+                for (int t = 0; t < it.ntiles; ++t, ++kt) load_kv(t, kt, it.bz);
             }
+#if TAIL
+            Seg sg;  // then this CTA's run of the tail's key tiles, one segment per item it meets
+            for (int si = 0; seg_of(si, full, items, nt, trun, sg); ++si, ++n) {
+                load_q(sg.w, n);
+                const int bz = item_of(sg.w, nmb, heads_kv, M, Sq, Skv).bz;
+                for (int t = sg.tb; t < sg.te; ++t, ++kt) load_kv(t, kt, bz);
+            }
+#endif
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(CONSUMER_REGS));
@@ -257,23 +358,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
         const u32 qa = sq + cw * 64 * 128;
         const float c = scale_log2;  // scale * log2(e), applied in the exponent
         int kt = 0, n = 0;  // K / V tiles consumed so far (ring position), items so far (Q phase)
-        for (int w = blockIdx.x; w < items; w += gridDim.x, ++n) {
-        const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
-        const int ntiles = it.ntiles, i_min = it.i_min, bz = it.bz;
-        int row[2], klim[2];
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            row[h] = it.m0 + cw * 64 + warp * 16 + g + 8 * h;
-            const int qi = min(row[h], M - 1) % Sq;
-            klim[h] = CAUSAL ? min(Skv, qi + 1) : Skv;  // keys visible to the row: [0, klim)
-        }
-        float o[D / 2], s[BN / 2];
-        u32 p[BN / 16][4];
-        #pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-        float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
-        mbar_wait(full_q, n & 1);
-
 // mask (tiles at seq_kv's end or the diagonal), online softmax of tile T in base-2 units: s becomes the
 // unnormalised probabilities, alpha the rescale of the rows' earlier sums. The scale is positive (the op
 // checks it), so the row max is taken on the raw scores and scaled once; exp2(s * c - m) is one FFMA.
@@ -315,6 +399,51 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             p[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);                                          \
         }
 
+
+        for (int w = blockIdx.x; w < full; w += gridDim.x, ++n) {
+        const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
+        const int t0 = 0, ntiles = it.ntiles, i_min = it.i_min, bz = it.bz;
+@ITEM@        // finish: row sums over the quad, normalise, store
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = lrun[h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l == 0.0f ? 1.0f : 1.0f / l;  // l = 0: every logit -inf, weights 0 (PyTorch)
+            if (row[h] < M) {
+                if (LSE && t4 == 0) {
+                    const float msafe = mrun[h] == -INFINITY ? 0.0f : mrun[h];
+                    lse[(size_t)bz * M + row[h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
+                }
+                u16* dst = out + OUT_ROW(bz, row[h]) + 2 * t4;
+                #pragma unroll
+                for (int j = 0; j < D / 8; ++j)
+                    asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
+                                 "r"(pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv)) : "memory");
+            }
+        }
+        }
+@TAIL@    }
+}
+"""
+
+
+# one work item of a consumer warpgroup (the whole-item loop and, with TAIL, the tail pieces run it): the
+# S / P V pipeline over the item's key tiles, leaving o, mrun and lrun for the epilogue
+ITEM = r"""        int row[2], klim[2];
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            row[h] = it.m0 + cw * 64 + warp * 16 + g + 8 * h;
+            const int qi = min(row[h], M - 1) % Sq;
+            klim[h] = CAUSAL ? min(Skv, qi + 1) : Skv;  // keys visible to the row: [0, klim)
+        }
+        float o[D / 2], s[BN / 2];
+        u32 p[BN / 16][4];
+        #pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+        float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
+        mbar_wait(full_q, n & 1);
+
         if (ntiles > 0) {
             float alpha[2];
             if (PINGPONG && cw == CW - 1) turn_pass(0);  // warpgroup 0 issues first
@@ -354,7 +483,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             const int kl = kt + ntiles - 1, sl = kl % ST;
             mbar_wait(kvb + 8 * (ST + sl), (kl / ST) & 1);
             turn_wait(cw);
-            issue_pv(o, p, sv + sl * KV_BYTES);
+            if (EDGE_PV && !CAUSAL) issue_pv_n<BN / 16>(o, p, sv + sl * KV_BYTES, (Skv - (t0 + ntiles - 1) * BN + 15) / 16);
+            else issue_pv(o, p, sv + sl * KV_BYTES);
             if (cw != CW - 1) turn_pass(cw + 1);  // the last warpgroup's last turn is passed to nobody
             wgmma_wait<0>();
             #pragma unroll
@@ -364,30 +494,98 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
             mbar_arrive(empty_q);
         }
         kt += ntiles;
-        // finish: row sums over the quad, normalise, store
+"""
+
+TAIL_ITEMS = r"""#if TAIL
+        // the tail: this CTA's run of key tiles, one piece per item it meets
+        const u32 flag_at = bars + 8 * (2 + 4 * ST);  // is this piece the item's last (one int)
+        volatile int* last_flag = reinterpret_cast<volatile int*>(smem_raw + (flag_at - smem_u32(smem_raw)));
+        Seg sg;
+        for (int si = 0; seg_of(si, full, items, nt, trun, sg); ++si, ++n) {
+        const Item it = item_of(sg.w, nmb, heads_kv, M, Sq, Skv);
+        const int t0 = sg.tb, ntiles = sg.te - sg.tb, i_min = it.i_min, bz = it.bz;
+@ITEM_TAIL@        // row sums over the quad; inv2 = 1 / sum, l2 = the row's base-2 log-sum-exp over this piece's keys
+        float inv2[2], l2[2];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = lrun[h];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = l == 0.0f ? 1.0f : 1.0f / l;  // l = 0: every logit -inf, weights 0 (PyTorch)
-            if (row[h] < M) {
-                if (LSE && t4 == 0) {
-                    const float msafe = mrun[h] == -INFINITY ? 0.0f : mrun[h];
-                    lse[(size_t)bz * M + row[h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
-                }
-                u16* dst = out + ((size_t)bz * M + row[h]) * D + 2 * t4;
+            inv2[h] = l == 0.0f ? 1.0f : 1.0f / l;
+            l2[h] = l == 0.0f ? -INFINITY : (mrun[h] == -INFINITY ? 0.0f : mrun[h]) + log2f(l);
+        }
+        // tail item j's pieces: the runs of CTAs first..last (one CTA: its run holds the whole item)
+        const int j = sg.w - full, first = j * nt / trun, last = ((j + 1) * nt - 1) / trun, slot = 2 * blockIdx.x + si;
+        if (first != last) {
+            // publish the normalised O rows and base-2 log-sum-exps; the last piece to arrive merges every
+            // piece (weights exp2(lse_p - max)), stores, and leaves the item's arrival count at 0
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = cw * 64 + warp * 16 + g + 8 * h;  // the row within the block
+                float* dst = part + ((size_t)slot * BM + r) * D + 2 * t4;
                 #pragma unroll
-                for (int j = 0; j < D / 8; ++j)
-                    asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
-                                 "r"(pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv)) : "memory");
+                for (int jj = 0; jj < D / 8; ++jj)
+                    __stcg(reinterpret_cast<float2*>(dst + 8 * jj),
+                           make_float2(o[4 * jj + 2 * h] * inv2[h], o[4 * jj + 2 * h + 1] * inv2[h]));
+                if (t4 == 0) __stcg(part_lse + (size_t)slot * BM + r, l2[h]);
+            }
+            __threadfence();
+            consumers_sync();
+            if (threadIdx.x == 128) {
+                const int is_last = atomicAdd(arrivals + j, 1) == last - first;
+                if (is_last) arrivals[j] = 0;
+                *last_flag = is_last;
+            }
+            consumers_sync();
+            if (!*last_flag) continue;
+            __threadfence();
+            // every piece read back in piece order (this one's too), so the sums do not depend on which
+            // piece arrived last: repeated launches give the same bits
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = cw * 64 + warp * 16 + g + 8 * h;
+                float mx = -INFINITY;
+                for (int bb = first; bb <= last; ++bb) {
+                    const int sb = 2 * bb + j - bb * trun / nt;  // CTA bb's slot for item j
+                    mx = fmaxf(mx, __ldcg(part_lse + (size_t)sb * BM + r));
+                }
+                const float msafe = mx == -INFINITY ? 0.0f : mx;
+                float wsum = 0.0f;
+                #pragma unroll
+                for (int jj = 0; jj < D / 8; ++jj) {
+                    o[4 * jj + 2 * h] = 0.0f;
+                    o[4 * jj + 2 * h + 1] = 0.0f;
+                }
+                for (int bb = first; bb <= last; ++bb) {
+                    const int sb = 2 * bb + j - bb * trun / nt;
+                    const float wb = exp2f(__ldcg(part_lse + (size_t)sb * BM + r) - msafe);
+                    wsum += wb;
+                    const float* src = part + ((size_t)sb * BM + r) * D + 2 * t4;
+                    #pragma unroll
+                    for (int jj = 0; jj < D / 8; ++jj) {
+                        const float2 x = __ldcg(reinterpret_cast<const float2*>(src + 8 * jj));
+                        o[4 * jj + 2 * h] += wb * x.x;
+                        o[4 * jj + 2 * h + 1] += wb * x.y;
+                    }
+                }
+                inv2[h] = wsum == 0.0f ? 1.0f : 1.0f / wsum;
+                l2[h] = wsum == 0.0f ? -INFINITY : msafe + log2f(wsum);
+            }
+        }
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (row[h] < M) {
+                if (LSE && t4 == 0) lse[(size_t)bz * M + row[h]] = l2[h] * 0.6931471805599453f;
+                u16* dst = out + OUT_ROW(bz, row[h]) + 2 * t4;
+                #pragma unroll
+                for (int jj = 0; jj < D / 8; ++jj)
+                    asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * jj),
+                                 "r"(pack2(o[4 * jj + 2 * h] * inv2[h], o[4 * jj + 2 * h + 1] * inv2[h])) : "memory");
             }
         }
         }
-    }
-}
+#endif
 """
-
 
 def _defines(spec: FlashWgmmaSpec) -> str:
     bf = spec.dtype is DType.BF16
@@ -395,7 +593,8 @@ def _defines(spec: FlashWgmmaSpec) -> str:
     return "\n".join([
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
-        f"#define OVERLAP {int(spec.overlap)}",
+        f"#define OVERLAP {int(spec.overlap)}", f"#define TAIL {int(spec.tail)}", f"#define EDGE_PV {int(spec.edge_pv)}",
+        f"#define STRIDED {int(spec.strided)}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -408,7 +607,10 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     kind = "bf16" if spec.dtype is DType.BF16 else "f16"
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
-            f"overlap={int(spec.overlap)}\n")
+            f"overlap={int(spec.overlap)} tail={int(spec.tail)} edge_pv={int(spec.edge_pv)} strided={int(spec.strided)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
-    return head + PRELUDE + HOPPER_PTX + _defines(spec) + f"\n#define KERNEL {name}\n" + mmas + BODY
+    tail = "" if not spec.tail else TAIL_ITEMS.replace(
+        "@ITEM_TAIL@", ITEM.replace("SOFTMAX(0)", "SOFTMAX(t0)").replace("SOFTMAX(t)", "SOFTMAX(t0 + t)"))
+    body = BODY.replace("@ITEM@", ITEM).replace("@TAIL@", tail)
+    return head + PRELUDE + HOPPER_PTX + _defines(spec) + f"\n#define KERNEL {name}\n" + mmas + body

@@ -16,7 +16,10 @@ Options: ``coalesced`` assigns k so that a quad reads 64 contiguous bytes per in
 ``prefetch`` issues the next chunk's loads before this chunk's mma (two register buffers: each warp keeps
 a chunk in flight while it computes); ``half`` (M <= 8) compiles out rows 8-15 of the A fragment;
 ``wide_regs`` adds a minimum of one block per SM to the launch bounds (registers for the prefetching
-16-warp blocks, which spill when ptxas plans for two).
+16-warp blocks, which spill when ptxas plans for two); ``wn`` > 1 puts ``WN`` groups of ``KW`` warps in a
+block, each group on its own ``8 * NB`` weight rows over the same K slices, so the ``WN`` warps that share a
+K slice read the same A vectors (the later reads hit L1: A's traffic from L2 per weight byte drops by
+``WN``, which counts at M = 9-16 where A is as many bytes per block as the weight at ``NB`` = 2).
 """
 
 from __future__ import annotations
@@ -50,14 +53,20 @@ class SkinnySpec:
     prefetch: bool = False  # the next chunk's loads are issued before this chunk's mma (registers x2)
     half: bool = False  # M <= 8: rows 8-15 of the one A fragment are absent (zero registers, no loads)
     wide_regs: bool = False  # __launch_bounds__(threads, 1): registers for one block per SM (no spills at kw=16)
+    wn: int = 1  # groups of KW warps per block, each on its own 8 * NB rows, sharing A's K slices through L1
+
+    @property
+    def rows(self) -> int:
+        """Weight rows per block."""
+        return 8 * self.nb * self.wn
 
     @property
     def threads(self) -> int:
-        return 32 * self.kw
+        return 32 * self.kw * self.wn
 
     @property
     def smem_bytes(self) -> int:
-        return 4 * self.kw * self.mf * self.nb * 128  # every warp's partial tile, fp32
+        return 4 * self.kw * self.wn * self.mf * self.nb * 128  # every warp's partial tile, fp32
 
     def check(self) -> None:
         if self.dtype_in not in (DType.F16, DType.BF16):
@@ -68,6 +77,9 @@ class SkinnySpec:
             raise UnsupportedConfigError(f"weight blocks per warp nb={self.nb} not in 1, 2, 4")
         if self.kw not in (2, 4, 8, 16):
             raise UnsupportedConfigError(f"warps per block kw={self.kw} not in 2, 4, 8, 16")
+        if self.wn not in (1, 2, 4, 8) or self.kw * self.wn > 16:
+            raise UnsupportedConfigError(f"row groups wn={self.wn} not in 1, 2, 4, 8 or kw x wn = {self.kw * self.wn} "
+                                         "warps over 16")
         if self.unroll not in (1, 2, 4):
             raise UnsupportedConfigError(f"unroll={self.unroll} not in 1, 2, 4")
         if self.mf * self.nb * self.unroll > 16 or self.mf * self.nb > 8:
@@ -135,6 +147,48 @@ static __device__ __forceinline__ void load_chunk(uint4 (&bv)[UNROLL][NB], uint4
 """
 
 
+def _block_head(spec: SkinnySpec) -> str:
+    """The block's warp / row coordinates. With one row group (``wn`` = 1) the code of the kernels before
+    row groups existed: the general form's index arithmetic cost an H200 8-23% at M = 16 on 8192x8192 and
+    13824x5120 weights (x16 @ W8192²: 35.1 -> 43.7 us) with the same config."""
+    if spec.wn == 1:
+        return ("    extern __shared__ float red[];  // [KW][MF][NB][32 lanes][4]\n"
+                "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+                "    const long long n0 = (long long)blockIdx.x * (8 * NB);")
+    return ("    extern __shared__ float red[];  // [WN][KW][MF][NB][32 lanes][4]\n"
+            "    // warp (row group ng, K slice warp); the WN warps of one K slice read the same A vectors\n"
+            "    const int ng = (threadIdx.x >> 5) / KW, warp = (threadIdx.x >> 5) % KW, lane = threadIdx.x & 31;\n"
+            "    const int g = lane >> 2, t = lane & 3;\n"
+            "    const long long nblk = (long long)blockIdx.x * (8 * NB * WN), n0 = nblk + 8 * NB * ng;")
+
+
+def _block_reduce(spec: SkinnySpec) -> str:
+    """The partial tiles' store to shared memory and the cross-warp sum up to each output's coordinates
+    (``m``, ``n``, the sum ``v``); one row group keeps the pre-row-group code (see :func:`_block_head`)."""
+    if spec.wn == 1:
+        return ("                red[(((warp * MF + i) * NB + j) * 32 + lane) * 4 + r] = acc[i][j][r];\n"
+                "    __syncthreads();\n"
+                "    const int tile = MF * NB * 128;\n"
+                "    for (int e = threadIdx.x; e < tile; e += 32 * KW) {\n"
+                "        float v = 0.0f;\n"
+                "        #pragma unroll\n"
+                "        for (int w = 0; w < KW; ++w) v += red[w * tile + e];\n"
+                "        const int r = e & 3, ln = (e >> 2) & 31, j = (e >> 7) % NB, i = (e >> 7) / NB;\n"
+                "        const int m = 16 * i + (ln >> 2) + 8 * (r >> 1);\n"
+                "        const long long n = n0 + 8 * j + 2 * (ln & 3) + (r & 1);")
+    return ("                red[((((ng * KW + warp) * MF + i) * NB + j) * 32 + lane) * 4 + r] = acc[i][j][r];\n"
+            "    __syncthreads();\n"
+            "    const int tile = MF * NB * 128;\n"
+            "    for (int f = threadIdx.x; f < WN * tile; f += 32 * KW * WN) {\n"
+            "        const int gr = f / tile, e = f - gr * tile;\n"
+            "        float v = 0.0f;\n"
+            "        #pragma unroll\n"
+            "        for (int w = 0; w < KW; ++w) v += red[(gr * KW + w) * tile + e];\n"
+            "        const int r = e & 3, ln = (e >> 2) & 31, j = (e >> 7) % NB, i = (e >> 7) / NB;\n"
+            "        const int m = 16 * i + (ln >> 2) + 8 * (r >> 1);\n"
+            "        const long long n = nblk + 8 * NB * gr + 8 * j + 2 * (ln & 3) + (r & 1);")
+
+
 def render(spec: SkinnySpec, name: str = KERNEL_NAME) -> str:
     """Complete CUDA source of the skinny-GEMM kernel for ``spec``, with entry point ``name``."""
     spec.check()
@@ -144,6 +198,7 @@ def render(spec: SkinnySpec, name: str = KERNEL_NAME) -> str:
 #define MF {spec.mf}
 #define NB {spec.nb}
 #define KW {spec.kw}
+#define WN {spec.wn}
 #define UNROLL {spec.unroll}
 #define PREFETCH {int(spec.prefetch)}
 #define HALF {int(spec.half)}
@@ -157,12 +212,10 @@ static __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2
 }}
 
 {_chunk_loader(spec)}
-extern "C" __global__ void __launch_bounds__(32 * KW{", 1" if spec.wide_regs else ""}) {name}(
+extern "C" __global__ void __launch_bounds__({"32 * KW" if spec.wn == 1 else "32 * KW * WN"}{", 1" if spec.wide_regs else ""}) {name}(
         const u16* __restrict__ A, const u16* __restrict__ B, {tout}* __restrict__ C,
         const {tb}* __restrict__ bias, int M, int N, int K) {{
-    extern __shared__ float red[];  // [KW][MF][NB][32 lanes][4]
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const long long n0 = (long long)blockIdx.x * (8 * NB);
+{_block_head(spec)}
     // K in chunks of 32 * UNROLL (which k each lane loads: load_chunk); a warp takes a contiguous run of
     // chunks
     const int chunks = (K + 32 * UNROLL - 1) / (32 * UNROLL);
@@ -232,16 +285,7 @@ extern "C" __global__ void __launch_bounds__(32 * KW{", 1" if spec.wide_regs els
         for (int j = 0; j < NB; ++j)
             #pragma unroll
             for (int r = 0; r < 4; ++r)
-                red[(((warp * MF + i) * NB + j) * 32 + lane) * 4 + r] = acc[i][j][r];
-    __syncthreads();
-    const int tile = MF * NB * 128;
-    for (int e = threadIdx.x; e < tile; e += 32 * KW) {{
-        float v = 0.0f;
-        #pragma unroll
-        for (int w = 0; w < KW; ++w) v += red[w * tile + e];
-        const int r = e & 3, ln = (e >> 2) & 31, j = (e >> 7) % NB, i = (e >> 7) / NB;
-        const int m = 16 * i + (ln >> 2) + 8 * (r >> 1);
-        const long long n = n0 + 8 * j + 2 * (ln & 3) + (r & 1);
+{_block_reduce(spec)}
         if (m < M && n < N)
             C[(long long)m * N + n] = {store_expr(spec.dtype_out, "apply_epilogue(v, bias, (int)n)")};
     }}

@@ -8,10 +8,16 @@ Config: ``tile_m`` = query rows per CTA, param ``mt`` = 16-row m-tiles per warp 
 n: n key chunks), param ``mask_ring`` (default True: a mask's tiles travel with K / V through ``cp.async``
 into shared memory; used where ``seq_kv`` is a multiple of 8, so the mask rows are 16-byte aligned: with
 other lengths the per-key global loads measured faster than plain loads into the tile).
+
+Strided operands (:attr:`AttentionOp.strides`) are read as they are when q / k / v strides are 16-byte
+multiples (``cp.async``) and the output's 4-byte ones (:meth:`FlashAttention.takes_strides`): the kernel
+takes the twelve strides as arguments and forms row addresses from them (split-KV partials stay packed,
+the combine kernel stores through the output's strides).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -22,6 +28,7 @@ from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
 from tracea.errors import InvalidArgumentError, LaunchError, UnsupportedConfigError
 from tracea.ir.ops import AttentionOp, LayerType
+from tracea.runtime import attention_strides
 from tracea.semantic.config import PipelineConfig, Validity
 from tracea.semantic.search_space import SearchSpace
 
@@ -66,6 +73,11 @@ class FlashAttention(CudaVariant):
     efficiency = 0.3  # of the f16/bf16 Tensor Core peak (an mma.sync FA2 design on Hopper)
     priority = 10
 
+    def takes_strides(self, op: AttentionOp) -> bool:  # type: ignore[override]
+        """Strided q / k / v whose strides are 16-byte multiples (``cp.async`` rows) and an output whose
+        are 4-byte ones (32-bit stores)."""
+        return strides_fit(op)
+
     def extra_checks(self, op: AttentionOp, profile: DeviceProfile) -> list[str]:
         reasons = scale_reasons(op)
         if op.head_dim not in (64, 128):
@@ -89,7 +101,8 @@ class FlashAttention(CudaVariant):
             splits = auto_splits(op, config.tile_m, config.tile_n, sms)
         return FlashSpec(op.dtype.storage, op.head_dim, config.tile_m, config.tile_n, op.causal, _MASKS[op.mask],
                          min(splits, MAX_SPLITS), mt, op.lse,
-                         mask_ring=bool(config.get("mask_ring", True)) and op.seq_kv % 8 == 0)
+                         mask_ring=bool(config.get("mask_ring", True)) and op.seq_kv % 8 == 0,
+                         strided=self.takes_strides(op))
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -153,6 +166,8 @@ class FlashAttention(CudaVariant):
         mb, mh = op.mask_shape or (1, 1)
         scalars = (np.int32(op.batch), np.int32(op.heads), np.int32(kvh), np.int32(op.seq_q), np.int32(op.seq_kv),
                    np.float32(float(op.scale) * flash_attn.LOG2E), np.int32(mb), np.int32(mh))  # type: ignore[arg-type]
+        if spec.strided and op.strides is not None:  # (batch, head, seq) strides of q, k, v, out
+            scalars += tuple(np.int64(x) for x in op.strides)
         roles = ("q", "k", "v", "out", "mask", "part", "plse", "lse")
 
         def main_args(p: dict[str, int]) -> tuple:
@@ -164,8 +179,11 @@ class FlashAttention(CudaVariant):
         fc = None
         if combine is not None:
             croles = ("part", "plse", "out", "lse")
+            cextra = ((np.int32(op.heads), np.int32(op.seq_q), *(np.int64(x) for x in op.strides[9:]))
+                      if spec.strided and op.strides is not None else ())
             fc = launcher.FastLaunch(combine.function, (-(-total_rows // 8), 1, 1), 256, 0, launcher.ParamBlock.from_args(
-                lambda p: (u64(p["part"]), u64(p["plse"]), u64(p["out"]), u64(p["lse"]), np.int32(total_rows)), croles))
+                lambda p: (u64(p["part"]), u64(p["plse"]), u64(p["out"]), u64(p["lse"]), np.int32(total_rows),
+                           *cextra), croles))
         ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
         scratch, splits, needs_mask = launcher.scratch, spec.splits, op.mask is not None
 
@@ -195,9 +213,28 @@ class FlashAttention(CudaVariant):
         return launch
 
     def run(self, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
+        op = _as_laid_out(op, args)
         launch = _bound(self, op, config, profile, args.adapter)
         launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.arrays.get("lse"),
                args.out)
+
+
+def strides_fit(op: AttentionOp) -> bool:
+    """Whether ``op`` has strided operands the CUDA attention kernels read as they are: q / k / v strides
+    16-byte multiples (TMA and ``cp.async`` rows), the output's 4-byte ones (32-bit stores)."""
+    st = op.strides
+    if st is None:
+        return False
+    item = op.dtype.itemsize
+    return all(x * item % 16 == 0 for x in st[:9]) and all(x * item % 4 == 0 for x in st[9:])
+
+
+def _as_laid_out(op: AttentionOp, args: OpArgs) -> AttentionOp:
+    """``op`` with the strides its ``run`` arrays have (the tuner passes packed arrays for a strided op;
+    a plan whose runs a plugin intercepts, the strided operands as they are)."""
+    a = args.arrays
+    st = attention_strides.of_arrays(args.adapter, op, a["q"], a["k"], a["v"], args.out)
+    return op if st == op.strides else dataclasses.replace(op, strides=st)
 
 
 @functools.lru_cache(maxsize=256)
@@ -207,4 +244,4 @@ def _bound(variant: CudaVariant, op: AttentionOp, config: PipelineConfig, profil
 
 ATTENTION_VARIANTS = [FlashAttention]
 
-__all__ = ["ATTENTION_VARIANTS", "FlashAttention", "auto_splits", "data_ptr"]
+__all__ = ["ATTENTION_VARIANTS", "FlashAttention", "auto_splits", "data_ptr", "strides_fit"]

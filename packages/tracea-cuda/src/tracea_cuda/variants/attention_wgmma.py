@@ -6,13 +6,22 @@ long KV caches are served but rank below flash_mma, whose split-KV pass fills th
 :meth:`FlashAttentionWgmma.estimate_seconds`).
 Misaligned arrays (TMA needs 16-byte aligned bases) raise :class:`~tracea.errors.LaunchError`, as flash_mma does.
 
+Strided operands (:attr:`AttentionOp.strides`, e.g. Hugging Face's BSHD views or timm's packed qkv) are read
+as they are when every q / k / v stride is a multiple of 16 bytes and the output's of 4 (see
+:meth:`FlashAttentionWgmma.takes_strides`): 4-D tensor maps (d, seq, head, batch), one query head per
+work item, the output stored through its strides.
+
 Config: ``tile_m`` = 64 x consumer warpgroups (128 or 192), ``tile_n`` = keys per tile, ``stages`` = depth of
 the K and V rings, ``warps`` = 4 x (consumer warpgroups + 1), param ``pingpong`` (default True: the consumer
 warpgroups take turns issuing their GEMMs), param ``persistent`` (default False: one CTA per query block;
 True: one CTA per SM walking the blocks, each block's load overlapping the previous one's epilogue), param
 ``overlap`` (default: True with two consumer warpgroups, False with three; not a search dimension: a tile's
 softmax runs inside its own warpgroup's previous P V, see ``emit/flash_wgmma.py``; H200, B4 H16 S4096 bf16:
-with two warpgroups it was worth +0.3-1.5% with ping-pong and +2-12% without, with three 2-4% less).
+with two warpgroups it was worth +0.3-1.5% with ping-pong and +2-12% without, with three 2-4% less), param
+``tail`` (persistent, non-causal: the items past the last whole wave are cut along the keys into one run
+of key tiles per CTA, see :func:`tail_split`; the pieces publish fp32 partials and base-2 log-sum-exps, the
+last to arrive merges them; non-causal heroes), param ``edge_pv`` (not causal: an item's last P V skips the
+16-key groups past seq_kv; off in the heroes, it read within +-0.3% where it applied).
 """
 
 from __future__ import annotations
@@ -32,8 +41,26 @@ from tracea.semantic.search_space import SearchSpace
 from .. import compiler, launcher, tma, toolkit
 from ..emit import flash_wgmma
 from ..emit.flash_wgmma import FlashWgmmaSpec
-from .attention import _bound, scale_reasons
+from .attention import _as_laid_out, _bound, scale_reasons, strides_fit
 from .base import CudaVariant, hero
+
+
+#: a tail item is cut into at most this many pieces (the merging piece reads the others' fp32 partials)
+TAIL_MAX_PIECES = 4
+
+
+def tail_split(items: int, ctas: int, key_tiles: int) -> tuple[int, int]:
+    """``(full, trun)`` of the ``tail`` param: a persistent grid of ``ctas`` runs items ``[0, full)`` whole
+    (a multiple of ``ctas``), and the rest -- fewer than a wave -- cut along the keys: their
+    ``(items - full) * key_tiles`` key tiles in runs of ``trun`` tiles, one run per CTA, no run longer
+    than an item and no item cut into more than about ``TAIL_MAX_PIECES`` pieces. ``full == items``: nothing
+    to cut (whole waves, or a grid of one CTA per item)."""
+    if ctas >= items or items % ctas == 0:
+        return items, 1
+    full = items - items % ctas
+    tiles = (items - full) * key_tiles
+    trun = max(-(-tiles // ctas), -(-key_tiles // TAIL_MAX_PIECES))
+    return full, min(trun, key_tiles)
 
 
 class FlashAttentionWgmma(CudaVariant):
@@ -62,13 +89,21 @@ class FlashAttentionWgmma(CudaVariant):
             reasons.append("arrays exceed the 32-bit index range of the kernel")
         return reasons
 
+    def takes_strides(self, op: AttentionOp) -> bool:  # type: ignore[override]
+        """Strided q / k / v whose strides are 16-byte multiples (TMA) and an output whose are 4-byte ones
+        (the epilogue stores 32-bit pairs)."""
+        return strides_fit(op)
+
     def estimate_seconds(self, op: AttentionOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         """The roofline estimate divided by how much of the GPU the grid keeps busy: the fraction of each
         128-row block that holds query rows, and of the SMs that get a block. Decode and short-query,
         long-KV shapes so rank below flash_mma, whose split-KV pass fills the GPU (its estimate assumes a
         full GPU at half this variant's efficiency: this one wins where it fills more than half)."""
         kvh = int(op.kv_heads or op.heads)
-        rows = (op.heads // kvh) * op.seq_q
+        if self.takes_strides(op):  # one query head per block
+            kvh, rows = op.heads, op.seq_q
+        else:
+            rows = (op.heads // kvh) * op.seq_q
         ctas = -(-rows // 128) * op.batch * kvh
         sms = profile.compute_units if profile.compute_units > 1 else 132
         fill = min(1.0, rows / 128) * min(1.0, ctas / sms)
@@ -83,7 +118,9 @@ class FlashAttentionWgmma(CudaVariant):
         cw = config.tile_m // 64
         return FlashWgmmaSpec(op.dtype.storage, op.head_dim, config.tile_n, cw, config.stages, op.causal,
                               pingpong=bool(config.get("pingpong", True)), lse=op.lse,
-                              overlap=bool(config.get("overlap", cw == 2)))
+                              overlap=bool(config.get("overlap", cw == 2)),
+                              tail=bool(config.get("tail", False)), edge_pv=bool(config.get("edge_pv", False)),
+                              strided=self.takes_strides(op))
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -91,6 +128,9 @@ class FlashAttentionWgmma(CudaVariant):
             spec.check()
         except UnsupportedConfigError as exc:
             return Validity(False, exc.reason)
+        if spec.tail and not config.get("persistent", False):
+            return Validity(False, "tail=True splits the items past the last whole wave of a persistent grid "
+                                   "(needs persistent=True)")
         if config.warps != spec.threads // 32:
             return Validity(False, f"warps={config.warps} must be 4 x (tile_m / 64 + 1) = {spec.threads // 32}")
         if profile.shared_mem_per_block and spec.smem_bytes > profile.shared_mem_per_block:
@@ -101,11 +141,13 @@ class FlashAttentionWgmma(CudaVariant):
     def search_space(self, op: AttentionOp, profile: DeviceProfile) -> SearchSpace:
         return (SearchSpace().tile_m([128, 192]).tile_n([64, 96, 128, 160, 176, 192]).tile_k([op.head_dim])
                 .stages([2, 3, 4]).warps([12, 16]).param("pingpong", [True, False])
-                .param("persistent", [False, True])
+                .param("persistent", [False, True]).param("tail", [False, True])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        def h(bm: int, bn: int, st: int, pp: bool = True, persistent: bool = False) -> PipelineConfig:
+        def h(bm: int, bn: int, st: int, pp: bool = True, persistent: bool = False, tail: bool = False) -> PipelineConfig:
+            if tail:
+                return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=True, tail=True)
             return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=persistent)
 
         # H100, B4 H16 S4096 bf16 (TFLOP/s, kernel time): d64 192x128 516 / causal 407, 192x96x3 493 / 401,
@@ -117,15 +159,24 @@ class FlashAttentionWgmma(CudaVariant):
         # Non-causal items are all alike: a persistent grid overlaps each item's loads with the last one's
         # epilogue (+1-2%: d64 518 vs 509, d128 128x176 664 vs 657); causal items differ, and the
         # hardware's dynamic dispatch balances them far better (d128 593 vs 472 persistent).
+        # H100, 2026-11-26 (probe_attention_ab.py, two runs, bf16 / fp16, B4 H16 and GQA H32/8 S4096): the
+        # tail split (the items past the last whole wave cut along the keys) on the non-causal persistent
+        # heroes: 128x160 +0.2-1.5% (B4 H16 bf16 678.6 -> 682.2 TFLOP/s), 128x128 +1.1-2.4% over the base
+        # commit's same config and the best D128 config of the second run on all four rows (679.3 / 688.8 /
+        # 657.0 / 660.4 against 128x160 with the tail 673.5 / 681.8 / 649.7 / 656.8), D64 192x128 +1.3-2%.
+        # edge_pv read within +-0.3% (an edge tile only at 128x160 there), so the heroes leave it off.
         pers = not op.causal
         if op.head_dim <= 64:
-            return [h(192, 128, 2, persistent=pers), h(192, 128, 2, persistent=not pers), h(192, 96, 3),
-                    h(128, 128, 3), h(192, 96, 3, False)]
+            if pers:
+                return [h(192, 128, 2, tail=True), h(192, 128, 2, persistent=True), h(192, 128, 2), h(192, 96, 3),
+                        h(128, 128, 3), h(192, 96, 3, False)]
+            return [h(192, 128, 2), h(192, 128, 2, persistent=True), h(192, 96, 3), h(128, 128, 3),
+                    h(192, 96, 3, False)]
         if op.causal:
             return [h(128, 128, 2), h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2),
                     h(128, 128, 2, False)]
-        return [h(128, 160, 2, persistent=True), h(128, 128, 2, persistent=True), h(128, 176, 2, persistent=True),
-                h(128, 176, 2), h(192, 64, 2), h(128, 128, 2, False)]
+        return [h(128, 128, 2, tail=True), h(128, 160, 2, tail=True), h(128, 160, 2, persistent=True),
+                h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2), h(128, 128, 2, False)]
 
     # -- compile and launch ----------------------------------------------------------------------
     def _kernel(self, spec: FlashWgmmaSpec) -> compiler.Kernel:
@@ -139,10 +190,20 @@ class FlashAttentionWgmma(CudaVariant):
     def fast_launch_ok(self, op: AttentionOp, config: PipelineConfig) -> bool:
         return False  # bind() below is this variant's own fast launcher
 
+    def pack_params(self, maps: list[Any], slots: list[ctypes.c_uint64], scalars: list[Any]) -> tma.Packed:
+        """The kernel's parameter block: the Q / K / V tensor maps, the pointer slots (out, lse, tail
+        partials, their log-sum-exps, arrival counts) and the scalars (full, trun, heads, kv heads, seq_q,
+        seq_kv, batch x kv heads (strided: batch x heads), scale x log2 e, the output's (batch, head, seq)
+        strides as int64), in the kernel's order."""
+        return tma.pack([*maps, *slots, *scalars])
+
     def bind(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         """Compiles once; per call: the tensor maps of q, k and v (memoised per pointer triple: torch's
         caching allocator mostly hands the same blocks back), the output pointer, one cuLaunchKernel.
-        Nothing is allocated or synchronised at launch, so captured CUDA graphs replay it."""
+        With ``tail`` (and items past the last whole wave) the tail pieces' fp32 partials and the tail
+        items' arrival counts (left at zero by every launch) come from the stream's split scratch
+        (:func:`~tracea_cuda.launcher.split_scratch`), inside CUDA graph capture from buffers of the call
+        (the counts zeroed). Nothing is synchronised at launch, so captured CUDA graphs replay it."""
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
         launcher.refuse_if_capturing(stream(), self.name)
@@ -150,29 +211,51 @@ class FlashAttentionWgmma(CudaVariant):
         with toolkit.cupy().cuda.Device(dev):
             kernel = self._kernel(spec)
         kvh = int(op.kv_heads or op.heads)
-        rows = (op.heads // kvh) * op.seq_q
-        items = -(-rows // spec.bm) * op.batch * kvh  # query blocks x (batch, kv head) pairs
+        strided = spec.strided
+        # query blocks x (batch, kv head) pairs; strided: x (batch, query head) pairs
+        rows = op.seq_q if strided else (op.heads // kvh) * op.seq_q
+        pairs = op.batch * (op.heads if strided else kvh)
+        items = -(-rows // spec.bm) * pairs
         sms = profile.compute_units if profile.compute_units > 1 else 132
         grid = (min(items, sms) if bool(config.get("persistent", False)) else items, 1, 1)
+        cut = bool(config.get("tail", False))  # spec.tail (read from the config: a probe's baseline spec lacks it)
+        full, trun = tail_split(items, grid[0], -(-op.seq_kv // spec.bn)) if cut else (items, 1)
+        n_tail = items - full
+        part_floats = 2 * grid[0] * spec.bm * (op.head_dim + 1) if n_tail else 0  # partials, then lse
+        lse_off = 4 * 2 * grid[0] * spec.bm * op.head_dim
         dt, d = spec.dtype, op.head_dim
         fptr, threads, smem = int(kernel.function.ptr), spec.threads, spec.smem_bytes
-        tail = [ctypes.c_int32(op.heads), ctypes.c_int32(kvh), ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv),
-                ctypes.c_int32(op.batch * kvh), ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E)]  # type: ignore[arg-type]
-        memo: dict[tuple[int, int, int], tuple[tma.Packed, ctypes.c_uint64, ctypes.c_uint64]] = {}
+        ost = op.strides[9:] if strided and op.strides is not None else (0, 0, 0)
+        tail = [ctypes.c_int32(full), ctypes.c_int32(trun), ctypes.c_int32(op.heads), ctypes.c_int32(kvh),
+                ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv), ctypes.c_int32(pairs),
+                ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E),  # type: ignore[arg-type]
+                *(ctypes.c_int64(x) for x in ost)]
+        memo: dict[tuple[int, int, int], tuple[tma.Packed, list[ctypes.c_uint64]]] = {}
         lock = threading.Lock()
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
         ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
+        capturing, split_scratch, scratch = launcher.is_capturing, launcher.split_scratch, launcher.scratch
 
-        def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, ctypes.c_uint64, ctypes.c_uint64]:
-            out_slot, lse_slot = ctypes.c_uint64(0), ctypes.c_uint64(0)
-            maps = [tma.tiled_map(pq, dt, (d, rows, op.batch * kvh), (64, spec.bm, 1)),
-                    tma.tiled_map(pk, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1)),
-                    tma.tiled_map(pv, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1))]
-            return tma.pack([*maps, out_slot, lse_slot, *tail]), out_slot, lse_slot
+        def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, list[ctypes.c_uint64]]:
+            slots = [ctypes.c_uint64(0) for _ in range(5)]  # out, lse, part, part_lse, arrivals
+            if strided and op.strides is not None:  # (d, seq, head, batch), the op's (seq, head, batch) strides
+                st = op.strides
+                maps = [tma.tiled_map(pq, dt, (d, op.seq_q, op.heads, op.batch), (64, spec.bm, 1, 1),
+                                      strides=(st[2], st[1], st[0])),
+                        tma.tiled_map(pk, dt, (d, op.seq_kv, kvh, op.batch), (64, spec.bn, 1, 1),
+                                      strides=(st[5], st[4], st[3])),
+                        tma.tiled_map(pv, dt, (d, op.seq_kv, kvh, op.batch), (64, spec.bn, 1, 1),
+                                      strides=(st[8], st[7], st[6]))]
+            else:
+                maps = [tma.tiled_map(pq, dt, (d, rows, op.batch * kvh), (64, spec.bm, 1)),
+                        tma.tiled_map(pk, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1)),
+                        tma.tiled_map(pv, dt, (d, op.seq_kv, op.batch * kvh), (64, spec.bn, 1))]
+            return self.pack_params(maps, slots, tail), slots
 
         def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
             # rest: (out,) or, with the log-sum-exp output, (lse, out)
-            pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(rest[-1])
+            out = rest[-1]
+            pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(out)
             pl = ptr(rest[0]) if len(rest) > 1 and rest[0] is not None else 0
             if mask is not None:
                 raise InvalidArgumentError("mask", mask, f"no mask ({name} serves attention without attn_mask)")
@@ -180,26 +263,35 @@ class FlashAttentionWgmma(CudaVariant):
                 raise LaunchError(f"{name}: q, k and v must be 16-byte aligned, out 4-byte (pass packed arrays)",
                                   backend="cuda")
             key = (pq, pk, pv)
+            held: tuple[Any, ...] = ()  # per-call scratch (graph capture), kept until the launch is queued
             with lock:
                 hit = memo.get(key)
                 if hit is None:
                     if len(memo) >= 64:
                         memo.clear()
                     hit = memo[key] = build(pq, pk, pv)
-                packed, out_slot, lse_slot = hit
-                out_slot.value = po
-                lse_slot.value = pl
+                packed, slots = hit
+                slots[0].value, slots[1].value = po, pl
                 s = stream()
                 try:
                     with device():  # makes dev current only when it is not
+                        if n_tail:
+                            if capturing(s):
+                                held = (scratch(adapter, out, n_tail, zeroed=True), scratch(adapter, out, part_floats))
+                                pflags, pws = ptr(held[0]), ptr(held[1])
+                            else:
+                                pflags, pws = split_scratch(adapter, out, dev, s, n_tail, part_floats)
+                            slots[2].value, slots[3].value, slots[4].value = pws, pws + lse_off, pflags
                         drv_launch(fptr, grid[0], grid[1], grid[2], threads, 1, 1, smem, s, packed.address, 0)
                 except Exception as exc:  # noqa: BLE001
                     raise LaunchError(f"cuLaunchKernel failed: {type(exc).__name__}: {exc}", backend="cuda") from None
+            del held  # stream-ordered allocator: reused only after the launch above
 
         launch.pointer_only = True  # type: ignore[attr-defined]
         return launch
 
     def run(self, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
+        op = _as_laid_out(op, args)
         launch = _bound(self, op, config, profile, args.adapter)
         launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.arrays.get("lse"),
                args.out)
@@ -207,4 +299,4 @@ class FlashAttentionWgmma(CudaVariant):
 
 ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]
 
-__all__ = ["ATTENTION_WGMMA_VARIANTS", "FlashAttentionWgmma"]
+__all__ = ["ATTENTION_WGMMA_VARIANTS", "TAIL_MAX_PIECES", "FlashAttentionWgmma", "tail_split"]

@@ -56,17 +56,11 @@ def split_slices(op: GemmOp, ctas: int, bn: int = 128) -> int:
     return max(1, s)
 
 
-#: memory bandwidth (GB/s) from which few-tile GEMMs of whole 128-row tiles take 128x64 tiles (measured on
-#: an H200; H100s keep the 128x128 split heroes measured there)
-NARROW_TILE_BANDWIDTH_GBS = 4000.0
-
-
 def narrow_tiles(op: GemmOp, profile: DeviceProfile) -> bool:
     """Whether ``op`` takes the 128x64-tile hero: 128 or 256 rows (whole 128-row tiles), at most one 128x64
-    tile per SM, on a GPU of >= 4 TB/s (see :meth:`WgmmaGemm.hero_configs`)."""
+    tile per SM (see :meth:`WgmmaGemm.hero_configs`; measured on an H200 and an H100)."""
     tiles = -(-op.m // 128) * -(-op.n // 64) * op.batch
-    return (op.m in (128, 256) and tiles <= profile.compute_units
-            and (profile.bandwidth_gbs or 0) >= NARROW_TILE_BANDWIDTH_GBS)
+    return op.m in (128, 256) and tiles <= profile.compute_units
 
 
 def narrow_split_slices(op: GemmOp, ctas: int) -> int:
@@ -305,7 +299,11 @@ class WgmmaGemm(CudaVariant):
             # -> 0.85x, N8192 K8192 0.85x -> 0.94x, N2048 K8192 0.89x -> 0.97x, N1024 K8192 0.56x -> 0.68x,
             # N4096 K11008 0.89x -> 0.94x; M256 N4096 K4096 0.71x -> 0.89x, N1024 K8192 0.77x -> 0.82x. Not
             # on partial row tiles (M64 N4096 K4096 0.43x -> 0.37x, M96 N4096 K14336 0.90x -> 0.81x, M192
-            # N4096 K4096 0.82x -> 0.66x), M512 (N1024 K8192 0.82x -> 0.78x) or GPUs not probed (H100).
+            # N4096 K4096 0.82x -> 0.66x) or M512 (N1024 K8192 0.82x -> 0.78x). H100, the former H100
+            # default (128x128, split_slices) -> this rule's first hero, kernel time vs cuBLAS: M128 N4096
+            # K4096 0.75x -> 1.00x (128x32), N5120 K5120 0.76x -> 0.94x, N8192 K8192 0.93x -> 0.99x, N4096
+            # K11008 0.94x -> 0.99x, N2048 K8192 0.78x (4 slices; 6 not timed) -> 0.94x, N1024 K8192 0.59x ->
+            # 0.67x; M256 N4096 K4096 0.70x -> 0.99x.
             slices = narrow_split_slices(op, ctas)
             head = self._fill(op, ctas, b_kmajor, (128, 64)) if slices == 1 else []  # M128 N5120: 128x48
             return head + [_hero(64, 8, cluster=1, split_k=slices)] + few

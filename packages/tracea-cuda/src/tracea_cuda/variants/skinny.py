@@ -27,6 +27,18 @@ SERVED_ROWS = 16
 GEMV_ROWS_PER_SM = 48
 #: memory bandwidth (GB/s) from which the skinny heroes measured on an H200 come first
 HIGH_BANDWIDTH_GBS = 4000.0
+#: registers per thread of the prefetching (nb=1, kw=8, unroll=2) kernel on whole A fragments (ptxas, sm_90):
+#: 64, so a 256-thread block takes 16384 of an SM's registers -- four blocks per SM on Hopper and Ampere
+ONE_ROW_BLOCK_REGS = 64 * 256
+
+
+def short_last_wave(blocks: int, per_sm: int, sms: int) -> bool:
+    """Whether a grid of ``blocks`` blocks, ``per_sm`` resident per SM on ``sms`` SMs, runs one or two full
+    waves and then a last wave under a third full (H100, M = 16 against W5120x5120: 640 one-row-block
+    blocks at four per SM are 1.21 waves and ran 0.88x the two-row-block kernel's speed, 320 blocks in one
+    wave; 8192x8192's 1.94 waves and 13824x5120's 3.27 did not lose)."""
+    waves = blocks / max(per_sm * sms, 1)
+    return 1.0 < waves < 3.0 and waves - int(waves) < 1 / 3
 
 
 class SkinnyMmaGemm(WeightStreamingGemm):
@@ -73,14 +85,16 @@ class SkinnyMmaGemm(WeightStreamingGemm):
         return SkinnySpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, mf,
                           int_param(config, "nb", 2), int_param(config, "kw", 4), int_param(config, "unroll", 2), vec,
                           coalesced=flag_param(config, "coalesced", False), prefetch=flag_param(config, "prefetch", False),
-                          half=op.m <= 8, wide_regs=flag_param(config, "wide_regs", False))
+                          half=op.m <= 8, wide_regs=flag_param(config, "wide_regs", False),
+                          wn=int_param(config, "wn", 1))
 
     def grid(self, op: GemmOp, spec: SkinnySpec) -> tuple[int, int, int]:  # type: ignore[override]
-        return (-(-op.n // (8 * spec.nb)), 1, 1)
+        return (-(-op.n // spec.rows), 1, 1)
 
     def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
         return (SearchSpace().param("nb", [1, 2, 4]).param("kw", [2, 4, 8, 16]).param("unroll", [1, 2, 4])
                 .param("coalesced", [False, True]).param("prefetch", [False, True]).param("wide_regs", [False, True])
+                .param("wn", [1, 2])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
@@ -93,18 +107,35 @@ class SkinnyMmaGemm(WeightStreamingGemm):
         # unroll=2, prefetch) 0.91 / 0.73. Where two-block rows leave SMs without a block (N < 16 x SMs:
         # W1024x8192) one-block rows over 16 warps won (1.00 there): (nb=1, kw=16, unroll=2, prefetch) at
         # M 9-16, (nb=1, kw=16, unroll=4, prefetch, coalesced) at M <= 8, first where those blocks fit one
-        # per SM (N <= 8 x SMs). H100s were not re-probed: they keep the configs measured there.
+        # per SM (N <= 8 x SMs).
+        # Below 4 TB/s the same probe on an H100 (2.97 TB/s copy; kernel time, 8 weights, share of each shape's
+        # best config, geometric mean / worst) put the prefetching one-row-block kernels first: M <= 8
+        # (nb=1, kw=16, unroll=2, prefetch, wide_regs) 0.985 / 0.904 against 0.79 / 0.52 for the former first
+        # hero (nb=2, kw=16, unroll=2) (x4 @ W5120x5120: 1.01x cuBLAS against 0.78x); M 9-16 (nb=1, kw=8,
+        # unroll=2, prefetch) 0.94 / 0.71 (the worst on W1024x8192, where the 16-warp kernel is first), with
+        # (nb=2, kw=8, unroll=2, prefetch) first where the one-row blocks leave a short last wave
+        # (short_last_wave; x16 @ W5120x5120 1.00x against 0.88x).
         mf = -(-op.m // 16)
+        sms = max(profile.compute_units, 1)
         # (nb, kw, unroll, coalesced, prefetch, wide_regs)
         heroes = [(2, 16, 2, False, False, False), (1, 8, 2, False, False, False), (1, 16, 2, False, False, False),
                   (4, 16, 1, False, False, False)]
-        if (profile.bandwidth_gbs or 0) >= HIGH_BANDWIDTH_GBS:
+        if (profile.bandwidth_gbs or 0) < HIGH_BANDWIDTH_GBS:
+            wide16 = (1, 16, 2, False, True, True)
+            if -(-op.n // 8) <= sms or op.m <= 8:
+                first = [wide16, (1, 8, 2, False, True, False)]
+            else:
+                pair = [(1, 8, 2, False, True, False), (2, 8, 2, False, True, False)]
+                per_sm = max(profile.registers_per_block // ONE_ROW_BLOCK_REGS, 1)
+                first = (pair[::-1] if short_last_wave(-(-op.n // 8), per_sm, sms) else pair) + [wide16]
+            heroes = first + heroes
+        else:
             # one-block rows fill at most one block per SM: the prefetching kw=16 kernels get the registers
             # of one block per SM (they spill at two)
             few = [(1, 16, 4, True, True, True)] if op.m <= 8 else [(1, 16, 2, False, True, True)]
             many = ([(2, 16, 2, False, True, False), (2, 8, 4, True, True, False)] if op.m <= 8
                     else [(2, 8, 2, False, True, False), (1, 8, 2, False, True, False)])
-            first = few + many if -(-op.n // 8) <= max(profile.compute_units, 1) else many + few
+            first = few + many if -(-op.n // 8) <= sms else many + few
             heroes = first + [(2, 8, 2, False, False, False)] + heroes
         return [PipelineConfig(warps=kw, params=(("nb", nb), ("kw", kw), ("unroll", un), ("coalesced", co),
                                                  ("prefetch", pf), ("wide_regs", wide)))
