@@ -255,3 +255,17 @@ def test_repeated_signature_runs_the_remembered_plan(monkeypatch):
         tracea_sdpa(q3, q3.clone(), q3.clone())
     assert len(calls) == n + 1, "a plan for one captured call only is not remembered"
     assert tops._SDPA_MEMO[0] is None or tops._SDPA_MEMO[0][0](q3, q3.clone(), q3.clone(), tops.NO_TENSOR) is False
+
+
+def test_strided_operands_on_a_variant_that_reads_packed_arrays_keep_one_output_layout():
+    """Hugging Face's BSHD q / k / v on the CPU: the CPU kernel reads packed arrays, so the plan packs
+    them; the first call returns the same (packed) output layout as the later ones, with PyTorch's values."""
+    import tracea
+
+    x = [torch.randn(2, 19, 4 * 16) for _ in range(3)]
+    q, k, v = (t.view(2, 19, 4, 16).transpose(1, 2) for t in x)
+    outs = [tracea.ops.attention(q, k, v, is_causal=True) for _ in range(3)]
+    want = TORCH_SDPA(q, k, v, None, 0.0, True)
+    for out in outs:
+        torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    assert len({o.stride() for o in outs}) == 1, [o.stride() for o in outs]

@@ -4,7 +4,7 @@ the caller laid them out when they are strided but fold into one batch with a un
 (``AttentionOp.strides``, :mod:`tracea.runtime.attention_strides`): a variant that takes strides reads
 them in place and writes an output allocated in q's storage order when q is (batch, seq, heads, dim)
 memory; any other variant is handed packed copies (by :func:`tracea.runtime.dispatch.bind`), and the
-plan's later calls then pack in the plan and allocate a packed output.
+plan's calls (the first one too) then pack in the plan and allocate a packed output.
 
 What the signature fixes is worked out once: the leading batch dimensions of q, k and v broadcast
 against each other and are folded into one batch (a broadcast operand is materialised on every call,
@@ -250,8 +250,10 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
     if op_strides is not None and launch is not None:
         if run.decision is not None and run.decision.chosen.variant.takes_strides(run.decision.op):
             preps = raw_preps  # the strided operands as they are (pointer launchers: no views either)
-        elif bshd_out:  # later calls: a packed output, no copy through a packed temporary
-            new_out = packed_new_out
+        elif bshd_out:  # a packed output, no copy through a packed temporary; the first call's too (its
+            new_out = packed_new_out  # kernel has not run yet), so every call returns the same layout
+            target0 = new_out(q)
+            kout0 = reshape(target0, kshape) if view_out else target0
     if return_lse:
         if launch is None:
             raise NoVariantError(f"return_lse: no Tracea kernel serves {op.describe()} ({run.reason}); the framework "
