@@ -2,7 +2,11 @@
 
     source scripts/srcenv.sh
     flock /tmp/tracea-bench.lock python benchmarks/cpu/bench_amx.py [--only gemm,linear,int8,conv,f16,interference]
-        [--sizes 512,1024,2048,4096] [--threads T] [--json out.json]
+        [--sizes 512,1024,2048,4096] [--threads T] [--cold MB] [--json out.json]
+
+``--cold MB`` rewrites a buffer of that size before every timed call (not timed): the weights of the
+decode rows then come from memory, as in a model with many layers. Without it calls run back to back
+and a 32 MB weight may stay cached, which flatters whichever side read it last.
 
 Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
 * ``gemm``: bf16 C = A @ B, n^3. ``user`` is ``tracea.ops.matmul(a, b)`` with default settings (the
@@ -54,14 +58,23 @@ from tracea_torch.adapter import TorchAdapter  # noqa: E402
 PROFILE = host_profile()
 
 
+#: ``--cold MB``: a buffer rewritten before every timed call (untimed), so every call reads its operands
+#: from memory, as the layers of a model whose weights exceed the caches do; None: warm (back to back)
+_COLD: list = [None]
+
+
 def compare(fns: dict, min_rounds: int = 7, budget: float = 2.0) -> dict:
-    """Interleaved medians (A B C A B C ...) of several callables, seconds, after one warm-up call each."""
+    """Interleaved medians (A B C A B C ...) of several callables, seconds, after one warm-up call each
+    (with ``--cold``, caches flushed before every timed call)."""
     for fn in fns.values():
         fn()
     times: dict = {name: [] for name in fns}
     start, rounds = time.perf_counter(), 0
+    cold = _COLD[0]
     while rounds < min_rounds or (time.perf_counter() - start < budget and rounds < 50):
         for name, fn in fns.items():
+            if cold is not None:
+                cold.add_(1.0)
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
@@ -261,8 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="isolated-kernel columns of the gemm / linear rows (amxbf16, avx512bf16; empty: none). "
                          "The AVX512_BF16 kernel runs 5-20x longer than the others at 512-1024, so its calls "
                          "dominate the rounds they share")
+    ap.add_argument("--cold", type=int, default=0,
+                    help="MB of a buffer rewritten before every timed call (e.g. 3x the last-level cache; 0: warm, "
+                         "calls back to back): decode rows then read their weights from memory, as in a model")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
+    if ns.cold:
+        _COLD[0] = torch.ones(ns.cold * (1 << 20) // 4)
     KERNELS[:] = [k for k in ns.kernels.split(",") if k]
     if ns.threads:
         os.environ["TRACEA_NUM_THREADS"] = str(ns.threads)
@@ -270,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     why = amx_permission() if PROFILE.has("amx_tile", "amx_bf16") else "this CPU lacks AMX-BF16"
     print(f"machine: {PROFILE.name}, {PROFILE.compute_units} cores, {PROFILE.extras.get('isa_summary')}; "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads); AMX: {why or 'usable'}; "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {os.getloadavg()[0]:.1f}; caches {'flushed (' + str(ns.cold) + ' MB) before every call' if ns.cold else 'warm'}")
     rows: list = []
     only = ns.only.split(",")
     if "gemm" in only:
