@@ -122,7 +122,7 @@ int ti_linear(long M, long N, long K, const float *x, long ldx, const int8_t *w,
     for (long c0 = 0; c0 < M; c0 += TI_CHUNK) {
         long Mc = TR_MIN(TI_CHUNK, M - c0), MP = TR_ROUNDUP(Mc, 16);
         ti_pack_x(x + c0 * ldx, Mc, MP, K, ldx, xp, sx);
-        long rows = MP <= 16 ? 64 : 32, nblk = (N + rows - 1) / rows;
+        long rows = 32, nblk = (N + rows - 1) / rows;  /* 32 weight rows per block (as amx_rows) */
         int nt = nblk < 2 * nth ? 1 : nth;
         float *yc = y + c0 * ldy;
         #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -133,7 +133,7 @@ int ti_linear(long M, long N, long K, const float *x, long ldx, const int8_t *w,
             for (long b = 0; b < nblk; b++) {
                 long n0 = b * rows;
                 if (MP <= 16)
-                    ti_block_4_1(w, ldw, N, K, n0, xp, MP, 0, Mc, sw, sx, bias, yc, ldy, scratch);
+                    ti_block_2_1(w, ldw, N, K, n0, xp, MP, 0, Mc, sw, sx, bias, yc, ldy, scratch);
                 else
                     for (long m0 = 0; m0 < Mc; m0 += 32) {
                         if (Mc - m0 > 16)
@@ -154,5 +154,4 @@ int ti_linear(long M, long N, long K, const float *x, long ldx, const int8_t *w,
 def int8_linear_source(prologue_text: str, transpose16: str) -> str:
     """Complete C source of the int8 linear library (``prologue_text``: the AVX-512 prologue;
     ``transpose16``: C text defining ``tb_t16``)."""
-    return "\n".join([prologue_text, transpose16, INT8_LAYER, int8_block_c(4, 1), int8_block_c(2, 2),
-                      int8_block_c(2, 1), DRIVER])
+    return "\n".join([prologue_text, transpose16, INT8_LAYER, int8_block_c(2, 2), int8_block_c(2, 1), DRIVER])
