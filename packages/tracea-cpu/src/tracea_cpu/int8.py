@@ -76,8 +76,8 @@ def quantize_weight(w: Any) -> Int8Weight:
 
 @functools.lru_cache(maxsize=1)
 def _amx_ready() -> str | None:
-    """None when the AMX int8 kernel can run here, else why not (worked out once per process: ~30 us of
-    probes that were a third of a one-token 1024x1024 call's time)."""
+    """None when the AMX int8 kernel can run here, else why not (worked out once per process: the probes
+    took ~30 us timed alone and most of a one-token 1024x1024 call's 120-160 us)."""
     from tracea.doctor.host_plugin import host_profile
 
     from .amx import amx_compiler_reason, amx_permission

@@ -96,7 +96,6 @@ def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
 
 
 @functools.lru_cache(maxsize=4)
-@functools.lru_cache(maxsize=1)
 def int8_linear_library() -> ctypes.CDLL:
     """The AMX int8 linear library (``ti_linear``; compiled once; call
     :func:`tracea_cpu.amx.amx_permission` before running it)."""
