@@ -59,7 +59,6 @@ def _convert(spec: Any, cls: Any) -> Any:
 
 def baseline_variants(path: str) -> dict[str, Any]:
     """Variant objects that compile the baseline emitters' kernels (by variant name)."""
-    from tracea_cuda import compiler
     from tracea_cuda.variants.attention import FlashAttention
     from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
 
@@ -68,12 +67,10 @@ def baseline_variants(path: str) -> dict[str, Any]:
     old_fa = importlib.import_module("baseline_emit.flash_attn")
 
     class OldWgmma(FlashAttentionWgmma):
+        emitter = old_wg
+
         def spec(self, op: Any, config: Any, ptrs: Any = None, profile: Any = None) -> Any:
             return _convert(super().spec(op, config, ptrs, profile), old_wg.FlashWgmmaSpec)
-
-        def _kernel(self, spec: Any) -> Any:
-            return compiler.load(old_wg.render(spec), old_wg.KERNEL_NAME, "sm_90a", smem=spec.smem_bytes,
-                                 threads=spec.threads)
 
         def bind(self, op: Any, config: Any, profile: Any, adapter: Any) -> Any:
             # the params this tree added (the baseline compiles the config without them)
@@ -91,19 +88,10 @@ def baseline_variants(path: str) -> dict[str, Any]:
             return tma.pack([*maps, *slots[:2], *scalars[2:]])
 
     class OldFlash(FlashAttention):
+        emitter = old_fa
+
         def spec(self, op: Any, config: Any, ptrs: Any = None, profile: Any = None) -> Any:
             return _convert(super().spec(op, config, ptrs, profile), old_fa.FlashSpec)
-
-        def _kernels(self, spec: Any, profile: Any) -> Any:
-            from tracea_cuda import toolkit
-
-            arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))
-            main = compiler.load(old_fa.render(spec), old_fa.KERNEL_NAME, arch, smem=spec.smem_bytes,
-                                 threads=spec.threads)
-            combine = None
-            if spec.splits > 1:
-                combine = compiler.load(old_fa.render_combine(spec), old_fa.COMBINE_NAME, arch, smem=0, threads=256)
-            return main, combine
 
     return {OldWgmma.name: OldWgmma(), OldFlash.name: OldFlash()}
 
@@ -144,14 +132,9 @@ def _precompile(items: list[tuple[str, str, str]]) -> None:
 
 
 def _compile_one(item: tuple[str, str, str]) -> None:
-    from tracea.fileio import write_atomic
     from tracea_cuda import compiler
 
-    source, name, arch = item
-    options = compiler.options_for(arch)
-    path = compiler.cache_dir() / f"{compiler.cache_key(source, options, arch)}.cubin"
-    if not path.is_file():
-        write_atomic(path, compiler._nvrtc_cubin(source, options, name))
+    compiler.precompile(*item)
 
 
 def _sources(var: Any, op: Any, cfg: Any, profile: Any) -> list[tuple[str, str, str]]:

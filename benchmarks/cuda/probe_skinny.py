@@ -67,15 +67,10 @@ def hero_items(m: int, n: int, k: int) -> list[tuple[str, PipelineConfig]]:
 
 def _compile(item: tuple[str, str, str]) -> str:
     """Worker: compile one kernel into the disk cache (no CUDA context needed)."""
-    from tracea.fileio import write_atomic  # noqa: PLC0415
     from tracea_cuda import compiler  # noqa: PLC0415
 
-    source, name, arch = item
-    options = compiler.options_for(arch)
-    path = compiler.cache_dir() / f"{compiler.cache_key(source, options, arch)}.cubin"
-    if not path.is_file():
-        write_atomic(path, compiler._nvrtc_cubin(source, options, name))
-    return name
+    compiler.precompile(*item)
+    return item[1]
 
 
 def precompile(cfgs: list[tuple[str, PipelineConfig]], ms: list[int]) -> None:

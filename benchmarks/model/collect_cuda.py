@@ -30,16 +30,9 @@ import shapes  # noqa: E402
 
 def _compile(item: tuple[str, str, str]) -> str:
     """Worker: compile one kernel into the disk cache (no CUDA context needed)."""
-    from tracea.fileio import write_atomic  # noqa: PLC0415
     from tracea_cuda import compiler  # noqa: PLC0415
 
-    source, name, arch = item
-    options = compiler.options_for(arch)
-    path = compiler.cache_dir() / f"{compiler.cache_key(source, options, arch)}.cubin"
-    if path.is_file():
-        return "hit"
-    write_atomic(path, compiler._nvrtc_cubin(source, options, name))
-    return "compiled"
+    return "compiled" if compiler.precompile(*item) else "hit"
 
 
 class _Found(Exception):

@@ -72,6 +72,18 @@ def _nvrtc_cubin(source: str, options: tuple[str, ...], name: str) -> bytes:
             pass
 
 
+def precompile(source: str, name: str, arch: str) -> bool:
+    """Compile ``source`` for ``arch`` into the disk cache that :func:`load` reads, unless it is there
+    already; NVRTC only, so a process without a CUDA context (a worker of a probe's compile pool) can
+    fill the cache. True when it compiled, False on a cache hit."""
+    options = options_for(arch)
+    path = cache_dir() / f"{cache_key(source, options, arch)}.cubin"
+    if path.is_file():
+        return False
+    write_atomic(path, _nvrtc_cubin(source, options, name))
+    return True
+
+
 class Kernel:
     """A loaded kernel function plus its launch shape facts."""
 

@@ -70,6 +70,9 @@ class FlashAttention(CudaVariant):
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.ATTENTION,
                                 dtypes=frozenset({DType.F16, DType.BF16}), min_compute_capability=(8, 0),
                                 masks=frozenset({"bool", "additive"}), lse=True)
+    #: the module whose ``render`` / ``render_combine`` / ``KERNEL_NAME`` / ``COMBINE_NAME`` this variant compiles
+    #: (a probe comparing an older emitter subclasses with another)
+    emitter: Any = flash_attn
     efficiency = 0.3  # of the f16/bf16 Tensor Core peak (an mma.sync FA2 design on Hopper)
     priority = 10
 
@@ -139,11 +142,11 @@ class FlashAttention(CudaVariant):
     # -- compile and launch ----------------------------------------------------------------------
     def _kernels(self, spec: FlashSpec, profile: DeviceProfile) -> tuple[compiler.Kernel, compiler.Kernel | None]:
         arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))
-        main = compiler.load(flash_attn.render(spec), flash_attn.KERNEL_NAME, arch, smem=spec.smem_bytes,
-                             threads=spec.threads)
+        em = self.emitter
+        main = compiler.load(em.render(spec), em.KERNEL_NAME, arch, smem=spec.smem_bytes, threads=spec.threads)
         combine = None
         if spec.splits > 1:
-            combine = compiler.load(flash_attn.render_combine(spec), flash_attn.COMBINE_NAME, arch, smem=0, threads=256)
+            combine = compiler.load(em.render_combine(spec), em.COMBINE_NAME, arch, smem=0, threads=256)
         return main, combine
 
     def prepare(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Any:

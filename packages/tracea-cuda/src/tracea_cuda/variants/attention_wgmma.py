@@ -73,6 +73,9 @@ class FlashAttentionWgmma(CudaVariant):
                                 dtypes=frozenset({DType.F16, DType.BF16}), isa=("wgmma", "tma"),
                                 min_compute_capability=(9, 0), lse=True)
     efficiency = 0.6  # of the f16/bf16 Tensor Core peak
+    #: the module whose ``render`` / ``KERNEL_NAME`` this variant compiles (a probe comparing an older emitter
+    #: subclasses with another)
+    emitter: Any = flash_wgmma
     priority = 20
 
     def extra_checks(self, op: AttentionOp, profile: DeviceProfile) -> list[str]:
@@ -180,8 +183,8 @@ class FlashAttentionWgmma(CudaVariant):
 
     # -- compile and launch ----------------------------------------------------------------------
     def _kernel(self, spec: FlashWgmmaSpec) -> compiler.Kernel:
-        return compiler.load(flash_wgmma.render(spec), flash_wgmma.KERNEL_NAME, "sm_90a", smem=spec.smem_bytes,
-                             threads=spec.threads)
+        em = self.emitter
+        return compiler.load(em.render(spec), em.KERNEL_NAME, "sm_90a", smem=spec.smem_bytes, threads=spec.threads)
 
     def prepare(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Any:
         with toolkit.cupy().cuda.Device(profile.device.index):
