@@ -333,20 +333,19 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         fallbacks.record("attention", f"dropout_p={dropout_p:g}: no Tracea kernel applies dropout")
         return bridge_attention.TORCH_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                            enable_gqa=enable_gqa)
-    if _any_autocast():
+    autocast = _any_autocast()
+    if autocast:
         query, key, value, attn_mask = _autocast(query, key, value, attn_mask)  # type: ignore[assignment]
-    elif _direct_sdpa(query, key, value, attn_mask):
-        gen = generation()  # before building: a plan built across an invalidation is looked up again
-        plan, kept = bridge_attention.sdpa_plan_for(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
-        if kept and type(is_causal) is bool and (scale is None or type(scale) in (float, int)) \
-                and type(enable_gqa) is bool:
-            mask = NO_TENSOR if attn_mask is None else attn_mask
-            rg = bool(query.requires_grad or key.requires_grad or value.requires_grad or mask.requires_grad)
-            _SDPA_MEMO[0] = (guard_of(query, key, value, mask).check, (is_causal, scale, enable_gqa), rg, gen, plan)
-        return plan(query, key, value, attn_mask)
-    if _direct_sdpa(query, key, value, attn_mask):
-        return bridge_attention.sdpa(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
-    return torch.ops.tracea.sdpa(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
+    if not _direct_sdpa(query, key, value, attn_mask):
+        return torch.ops.tracea.sdpa(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
+    gen = generation()  # before building: a plan built across an invalidation is looked up again
+    plan, kept = bridge_attention.sdpa_plan_for(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    if kept and not autocast and type(is_causal) is bool and (scale is None or type(scale) in (float, int)) \
+            and type(enable_gqa) is bool:
+        mask = NO_TENSOR if attn_mask is None else attn_mask
+        rg = bool(query.requires_grad or key.requires_grad or value.requires_grad or mask.requires_grad)
+        _SDPA_MEMO[0] = (guard_of(query, key, value, mask).check, (is_causal, scale, enable_gqa), rg, gen, plan)
+    return plan(query, key, value, attn_mask)
 
 
 __all__ = ["conv2d", "linear", "scaled_dot_product_attention"]
