@@ -269,3 +269,16 @@ def test_strided_operands_on_a_variant_that_reads_packed_arrays_keep_one_output_
     for out in outs:
         torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
     assert len({o.stride() for o in outs}) == 1, [o.stride() for o in outs]
+
+
+def test_autocast_calls_cast_like_pytorch_and_are_not_remembered():
+    from tracea_torch import ops as tops
+
+    q, k, v = _qkv(2, 4, 13, 16, seed=9)
+    tops._SDPA_MEMO[0] = None
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = tracea_sdpa(q, k, v, is_causal=True)
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert tops._SDPA_MEMO[0] is None  # a memo hit would skip the cast
