@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracea.errors import DTypeError, InvalidArgumentError, ShapeError
+from tracea.errors import DTypeError, InvalidArgumentError, LayoutError, ShapeError
 from tracea_cpu import int8 as int8_mod
 from tracea_cpu.int8 import Int8Weight, fallback_reason, linear_int8, quantize_weight, reference
 
@@ -103,3 +103,113 @@ def test_int8_bad_arguments():
     before = x.copy()
     linear_int8(x, qw, b)
     assert np.array_equal(x, before)  # inputs are never mutated
+
+
+# --- the AVX512-VNNI few-tokens kernel (``ti_linear_vnni``) and the route between the two kernels ---
+
+VNNI_SHAPES = [(1, 1, 1), (2, 3, 5), (3, 17, 64), (4, 16, 65), (5, 31, 127), (6, 33, 128), (7, 70, 129),
+               (8, 15, 300), (9, 48, 1000), (17, 100, 200), (1, 257, 4097), (2, 19, 63)]
+
+
+@needs_amx
+@pytest.mark.parametrize("shape", VNNI_SHAPES)
+@pytest.mark.parametrize("route", ["vnni", "amx"])
+def test_int8_both_kernels_match_the_documented_math(monkeypatch, shape, route):
+    """Every token count and odd N / K through each kernel (the route forced), fresh random data with
+    per-row activation scales spanning two decades and per-channel weight scales."""
+    monkeypatch.setattr(int8_mod, "VNNI_MAX_TOKENS", 1 << 30 if route == "vnni" else 0)
+    for seed in (1, 2):
+        x, qw, b, _ = _case(*shape, seed=seed, bias=seed == 1)
+        got = linear_int8(x, qw, b)
+        ref = reference(x, qw, b)
+        assert np.abs(got - ref).max() <= 1e-6 * max(1.0, np.abs(ref).max()), (shape, route, seed)
+
+
+@needs_amx
+@pytest.mark.parametrize("route", ["vnni", "amx"])
+def test_int8_saturated_values_and_long_k(monkeypatch, route):
+    """Saturation edges: activations and weights at +-127 after quantization over K = 131072 (the
+    largest K), where the true sums reach ~2.1e9 (just inside int32) and the VNNI kernel's biased sums
+    (x + 128) overflow int32 and must wrap back exactly."""
+    monkeypatch.setattr(int8_mod, "VNNI_MAX_TOKENS", 1 << 30 if route == "vnni" else 0)
+    k, n = 131072, 5
+    w = np.ones((n, k), np.float32)
+    w[1] *= -1.0
+    w[2, ::2] = -1.0
+    w[3, :] = np.where(np.arange(k) % 3 == 0, 1.0, -1.0)
+    w[4, 7] = 0.5  # one value off the grid: rounds half to even
+    x = np.ones((3, k), np.float32)
+    x[1] *= -2.5
+    x[2, 1::2] = -1.0
+    qw = quantize_weight(w)
+    assert qw.q.max() == 127 and qw.q.min() == -127
+    got = linear_int8(x, qw)
+    ref = reference(x, qw, None)
+    assert int(qw.q[0].astype(np.int64).sum()) * 127 > 2.0e9  # x[0] quantizes to 127s: int32 really exercised
+    assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max(), route
+
+
+@needs_amx
+def test_int8_vnni_nan_inf_and_zero_rows():
+    x, qw, b, _ = _case(4, 40, 70)
+    x[1, 3] = np.nan
+    x[2] = 0.0
+    x[3, 69] = np.inf
+    got = linear_int8(x, qw, b)  # 4 tokens: the VNNI kernel
+    assert np.isnan(got[[1, 3]]).all()
+    assert np.array_equal(got[2], b)
+    assert np.abs(got[0] - reference(x, qw, b)[0]).max() <= 1e-6 * np.abs(got[0]).max()
+
+
+def test_int8_weight_row_sums():
+    qw = quantize_weight(np.array([[1.0, -1.0, 0.5], [2.0, 2.0, 2.0]], np.float32))
+    assert qw.q.tolist() == [[127, -127, 64], [127, 127, 127]]
+    assert qw.row_sums.dtype == np.int32 and qw.row_sums.tolist() == [64, 381]
+    assert qw.row_sums is qw.row_sums  # computed once
+
+
+@pytest.mark.parametrize("forced_fallback", [False, True])
+def test_int8_torch_fast_and_checked_paths_agree(monkeypatch, forced_fallback):
+    """Contiguous torch tensors take the address-only path; a transposed x, a NumPy bias next to a torch
+    x and a grad-requiring x take the checked one: same numbers, x never mutated."""
+    torch = pytest.importorskip("torch")
+    if forced_fallback:
+        monkeypatch.setattr(int8_mod, "_amx_ready", lambda: "forced fallback (test)")
+    elif WHY is not None:
+        pytest.skip(f"AMX-INT8 kernel unavailable: {WHY}")
+    x, qw, b, _ = _case(6, 40, 72)
+    ref = reference(x, qw, b)
+    xt, bt = torch.from_numpy(x.copy()), torch.from_numpy(b)
+    calls = {"fast": linear_int8(xt, qw, bt), "fast-2tokens": linear_int8(xt[:2], qw, bt),
+             "transposed": linear_int8(torch.from_numpy(x.T.copy()).T, qw, bt),
+             "numpy bias": linear_int8(xt, qw, b), "grad": linear_int8(xt.clone().requires_grad_(), qw, bt)}
+    for name, got in calls.items():
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32, name
+        rows = got.shape[0]
+        assert np.abs(got.numpy() - ref[:rows]).max() <= 1e-5 * np.abs(ref).max(), name
+    assert np.array_equal(xt.numpy(), x)
+    assert linear_int8(torch.zeros(0, 72), qw, bt).shape == (0, 40)
+    with pytest.raises(ShapeError):
+        linear_int8(torch.zeros(2, 71), qw, bt)
+    with pytest.raises(ShapeError):
+        linear_int8(xt, qw, bt[:39])
+    with pytest.raises(DTypeError):
+        linear_int8(xt.double(), qw, bt)
+
+
+def test_int8_weight_is_checked_when_built():
+    q = np.zeros((4, 8), np.int8)
+    s = np.ones(4, np.float32)
+    assert Int8Weight(q, s).shape == (4, 8)
+    with pytest.raises(DTypeError):
+        Int8Weight(q.astype(np.int16), s)
+    with pytest.raises(DTypeError):
+        Int8Weight(q, s.astype(np.float64))
+    with pytest.raises(ShapeError):
+        Int8Weight(q, s[:3])
+    with pytest.raises(ShapeError):
+        Int8Weight(q[0], s)
+    with pytest.raises(LayoutError):
+        Int8Weight(np.zeros((8, 4), np.int8).T, s)
+    with pytest.raises(InvalidArgumentError):
+        Int8Weight([[1, 2]], s)  # type: ignore[arg-type]

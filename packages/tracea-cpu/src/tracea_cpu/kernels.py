@@ -107,6 +107,8 @@ def int8_linear_library() -> ctypes.CDLL:
     lib = build(int8_linear_source(prologue(ISA_BY_NAME["avx512"]), T16), AMX_INT8.cflags, "linear-int8-amx")
     lib.ti_linear.argtypes = [_L, _L, _L, _P, _L, _P, _L, _P, _P, _P, _L, _I]
     lib.ti_linear.restype = _I
+    lib.ti_linear_vnni.argtypes = [_L, _L, _L, _P, _L, _P, _L, _P, _P, _P, _P, _L, _I]
+    lib.ti_linear_vnni.restype = _I
     return lib
 
 
