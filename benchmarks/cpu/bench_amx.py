@@ -13,8 +13,8 @@ Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
   Doctor's pick, untuned); ``amx`` / ``avx512bf16`` are the two variants run directly with their first
   hero config (isolated kernels). Anchor: ``torch.matmul``.
 * ``linear``: bf16 ``nn.Linear(4096, 4096)`` (with bias) at 1 / 8 / 32 / 128 tokens: the patched
-  module (``tracea_torch.patch_linear``, default settings) and the two variants run directly, against
-  ``F.linear``.
+  module (``tracea_torch.patch_linear``, default settings; it shares the anchor's weight and bias
+  tensors) and the two variants run directly, against ``F.linear``.
 * ``int8``: ``tracea_cpu.int8.linear_int8`` (the public call: per-row int8 activations, per-channel int8
   weights, AMX ``tdpbssd``) against ``torch.ao.nn.quantized.dynamic.Linear`` (qint8 per-channel
   weights, same values) at 1 / 8 / 32 / 128 tokens x 4096^2 and a 1024^3 GEMM shape.
@@ -125,7 +125,9 @@ def bench_linear(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) ->
     gen = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(k, n).bfloat16()
     patched = torch.nn.Sequential(torch.nn.Linear(k, n).bfloat16())
-    patched[0].load_state_dict(lin.state_dict())
+    # the same parameters (not a copy): every column reads one weight, so none finds it cached because
+    # another column just read it while the others' copy went cold
+    patched[0].weight, patched[0].bias = lin.weight, lin.bias
     tracea_torch.patch_linear(patched)
     w, bias = lin.weight.detach(), lin.bias.detach()
     for m in tokens:
