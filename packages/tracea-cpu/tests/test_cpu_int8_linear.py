@@ -213,3 +213,15 @@ def test_int8_weight_is_checked_when_built():
         Int8Weight(np.zeros((8, 4), np.int8).T, s)
     with pytest.raises(InvalidArgumentError):
         Int8Weight([[1, 2]], s)  # type: ignore[arg-type]
+
+
+@needs_amx
+@pytest.mark.parametrize("m", [1, 9])
+def test_int8_k_beyond_exact_int32_sums_is_refused(m):
+    """K > 131072 could overflow the int32 sums: both kernels refuse with LaunchError, no output."""
+    from tracea.errors import LaunchError
+
+    k = 131073
+    qw = Int8Weight(np.ones((2, k), np.int8), np.ones(2, np.float32))
+    with pytest.raises(LaunchError, match="K too large"):
+        linear_int8(np.ones((m, k), np.float32), qw)
