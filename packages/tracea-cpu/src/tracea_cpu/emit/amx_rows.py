@@ -14,12 +14,13 @@ load reads past the operands (garbage times a zero pad could be NaN).
 More than 32 tokens (``TB_WA_CHUNK_MINM``; whole 32-row blocks, K a multiple of 32): a block's 32-token
 slices each ran the whole K, so the block's weight rows (32 x K bf16: 256 KB at K = 4096) came back from
 L2 once per slice and every step loaded 4 KB from L2 for 4 tile products, the L2's bandwidth.
-``tb_wa_chunked`` runs K in chunks of ``TB_WA_KCH`` = 8 steps (256 k: 16 KB of weight rows, in L1) and
+``tb_wa_chunked`` runs K in chunks of ``TB_WA_KCH`` = 4 steps (128 k: 8 KB of weight rows) and
 passes every token slice over a chunk before the next, keeping the slices' accumulator tiles in a
 per-thread buffer between chunks (one tile load and store per tile and chunk). Measured on the 2-core
 Sapphire Rapids VM, 4096 x 4096 with bias, one thread, kernel alone: 48 / 64 / 96 / 128 tokens
-2395 / 2889 / 3971 / 5493-5858 us before, 2071 / 2518 / 3573 / 4808-5205 us after (4 or 16 steps per
-chunk: the same within noise).
+2395 / 2889 / 3971 / 5493-5858 us before, 2071 / 2518 / 3573 / 4808-5205 us after (8 steps a chunk);
+two threads, with the transposing packer below, 4 steps a chunk and the weight rows prefetched 4 steps
+ahead ran 1220 / 1425 / 1888 / 2464 us against 8 steps' 1320 / 1522 / 2019 / 2560 (2 steps: slower).
 """
 
 from __future__ import annotations
@@ -29,20 +30,32 @@ ROWS_DRIVER = r"""
 #define TR_WPF 2
 #endif
 #define TB_WA_MAXM 128
+#ifndef TB_WA_KCH
+#define TB_WA_KCH 4
+#endif
+#ifndef TB_WA_CPF
+#define TB_WA_CPF 4  /* steps the first slice prefetches the weight rows ahead (TR_WPF 2 ran 3-6% slower) */
+#endif
+#ifndef TB_WA_CHUNK_MINM
+#define TB_WA_CHUNK_MINM 32
+#endif
 /* X^T as tile B operands: xp[(s*MP + m)*16 + u]... stored per k step s (16 pairs) and token m:
-   xp[s*16*MP + u*MP + m] = (X(m, 32s + 2u), X(m, 32s + 2u + 1)), zero padded to MP tokens and whole steps. */
+   xp[s*16*MP + u*MP + m] = (X(m, 32s + 2u), X(m, 32s + 2u + 1)), zero padded to MP tokens and whole steps.
+   16 tokens x one step at a time: their 16 rows of 16 pairs loaded, transposed in registers, stored as
+   16 whole 64-byte rows. (It scattered each token's step before, serially ahead of the parallel region:
+   a 128-token x K = 4096 call against 32 weight rows took 529 us with the scatters, 97 us now.) */
 static void tb_wa_pack_x(const bf16 *x, long M, long MP, long K, long ldx, uint32_t *xp) {
     long steps = (K + 31) / 32;
-    memset(xp, 0, sizeof(uint32_t) * steps * 16 * MP);
-    for (long m = 0; m < M; m++) {
-        const bf16 *r = x + m * ldx;
+    for (long m0 = 0; m0 < MP; m0 += 16)
         for (long s = 0; s < steps; s++) {
             long k0 = 32 * s, n = TR_MIN(32, K - k0);
-            __m512i v = _mm512_maskz_loadu_epi16((__mmask32)(n == 32 ? 0xffffffffu : (1u << n) - 1), r + k0);
-            _mm512_i32scatter_epi32(xp + s * 16 * MP + m, _mm512_mullo_epi32(_mm512_set_epi32(
-                15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32((int)MP)), v, 4);
+            __mmask32 km = (__mmask32)(n == 32 ? 0xffffffffu : (1u << n) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = m0 + i < M ? _mm512_maskz_loadu_epi16(km, x + (m0 + i) * ldx + k0) : _mm512_setzero_si512();
+            tb_t16(r);
+            for (int u = 0; u < 16; u++) _mm512_storeu_si512(xp + s * 16 * MP + u * MP + m0, r[u]);
         }
-    }
 }
 
 /* Copy rows [n0, n0+rows) x k in [k0, k0+kn) of W (row stride ldw) into a zero-padded 16-row x 32
@@ -127,7 +140,7 @@ def chunk_kernel_c(tb: int) -> str:
     lines.append("    }")
     lines.append("    for (long s = s0; s < s1; s++) {")
     lines.append("        if (pf) for (int r = 0; r < 32; r++) "
-                 "_mm_prefetch((const char *)(w + (n0 + r) * ldw + 32 * (s + TR_WPF)), _MM_HINT_T0);")
+                 "_mm_prefetch((const char *)(w + (n0 + r) * ldw + 32 * (s + TB_WA_CPF)), _MM_HINT_T0);")
     for j in range(tb):
         lines.append(f"        _tile_loadd({bt0 + j}, xp + s * 16 * MP + m0 + {16 * j}, MP * 4);")
     for i in range(ra):
@@ -151,12 +164,6 @@ def rows_kernel_c(ra: int, tb: int) -> str:
 
 
 ROWS_DRIVE = r"""
-#ifndef TB_WA_KCH
-#define TB_WA_KCH 8
-#endif
-#ifndef TB_WA_CHUNK_MINM
-#define TB_WA_CHUNK_MINM 32
-#endif
 /* A whole block of 32 weight rows x all M tokens (M > 32), K in chunks of TB_WA_KCH steps (32 k each):
    the chunk of the weight rows (32 x 32 TB_WA_KCH bf16) stays in L1 while every 32-token slice passes
    over it, the slices' accumulators kept in cs (M / 32 x 4 tiles) between chunks; then the stores. */
@@ -167,8 +174,8 @@ static void tb_wa_chunked(const bf16 *w, long ldw, long N, long K, long n0, cons
         long s1 = TR_MIN(steps, s0 + TB_WA_KCH);
         for (long m0 = 0; m0 < M; m0 += 32) {
             float *cm = cs + (m0 / 32) * 4 * 256;
-            if (M - m0 > 16) tb_wa_chunk_2_2(w, ldw, n0, xp, MP, m0, s0, s1, cm, s0 == 0, m0 == 0 && s1 + TR_WPF <= steps);
-            else tb_wa_chunk_2_1(w, ldw, n0, xp, MP, m0, s0, s1, cm, s0 == 0, m0 == 0 && s1 + TR_WPF <= steps);
+            if (M - m0 > 16) tb_wa_chunk_2_2(w, ldw, n0, xp, MP, m0, s0, s1, cm, s0 == 0, m0 == 0 && s1 + TB_WA_CPF <= steps);
+            else tb_wa_chunk_2_1(w, ldw, n0, xp, MP, m0, s0, s1, cm, s0 == 0, m0 == 0 && s1 + TB_WA_CPF <= steps);
         }
     }
     for (long m0 = 0; m0 < M; m0 += 32) {
