@@ -6,7 +6,9 @@ the user path (default settings, untuned, calls back to back between CUDA events
     TRACEA_TUNING=first-use python benchmarks/user_path/bench_shapes.py   # the first-use tuning policy
 
 Groups: ``decode`` (``x @ W.T``, M = 1 / 4 / 16 / 128 tokens, projections of 7B / 13B / 70B-class models;
-also reports the weight bandwidth against a measured device-to-device copy), ``prefill`` (M = 512 / 2048
+also reports the weight bandwidth against a measured device-to-device copy, eager (``bw%``: host time
+included, which bounds small weights on a slow host) and with the calls captured in a CUDA graph
+(``graph bw%``, ``graph ratio``: the kernels alone)), ``prefill`` (M = 512 / 2048
 on the same projections), ``odd`` (odd sizes), ``bmm`` (batched), ``conv`` (conv layers of several CNN
 families at batch 1 and 32, channels_last fp16 and NCHW fp32). Ratios are PyTorch time / Tracea time.
 Each row also gives Tracea's first call on the new signature (what the user waits for: compilation where
@@ -74,6 +76,27 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / t  # bytes read + written per second
 
 
+def graph_time(fn: Callable[[], Any], calls: int = 20, reps: int = 5) -> float:
+    """Device seconds per call: ``calls`` calls captured in one CUDA graph, replayed (median of ``reps``);
+    no host time in it, so a short kernel's bandwidth shows even where eager calls are host-bound."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3 / calls)
+    return statistics.median(times)
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
@@ -94,8 +117,11 @@ def gemm_group(rows: list, group: str, ms: list[int], dtype: torch.dtype, bw: fl
                 x = torch.randn(m, k, device="cuda", dtype=dtype)
                 times = paired(lambda: tracea.ops.matmul(x, w.t()), lambda: x @ w.t())
                 extra = {}
-                if group == "decode":
+                if group == "decode":  # the weight's bytes per second against the copy's, eager and in a graph
+                    dev_t, dev_a = graph_time(lambda: tracea.ops.matmul(x, w.t())), graph_time(lambda: x @ w.t())
                     extra["bw%"] = f"{100 * n * k * x.element_size() / times[0] / bw:.0f}"
+                    extra["graph bw%"] = f"{100 * n * k * x.element_size() / dev_t / bw:.0f}"
+                    extra["graph ratio"] = f"{dev_a / dev_t:.2f}x"
                 report(rows, group, f"{model} x{m} @ W{n}x{k}.T {str(dtype)[6:]}", times,
                        rel(tracea.ops.matmul(x, w.t()), x @ w.t()), **extra)
 
