@@ -16,7 +16,9 @@ Parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorc
 * layouts: the operands as models pass them -- packed (B, H, S, D), Hugging Face's
   ``view(B, S, H, D).transpose(1, 2)`` ("bshd") and timm ViT's packed qkv ("vit") -- on ViT / BERT / Llama
   sized shapes, with the variant that served each row and whether the output came back in q's storage
-  order (``out_bshd``: ``out.transpose(1, 2).reshape(B, S, H * D)`` is then a view, as with PyTorch).
+  order (``out_bshd``: ``out.transpose(1, 2).reshape(B, S, H * D)`` is then a view, as with PyTorch);
+* short: S 128..512 (ViT-S, BERT-base, short prefills; D64 / D128, causal and not, b1 rows) with the
+  patched ``F.scaled_dot_product_attention`` (and the arbiter's pick) beside ``tracea.ops.attention``.
 
 Two timings per row: the *user path* (``tracea.ops.attention`` with default settings, untuned, called back
 to back between two CUDA events with nothing queued ahead: host time counts where it exceeds the
@@ -265,6 +267,50 @@ def layouts(quick: bool) -> list[dict]:
     return rows
 
 
+SHORT_SHAPES = [  # (B, H, S, D, dtype, causal, layout): ViT-S / BERT-base / short prefills, D64 and D128, b1 rows
+    (32, 6, 197, 64, torch.float16, False, "vit"), (1, 6, 197, 64, torch.float16, False, "vit"),
+    (8, 12, 256, 64, torch.bfloat16, False, "bshd"), (32, 12, 128, 64, torch.bfloat16, False, "packed"),
+    (16, 12, 384, 64, torch.bfloat16, False, "bshd"), (8, 16, 512, 64, torch.bfloat16, False, "packed"),
+    (8, 12, 256, 64, torch.bfloat16, True, "bshd"), (8, 16, 512, 64, torch.bfloat16, True, "bshd"),
+    (32, 16, 128, 128, torch.bfloat16, False, "bshd"), (16, 12, 197, 128, torch.float16, False, "vit"),
+    (8, 16, 256, 128, torch.bfloat16, False, "packed"), (8, 16, 384, 128, torch.bfloat16, True, "bshd"),
+    (4, 32, 512, 128, torch.bfloat16, True, "bshd"), (1, 16, 512, 128, torch.bfloat16, False, "packed"),
+]
+
+
+def short(quick: bool) -> list[dict]:
+    """Short sequences (S 128..512) as ViT / BERT / small prefills pass them: the kernel (default path,
+    queued ahead) and two user paths -- ``tracea.ops.attention`` and the patched
+    ``F.scaled_dot_product_attention`` (the arbiter's pick on its first call, named) -- each against SDPA."""
+    rows = []
+    for b, h, s, d, dt, causal, kind in SHORT_SHAPES:
+        q, k, v = _laid_out(kind, b, h, h, s, d, dt)
+        ours = lambda q=q, k=k, v=v, c=causal: tracea.ops.attention(q, k, v, is_causal=c)  # noqa: E731
+        theirs = lambda q=q, k=k, v=v, c=causal: TORCH_SDPA(q, k, v, is_causal=c)  # noqa: E731
+        out, ref = ours(), theirs()
+        err = float((out.double() - ref.double()).norm() / ref.double().norm())
+        kern = _time([ours, theirs], 20, True)
+        user = _time([ours, theirs], 20, False)
+        key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(None),
+               None, 0.0, causal, None, False, None, None)
+        run = getattr(plans.lookup(key), "runner", None)
+        row = dict(part="short", layout=kind, b=b, h=h, s=s, d=d, dtype=str(dt).split(".")[1], causal=causal,
+                   tracea_us=kern[0] * 1e6, sdpa_us=kern[1] * 1e6, ratio_kernel=kern[1] / kern[0],
+                   user_tracea_us=user[0] * 1e6, user_sdpa_us=user[1] * 1e6, ratio_user=user[1] / user[0],
+                   variant=(run.variant or "fallback") if run is not None else "?", rel_err=err)
+        tracea_torch.patch_attention()
+        try:
+            patched = lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(q, k, v, is_causal=c)  # noqa: E731
+            patched()
+            pt = _time([patched, theirs], 20, False)
+            row.update(ratio_patched=pt[1] / pt[0], patched_winner=tracea_torch.arbiter.verdicts()[-1].winner)
+        finally:
+            tracea_torch.unpatch_attention()
+        rows.append(row)
+        print(_fmt(row), flush=True)
+    return rows
+
+
 def _variant_of(q, k, v, mask=None) -> str:  # noqa: ANN001
     key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(mask), None, 0.0,
            False, None, True, None, None)
@@ -358,7 +404,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="prefill,decode,model,layouts")
+    ap.add_argument("--only", default="prefill,decode,model,layouts,short")
     ap.add_argument("--dtypes", help="prefill / decode dtypes, comma-separated (default: bfloat16, and float16 "
                     "unless --quick)")
     ap.add_argument("--sweep", action="store_true", help="decode: time every hero and forced split counts")
@@ -375,7 +421,7 @@ def main() -> None:
             rows += decode(args.quick, dts, args.sweep, args.masked)
             continue
         rows += {"prefill": prefill, "decode": decode, "model": model, "lse": lse_cost,
-                 "layouts": layouts}[part](args.quick)
+                 "layouts": layouts, "short": short}[part](args.quick)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

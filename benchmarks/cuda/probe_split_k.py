@@ -15,16 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 import tracea
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "user_path"))
-from bench_shapes import paired, rel  # noqa: E402
+from bench_shapes import graph_time, paired, rel  # noqa: E402
 
 from tracea_cuda.variants.hopper import _hero  # noqa: E402
 
@@ -35,27 +34,6 @@ TARGETS = [(512, 1024, 8192), (128, 1024, 8192), (512, 5120, 5120), (512, 11008,
 OTHERS = [(96, 768, 2048), (96, 4096, 14336), (192, 2048, 4096), (192, 3072, 8192), (256, 4096, 14336),
           (256, 1536, 6144), (384, 3072, 8192), (384, 768, 3072), (256, 4096, 2048), (96, 2560, 10240)]
 QUICK = [(512, 1024, 8192), (128, 4096, 4096), (512, 5120, 5120), (256, 4096, 14336), (192, 2048, 4096)]
-
-
-def graph_time(fn: Callable[[], Any], calls: int = 20, reps: int = 5) -> float:
-    """Device time per call: ``calls`` calls captured in a CUDA graph, replayed ``reps`` times (median)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / 1e3 / calls)
-    return statistics.median(out)
 
 
 def probe(m: int, n: int, k: int, dtype: torch.dtype, splits: list[int], sweep: bool = True) -> dict:

@@ -6,9 +6,14 @@ the user path (default settings, untuned, calls back to back between CUDA events
     TRACEA_TUNING=first-use python benchmarks/user_path/bench_shapes.py   # the first-use tuning policy
 
 Groups: ``decode`` (``x @ W.T``, M = 1 / 4 / 16 / 128 tokens, projections of 7B / 13B / 70B-class models;
-also reports the weight bandwidth against a measured device-to-device copy), ``prefill`` (M = 512 / 2048
+also reports the weight bandwidth against a measured device-to-device copy, eager (``bw%``: host time
+included, which bounds small weights on a slow host) and with the calls captured in a CUDA graph
+(``graph bw%``, ``graph ratio``: the kernels alone)), ``prefill`` (M = 512 / 2048
 on the same projections), ``odd`` (odd sizes), ``bmm`` (batched), ``conv`` (conv layers of several CNN
 families at batch 1 and 32, channels_last fp16 and NCHW fp32). Ratios are PyTorch time / Tracea time.
+Each row also gives Tracea's first call on the new signature (what the user waits for: compilation where
+the kernel cache has none, and with ``TRACEA_TUNING=first-use`` the tuning); each group ends with a
+summary line.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from typing import Any, Callable
 
 import torch
@@ -39,16 +45,28 @@ def b2b(fn: Callable[[], Any], calls: int) -> float:
     return s.elapsed_time(e) / 1e3 / calls
 
 
-def paired(fa: Callable[[], Any], fb: Callable[[], Any], rounds: int = 7) -> tuple[float, float]:
-    for f in (fa, fb):
-        f()
+def first_call(fn: Callable[[], Any]) -> float:
+    """Seconds of one synchronized call: on a new signature, what the user waits for on the first call
+    (compilation, and with the first-use policy the tuning)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def paired(fa: Callable[[], Any], fb: Callable[[], Any], rounds: int = 7) -> tuple[float, float, float]:
+    """Median seconds per call of ``fa`` and ``fb`` (back to back, alternating rounds), and the seconds of
+    ``fa``'s first call."""
+    first = first_call(fa)
+    fb()
     one = max(b2b(fa, 1), b2b(fb, 1))
     calls = max(3, min(200, int(2e-3 / max(one, 1e-7))))
     ta, tb = [], []
     for r in range(rounds):
         for f, acc in ((fa, ta), (fb, tb)) if r % 2 == 0 else ((fb, tb), (fa, ta)):
             acc.append(b2b(f, calls))
-    return statistics.median(ta), statistics.median(tb)
+    return statistics.median(ta), statistics.median(tb), first
 
 
 def copy_bandwidth() -> float:
@@ -58,14 +76,37 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / t  # bytes read + written per second
 
 
+def graph_time(fn: Callable[[], Any], calls: int = 20, reps: int = 5) -> float:
+    """Device seconds per call: ``calls`` calls captured in one CUDA graph, replayed (median of ``reps``);
+    no host time in it, so a short kernel's bandwidth shows even where eager calls are host-bound."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3 / calls)
+    return statistics.median(times)
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def report(rows: list, group: str, what: str, t: float, a: float, err: float, **extra: Any) -> None:
+def report(rows: list, group: str, what: str, times: tuple[float, float, float], err: float, **extra: Any) -> None:
+    t, a, first = times
     print(f"  {what:<52} tracea {t * 1e6:9.1f} us  torch {a * 1e6:9.1f} us  ratio {a / t:5.2f}x  err {err:.1e}"
-          + "".join(f"  {k} {v}" for k, v in extra.items()), flush=True)
-    rows.append({"group": group, "what": what, "tracea_s": t, "torch_s": a, "ratio": a / t, "rel_err": err, **extra})
+          + "".join(f"  {k} {v}" for k, v in extra.items()) + f"  first call {first * 1e3:.0f} ms", flush=True)
+    rows.append({"group": group, "what": what, "tracea_s": t, "torch_s": a, "ratio": a / t, "rel_err": err,
+                 "first_call_s": first, **extra})
 
 
 def gemm_group(rows: list, group: str, ms: list[int], dtype: torch.dtype, bw: float) -> None:
@@ -74,11 +115,14 @@ def gemm_group(rows: list, group: str, ms: list[int], dtype: torch.dtype, bw: fl
             w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=dtype)
-                t, a = paired(lambda: tracea.ops.matmul(x, w.t()), lambda: x @ w.t())
+                times = paired(lambda: tracea.ops.matmul(x, w.t()), lambda: x @ w.t())
                 extra = {}
-                if group == "decode":
-                    extra["bw%"] = f"{100 * n * k * x.element_size() / t / bw:.0f}"
-                report(rows, group, f"{model} x{m} @ W{n}x{k}.T {str(dtype)[6:]}", t, a,
+                if group == "decode":  # the weight's bytes per second against the copy's, eager and in a graph
+                    dev_t, dev_a = graph_time(lambda: tracea.ops.matmul(x, w.t())), graph_time(lambda: x @ w.t())
+                    extra["bw%"] = f"{100 * n * k * x.element_size() / times[0] / bw:.0f}"
+                    extra["graph bw%"] = f"{100 * n * k * x.element_size() / dev_t / bw:.0f}"
+                    extra["graph ratio"] = f"{dev_a / dev_t:.2f}x"
+                report(rows, group, f"{model} x{m} @ W{n}x{k}.T {str(dtype)[6:]}", times,
                        rel(tracea.ops.matmul(x, w.t()), x @ w.t()), **extra)
 
 
@@ -87,13 +131,13 @@ def odd_group(rows: list) -> None:
                       (96, 96, 96)]:
         for dtype in (torch.bfloat16, torch.float16):
             a_, b_ = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
-            t, a = paired(lambda: tracea.ops.matmul(a_, b_), lambda: a_ @ b_)
-            report(rows, "odd", f"{m}x{n}x{k} {str(dtype)[6:]}", t, a, rel(tracea.ops.matmul(a_, b_), a_ @ b_))
+            times = paired(lambda: tracea.ops.matmul(a_, b_), lambda: a_ @ b_)
+            report(rows, "odd", f"{m}x{n}x{k} {str(dtype)[6:]}", times, rel(tracea.ops.matmul(a_, b_), a_ @ b_))
     for tf32 in (True, False):
         torch.backends.cuda.matmul.allow_tf32 = tf32
         a_, b_ = torch.randn(4096, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
-        t, a = paired(lambda: tracea.ops.matmul(a_, b_), lambda: a_ @ b_)
-        report(rows, "odd", f"4096^3 fp32 {'TF32 allowed' if tf32 else 'exact'}", t, a,
+        times = paired(lambda: tracea.ops.matmul(a_, b_), lambda: a_ @ b_)
+        report(rows, "odd", f"4096^3 fp32 {'TF32 allowed' if tf32 else 'exact'}", times,
                rel(tracea.ops.matmul(a_, b_), a_ @ b_))
     torch.backends.cuda.matmul.allow_tf32 = False
 
@@ -102,8 +146,8 @@ def bmm_group(rows: list) -> None:
     for (b, m, n, k) in [(64, 512, 512, 512), (32, 128, 128, 64), (8, 2048, 2048, 128)]:
         x = torch.randn(b, m, k, device="cuda", dtype=torch.bfloat16)
         y = torch.randn(b, k, n, device="cuda", dtype=torch.bfloat16)
-        t, a = paired(lambda: tracea.ops.matmul(x, y), lambda: torch.bmm(x, y))
-        report(rows, "bmm", f"bmm {b}x{m}x{n}x{k} bf16", t, a, rel(tracea.ops.matmul(x, y), torch.bmm(x, y)))
+        times = paired(lambda: tracea.ops.matmul(x, y), lambda: torch.bmm(x, y))
+        report(rows, "bmm", f"bmm {b}x{m}x{n}x{k} bf16", times, rel(tracea.ops.matmul(x, y), torch.bmm(x, y)))
 
 
 CONVS = {  # family: (C, K, H, R, stride)
@@ -128,9 +172,20 @@ def conv_group(rows: list) -> None:
                     pad = r // 2
                     ours = lambda: tracea.ops.conv2d(x, w, bias, stride=s, padding=pad)  # noqa: E731
                     theirs = lambda: F.conv2d(x, w, bias, stride=s, padding=pad)  # noqa: E731
-                    t, a = paired(ours, theirs)
+                    times = paired(ours, theirs)
                     report(rows, "conv", f"{family} {c}->{k} {r}x{r}/{s} @{h}^2 b{batch} {str(dtype)[6:]}"
-                           f"{' CL' if cl else ''}", t, a, rel(ours(), theirs()))
+                           f"{' CL' if cl else ''}", times, rel(ours(), theirs()))
+
+
+def summary(label: str, rows: list) -> None:
+    """One line: the ratios' median, min and misses, and the first calls' latency."""
+    if not rows:
+        return
+    ratios, firsts = [r["ratio"] for r in rows], [r["first_call_s"] for r in rows]
+    print(f"{label} {len(ratios)} cases: median {statistics.median(ratios):.2f}x, min {min(ratios):.2f}x, "
+          f"below 0.9x: {sum(r < 0.9 for r in ratios)}, below 1.0x: {sum(r < 1.0 for r in ratios)}; first call "
+          f"median {statistics.median(firsts) * 1e3:.0f} ms, max {max(firsts) * 1e3:.0f} ms, "
+          f"total {sum(firsts):.1f} s")
 
 
 def main(argv: list[str]) -> int:
@@ -159,10 +214,9 @@ def main(argv: list[str]) -> int:
     if "conv" in groups:
         print("\n[conv] CNN layers")
         conv_group(rows)
-    ratios = [r["ratio"] for r in rows]
-    if ratios:
-        print(f"\nall {len(ratios)} cases: median {statistics.median(ratios):.2f}x, min {min(ratios):.2f}x, "
-              f"below 0.9x: {sum(r < 0.9 for r in ratios)}")
+    for group in dict.fromkeys(r["group"] for r in rows):
+        summary(f"[{group}]", [r for r in rows if r["group"] == group])
+    summary("all", rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "policy": tracea.tuning_mode(),

@@ -127,6 +127,68 @@ def test_wgmma_configs_are_valid_or_declined_with_reasons():
     assert "multiple of 16" in w.validate_config(d128, hero(128, 120, 128, 2, 12), H100).reason
 
 
+def test_wgmma_short_sequence_heroes_and_their_checks():
+    """Short keys (seq_kv <= SHORT_KV) lead with one consumer warpgroup (tile_m 64, no ping-pong) and two or
+    three CTAs per SM, the long-sequence heroes after them; the registers and shared memory split over the
+    resident CTAs; longer keys keep the long heroes. The fill estimate counts 64-row blocks there, so a
+    batch-1 512-token prefill ranks above flash_mma."""
+    from tracea.dtypes import DType
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.variants.attention_wgmma import SHORT_KV, FlashAttentionWgmma
+    from tracea_cuda.variants.base import hero
+
+    w = FlashAttentionWgmma()
+    shapes = [AttentionOp(8, 12, 256, 256, 64, dtype="bfloat16"), AttentionOp(32, 6, 197, 197, 64, dtype="float16"),
+              AttentionOp(16, 8, 65, 65, 64, causal=True, dtype="float16"),
+              AttentionOp(1, 16, 512, 512, 128, dtype="bfloat16"),
+              AttentionOp(4, 32, 300, 300, 128, kv_heads=8, causal=True, dtype="bfloat16")]
+    for op in shapes:
+        heroes = w.hero_configs(op, H100)
+        assert heroes[0].tile_m == 64 and heroes[0].get("ctas", 1) in (2, 3), op.describe()
+        assert all(w.validate_config(op, c, H100) for c in heroes), op.describe()
+        assert any(c.tile_m >= 128 for c in heroes)  # the long heroes stay for the tuner
+        assert w.estimate_seconds(op, H100) < V.estimate_seconds(op, H100), op.describe()
+    # BERT-base b8: 384 blocks of 64 rows fit one wave of three CTAs per SM; ViT-S b32 (768) runs persistent
+    assert w.hero_configs(shapes[0], H100)[0].get("ctas") == 3
+    assert w.hero_configs(shapes[1], H100)[0].get("persistent") is True
+    long = AttentionOp(4, 16, SHORT_KV + 1, SHORT_KV + 1, 64, dtype="bfloat16")
+    assert w.hero_configs(long, H100)[0].tile_m > 64 and w.short_heroes(long, H100) == []
+    # registers: the CTA's share of the register file split between producer and consumer
+    spec = flash_wgmma.FlashWgmmaSpec(DType.BF16, 64, 64, 1, 2, False, pingpong=False, ctas=3)
+    assert spec.threads == 256 and spec.regs == (24, 136)
+    assert flash_wgmma.FlashWgmmaSpec(DType.BF16, 128, 64, 1, 2, False, pingpong=False, ctas=2).regs == (24, 232)
+    src = flash_wgmma.render(spec)
+    assert "#define CTAS 3" in src and "__launch_bounds__(NT, CTAS)" in src and "prefetch.tensormap" in src
+    d64, d128 = shapes[0], shapes[3]
+    assert "ping-pong" in w.validate_config(d64, hero(64, 64, 64, 2, 8, ctas=2, pingpong=True), H100).reason
+    assert w.spec(d64, hero(64, 64, 64, 2, 8, ctas=2), None, H100).pingpong is False  # off by default at tile_m 64
+    assert "shared memory" in w.validate_config(d128, hero(64, 128, 128, 2, 8, pingpong=False, ctas=2), H100).reason
+    assert "registers" in w.validate_config(d128, hero(64, 64, 128, 1, 8, pingpong=False, ctas=3), H100).reason
+    assert "ctas" in w.validate_config(d64, hero(64, 64, 64, 2, 8, pingpong=False, ctas=4), H100).reason
+    assert w.validate_config(d128, hero(64, 128, 128, 1, 8, pingpong=False, ctas=2), H100)  # one stage: 80 KB
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
+def test_wgmma_short_sequence_kernels_compile_without_spills():
+    """The tile_m 64 kernels with two and three CTAs per SM: ptxas gives every thread the launch bound's cap
+    (128 / 80 registers: the pool setmaxnreg redistributes) and spills nothing."""
+    from tracea.dtypes import DType
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.offline import bundle
+
+    F = flash_wgmma.FlashWgmmaSpec
+    specs = [F(DType.BF16, 64, 64, 1, 2, False, pingpong=False, ctas=3), F(DType.F16, 64, 96, 1, 2, True, pingpong=False, ctas=3, lse=True),
+             F(DType.F16, 64, 128, 1, 2, False, pingpong=False, ctas=2, strided=True),
+             F(DType.BF16, 128, 64, 1, 2, True, pingpong=False, ctas=2, lse=True, strided=True),
+             F(DType.BF16, 128, 128, 1, 1, False, pingpong=False, ctas=2)]
+    sources = {f"k{i}": flash_wgmma.render(s, name=f"k{i}") for i, s in enumerate(specs)}
+    report = compile_report(bundle(sources), "sm_90a")
+    assert set(report) == set(sources)
+    for (name, res), spec in zip(sorted(report.items()), specs):
+        assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack == 0 and not res.advisories, (name, res)
+        assert res.registers == {2: 128, 3: 80}[spec.ctas], (name, res)
+
+
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
 def test_wgmma_kernels_compile_without_spills():
     """Kernels beside the heroes (compiled in test_cuda_offline_compile.py): three consumer warpgroups at

@@ -179,6 +179,29 @@ def test_few_tile_gemms_take_the_split_k_hero_and_decode_keeps_its_variants(monk
             assert decide(rows, 4096, 4096).variant.name in ("cuda.gemm.gemv", "cuda.gemm.skinny_mma")
 
 
+def test_first_use_times_the_chosen_variants_heroes_not_variants_estimated_far_slower(monkeypatch):
+    """First-use tuning's candidates on Hopper: the chosen variant's first three heroes (where the H100
+    first-use winners were), then only the variants estimated within ``ESTIMATE_SPAN``: on a prefill GEMM the
+    mma.sync GEMM (estimated 2.6x slower, never a winner) costs no compilation; on decode it stays."""
+    from tracea.doctor import doctor as doctor_mod
+    from tracea.runtime import first_use
+
+    doc = _doctor(monkeypatch, H100)
+    monkeypatch.setattr(doctor_mod, "get_doctor", lambda: doc)
+
+    def trials(m, n, k):
+        d = doc.decide(GemmOp(m, n, k, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0",
+                       use_cache=False)
+        got = first_use._trials(d)
+        assert got[0] == (d.chosen.variant, d.chosen.config)
+        return [v.name for v, _ in got]
+
+    assert trials(2048, 11008, 4096) == ["cuda.gemm.wgmma"] * 3
+    decode = trials(16, 5120, 5120)
+    assert decode[:3] == ["cuda.gemm.skinny_mma"] * 3 and len(decode) == first_use.MAX_CANDIDATES
+    assert "cuda.gemm.mma_f16" in decode
+
+
 def test_attention_decode_shapes_go_to_the_decode_kernel(monkeypatch):
     """One-token decode and short queries over a KV cache: cuda.attention.decode on Hopper and on sm_80;
     prefill: cuda.attention.wgmma on Hopper, flash_mma on sm_80 (the decode kernel declines > 32 rows)."""

@@ -15,6 +15,7 @@ import tracea_torch  # noqa: E402
 from tracea.runtime import plans  # noqa: E402
 from tracea_torch import arbiter, fallbacks  # noqa: E402
 from tracea_torch.bridge_attention import TORCH_SDPA  # noqa: E402
+from tracea_torch.guards import guard_of  # noqa: E402
 from tracea_torch.ops import scaled_dot_product_attention as tracea_sdpa  # noqa: E402
 
 ORIGINAL = F.scaled_dot_product_attention
@@ -282,3 +283,43 @@ def test_autocast_calls_cast_like_pytorch_and_are_not_remembered():
     assert got.dtype == want.dtype
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     assert tops._SDPA_MEMO[0] is None  # a memo hit would skip the cast
+
+
+@pytest.mark.parametrize("lean", [True, ("attention", "test reason")])
+def test_a_remembered_signature_pytorch_serves_calls_pytorch_straight(monkeypatch, lean):
+    """A memo whose plan PyTorch serves (the arbiter's verdict, or a counted fallback) calls PyTorch's SDPA
+    from the patched function itself -- the plan is not called -- counting each call where the plan
+    would; PyTorch then handles grad and autocast as the unpatched function does."""
+    from tracea_torch import ops as tops
+
+    q, k, v = _qkv(2, 4, 13, 16, seed=11)
+
+    def boom(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("the plan was called")
+
+    flags = (True, None, False)
+    tops._SDPA_MEMO[0] = (guard_of(q, k, v, tops.NO_TENSOR).check, flags, False, plans.generation(), boom, lean)
+    fallbacks.reset()
+    with torch.no_grad():
+        outs = [tracea_sdpa(q, k, v, is_causal=True) for _ in range(3)]
+    want = TORCH_SDPA(q, k, v, None, 0.0, True)
+    assert all(torch.equal(o, want) for o in outs)
+    assert fallbacks.total(contains="test reason") == (0 if lean is True else 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = tracea_sdpa(q, k, v, is_causal=True)
+        assert got.dtype == F.scaled_dot_product_attention(q, k, v, is_causal=True).dtype
+    qg = q.clone().requires_grad_()
+    tops._SDPA_MEMO[0] = (guard_of(qg, k, v, tops.NO_TENSOR).check, flags, True, plans.generation(), boom, lean)
+    out = tracea_sdpa(qg, k, v, is_causal=True)
+    out.sum().backward()
+    assert qg.grad is not None
+    tops._SDPA_MEMO[0] = None
+
+
+def test_only_plans_pytorch_serves_are_remembered_as_lean():
+    """The memo's lean field comes from the plan: PyTorch's plans carry it, Tracea's do not."""
+    from tracea_torch import bridge_attention
+
+    verdict = bridge_attention._torch_plan((0.0, False, None, False), "verdict", False)
+    counted = bridge_attention._torch_plan((0.0, False, None, False), "no kernel", True)
+    assert verdict.lean is True and counted.lean == ("attention", "no kernel")

@@ -333,3 +333,40 @@ def test_memo_of_a_routed_plan_calls_torch_unless_capturing(monkeypatch):
         capturing[0] = True
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias) + 1) and ran
     assert layer_path._memo(plans.generation(), x, layer.weight, layer.bias, None, routed, act="relu").lean == 0
+
+
+def test_a_weight_that_is_no_registered_parameter_is_read_as_an_attribute(restricted_backend, rel_err):
+    """The patched forward reads weight and bias from the parameter dict (the fast way); a layer whose
+    weight a hook computes (``torch.nn.utils.weight_norm``: ``weight`` is a plain attribute) and a layer
+    whose parameters were replaced after calls give the unpatched layer's result."""
+    import warnings
+
+    torch.manual_seed(3)
+    base, layer = nn.Linear(8, 5), nn.Linear(8, 5)
+    layer.load_state_dict(base.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # weight_norm is deprecated in favour of parametrizations
+        base, layer = torch.nn.utils.weight_norm(base), torch.nn.utils.weight_norm(layer)
+    assert "weight" not in layer._parameters
+    tracea_torch.patch_linear(layer)
+    assert type(layer) is not nn.Linear
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            assert rel_err(layer(x), base(x)) < 1e-5
+        base.weight_g.mul_(2.0)
+        layer.weight_g.mul_(2.0)
+        assert rel_err(layer(x), base(x)) < 1e-5
+        lin = nn.Linear(8, 5)
+        tracea_torch.patch_linear(lin)
+        for _ in range(3):
+            lin(x)
+        lin.weight = nn.Parameter(torch.randn(5, 8))
+        lin.bias = None
+        assert rel_err(lin(x), F.linear(x, lin.weight)) < 1e-5
+        conv = _conv()
+        y = torch.randn(2, 4, 9, 9)
+        for _ in range(3):
+            conv(y)
+        conv.weight = nn.Parameter(torch.randn(6, 4, 3, 3))
+        assert rel_err(conv(y), F.conv2d(y, conv.weight, conv.bias, padding=1)) < 1e-5

@@ -84,6 +84,8 @@ def _torch_plan(conf: tuple, reason: str, count_each_call: bool) -> Callable[...
             return sdpa(q, k, v, m)
 
     plan.fallback = reason  # type: ignore[attr-defined]
+    # the patched function's memo may call PyTorch's SDPA itself (it handles grad, autocast and modes):
+    plan.lean = ("attention", reason) if count_each_call else True  # type: ignore[attr-defined]
     return plan
 
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from . import ops
 from .bridge import parse_activation
-from .layer_path import conv2d_layer, linear_layer
+from .layer_path import conv2d_layer, layer_params, linear_layer
 
 
 def conv2d_forward(module: nn.Conv2d, x: Tensor, activation: Optional[str] = None) -> Tensor:
@@ -64,7 +64,8 @@ class TraceaConv2d(nn.Conv2d):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
         if self.padding_mode != "zeros":
             return conv2d_forward(self, input, self.activation)
-        return conv2d_layer(self, input, self.weight, self.bias, self.activation)
+        w, b = layer_params(self)
+        return conv2d_layer(self, input, w, b, self.activation)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation}" if self.activation else ""

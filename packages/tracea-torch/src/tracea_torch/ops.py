@@ -33,6 +33,7 @@ from tracea.runtime.plans import generation
 from . import bridge, bridge_attention
 from .compat import check_torch_version
 from .guards import NO_TENSOR, guard_of
+from .fallbacks import record as _record
 
 check_torch_version()
 
@@ -305,9 +306,11 @@ def _direct_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]) -
 
 
 #: the patched SDPA's last call: (tensor guard, (is_causal, scale, enable_gqa), some tensor requires grad,
-#: plan generation, plan). Transformer layers mostly share one attention signature, so one entry serves a
+#: plan generation, plan, lean: the plan's ``lean`` -- True or the ``(kind, reason)`` each call counts -- where
+#: PyTorch serves the signature, so a hit calls PyTorch's SDPA itself). Transformer layers mostly share one attention signature, so one entry serves a
 #: whole model; another signature replaces it (its lookup is the full path's, ~1-2 us more).
 _SDPA_MEMO: list[Any] = [None]
+_TORCH_SDPA = bridge_attention.TORCH_SDPA
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
@@ -322,11 +325,17 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     :mod:`tracea_torch.layer_path`)."""
     memo = _SDPA_MEMO[0]
     if (memo is not None and not dropout_p and memo[1] == (is_causal, scale, enable_gqa) and not _is_compiling()
-            and memo[0](query, key, value, NO_TENSOR if attn_mask is None else attn_mask) and memo[3] == generation()
-            and not _any_autocast()
-            and not (_tracing_state() is not None or _dispatch_modes() or _function_modes() or _transforms_active()
-                     or (memo[2] and _grad_enabled()))):
-        return memo[4](query, key, value, attn_mask)
+            and memo[0](query, key, value, NO_TENSOR if attn_mask is None else attn_mask) and memo[3] == generation()):
+        lean = memo[5]
+        if lean:  # PyTorch serves the signature: call it as the unpatched function would
+            if lean is not True:
+                _record(*lean)
+            if scale is None and not enable_gqa:
+                return _TORCH_SDPA(query, key, value, attn_mask, 0.0, is_causal)
+            return _TORCH_SDPA(query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if not (_any_autocast() or _tracing_state() is not None or _dispatch_modes() or _function_modes()
+                or _transforms_active() or (memo[2] and _grad_enabled())):
+            return memo[4](query, key, value, attn_mask)
     if dropout_p:
         from . import fallbacks
 
@@ -344,7 +353,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             and type(enable_gqa) is bool:
         mask = NO_TENSOR if attn_mask is None else attn_mask
         rg = bool(query.requires_grad or key.requires_grad or value.requires_grad or mask.requires_grad)
-        _SDPA_MEMO[0] = (guard_of(query, key, value, mask).check, (is_causal, scale, enable_gqa), rg, gen, plan)
+        _SDPA_MEMO[0] = (guard_of(query, key, value, mask).check, (is_causal, scale, enable_gqa), rg, gen, plan,
+                         getattr(plan, "lean", None))
     return plan(query, key, value, attn_mask)
 
 

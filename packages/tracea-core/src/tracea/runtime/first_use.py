@@ -4,8 +4,17 @@
 signature time the top candidates on the call's own arrays, interleaved, within a small budget; the
 fastest (of those whose output agrees with the default choice's) is persisted in the tuning cache like
 any tuned result, so this and later processes run it. Default ``"off"`` for ``tracea.ops``: a first call
-then costs one compilation, not several. Candidates are the accepted variants in the Doctor's order,
-each with its first hero configs (at most :data:`MAX_CANDIDATES`); each is compiled before timing.
+then costs one compilation, not several.
+
+Candidates (:func:`alternatives`): the Doctor's choice with the next hero configs of its variant (at most
+:data:`HEROES_CHOSEN`), then the other accepted variants the Doctor estimates at most :data:`ESTIMATE_SPAN`
+times slower, each with its first :data:`HEROES_PER_VARIANT` heroes; at most :data:`MAX_CANDIDATES`. Each is
+compiled before timing; compiling stops once :data:`COMPILE_BUDGET_S` is spent (two candidates at least).
+
+Timing: each sample is a batch of back-to-back calls between two synchronizations (about
+:data:`SAMPLE_S`), so it measures what a caller's eager calls cost (the kernel, or the launch where that is
+longer) rather than one launch's host latency; :data:`ROUNDS` rounds in alternating order, the median per
+candidate. A challenger replaces the default choice only when at most :data:`MARGIN` of its time.
 """
 
 from __future__ import annotations
@@ -23,9 +32,26 @@ from ..errors import InvalidArgumentError, TraceaError
 ENV = "TRACEA_TUNING"
 MODES = ("off", "first-use")
 MAX_CANDIDATES = 6
+#: hero configs of the Doctor's chosen variant timed (its choice first): on an H100 the winners of the
+#: first-use runs over LLM, odd-size, batched and CNN shapes were the chosen variant's first three heroes
+#: in 115 of 119 signatures
+HEROES_CHOSEN = 3
+#: hero configs of each other variant timed
 HEROES_PER_VARIANT = 2
-ROUNDS = 3
+#: other variants are timed only when the Doctor estimates them at most this many times slower than its
+#: choice (each costs a compilation; the ones estimated 2.6-9x slower on large GEMMs never won)
+ESTIMATE_SPAN = 2.5
+#: rounds of samples, in alternating candidate order
+ROUNDS = 5
+#: the length of one sample: back-to-back calls between two synchronizations (at most MAX_CALLS calls)
+SAMPLE_S = 2e-3
+MAX_CALLS = 100
+#: a challenger replaces the default choice only when its median time is at most this share of the
+#: default's (timing noise must not trade a good default for a slower config)
+MARGIN = 0.97
 BUDGET_S = 0.5  # wall time for the timing rounds of one signature (compilation not counted)
+#: compile (bind) no further candidate once this much wall time went into binding (at least two are bound)
+COMPILE_BUDGET_S = 4.0
 
 _mode: str | None = None  # set_tuning() beats the environment
 
@@ -50,6 +76,51 @@ def tuning_mode() -> str:
     return value if value in MODES else "off"
 
 
+def _heroes(decision: Decision, candidate: Any, limit: int) -> list[Any]:
+    from ..doctor.doctor import get_doctor
+
+    configs = [candidate.config]
+    try:
+        for cfg in get_doctor().hero_configs(candidate.variant, decision.op, decision.profile):
+            if len(configs) >= limit:
+                break
+            if cfg not in configs and candidate.variant.validate_config(decision.op, cfg, decision.profile):
+                configs.append(cfg)
+    except Exception:  # noqa: BLE001 - a broken hero list only narrows the choice
+        pass
+    return configs[:limit]
+
+
+def _close_enough(candidate: Any, chosen: Any) -> bool:
+    """Whether ``candidate``'s estimate is within :data:`ESTIMATE_SPAN` of the chosen one's (always, when
+    either estimate is unusable)."""
+    a, b = candidate.estimate_s, chosen.estimate_s
+    if not (a == a and b == b) or b <= 0 or b == float("inf"):
+        return True
+    return a <= ESTIMATE_SPAN * b
+
+
+def _trials(decision: Decision) -> list[tuple[Any, Any]]:
+    """What first-use tuning times, the decision's choice first (see the module docstring)."""
+    chosen = decision.chosen
+    out: list[tuple[Any, Any]] = []
+    for cand in decision.candidates:
+        if cand.variant.fallback_only:
+            continue
+        if cand is chosen:
+            limit = HEROES_CHOSEN
+        elif cand.variant is chosen.variant or not _close_enough(cand, chosen):
+            continue
+        else:
+            limit = HEROES_PER_VARIANT
+        for cfg in _heroes(decision, cand, limit):
+            if (cand.variant, cfg) not in out:
+                out.append((cand.variant, cfg))
+            if len(out) >= MAX_CANDIDATES:
+                return out
+    return out
+
+
 def wants_tuning(decision: Decision, free: bool) -> bool:
     """Whether this first call should tune: the policy is on, nothing was forced, the winner's config is
     not a tuned one, and there is something to choose between."""
@@ -58,89 +129,84 @@ def wants_tuning(decision: Decision, free: bool) -> bool:
     chosen = decision.chosen
     if chosen.source == "cache" or chosen.variant.fallback_only:
         return False
-    return len(decision.candidates) > 1 or len(_heroes(decision, chosen)) > 1
-
-
-def _heroes(decision: Decision, candidate: Any) -> list[Any]:
-    from ..doctor.doctor import get_doctor
-
-    configs = [candidate.config]
-    try:
-        for cfg in get_doctor().hero_configs(candidate.variant, decision.op, decision.profile):
-            if cfg not in configs and candidate.variant.validate_config(decision.op, cfg, decision.profile):
-                configs.append(cfg)
-            if len(configs) >= HEROES_PER_VARIANT:
-                break
-    except Exception:  # noqa: BLE001 - a broken hero list only narrows the choice
-        pass
-    return configs
+    return len(_trials(decision)) > 1
 
 
 def alternatives(decision: Decision, limit: int = MAX_CANDIDATES) -> list[tuple[Any, Any]]:
     """Up to ``limit`` ``(variant, config)`` pairs other than the decision's choice that first-use tuning
-    would time: the accepted variants in the Doctor's order, each with its first hero configs (fallback-only
-    oracles excluded)."""
+    would time, in its order: the chosen variant's next hero configs, then the other accepted variants
+    estimated close enough (:data:`ESTIMATE_SPAN`), each with its first hero configs (fallback-only oracles
+    excluded)."""
     chosen = decision.chosen
-    out: list[tuple[Any, Any]] = []
-    for cand in decision.candidates:
-        if cand.variant.fallback_only:
-            continue
-        for cfg in _heroes(decision, cand):
-            if cand.variant is chosen.variant and cfg == chosen.config:
-                continue
-            out.append((cand.variant, cfg))
-            if len(out) >= limit:
-                return out
-    return out
+    rest = [(v, c) for v, c in _trials(decision) if not (v is chosen.variant and c == chosen.config)]
+    return rest[:limit]
 
 
 def tune(decision: Decision, inputs: tuple, out: Any, adapter: Any,
-         bind: Callable[[Any, Any], Callable[..., None]]) -> bool:
+         bind: Callable[[Any, Any], Callable[..., None]], *, clock: Callable[[], float] = time.perf_counter,
+         sync: Callable[[], None] | None = None) -> bool:
     """Time the top candidates of ``decision`` on one call's packed ``inputs`` (writing ``out``) and
     persist the fastest that agrees with the default choice. ``bind(variant, config)`` returns a
-    launcher. Returns True when an entry was written (the caller decides again)."""
-    from ..doctor.doctor import get_doctor
+    launcher; ``clock`` and ``sync`` (default: the device's synchronization hook) time it. Returns True
+    when an entry was written (the caller decides again)."""
+    if sync is None:
+        from ..doctor.doctor import get_doctor
 
-    doctor = get_doctor()
+        pm = get_doctor().pm
+        sync = lambda: pm.hook.tracea_synchronize(device=decision.profile.device)  # noqa: E731
     trials: list[tuple[Any, Any, Callable[..., None]]] = []
-    for cand in decision.candidates:
-        if cand.variant.fallback_only:
-            continue
-        for cfg in _heroes(decision, cand):
-            try:
-                trials.append((cand.variant, cfg, bind(cand.variant, cfg)))
-            except TraceaError:
-                continue  # it does not compile here: not a candidate
-            if len(trials) >= MAX_CANDIDATES:
-                break
-        if len(trials) >= MAX_CANDIDATES:
-            break
+    began = clock()
+    for variant, cfg in _trials(decision):
+        if len(trials) >= 2 and clock() - began > COMPILE_BUDGET_S:
+            break  # the first call has waited long enough for compilers
+        try:
+            trials.append((variant, cfg, bind(variant, cfg)))
+        except TraceaError:
+            continue  # it does not compile here: not a candidate
     if len(trials) < 2:
         return False
     ok = _agreeing(trials, inputs, out, adapter, decision.op)
     if len(ok) < 2:
         return False
-    sync = lambda: doctor.pm.hook.tracea_synchronize(device=decision.profile.device)  # noqa: E731
-    times: dict[int, list[float]] = {i: [] for i in range(len(ok))}
-    deadline = time.perf_counter() + BUDGET_S
-    for r in range(ROUNDS):
-        order = list(range(len(ok))) if r % 2 == 0 else list(reversed(range(len(ok))))
-        for i in order:
-            launch = ok[i][2]
-            sync()
-            t0 = time.perf_counter()
-            launch(*inputs, out)
-            sync()
-            times[i].append(time.perf_counter() - t0)
-        if time.perf_counter() > deadline and r >= 1:
-            break
-    medians = {i: statistics.median(ts) for i, ts in times.items() if ts}
-    best = min(medians, key=medians.get)  # type: ignore[arg-type]
+    times = _time(ok, inputs, out, clock, sync)
+    medians = [statistics.median(ts) for ts in times]
+    default = ok[0] if ok[0][:2] == trials[0][:2] else None
+    best = min(range(len(ok)), key=medians.__getitem__)
+    if default is not None and best != 0 and medians[best] > MARGIN * medians[0]:
+        best = 0  # not clearly faster than the default choice: keep it
     variant, config, _ = ok[best]
     # the winner's first hero (its default config), when it was timed: data for the performance model
     first = next((i for i, (v, _, _) in enumerate(ok) if v is variant), None)
-    default_s = medians.get(first, 0.0) if first is not None and ok[first][1] == _default(decision, variant) else 0.0
+    default_s = medians[first] if first is not None and ok[first][1] == _default(decision, variant) else 0.0
     return persist(decision, variant, config, times[best], default_s)
+
+
+def _time(ok: list, inputs: tuple, out: Any, clock: Callable[[], float], sync: Callable[[], None]) -> list[list[float]]:
+    """Seconds per call of each launcher in ``ok``: :data:`ROUNDS` samples of back-to-back calls between
+    two synchronizations, candidates in alternating order, within :data:`BUDGET_S` (two rounds at least)."""
+    calls = []
+    for _, _, launch in ok:  # one synchronized call each sizes its samples
+        sync()
+        t0 = clock()
+        launch(*inputs, out)
+        sync()
+        one = clock() - t0
+        calls.append(max(1, min(MAX_CALLS, int(SAMPLE_S / one) if one > 0 else MAX_CALLS)))
+    times: list[list[float]] = [[] for _ in ok]
+    deadline = clock() + BUDGET_S
+    for r in range(ROUNDS):
+        order = list(range(len(ok))) if r % 2 == 0 else list(reversed(range(len(ok))))
+        for i in order:
+            launch, n = ok[i][2], calls[i]
+            sync()
+            t0 = clock()
+            for _ in range(n):
+                launch(*inputs, out)
+            sync()
+            times[i].append((clock() - t0) / n)
+        if r >= 1 and clock() > deadline:
+            break
+    return times
 
 
 def _default(decision: Decision, variant: Any) -> Any:

@@ -1,7 +1,12 @@
 """Emitter for the Hopper flash-attention forward (FlashAttention-3 style, ``wgmma`` + TMA, sm_90a).
 
-Block = one producer warpgroup and ``CW`` (2 or 3) consumer warpgroups; ``BM = 64 * CW`` query rows of one
-(batch, kv head) against every visible key, ``BN`` keys per tile.
+Block = one producer warpgroup and ``CW`` (1, 2 or 3) consumer warpgroups; ``BM = 64 * CW`` query rows of one
+(batch, kv head) against every visible key, ``BN`` keys per tile. ``CTAS`` blocks are meant to be resident per
+SM (``__launch_bounds__(NT, CTAS)``: ptxas gives each thread the cap, 65536 / (NT * CTAS) rounded down to 8,
+and ``setmaxnreg`` moves the producer's share to the consumers within the CTA's pool): one consumer warpgroup
+with two or three blocks per SM serves short sequences, where a block's prologue, first loads and epilogue
+are a large part of its time and the other blocks' GEMMs cover them. Thread 0 prefetches the three tensor
+maps (``prefetch.tensormap``) before it sets up the barriers.
 
 * The producer's thread 0 loads the Q tile once and then streams K and V tiles (``cp.async.bulk.tensor``
   with 128-byte swizzle, 64-column boxes) into ``ST``-deep rings, K and V on separate ``full`` / ``empty``
@@ -18,7 +23,7 @@ Block = one producer warpgroup and ``CW`` (2 or 3) consumer warpgroups; ``BM = 6
   ``OVERLAP`` (two consumer warpgroups by default) ends the softmax's basic block before the
   ``wgmma.wait_group 0`` (see ``softmax_fence``): without it ptxas hoists that wait above the softmax.
 * Ping-pong: the consumer warpgroups take turns issuing their GEMMs (named barriers), so one warpgroup's
-  softmax overlaps the others' tensor-core work.
+  softmax overlaps the others' tensor-core work (two or more consumer warpgroups).
 * Online softmax in base-2 units (``ex2.approx``; the row max is taken on the raw scores and the positive
   ``scale * log2(e)`` folded into the exponent's FFMA), row max and row sum over the quad of lanes that
   share a row (two ``shfl.xor``).
@@ -67,6 +72,7 @@ from .wgmma import HOPPER_PTX, wgmma_function
 KERNEL_NAME = "tracea_flash_wgmma_fwd"
 LOG2E = 1.4426950408889634
 MAX_SMEM = 227 * 1024
+SM_SMEM = 228 * 1024  # one SM's shared memory, shared by its resident CTAs (each also reserves 1 KB)
 
 
 @dataclass(frozen=True)
@@ -76,8 +82,8 @@ class FlashWgmmaSpec:
     dtype: DType  # F16 or BF16
     head_dim: int  # 64 or 128
     bn: int  # keys per tile (multiple of 16, 64..256)
-    cw: int  # consumer warpgroups (64 query rows each): 2 or 3
-    stages: int  # depth of the K and V rings
+    cw: int  # consumer warpgroups (64 query rows each): 1, 2 or 3
+    stages: int  # depth of the K and V rings (1..4; one: a tile's loads wait for the previous tile's GEMMs)
     causal: bool
     pingpong: bool = True  # consumer warpgroups take turns issuing their GEMMs (named barriers)
     lse: bool = False  # also write each row's log-sum-exp (natural log, float32) to the ``lse`` argument
@@ -85,6 +91,7 @@ class FlashWgmmaSpec:
     tail: bool = False  # persistent, not causal: the items past the last whole wave cut along the keys
     edge_pv: bool = False  # not causal: an item's last P V skips the 16-key groups past seq_kv
     strided: bool = False  # q, k, v through 4-D maps (d, seq, head, batch), out through (batch, head, seq) strides
+    ctas: int = 1  # CTAs resident per SM (``__launch_bounds__`` minimum blocks; registers and shared memory split)
 
     @property
     def bm(self) -> int:
@@ -103,8 +110,12 @@ class FlashWgmmaSpec:
 
     @property
     def regs(self) -> tuple[int, int]:
-        """``setmaxnreg`` counts (producer, consumers): the 64K register file split over the warpgroups."""
-        return (24, 240) if self.cw == 2 else (32, 160)
+        """``setmaxnreg`` counts (producer, consumers): the CTA's share of the 64K register file (ptxas gives
+        each thread the ``__launch_bounds__`` cap, 8-register granules) split over the warpgroups."""
+        if self.ctas == 1:
+            return (24, 240) if self.cw <= 2 else (32, 160)
+        cap = min(255, 65536 // (self.threads * self.ctas)) // 8 * 8
+        return 24, min(240, (cap * (self.cw + 1) - 24) // self.cw // 8 * 8)
 
     def check(self) -> None:
         problems = []
@@ -114,10 +125,14 @@ class FlashWgmmaSpec:
             problems.append(f"head_dim={self.head_dim}: the wgmma flash kernel is built for 64 and 128")
         if self.bn % 16 or not 64 <= self.bn <= 256:
             problems.append(f"tile_n={self.bn} must be a multiple of 16 in 64..256")
-        if self.cw not in (2, 3):
-            problems.append(f"consumer warpgroups={self.cw} not in 2/3 (tile_m 128 / 192)")
-        if not 2 <= self.stages <= 4:
-            problems.append(f"stages={self.stages} not in 2..4")
+        if self.cw not in (1, 2, 3):
+            problems.append(f"consumer warpgroups={self.cw} not in 1..3 (tile_m 64 / 128 / 192)")
+        if not 1 <= self.stages <= 4:
+            problems.append(f"stages={self.stages} not in 1..4")
+        if self.pingpong and self.cw < 2:
+            problems.append("ping-pong takes turns between two or more consumer warpgroups (tile_m >= 128)")
+        if self.ctas not in (1, 2, 3):
+            problems.append(f"ctas={self.ctas} CTAs per SM not in 1..3")
         if self.tail and self.causal:
             problems.append("the tail split serves non-causal attention (causal items differ in length)")
         # registers per consumer thread: O (D/2) + S (BN/2) + P (BN/4) + ~32 for addresses and row state
@@ -127,6 +142,9 @@ class FlashWgmmaSpec:
                             f"the {budget} a consumer has with {self.cw} consumer warpgroups")
         if self.smem_bytes > MAX_SMEM:
             problems.append(f"needs {self.smem_bytes} B of shared memory (at most {MAX_SMEM})")
+        elif self.ctas * (self.smem_bytes + 1024) > SM_SMEM:
+            problems.append(f"{self.ctas} CTAs of {self.smem_bytes} B (+1 KB each reserved) exceed the SM's "
+                            f"{SM_SMEM} B of shared memory")
         if problems:
             raise UnsupportedConfigError("; ".join(problems))
 
@@ -283,7 +301,7 @@ static __device__ __forceinline__ void consumers_sync() {
 // 1-D grid; CTA b runs items b, b + gridDim.x, ... below ``full`` (gridDim.x = items: one each; fewer:
 // persistent, the producer loads the next item's Q and K / V while the consumers finish and store the
 // current one), then (TAIL) its run of the tail's key tiles.
-extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
+extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
         u16* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, float* __restrict__ part_lse,
         int* __restrict__ arrivals, int full, int trun, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2,
@@ -298,6 +316,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) KERNEL(
     const int nt = (Skv + BN - 1) / BN;  // key tiles of a non-causal item
 
     if (threadIdx.x == 0) {
+        // fetch the tensor maps while the barriers are set up (a short item's first loads wait on them)
+        asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<u64>(&tmQ)) : "memory");
+        asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<u64>(&tmK)) : "memory");
+        asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<u64>(&tmV)) : "memory");
         mbar_init(full_q, 1);
         mbar_init(empty_q, 4 * CW);
         for (int s = 0; s < ST; ++s) {
@@ -594,7 +616,7 @@ def _defines(spec: FlashWgmmaSpec) -> str:
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
         f"#define OVERLAP {int(spec.overlap)}", f"#define TAIL {int(spec.tail)}", f"#define EDGE_PV {int(spec.edge_pv)}",
-        f"#define STRIDED {int(spec.strided)}",
+        f"#define STRIDED {int(spec.strided)}", f"#define CTAS {spec.ctas}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -607,7 +629,8 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     kind = "bf16" if spec.dtype is DType.BF16 else "f16"
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
-            f"overlap={int(spec.overlap)} tail={int(spec.tail)} edge_pv={int(spec.edge_pv)} strided={int(spec.strided)}\n")
+            f"overlap={int(spec.overlap)} tail={int(spec.tail)} edge_pv={int(spec.edge_pv)} strided={int(spec.strided)} "
+            f"ctas={spec.ctas}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     tail = "" if not spec.tail else TAIL_ITEMS.replace(

@@ -11,10 +11,13 @@ as they are when every q / k / v stride is a multiple of 16 bytes and the output
 :meth:`FlashAttentionWgmma.takes_strides`): 4-D tensor maps (d, seq, head, batch), one query head per
 work item, the output stored through its strides.
 
-Config: ``tile_m`` = 64 x consumer warpgroups (128 or 192), ``tile_n`` = keys per tile, ``stages`` = depth of
-the K and V rings, ``warps`` = 4 x (consumer warpgroups + 1), param ``pingpong`` (default True: the consumer
-warpgroups take turns issuing their GEMMs), param ``persistent`` (default False: one CTA per query block;
-True: one CTA per SM walking the blocks, each block's load overlapping the previous one's epilogue), param
+Config: ``tile_m`` = 64 x consumer warpgroups (64, 128 or 192), ``tile_n`` = keys per tile, ``stages`` = depth of
+the K and V rings, ``warps`` = 4 x (consumer warpgroups + 1), param ``pingpong`` (default True with two or three
+consumer warpgroups: they take turns issuing their GEMMs; tile_m 64 has none), param ``ctas`` (CTAs resident
+per SM, default 1; 2 or 3 with tile_m 64: registers and shared memory split between them, the short-sequence
+heroes of :meth:`FlashAttentionWgmma.short_heroes`), param ``persistent`` (default False: one CTA per query
+block; True: ``ctas`` CTAs per SM walking the blocks, each block's load overlapping the previous one's
+epilogue), param
 ``overlap`` (default: True with two consumer warpgroups, False with three; not a search dimension: a tile's
 softmax runs inside its own warpgroup's previous P V, see ``emit/flash_wgmma.py``; H200, B4 H16 S4096 bf16:
 with two warpgroups it was worth +0.3-1.5% with ping-pong and +2-12% without, with three 2-4% less), param
@@ -27,6 +30,7 @@ last to arrive merges them; non-causal heroes), param ``edge_pv`` (not causal: a
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 from typing import Any
 
@@ -45,6 +49,8 @@ from .attention import _as_laid_out, _bound, scale_reasons, strides_fit
 from .base import CudaVariant, hero
 
 
+#: keys up to which the short-sequence heroes (one consumer warpgroup, several CTAs per SM) lead
+SHORT_KV = 512
 #: a tail item is cut into at most this many pieces (the merging piece reads the others' fp32 partials)
 TAIL_MAX_PIECES = 4
 
@@ -99,17 +105,19 @@ class FlashAttentionWgmma(CudaVariant):
 
     def estimate_seconds(self, op: AttentionOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         """The roofline estimate divided by how much of the GPU the grid keeps busy: the fraction of each
-        128-row block that holds query rows, and of the SMs that get a block. Decode and short-query,
-        long-KV shapes so rank below flash_mma, whose split-KV pass fills the GPU (its estimate assumes a
-        full GPU at half this variant's efficiency: this one wins where it fills more than half)."""
+        query block (``config``'s, else the first hero's: 64 rows for short keys) that holds query rows, and
+        of the SMs that get a block. Decode and short-query, long-KV shapes so rank below flash_mma, whose
+        split-KV pass fills the GPU (its estimate assumes a full GPU at half this variant's efficiency: this
+        one wins where it fills more than half)."""
         kvh = int(op.kv_heads or op.heads)
         if self.takes_strides(op):  # one query head per block
             kvh, rows = op.heads, op.seq_q
         else:
             rows = (op.heads // kvh) * op.seq_q
-        ctas = -(-rows // 128) * op.batch * kvh
+        bm = (config or self.hero_configs(op, profile)[0]).tile_m or 128
+        ctas = -(-rows // bm) * op.batch * kvh
         sms = profile.compute_units if profile.compute_units > 1 else 132
-        fill = min(1.0, rows / 128) * min(1.0, ctas / sms)
+        fill = min(1.0, rows / bm) * min(1.0, ctas / sms)
         return super().estimate_seconds(op, profile, config) / max(fill, 1e-3)
 
     # -- configs ---------------------------------------------------------------------------------
@@ -120,10 +128,10 @@ class FlashAttentionWgmma(CudaVariant):
             raise UnsupportedConfigError(f"tile_m={config.tile_m} must be 64 x consumer warpgroups")
         cw = config.tile_m // 64
         return FlashWgmmaSpec(op.dtype.storage, op.head_dim, config.tile_n, cw, config.stages, op.causal,
-                              pingpong=bool(config.get("pingpong", True)), lse=op.lse,
-                              overlap=bool(config.get("overlap", cw == 2)),
+                              pingpong=bool(config.get("pingpong", cw > 1)), lse=op.lse,
+                              overlap=bool(config.get("overlap", cw <= 2)),
                               tail=bool(config.get("tail", False)), edge_pv=bool(config.get("edge_pv", False)),
-                              strided=self.takes_strides(op))
+                              strided=self.takes_strides(op), ctas=int(config.get("ctas", 1)))
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -142,9 +150,9 @@ class FlashAttentionWgmma(CudaVariant):
         return Validity(True)
 
     def search_space(self, op: AttentionOp, profile: DeviceProfile) -> SearchSpace:
-        return (SearchSpace().tile_m([128, 192]).tile_n([64, 96, 128, 160, 176, 192]).tile_k([op.head_dim])
-                .stages([2, 3, 4]).warps([12, 16]).param("pingpong", [True, False])
-                .param("persistent", [False, True]).param("tail", [False, True])
+        return (SearchSpace().tile_m([64, 128, 192]).tile_n([64, 80, 96, 128, 160, 176, 192]).tile_k([op.head_dim])
+                .stages([1, 2, 3, 4]).warps([8, 12, 16]).param("pingpong", [True, False])
+                .param("persistent", [False, True]).param("tail", [False, True]).param("ctas", [1, 2, 3])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
@@ -168,7 +176,12 @@ class FlashAttentionWgmma(CudaVariant):
         # commit's same config and the best D128 config of the second run on all four rows (679.3 / 688.8 /
         # 657.0 / 660.4 against 128x160 with the tail 673.5 / 681.8 / 649.7 / 656.8), D64 192x128 +1.3-2%.
         # edge_pv read within +-0.3% (an edge tile only at 128x160 there), so the heroes leave it off.
+        short = self.short_heroes(op, profile)
         pers = not op.causal
+        if short:
+            # the short-key tiles first; the long-sequence heroes after them for the tuner
+            long = self.hero_configs(dataclasses.replace(op, seq_kv=SHORT_KV + 1), profile)
+            return short + long
         if op.head_dim <= 64:
             if pers:
                 return [h(192, 128, 2, tail=True), h(192, 128, 2, persistent=True), h(192, 128, 2), h(192, 96, 3),
@@ -180,6 +193,50 @@ class FlashAttentionWgmma(CudaVariant):
                     h(128, 128, 2, False)]
         return [h(128, 128, 2, tail=True), h(128, 160, 2, tail=True), h(128, 160, 2, persistent=True),
                 h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2), h(128, 128, 2, False)]
+
+    def short_heroes(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        """Configs for short keys (``seq_kv <= SHORT_KV``: ViT, BERT, short prefills), empty otherwise: one
+        consumer warpgroup (tile_m 64, pingpong off) and two or three CTAs per SM (param ``ctas``), so a
+        short item's prologue, loads and epilogue overlap the other CTAs' work and 64-row blocks fill the
+        waves. D128 fits two CTAs (registers: O alone is 64 per thread)."""
+        if op.seq_kv > SHORT_KV:
+            return []
+        d = op.head_dim
+
+        def c(bn: int, st: int, ctas: int, persistent: bool = False) -> PipelineConfig:
+            return hero(64, bn, d, st, 8, pingpong=False, ctas=ctas, persistent=persistent)
+
+        # H100, 2026-11-26, probe_attention_short.py (kernel time vs SDPA, which runs cuDNN's 64x128 kernels
+        # there; the heroes before these 0.57-0.77x on D64): the fewest padded keys decide the key tile,
+        # three CTAs per SM (64..96-key tiles) beat two (128-key tiles) unless the 128-key tile pads no more
+        # and the blocks exceed a wave of three per SM with a tile under 96 keys. D64 non-causal: ViT-S b32
+        # 197 64x80 x3 persistent 1.11x (packed 1.17x), BERT b8 256 64x64 x3 1.20x (its 384 blocks: one
+        # wave), 384 tokens 64x96 x3 1.04x, b32 128 / b8 512 tokens 64x128 x2 1.03 / 0.99x (b2 h16 1024
+        # tokens, past SHORT_KV: 64x128 x2 1.00x against the long hero's 0.76x, not measured at larger batches);
+        # causal 64x64 x3 1.17x (BERT) / 0.94x (b8 512). D128 (two CTAs: O alone holds 64 registers):
+        # 0.80-0.92x non-causal at b8..b32, 1.13x at b1 512, causal 0.82-0.87x (the heroes before 0.73-0.84x).
+        kvh = op.heads if self.takes_strides(op) else int(op.kv_heads or op.heads)
+        rows = op.seq_q if self.takes_strides(op) else (op.heads // kvh) * op.seq_q
+        items = -(-rows // 64) * op.batch * kvh
+        sms = profile.compute_units if profile.compute_units > 1 else 132
+
+        def padded(bn: int) -> int:
+            return -(-op.seq_kv // bn) * bn
+
+        if d <= 64:
+            if op.causal:
+                return [c(64, 2, 3), c(64, 2, 3, True), c(128, 2, 2, True)]
+            bn3 = min((64, 80, 96), key=lambda bn: (padded(bn), -bn))  # fewest padded keys, then the longest tile
+            wide = c(128, 2, 2, True)
+            if bn3 < 96 and items > 3 * sms and padded(128) <= padded(bn3):
+                return [wide, c(bn3, 2, 3, True), c(64, 2, 3)]
+            return [c(bn3, 2, 3, True), wide, c(64, 2, 3)]
+        if op.causal:
+            return [c(64, 2, 2), c(64, 2, 2, True)]
+        if op.seq_kv <= 128:  # one key tile: no ring to overlap, the single stage leaves room for 128 keys
+            return [c(128, 1, 2, True), c(64, 2, 2, True)]
+        bn2 = min((64, 80), key=lambda bn: (padded(bn), bn))
+        return [c(bn2, 2, 2, True), c(64, 2, 2)] if bn2 != 64 else [c(64, 2, 2, True), c(80, 2, 2, True)]
 
     # -- compile and launch ----------------------------------------------------------------------
     def _kernel(self, spec: FlashWgmmaSpec) -> compiler.Kernel:
@@ -220,7 +277,7 @@ class FlashAttentionWgmma(CudaVariant):
         pairs = op.batch * (op.heads if strided else kvh)
         items = -(-rows // spec.bm) * pairs
         sms = profile.compute_units if profile.compute_units > 1 else 132
-        grid = (min(items, sms) if bool(config.get("persistent", False)) else items, 1, 1)
+        grid = (min(items, sms * spec.ctas) if bool(config.get("persistent", False)) else items, 1, 1)
         cut = bool(config.get("tail", False))  # spec.tail (read from the config: a probe's baseline spec lacks it)
         full, trun = tail_split(items, grid[0], -(-op.seq_kv // spec.bn)) if cut else (items, 1)
         n_tail = items - full
@@ -302,4 +359,4 @@ class FlashAttentionWgmma(CudaVariant):
 
 ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]
 
-__all__ = ["ATTENTION_WGMMA_VARIANTS", "TAIL_MAX_PIECES", "FlashAttentionWgmma", "tail_split"]
+__all__ = ["ATTENTION_WGMMA_VARIANTS", "SHORT_KV", "TAIL_MAX_PIECES", "FlashAttentionWgmma", "tail_split"]

@@ -1,0 +1,204 @@
+"""Short-sequence attention probe: ``cuda.attention.wgmma`` configs on the shapes ViT / BERT / small-LLM
+prefills have (S 128..512, D64 / D128), against ``F.scaled_dot_product_attention`` in one process.
+
+Per shape it prints which kernel SDPA runs (the CUDA kernel names one call launches, from the profiler) and
+the time of each forced SDPA backend, then for every config (the variant's heroes and the candidate tiles
+below) the isolated kernel's time (queued behind a sleep kernel: device time) and its ratio to SDPA's,
+the default path's kernel ratio and its *user path* ratio (``tracea.ops.attention`` with default settings,
+untuned, back to back, host time counted) and ``flash_mma``'s default. Each output is checked against SDPA's.
+
+    python benchmarks/cuda/probe_attention_short.py [--shapes vit,bert,...] [--json out.json] [--no-sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import tracea
+from tracea_torch.bridge_attention import TORCH_SDPA
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention import _flops, _laid_out, _time  # noqa: E402
+
+#: name -> (B, H, S, D, dtype, causal, layout)
+SHAPES = {
+    "vit": (32, 6, 197, 64, torch.float16, False, "vit"),
+    "vit_packed": (32, 6, 197, 64, torch.float16, False, "packed"),
+    "bert": (8, 12, 256, 64, torch.bfloat16, False, "bshd"),
+    "s128": (32, 12, 128, 64, torch.bfloat16, False, "packed"),
+    "s384": (16, 12, 384, 64, torch.bfloat16, False, "bshd"),
+    "s512": (8, 16, 512, 64, torch.bfloat16, False, "packed"),
+    "s512c": (8, 16, 512, 64, torch.bfloat16, True, "bshd"),
+    "d128_s256": (8, 16, 256, 128, torch.bfloat16, False, "packed"),
+    "d128_s512c": (4, 32, 512, 128, torch.bfloat16, True, "bshd"),
+    "d128_s197": (16, 12, 197, 128, torch.float16, False, "vit"),
+    "b1_s512": (1, 16, 512, 128, torch.bfloat16, False, "packed"),
+    "bert_c": (8, 12, 256, 64, torch.bfloat16, True, "bshd"),
+    "d128_s128": (32, 16, 128, 128, torch.bfloat16, False, "bshd"),
+    "gqa_s512c": (4, 32, 512, 128, torch.bfloat16, True, "gqa"),
+    "long_s1024_d64": (2, 16, 1024, 64, torch.bfloat16, False, "packed"),
+    "long_s1024": (1, 16, 1024, 128, torch.bfloat16, False, "packed"),
+}
+
+
+def candidates(d: int) -> list[Any]:
+    """The short-sequence tiles tried beside the heroes: one consumer warpgroup (tile_m 64) with two or
+    three CTAs per SM, and two-warpgroup tiles without the persistent grid."""
+    from tracea_cuda.variants.base import hero
+
+    def c1(bn: int, st: int, ctas: int, **kw: Any) -> Any:
+        return hero(64, bn, d, st, 8, pingpong=False, ctas=ctas, **kw)
+
+    def c2(bn: int, st: int, **kw: Any) -> Any:
+        return hero(128, bn, d, st, 12, pingpong=True, **kw)
+
+    if d == 64:
+        return [c1(64, 2, 3), c1(64, 2, 3, persistent=True), c1(64, 3, 3), c1(64, 3, 3, persistent=True),
+                c1(80, 2, 3), c1(80, 2, 3, persistent=True), c1(96, 2, 3, persistent=True),
+                c1(128, 2, 2, persistent=True), c1(128, 3, 2, persistent=True), c1(96, 2, 2, persistent=True),
+                c1(128, 2, 2)]
+    return [c1(64, 2, 2), c1(64, 2, 2, persistent=True), c1(80, 2, 2, persistent=True), c1(96, 1, 2, persistent=True),
+            c1(128, 1, 2, persistent=True), c1(64, 1, 2, persistent=True), c2(64, 2, persistent=True),
+            c2(128, 2, persistent=True)]
+
+
+def _compile_one(item: tuple[str, str, str]) -> None:
+    from tracea_cuda import compiler
+
+    compiler.precompile(*item)
+
+
+def _source(var: Any, op: Any, cfg: Any) -> tuple[str, str, str]:
+    spec = var.spec(op, cfg)
+    em = var.emitter
+    return em.render(spec), em.KERNEL_NAME, "sm_90a"
+
+
+def sdpa_kernels(fn: Any) -> list[str]:
+    """The CUDA kernels one call of ``fn`` launches (profiler names)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.name[:90] for e in prof.events() if e.device_type.name == "CUDA"})
+
+
+def probe(names: list[str], sweep: bool) -> list[dict]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tracea.doctor.doctor import get_doctor
+    from tracea.ir.ops import AttentionOp
+    from tracea.runtime import attention_strides as ast
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+    from tracea_torch.adapter import device_of
+
+    var = FlashAttentionWgmma()
+    profile = get_doctor().profile_for(device_of(torch.device("cuda")))
+    plan = []
+    for name in names:
+        b, h, s, d, dt, causal, layout = SHAPES[name]
+        kvh = h // 4 if layout == "gqa" else h  # "gqa": packed, 4 query heads per kv head
+        q, k, v = _laid_out("packed" if layout == "gqa" else layout, b, h, kvh, s, d, dt)
+        strides = None
+        if layout not in ("packed", "gqa"):
+            trip = [ast.fold(t.shape, t.stride()) for t in (q, k, v)]
+            out_t = (s * h * d, d, h * d)  # the output in q's (BSHD-like) storage order
+            strides = (*trip[0], *trip[1], *trip[2], *out_t)
+        op = AttentionOp(b, h, s, s, d, kv_heads=kvh, causal=causal, dtype=str(dt).split(".")[1], strides=strides)
+        cfgs, seen = [], set()
+        for c in var.hero_configs(op, profile) + (candidates(d) if sweep else []):
+            if c.key not in seen and var.validate_config(op, c, profile):
+                seen.add(c.key)
+                cfgs.append(c)
+        plan.append((name, q, k, v, causal, op, cfgs))
+    items = {}
+    for *_, op, cfgs in plan:
+        for c in cfgs:
+            src = _source(var, op, c)
+            items[src[:2]] = src
+    with cf.ProcessPoolExecutor(max_workers=16, mp_context=mp.get_context("spawn")) as ex:
+        list(ex.map(_compile_one, items.values()))
+    print(f"precompiled {len(items)} kernels", flush=True)
+
+    rows = []
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION}
+    for name, q, k, v, causal, _op, cfgs in plan:
+        b, h, s, d = q.shape
+        fl = _flops(b, h, s, s, d, causal)
+        g = k.shape[1] != h
+        theirs = lambda q=q, k=k, v=v, c=causal, g=g: TORCH_SDPA(q, k, v, is_causal=c, enable_gqa=g)  # noqa: E731
+        ref = theirs().double()
+        forced = {}
+        for bname, be in backends.items():
+            def run(q=q, k=k, v=v, c=causal, be=be, g=g) -> Any:
+                with sdpa_kernel([be]):
+                    return TORCH_SDPA(q, k, v, is_causal=c, enable_gqa=g)
+            try:
+                run()
+                forced[bname] = run
+            except RuntimeError:
+                pass
+        ours = lambda q=q, k=k, v=v, c=causal, g=g: tracea.ops.attention(q, k, v, is_causal=c, enable_gqa=g)  # noqa: E731
+        fmma = lambda q=q, k=k, v=v, c=causal, g=g: tracea.ops.attention(  # noqa: E731
+            q, k, v, is_causal=c, enable_gqa=g, variant="cuda.attention.flash_mma")
+        fns = [theirs, ours, fmma, *forced.values()]
+        labels = ["sdpa", "default", "flash_mma", *(f"sdpa[{n}]" for n in forced)]
+        errs = {}
+        for cfg in cfgs:
+            fn = lambda c=cfg, q=q, k=k, v=v, cz=causal, g=g: tracea.ops.attention(  # noqa: E731
+                q, k, v, is_causal=cz, enable_gqa=g, variant=var.name, config=c)
+            try:
+                out = fn()
+            except Exception as exc:  # noqa: BLE001
+                print(f"    {cfg.key}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            errs[cfg.key] = float((out.double() - ref).norm() / ref.norm())
+            fns.append(fn)
+            labels.append(cfg.key)
+        kern = _time(fns, 20, True)
+        user = _time([ours, theirs], 20, False)
+        out = ours()
+        row = dict(shape=name, b=b, h=h, kvh=k.shape[1], s=s, d=d, dtype=str(q.dtype).split(".")[1], causal=causal,
+                   sdpa_us=round(kern[0] * 1e6, 2), sdpa_tflops=round(fl / kern[0] / 1e12, 1),
+                   sdpa_runs=sdpa_kernels(theirs), ratio_user=round(user[1] / user[0], 3),
+                   user_us=round(user[0] * 1e6, 2), sdpa_user_us=round(user[1] * 1e6, 2),
+                   default_err=float((out.double() - ref).norm() / ref.norm()),
+                   times={lab: [round(t * 1e6, 2), round(kern[0] / t, 3)] for lab, t in zip(labels[1:], kern[1:])},
+                   errs=errs)
+        rows.append(row)
+        print(f"{name} b{b} h{h} s{s} d{d} {row['dtype']} causal={int(causal)}: sdpa {row['sdpa_us']} us "
+              f"({row['sdpa_tflops']} TF/s) runs {row['sdpa_runs']}; user path {row['ratio_user']}x "
+              f"({row['user_us']} vs {row['sdpa_user_us']} us)", flush=True)
+        for lab, (us, ratio) in row["times"].items():
+            e = errs.get(lab)
+            print(f"    {lab:72s} {us:8.2f} us  {ratio:.3f}x" + (f"  err {e:.1e}" if e is not None else ""), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--no-sweep", action="store_true", help="only the heroes (no candidate tiles)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    rows = probe(args.shapes.split(","), not args.no_sweep)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
