@@ -16,7 +16,7 @@ Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
   module (``tracea_torch.patch_linear``, default settings; it shares the anchor's weight and bias
   tensors) and the two variants run directly, against ``F.linear``.
 * ``int8``: ``tracea_cpu.int8.linear_int8`` (the public call: per-row int8 activations, per-channel int8
-  weights, AMX ``tdpbssd``) against ``torch.ao.nn.quantized.dynamic.Linear`` (qint8 per-channel
+  weights; AMX ``tdpbssd``, AVX512-VNNI ``vpdpbusd`` at 1-4 tokens or on CPUs without AMX) against ``torch.ao.nn.quantized.dynamic.Linear`` (qint8 per-channel
   weights, same values) at 1 / 8 / 32 / 128 tokens x 4096^2 and a 1024^3 GEMM shape.
 * ``conv``: bf16 3x3 conv2d (stride 1, padding 1) of the ResNet stages 64@56^2, 128@28^2, 256@14^2,
   512@7^2 at batch 1 and 8, NCHW (default torch tensors) and NHWC (channels_last): ``user`` is
@@ -207,10 +207,10 @@ def bench_f16(sizes: list[int], rows: list) -> None:
 def bench_int8(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) -> None:
     import warnings
 
-    from tracea_cpu.int8 import fallback_reason, linear_int8, quantize_weight
+    from tracea_cpu.int8 import fallback_reason, kernel_in_use, linear_int8, quantize_weight
 
     print(f"\nint8 linear {k} -> {n} with bias (fp32 in/out), medians, ratio = torch dynamic quantized Linear "
-          f"time / ours; ours: {fallback_reason() or 'AMX tdpbssd'}")
+          f"time / ours; ours: {kernel_in_use()}{' (' + fallback_reason() + ')' if fallback_reason() else ''}")
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=gen)
     bias = torch.randn(n, generator=gen)

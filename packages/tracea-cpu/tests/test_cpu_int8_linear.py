@@ -66,9 +66,15 @@ def test_int8_torch_in_torch_out_with_leading_dims():
     assert np.abs(got.reshape(12, 48).numpy() - ref).max() <= 1e-6 * np.abs(ref).max()
 
 
-def test_int8_fallback_computes_the_same_math(monkeypatch):
-    """Without AMX the documented NumPy fallback runs the same integers."""
+def _force_numpy(monkeypatch):
     monkeypatch.setattr(int8_mod, "_amx_ready", lambda: "forced fallback (test)")
+    monkeypatch.setattr(int8_mod, "_vnni_ready", lambda: "forced fallback (test)")
+
+
+def test_int8_fallback_computes_the_same_math(monkeypatch):
+    """Without AMX and AVX512-VNNI the documented NumPy fallback runs the same integers."""
+    _force_numpy(monkeypatch)
+    assert int8_mod.kernel_in_use() == "numpy" and "forced fallback" in int8_mod.fallback_reason()
     for shape in [(1, 33, 129), (17, 100, 200)]:
         x, qw, b, _ = _case(*shape)
         got = linear_int8(x, qw, b)
@@ -174,7 +180,7 @@ def test_int8_torch_fast_and_checked_paths_agree(monkeypatch, forced_fallback):
     x and a grad-requiring x take the checked one: same numbers, x never mutated."""
     torch = pytest.importorskip("torch")
     if forced_fallback:
-        monkeypatch.setattr(int8_mod, "_amx_ready", lambda: "forced fallback (test)")
+        _force_numpy(monkeypatch)
     elif WHY is not None:
         pytest.skip(f"AMX-INT8 kernel unavailable: {WHY}")
     x, qw, b, _ = _case(6, 40, 72)
@@ -225,3 +231,21 @@ def test_int8_k_beyond_exact_int32_sums_is_refused(m):
     qw = Int8Weight(np.ones((2, k), np.int8), np.ones(2, np.float32))
     with pytest.raises(LaunchError, match="K too large"):
         linear_int8(np.ones((m, k), np.float32), qw)
+
+
+@pytest.mark.skipif(int8_mod._vnni_ready() is not None, reason=f"AVX512-VNNI kernel unavailable: {int8_mod._vnni_ready()}")
+def test_int8_vnni_only_library_without_amx(monkeypatch):
+    """A CPU with AVX512-VNNI but no usable AMX (forced here) runs the VNNI-only library for every token
+    count (1-300 rows, odd N / K, NaN and zero rows): same integers as the documented math."""
+    monkeypatch.setattr(int8_mod, "_amx_ready", lambda: "no AMX (test)")
+    assert int8_mod.kernel_in_use() == "vnni" and int8_mod.fallback_reason() is None
+    for shape in [(1, 1, 1), (3, 17, 65), (5, 33, 128), (9, 70, 129), (17, 100, 200), (130, 97, 300), (300, 50, 77)]:
+        x, qw, b, _ = _case(*shape)
+        if shape[0] >= 9:
+            x[2] = 0.0
+            x[5, 1] = np.nan
+        got = linear_int8(x, qw, b)
+        ref = reference(x, qw, b)
+        ok = np.isfinite(ref).all(axis=1)
+        assert np.isnan(got[~ok]).all(), shape
+        assert np.abs(got[ok] - ref[ok]).max() <= 1e-6 * max(1.0, np.abs(ref[ok]).max()), shape

@@ -15,9 +15,10 @@ On CPUs with AMX-INT8 whose OS grants tile data (``tracea doctor`` shows ``amx (
 kernel is ``tdpbssd`` on AMX tiles with the weights loaded in place (:mod:`.emit.amx_int8`); calls of at
 most :data:`VNNI_MAX_TOKENS` rows run an AVX512-VNNI (``vpdpbusd``) kernel instead, which reads the same
 weights in place without padding a token to a 16-row tile (:mod:`.emit.int8_vnni`; it uses the weights'
-row sums, :attr:`Int8Weight.row_sums`, computed on first use). Elsewhere
-the documented fallback computes the same integers with NumPy (exact, slow). The result is returned
-in the kind of ``x`` (NumPy array or torch tensor), shaped ``(..., N)``, float32.
+row sums, :attr:`Int8Weight.row_sums`, computed on first use). CPUs with AVX512-VNNI but no usable AMX
+(Ice Lake, AMD Zen 4 / Zen 5, or an OS refusing tile data) run the VNNI kernel for every token count.
+Elsewhere the documented fallback computes the same integers with NumPy (exact, slow). The result is
+returned in the kind of ``x`` (NumPy array or torch tensor), shaped ``(..., N)``, float32.
 """
 
 from __future__ import annotations
@@ -130,9 +131,35 @@ def _amx_ready() -> str | None:
     return amx_compiler_reason("int8") or amx_permission()
 
 
+@functools.lru_cache(maxsize=1)
+def _vnni_ready() -> str | None:
+    """None when the AVX512-VNNI kernel can run here, else why not (worked out once per process)."""
+    from tracea.doctor.host_plugin import host_profile
+
+    from .isa import AVX512_VNNI
+    from .toolchain import compiler_or_reason
+
+    if not (AVX512_VNNI.runs_here() and host_profile().has(*AVX512_VNNI.requires)):
+        return "this CPU lacks AVX512-VNNI"
+    return compiler_or_reason()[1] if compiler_or_reason()[0] is None else None
+
+
+def kernel_in_use() -> str:
+    """Which int8 kernel :func:`linear_int8` runs here: ``"amx"`` (AMX, and AVX512-VNNI for 1-4 tokens),
+    ``"vnni"`` (AVX512-VNNI for every token count) or ``"numpy"`` (the fallback)."""
+    if _amx_ready() is None:
+        return "amx"
+    return "vnni" if _vnni_ready() is None else "numpy"
+
+
 def fallback_reason() -> str | None:
-    """Why :func:`linear_int8` runs its NumPy fallback on this machine (None: the AMX kernel runs)."""
-    return _amx_ready()
+    """Why :func:`linear_int8` runs its NumPy fallback on this machine (None: a compiled kernel runs,
+    see :func:`kernel_in_use`)."""
+    amx = _amx_ready()
+    if amx is None:
+        return None
+    vnni = _vnni_ready()
+    return None if vnni is None else f"{amx}; {vnni}"
 
 
 def reference(x: np.ndarray, weight: Int8Weight, bias: np.ndarray | None) -> np.ndarray:
@@ -207,14 +234,14 @@ def _run(m: int, n: int, k: int, xp: int, weight: Int8Weight, bp: int | None, yp
          *owners: Any) -> None:
     """Rows ``m`` of x (address ``xp``, row stride K) through the kernel for this call (``owners``: the
     objects the addresses point into, referenced here until the kernel has returned)."""
-    why = _amx_ready()
-    if why:  # the documented NumPy fallback
+    amx = _amx_ready() is None
+    if not amx and _vnni_ready() is not None:  # the documented NumPy fallback
         x2 = np.ctypeslib.as_array(ctypes.cast(xp, ctypes.POINTER(ctypes.c_float)), (m, k))
         b = None if bp is None else np.ctypeslib.as_array(ctypes.cast(bp, ctypes.POINTER(ctypes.c_float)), (n,))
         y = np.ctypeslib.as_array(ctypes.cast(yp, ctypes.POINTER(ctypes.c_float)), (m, n))
         y[...] = reference(x2, weight, b)
         return
-    lib = kernels.int8_linear_library()
+    lib = kernels.int8_linear_library() if amx else kernels.int8_vnni_library()
     env = os.environ
     if threads == 0 and not env.get("TRACEA_NUM_THREADS"):
         nth = _auto_threads()
@@ -223,7 +250,7 @@ def _run(m: int, n: int, k: int, xp: int, weight: Int8Weight, bp: int | None, yp
     else:
         nth = kernels.thread_count(threads, _cores())
     qp, sp, rp = weight._addresses
-    if m <= VNNI_MAX_TOKENS:
+    if m <= VNNI_MAX_TOKENS or not amx:
         rc = lib.ti_linear_vnni(m, n, k, xp, k, qp, k, sp, rp, bp, yp, n, nth)
     else:
         rc = lib.ti_linear(m, n, k, xp, k, qp, k, sp, bp, yp, n, nth)
