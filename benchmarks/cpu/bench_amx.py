@@ -8,6 +8,12 @@
 decode rows then come from memory, as in a model with many layers. Without it calls run back to back
 and a 32 MB weight may stay cached, which flatters whichever side read it last.
 
+No tuning cache is read (a fresh empty one, as a new user has; ``--keep-cache``: the process default):
+the patched layers' arbiter verdicts are persisted there and keyed on the variant and config, not on
+the kernel's code, so a verdict measured before a kernel change would otherwise still decide the
+``patched`` column (seen: a 128-token verdict "PyTorch" from an older kernel, 4037 vs 3930 us, where
+a fresh judgement measured 2310 vs 2881 us and picked Tracea).
+
 Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
 * ``gemm``: bf16 C = A @ B, n^3. ``user`` is ``tracea.ops.matmul(a, b)`` with default settings (the
   Doctor's pick, untuned); ``amx`` / ``avx512bf16`` are the two variants run directly with their first
@@ -280,7 +286,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="MB of a buffer rewritten before every timed call (e.g. 3x the last-level cache; 0: warm, "
                          "calls back to back): decode rows then read their weights from memory, as in a model")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep-cache", action="store_true",
+                    help="use the process's tuning cache (arbiter verdicts, tuned configs) instead of a fresh one")
     ns = ap.parse_args(argv)
+    if not ns.keep_cache:
+        import tempfile
+
+        from tracea.tuning.cache import TuningCache, set_cache
+
+        set_cache(TuningCache(os.path.join(tempfile.mkdtemp(prefix="tracea-bench-amx-"), "tuning.json")))
     if ns.cold:
         _COLD[0] = torch.ones(ns.cold * (1 << 20) // 4)
     KERNELS[:] = [k for k in ns.kernels.split(",") if k]
