@@ -1,7 +1,10 @@
-"""int8 linear layers (``tracea_cpu.int8``): the AMX ``tdpbssd`` kernel against the documented math in
-float64 (same quantized integers, exact products) over odd shapes (M = 1; M, N, K not multiples of
-16 / 64; M above the 256-row chunk), with and without bias, NumPy and torch inputs, NaN / Inf rows, the
-NumPy fallback, bad arguments. Kernel tests skip, with the reason, where AMX-INT8 cannot run."""
+"""int8 linear layers (``tracea_cpu.int8``): the AMX ``tdpbssd`` kernel and the AVX512-VNNI ``vpdpbusd``
+kernel (1-4 tokens next to AMX, every token count in its own library on CPUs without AMX) against the
+documented math in float64 (same quantized integers, exact products) over odd shapes (M = 1, 2, 3, 7,
+17; M, N, K not multiples of 16 / 64; M above the 256-row chunk), with and without bias, saturated values
+over the longest K, NumPy and torch inputs, NaN / Inf / zero rows, the NumPy fallback, bad arguments.
+Kernel tests skip, with the reason, where AMX-INT8 (or, for the VNNI-only library, AVX512-VNNI) cannot
+run."""
 
 from __future__ import annotations
 
@@ -10,9 +13,9 @@ import pytest
 
 from tracea.errors import DTypeError, InvalidArgumentError, LayoutError, ShapeError
 from tracea_cpu import int8 as int8_mod
-from tracea_cpu.int8 import Int8Weight, fallback_reason, linear_int8, quantize_weight, reference
+from tracea_cpu.int8 import Int8Weight, linear_int8, quantize_weight, reference
 
-WHY = fallback_reason()
+WHY = int8_mod._amx_ready()  # (fallback_reason() is None on AVX512-VNNI CPUs without AMX too)
 needs_amx = pytest.mark.skipif(WHY is not None, reason=f"AMX-INT8 kernel unavailable: {WHY}")
 SHAPES = [(1, 1, 1), (1, 33, 129), (7, 70, 65), (17, 100, 200), (16, 64, 64), (40, 64, 63), (130, 97, 300),
           (300, 50, 77), (3, 257, 1000), (33, 31, 130)]
