@@ -56,16 +56,23 @@ ROWS_DRIVER = r"""
    16 tokens x one step at a time: their 16 rows of 16 pairs loaded, transposed in registers, stored as
    16 whole 64-byte rows. (It scattered each token's step before, serially ahead of the parallel region:
    a 128-token x K = 4096 call against 32 weight rows took 529 us with the scatters, 97 us now.) */
+/* Tokens m0 .. m0 + 15 of X at k step s (zero past M tokens and past K), transposed: r[u] = pair u of the
+   16 tokens. */
+static inline __attribute__((always_inline)) void tb_wa_load_t(const bf16 *x, long M, long K, long ldx, long m0,
+                                                              long s, __m512i r[16]) {
+    long k0 = 32 * s, n = TR_MIN(32, K - k0);
+    __mmask32 km = (__mmask32)(n == 32 ? 0xffffffffu : (1u << n) - 1);
+    for (int i = 0; i < 16; i++)
+        r[i] = m0 + i < M ? _mm512_maskz_loadu_epi16(km, x + (m0 + i) * ldx + k0) : _mm512_setzero_si512();
+    tb_t16(r);
+}
+
 static void tb_wa_pack_x(const bf16 *x, long M, long MP, long K, long ldx, uint32_t *xp) {
     long steps = (K + 31) / 32;
     for (long m0 = 0; m0 < MP; m0 += 16)
         for (long s = 0; s < steps; s++) {
-            long k0 = 32 * s, n = TR_MIN(32, K - k0);
-            __mmask32 km = (__mmask32)(n == 32 ? 0xffffffffu : (1u << n) - 1);
             __m512i r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = m0 + i < M ? _mm512_maskz_loadu_epi16(km, x + (m0 + i) * ldx + k0) : _mm512_setzero_si512();
-            tb_t16(r);
+            tb_wa_load_t(x, M, K, ldx, m0, s, r);
             for (int u = 0; u < 16; u++) _mm512_storeu_si512(xp + s * 16 * MP + u * MP + m0, r[u]);
         }
 }
@@ -77,12 +84,8 @@ static void tb_wa_pack_xs(const bf16 *x, long M, long MP32, long K, long ldx, ui
     long steps = (K + 31) / 32;
     for (long m0 = 0; m0 < MP32; m0 += 16)
         for (long s = 0; s < steps; s++) {
-            long k0 = 32 * s, n = TR_MIN(32, K - k0);
-            __mmask32 km = (__mmask32)(n == 32 ? 0xffffffffu : (1u << n) - 1);
             __m512i r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = m0 + i < M ? _mm512_maskz_loadu_epi16(km, x + (m0 + i) * ldx + k0) : _mm512_setzero_si512();
-            tb_t16(r);
+            tb_wa_load_t(x, M, K, ldx, m0, s, r);
             uint32_t *d = xs + (m0 / 32) * steps * 512 + s * 512 + m0 % 32;
             for (int u = 0; u < 16; u++) _mm512_storeu_si512(d + u * 32, r[u]);
         }
