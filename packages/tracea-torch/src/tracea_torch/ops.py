@@ -223,7 +223,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int
         if padding == "valid":
             pad = [0, 0]
         elif padding == "same":
-            if stride_ != [1, 1]:
+            if tuple(stride_) != (1, 1):  # nn.Conv2d holds a tuple, _pair may give a list
                 from tracea.errors import InvalidArgumentError
 
                 raise InvalidArgumentError("padding", padding, "'same' only with stride 1 (as in PyTorch)")
