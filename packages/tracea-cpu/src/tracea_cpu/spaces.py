@@ -205,6 +205,21 @@ def indirect_ok(op: Conv2dOp) -> bool:
     return op.c // op.groups >= 8
 
 
+#: Input channels up to which the direct NCHW algorithm (``indirect=3``) is the first hero where it
+#: applies: it saves the input's NHWC copy and the transposed output stores, which cost most next to
+#: the arithmetic when there are few channels; its micro-kernel runs below the indirect one's, so
+#: with more channels the indirect path stays first (2-core Sapphire Rapids VM, docs/backends/cpu.md).
+DIRECT_NCHW_MAX_C = 64
+
+
+def direct_nchw_ok(isa: Isa, op: Conv2dOp) -> bool:
+    """Whether the direct NCHW conv (``indirect=3``, output pixels in the vector lanes) runs ``op``
+    rather than falling back to the indirect one: AVX-512, NCHW, stride 1, one group, and output rows
+    as wide as the input's (``q == w``: e.g. a "same" 3x3). Mirrors ``tr_nd_fits`` in the C source."""
+    return (isa.name == "avx512" and op.layout is Layout.NCHW and op.stride == (1, 1) and op.groups == 1
+            and op.q == op.w)
+
+
 def gemm_view(op: Op, indirect: int = 0) -> tuple[int, int]:
     """(M, N) of the GEMM the blocked driver runs for ``op`` (per batch entry / group). conv2d
     ``indirect``: 0 packed implicit GEMM, 1 pixel rows read in place, 2 weights-stationary."""

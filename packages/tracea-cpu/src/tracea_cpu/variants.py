@@ -122,7 +122,8 @@ class CpuConv2dVariant(CpuVariant):
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         space = spaces.blocked_space(self.isa, profile)
         if isinstance(op, Conv2dOp):
-            space = space.param("indirect", [1, 0, 2] if spaces.indirect_ok(op) else [0, 2])
+            algos = [1, 0, 2] if spaces.indirect_ok(op) else [0, 2]
+            space = space.param("indirect", algos + ([3] if spaces.direct_nchw_ok(self.isa, op) else []))
         return space
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
@@ -146,11 +147,17 @@ class CpuConv2dVariant(CpuVariant):
             indirect = [h.with_params(indirect=1) for h in short]
         # (Weights-stationary was first for NCHW 512@7^2 at batch 1 until the NCHW indirect path read the
         # KCRS weights in channel blocks and skipped padding taps: now 176 vs 153 GFLOP/s there.)
-        return indirect + packed + stationary[:2]
+        if not spaces.direct_nchw_ok(self.isa, op):
+            return indirect + packed + stationary[:2]
+        # Direct NCHW (no NHWC copies): its tile is fixed, the config's tile only names the library.
+        direct = [(indirect or heroes)[0].with_params(indirect=3)]
+        if indirect and op.c <= spaces.DIRECT_NCHW_MAX_C:
+            return direct + indirect + packed + stationary[:2]
+        return indirect + packed + stationary[:2] + direct
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
-        if config.get("indirect", 0) not in (0, 1, 2):
-            return Validity(False, f"param indirect={config.get('indirect')!r} must be 0, 1 or 2")
+        if config.get("indirect", 0) not in (0, 1, 2, 3):
+            return Validity(False, f"param indirect={config.get('indirect')!r} must be 0, 1, 2 or 3")
         return _validate_blocked(self.isa, config)
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:

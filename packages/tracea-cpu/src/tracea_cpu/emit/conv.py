@@ -1,7 +1,8 @@
-"""``tr_conv2d``: conv2d entry point over the blocked drivers, one of three algorithms per call
+"""``tr_conv2d``: conv2d entry point over the blocked drivers, one of four algorithms per call
 (``indirect`` param): 0 packed implicit GEMM, 1 indirect (pixel rows read in place; NCHW goes through
 NHWC copies of input and output), 2 weights-stationary (weights read in place, im2col panels of the
-output pixels packed)."""
+output pixels packed), 3 direct NCHW with output pixels in the vector lanes (stride-1 NCHW convs whose
+output rows are as wide as the input's, AVX-512; elsewhere 3 runs as 1)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ int tr_conv2d(int layout, long n, long C, long H, long W, long K, long R, long S
               const float *x, const float *w, const float *bias, float *out,
               long mc, long nc, long kc, int nth, int indirect) {
     long Cg = C / groups, Kg = K / groups, CRS = Cg * R * S;
+    if (indirect == 3) {
+        /* Direct NCHW, output pixels in the vector lanes (emit/nchw_direct.py); where it does not apply
+           (NHWC, stride > 1, groups, output rows narrower than the input's, no AVX-512) the indirect
+           algorithm runs instead. */
+#if TR_HAVE_ND
+        if (layout == 0 && tr_nd_fits(C, W, R, S, sh, sw, pw, dw, groups, Q))
+            return tr_conv_nd(n, C, H, W, K, R, S, ph, pw, dh, dw, P, x, w, bias, out, nth);
+#endif
+        indirect = 1;
+    }
     if (layout == 0 && indirect == 1) {
         /* NCHW through the NHWC indirect kernel: x transposed to NHWC; K walked in channel blocks of the
            KCRS weights; tiles stored transposed into out (an NHWC scratch holds partial sums only when
