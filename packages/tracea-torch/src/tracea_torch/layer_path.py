@@ -34,7 +34,7 @@ from .ops import (_any_autocast, _dispatch_modes, _function_modes, _grad_enabled
 _F32 = torch.float32
 _conv2d, _linear = torch.nn.functional.conv2d, torch.nn.functional.linear
 _cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch.backends.cudnn.allow_tf32)
-_matmul_precision = torch.get_float32_matmul_precision
+_matmul_precision = getattr(torch._C, "_get_float32_matmul_precision", None) or torch.get_float32_matmul_precision
 _capturing = stream_capturing()
 _KEY = "_tracea_memo"
 
@@ -98,21 +98,24 @@ def _memo(gen: int, x: Tensor, w: Tensor, b: Optional[Tensor], prec_of: Optional
 def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: Optional[str]) -> Tensor:
     """What the patched conv layer ``m`` (``padding_mode="zeros"``) computes on ``x`` with weight ``w``
     and bias ``b``, plus the fused activation ``act``."""
-    memo = m.__dict__.get(_KEY)
+    d = m.__dict__
+    memo = d.get(_KEY)
     # (dynamo does not trace the C++ tensor comparison: compiling takes the refresh path's custom op)
     if memo is not None and not _is_compiling():
         lean = memo.lean
-        if lean and (lean == 1 or not _capturing()):
+        if lean and (lean == 1 or not _capturing()):  # (F.conv2d reads the hyper-parameters itself)
             if (x.shape == memo.xshape and x.dtype is memo.xdtype and w is memo.w and w.dtype is memo.wdtype
-                    and x.get_device() == memo.xdev and act is None and memo.stride is m.stride
-                    and memo.padding is m.padding and memo.dilation is m.dilation and memo.groups == m.groups
-                    and memo.gen == generation() and recording._recorder is None):
+                    and x.get_device() == memo.xdev and act is None and memo.gen == generation()
+                    and recording._recorder is None):
                 if memo.count is not None:
                     _record(*memo.count)
                 return _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
-        elif (memo.check(x, w, _NO_BIAS if b is None else b) and memo.stride is m.stride
-                and memo.padding is m.padding and memo.dilation is m.dilation and memo.groups == m.groups
-                and memo.act == act and memo.gen == generation() and not _any_autocast()
+        # (the hyper-parameters read from the instance dict: ~4x cheaper than attribute reads through
+        # nn.Module's class hierarchy; a class that computes them as properties never matches, safely)
+        elif (memo.check(x, w, _NO_BIAS if b is None else b) and memo.stride is d.get("stride")
+                and memo.padding is d.get("padding") and memo.dilation is d.get("dilation")
+                and memo.groups == d.get("groups") and memo.act == act and memo.gen == generation()
+                and not _any_autocast()
                 and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
                          or _transforms_active() or (memo.rg and _grad_enabled()))
                 and (memo.prec_of is None or memo.prec_of() == memo.prec)):
