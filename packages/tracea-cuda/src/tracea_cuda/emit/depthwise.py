@@ -24,7 +24,8 @@ weights of one tap as ``float4``; threads of the same channels read the same wor
 Per row r (a rolled loop), the input columns the thread's ``ppt`` outputs need (the distinct
 ``i*stride + s*dilation``) are loaded once into registers when they fit (``ROW_CACHE_FLOATS``), so stride-1
 neighbours share loads; otherwise each tap loads its column (L1 hits). Rows outside the image are skipped and
-columns outside it read as zeros (zero padding).
+columns outside it read as zeros (zero padding). Past the register budget, the taps of a row are a rolled loop
+instead (one column live at a time: unrolled, ptxas hoisted every load of the row and spilled).
 
 **NCHW** (any dtype; float32 is what PyTorch models use). One thread owns one output column q and ``rows``
 consecutive output rows of one (image, output channel) plane; consecutive threads take consecutive q, so a
@@ -289,13 +290,15 @@ def _nhwc_kernel(spec: DepthwiseSpec, name: str) -> str:
         for t in range(s):
             outs = [(i, f"xc{i * sw + t * dw}") for i in range(ppt)]
             lines += fmas(f"(r * {s} + {t})", outs)
-    else:
-        for t in range(s):
-            for i in range(ppt):
-                lines.append(f"{{ float xt[{nw}];")
-                lines.append(load_col(str(i * sw + t * dw), "xt"))
-                lines += fmas(f"(r * {s} + {t})", [(i, "xt")])
-                lines.append("}")
+    else:  # a rolled loop over the taps: one column in registers at a time (wide windows, long rows)
+        lines.append("#pragma unroll 1")
+        lines.append(f"for (int s = 0; s < {s}; ++s) {{")
+        for i in range(ppt):
+            lines.append(f"{{ float xt[{nw}];")
+            lines.append(load_col(f"{i * sw} + s * {dw}", "xt"))
+            lines += fmas(f"(r * {s} + s)", [(i, "xt")])
+            lines.append("}")
+        lines.append("}")
     row_body = "\n            ".join(lines)
 
     osz = spec.dtype_out.storage.itemsize

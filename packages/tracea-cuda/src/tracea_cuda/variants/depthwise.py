@@ -139,7 +139,8 @@ class DepthwiseConv(CudaVariant):
     def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
         """Untuned choices, by reasoning (not yet measured): NHWC blocks of 8 channel vectors (a warp reads
         128-byte runs of 4 pixels' channels at 16-bit depthwise) x 128 / 256 threads; two outputs per
-        thread along Q at stride 1 with kernels of 3 or more taps (their columns shared from registers);
+        thread along Q at stride 1 with kernels of 3 or more taps where the row's columns fit the register
+budget (then shared between the two);
         NCHW two rows per thread at stride 1. Blocks halve down to 64 threads until the grid has two
         blocks per SM (batch-1 late layers: 7x7 planes)."""
         units = max(int(profile.compute_units or 1), 1)
@@ -158,6 +159,8 @@ class DepthwiseConv(CudaVariant):
             while cv > 1 and cv * vec * op.r * op.s * cg * 4 > SMEM_LIMIT:
                 cv //= 2
             ppt = 2 if op.stride[1] == 1 and op.s >= 3 and op.q >= 4 else 1
+            if ppt > 1 and not self.spec(op, self._nhwc(256, cv, ppt), None).row_cached():
+                ppt = 1  # the row's columns would not stay in registers: no sharing to gain
             threads = 256
             while threads > 64 and self._blocks(op, self._nhwc(threads, cv, ppt)) < 2 * units:
                 threads //= 2
