@@ -141,8 +141,9 @@ class DepthwiseConv(CudaVariant):
         128-byte runs of 4 pixels' channels at 16-bit depthwise) x 128 / 256 threads; two outputs per
         thread along Q at stride 1 with kernels of 3 or more taps where the row's columns fit the register
 budget (then shared between the two);
-        NCHW two rows per thread at stride 1. Blocks halve down to 64 threads until the grid has two
-        blocks per SM (batch-1 late layers: 7x7 planes)."""
+        NCHW two rows per thread at stride 1. Until the grid has two blocks per SM (batch-1 late layers:
+        7x7 planes), blocks halve down to 64 threads, then NHWC drops to one output per thread and to fewer
+        channel vectors per block."""
         units = max(int(profile.compute_units or 1), 1)
         if op.layout is Layout.NCHW:
             rows = 2 if op.stride[0] == 1 and op.r >= 3 and op.p >= 4 else 1
@@ -162,8 +163,15 @@ budget (then shared between the two);
             if ppt > 1 and not self.spec(op, self._nhwc(256, cv, ppt), None).row_cached():
                 ppt = 1  # the row's columns would not stay in registers: no sharing to gain
             threads = 256
-            while threads > 64 and self._blocks(op, self._nhwc(threads, cv, ppt)) < 2 * units:
-                threads //= 2
+            while self._blocks(op, self._nhwc(threads, cv, ppt)) < 2 * units:
+                if threads > 64:
+                    threads //= 2
+                elif ppt > 1:  # small layers (batch 1, late stages): threads over sharing
+                    ppt = 1
+                elif cv > 2:
+                    cv //= 2
+                else:
+                    break
             first = self._nhwc(threads, cv, ppt)
             alt = self._nhwc(max(64, threads // 2), cv, 1)
         heroes = [first] + ([alt] if alt != first else [])
