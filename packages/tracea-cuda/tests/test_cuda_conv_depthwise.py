@@ -13,6 +13,7 @@ against eager."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import types
 
@@ -225,6 +226,55 @@ def test_vector_widths_follow_groups_alignment_and_pointers():
 
 
 # ------------------------------------------------------------------------------------------------
+# CPU: the torch bridge's routing of grouped convs (no GPU: the pieces it is built from)
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_torch_bridge_routes_grouped_convs_to_the_variant(monkeypatch):
+    """tracea_torch describes depthwise / grouped calls with their groups and layout (channels_last 16-bit ->
+    NHWC, fp32 NCHW), chooses this variant on a CUDA device (the fake H100's Doctor), and hands a pointer-only
+    launcher the tensors themselves (depthwise weights (K, 1, R, S) read as KRSC without a copy), writing a
+    channels_last output; wide groups fall back with the Doctor's reason."""
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    from tracea_torch import bridge_plans, choice  # noqa: PLC0415
+
+    doc = _doctor(monkeypatch, H100)
+    monkeypatch.setattr(choice, "get_doctor", lambda: doc)
+    cuda = torch.device("cuda", 0)
+    cases = [(torch.float16, torch.channels_last, 96, 96, 3, 1), (torch.bfloat16, torch.channels_last, 128, 32, 3, 2),
+             (torch.float32, torch.contiguous_format, 144, 144, 5, 1), (torch.float32, torch.channels_last, 64, 8, 3, 1)]
+    for dt, fmt, c, groups, r, stride in cases:
+        x = torch.randn(2, c, 12, 12, dtype=dt).contiguous(memory_format=fmt)
+        w = torch.randn(c, c // groups, r, r, dtype=dt).contiguous(memory_format=fmt)
+        b = torch.randn(c, dtype=dt)
+        act = choice.parse_activation("silu")
+        op = bridge_plans._conv_op(x, w, b, (stride, stride), (r // 2, r // 2), (1, 1), groups, act,
+                                   DType.parse(str(dt)[6:]))
+        assert op.groups == groups and op.layout is (Layout.NHWC if fmt is torch.channels_last else Layout.NCHW)
+        assert op.epilogue.key == "bias+silu"
+        decision = choice.choose(op, cuda)
+        assert decision.variant.name == NAME, decision.explain()
+        assert choice.serving_variant(op, cuda) == (NAME, "hero")
+        seen = {}
+
+        def launch(xx, ww, bb, out, op=op, x=x, w=w, seen=seen):  # stands in for the bound kernel (no epilogue)
+            seen.update(x=xx.data_ptr() == x.data_ptr(), w=ww.data_ptr() == w.data_ptr())
+            out.copy_(F.conv2d(xx, ww, bb, op.stride, op.padding, op.dilation, op.groups))
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        out = bridge_plans._conv_run(op, launch, w)(x, w, b)
+        assert seen == {"x": True, "w": True}, (dt, fmt, groups, seen)  # zero-copy: no views, no weight copy
+        assert out.is_contiguous(memory_format=fmt) and tuple(out.shape) == (2, c, op.p, op.q)
+        torch.testing.assert_close(out, F.conv2d(x, w, b, stride, r // 2, 1, groups))
+    wide = bridge_plans._conv_op(torch.randn(1, 64, 8, 8), torch.randn(64, 32, 3, 3), None, (1, 1), (1, 1), (1, 1), 2,
+                                 None, DType.F32)
+    with pytest.raises(choice.Fallback, match="channels per group"):
+        choice.choose(wide, cuda)
+
+
+# ------------------------------------------------------------------------------------------------
 # CPU: compilation (NVRTC when it loads, nvcc for the resource report)
 # ------------------------------------------------------------------------------------------------
 
@@ -282,7 +332,8 @@ def test_kernels_compile_without_spills(arch):
 # CPU: the emitted kernels run on the host against float64
 # ------------------------------------------------------------------------------------------------
 
-needs_cxx = pytest.mark.skipif(host_emulation.compiler_path() is None, reason="no host C++ compiler")
+needs_cxx = pytest.mark.skipif(host_emulation.compiler_path() is None or importlib.util.find_spec("torch") is None,
+                               reason="no host C++ compiler or no torch (the reference)")
 
 
 def _host_inputs(op: Conv2dOp, seed: int = 0):
@@ -533,8 +584,8 @@ def test_depthwise_user_path_default_choice_and_graph():
                       fp32_precision="high", epilogue="bias+silu")
         assert get_doctor().decide(op, "cuda:0").variant.name == NAME
 
-        def call():
-            return tracea.ops.conv2d(x, w, b, stride=stride, padding=r // 2, groups=groups, activation="silu")
+        def call(x=x, w=w, b=b, stride=stride, pad=r // 2, groups=groups):
+            return tracea.ops.conv2d(x, w, b, stride=stride, padding=pad, groups=groups, activation="silu")
 
         outs = [call() for _ in range(3)]
         graph = torch.cuda.CUDAGraph()

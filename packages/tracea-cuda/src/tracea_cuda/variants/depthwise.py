@@ -6,6 +6,7 @@ RegNet grouped 3x3s on CUDA."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import gcd
 
 from tracea.doctor.profile import DeviceProfile
@@ -87,27 +88,26 @@ class DepthwiseConv(CudaVariant):
         cg, kg = per_group(op)
         bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
         geom = (op.n, op.c, op.h, op.w, op.k, op.r, op.s, *op.stride, *op.padding, *op.dilation)
-        base = dict(dtype_in=op.dtype.storage, dtype_out=op.out_dtype, bias_dtype=bias_dtype, epilogue=op.epilogue,
-                    geom=geom, cg=cg, kg=kg)
+        base = DepthwiseSpec(op.dtype.storage, op.out_dtype, bias_dtype, op.epilogue, op.layout is Layout.NCHW, geom,
+                             cg, kg)
         threads = int_param(config, "threads", 128)
         if op.layout is Layout.NCHW:
             for name in ("cv", "ppt", "vec"):
                 if config.get(name) is not None:
                     raise UnsupportedConfigError(f"param {name} is for NHWC; NCHW takes threads and rows")
-            return DepthwiseSpec(nchw=True, rows=int_param(config, "rows", 1), nchw_threads=threads, **base)
+            return replace(base, rows=int_param(config, "rows", 1), nchw_threads=threads)
         if config.get("rows") is not None:
             raise UnsupportedConfigError("param rows is for NCHW; NHWC takes threads, cv, ppt and vec")
         vec = max_vec(op, int_param(config, "vec", 8))
         isz, osz = op.dtype.storage.itemsize, op.out_dtype.itemsize
         nw = cg if kg % vec == 0 else vec // kg * cg
-        vin = gcd(nw, 16 // isz)
-        vin = 1 << (vin.bit_length() - 1)  # a power of two dividing the window
+        vin = gcd(nw, 16 // isz)  # the widest power of two dividing the window, in one 16-byte load
         while vin > 1 and not aligned(ptrs, "x", vin * isz):
             vin //= 2
         vec_out = vec * osz >= 4 and aligned(ptrs, "out", min(16, vec * osz))
         tc = min(int_param(config, "cv", 8), op.k // vec)  # (a block of tc x threads // tc threads)
-        return DepthwiseSpec(nchw=False, vec=vec, vin=vin, vec_out=vec_out, ppt=int_param(config, "ppt", 1), tc=tc,
-                             tp=max(1, threads // tc), **base)
+        return replace(base, vec=vec, vin=vin, vec_out=vec_out, ppt=int_param(config, "ppt", 1), tc=tc,
+                       tp=max(1, threads // tc))
 
     def validate_config(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
