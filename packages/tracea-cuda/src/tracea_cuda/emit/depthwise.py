@@ -67,6 +67,13 @@ def _min_blocks(threads: int) -> int:
     return max(1, 512 // threads)
 
 
+def _index_type(spec: "DepthwiseSpec") -> str:
+    """C type of the thread / pixel-unit index: 32-bit where the grid's indices fit (cheaper divisions by the
+    sizes), else 64-bit. Memory offsets are 64-bit either way."""
+    gx, _, _ = spec.grid()
+    return "int" if gx * spec.threads < 2**31 - 1 else "long long"
+
+
 _VEC_TYPE = {1: "unsigned int", 2: "uint2", 4: "uint4"}  # by 32-bit words
 
 
@@ -246,6 +253,7 @@ def _nhwc_kernel(spec: DepthwiseSpec, name: str) -> str:
     tin, tout, tb = ctype(spec.dtype_in), ctype(spec.dtype_out), ctype(spec.bias_dtype)
     cols = spec.columns()
     cached = spec.row_cached()
+    it = _index_type(spec)
 
     def gl(j: int) -> int:  # the thread-local group of output j (its window offset is gl * cg)
         return j // kg if vec % kg == 0 else 0
@@ -322,12 +330,12 @@ extern "C" __global__ void __launch_bounds__({spec.threads}, {_min_blocks(spec.t
     }}
     __syncthreads();
     const int k0 = kb0 + cvl * {vec};
-    const long long u = (long long)blockIdx.x * {tp} + pl;
-    if (k0 >= {k} || u >= {spec.units}LL) return;
+    const {it} u = ({it})blockIdx.x * {tp} + pl;
+    if (k0 >= {k} || u >= ({it}){spec.units}LL) return;
     const int qt = (int)(u % {qt});
-    const long long rest = u / {qt};
+    const {it} rest = u / {qt};
     const int p = (int)(rest % {p});
-    const long long img = rest / {p};
+    const long long img = (long long)(rest / {p});
     const int q0 = qt * {ppt};
     const int h0 = p * {sh} - {ph}, w0 = q0 * {sw} - {pw};
     const {tin}* xn = X + img * {h * w * c}LL + (k0 / {kg}) * {cg};
@@ -371,6 +379,7 @@ def _nchw_kernel(spec: DepthwiseSpec, name: str) -> str:
     p, q = spec.p, spec.q
     cg, kg, rows = spec.cg, spec.kg, spec.rows
     pb = -(-p // rows)
+    it = _index_type(spec)
     tin, tout, tb = ctype(spec.dtype_in), ctype(spec.dtype_out), ctype(spec.bias_dtype)
     wload = (lambda e: load_expr(spec.dtype_in, f"__ldg({e})"))
     body: list[str] = []
@@ -391,14 +400,14 @@ def _nchw_kernel(spec: DepthwiseSpec, name: str) -> str:
 extern "C" __global__ void __launch_bounds__({spec.nchw_threads}, {_min_blocks(spec.nchw_threads)}) {name}(
         const {tin}* __restrict__ X, const {tin}* __restrict__ Wt, {tout}* __restrict__ Y,
         const {tb}* __restrict__ bias) {{
-    const long long idx = (long long)blockIdx.x * {spec.nchw_threads} + threadIdx.x;
-    if (idx >= {spec.units}LL) return;
+    const {it} idx = ({it})blockIdx.x * {spec.nchw_threads} + threadIdx.x;
+    if (idx >= ({it}){spec.units}LL) return;
     const int q = (int)(idx % {q});
-    long long t = idx / {q};
+    {it} t = idx / {q};
     const int p0 = (int)(t % {pb}) * {rows};
     t /= {pb};
     const int k = (int)(t % {k});
-    const long long img = t / {k};
+    const long long img = (long long)(t / {k});
     const int h0 = p0 * {sh} - {ph}, w0 = q * {sw} - {pw};
     const {tin}* xn = X + (img * {c} + (k / {kg}) * {cg}) * {h * w}LL;
     const {tin}* wk = Wt + (long long)k * {cg * r * s};
