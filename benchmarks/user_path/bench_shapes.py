@@ -191,7 +191,9 @@ GROUPED_CONVS = {  # family: (C, H, R, stride, groups); K = C (depthwise: groups
 
 def grouped_conv_group(rows: list) -> None:
     """Depthwise / grouped conv layers (``cuda.conv2d.depthwise``; before it every one fell back to PyTorch),
-    bias fused, b1 and b32, channels_last fp16 and NCHW fp32; each row names the variant the Doctor chose."""
+    bias fused, b1 and b32, channels_last fp16 and NCHW fp32; each row names the variant the Doctor chose and
+    adds the ratio with the calls captured in CUDA graphs (device time only) and Tracea's bytes moved (x, w,
+    out once) per second of device time."""
     from tracea.doctor.doctor import get_doctor
     from tracea.ir.ops import Conv2dOp
 
@@ -215,8 +217,11 @@ def grouped_conv_group(rows: list) -> None:
                     ours = lambda: tracea.ops.conv2d(x, w, bias, stride=s, padding=pad, groups=g)  # noqa: E731
                     theirs = lambda: F.conv2d(x, w, bias, stride=s, padding=pad, groups=g)  # noqa: E731
                     times = paired(ours, theirs)
+                    dev_t, dev_a = graph_time(ours), graph_time(theirs)  # the kernels alone (no host time)
                     report(rows, "grouped", f"{family} {c} g{g} {r}x{r}/{s} @{h}^2 b{batch} {str(dtype)[6:]}"
-                           f"{' CL' if cl else ''}", times, rel(ours(), theirs()), variant=served)
+                           f"{' CL' if cl else ''}", times, rel(ours(), theirs()), variant=served,
+                           **{"graph ratio": f"{dev_a / dev_t:.2f}x",
+                              "GB/s": f"{op.min_bytes / dev_t / 1e9:.0f}"})
 
 
 def summary(label: str, rows: list) -> None:
