@@ -402,14 +402,16 @@ def _rel(out, ref) -> float:
 
 
 # (n, c, k, h, w, r, s, stride, padding, dilation, groups): odd C, multipliers, H = W = 1, rectangular kernels,
-# padding 0 / 1 / 3, stride 2, dilation 2, groups of 4 / 8 / 16 channels, 1x1
+# padding 0 / 1 / 3, stride 2, dilation 2, groups of 4 / 8 / 16 channels, 1x1, multipliers 2 / 3, and a
+# grouped conv with fewer outputs than inputs per group (4 -> 2: a thread's 8 outputs span 4 groups)
 HOST_GEOMS = [(1, 3, 3, 7, 7, 3, 3, 1, 1, 1, 3), (3, 17, 17, 15, 14, 3, 3, 1, 1, 1, 17),
               (2, 17, 34, 15, 15, 5, 5, 2, 2, 1, 17), (1, 32, 32, 1, 1, 3, 3, 1, 1, 1, 32),
               (2, 32, 32, 15, 15, 3, 3, 1, 2, 2, 32), (1, 96, 96, 14, 14, 7, 7, 1, 3, 1, 96),
               (1, 96, 96, 14, 14, 1, 1, 1, 0, 1, 96), (2, 40, 40, 9, 8, 3, 3, 2, 0, 1, 40),
               (3, 128, 128, 7, 7, 3, 3, 1, 1, 1, 32), (1, 256, 256, 7, 9, 3, 3, 2, 1, 1, 32),
               (2, 64, 128, 7, 9, 3, 3, 1, 0, 1, 8), (1, 48, 48, 6, 7, 3, 5, 1, (1, 2), 1, 3),
-              (1, 48, 144, 5, 5, 3, 3, 1, 1, 1, 48)]
+              (1, 48, 144, 5, 5, 3, 3, 1, 1, 1, 48), (1, 32, 64, 9, 9, 3, 3, 1, 1, 1, 32),
+              (2, 64, 32, 7, 7, 3, 3, 1, 1, 1, 16)]
 HOST_MODES = [("nhwc", "float16", None, "bias+silu"), ("nhwc", "bfloat16", None, "bias+relu"),
               ("nhwc", "float32", None, "bias"), ("nchw", "float32", None, "bias+gelu"),
               ("nchw", "bfloat16", "float32", "none"), ("nhwc", "float16", "float32", "gelu_erf")]
