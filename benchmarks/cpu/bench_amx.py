@@ -8,15 +8,21 @@
 decode rows then come from memory, as in a model with many layers. Without it calls run back to back
 and a 32 MB weight may stay cached, which flatters whichever side read it last.
 
+No tuning cache is read (a fresh empty one, as a new user has; ``--keep-cache``: the process default):
+the patched layers' arbiter verdicts are persisted there and keyed on the variant and config, not on
+the kernel's code, so a verdict measured before a kernel change would otherwise still decide the
+``patched`` column (seen: a 128-token verdict "PyTorch" from an older kernel, 4037 vs 3930 us, where
+a fresh judgement measured 2310 vs 2881 us and picked Tracea).
+
 Rows (ratios are torch time / Tracea time: > 1 means Tracea is faster):
 * ``gemm``: bf16 C = A @ B, n^3. ``user`` is ``tracea.ops.matmul(a, b)`` with default settings (the
   Doctor's pick, untuned); ``amx`` / ``avx512bf16`` are the two variants run directly with their first
   hero config (isolated kernels). Anchor: ``torch.matmul``.
 * ``linear``: bf16 ``nn.Linear(4096, 4096)`` (with bias) at 1 / 8 / 32 / 128 tokens: the patched
-  module (``tracea_torch.patch_linear``, default settings) and the two variants run directly, against
-  ``F.linear``.
+  module (``tracea_torch.patch_linear``, default settings; it shares the anchor's weight and bias
+  tensors) and the two variants run directly, against ``F.linear``.
 * ``int8``: ``tracea_cpu.int8.linear_int8`` (the public call: per-row int8 activations, per-channel int8
-  weights, AMX ``tdpbssd``) against ``torch.ao.nn.quantized.dynamic.Linear`` (qint8 per-channel
+  weights; AMX ``tdpbssd``, AVX512-VNNI ``vpdpbusd`` at 1-4 tokens or on CPUs without AMX) against ``torch.ao.nn.quantized.dynamic.Linear`` (qint8 per-channel
   weights, same values) at 1 / 8 / 32 / 128 tokens x 4096^2 and a 1024^3 GEMM shape.
 * ``conv``: bf16 3x3 conv2d (stride 1, padding 1) of the ResNet stages 64@56^2, 128@28^2, 256@14^2,
   512@7^2 at batch 1 and 8, NCHW (default torch tensors) and NHWC (channels_last): ``user`` is
@@ -125,7 +131,9 @@ def bench_linear(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) ->
     gen = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(k, n).bfloat16()
     patched = torch.nn.Sequential(torch.nn.Linear(k, n).bfloat16())
-    patched[0].load_state_dict(lin.state_dict())
+    # the same parameters (not a copy): every column reads one weight, so none finds it cached because
+    # another column just read it while the others' copy went cold
+    patched[0].weight, patched[0].bias = lin.weight, lin.bias
     tracea_torch.patch_linear(patched)
     w, bias = lin.weight.detach(), lin.bias.detach()
     for m in tokens:
@@ -205,10 +213,10 @@ def bench_f16(sizes: list[int], rows: list) -> None:
 def bench_int8(tokens: list[int], rows: list, n: int = 4096, k: int = 4096) -> None:
     import warnings
 
-    from tracea_cpu.int8 import fallback_reason, linear_int8, quantize_weight
+    from tracea_cpu.int8 import fallback_reason, kernel_in_use, linear_int8, quantize_weight
 
     print(f"\nint8 linear {k} -> {n} with bias (fp32 in/out), medians, ratio = torch dynamic quantized Linear "
-          f"time / ours; ours: {fallback_reason() or 'AMX tdpbssd'}")
+          f"time / ours; ours: {kernel_in_use()}{' (' + fallback_reason() + ')' if fallback_reason() else ''}")
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=gen)
     bias = torch.randn(n, generator=gen)
@@ -278,7 +286,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="MB of a buffer rewritten before every timed call (e.g. 3x the last-level cache; 0: warm, "
                          "calls back to back): decode rows then read their weights from memory, as in a model")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep-cache", action="store_true",
+                    help="use the process's tuning cache (arbiter verdicts, tuned configs) instead of a fresh one")
     ns = ap.parse_args(argv)
+    if not ns.keep_cache:
+        import tempfile
+
+        from tracea.tuning.cache import TuningCache, set_cache
+
+        set_cache(TuningCache(os.path.join(tempfile.mkdtemp(prefix="tracea-bench-amx-"), "tuning.json")))
     if ns.cold:
         _COLD[0] = torch.ones(ns.cold * (1 << 20) // 4)
     KERNELS[:] = [k for k in ns.kernels.split(",") if k]

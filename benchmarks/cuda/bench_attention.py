@@ -194,7 +194,7 @@ def decode(quick: bool, dtypes: list | None = None, sweep: bool = False, masked_
                         q, k, v, m, enable_gqa=True)
                     patched()
                     pt = _time([patched, theirs], 20, False)
-                    row.update(ratio_patched=pt[1] / pt[0], patched_winner=tracea_torch.arbiter.verdicts()[-1].winner)
+                    row.update(ratio_patched=pt[1] / pt[0], patched_winner=_winner_of(_runner_of(q, k, v, mask)))
                 finally:
                     tracea_torch.unpatch_attention()
             if sweep and dt == dtypes[0] and sq == 1 and skv in (4096, 32768) and not masked:
@@ -291,9 +291,7 @@ def short(quick: bool) -> list[dict]:
         err = float((out.double() - ref.double()).norm() / ref.double().norm())
         kern = _time([ours, theirs], 20, True)
         user = _time([ours, theirs], 20, False)
-        key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(None),
-               None, 0.0, causal, None, False, None, None)
-        run = getattr(plans.lookup(key), "runner", None)
+        run = _runner_of(q, k, v, None, causal, False)
         row = dict(part="short", layout=kind, b=b, h=h, s=s, d=d, dtype=str(dt).split(".")[1], causal=causal,
                    tracea_us=kern[0] * 1e6, sdpa_us=kern[1] * 1e6, ratio_kernel=kern[1] / kern[0],
                    user_tracea_us=user[0] * 1e6, user_sdpa_us=user[1] * 1e6, ratio_user=user[1] / user[0],
@@ -303,7 +301,7 @@ def short(quick: bool) -> list[dict]:
             patched = lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(q, k, v, is_causal=c)  # noqa: E731
             patched()
             pt = _time([patched, theirs], 20, False)
-            row.update(ratio_patched=pt[1] / pt[0], patched_winner=tracea_torch.arbiter.verdicts()[-1].winner)
+            row.update(ratio_patched=pt[1] / pt[0], patched_winner=_winner_of(run))
         finally:
             tracea_torch.unpatch_attention()
         rows.append(row)
@@ -311,12 +309,22 @@ def short(quick: bool) -> list[dict]:
     return rows
 
 
-def _variant_of(q, k, v, mask=None) -> str:  # noqa: ANN001
+def _runner_of(q, k, v, mask=None, causal=False, gqa=True):  # noqa: ANN001, ANN202
     key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(mask), None, 0.0,
-           False, None, True, None, None)
-    plan = plans.lookup(key)
-    run = getattr(plan, "runner", None)
+           causal, None, gqa, None, None)
+    return getattr(plans.lookup(key), "runner", None)
+
+
+def _variant_of(q, k, v, mask=None) -> str:  # noqa: ANN001
+    run = _runner_of(q, k, v, mask)
     return (run.variant or f"fallback: {run.reason}") if run is not None else "?"
+
+
+def _winner_of(run) -> str:  # noqa: ANN001
+    """The arbiter's verdict on the op ``run`` serves (the patched SDPA judged it on its first call)."""
+    op = getattr(run, "op", None)
+    desc = op.describe() if op is not None else None
+    return next((v.winner for v in tracea_torch.arbiter.verdicts() if v.op == desc), "?")
 
 
 def _decode_sweep(q, k, v, theirs) -> dict:  # noqa: ANN001

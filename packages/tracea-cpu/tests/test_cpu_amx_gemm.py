@@ -147,6 +147,18 @@ def test_amx_large_and_decode_shapes():
         assert amx_case(m, 512, 1024, tb=True, epi="bias", out="bf16") < 1e-2
 
 
+@pytest.mark.parametrize("m,n,k", [(33, 64, 32), (48, 40, 96), (65, 64, 32), (80, 100, 288), (97, 33, 512), (113, 70, 1024), (128, 96, 320),
+                                   (128, 31, 256), (100, 64, 100)])
+@pytest.mark.parametrize("out", ["float32", "bf16"])
+def test_amx_few_rows_k_chunks(m, n, k, out):
+    """33-128 tokens against transposed weights: whole 32-row blocks run K in chunks of 8 steps with the
+    token slices' partial sums stored between chunks (a K of 1-40 steps: one chunk, a partial last
+    chunk, several); an N edge block and a K that is no multiple of 32 take the whole-K blocks."""
+    _skip_without_amx()
+    for seed in (0, 1):
+        assert amx_case(m, n, k, tb=True, epi="bias+gelu_tanh", out=out, seed=seed) < _tol(out), (m, n, k, seed)
+
+
 @pytest.mark.parametrize("m,n,out", [(1030, 2048, "bf16"), (1030, 2064, "bf16"), (1030, 1024, "float32"),
                                      (1030, 1040, "float32")])
 def test_amx_large_outputs_streaming_stores(m, n, out):

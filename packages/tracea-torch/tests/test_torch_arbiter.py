@@ -240,3 +240,25 @@ def test_gpu_eager_ties_are_decided_by_device_time(monkeypatch, eager, device, w
     assert (v.winner, v.graph_winner) == (winner, graph)
     if winner == "torch" and eager[0] < eager[1]:
         assert "eager a tie" in v.reason
+
+
+def test_a_verdict_on_older_kernel_code_is_not_reused(restricted_backend, monkeypatch):
+    """Verdicts record the judged variant's source hash: after its code changed (a source checkout keeps
+    the version number), the signature is judged again instead of served by the old verdict."""
+    lin, x = _linear()
+    with torch.no_grad():
+        lin(x)
+    entry = next(e for e in get_cache().entries() if e.variant == arbiter.NAME)
+    assert dict(entry.config.params)["code"] == restricted_backend.gemm.source_hash()
+    arbiter.reset()
+    plans.invalidate("new process")
+    with torch.no_grad():
+        lin(x)
+    assert arbiter.verdicts()[0].source == "cache"  # same code: the stored verdict
+    monkeypatch.setattr(type(restricted_backend.gemm), "source_hash", lambda self: "edited kernel", raising=False)
+    arbiter.reset()
+    plans.invalidate("new process")
+    with torch.no_grad():
+        lin(x)
+    (v,) = arbiter.verdicts()
+    assert v.source == "measured"

@@ -186,3 +186,24 @@ def test_concurrent_writers_lose_no_update(subprocess_env, tmp_path):
     cache = TuningCache(subprocess_env["TRACEA_CACHE_PATH"])
     assert len(cache) == 75
     assert not glob.glob(str(tmp_path / "*.tmp-*"))
+
+
+def test_variants_fingerprint_their_code_by_default(doctor, cache, monkeypatch):
+    """Without a source_hash of its own a variant's fingerprint covers its package's Python sources
+    (``KernelVariant.source_hash``): an entry tuned on older code of the same version misses."""
+    from tracea.doctor import variant as variant_module
+    from tracea.doctor.code_hash import module_source_hash
+
+    op = GemmOp(64, 48, 32)
+    v = _variant(doctor)
+    prof = doctor.profile_for("cpu")
+    assert v.source_hash() == module_source_hash(type(v).__module__) != ""
+    cache.put(cache.make_entry(op, v, prof, PipelineConfig(warps=1), STATS))
+    cache.forget_fingerprints()
+    assert cache.lookup(op, v, prof) is not None
+    monkeypatch.setattr(variant_module, "module_source_hash", lambda module: "the code after an edit")
+    cache.forget_fingerprints()
+    assert cache.lookup(op, v, prof) is None
+    monkeypatch.undo()
+    cache.forget_fingerprints()
+    assert cache.lookup(op, v, prof) is not None

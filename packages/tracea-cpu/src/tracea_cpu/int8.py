@@ -12,33 +12,73 @@ wq[n, k] + bias[n]``. A row of x holding NaN or Inf gives a NaN output row (its 
 must be finite (``InvalidArgumentError`` otherwise).
 
 On CPUs with AMX-INT8 whose OS grants tile data (``tracea doctor`` shows ``amx (... int8 ...)``) the
-kernel is ``tdpbssd`` on AMX tiles with the weights loaded in place (:mod:`.emit.amx_int8`). Elsewhere
-the documented fallback computes the same integers with NumPy (exact, slow). The result is returned
-in the kind of ``x`` (NumPy array or torch tensor), shaped ``(..., N)``, float32.
+kernel is ``tdpbssd`` on AMX tiles with the weights loaded in place (:mod:`.emit.amx_int8`); calls of at
+most :data:`VNNI_MAX_TOKENS` rows run an AVX512-VNNI (``vpdpbusd``) kernel instead, which reads the same
+weights in place without padding a token to a 16-row tile (:mod:`.emit.int8_vnni`; it uses the weights'
+row sums, :attr:`Int8Weight.row_sums`, computed on first use). CPUs with AVX512-VNNI but no usable AMX
+(Ice Lake, AMD Zen 4 / Zen 5, or an OS refusing tile data) run the VNNI kernel for every token count.
+Elsewhere the documented fallback computes the same integers with NumPy (exact, slow). The result is
+returned in the kind of ``x`` (NumPy array or torch tensor), shaped ``(..., N)``, float32.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tracea.errors import DTypeError, InvalidArgumentError, LaunchError, ShapeError
+from tracea.errors import DTypeError, InvalidArgumentError, LaunchError, LayoutError, ShapeError
 
 from . import kernels
+from .host_load import threads_now
+
+#: calls with at most this many rows (tokens) run the AVX512-VNNI kernel; more rows, the AMX one (at
+#: 4096 x 4096 on the 2-core Sapphire Rapids VM, warm, kernels alone: VNNI 400-430 us for 1-4 tokens,
+#: 5-25% faster than AMX; from 5 tokens AMX is faster, 8 tokens by 20%, 16 by 75%)
+VNNI_MAX_TOKENS = 4
 
 
 @dataclass(frozen=True)
 class Int8Weight:
-    """Weights of a quantized linear layer: ``q`` (N x K int8, C-contiguous) and the per-output-channel
-    scales ``scale`` (N float32), ``w ~= q * scale[:, None]``."""
+    """Weights of a quantized linear layer: ``q`` (N x K int8, C-contiguous NumPy array) and the
+    per-output-channel scales ``scale`` (N float32), ``w ~= q * scale[:, None]``. Checked when built
+    (ShapeError / DTypeError / LayoutError); treat it as read-only (see :attr:`row_sums`)."""
 
     q: np.ndarray
     scale: np.ndarray
+
+    def __post_init__(self) -> None:
+        q, scale = self.q, self.scale
+        if not isinstance(q, np.ndarray) or not isinstance(scale, np.ndarray):
+            raise InvalidArgumentError("Int8Weight", type(q).__name__, "NumPy arrays q and scale (quantize_weight())")
+        if q.ndim != 2 or 0 in q.shape:
+            raise ShapeError("q", q, "a non-empty 2-d (N x K) int8 array")
+        if q.dtype != np.int8:
+            raise DTypeError("q", q.dtype, "int8")
+        if scale.dtype != np.float32:
+            raise DTypeError("scale", scale.dtype, "float32")
+        if scale.shape != (q.shape[0],):
+            raise ShapeError("scale", scale, f"shape ({q.shape[0]},)")
+        if not (q.flags.c_contiguous and scale.flags.c_contiguous):
+            raise LayoutError("q", q, "C-contiguous q and scale")
+
+    @functools.cached_property
+    def row_sums(self) -> np.ndarray:
+        """``sum_k q[n, k]`` per output channel (N int32), which the VNNI kernel needs; computed once, on
+        first use, so ``q`` must not change afterwards (treat an Int8Weight as read-only)."""
+        return np.ascontiguousarray(self.q.sum(axis=1, dtype=np.int32))
+
+    @functools.cached_property
+    def _addresses(self) -> tuple[int, int, int]:
+        """Data addresses of ``q``, ``scale`` and :attr:`row_sums` (NumPy's ``.ctypes.data`` costs ~0.8 us
+        a read; a call reads all three)."""
+        return int(self.q.ctypes.data), int(self.scale.ctypes.data), int(self.row_sums.ctypes.data)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -91,9 +131,35 @@ def _amx_ready() -> str | None:
     return amx_compiler_reason("int8") or amx_permission()
 
 
+@functools.lru_cache(maxsize=1)
+def _vnni_ready() -> str | None:
+    """None when the AVX512-VNNI kernel can run here, else why not (worked out once per process)."""
+    from tracea.doctor.host_plugin import host_profile
+
+    from .isa import AVX512_VNNI
+    from .toolchain import compiler_or_reason
+
+    if not (AVX512_VNNI.runs_here() and host_profile().has(*AVX512_VNNI.requires)):
+        return "this CPU lacks AVX512-VNNI"
+    return compiler_or_reason()[1] if compiler_or_reason()[0] is None else None
+
+
+def kernel_in_use() -> str:
+    """Which int8 kernel :func:`linear_int8` runs here: ``"amx"`` (AMX, and AVX512-VNNI for 1-4 tokens),
+    ``"vnni"`` (AVX512-VNNI for every token count) or ``"numpy"`` (the fallback)."""
+    if _amx_ready() is None:
+        return "amx"
+    return "vnni" if _vnni_ready() is None else "numpy"
+
+
 def fallback_reason() -> str | None:
-    """Why :func:`linear_int8` runs its NumPy fallback on this machine (None: the AMX kernel runs)."""
-    return _amx_ready()
+    """Why :func:`linear_int8` runs its NumPy fallback on this machine (None: a compiled kernel runs,
+    see :func:`kernel_in_use`)."""
+    amx = _amx_ready()
+    if amx is None:
+        return None
+    vnni = _vnni_ready()
+    return None if vnni is None else f"{amx}; {vnni}"
 
 
 def reference(x: np.ndarray, weight: Int8Weight, bias: np.ndarray | None) -> np.ndarray:
@@ -112,10 +178,19 @@ def reference(x: np.ndarray, weight: Int8Weight, bias: np.ndarray | None) -> np.
 
 def linear_int8(x: Any, weight: Int8Weight, bias: Any = None, *, threads: int = 0) -> Any:
     """``y = dequant(quant(x) @ weight.q^T) + bias`` (see the module doc): x (..., K) float32, NumPy or
-    torch CPU; ``bias`` None or N float32; ``threads`` 0 = ``$TRACEA_NUM_THREADS`` or every core."""
+    torch CPU; ``bias`` None or N float32; ``threads`` 0 = ``$TRACEA_NUM_THREADS`` or every core free of
+    other processes' work (see :mod:`.host_load`; ``TRACEA_CPU_ADAPT_THREADS=0``: every core)."""
     if not isinstance(weight, Int8Weight):
         raise InvalidArgumentError("weight", weight, "an Int8Weight from quantize_weight()")
     n, k = weight.shape
+    fast = _torch_fast(x, bias, k, n)
+    if fast is not None:  # contiguous float32 torch CPU tensors: addresses without NumPy views
+        torch, lead, m = fast
+        y_t = torch.empty(*lead, n)
+        if m:
+            _run(m, n, k, x.data_ptr(), weight, None if bias is None else bias.data_ptr(), y_t.data_ptr(), threads,
+                 x, bias)
+        return y_t
     xa, was_torch = _host_f32(x, "x")
     if xa.ndim < 1 or xa.shape[-1] != k:
         raise ShapeError("x", xa, f"an array whose last dimension is K = {k}")
@@ -129,24 +204,67 @@ def linear_int8(x: Any, weight: Int8Weight, bias: Any = None, *, threads: int = 
             raise ShapeError("bias", b, f"shape ({n},)")
     y = np.empty((m, n), np.float32)
     if m:
-        why = _amx_ready()
-        if why:
-            y[...] = reference(x2, weight, b)
-        else:
-            lib = kernels.int8_linear_library()
-            nth = kernels.thread_count(threads, _cores())
-            rc = lib.ti_linear(m, n, k, x2.ctypes.data, k, weight.q.ctypes.data, k, weight.scale.ctypes.data,
-                               None if b is None else b.ctypes.data, y.ctypes.data, n, nth)
-            if rc:
-                raise LaunchError(f"int8 linear kernel failed (status {rc}: "
-                                  f"{'workspace allocation' if rc == 1 else 'K too large for int32 sums'})",
-                                  backend="cpu")
+        _run(m, n, k, x2.ctypes.data, weight, None if b is None else b.ctypes.data, y.ctypes.data, threads, x2, b)
     y = y.reshape(*lead, n)
     if was_torch:
         import torch
 
         return torch.from_numpy(y)
     return y
+
+
+def _torch_fast(x: Any, bias: Any, k: int, n: int) -> tuple[Any, tuple[int, ...], int] | None:
+    """(torch, leading shape, rows) when x and bias are torch CPU float32 tensors, contiguous and of the
+    right shapes (bias None or (N,)), else None (the checked path takes the call and raises as due)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return None
+    if x.dtype is not torch.float32 or x.device.type != "cpu" or x.dim() < 1 or x.shape[-1] != k \
+            or not x.is_contiguous() or x.requires_grad:
+        return None
+    if bias is not None and not (isinstance(bias, torch.Tensor) and bias.dtype is torch.float32
+                                 and bias.device.type == "cpu" and tuple(bias.shape) == (n,)
+                                 and bias.is_contiguous() and not bias.requires_grad):
+        return None
+    lead = tuple(x.shape[:-1])
+    return torch, lead, math.prod(lead)
+
+
+def _run(m: int, n: int, k: int, xp: int, weight: Int8Weight, bp: int | None, yp: int, threads: int,
+         *owners: Any) -> None:
+    """Rows ``m`` of x (address ``xp``, row stride K) through the kernel for this call (``owners``: the
+    objects the addresses point into, referenced here until the kernel has returned)."""
+    amx = _amx_ready() is None
+    if not amx and _vnni_ready() is not None:  # the documented NumPy fallback
+        x2 = np.ctypeslib.as_array(ctypes.cast(xp, ctypes.POINTER(ctypes.c_float)), (m, k))
+        b = None if bp is None else np.ctypeslib.as_array(ctypes.cast(bp, ctypes.POINTER(ctypes.c_float)), (n,))
+        y = np.ctypeslib.as_array(ctypes.cast(yp, ctypes.POINTER(ctypes.c_float)), (m, n))
+        y[...] = reference(x2, weight, b)
+        return
+    lib = kernels.int8_linear_library() if amx else kernels.int8_vnni_library()
+    env = os.environ
+    if threads == 0 and not env.get("TRACEA_NUM_THREADS"):
+        nth = _auto_threads()
+        if nth > 1 and env.get("TRACEA_CPU_ADAPT_THREADS") != "0":
+            nth = threads_now(nth)  # the cores other processes leave free (see host_load)
+    else:
+        nth = kernels.thread_count(threads, _cores())
+    qp, sp, rp = weight._addresses
+    if m <= VNNI_MAX_TOKENS or not amx:
+        rc = lib.ti_linear_vnni(m, n, k, xp, k, qp, k, sp, rp, bp, yp, n, nth)
+    else:
+        rc = lib.ti_linear(m, n, k, xp, k, qp, k, sp, bp, yp, n, nth)
+    del owners  # alive until the kernel returned
+    if rc:
+        raise LaunchError(f"int8 linear kernel failed (status {rc}: "
+                          f"{'workspace allocation' if rc == 1 else 'K too large for int32 sums'})", backend="cpu")
+
+
+@functools.lru_cache(maxsize=1)
+def _auto_threads() -> int:
+    """Threads of a call with no explicit count: the usable cores (capped at kernels.max_threads()),
+    worked out once per process like a bound op's count."""
+    return kernels.thread_count(0, _cores())
 
 
 def _cores() -> int:

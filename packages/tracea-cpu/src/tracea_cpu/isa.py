@@ -191,6 +191,12 @@ AVX512_BF16 = Isa("avx512bf16", AVX512.cflags + ("-mavx512bf16",), AVX512.requir
 AMX_BF16 = Isa("amxbf16", AVX512_BF16.cflags + ("-mamx-tile", "-mamx-bf16"),
                AVX512_BF16.requires + ("amx_tile", "amx_bf16"), 16, 8,
                ((32, 32), (16, 64), (16, 32)), _AVX512, _X86)
-# int8 linear layers on AMX tiles (``tdpbssd``): the AVX-512 layer plus AMX-TILE and AMX-INT8.
-AMX_INT8 = Isa("amxint8", AVX512.cflags + ("-mamx-tile", "-mamx-int8"), AVX512.requires + ("amx_tile", "amx_int8"),
+# int8 linear layers on CPUs with AVX512-VNNI but no usable AMX (Ice Lake, Zen 4 / Zen 5): the VNNI
+# kernel (``vpdpbusd``) for every token count.
+AVX512_VNNI = Isa("avx512vnni", AVX512.cflags + ("-mavx512vnni",), AVX512.requires + ("avx512_vnni",), 16, 32,
+                  ((1, 16),), _AVX512, _X86)
+# int8 linear layers on AMX tiles (``tdpbssd``): the AVX-512 layer plus AMX-TILE and AMX-INT8, and
+# AVX512-VNNI (``vpdpbusd``, every AMX CPU has it) for the few-tokens kernel.
+AMX_INT8 = Isa("amxint8", AVX512.cflags + ("-mavx512vnni", "-mamx-tile", "-mamx-int8"),
+               AVX512.requires + ("avx512_vnni", "amx_tile", "amx_int8"),
                16, 8, ((32, 32),), _AVX512, _X86)

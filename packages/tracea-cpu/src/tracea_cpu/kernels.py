@@ -107,6 +107,23 @@ def int8_linear_library() -> ctypes.CDLL:
     lib = build(int8_linear_source(prologue(ISA_BY_NAME["avx512"]), T16), AMX_INT8.cflags, "linear-int8-amx")
     lib.ti_linear.argtypes = [_L, _L, _L, _P, _L, _P, _L, _P, _P, _P, _L, _I]
     lib.ti_linear.restype = _I
+    lib.ti_linear_vnni.argtypes = [_L, _L, _L, _P, _L, _P, _L, _P, _P, _P, _P, _L, _I]
+    lib.ti_linear_vnni.restype = _I
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def int8_vnni_library() -> ctypes.CDLL:
+    """The AVX512-VNNI int8 linear library (``ti_linear_vnni`` alone, no AMX code) for CPUs without
+    usable AMX-INT8 (compiled once)."""
+    from .emit.int8_vnni import QUANT, vnni_source
+    from .emit.common import prologue
+    from .isa import AVX512_VNNI
+
+    lib = build("\n".join([prologue(ISA_BY_NAME["avx512"]), QUANT, vnni_source()]), AVX512_VNNI.cflags,
+                "linear-int8-vnni")
+    lib.ti_linear_vnni.argtypes = [_L, _L, _L, _P, _L, _P, _L, _P, _P, _P, _P, _L, _I]
+    lib.ti_linear_vnni.restype = _I
     return lib
 
 

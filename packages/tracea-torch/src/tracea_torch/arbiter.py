@@ -5,8 +5,8 @@ the plan Tracea would run is timed against PyTorch computing the same call, inte
 and the two outputs are compared. The faster one (Tracea only when its output also agrees) serves that
 signature from then on. The verdict is persisted in the tuning cache as an entry of the pseudo-variant
 ``torch.arbiter``, fingerprinted like every entry (device, driver and toolkit facts, Tracea, torch and
-cuDNN versions) and tied to the Tracea variant and config it judged: a new Tracea choice (after tuning,
-say) is judged again. Verdicts show in :func:`tracea_torch.fallbacks.report` (PyTorch winning counts as
+cuDNN versions) and tied to the Tracea variant, config and code (the variant's source hash) it judged: a
+new Tracea choice (after tuning, say) or a changed kernel is judged again. Verdicts show in :func:`tracea_torch.fallbacks.report` (PyTorch winning counts as
 a fallback with reason ``arbiter: ...``), ``tracea doctor`` and ``tracea cache ls``.
 
 On CUDA two things are timed, because they decide two different situations: eager calls (back to back
@@ -125,14 +125,15 @@ def judge(decision: Decision, device: torch.device, run_tracea: Callable[..., to
     c = decision.chosen
     op, profile = decision.op, decision.profile
     cfg_key = c.config.key
-    cached = _from_cache(op, profile, c.variant.name, cfg_key)
+    code = _code_of(c.variant, op)
+    cached = _from_cache(op, profile, c.variant.name, cfg_key, code)
     if cached is not None:
         v = Verdict(op.describe(), str(device), c.variant.name, cfg_key, cached["winner"], cached["tracea_s"],
                     cached["torch_s"], cached["rel_err"], "cache", cached.get("note", ""), cached["graph_winner"],
                     cached["tracea_eager_s"], cached["torch_eager_s"])
     else:
         v = _measure(op.describe(), device, c.variant.name, cfg_key, run_tracea, run_torch, args)
-        _to_cache(op, profile, v)
+        _to_cache(op, profile, v, code)
     _verdicts[(v.op, v.device)] = v
     return v
 
@@ -260,7 +261,18 @@ def _cache() -> Any:
         return None
 
 
-def _from_cache(op: Any, profile: Any, variant: str, cfg_key: str) -> dict[str, Any] | None:
+def _code_of(variant: Any, op: Any) -> str:
+    """The judged variant's source hash (:meth:`KernelVariant.source_hash`): a verdict on older kernel
+    code is not reused."""
+    from tracea.tuning.fingerprint import source_hash
+
+    try:
+        return source_hash(variant, op)
+    except Exception:  # noqa: BLE001 - a broken hash only costs a re-judgement
+        return ""
+
+
+def _from_cache(op: Any, profile: Any, variant: str, cfg_key: str, code: str = "") -> dict[str, Any] | None:
     cache = _cache()
     if cache is None:
         return None
@@ -273,6 +285,8 @@ def _from_cache(op: Any, profile: Any, variant: str, cfg_key: str) -> dict[str, 
     p = dict(entry.config.params)
     if p.get("variant") != variant or p.get("config") != cfg_key or p.get("winner") not in ("tracea", "torch"):
         return None  # judged another Tracea choice: judge again
+    if p.get("code", "") != code:
+        return None  # judged the variant's older code: judge again
     graph = p.get("graph_winner", "")
     try:
         out = {"winner": p["winner"], "tracea_s": float(p["tracea_s"]), "torch_s": float(p["torch_s"]),
@@ -284,11 +298,12 @@ def _from_cache(op: Any, profile: Any, variant: str, cfg_key: str) -> dict[str, 
     return out
 
 
-def _to_cache(op: Any, profile: Any, v: Verdict) -> None:
+def _to_cache(op: Any, profile: Any, v: Verdict, code: str = "") -> None:
     cache = _cache()
     if cache is None:
         return
-    params = (("variant", v.variant), ("config", v.config), ("winner", v.winner), ("tracea_s", _num(v.tracea_s)),
+    params = (("variant", v.variant), ("config", v.config), ("code", code), ("winner", v.winner),
+              ("tracea_s", _num(v.tracea_s)),
               ("torch_s", _num(v.torch_s)), ("rel_err", _num(v.rel_err)), ("note", v.note),
               ("graph_winner", v.graph_winner), ("tracea_eager_s", _num(v.tracea_eager_s)),
               ("torch_eager_s", _num(v.torch_eager_s)))

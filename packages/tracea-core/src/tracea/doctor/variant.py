@@ -17,6 +17,7 @@ from ..ir.epilogue import EpilogueKind
 from ..ir.ops import AttentionOp, Conv2dOp, GemmOp, LayerType, Layout, Op
 from ..semantic.config import PipelineConfig, Validity
 from ..semantic.search_space import SearchSpace
+from .code_hash import module_source_hash
 from .profile import DeviceProfile
 
 ALL_EPILOGUES = frozenset(EpilogueKind)
@@ -202,6 +203,13 @@ class KernelVariant:
     efficiency: float = 0.5
     fallback_only: bool = False
     wave_quantized: bool = True
+
+    def source_hash(self) -> str:
+        """The code this variant's kernels come from, part of its tuning fingerprint: by default a hash of
+        the Python sources of the package that defines the variant's class (:func:`module_source_hash`),
+        so configs tuned and verdicts reached on older code are measured again. Override it (a string,
+        or a method taking the op) to narrow it to what changes the kernels."""
+        return module_source_hash(type(self).__module__)
 
     @property
     def op_kind(self) -> LayerType:

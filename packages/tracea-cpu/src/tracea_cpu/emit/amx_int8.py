@@ -16,46 +16,47 @@
 from __future__ import annotations
 
 from .amx_rows import few_rows_block_c
+from .int8_vnni import QUANT, vnni_source
 
 INT8_LAYER = r"""
 #ifndef TR_WPF
 #define TR_WPF 2
 #endif
-#define TI_MAXK 131072
-/* Quantize rows [0, M) of x (fp32, row stride ldx) into quads for tile B: xp as above; sx per row. */
+/* Quantize rows [0, M) of x (fp32, row stride ldx) into quads for tile B: xp as above (zero padded to
+   MP tokens); sx per row. Per 16 tokens and k step, their 16 rows of 16 quads are quantized into
+   registers, transposed and stored as 16 whole 64-byte rows (no scatter: see tb_wa_pack_x). */
 static void ti_pack_x(const float *x, long M, long MP, long K, long ldx, uint32_t *xp, float *sx) {
     long steps = (K + 63) / 64;
-    memset(xp, 0, sizeof(uint32_t) * steps * 16 * MP);
-    __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                     _mm512_set1_epi32((int)MP));
-    for (long m = 0; m < M; m++) {
-        const float *r = x + m * ldx;
-        __m512 mx = _mm512_setzero_ps();
-        __mmask16 bad = 0;
-        for (long k = 0; k < K; k += 16) {
-            __mmask16 km = (__mmask16)(K - k >= 16 ? 0xffff : (1u << (K - k)) - 1);
-            __m512 v = _mm512_maskz_loadu_ps(km, r + k);
-            bad |= _mm512_mask_cmp_ps_mask(km, v, v, _CMP_UNORD_Q) | _mm512_mask_cmp_ps_mask(km, _mm512_abs_ps(v), _mm512_set1_ps(INFINITY), _CMP_EQ_OQ);
-            mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    for (long m0 = 0; m0 < MP; m0 += 16) {
+        __m512 inv[16];
+        int live[16];
+        for (int i = 0; i < 16; i++) {
+            long m = m0 + i;
+            live[i] = 0;
+            inv[i] = _mm512_setzero_ps();
+            if (m >= M) continue;
+            int bad;
+            float amax = ti_row_amax(x + m * ldx, K, &bad);
+            sx[m] = bad ? NAN : amax / 127.0f;
+            live[i] = !bad && amax != 0.0f;  /* NaN / Inf rows and zero rows: all-zero quads */
+            if (live[i]) inv[i] = _mm512_set1_ps(127.0f / amax);
         }
-        float amax = _mm512_reduce_max_ps(mx);
-        if (bad) { sx[m] = NAN; continue; }
-        sx[m] = amax / 127.0f;
-        if (amax == 0.0f) continue;
-        __m512 inv = _mm512_set1_ps(127.0f / amax);
         for (long s = 0; s < steps; s++) {
-            __m128i q[4];
-            for (int h = 0; h < 4; h++) {
-                long k = 64 * s + 16 * h;
-                __mmask16 km = (__mmask16)(k >= K ? 0 : K - k >= 16 ? 0xffff : (1u << (K - k)) - 1);
-                __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(km, r + k), inv);
-                __m512i iv = _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-                q[h] = _mm512_cvtsepi32_epi8(_mm512_max_epi32(iv, _mm512_set1_epi32(-127)));
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                if (!live[i]) { r[i] = _mm512_setzero_si512(); continue; }
+                const float *row = x + (m0 + i) * ldx;
+                __m128i q[4];
+                for (int h = 0; h < 4; h++) {
+                    long k = 64 * s + 16 * h;
+                    q[h] = ti_quant16(row + k, (__mmask16)(k >= K ? 0 : K - k >= 16 ? 0xffff : (1u << (K - k)) - 1), inv[i]);
+                }
+                __m512i w = _mm512_inserti32x4(_mm512_castsi128_si512(q[0]), q[1], 1);
+                w = _mm512_inserti32x4(w, q[2], 2);
+                r[i] = _mm512_inserti32x4(w, q[3], 3);
             }
-            __m512i w = _mm512_inserti32x4(_mm512_castsi128_si512(q[0]), q[1], 1);
-            w = _mm512_inserti32x4(w, q[2], 2);
-            w = _mm512_inserti32x4(w, q[3], 3);
-            _mm512_i32scatter_epi32(xp + s * 16 * MP + m, idx, w, 4);
+            tb_t16(r);
+            for (int u = 0; u < 16; u++) _mm512_storeu_si512(xp + s * 16 * MP + u * MP + m0, r[u]);
         }
     }
 }
@@ -153,5 +154,7 @@ int ti_linear(long M, long N, long K, const float *x, long ldx, const int8_t *w,
 
 def int8_linear_source(prologue_text: str, transpose16: str) -> str:
     """Complete C source of the int8 linear library (``prologue_text``: the AVX-512 prologue;
-    ``transpose16``: C text defining ``tb_t16``)."""
-    return "\n".join([prologue_text, transpose16, INT8_LAYER, int8_block_c(2, 2), int8_block_c(2, 1), DRIVER])
+    ``transpose16``: C text defining ``tb_t16``): the AMX ``ti_linear`` and the AVX512-VNNI few-tokens
+    ``ti_linear_vnni`` (:mod:`.int8_vnni`), which share the activation quantizer."""
+    return "\n".join([prologue_text, transpose16, QUANT, INT8_LAYER, int8_block_c(2, 2), int8_block_c(2, 1), DRIVER,
+                      vnni_source()])
