@@ -105,7 +105,10 @@ class DepthwiseConv(CudaVariant):
         while vin > 1 and not aligned(ptrs, "x", vin * isz):
             vin //= 2
         vec_out = vec * osz >= 4 and aligned(ptrs, "out", min(16, vec * osz))
-        tc = min(int_param(config, "cv", 8), op.k // vec)  # (a block of tc x threads // tc threads)
+        # cv caps the channel vectors per block; the channel tiles are balanced (K/vec = 12 at cv 8: two tiles
+        # of 6, not 8 + 4 with a quarter of the threads idle); a block is tc x threads // tc threads
+        kv, cv = op.k // vec, int_param(config, "cv", 8)
+        tc = -(-kv // -(-kv // cv)) if cv > 0 else cv
         return replace(base, vec=vec, vin=vin, vec_out=vec_out, ppt=int_param(config, "ppt", 1), tc=tc,
                        tp=max(1, threads // tc))
 
