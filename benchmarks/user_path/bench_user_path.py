@@ -239,6 +239,17 @@ def graphed(fn: Callable[[], torch.Tensor]) -> Callable[[], Any]:
     return g.replay
 
 
+def _cpu_calls(fn: Callable[[], Any], sample_s: float = 0.02) -> tuple[int, int]:
+    """(calls per sample, rounds) for a CPU forward: samples of about ``sample_s`` and 15 rounds (fewer,
+    down to 5, for forwards longer than 0.1 s), so a sub-millisecond forward is not timed three calls at
+    a time (its ratio moved +-5% between runs)."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    one = time.perf_counter() - t0
+    return max(1, min(200, int(sample_s / max(one, 1e-6)))), (15 if one < 0.1 else 5)
+
+
 def models_section(results: list, device: torch.device, args: argparse.Namespace) -> None:
     print(f"\n[models] whole forwards, patched (untuned, defaults) vs eager, {device}")
     cuda = device.type == "cuda"
@@ -251,8 +262,8 @@ def models_section(results: list, device: torch.device, args: argparse.Namespace
             ref, out = model(x), patched(x)
             rel = float((out.double() - ref.double()).norm() / max(ref.double().norm(), 1e-30))
             fb = dict(fallbacks.counts())
-            calls = 10 if cuda else 3
-            tt, te = paired(lambda: patched(x), lambda: model(x), calls, 7, device)
+            calls, rounds = (10, 7) if cuda else _cpu_calls(lambda: model(x))
+            tt, te = paired(lambda: patched(x), lambda: model(x), calls, rounds, device)
             row(results, "models", f"{name}", tt, te, "eager PyTorch", rel_err=rel,
                 fallbacks=sum(fb.values()))
             for (kind, reason), n in sorted(fb.items()):

@@ -82,6 +82,9 @@ def test_int8_fallback_computes_the_same_math(monkeypatch):
         x, qw, b, _ = _case(*shape)
         got = linear_int8(x, qw, b)
         assert np.abs(got - reference(x, qw, b)).max() <= 1e-5 * np.abs(got).max()
+    torch = pytest.importorskip("torch")
+    got_t = linear_int8(torch.from_numpy(x), qw, torch.from_numpy(b))  # torch in, torch out, same math
+    assert isinstance(got_t, torch.Tensor) and np.abs(got_t.numpy() - reference(x, qw, b)).max() <= 1e-5 * np.abs(got).max()
 
 
 def test_int8_quantize_weight_per_channel():

@@ -17,15 +17,8 @@ VARIANT = "cuda.attention.wgmma"
 TOL = {"float16": 4e-3, "bfloat16": 2e-2}
 
 
-def _hopper() -> bool:
-    if not T.gpu_available():
-        return False
-    import torch
-
-    return torch.cuda.get_device_capability() == (9, 0)
-
-
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (sm_90), CuPy and torch")]
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not T.hopper_available(), reason="needs a Hopper GPU (sm_90), CuPy and torch")]
 
 
 def _short_configs(d: int) -> list:

@@ -26,6 +26,16 @@ def _fresh():
     plans.invalidate("test")
 
 
+def _in_a_new_process(lin: nn.Module, x: torch.Tensor) -> arbiter.Verdict:
+    """Call ``lin`` as a new process would (no plans, no verdicts in memory) and return its one verdict."""
+    arbiter.reset()
+    plans.invalidate("new process")
+    with torch.no_grad():
+        lin(x)
+    (v,) = arbiter.verdicts()
+    return v
+
+
 def _linear(n: int = 24) -> tuple[nn.Module, torch.Tensor]:
     lin = nn.Linear(n, n)
     tracea_torch.patch_linear(lin)
@@ -173,12 +183,7 @@ def test_another_tracea_choice_is_judged_again(restricted_backend):
 
     from tracea.semantic.config import PipelineConfig
     get_cache().put(replace(entry, config=PipelineConfig(params=tuple(params.items()))), quiet=True)
-    arbiter.reset()
-    plans.invalidate("new process")
-    with torch.no_grad():
-        lin(x)
-    (v,) = arbiter.verdicts()
-    assert v.source == "measured"
+    assert _in_a_new_process(lin, x).source == "measured"
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
@@ -250,15 +255,6 @@ def test_a_verdict_on_older_kernel_code_is_not_reused(restricted_backend, monkey
         lin(x)
     entry = next(e for e in get_cache().entries() if e.variant == arbiter.NAME)
     assert dict(entry.config.params)["code"] == restricted_backend.gemm.source_hash()
-    arbiter.reset()
-    plans.invalidate("new process")
-    with torch.no_grad():
-        lin(x)
-    assert arbiter.verdicts()[0].source == "cache"  # same code: the stored verdict
+    assert _in_a_new_process(lin, x).source == "cache"  # same code: the stored verdict
     monkeypatch.setattr(type(restricted_backend.gemm), "source_hash", lambda self: "edited kernel", raising=False)
-    arbiter.reset()
-    plans.invalidate("new process")
-    with torch.no_grad():
-        lin(x)
-    (v,) = arbiter.verdicts()
-    assert v.source == "measured"
+    assert _in_a_new_process(lin, x).source == "measured"

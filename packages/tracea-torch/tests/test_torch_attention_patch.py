@@ -285,8 +285,8 @@ def test_autocast_calls_cast_like_pytorch_and_are_not_remembered():
     assert tops._SDPA_MEMO[0] is None  # a memo hit would skip the cast
 
 
-@pytest.mark.parametrize("lean", [True, ("attention", "test reason")])
-def test_a_remembered_signature_pytorch_serves_calls_pytorch_straight(monkeypatch, lean):
+@pytest.mark.parametrize("count", [None, ("attention", "test reason")])
+def test_a_remembered_signature_pytorch_serves_calls_pytorch_straight(monkeypatch, count):
     """A memo whose plan PyTorch serves (the arbiter's verdict, or a counted fallback) calls PyTorch's SDPA
     from the patched function itself -- the plan is not called -- counting each call where the plan
     would; PyTorch then handles grad and autocast as the unpatched function does."""
@@ -298,18 +298,18 @@ def test_a_remembered_signature_pytorch_serves_calls_pytorch_straight(monkeypatc
         raise AssertionError("the plan was called")
 
     flags = (True, None, False)
-    tops._SDPA_MEMO[0] = (guard_of(q, k, v, tops.NO_TENSOR).check, flags, False, plans.generation(), boom, lean)
+    tops._SDPA_MEMO[0] = (guard_of(q, k, v, tops.NO_TENSOR).check, flags, False, plans.generation(), boom, True, count)
     fallbacks.reset()
     with torch.no_grad():
         outs = [tracea_sdpa(q, k, v, is_causal=True) for _ in range(3)]
     want = TORCH_SDPA(q, k, v, None, 0.0, True)
     assert all(torch.equal(o, want) for o in outs)
-    assert fallbacks.total(contains="test reason") == (0 if lean is True else 3)
+    assert fallbacks.total(contains="test reason") == (0 if count is None else 3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = tracea_sdpa(q, k, v, is_causal=True)
         assert got.dtype == F.scaled_dot_product_attention(q, k, v, is_causal=True).dtype
     qg = q.clone().requires_grad_()
-    tops._SDPA_MEMO[0] = (guard_of(qg, k, v, tops.NO_TENSOR).check, flags, True, plans.generation(), boom, lean)
+    tops._SDPA_MEMO[0] = (guard_of(qg, k, v, tops.NO_TENSOR).check, flags, True, plans.generation(), boom, True, count)
     out = tracea_sdpa(qg, k, v, is_causal=True)
     out.sum().backward()
     assert qg.grad is not None
@@ -322,4 +322,5 @@ def test_only_plans_pytorch_serves_are_remembered_as_lean():
 
     verdict = bridge_attention._torch_plan((0.0, False, None, False), "verdict", False)
     counted = bridge_attention._torch_plan((0.0, False, None, False), "no kernel", True)
-    assert verdict.lean is True and counted.lean == ("attention", "no kernel")
+    assert verdict.lean is True and verdict.count is None
+    assert counted.lean is True and counted.count == ("attention", "no kernel")

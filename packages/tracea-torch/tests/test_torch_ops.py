@@ -175,6 +175,15 @@ def test_padding_same_valid_and_unbatched(reference_backend, rel_err):
         assert rel_err(out, F.conv2d(x, w, None, padding=pad, dilation=(1, 2))) < 1e-5
     with pytest.raises(tracea.InvalidArgumentError):
         tracea_torch.ops.conv2d(x, w, None, padding="same", stride=2)
+    # nn.Conv2d holds stride as a tuple: (1, 1) with "same" is valid (it used to be compared with a list)
+    out = tracea_torch.ops.conv2d(x, w, None, stride=(1, 1), padding="same")
+    assert rel_err(out, F.conv2d(x, w, None, padding="same")) < 1e-5
+    layer = torch.nn.Conv2d(3, 4, (4, 2), padding="same", bias=True)
+    x4 = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        want = layer(x4)
+        patched = tracea_torch.patch_conv2d(layer)
+        assert rel_err(patched(x4), want) < 1e-5
 
 
 def test_bad_activation_is_a_clear_error():

@@ -23,7 +23,6 @@ returned in the kind of ``x`` (NumPy array or torch tensor), shaped ``(..., N)``
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import os
@@ -183,7 +182,8 @@ def linear_int8(x: Any, weight: Int8Weight, bias: Any = None, *, threads: int = 
     if not isinstance(weight, Int8Weight):
         raise InvalidArgumentError("weight", weight, "an Int8Weight from quantize_weight()")
     n, k = weight.shape
-    fast = _torch_fast(x, bias, k, n)
+    kernel = fallback_reason() is None
+    fast = _torch_fast(x, bias, k, n) if kernel else None
     if fast is not None:  # contiguous float32 torch CPU tensors: addresses without NumPy views
         torch, lead, m = fast
         y_t = torch.empty(*lead, n)
@@ -203,7 +203,9 @@ def linear_int8(x: Any, weight: Int8Weight, bias: Any = None, *, threads: int = 
         if b.shape != (n,):
             raise ShapeError("bias", b, f"shape ({n},)")
     y = np.empty((m, n), np.float32)
-    if m:
+    if m and not kernel:  # the documented NumPy fallback
+        y[...] = reference(x2, weight, b)
+    elif m:
         _run(m, n, k, x2.ctypes.data, weight, None if b is None else b.ctypes.data, y.ctypes.data, threads, x2, b)
     y = y.reshape(*lead, n)
     if was_torch:
@@ -232,15 +234,10 @@ def _torch_fast(x: Any, bias: Any, k: int, n: int) -> tuple[Any, tuple[int, ...]
 
 def _run(m: int, n: int, k: int, xp: int, weight: Int8Weight, bp: int | None, yp: int, threads: int,
          *owners: Any) -> None:
-    """Rows ``m`` of x (address ``xp``, row stride K) through the kernel for this call (``owners``: the
-    objects the addresses point into, referenced here until the kernel has returned)."""
+    """Rows ``m`` of x (address ``xp``, row stride K) through the compiled kernel for this call (the AMX
+    or the VNNI one: :func:`fallback_reason` is None; ``owners``: the objects the addresses point into,
+    referenced here until the kernel has returned)."""
     amx = _amx_ready() is None
-    if not amx and _vnni_ready() is not None:  # the documented NumPy fallback
-        x2 = np.ctypeslib.as_array(ctypes.cast(xp, ctypes.POINTER(ctypes.c_float)), (m, k))
-        b = None if bp is None else np.ctypeslib.as_array(ctypes.cast(bp, ctypes.POINTER(ctypes.c_float)), (n,))
-        y = np.ctypeslib.as_array(ctypes.cast(yp, ctypes.POINTER(ctypes.c_float)), (m, n))
-        y[...] = reference(x2, weight, b)
-        return
     lib = kernels.int8_linear_library() if amx else kernels.int8_vnni_library()
     env = os.environ
     if threads == 0 and not env.get("TRACEA_NUM_THREADS"):

@@ -14,6 +14,15 @@ from tracea.ir.ops import Conv2dOp, GemmOp, Layout
 from . import toolkit
 
 
+def hopper_available() -> bool:
+    """:func:`gpu_available` with a Hopper GPU (compute capability 9.0: wgmma, TMA)."""
+    if not gpu_available():
+        return False
+    import torch  # noqa: PLC0415
+
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_available() -> bool:
     """CuPy works, a GPU is present and torch sees it (the tests build inputs with torch)."""

@@ -84,8 +84,10 @@ def _torch_plan(conf: tuple, reason: str, count_each_call: bool) -> Callable[...
             return sdpa(q, k, v, m)
 
     plan.fallback = reason  # type: ignore[attr-defined]
-    # the patched function's memo may call PyTorch's SDPA itself (it handles grad, autocast and modes):
-    plan.lean = ("attention", reason) if count_each_call else True  # type: ignore[attr-defined]
+    # as a patched layer's lean plan (bridge_plans._leaned): the patched function's memo may call
+    # PyTorch's SDPA itself (it handles grad, autocast and modes), counting ``count`` per call
+    plan.lean = True  # type: ignore[attr-defined]
+    plan.count = ("attention", reason) if count_each_call else None  # type: ignore[attr-defined]
     return plan
 
 

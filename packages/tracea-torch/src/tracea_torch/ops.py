@@ -223,7 +223,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride: int
         if padding == "valid":
             pad = [0, 0]
         elif padding == "same":
-            if stride_ != [1, 1]:
+            if tuple(stride_) != (1, 1):  # nn.Conv2d holds a tuple, _pair may give a list
                 from tracea.errors import InvalidArgumentError
 
                 raise InvalidArgumentError("padding", padding, "'same' only with stride 1 (as in PyTorch)")
@@ -306,8 +306,9 @@ def _direct_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]) -
 
 
 #: the patched SDPA's last call: (tensor guard, (is_causal, scale, enable_gqa), some tensor requires grad,
-#: plan generation, plan, lean: the plan's ``lean`` -- True or the ``(kind, reason)`` each call counts -- where
-#: PyTorch serves the signature, so a hit calls PyTorch's SDPA itself). Transformer layers mostly share one attention signature, so one entry serves a
+#: plan generation, plan, and the plan's ``lean`` and ``count`` as on a patched layer's memo: PyTorch serves
+#: the signature, so a hit calls PyTorch's SDPA itself, counting ``(kind, reason)`` per call when not None).
+#: Transformer layers mostly share one attention signature, so one entry serves a
 #: whole model; another signature replaces it (its lookup is the full path's, ~1-2 us more).
 _SDPA_MEMO: list[Any] = [None]
 _TORCH_SDPA = bridge_attention.TORCH_SDPA
@@ -326,10 +327,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     memo = _SDPA_MEMO[0]
     if (memo is not None and not dropout_p and memo[1] == (is_causal, scale, enable_gqa) and not _is_compiling()
             and memo[0](query, key, value, NO_TENSOR if attn_mask is None else attn_mask) and memo[3] == generation()):
-        lean = memo[5]
-        if lean:  # PyTorch serves the signature: call it as the unpatched function would
-            if lean is not True:
-                _record(*lean)
+        if memo[5]:  # PyTorch serves the signature: call it as the unpatched function would
+            if memo[6] is not None:
+                _record(*memo[6])
             if scale is None and not enable_gqa:
                 return _TORCH_SDPA(query, key, value, attn_mask, 0.0, is_causal)
             return _TORCH_SDPA(query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -354,7 +354,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         mask = NO_TENSOR if attn_mask is None else attn_mask
         rg = bool(query.requires_grad or key.requires_grad or value.requires_grad or mask.requires_grad)
         _SDPA_MEMO[0] = (guard_of(query, key, value, mask).check, (is_causal, scale, enable_gqa), rg, gen, plan,
-                         getattr(plan, "lean", None))
+                         getattr(plan, "lean", False), getattr(plan, "count", None))
     return plan(query, key, value, attn_mask)
 
 

@@ -139,11 +139,7 @@ static int tb_drive_amx(long M, long N, long K, const tb_dense *A, const tb_dens
     if (bpk) ngrp = 0;  /* B comes packed */
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
+        int tid = TR_TID();
         uint32_t *abuf = ws + bwords + (size_t)tid * per;
         float *cb = (float *)(abuf + TR_ROUNDUP((size_t)mc * KP, 16));
         /* B packed here (the barrier after it lets no thread compute before every panel is written) or

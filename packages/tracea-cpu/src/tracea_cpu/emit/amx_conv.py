@@ -331,11 +331,7 @@ int tc_conv2d(const tc_prm *p, const bf16 *x, const bf16 *w, const uint32_t *wpk
     }
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
+        int tid = TR_TID();
         bf16 *xp = xbuf + (size_t)tid * xsz;
         float *cbg = cbuf + (size_t)tid * MR * NR * 2 * mbg;
         int half = 0;  /* which half of cbg the blocks of the current (group, panel) use */

@@ -18,7 +18,7 @@ L2 once per slice and every step loaded 4 KB from L2 for 4 tile products, the L2
 passes every token slice over a chunk before the next, keeping the slices' accumulator tiles in a
 per-thread buffer between chunks (one tile load and store per tile and chunk). The weight rows are 8 KiB
 apart and share L1 sets, so in place they would not stay in L1: the first slice stores each weight tile it
-loads into a contiguous per-thread buffer (``TB_WA_COPY``), which the later slices load from (a separate
+loads into a contiguous per-thread buffer (``wc``), which the later slices load from (a separate
 copy loop before the slices ran 15% slower; the tile stores cost little: 2-8% faster than reading in
 place, two threads, 64-128 tokens). The activations of these calls are packed slice by slice
 (``tb_wa_pack_xs``: a slice's two B tiles of a step are 2 KiB in one run, not 16 rows ``MP * 4`` bytes
@@ -42,12 +42,6 @@ ROWS_DRIVER = r"""
 #ifndef TB_WA_CPF
 #define TB_WA_CPF 4  /* steps the first slice prefetches the weight rows ahead (TR_WPF 2 ran 3-6% slower) */
 #endif
-#ifndef TB_WA_SLICED
-#define TB_WA_SLICED 1
-#endif
-#ifndef TB_WA_COPY
-#define TB_WA_COPY 1
-#endif
 #ifndef TB_WA_CHUNK_MINM
 #define TB_WA_CHUNK_MINM 32
 #endif
@@ -56,16 +50,23 @@ ROWS_DRIVER = r"""
    16 tokens x one step at a time: their 16 rows of 16 pairs loaded, transposed in registers, stored as
    16 whole 64-byte rows. (It scattered each token's step before, serially ahead of the parallel region:
    a 128-token x K = 4096 call against 32 weight rows took 529 us with the scatters, 97 us now.) */
+/* Tokens m0 .. m0 + 15 of X at k step s (zero past M tokens and past K), transposed: r[u] = pair u of the
+   16 tokens. */
+static inline __attribute__((always_inline)) void tb_wa_load_t(const bf16 *x, long M, long K, long ldx, long m0,
+                                                              long s, __m512i r[16]) {
+    long k0 = 32 * s, n = TR_MIN(32, K - k0);
+    __mmask32 km = (__mmask32)(n == 32 ? 0xffffffffu : (1u << n) - 1);
+    for (int i = 0; i < 16; i++)
+        r[i] = m0 + i < M ? _mm512_maskz_loadu_epi16(km, x + (m0 + i) * ldx + k0) : _mm512_setzero_si512();
+    tb_t16(r);
+}
+
 static void tb_wa_pack_x(const bf16 *x, long M, long MP, long K, long ldx, uint32_t *xp) {
     long steps = (K + 31) / 32;
     for (long m0 = 0; m0 < MP; m0 += 16)
         for (long s = 0; s < steps; s++) {
-            long k0 = 32 * s, n = TR_MIN(32, K - k0);
-            __mmask32 km = (__mmask32)(n == 32 ? 0xffffffffu : (1u << n) - 1);
             __m512i r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = m0 + i < M ? _mm512_maskz_loadu_epi16(km, x + (m0 + i) * ldx + k0) : _mm512_setzero_si512();
-            tb_t16(r);
+            tb_wa_load_t(x, M, K, ldx, m0, s, r);
             for (int u = 0; u < 16; u++) _mm512_storeu_si512(xp + s * 16 * MP + u * MP + m0, r[u]);
         }
 }
@@ -77,12 +78,8 @@ static void tb_wa_pack_xs(const bf16 *x, long M, long MP32, long K, long ldx, ui
     long steps = (K + 31) / 32;
     for (long m0 = 0; m0 < MP32; m0 += 16)
         for (long s = 0; s < steps; s++) {
-            long k0 = 32 * s, n = TR_MIN(32, K - k0);
-            __mmask32 km = (__mmask32)(n == 32 ? 0xffffffffu : (1u << n) - 1);
             __m512i r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = m0 + i < M ? _mm512_maskz_loadu_epi16(km, x + (m0 + i) * ldx + k0) : _mm512_setzero_si512();
-            tb_t16(r);
+            tb_wa_load_t(x, M, K, ldx, m0, s, r);
             uint32_t *d = xs + (m0 / 32) * steps * 512 + s * 512 + m0 % 32;
             for (int u = 0; u < 16; u++) _mm512_storeu_si512(d + u * 32, r[u]);
         }
@@ -161,9 +158,9 @@ def chunk_kernel_c(tb: int) -> str:
     ra = 2
     c = [[i * tb + j for j in range(tb)] for i in range(ra)]
     at, bt0 = ra * tb, ra * tb + 1
-    lines = [f"static void tb_wa_chunk_2_{tb}(const bf16 *w, long ldw, long n0, const uint32_t *xp, long MP, long m0,",
-             "        long s0, long s1, float *cs, int first, int pf, bf16 *wc, int save, const uint32_t *xs, long steps) {",
-             "    const uint32_t *xsl = xs ? xs + (m0 / 32) * steps * 512 : 0;",
+    lines = [f"static void tb_wa_chunk_2_{tb}(const bf16 *w, long ldw, long n0, long m0, long s0, long s1, float *cs,",
+             "        int first, int pf, bf16 *wc, int save, const uint32_t *xs, long steps) {",
+             "    const uint32_t *xsl = xs + (m0 / 32) * steps * 512;",
              "    if (first) {"]
     lines += [f"        _tile_zero({c[i][j]});" for i in range(ra) for j in range(tb)]
     lines.append("    } else {")
@@ -173,8 +170,7 @@ def chunk_kernel_c(tb: int) -> str:
     lines.append("        if (pf) for (int r = 0; r < 32; r++) "
                  "_mm_prefetch((const char *)(w + (n0 + r) * ldw + 32 * (s + TB_WA_CPF)), _MM_HINT_T0);")
     for j in range(tb):
-        lines.append(f"        if (xsl) _tile_loadd({bt0 + j}, xsl + s * 512 + {16 * j}, 128);")
-        lines.append(f"        else _tile_loadd({bt0 + j}, xp + s * 16 * MP + m0 + {16 * j}, MP * 4);")
+        lines.append(f"        _tile_loadd({bt0 + j}, xsl + s * 512 + {16 * j}, 128);")
     for i in range(ra):
         lines.append(f"        if (wc && !save) _tile_loadd({at}, wc + ((s - s0) * 2 + {i}) * 512, 64);")
         lines.append(f"        else {{ _tile_loadd({at}, w + (n0 + {16 * i}) * ldw + 32 * s, ldw * 2);")
@@ -201,18 +197,17 @@ ROWS_DRIVE = r"""
 /* A whole block of 32 weight rows x all M tokens (M > 32), K in chunks of TB_WA_KCH steps (32 k each):
    the chunk of the weight rows (32 x 32 TB_WA_KCH bf16) stays in L1 while every 32-token slice passes
    over it, the slices' accumulators kept in cs (M / 32 x 4 tiles) between chunks; then the stores. */
-static void tb_wa_chunked(const bf16 *w, long ldw, long N, long K, long n0, const uint32_t *xp, long MP, long M,
-                          float *c, long ldc, bf16 *o, long ldo, const float *bias, float *cs, bf16 *wc,
-                          const uint32_t *xs) {
+static void tb_wa_chunked(const bf16 *w, long ldw, long N, long K, long n0, long M, float *c, long ldc, bf16 *o,
+                          long ldo, const float *bias, float *cs, bf16 *wc, const uint32_t *xs) {
     long steps = K / 32;
     for (long s0 = 0; s0 < steps; s0 += TB_WA_KCH) {
         long s1 = TR_MIN(steps, s0 + TB_WA_KCH);
         for (long m0 = 0; m0 < M; m0 += 32) {
             float *cm = cs + (m0 / 32) * 4 * 256;
             int pf = m0 == 0 && s1 + TB_WA_CPF <= steps;
-            bf16 *wcc = TB_WA_COPY && M > 32 + 16 ? wc : 0;  /* a second 32-token slice reads the saved tiles */
-            if (M - m0 > 16) tb_wa_chunk_2_2(w, ldw, n0, xp, MP, m0, s0, s1, cm, s0 == 0, pf, wcc, m0 == 0, xs, steps);
-            else tb_wa_chunk_2_1(w, ldw, n0, xp, MP, m0, s0, s1, cm, s0 == 0, pf, wcc, m0 == 0, xs, steps);
+            bf16 *wcc = M > 32 + 16 ? wc : 0;  /* a second 32-token slice reads the saved tiles */
+            if (M - m0 > 16) tb_wa_chunk_2_2(w, ldw, n0, m0, s0, s1, cm, s0 == 0, pf, wcc, m0 == 0, xs, steps);
+            else tb_wa_chunk_2_1(w, ldw, n0, m0, s0, s1, cm, s0 == 0, pf, wcc, m0 == 0, xs, steps);
         }
     }
     for (long m0 = 0; m0 < M; m0 += 32) {
@@ -229,14 +224,14 @@ static void tb_wa_chunked(const bf16 *w, long ldw, long N, long K, long n0, cons
 static int tb_drive_wa(long M, long N, long K, const bf16 *x, long ldx, const bf16 *w, long ldw, float *c, long ldc,
                        bf16 *o, long ldo, const float *bias, int nth) {
     long MP = TR_ROUNDUP(M, 16), MP32 = TR_ROUNDUP(M, 32), steps = (K + 31) / 32;
-    int chunked = M > TB_WA_CHUNK_MINM && K % 32 == 0, sliced = chunked && TB_WA_SLICED;
+    int chunked = M > TB_WA_CHUNK_MINM && K % 32 == 0;
     int owned;
-    size_t xwords = (size_t)steps * 16 * MP, swords = sliced ? (size_t)steps * 16 * MP32 : 0;
+    size_t xwords = (size_t)steps * 16 * MP, swords = chunked ? (size_t)steps * 16 * MP32 : 0;
     uint32_t *xp = (uint32_t *)tr_ws_get(xwords + swords + 32, &owned);
     if (!xp) return 1;
-    uint32_t *xs = sliced ? xp + TR_ROUNDUP(xwords, 16) : 0;
-    if (!sliced || N % 32) tb_wa_pack_x(x, M, MP, K, ldx, xp);  /* the whole-K blocks' layout */
-    if (sliced) tb_wa_pack_xs(x, M, MP32, K, ldx, xs);
+    uint32_t *xs = chunked ? xp + TR_ROUNDUP(xwords, 16) : 0;
+    if (!chunked || N % 32) tb_wa_pack_x(x, M, MP, K, ldx, xp);  /* the whole-K blocks' layout */
+    if (chunked) tb_wa_pack_xs(x, M, MP32, K, ldx, xs);
     /* 32-output blocks (2 A tiles: 32 weight rows streamed at once per thread; 64-row blocks kept 64
        page-strided streams in flight and ran 20-25% slower, warm and cold), 16 or 32 tokens a step. */
     long rows = 32, nblk = (N + rows - 1) / rows;
@@ -253,7 +248,7 @@ static int tb_drive_wa(long M, long N, long K, const bf16 *x, long ldx, const bf
             if (MP <= 16)
                 tb_wa_block_2_1(w, ldw, N, K, n0, xp, MP, 0, M, c, ldc, o, ldo, bias, scratch);
             else if (chunked && n0 + 32 <= N)
-                tb_wa_chunked(w, ldw, N, K, n0, xp, MP, M, c, ldc, o, ldo, bias, cs, wc, xs);
+                tb_wa_chunked(w, ldw, N, K, n0, M, c, ldc, o, ldo, bias, cs, wc, xs);
             else
                 for (long m0 = 0; m0 < M; m0 += 32) {
                     if (M - m0 > 16)

@@ -99,11 +99,7 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, float scal
     float *vbad = tws + (size_t)nth * per_thread + 16;
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
+        int tid = TR_TID();
         #pragma omp for schedule(static)
         for (long bh = 0; bh < B * KVH; bh++) {
             const float *ks = k + bh * Skv * D, *vs = v + bh * Skv * D;

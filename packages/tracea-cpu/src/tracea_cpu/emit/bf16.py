@@ -254,11 +254,7 @@ __attribute__((noinline)) static int tb_drive_rows(long M, long N, long K, const
     uint32_t *abuf = ws, *bbase = ws + TR_ROUNDUP((size_t)ntile * MR * kpmax, 16);
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
+        int tid = TR_TID();
         uint32_t *bp = bbase + (size_t)tid * NR * kpmax;
         TB_THREAD_BEGIN();
         for (long pc = 0; pc < K; pc += kc) {
@@ -336,11 +332,7 @@ static int tb_drive(long M, long N, long K, const tb_dense *A, const tb_dense *B
     uint32_t *bbuf = ws, *abase = ws + TR_ROUNDUP((size_t)nc * kpmax, 16);
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-#ifdef _OPENMP
-        int T = omp_get_num_threads(), tid = omp_get_thread_num();
-#else
-        int T = 1, tid = 0;
-#endif
+        int T = TR_NT(), tid = TR_TID();
         uint32_t *abuf = abase + (size_t)tid * mc * kpmax;
         TB_THREAD_BEGIN();
         for (long jc = 0; jc < N; jc += nc) {

@@ -116,11 +116,7 @@ static int tr_drive(long M, long N, long K, tr_pack_fn pa, const void *ca, tr_pa
     if (arows) memset(zeros, 0, sizeof(float) * kc);
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-        int tid = 0, T = 1;
-#endif
+        int tid = TR_TID(), T = TR_NT();
         float *abuf = abase + (size_t)tid * mc * kc;
         for (long jc = 0; jc < N; jc += nc) {
             long ncur = TR_MIN(nc, N - jc), npan = (ncur + NR - 1) / NR;
@@ -241,11 +237,7 @@ static int tr_drive_ind(long M, long N, long K, tr_pack_fn pb, const void *cb, f
     TR_PROBE_FROM(t_call);
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-        int tid = 0, T = 1;
-#endif
+        int tid = TR_TID(), T = TR_NT();
         {
             TR_PROBE_FROM(t_call);
             TR_PROBE_LAP(5, tid);
@@ -338,11 +330,7 @@ __attribute__((noinline)) static int tr_drive_rows(long M, long N, long K, const
     float *abuf = ws, *bbase = ws + TR_ROUNDUP((size_t)ntile * MR * kc, 16);
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
+        int tid = TR_TID();
         float *bp = bbase + (size_t)tid * NR * kc;
         for (long pc = 0; pc < K; pc += kc) {
             long kcur = TR_MIN(kc, K - pc), kcp = TR_ROUNDUP(kcur, KU);
@@ -425,11 +413,7 @@ __attribute__((noinline)) static int tr_drive_cols(long M, long N, long K, const
     TR_PROBE_FROM(t_call);
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-        int tid = 0, T = 1;
-#endif
+        int tid = TR_TID(), T = TR_NT();
         TR_PROBE_FROM(t_call);
         TR_PROBE_LAP(0, tid);
         float *bbuf = ws + (size_t)tid * each, *abuf = bbuf + TR_ROUNDUP((size_t)nc * kc, 16);

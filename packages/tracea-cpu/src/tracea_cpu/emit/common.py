@@ -14,6 +14,11 @@ HEADER = r"""
 #include <math.h>
 #ifdef _OPENMP
 #include <omp.h>
+#define TR_TID() omp_get_thread_num()
+#define TR_NT() omp_get_num_threads()
+#else
+#define TR_TID() 0
+#define TR_NT() 1
 #endif
 #define TR_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TR_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -49,6 +49,20 @@ from .attention import _as_laid_out, _bound, scale_reasons, strides_fit
 from .base import CudaVariant, hero
 
 
+def _work(op: AttentionOp, strided: bool) -> tuple[int, int]:
+    """(query rows of one work item, items per row block): a (batch, kv head) pair holds its group's query
+    heads' rows one after another; with strided operands each (batch, query head) is its own item."""
+    if strided:
+        return op.seq_q, op.batch * op.heads
+    kvh = int(op.kv_heads or op.heads)
+    return (op.heads // kvh) * op.seq_q, op.batch * kvh
+
+
+def _sms(profile: DeviceProfile) -> int:
+    """The SMs the grid is sized for (132, an H100's, when the profile does not say)."""
+    return profile.compute_units if profile.compute_units > 1 else 132
+
+
 #: keys up to which the short-sequence heroes (one consumer warpgroup, several CTAs per SM) lead
 SHORT_KV = 512
 #: a tail item is cut into at most this many pieces (the merging piece reads the others' fp32 partials)
@@ -109,15 +123,10 @@ class FlashAttentionWgmma(CudaVariant):
         of the SMs that get a block. Decode and short-query, long-KV shapes so rank below flash_mma, whose
         split-KV pass fills the GPU (its estimate assumes a full GPU at half this variant's efficiency: this
         one wins where it fills more than half)."""
-        kvh = int(op.kv_heads or op.heads)
-        if self.takes_strides(op):  # one query head per block
-            kvh, rows = op.heads, op.seq_q
-        else:
-            rows = (op.heads // kvh) * op.seq_q
+        rows, pairs = _work(op, self.takes_strides(op))
         bm = (config or self.hero_configs(op, profile)[0]).tile_m or 128
-        ctas = -(-rows // bm) * op.batch * kvh
-        sms = profile.compute_units if profile.compute_units > 1 else 132
-        fill = min(1.0, rows / bm) * min(1.0, ctas / sms)
+        ctas = -(-rows // bm) * pairs
+        fill = min(1.0, rows / bm) * min(1.0, ctas / _sms(profile))
         return super().estimate_seconds(op, profile, config) / max(fill, 1e-3)
 
     # -- configs ---------------------------------------------------------------------------------
@@ -215,10 +224,9 @@ class FlashAttentionWgmma(CudaVariant):
         # tokens, past SHORT_KV: 64x128 x2 1.00x against the long hero's 0.76x, not measured at larger batches);
         # causal 64x64 x3 1.17x (BERT) / 0.94x (b8 512). D128 (two CTAs: O alone holds 64 registers):
         # 0.80-0.92x non-causal at b8..b32, 1.13x at b1 512, causal 0.82-0.87x (the heroes before 0.73-0.84x).
-        kvh = op.heads if self.takes_strides(op) else int(op.kv_heads or op.heads)
-        rows = op.seq_q if self.takes_strides(op) else (op.heads // kvh) * op.seq_q
-        items = -(-rows // 64) * op.batch * kvh
-        sms = profile.compute_units if profile.compute_units > 1 else 132
+        rows, pairs = _work(op, self.takes_strides(op))
+        items = -(-rows // 64) * pairs
+        sms = _sms(profile)
 
         def padded(bn: int) -> int:
             return -(-op.seq_kv // bn) * bn
@@ -272,12 +280,9 @@ class FlashAttentionWgmma(CudaVariant):
             kernel = self._kernel(spec)
         kvh = int(op.kv_heads or op.heads)
         strided = spec.strided
-        # query blocks x (batch, kv head) pairs; strided: x (batch, query head) pairs
-        rows = op.seq_q if strided else (op.heads // kvh) * op.seq_q
-        pairs = op.batch * (op.heads if strided else kvh)
-        items = -(-rows // spec.bm) * pairs
-        sms = profile.compute_units if profile.compute_units > 1 else 132
-        grid = (min(items, sms * spec.ctas) if bool(config.get("persistent", False)) else items, 1, 1)
+        rows, pairs = _work(op, strided)
+        items = -(-rows // spec.bm) * pairs  # query blocks x (batch, kv head) pairs
+        grid = (min(items, _sms(profile) * spec.ctas) if bool(config.get("persistent", False)) else items, 1, 1)
         cut = bool(config.get("tail", False))  # spec.tail (read from the config: a probe's baseline spec lacks it)
         full, trun = tail_split(items, grid[0], -(-op.seq_kv // spec.bn)) if cut else (items, 1)
         n_tail = items - full
