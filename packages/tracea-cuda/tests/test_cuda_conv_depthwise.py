@@ -176,7 +176,28 @@ def test_heroes_valid_and_fill_the_gpu(op):
     gx, gy, gz = spec.grid()
     assert gx * gy * gz >= min(2 * 132, spec.units // 64)
     if op.layout is Layout.NHWC and op.dtype.storage is not DType.F32 and op.c % 8 == 0 and op.groups == op.c:
-        assert spec.vec == 8 and spec.vin == 8 and spec.vec_out  # 16-byte loads and stores
+        assert spec.vec == 4 and spec.vin == 4 and spec.vec_out  # 8-byte loads and stores (the H100 probe's best)
+    if op.layout is Layout.NHWC:
+        assert spec.row_cached()  # the heroes' outputs share the row's columns in registers
+
+
+def test_heroes_follow_the_h100_probe():
+    """b32 layers: NHWC 8 vectors of 4 channels x 256 threads, 4 outputs per thread (2 where 4 outputs'
+    columns would not stay in registers: 16 channels per group); NCHW 128 threads x 4 rows at stride 1, 2 at
+    stride 2. Batch-1 late layers shrink blocks, then outputs / rows per thread, to fill the GPU."""
+    def first(op):
+        return dict(VARIANT.hero_configs(op, H100)[0].params)
+
+    assert first(dw(32, 144, 56, 56, 3)) == {"threads": 256, "cv": 8, "ppt": 4, "vec": 4}
+    assert first(dw(32, 96, 112, 112, 3, stride=2)) == {"threads": 256, "cv": 8, "ppt": 4, "vec": 4}
+    assert first(dw(32, 384, 14, 14, 7, dtype="bfloat16")) == {"threads": 256, "cv": 8, "ppt": 4, "vec": 4}
+    assert first(grouped(32, 128, 56, 56, 32)) == {"threads": 256, "cv": 8, "ppt": 4, "vec": 4}
+    assert first(grouped(32, 512, 14, 14, 32))["ppt"] == 2  # 16 channels per group: 6 columns x 16 > 64
+    assert first(dw(32, 144, 56, 56, 3, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 4}
+    assert first(dw(32, 96, 112, 112, 3, stride=2, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 2}
+    small = first(dw(1, 768, 7, 7, 7))
+    assert small["threads"] == 64 and small["ppt"] == 1 and small["cv"] < 8
+    assert first(dw(1, 768, 7, 7, 7, layout="nchw", dtype="float32")) == {"threads": 64, "rows": 2}
 
 
 def test_search_space_points_are_valid_and_cover_the_knobs():

@@ -133,56 +133,66 @@ class DepthwiseConv(CudaVariant):
     def search_space(self, op: Conv2dOp, profile: DeviceProfile) -> SearchSpace:
         space = SearchSpace().param("threads", [64, 128, 256])
         if op.layout is Layout.NCHW:
-            space = space.param("rows", [1, 2, 4])
+            space = space.param("rows", [1, 2, 4, 8])
         else:
             space = (space.param("cv", [1, 2, 4, 8, 16, 32]).param("ppt", [1, 2, 4])
                      .param("vec", sorted({max_vec(op, v) for v in VECS}, reverse=True)))
         return space.where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid")
 
     def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        """Untuned choices, by reasoning (not yet measured): NHWC blocks of 8 channel vectors (a warp reads
-        128-byte runs of 4 pixels' channels at 16-bit depthwise) x 128 / 256 threads; two outputs per
-        thread along Q at stride 1 with kernels of 3 or more taps where the row's columns fit the register
-budget (then shared between the two);
-        NCHW two rows per thread at stride 1. Until the grid has two blocks per SM (batch-1 late layers:
-        7x7 planes), blocks halve down to 64 threads, then NHWC drops to one output per thread and to fewer
-        channel vectors per block."""
+        """Untuned choices, from the H100 probe (``benchmarks/cuda/probe_depthwise.py``, b32, every depthwise
+        / grouped layer of ``bench_shapes.py --groups grouped``): NHWC 8 channel vectors of 4 channels x 256
+        threads with 4 outputs per thread along Q (the best probed config on every fp16 layer but one, often
+        1.3-2x the earlier 8-channel, 2-output first hero: 4-channel vectors keep a 7x7 row of 4 outputs in
+        registers), at 2 outputs where 4 outputs' columns would not stay in registers; NCHW 128 threads with 4
+        rows per thread at stride 1, 2 at stride 2. Until the grid has two blocks per SM (batch-1 late layers:
+        7x7 planes), blocks halve down to 64 threads, then NHWC drops to fewer outputs per thread and fewer
+        channel vectors per block, NCHW to fewer rows."""
         units = max(int(profile.compute_units or 1), 1)
         if op.layout is Layout.NCHW:
-            rows = 2 if op.stride[0] == 1 and op.r >= 3 and op.p >= 4 else 1
-            threads = 256
-            while threads > 64 and self._blocks(op, PipelineConfig(params=(("threads", threads), ("rows", rows)))) < 2 * units:
-                threads //= 2
-            first = PipelineConfig(params=(("threads", threads), ("rows", rows)))
-            alt = PipelineConfig(params=(("threads", max(64, threads // 2)), ("rows", 1)))
+            rows = (4 if op.stride[0] == 1 else 2) if op.r >= 3 and op.p >= 4 else 1
+            threads = 128
+            while self._blocks(op, self._nchw(threads, rows)) < 2 * units:
+                if threads > 64:
+                    threads //= 2
+                elif rows > 1:
+                    rows //= 2
+                else:
+                    break
+            first = self._nchw(threads, rows)
+            alt = self._nchw(threads, max(1, rows // 2))
         else:
-            vec = max_vec(op)
+            vec = max_vec(op, 4)
             kv = op.k // vec
             cv = min(8, kv)
             cg, _ = per_group(op)
             while cv > 1 and cv * vec * op.r * op.s * cg * 4 > SMEM_LIMIT:
                 cv //= 2
-            ppt = 2 if op.stride[1] == 1 and op.s >= 3 and op.q >= 4 else 1
-            if ppt > 1 and not self.spec(op, self._nhwc(256, cv, ppt), None).row_cached():
-                ppt = 1  # the row's columns would not stay in registers: no sharing to gain
+            ppt = 4 if op.s >= 3 and op.q >= 4 else 2 if op.s >= 3 and op.q >= 2 else 1
+            while ppt > 1 and not self.spec(op, self._nhwc(256, cv, ppt, vec), None).row_cached():
+                ppt //= 2  # the row's columns would not stay in registers: fewer outputs share them
             threads = 256
-            while self._blocks(op, self._nhwc(threads, cv, ppt)) < 2 * units:
+            while self._blocks(op, self._nhwc(threads, cv, ppt, vec)) < 2 * units:
                 if threads > 64:
                     threads //= 2
                 elif ppt > 1:  # small layers (batch 1, late stages): threads over sharing
-                    ppt = 1
+                    ppt //= 2
                 elif cv > 2:
                     cv //= 2
                 else:
                     break
-            first = self._nhwc(threads, cv, ppt)
-            alt = self._nhwc(max(64, threads // 2), cv, 1)
+            first = self._nhwc(threads, cv, ppt, vec)
+            alt = self._nhwc(threads, cv, max(1, ppt // 2), vec)
         heroes = [first] + ([alt] if alt != first else [])
         return [c for c in heroes if self.validate_config(op, c, profile)]
 
     @staticmethod
-    def _nhwc(threads: int, cv: int, ppt: int) -> PipelineConfig:
-        return PipelineConfig(params=(("threads", threads), ("cv", cv), ("ppt", ppt)))
+    def _nhwc(threads: int, cv: int, ppt: int, vec: int) -> PipelineConfig:
+        return PipelineConfig(params=(("threads", threads), ("cv", cv), ("ppt", ppt), ("vec", vec)))
+
+    @staticmethod
+    def _nchw(threads: int, rows: int) -> PipelineConfig:
+        return PipelineConfig(params=(("threads", threads), ("rows", rows)))
 
     def _blocks(self, op: Conv2dOp, config: PipelineConfig) -> int:
         try:
