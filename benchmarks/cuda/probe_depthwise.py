@@ -12,7 +12,8 @@ best time, best first.
         [--json out.json]
 
 ``--sample`` caps the search-space points probed per layer (an even spread; the heroes always run);
-``--space`` adds a grid of NHWC or NCHW params (each combination the layer validates). Every kernel is compiled
+``--space`` adds a grid of NHWC or NCHW params (each combination the layer validates). Shapes the variant
+declines by default (wide groups where cuDNN measured faster) are timed too, marked ``(declined)``. Every kernel is compiled
 by a process pool first. The reference is float64 (cuDNN's fp32 conv runs TF32 unless told otherwise, which
 made every exact fp32 config look wrong); a config outside the tolerance is reported and not timed, and a
 layer where none passes says so (no crash).
@@ -39,6 +40,7 @@ from tracea.ir.ops import Conv2dOp
 from tracea.semantic.config import PipelineConfig
 
 from tracea_cuda.testing import gpu_profile
+from tracea_cuda.variants import depthwise
 from tracea_cuda.variants.depthwise import DepthwiseConv
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "user_path"))
@@ -99,6 +101,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     variant, profile = DepthwiseConv(), gpu_profile()
+    depthwise.DECLINE_WIDE_GROUPS = False  # time the shapes the variant leaves to cuDNN by default too
     wanted = [f for f in args.families.split(",") if f]
     cases = []
     for family, layers in GROUPED_CONVS.items():
@@ -110,15 +113,18 @@ def main(argv: list[str]) -> int:
             op = Conv2dOp(batch, c, h, h, c, r, r, stride=s, padding=r // 2, groups=g,
                           layout="nhwc" if cl else "nchw", dtype=dt, epilogue="bias",
                           fp32_precision="high" if torch.backends.cudnn.allow_tf32 else "highest")
+            depthwise.DECLINE_WIDE_GROUPS = True
+            declined = variant._cudnn_faster(op, c // g)
+            depthwise.DECLINE_WIDE_GROUPS = False
             heroes = variant.hero_configs(op, profile)
             space = list(variant.search_space(op, profile))
             step = max(1, len(space) // max(args.sample, 1)) if args.sample > 0 else len(space) + 1
             configs = list(dict.fromkeys(heroes + grid_configs(args.space, op, variant, profile) + space[::step]))
-            cases.append((family, (c, h, r, s, g), batch, dt, op, heroes, configs))
-    precompile([(op, cfg) for *_, op, _, configs in cases for cfg in configs], variant)
+            cases.append((family, (c, h, r, s, g), batch, dt, op, heroes, configs, bool(declined)))
+    precompile([(op, cfg) for *_, op, _, configs, _ in cases for cfg in configs], variant)
     rows, shares = [], {}
     print(f"{torch.cuda.get_device_name()}: {variant.name}, graph-replayed device time per call")
-    for family, (c, h, r, s, g), batch, dt, op, heroes, configs in cases:
+    for family, (c, h, r, s, g), batch, dt, op, heroes, configs, declined in cases:
         dtype = getattr(torch, dt)
         cl = dtype is not torch.float32
         fmt = torch.channels_last if cl else torch.contiguous_format
@@ -128,7 +134,7 @@ def main(argv: list[str]) -> int:
         bias = torch.randn(c, device="cuda", dtype=dtype)
         ref = F.conv2d(x.double(), w.double(), bias.double(), s, r // 2, 1, g)  # no TF32 in the reference
         t_torch = graph_time(lambda: F.conv2d(x, w, bias, s, r // 2, 1, g))  # noqa: B023
-        what = f"{family} {c} g{g} {r}x{r}/{s} @{h}^2 b{batch} {dt}{' CL' if cl else ''}"
+        what = f"{family} {c} g{g} {r}x{r}/{s} @{h}^2 b{batch} {dt}{' CL' if cl else ''}{' (declined)' if declined else ''}"
         times = {}
         for cfg in configs:
             def fn(cfg=cfg):

@@ -213,7 +213,7 @@ def grouped_conv_group(rows: list) -> None:
                     try:
                         served = get_doctor().decide(op, "cuda:0").variant.name
                     except Exception as exc:  # noqa: BLE001 - the row still times the fallback
-                        served = f"none ({type(exc).__name__})"
+                        served = f"pytorch ({type(exc).__name__})"
                     ours = lambda: tracea.ops.conv2d(x, w, bias, stride=s, padding=pad, groups=g)  # noqa: E731
                     theirs = lambda: F.conv2d(x, w, bias, stride=s, padding=pad, groups=g)  # noqa: E731
                     times = paired(ours, theirs)

@@ -70,7 +70,7 @@ MODEL_OPS = [dw(32, 96, 112, 112, 3, stride=2, epilogue="bias+silu"), dw(1, 1152
              dw(32, 480, 14, 14, 5, dtype="bfloat16", epilogue="bias+silu"), dw(1, 384, 14, 14, 7, epilogue="bias"),
              dw(32, 96, 56, 56, 7, epilogue="bias"), grouped(32, 128, 56, 56, 32, epilogue="bias+relu"),
              grouped(1, 256, 28, 28, 32, stride=2, epilogue="bias+relu"), grouped(32, 64, 56, 56, 8, epilogue="bias+relu"),
-             grouped(8, 224, 28, 28, 14, dtype="bfloat16", epilogue="bias+relu"),
+             grouped(1, 224, 28, 28, 14, dtype="bfloat16", epilogue="bias+relu"),
              dw(32, 96, 56, 56, 3, layout="nchw", dtype="float32", fp32_precision="high", epilogue="bias+relu"),
              grouped(8, 128, 28, 28, 32, layout="nchw", dtype="float32", epilogue="bias"),
              dw(4, 144, 28, 28, 3, dtype="float32", epilogue="bias+gelu")]
@@ -192,12 +192,41 @@ def test_heroes_follow_the_h100_probe():
     assert first(dw(32, 96, 112, 112, 3, stride=2)) == {"threads": 256, "cv": 8, "ppt": 4, "vec": 4}
     assert first(dw(32, 384, 14, 14, 7, dtype="bfloat16")) == {"threads": 256, "cv": 8, "ppt": 4, "vec": 4}
     assert first(grouped(32, 128, 56, 56, 32)) == {"threads": 256, "cv": 8, "ppt": 4, "vec": 4}
-    assert first(grouped(32, 512, 14, 14, 32))["ppt"] == 2  # 16 channels per group: 6 columns x 16 > 64
+    # wide groups (8+ channels per group): 4 channel vectors per block (smaller weight slices)
+    assert first(grouped(32, 256, 28, 28, 32)) == {"threads": 256, "cv": 4, "ppt": 4, "vec": 4}
+    assert first(grouped(1, 256, 28, 28, 32)) == {"threads": 128, "cv": 4, "ppt": 2, "vec": 4}
     assert first(dw(32, 144, 56, 56, 3, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 4}
     assert first(dw(32, 96, 112, 112, 3, stride=2, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 2}
     small = first(dw(1, 768, 7, 7, 7))
     assert small["threads"] == 64 and small["ppt"] == 1 and small["cv"] < 8
-    assert first(dw(1, 768, 7, 7, 7, layout="nchw", dtype="float32")) == {"threads": 64, "rows": 2}
+    # NCHW small grids: fewer rows first (b1 probe), more threads for wide groups
+    assert first(dw(1, 768, 7, 7, 7, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 1}
+    assert first(dw(1, 480, 14, 14, 3, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 2}
+    assert first(grouped(1, 256, 28, 28, 32, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 2}
+    assert first(grouped(1, 512, 14, 14, 32, layout="nchw", dtype="float32"))["rows"] == 1
+
+
+def test_declines_wide_groups_where_cudnn_measured_faster(monkeypatch):
+    """8+ input channels per group in fp32 (NCHW or NHWC) and 9+ in 16-bit NHWC are left to PyTorch from
+    DECLINE_MACS multiply-adds, with a reason; 8 per group in 16-bit NHWC, fewer channels and small layers
+    stay; the switch turns the decline off."""
+    from tracea_cuda.variants import depthwise as dwmod
+
+    def why(op) -> str:
+        return " ".join(_reasons(op))
+
+    big8_f32 = grouped(32, 256, 28, 28, 32, layout="nchw", dtype="float32")  # ResNeXt stage 2, 51M MACs
+    assert "cuDNN" in why(big8_f32) and "8 input channels per group" in why(big8_f32)
+    assert "cuDNN" in why(grouped(8, 256, 28, 28, 32, layout="nhwc", dtype="float32"))
+    assert "16 input channels per group" in why(grouped(32, 512, 14, 14, 32))  # fp16 NHWC, 16 per group
+    assert "cuDNN" in why(grouped(8, 224, 28, 28, 14, dtype="bfloat16"))
+    assert not why(grouped(32, 256, 28, 28, 32))  # fp16 NHWC, 8 per group: 1.25x cuDNN at b32
+    assert not why(grouped(32, 128, 56, 56, 32, layout="nchw", dtype="float32"))  # 4 per group
+    assert not why(grouped(1, 512, 14, 14, 32, layout="nchw", dtype="float32"))  # 1.6M MACs (b1)
+    assert not why(grouped(8, 56, 28, 28, 7, layout="nchw", dtype="float32"))  # RegNet b8: 2.8M
+    assert not why(dw(32, 96, 56, 56, 7, layout="nchw", dtype="float32"))  # depthwise: any size
+    monkeypatch.setattr(dwmod, "DECLINE_WIDE_GROUPS", False)
+    assert not why(big8_f32)
 
 
 def test_search_space_points_are_valid_and_cover_the_knobs():
@@ -293,6 +322,11 @@ def test_torch_bridge_routes_grouped_convs_to_the_variant(monkeypatch):
                                  None, DType.F32)
     with pytest.raises(choice.Fallback, match="channels per group"):
         choice.choose(wide, cuda)
+    # a wide-group layer cuDNN measured faster on: PyTorch serves it, counted with the variant's reason
+    big = bridge_plans._conv_op(torch.randn(32, 256, 28, 28), torch.randn(256, 8, 3, 3), None, (1, 1), (1, 1), (1, 1),
+                                32, None, DType.F32)
+    with pytest.raises(choice.Fallback, match="cuDNN's grouped kernels measured faster"):
+        choice.choose(big, cuda)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -30,6 +30,15 @@ BANDWIDTH_SHARE, FMA_SHARE = 0.7, 0.5
 FIXED_S = 3e-6
 #: the channel vector widths searched (``vec`` caps the widest the op allows)
 VECS = (8, 4, 2, 1)
+#: input channels per group from which a group counts as wide (8+ FMAs per output and tap)
+WIDE_GROUP = 8
+#: multiply-adds (N*P*Q*K*C/groups) from which cuDNN's grouped kernels beat this one on wide groups (H100
+#: probe, graph-replayed device time, best of the probed configs: fp32 NCHW with 8 or 16 channels per group
+#: 0.42-0.90x from 7.6M multiply-adds, 1.2-2.5x up to 2.8M; fp16 NHWC with 16 per group 0.57-0.72x from
+#: 12.8M, 1.4x at 1.6M, while 8 per group stays 1.2-2.4x at every size probed)
+DECLINE_MACS = 4_000_000
+#: the probe turns the decline off to time the declined shapes
+DECLINE_WIDE_GROUPS = True
 
 
 def per_group(op: Conv2dOp) -> tuple[int, int]:
@@ -67,6 +76,8 @@ class DepthwiseConv(CudaVariant):
         if cg > MAX_PER_GROUP or kg > MAX_PER_GROUP:
             reasons.append(f"{cg} input / {kg} output channels per group: the direct kernel serves at most "
                            f"{MAX_PER_GROUP} (its FMAs per output grow with C/groups)")
+        elif op.groups > 1:
+            reasons += self._cudnn_faster(op, cg)
         if max(op.r, op.s) > MAX_KERNEL:
             reasons.append(f"kernel {op.r}x{op.s}: at most {MAX_KERNEL}x{MAX_KERNEL} (the tap loops are unrolled)")
         if op.dtype.storage is DType.BF16 or op.out_dtype.storage is DType.BF16:
@@ -76,6 +87,19 @@ class DepthwiseConv(CudaVariant):
         if max(op.n * op.c * op.h * op.w, op.n * op.k * op.p * op.q) >= 2**62 or op.n * op.p * op.q >= 2**36:
             reasons.append("tensor larger than the index range")
         return reasons
+
+    @staticmethod
+    def _cudnn_faster(op: Conv2dOp, cg: int) -> list[str]:
+        """The wide-group shapes cuDNN serves faster (see :data:`DECLINE_MACS`): fp32 (or NCHW) with 8+
+        input channels per group, 16-bit NHWC with more than 8, from :data:`DECLINE_MACS` multiply-adds."""
+        macs = op.n * op.p * op.q * op.k * cg
+        if not DECLINE_WIDE_GROUPS or macs < DECLINE_MACS or cg < WIDE_GROUP:
+            return []
+        if cg == WIDE_GROUP and op.layout is Layout.NHWC and op.dtype.storage is not DType.F32:
+            return []
+        return [f"{cg} input channels per group over {macs / 1e6:.1f}M multiply-adds "
+                f"({'NCHW' if op.layout is Layout.NCHW else 'NHWC'} {op.dtype.storage.value}): cuDNN's grouped "
+                f"kernels measured faster from {DECLINE_MACS / 1e6:.0f}M (PyTorch serves it)"]
 
     def estimate_seconds(self, op: Conv2dOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         """Memory-bound roofline: the bytes of x, w and the output (each once) over the device bandwidth,
@@ -148,15 +172,18 @@ class DepthwiseConv(CudaVariant):
         rows per thread at stride 1, 2 at stride 2. Until the grid has two blocks per SM (batch-1 late layers:
         7x7 planes), blocks halve down to 64 threads, then NHWC drops to fewer outputs per thread and fewer
         channel vectors per block, NCHW to fewer rows."""
+        cg, _ = per_group(op)
+        # blocks wanted: two per SM, more where each output costs 8+ FMAs per tap (wide groups)
         units = max(int(profile.compute_units or 1), 1)
+        want = 2 * units * max(1, cg // 4)  # NCHW blocks of 128
         if op.layout is Layout.NCHW:
             rows = (4 if op.stride[0] == 1 else 2) if op.r >= 3 and op.p >= 4 else 1
             threads = 128
-            while self._blocks(op, self._nchw(threads, rows)) < 2 * units:
-                if threads > 64:
-                    threads //= 2
-                elif rows > 1:
+            while self._blocks(op, self._nchw(threads, rows)) < want:
+                if rows > 1:  # b1 probe: fewer rows beat smaller blocks
                     rows //= 2
+                elif threads > 64:
+                    threads //= 2
                 else:
                     break
             first = self._nchw(threads, rows)
@@ -164,19 +191,23 @@ class DepthwiseConv(CudaVariant):
         else:
             vec = max_vec(op, 4)
             kv = op.k // vec
-            cv = min(8, kv)
-            cg, _ = per_group(op)
+            cv = min(8 if cg < WIDE_GROUP else 4, kv)  # wide groups: smaller weight slices per block
             while cv > 1 and cv * vec * op.r * op.s * cg * 4 > SMEM_LIMIT:
                 cv //= 2
             ppt = 4 if op.s >= 3 and op.q >= 4 else 2 if op.s >= 3 and op.q >= 2 else 1
-            while ppt > 1 and not self.spec(op, self._nhwc(256, cv, ppt, vec), None).row_cached():
-                ppt //= 2  # the row's columns would not stay in registers: fewer outputs share them
-            threads = 256
-            while self._blocks(op, self._nhwc(threads, cv, ppt, vec)) < 2 * units:
-                if threads > 64:
+            threads, floor = 256, 64 if cg < WIDE_GROUP else 128
+
+            def small() -> bool:  # depthwise: two blocks per SM; wide groups: 128 threads per SM
+                blocks = self._blocks(op, self._nhwc(threads, cv, ppt, vec))
+                return blocks < 2 * units if cg < WIDE_GROUP else blocks * threads < 128 * units
+
+            while small():
+                if threads > floor:
                     threads //= 2
                 elif ppt > 1:  # small layers (batch 1, late stages): threads over sharing
                     ppt //= 2
+                elif threads > 64:
+                    threads //= 2
                 elif cv > 2:
                     cv //= 2
                 else:
