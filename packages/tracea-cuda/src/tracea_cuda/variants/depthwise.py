@@ -164,14 +164,17 @@ class DepthwiseConv(CudaVariant):
         return space.where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid")
 
     def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        """Untuned choices, from the H100 probe (``benchmarks/cuda/probe_depthwise.py``, b32, every depthwise
-        / grouped layer of ``bench_shapes.py --groups grouped``): NHWC 8 channel vectors of 4 channels x 256
-        threads with 4 outputs per thread along Q (the best probed config on every fp16 layer but one, often
-        1.3-2x the earlier 8-channel, 2-output first hero: 4-channel vectors keep a 7x7 row of 4 outputs in
-        registers), at 2 outputs where 4 outputs' columns would not stay in registers; NCHW 128 threads with 4
-        rows per thread at stride 1, 2 at stride 2. Until the grid has two blocks per SM (batch-1 late layers:
-        7x7 planes), blocks halve down to 64 threads, then NHWC drops to fewer outputs per thread and fewer
-        channel vectors per block, NCHW to fewer rows."""
+        """Untuned choices, from the H100 probe (``benchmarks/cuda/probe_depthwise.py``: b32 depthwise layers of
+        ``bench_shapes.py --groups grouped``, b1 / b8 / b32 ResNeXt and RegNet grouped layers, b1 depthwise):
+        NHWC 8 channel vectors of 4 channels x 256 threads with 4 outputs per thread along Q at any stride
+        (the best probed config on every b32 fp16 depthwise layer but one, often 1.3-2x the earlier 8-channel,
+        2-output hero: 4-channel vectors keep a 7x7 row of 4 outputs in registers); wide groups (8+ channels
+        per group) 4 vectors per block (smaller weight slices: 1.05 -> 1.25x cuDNN at ResNeXt 256 g32 b32).
+        NCHW 128 threads with 4 rows per thread at stride 1, 2 at stride 2. Small grids (batch-1 late
+        layers): NHWC blocks halve down to 64 threads (wide groups: to 128 first, to 64 after the outputs, and the
+        grid needs only 128 threads per SM), then fewer outputs per thread, then fewer vectors, until two
+        blocks per SM; NCHW
+        drops rows, then threads, until two blocks of 128 per SM (wide groups: C/groups / 4 times that)."""
         cg, _ = per_group(op)
         # blocks wanted: two per SM, more where each output costs 8+ FMAs per tap (wide groups)
         units = max(int(profile.compute_units or 1), 1)
