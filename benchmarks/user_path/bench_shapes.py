@@ -237,7 +237,7 @@ def summary(label: str, rows: list) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--groups", default="decode,prefill,odd,bmm,conv")
+    p.add_argument("--groups", default="decode,prefill,odd,bmm,conv,grouped")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     groups = set(args.groups.split(","))
