@@ -252,7 +252,7 @@ class FlashAttentionWgmma(CudaVariant):
             wide = c(128, 2, 2, True)
             if op.seq_kv <= 128:
                 # H100, 2026-11-26: 32x12x128 (two 64-key tiles) 64x64 x3 persistent with O staged (ostage)
-                # 1.12x against 1.02x for 64x128 x2 (and 0.96x unstaged); at 197..512 keys staging read -3..+2%
+                # 1.12x against 1.02x for 64x128 x2 (and 0.96x unstaged); at 197..512 keys staging read -4..+2%
                 return [c(64, 2, 3, True, ostage=True), wide, c(64, 2, 3)]
             if bn3 < 96 and items > 3 * sms and padded(128) <= padded(bn3):
                 return [wide, c(bn3, 2, 3, True), c(64, 2, 3)]
