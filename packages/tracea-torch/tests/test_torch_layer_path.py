@@ -222,6 +222,49 @@ def test_a_signature_pytorch_serves_calls_pytorch_straight_from_the_layer(restri
     assert (restricted_backend.gemm if kind == "linear" else restricted_backend.conv).calls == calls
 
 
+@pytest.mark.arbiter
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_a_lean_memo_is_matched_without_the_tensor_guard_and_refreshed_on_any_change(restricted_backend,
+                                                                                     monkeypatch, kind):
+    """A signature PyTorch serves is matched on x's shape / dtype / device and the weight object and dtype
+    (the tensor guard is not called: it cost ~1.5 us a layer inside a model); a new shape, a weight converted
+    in place or replaced takes the general path again (a new memo), and every result equals the functional call."""
+    from tracea_torch import arbiter
+
+    monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (2.0e-3, 1.0e-3))  # PyTorch faster
+    if kind == "linear":
+        layer, x, x2 = nn.Linear(8, 5), torch.randn(3, 8), torch.randn(4, 8)
+        tracea_torch.patch_linear(layer)
+        ref = lambda t: F.linear(t, layer.weight, layer.bias)  # noqa: E731
+    else:
+        layer, x, x2 = _conv(), torch.randn(2, 4, 9, 9), torch.randn(2, 4, 7, 9)
+        ref = lambda t: F.conv2d(t, layer.weight, layer.bias, 1, 1)  # noqa: E731
+    memo = _warm(layer, x)
+    assert memo.lean == 1 and memo.w is layer.weight
+
+    def no_guard(*tensors):  # noqa: ANN002, ANN202
+        raise AssertionError("a lean memo called the tensor guard")
+
+    memo.check = no_guard
+    with torch.no_grad():
+        assert torch.equal(layer(x), ref(x))
+        assert layer.__dict__["_tracea_memo"] is memo
+        for change in ("replaced", "shape", "dtype"):  # (each from a lean memo)
+            if change == "replaced":
+                layer.weight = nn.Parameter(layer.weight.detach().clone())
+                xx = x
+            elif change == "shape":
+                xx = x2
+            else:
+                layer.double()  # converts the parameters in place (the same objects)
+                xx = x2.double()
+            assert layer.__dict__["_tracea_memo"].lean == 1
+            before = layer.__dict__["_tracea_memo"]
+            torch.testing.assert_close(layer(xx), ref(xx))
+            new = layer.__dict__["_tracea_memo"]
+            assert new is not before and new.w in (None, layer.weight), change  # (float64: a plain fallback)
+
+
 def test_compile_after_eager_calls_left_a_memo(restricted_backend):
     """dynamo traces a patched model whose layers already hold memos (the C++ tensor comparison is not
     traced: compiling takes the custom-op path)."""

@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from . import env_watch
+
 #: Environment variables whose value changes what a call runs: any change drops every plan.
 STEERING_ENV = ("TRACEA_VARIANT", "TRACEA_EXCLUDE_VARIANTS", "TRACEA_NUM_THREADS", "TRACEA_TORCH_REFERENCE",
                 "TRACEA_CACHE_PATH", "TRACEA_CACHE_DIR", "TRACEA_TUNING", "TRACEA_ARBITER", "TRACEA_PERF_MODEL",
@@ -42,6 +44,9 @@ _stats = {"builds": 0, "invalidations": 0}
 _generation = [0]  # bumped by every invalidation: a memo of a plan is valid while this is unchanged
 _listeners: list[Callable[[], None]] = []
 
+# Writes through os.environ are counted (env_watch): the steering variables are re-read only after one.
+_WATCHED = env_watch.install()
+_WRITES = env_watch.WRITES
 # os.environ keeps its data in a bytes-keyed dict on POSIX; reading it directly costs ~20 ns a key
 # instead of ~0.5 us through the Mapping interface (the interface is the fallback elsewhere).
 _env_data = getattr(os.environ, "_data", None)
@@ -54,12 +59,12 @@ else:  # pragma: no cover - Windows
 
 
 def _env_token() -> tuple[Any, ...]:
-    # unrolled (a generator over the keys costs twice as much); generation() builds the same tuple inline,
-    # since it runs on every call
+    # unrolled (a generator over the keys costs twice as much)
     return _g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7), _g(_K8), _g(_K9)
 
 
 _env_seen = _env_token()
+_writes_seen = _WRITES[0]
 _next_check = 0.0
 _watch: tuple[Any, int] | None = None  # (tuning cache object, its generation) the plans were built under
 _get = _plans.get
@@ -75,12 +80,15 @@ def lookup(key: Any) -> Plan | None:
 
 def generation() -> int:
     """A number that changes whenever plans are dropped or replaced, after the checks :func:`lookup` relies
-    on (the steering environment on every call, the tuning-cache file every :data:`RECHECK_S` seconds). A
+    on (the steering environment on every call -- re-read only after a write through ``os.environ``, see
+    :mod:`tracea.runtime.env_watch` --, the tuning-cache file every :data:`RECHECK_S` seconds). A
     caller that memoises a plan outside this cache (a patched layer remembering its last call's plan)
     reuses it only while this number is unchanged."""
-    global _next_check
-    if (_g(_K0), _g(_K1), _g(_K2), _g(_K3), _g(_K4), _g(_K5), _g(_K6), _g(_K7), _g(_K8), _g(_K9)) != _env_seen:
-        _env_changed()
+    global _next_check, _writes_seen
+    if _WRITES[0] != _writes_seen or not _WATCHED:  # (an environment write since the last look)
+        _writes_seen = _WRITES[0]
+        if _env_token() != _env_seen:
+            _env_changed()
     now = _monotonic()
     if now >= _next_check:
         _next_check = now + RECHECK_S
