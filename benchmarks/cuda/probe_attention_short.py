@@ -31,6 +31,7 @@ from bench_attention import _flops, _laid_out, _time  # noqa: E402
 #: name -> (B, H, S, D, dtype, causal, layout)
 SHAPES = {
     "vit": (32, 6, 197, 64, torch.float16, False, "vit"),
+    "vit_b1": (1, 6, 197, 64, torch.float16, False, "vit"),
     "vit_packed": (32, 6, 197, 64, torch.float16, False, "packed"),
     "bert": (8, 12, 256, 64, torch.bfloat16, False, "bshd"),
     "s128": (32, 12, 128, 64, torch.bfloat16, False, "packed"),
@@ -39,6 +40,7 @@ SHAPES = {
     "s512c": (8, 16, 512, 64, torch.bfloat16, True, "bshd"),
     "d128_s256": (8, 16, 256, 128, torch.bfloat16, False, "packed"),
     "d128_s512c": (4, 32, 512, 128, torch.bfloat16, True, "bshd"),
+    "d128_s384c": (8, 16, 384, 128, torch.bfloat16, True, "bshd"),
     "d128_s197": (16, 12, 197, 128, torch.float16, False, "vit"),
     "b1_s512": (1, 16, 512, 128, torch.bfloat16, False, "packed"),
     "bert_c": (8, 12, 256, 64, torch.bfloat16, True, "bshd"),
@@ -51,7 +53,7 @@ SHAPES = {
 
 def candidates(d: int) -> list[Any]:
     """The short-sequence tiles tried beside the heroes: one consumer warpgroup (tile_m 64) with two or
-    three CTAs per SM, and two-warpgroup tiles without the persistent grid."""
+    three CTAs per SM, two-warpgroup tiles, and the O tile staged in shared memory (``ostage``)."""
     from tracea_cuda.variants.base import hero
 
     def c1(bn: int, st: int, ctas: int, **kw: Any) -> Any:
@@ -61,13 +63,18 @@ def candidates(d: int) -> list[Any]:
         return hero(128, bn, d, st, 12, pingpong=True, **kw)
 
     if d == 64:
-        return [c1(64, 2, 3), c1(64, 2, 3, persistent=True), c1(64, 3, 3), c1(64, 3, 3, persistent=True),
-                c1(80, 2, 3), c1(80, 2, 3, persistent=True), c1(96, 2, 3, persistent=True),
-                c1(128, 2, 2, persistent=True), c1(128, 3, 2, persistent=True), c1(96, 2, 2, persistent=True),
-                c1(128, 2, 2)]
-    return [c1(64, 2, 2), c1(64, 2, 2, persistent=True), c1(80, 2, 2, persistent=True), c1(96, 1, 2, persistent=True),
-            c1(128, 1, 2, persistent=True), c1(64, 1, 2, persistent=True), c2(64, 2, persistent=True),
-            c2(128, 2, persistent=True)]
+        return [c1(64, 2, 3), c1(64, 2, 3, persistent=True), c1(80, 2, 3, persistent=True),
+                c1(64, 2, 3, ostage=True), c1(80, 2, 3, persistent=True, ostage=True),
+                c1(128, 2, 2, persistent=True), c1(128, 2, 2, persistent=True, ostage=True),
+                c1(96, 2, 3, persistent=True, ostage=True), c1(64, 2, 3, persistent=True, ostage=True),
+                c2(128, 3, ostage=True), c2(128, 3, persistent=True, ostage=True)]
+    return [c1(64, 2, 2), c1(64, 2, 2, persistent=True), c1(80, 2, 2, persistent=True),
+            c1(128, 1, 2, persistent=True), c1(128, 1, 2), c2(128, 2, persistent=True),
+            c1(64, 2, 2, ostage=True), c1(64, 2, 2, persistent=True, ostage=True),
+            c1(80, 2, 2, persistent=True, ostage=True), c1(96, 1, 2, persistent=True, ostage=True),
+            c1(128, 1, 2, persistent=True, ostage=True), c1(128, 1, 2, ostage=True),
+            c2(128, 2, persistent=True, ostage=True), c2(128, 2, persistent=True, tail=True, ostage=True),
+            c2(128, 2, ostage=True)]
 
 
 def _compile_one(item: tuple[str, str, str]) -> None:

@@ -10,7 +10,9 @@ also reports the weight bandwidth against a measured device-to-device copy, eage
 included, which bounds small weights on a slow host) and with the calls captured in a CUDA graph
 (``graph bw%``, ``graph ratio``: the kernels alone)), ``prefill`` (M = 512 / 2048
 on the same projections), ``odd`` (odd sizes), ``bmm`` (batched), ``conv`` (conv layers of several CNN
-families at batch 1 and 32, channels_last fp16 and NCHW fp32). Ratios are PyTorch time / Tracea time.
+families at batch 1 and 32, channels_last fp16 and NCHW fp32; also runs ``grouped``), ``grouped`` (depthwise
+and grouped layers of EfficientNet, MobileNetV2, ConvNeXt, ResNeXt and RegNet, same batches and dtypes,
+with the variant that served each row). Ratios are PyTorch time / Tracea time.
 Each row also gives Tracea's first call on the new signature (what the user waits for: compilation where
 the kernel cache has none, and with ``TRACEA_TUNING=first-use`` the tuning); each group ends with a
 summary line.
@@ -177,6 +179,51 @@ def conv_group(rows: list) -> None:
                            f"{' CL' if cl else ''}", times, rel(ours(), theirs()))
 
 
+GROUPED_CONVS = {  # family: (C, H, R, stride, groups); K = C (depthwise: groups = C)
+    "efficientnet dw": [(96, 112, 3, 2, 96), (144, 56, 3, 1, 144), (240, 28, 5, 1, 240), (480, 14, 3, 1, 480),
+                        (672, 14, 5, 2, 672), (1152, 7, 5, 1, 1152)],
+    "mobilenetv2 dw": [(32, 112, 3, 1, 32), (192, 28, 3, 1, 192), (960, 7, 3, 1, 960)],
+    "convnext dw": [(96, 56, 7, 1, 96), (384, 14, 7, 1, 384), (768, 7, 7, 1, 768)],
+    "resnext 32x4d grouped": [(128, 56, 3, 1, 32), (256, 28, 3, 1, 32), (512, 14, 3, 1, 32)],
+    "regnetx grouped": [(56, 28, 3, 1, 7), (152, 14, 3, 1, 19)],
+}
+
+
+def grouped_conv_group(rows: list) -> None:
+    """Depthwise / grouped conv layers (``cuda.conv2d.depthwise``; before it every one fell back to PyTorch),
+    bias fused, b1 and b32, channels_last fp16 and NCHW fp32; each row names the variant the Doctor chose and
+    adds the ratio with the calls captured in CUDA graphs (device time only) and Tracea's bytes moved (x, w,
+    out once) per second of device time."""
+    from tracea.doctor.doctor import get_doctor
+    from tracea.ir.ops import Conv2dOp
+
+    for family, layers in GROUPED_CONVS.items():
+        for (c, h, r, s, g) in layers:
+            for batch in (1, 32):
+                for dtype, cl in ((torch.float16, True), (torch.float32, False)):
+                    fmt = torch.channels_last if cl else torch.contiguous_format
+                    x = torch.randn(batch, c, h, h, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+                    w = (torch.randn(c, c // g, r, r, device="cuda", dtype=dtype) / (c // g * r * r) ** 0.5).contiguous(
+                        memory_format=fmt)
+                    bias = torch.randn(c, device="cuda", dtype=dtype)
+                    pad = r // 2
+                    op = Conv2dOp(batch, c, h, h, c, r, r, stride=s, padding=pad, groups=g,
+                                  layout="nhwc" if cl else "nchw", dtype=str(dtype)[6:], epilogue="bias",
+                                  fp32_precision="high" if torch.backends.cudnn.allow_tf32 else "highest")
+                    try:
+                        served = get_doctor().decide(op, "cuda:0").variant.name
+                    except Exception as exc:  # noqa: BLE001 - the row still times the fallback
+                        served = f"pytorch ({type(exc).__name__})"
+                    ours = lambda: tracea.ops.conv2d(x, w, bias, stride=s, padding=pad, groups=g)  # noqa: E731
+                    theirs = lambda: F.conv2d(x, w, bias, stride=s, padding=pad, groups=g)  # noqa: E731
+                    times = paired(ours, theirs)
+                    dev_t, dev_a = graph_time(ours), graph_time(theirs)  # the kernels alone (no host time)
+                    report(rows, "grouped", f"{family} {c} g{g} {r}x{r}/{s} @{h}^2 b{batch} {str(dtype)[6:]}"
+                           f"{' CL' if cl else ''}", times, rel(ours(), theirs()), variant=served,
+                           **{"graph ratio": f"{dev_a / dev_t:.2f}x",
+                              "GB/s": f"{op.min_bytes / dev_t / 1e9:.0f}"})
+
+
 def summary(label: str, rows: list) -> None:
     """One line: the ratios' median, min and misses, and the first calls' latency."""
     if not rows:
@@ -190,7 +237,7 @@ def summary(label: str, rows: list) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--groups", default="decode,prefill,odd,bmm,conv")
+    p.add_argument("--groups", default="decode,prefill,odd,bmm,conv,grouped")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     groups = set(args.groups.split(","))
@@ -214,6 +261,9 @@ def main(argv: list[str]) -> int:
     if "conv" in groups:
         print("\n[conv] CNN layers")
         conv_group(rows)
+    if "conv" in groups or "grouped" in groups:
+        print("\n[grouped] depthwise / grouped CNN layers")
+        grouped_conv_group(rows)
     for group in dict.fromkeys(r["group"] for r in rows):
         summary(f"[{group}]", [r for r in rows if r["group"] == group])
     summary("all", rows)

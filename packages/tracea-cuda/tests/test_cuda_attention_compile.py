@@ -129,9 +129,11 @@ def test_wgmma_configs_are_valid_or_declined_with_reasons():
 
 def test_wgmma_short_sequence_heroes_and_their_checks():
     """Short keys (seq_kv <= SHORT_KV) lead with one consumer warpgroup (tile_m 64, no ping-pong) and two or
-    three CTAs per SM, the long-sequence heroes after them; the registers and shared memory split over the
-    resident CTAs; longer keys keep the long heroes. The fill estimate counts 64-row blocks there, so a
-    batch-1 512-token prefill ranks above flash_mma."""
+    three CTAs per SM -- at D128 where 128-row blocks leave SMs idle; otherwise D128 leads with 128x128 and
+    the O tile staged in shared memory -- the long-sequence heroes after them; the registers and shared
+    memory split over the resident CTAs; longer keys keep the long heroes. The fill estimate counts the
+    first hero's blocks' rows only (no SM fill at short keys), so batch-1 ViT-S and a batch-1 512-token
+    prefill rank above flash_mma."""
     from tracea.dtypes import DType
     from tracea_cuda.emit import flash_wgmma
     from tracea_cuda.variants.attention_wgmma import SHORT_KV, FlashAttentionWgmma
@@ -141,7 +143,7 @@ def test_wgmma_short_sequence_heroes_and_their_checks():
     shapes = [AttentionOp(8, 12, 256, 256, 64, dtype="bfloat16"), AttentionOp(32, 6, 197, 197, 64, dtype="float16"),
               AttentionOp(16, 8, 65, 65, 64, causal=True, dtype="float16"),
               AttentionOp(1, 16, 512, 512, 128, dtype="bfloat16"),
-              AttentionOp(4, 32, 300, 300, 128, kv_heads=8, causal=True, dtype="bfloat16")]
+              AttentionOp(1, 6, 197, 197, 64, dtype="float16")]
     for op in shapes:
         heroes = w.hero_configs(op, H100)
         assert heroes[0].tile_m == 64 and heroes[0].get("ctas", 1) in (2, 3), op.describe()
@@ -151,6 +153,14 @@ def test_wgmma_short_sequence_heroes_and_their_checks():
     # BERT-base b8: 384 blocks of 64 rows fit one wave of three CTAs per SM; ViT-S b32 (768) runs persistent
     assert w.hero_configs(shapes[0], H100)[0].get("ctas") == 3
     assert w.hero_configs(shapes[1], H100)[0].get("persistent") is True
+    assert w.hero_configs(shapes[3], H100)[0].get("ostage") is True  # D128 b1: 64 x 64, O staged
+    for op in (AttentionOp(4, 32, 300, 300, 128, kv_heads=8, causal=True, dtype="bfloat16"),
+               AttentionOp(8, 16, 256, 256, 128, dtype="bfloat16"), AttentionOp(16, 12, 197, 197, 128, dtype="float16")):
+        first = w.hero_configs(op, H100)[0]
+        assert (first.tile_m, first.tile_n, first.get("ostage"), first.get("persistent")) == (128, 128, True, True)
+        assert w.estimate_seconds(op, H100) < V.estimate_seconds(op, H100), op.describe()
+    one_tile = w.hero_configs(AttentionOp(32, 16, 128, 128, 128, dtype="bfloat16"), H100)[0]
+    assert (one_tile.tile_m, one_tile.tile_n, one_tile.stages, one_tile.get("ostage")) == (64, 128, 1, True)
     long = AttentionOp(4, 16, SHORT_KV + 1, SHORT_KV + 1, 64, dtype="bfloat16")
     assert w.hero_configs(long, H100)[0].tile_m > 64 and w.short_heroes(long, H100) == []
     # registers: the CTA's share of the register file split between producer and consumer
@@ -170,8 +180,9 @@ def test_wgmma_short_sequence_heroes_and_their_checks():
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
 def test_wgmma_short_sequence_kernels_compile_without_spills():
-    """The tile_m 64 kernels with two and three CTAs per SM: ptxas gives every thread the launch bound's cap
-    (128 / 80 registers: the pool setmaxnreg redistributes) and spills nothing."""
+    """The tile_m 64 kernels with two and three CTAs per SM (and the O tile staged in shared memory): ptxas
+    gives every thread the launch bound's cap (128 / 80 registers: the pool setmaxnreg redistributes) and
+    spills nothing."""
     from tracea.dtypes import DType
     from tracea_cuda.emit import flash_wgmma
     from tracea_cuda.offline import bundle
@@ -180,7 +191,9 @@ def test_wgmma_short_sequence_kernels_compile_without_spills():
     specs = [F(DType.BF16, 64, 64, 1, 2, False, pingpong=False, ctas=3), F(DType.F16, 64, 96, 1, 2, True, pingpong=False, ctas=3, lse=True),
              F(DType.F16, 64, 128, 1, 2, False, pingpong=False, ctas=2, strided=True),
              F(DType.BF16, 128, 64, 1, 2, True, pingpong=False, ctas=2, lse=True, strided=True),
-             F(DType.BF16, 128, 128, 1, 1, False, pingpong=False, ctas=2)]
+             F(DType.BF16, 128, 128, 1, 1, False, pingpong=False, ctas=2),
+             F(DType.BF16, 128, 64, 1, 2, False, pingpong=False, ctas=2, ostage=True, strided=True),
+             F(DType.F16, 64, 80, 1, 2, False, pingpong=False, ctas=3, ostage=True, lse=True)]
     sources = {f"k{i}": flash_wgmma.render(s, name=f"k{i}") for i, s in enumerate(specs)}
     report = compile_report(bundle(sources), "sm_90a")
     assert set(report) == set(sources)
@@ -202,7 +215,9 @@ def test_wgmma_kernels_compile_without_spills():
              flash_wgmma.FlashWgmmaSpec(DType.F16, 64, 192, 2, 4, False),
              flash_wgmma.FlashWgmmaSpec(DType.F16, 128, 192, 2, 2, True),
              flash_wgmma.FlashWgmmaSpec(DType.BF16, 128, 160, 2, 2, False, tail=True, lse=True),
-             flash_wgmma.FlashWgmmaSpec(DType.F16, 64, 128, 3, 2, False, tail=True)]
+             flash_wgmma.FlashWgmmaSpec(DType.F16, 64, 128, 3, 2, False, tail=True),
+             flash_wgmma.FlashWgmmaSpec(DType.BF16, 128, 128, 2, 2, True, ostage=True, strided=True, lse=True),
+             flash_wgmma.FlashWgmmaSpec(DType.F16, 128, 128, 2, 2, False, tail=True, ostage=True)]
     sources = {f"k{i}": flash_wgmma.render(s, name=f"k{i}") for i, s in enumerate(specs)}
     report = compile_report(bundle(sources), "sm_90a")
     assert set(report) == set(sources)
@@ -238,6 +253,23 @@ def test_wgmma_tail_split():
     assert "persistent" in w.validate_config(d128, hero(128, 160, 128, 2, 12, tail=True), H100).reason
     causal = AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16")
     assert "causal" in w.validate_config(causal, hero(128, 128, 128, 2, 12, persistent=True, tail=True), H100).reason
+
+
+def test_wgmma_staged_output():
+    """``ostage`` adds the O tile to the shared memory and compiles the staged epilogue in."""
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+    from tracea_cuda.variants.base import hero
+
+    w = FlashAttentionWgmma()
+    vit = AttentionOp(1, 6, 197, 197, 64, dtype="float16")
+    base = w.spec(vit, hero(64, 80, 64, 2, 8, pingpong=False, ctas=3), None, H100)
+    staged = w.spec(vit, hero(64, 80, 64, 2, 8, pingpong=False, ctas=3, ostage=True), None, H100)
+    assert staged.ostage and staged.smem_bytes == base.smem_bytes + 64 * 64 * 2
+    assert "#define OSTAGE 1" in flash_wgmma.render(staged) and "#define OSTAGE 0" in flash_wgmma.render(base)
+    d128 = AttentionOp(4, 16, 4096, 4096, 128, dtype="bfloat16")
+    for bn in (128, 160):  # the long D128 heroes keep fitting with the O tile (Q 32 KB + O 32 KB + two K / V stages)
+        assert w.validate_config(d128, hero(128, bn, 128, 2, 12, persistent=True, tail=True, ostage=True), H100)
 
 
 # -- cuda.attention.decode (split-KV decode, sm_80+) ----------------------------------------------------

@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.cuda,
 
 
 def _short_configs(d: int) -> list:
-    """tile_m 64 configs: two and three CTAs per SM, 1-3 stages, 64..128-key tiles, persistent, no overlap."""
+    """tile_m 64 configs: two and three CTAs per SM, 1-3 stages, 64..128-key tiles, persistent, no overlap,
+    and the O tile staged in shared memory (``ostage``); at D128 also the two-warpgroup staged tile the short
+    heroes lead with."""
     from tracea_cuda.variants.base import hero
 
     def c(bn: int, st: int, ctas: int, **kw: object) -> object:
@@ -30,8 +32,10 @@ def _short_configs(d: int) -> list:
 
     if d == 64:
         return [c(64, 2, 2), c(128, 1, 2), c(96, 2, 2), c(64, 3, 3), c(128, 2, 2, persistent=True),
-                c(64, 2, 2, overlap=False)]
-    return [c(64, 2, 2), c(128, 1, 2), c(80, 2, 2, persistent=True), c(64, 2, 2, overlap=False)]
+                c(64, 2, 2, overlap=False), c(80, 2, 3, persistent=True, ostage=True)]
+    return [c(64, 2, 2), c(128, 1, 2), c(80, 2, 2, persistent=True), c(64, 2, 2, overlap=False),
+            hero(128, 128, d, 2, 12, persistent=True, ostage=True), c(64, 2, 2, persistent=True, ostage=True),
+            c(128, 1, 2, ostage=True)]
 
 
 CASES = [  # (B, H, KVH, Sq, Skv, D): odd lengths around the 64-row / 64..128-key tiles, GQA / MQA, Sq != Skv
@@ -94,7 +98,7 @@ def test_short_tiles_log_sum_exp(d):
     q, k, v = _inputs((2, 8, 4, 197, 255, d), "bfloat16", d)
     for causal in (False, True):
         ref, ref_lse = _ref(q, k, v, causal=causal, return_lse=True)
-        for cfg in _short_configs(d)[:3]:
+        for cfg in _short_configs(d)[:3] + _short_configs(d)[-2:]:
             out, lse = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, variant=VARIANT, config=cfg,
                                             return_lse=True)
             assert _rel(out, ref) < TOL["bfloat16"], cfg.key
@@ -106,7 +110,7 @@ def test_short_tiles_propagate_nonfinite_values():
     from tracea.testing import nonfinite_mismatch
 
     q, k, v = _inputs((1, 2, 2, 140, 197, 64), "float16", 5)
-    for cfg in _short_configs(64)[:3]:
+    for cfg in _short_configs(64)[:3] + _short_configs(64)[-1:]:
         for causal in (False, True):
             vpos = (0, 1, 40, 2) if causal else (0, 1, 190, 2)
             for name, pos in (("q", (0, 1, 7, 3)), ("k", (0, 0, 11, 5)), ("v", vpos), ("k", (0, 1, 196, 1))):
@@ -122,17 +126,18 @@ def test_short_tiles_replay_in_a_cuda_graph():
     import tracea
 
     q, k, v = _inputs((4, 12, 12, 197, 197, 64), "bfloat16", 3)
-    for cfg in _short_configs(64)[:2]:
+    for cfg in _short_configs(64)[:2] + _short_configs(64)[-1:]:
         call = lambda c=cfg: tracea.ops.attention(q, k, v, variant=VARIANT, config=c)  # noqa: E731
         for seed, out in graph_replays(call, (q, k, v)):
             assert _rel(out, _ref(q, k, v)) < TOL["bfloat16"], (cfg.key, seed)
 
 
-@pytest.mark.parametrize("case", [(8, 12, 12, 256, 256, 64), (32, 6, 6, 197, 197, 64), (4, 16, 16, 384, 384, 128),
+@pytest.mark.parametrize("case", [(8, 12, 12, 256, 256, 64), (32, 6, 6, 197, 197, 64), (1, 6, 6, 197, 197, 64),
+                                  (4, 16, 16, 384, 384, 128),
                                   (1, 16, 4, 512, 512, 128)], ids=str)
 def test_default_path_serves_short_sequences_with_the_short_tiles(case):
     """Untuned, the default path runs the wgmma kernel's first hero -- a tile_m 64 config for short
-    sequences -- and matches the forced call bit for bit; with a mask the default path (flash_mma) still
+    sequences, or at D128 the staged 128x128 one where its blocks fill the SMs -- and matches the forced call bit for bit; with a mask the default path (flash_mma) still
     matches the reference."""
     import torch
 
@@ -148,7 +153,7 @@ def test_default_path_serves_short_sequences_with_the_short_tiles(case):
     for causal in (False, True):
         op = AttentionOp(b, h, s, s, d, kv_heads=kvh, causal=causal, dtype="bfloat16")
         first = FlashAttentionWgmma().hero_configs(op, profile)[0]
-        assert first.tile_m == 64, first.key
+        assert first.tile_m == 64 or (d == 128 and first.get("ostage")), first.key  # D128: 128x128, O staged
         dflt = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True)
         forced = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, variant=VARIANT, config=first)
         torch.testing.assert_close(dflt, forced, atol=0, rtol=0)

@@ -10,7 +10,7 @@ from tracea.doctor.profile import DeviceProfile
 from tracea.ir.device import Device
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp
 
-from tracea_cuda.emit import flash_attn, flash_decode, flash_wgmma, gemv, mma, pointwise, skinny, wgmma
+from tracea_cuda.emit import depthwise, flash_attn, flash_decode, flash_wgmma, gemv, mma, pointwise, skinny, wgmma
 from tracea_cuda.device import isa_flags
 from tracea_cuda.offline import bundle, compile_report, nvcc_path
 from tracea_cuda.variants import all_variants
@@ -87,6 +87,16 @@ OPS = {
         Conv2dOp(4, 40, 28, 28, 24, 1, 1, layout="nhwc", dtype="bfloat16", dtype_out="float32", epilogue="bias"),
         Conv2dOp(2, 96, 13, 11, 24, 1, 1, layout="nhwc", dtype="float32", epilogue="bias+silu"),
     ],
+    "cuda.conv2d.depthwise": [
+        Conv2dOp(32, 96, 112, 112, 96, 3, 3, stride=2, padding=1, groups=96, layout="nhwc", dtype="float16",
+                 epilogue="bias+silu"),  # EfficientNet / MobileNet depthwise
+        Conv2dOp(32, 384, 14, 14, 384, 7, 7, padding=3, groups=384, layout="nhwc", dtype="bfloat16",
+                 epilogue="bias"),  # ConvNeXt
+        Conv2dOp(32, 128, 56, 56, 128, 3, 3, padding=1, groups=32, layout="nhwc", dtype="float16",
+                 epilogue="bias+relu"),  # ResNeXt 32x4d
+        Conv2dOp(8, 96, 56, 56, 96, 3, 3, padding=1, groups=96, layout="nchw", dtype="float32", epilogue="bias+relu"),
+        Conv2dOp(3, 17, 15, 15, 34, 5, 5, padding=2, groups=17, layout="nhwc", dtype="float32", epilogue="gelu"),
+    ],
     "cuda.attention.flash_mma": [
         AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16"),
         AttentionOp(4, 16, 4096, 4096, 128, dtype="float16"),
@@ -135,7 +145,8 @@ def _sources(arch: str) -> dict[str, str]:
                       else skinny.render if variant.name == "cuda.gemm.skinny_mma"
                       else flash_attn.render if variant.name == "cuda.attention.flash_mma"
                       else flash_decode.render if variant.name == "cuda.attention.decode"
-                      else pointwise.render if variant.name == "cuda.conv2d.pointwise" else mma.render)
+                      else pointwise.render if variant.name == "cuda.conv2d.pointwise"
+                      else depthwise.render if variant.name == "cuda.conv2d.depthwise" else mma.render)
             for config in variant.hero_configs(op, profile):
                 assert variant.validate_config(op, config, profile), (variant.name, config.key)
                 name = f"k{len(sources)}"

@@ -258,3 +258,57 @@ def test_a_verdict_on_older_kernel_code_is_not_reused(restricted_backend, monkey
     assert _in_a_new_process(lin, x).source == "cache"  # same code: the stored verdict
     monkeypatch.setattr(type(restricted_backend.gemm), "source_hash", lambda self: "edited kernel", raising=False)
     assert _in_a_new_process(lin, x).source == "measured"
+
+
+class _FakeGpu:
+    """A simulated GPU timeline for ``arbiter._gpu_batch`` on the CPU: host time advances by each call's
+    host cost, kernels run in order once queued, events mark the end of the work queued before them."""
+
+    def __init__(self, clock_hz: float = 1.8e9) -> None:
+        self.host = self.free = 0.0
+        self.clock_hz = clock_hz
+
+    def launch(self, seconds: float) -> None:
+        self.free = max(self.free, self.host) + seconds
+
+    def event(self, **kw):  # noqa: ANN003, ANN201
+        gpu = self
+
+        class Event:
+            def record(self) -> None:
+                self.t = max(gpu.free, gpu.host)
+
+            def synchronize(self) -> None:
+                gpu.host = max(gpu.host, self.t)
+
+            def elapsed_time(self, other) -> float:  # noqa: ANN001
+                return (other.t - self.t) * 1e3
+
+        return Event()
+
+    def synchronize(self) -> None:
+        self.host = max(self.host, self.free)
+
+
+@pytest.mark.parametrize("host_us", [5.0, 45.0, 400.0])
+def test_gpu_batch_times_the_device_even_when_queueing_outlasts_the_sleep(monkeypatch, host_us):
+    """A batch whose calls take longer to queue than the sleep kernel lasts (a first forward's host time on
+    an H100 host: ~42 us a call against ~35 us of sleep) is timed again with a longer sleep, so the time is
+    the kernel's (8 us), not the host's; the sleep stays longer for later batches."""
+    import types
+
+    gpu = _FakeGpu()
+    monkeypatch.setattr(arbiter, "_SLEEP_CYCLES", [60_000])
+    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
+    monkeypatch.setattr(torch.cuda, "Event", gpu.event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: gpu.launch(cycles / gpu.clock_hz))
+    monkeypatch.setattr(arbiter, "time", types.SimpleNamespace(perf_counter=lambda: gpu.host))
+
+    def call() -> None:
+        gpu.host += host_us * 1e-6
+        gpu.launch(8e-6)
+
+    t = arbiter._gpu_batch(call, 15)
+    assert t == pytest.approx(8e-6, rel=1e-6), t
+    assert (arbiter._SLEEP_CYCLES[0] > 60_000) == (host_us > 35.0)
+    assert arbiter._gpu_batch(call, 15) == pytest.approx(8e-6, rel=1e-6)

@@ -67,6 +67,37 @@ def test_meta_tensors_and_export(restricted_backend):
     assert meta_out.shape == (2, 10) and meta_out.device.type == "meta"
 
 
+@pytest.mark.arbiter
+@pytest.mark.parametrize("lean", [False, True], ids=["tracea-memos", "pytorch-memos"])
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "non-strict"])
+def test_export_after_eager_calls_left_memos(restricted_backend, monkeypatch, strict, lean):
+    """Eager calls leave each patched layer a memo, of a Tracea plan or (the arbiter found PyTorch faster)
+    a lean one (the memo hit paths ask only whether dynamo traces); ``torch.export`` afterwards, strict
+    (dynamo) or non-strict (fake tensors through the eager code), still records the Tracea custom ops with
+    a dynamic batch and gives the eager result."""
+    from tracea_torch import arbiter
+
+    if lean:
+        monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (2.0e-3, 1.0e-3))  # PyTorch faster
+    else:
+        monkeypatch.setenv("TRACEA_ARBITER", "0")
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10)).eval()
+    tracea_torch.patch_conv2d(model)
+    tracea_torch.patch_linear(model)
+    x = torch.randn(3, 3, 6, 6)
+    with torch.no_grad():
+        for _ in range(3):  # plans built, array kinds learned, memos stored
+            ref = model(x)
+    assert "_tracea_memo" in model[0].__dict__ and bool(model[3].__dict__["_tracea_memo"].lean) == lean
+    batch = torch.export.Dim("batch", min=2, max=64)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: batch},), strict=strict)
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert "tracea.conv2d.default" in targets and "tracea.linear.default" in targets
+    torch.testing.assert_close(ep.module()(x), ref)
+    x5 = torch.randn(5, 3, 6, 6)
+    torch.testing.assert_close(ep.module()(x5), model(x5))
+
+
 def test_compile_with_global_patch(restricted_backend):
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
                           nn.Linear(4 * 5 * 5, 6)).eval()

@@ -354,3 +354,54 @@ def test_tracea_ops_torch_fp16_conv_with_float64_bias():
     ref = F.conv2d(x.double(), w.double(), b, padding=1)
     assert out.dtype == torch.float16
     assert float((out.double() - ref).norm() / ref.norm()) < 5e-3
+
+
+def test_core_ops_fallback_calls_the_framework_directly(restricted_backend, monkeypatch, rel_err):
+    """``tracea.ops.conv2d`` on torch tensors no kernel serves: after the first call (through the
+    ``tracea_fallback_run`` hook) the plan calls the adapter's direct fallback (``F.conv2d`` on CUDA tensors;
+    stood in here for CPU ones), each call counted with the reason; an ``out=`` keeps the hook path."""
+    from tracea_torch import eager
+    from tracea_torch.adapter import TorchAdapter
+
+    built, hooked = [], []
+
+    def direct(self, op, like):  # noqa: ANN001 - the CUDA rule without the device check
+        built.append(op)
+        return lambda x, w, bias: torch.relu(F.conv2d(x, w, bias, op.stride, op.padding, op.dilation, op.groups))
+
+    run_logical = eager.run_logical
+    monkeypatch.setattr(TorchAdapter, "direct_fallback", direct)
+    monkeypatch.setattr(eager, "run_logical", lambda op, arrays: hooked.append(op) or run_logical(op, arrays))
+    x, w, b, kw = _conv_inputs(CONV_CASES[5])  # groups=2: the testkit declines it
+    ref = torch.relu(F.conv2d(x, w, b, **kw))
+    outs = [tracea.ops.conv2d(x, w, b, activation="relu", **kw) for _ in range(3)]
+    assert len(built) == 1 and len(hooked) == 1  # the first call through the hook, then direct
+    assert all(rel_err(out, ref) < 1e-6 for out in outs)
+    assert fallbacks.total("conv2d", "groups=2") == 3
+    out = torch.empty_like(ref)
+    tracea.ops.conv2d(x, w, b, activation="relu", out=out, **kw)
+    tracea.ops.conv2d(x, w, b, activation="relu", out=out, **kw)
+    assert len(built) == 1 and len(hooked) == 3 and rel_err(out, ref) < 1e-6
+
+
+def test_torch_adapter_direct_fallback_rules():
+    """CUDA conv2d with at most a bias and one activation, at PyTorch's own float32 precision: F.conv2d
+    (+ the activation); CPU tensors (oneDNN needs the hook's workarounds) and fp32 ``highest``: None."""
+    import types
+
+    from tracea.ir.ops import Conv2dOp
+    from tracea_torch.adapter import TorchAdapter
+
+    ad = TorchAdapter()
+    op = Conv2dOp(2, 6, 8, 8, 4, 3, 3, stride=1, padding=1, groups=2, dtype="float32", epilogue="bias+silu",
+                  fp32_precision="high")
+    cuda_like = types.SimpleNamespace(is_cuda=True, dtype=torch.float32)
+    fn = ad.direct_fallback(op, cuda_like)
+    x, w, b = torch.randn(2, 6, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    torch.testing.assert_close(fn(x, w, b), F.silu(F.conv2d(x, w, b, 1, 1, 1, 2)))
+    plain = ad.direct_fallback(Conv2dOp(2, 6, 8, 8, 4, 3, 3, padding=1, groups=2, dtype="float16"),
+                               types.SimpleNamespace(is_cuda=True, dtype=torch.float16))
+    torch.testing.assert_close(plain(x, w, None), F.conv2d(x, w, None, 1, 1, 1, 2))
+    assert ad.direct_fallback(op, x) is None  # a CPU tensor
+    exact = Conv2dOp(2, 6, 8, 8, 4, 3, 3, padding=1, groups=2, dtype="float32", fp32_precision="highest")
+    assert ad.direct_fallback(exact, cuda_like) is None

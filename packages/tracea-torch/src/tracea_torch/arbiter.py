@@ -115,7 +115,7 @@ class _Judge:
     def source_hash() -> str:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return (f"torch {torch.__version__} cudnn {cudnn} cpu alternating, win {CPU_WIN}, "  # new rules: judge again
-                f"gpu tie {GPU_TIE}")
+                f"gpu tie {GPU_TIE}, device batches checked for host stalls")
 
 
 def judge(decision: Decision, device: torch.device, run_tracea: Callable[..., torch.Tensor],
@@ -205,15 +205,34 @@ def _alternate(fa: Callable[[], Any], fb: Callable[[], Any], timer: Callable[[Ca
     return statistics.median(ta), statistics.median(tb)
 
 
+#: GPU clock cycles of ``torch.cuda._sleep`` per queued call in :func:`_gpu_batch` (raised, for the rest of
+#: the process, whenever a batch's calls took longer to queue than the sleep lasted)
+_SLEEP_CYCLES = [60_000]
+
+
 def _gpu_batch(fn: Callable[[], Any], reps: int) -> float:
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(60_000 * reps) + 100_000)  # keep the GPU busy while the calls are queued
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
+    """Device time per call of ``fn``: ``reps`` calls queued while a sleep kernel holds the GPU, timed
+    between events after the sleep. When queueing the calls took longer than the sleep lasted (the host
+    time of a first forward's calls can exceed 40 us each on an H100's host), the GPU waited for the host
+    between calls and the time is not the device's: the batch is timed again with a longer sleep (up to
+    three times). Without this check the side with the slower host path looked up to 2x slower on the
+    device too, and verdicts for calls captured in CUDA graphs went to the wrong side."""
+    for _attempt in range(3):
+        torch.cuda.synchronize()
+        slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        slept.record()
+        torch.cuda._sleep(_SLEEP_CYCLES[0] * reps + 100_000)  # keep the GPU busy while the calls are queued
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        queued = time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        sleep_s = slept.elapsed_time(start) / 1e3
+        if queued < sleep_s:
+            break
+        _SLEEP_CYCLES[0] = int(_SLEEP_CYCLES[0] * min(8.0, 1.5 * queued / max(sleep_s, 1e-6))) + 1
     return start.elapsed_time(end) / 1e3 / reps
 
 

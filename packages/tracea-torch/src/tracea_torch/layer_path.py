@@ -28,7 +28,7 @@ from .adapter import stream_capturing
 from .fallbacks import record as _record
 from .guards import NO_TENSOR as _NO_BIAS
 from .guards import guard_of as _guard_of
-from .ops import (_any_autocast, _dispatch_modes, _function_modes, _grad_enabled, _is_compiling, _pair,
+from .ops import (_any_autocast, _dispatch_modes, _function_modes, _grad_enabled, _is_dynamo_compiling, _pair,
                   _tracing_state, _transforms_active)
 
 _F32 = torch.float32
@@ -52,8 +52,9 @@ class CallMemo:
     and the plan generation are checked); ``count``: the
     ``(kind, reason)`` a lean call counts in :mod:`tracea_torch.fallbacks` (None for a verdict, which is
     counted once). A lean memo is matched by a cheaper check than ``check`` (``x``'s shape, dtype and device,
-    the weight object and its dtype: ``lean_sig``), since what it runs, the functional call itself, is right
-    for any tensors: a looser match can only cost speed, never a result."""
+    the weight object and its dtype: ``lean_sig``; ``x`` a plain tensor, not a subclass such as the fake
+    tensors of ``torch.export``), since what it runs, the functional call itself, is right for any tensors:
+    a looser match can only cost speed, never a result."""
 
     __slots__ = ("gen", "check", "rg", "prec_of", "prec", "stride", "padding", "dilation", "groups", "act",
                  "plan", "lean", "count", "xshape", "xdtype", "xdev", "w", "wdtype")
@@ -101,10 +102,10 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
     d = m.__dict__
     memo = d.get(_KEY)
     # (dynamo does not trace the C++ tensor comparison: compiling takes the refresh path's custom op)
-    if memo is not None and not _is_compiling():
+    if memo is not None and not _is_dynamo_compiling():
         lean = memo.lean
         if lean and (lean == 1 or not _capturing()):  # (F.conv2d reads the hyper-parameters itself)
-            if (x.shape == memo.xshape and x.dtype is memo.xdtype and w is memo.w and w.dtype is memo.wdtype
+            if (type(x) is Tensor and x.shape == memo.xshape and x.dtype is memo.xdtype and w is memo.w and w.dtype is memo.wdtype
                     and x.get_device() == memo.xdev and act is None and memo.gen == generation()
                     and recording._recorder is None):
                 if memo.count is not None:
@@ -159,10 +160,10 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
     except KeyError:  # (as in layer_params, inlined: a call frame costs ~0.1 us here)
         w, b = m.weight, m.bias
     memo = m.__dict__.get(_KEY)
-    if memo is not None and not _is_compiling():  # (compiling: as in conv2d_layer)
+    if memo is not None and not _is_dynamo_compiling():  # (compiling: as in conv2d_layer)
         lean = memo.lean
         if lean and (lean == 1 or not _capturing()):
-            if (x.shape == memo.xshape and x.dtype is memo.xdtype and w is memo.w and w.dtype is memo.wdtype
+            if (type(x) is Tensor and x.shape == memo.xshape and x.dtype is memo.xdtype and w is memo.w and w.dtype is memo.wdtype
                     and x.get_device() == memo.xdev and act is None and memo.gen == generation()
                     and recording._recorder is None):
                 if memo.count is not None:

@@ -145,6 +145,11 @@ _tracing_state = _private("_get_tracing_state", lambda: True)
 _transforms_active = getattr(getattr(torch._C, "_functorch", None), "_are_functorch_transforms_active", None) or \
     _private("_are_functorch_transforms_active", lambda: True)
 _is_compiling = torch.compiler.is_compiling
+#: True only while dynamo traces (it folds the call to True); in eager a one-line function, where
+#: ``is_compiling`` also asks TorchScript (two cold frames: ~0.9 us a call inside a model forward). The
+#: memos' hit paths use it: under ``torch.export``'s non-strict tracing, which only ``is_compiling``
+#: reports, their tensor guards see fake tensors and miss, and their lean paths call the functional op.
+_is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", None) or _is_compiling
 _grad_enabled = torch.is_grad_enabled
 _any_autocast = _private("_is_any_autocast_enabled", lambda: True)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -325,7 +330,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     call's plan directly (compared by one guard call, as a patched layer's memo does; see
     :mod:`tracea_torch.layer_path`)."""
     memo = _SDPA_MEMO[0]
-    if (memo is not None and not dropout_p and memo[1] == (is_causal, scale, enable_gqa) and not _is_compiling()
+    if (memo is not None and not dropout_p and memo[1] == (is_causal, scale, enable_gqa) and not _is_dynamo_compiling()
             and memo[0](query, key, value, NO_TENSOR if attn_mask is None else attn_mask) and memo[3] == generation()):
         if memo[5]:  # PyTorch serves the signature: call it as the unpatched function would
             if memo[6] is not None:

@@ -118,6 +118,13 @@ class ArrayAdapter:
             return obj
         return obj.astype(dtype.numpy)
 
+    def direct_fallback(self, op: Any, like: Any) -> Callable[..., Any] | None:
+        """For a signature no Tracea kernel serves: a function ``compute(x, w, bias)`` doing ``op`` with the
+        framework's own call on the arrays as the user passed them (no output given), which the plan cache
+        then calls directly instead of the ``tracea_fallback_run`` hook (fewer frames on a path that competes
+        with the framework's own call); ``like``: the first call's input. None (the default): the hook runs."""
+        return None
+
     def allows_fallback_only(self) -> bool:
         """Whether a fallback-only variant (the NumPy reference) may serve arrays of this kind. An
         integration with a faster framework fallback (torch) returns False so dispatch asks the

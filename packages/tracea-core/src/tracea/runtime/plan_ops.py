@@ -19,7 +19,7 @@ from ..dtypes import DType, Fp32Precision
 from ..errors import InvalidArgumentError, ShapeError
 from ..ir.epilogue import Epilogue, EpilogueKind
 from ..ir.ops import Conv2dOp, GemmOp, Layout, Op
-from . import dispatch, operands as ops_args, plans
+from . import dispatch, fallbacks, operands as ops_args, plans
 
 _NONE = object()
 
@@ -364,7 +364,20 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
             copy_(user_out, result)
         return user_out
 
-    if launch is None:
+    direct = None
+    if (launch is None and U is None and prep_b is None and dtype_out is X.info.dtype
+            and (op.epilogue.steps[:1] == (EpilogueKind.BIAS,)) == ("b" in o)):
+        direct = adapter.direct_fallback(op, x)  # the framework's own call, e.g. F.conv2d on CUDA tensors
+    if direct is not None:
+        kind, reason, record = op.kind.value, run.reason or "", fallbacks.record
+
+        def plan(xx: Any, ww: Any, bb: Any, user_out: Any) -> Any:
+            record(kind, reason)
+            return direct(xx, ww, bb)
+
+        def first_call() -> Any:
+            return deliver(result0, phys0, out)
+    elif launch is None:
         def plan(xx: Any, ww: Any, bb: Any, user_out: Any) -> Any:
             if check_out is not None:
                 check_out(user_out, xx, ww, bb)

@@ -92,6 +92,7 @@ class FlashWgmmaSpec:
     edge_pv: bool = False  # not causal: an item's last P V skips the 16-key groups past seq_kv
     strided: bool = False  # q, k, v through 4-D maps (d, seq, head, batch), out through (batch, head, seq) strides
     ctas: int = 1  # CTAs resident per SM (``__launch_bounds__`` minimum blocks; registers and shared memory split)
+    ostage: bool = False  # the epilogue stages O in shared memory and stores whole rows (16-byte stores)
 
     @property
     def bm(self) -> int:
@@ -103,9 +104,10 @@ class FlashWgmmaSpec:
 
     @property
     def smem_bytes(self) -> int:
-        """Q tile, ``stages`` K and V tiles (16-bit), mbarriers, (tail) a flag word, plus 1 KB to align the
-        base to 1024."""
-        return (2 * self.head_dim * (self.bm + 2 * self.stages * self.bn) + 8 * (2 + 4 * self.stages)
+        """Q tile, ``stages`` K and V tiles (16-bit), (ostage) the O tile, mbarriers, (tail) a flag word,
+        plus 1 KB to align the base to 1024."""
+        o_tile = self.bm if self.ostage else 0
+        return (2 * self.head_dim * (self.bm + o_tile + 2 * self.stages * self.bn) + 8 * (2 + 4 * self.stages)
                 + (16 if self.tail else 0) + 1024)
 
     @property
@@ -297,6 +299,12 @@ static __device__ __forceinline__ bool seg_of(int si, int full, int items, int n
 static __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync %0, %1;" :: "r"(CW + 1), "r"(128 * CW) : "memory");
 }
+// the 128 threads of consumer warpgroup w (OSTAGE's staged O tile): named barrier CW + 2 + w, or 1 (a
+// compile-time id: ptxas reserves all 16 for a run-time one) with one consumer warpgroup and no ping-pong
+static __device__ __forceinline__ void wg_sync(int w) {
+    if (CW == 1) asm volatile("bar.sync 1, 128;" ::: "memory");
+    else asm volatile("bar.sync %0, 128;" :: "r"(CW + 2 + w) : "memory");
+}
 
 // 1-D grid; CTA b runs items b, b + gridDim.x, ... below ``full`` (gridDim.x = items: one each; fewer:
 // persistent, the producer loads the next item's Q and K / V while the consumers finish and store the
@@ -309,7 +317,8 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
-    const u32 bars = sv + ST * KV_BYTES;  // full Q, empty Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
+    const u32 so = sv + ST * KV_BYTES;  // OSTAGE: the O tile (64 rows per consumer warpgroup)
+    const u32 bars = so + (OSTAGE ? Q_BYTES : 0);  // full Q, empty Q, full K[ST], full V[ST], empty K[ST], empty V[ST]
     const u32 full_q = bars, empty_q = bars + 8, kvb = bars + 16;
     const int G = H / KVH, M = STRIDED ? Sq : G * Sq;
     const int nmb = (M + BM - 1) / BM, items = nmb * heads_kv;  // heads_kv: batch x kv heads (STRIDED: x heads)
@@ -379,6 +388,9 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
         const int g = lane >> 2, t4 = lane & 3;
         const u32 qa = sq + cw * 64 * 128;
         const float c = scale_log2;  // scale * log2(e), applied in the exponent
+        // OSTAGE: 16-byte stores need a 16-byte aligned output and rows 8 elements apart
+        const bool ovec = OSTAGE && (reinterpret_cast<u64>(out) & 15) == 0
+                          && (!STRIDED || ((osb | osh | oss) & 7) == 0);
         int kt = 0, n = 0;  // K / V tiles consumed so far (ring position), items so far (Q phase)
 // mask (tiles at seq_kv's end or the diagonal), online softmax of tile T in base-2 units: s becomes the
 // unnormalised probabilities, alpha the rescale of the rows' earlier sums. The scale is positive (the op
@@ -437,12 +449,40 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
                     const float msafe = mrun[h] == -INFINITY ? 0.0f : mrun[h];
                     lse[(size_t)bz * M + row[h]] = l == 0.0f ? -INFINITY : (msafe + log2f(l)) * 0.6931471805599453f;
                 }
-                u16* dst = out + OUT_ROW(bz, row[h]) + 2 * t4;
-                #pragma unroll
-                for (int j = 0; j < D / 8; ++j)
-                    asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
-                                 "r"(pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv)) : "memory");
+                if (OSTAGE && ovec) {
+                    // row r of this warpgroup's O tile, 16-byte chunk j at chunk j ^ (r % 8): the 8 rows of a
+                    // store instruction land in 8 different bank groups
+                    const int r = warp * 16 + g + 8 * h;
+                    const u32 dst = so + cw * 64 * D * 2 + r * D * 2 + 4 * t4;
+                    #pragma unroll
+                    for (int j = 0; j < D / 8; ++j)
+                        asm volatile("st.shared.b32 [%0], %1;" :: "r"(dst + 16 * (j ^ (r & 7))),
+                                     "r"(pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv)) : "memory");
+                } else {
+                    u16* dst = out + OUT_ROW(bz, row[h]) + 2 * t4;
+                    #pragma unroll
+                    for (int j = 0; j < D / 8; ++j)
+                        asm volatile("st.global.b32 [%0], %1;" :: "l"(dst + 8 * j),
+                                     "r"(pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv)) : "memory");
+                }
             }
+        }
+        if (OSTAGE && ovec) {
+            // whole rows from the staged tile: 16 bytes a thread, a warp's store covers 2 (D128) or 4 rows
+            wg_sync(cw);
+            const int m_base = it.m0 + cw * 64;
+            #pragma unroll
+            for (int i = tid; i < 64 * (D / 8); i += 128) {
+                const int r = i / (D / 8), j = i % (D / 8);
+                if (m_base + r < M) {
+                    u32 a, b2, c2, d2;
+                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b2), "=r"(c2), "=r"(d2)
+                                 : "r"(so + cw * 64 * D * 2 + r * D * 2 + 16 * (j ^ (r & 7))) : "memory");
+                    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(out + OUT_ROW(bz, m_base + r) + 8 * j),
+                                 "r"(a), "r"(b2), "r"(c2), "r"(d2) : "memory");
+                }
+            }
+            wg_sync(cw);  // the tile is read before the next item stages into it
         }
         }
 @TAIL@    }
@@ -616,7 +656,7 @@ def _defines(spec: FlashWgmmaSpec) -> str:
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
         f"#define OVERLAP {int(spec.overlap)}", f"#define TAIL {int(spec.tail)}", f"#define EDGE_PV {int(spec.edge_pv)}",
-        f"#define STRIDED {int(spec.strided)}", f"#define CTAS {spec.ctas}",
+        f"#define STRIDED {int(spec.strided)}", f"#define CTAS {spec.ctas}",         f"#define OSTAGE {int(spec.ostage)}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -630,7 +670,7 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
             f"overlap={int(spec.overlap)} tail={int(spec.tail)} edge_pv={int(spec.edge_pv)} strided={int(spec.strided)} "
-            f"ctas={spec.ctas}\n")
+            f"ctas={spec.ctas} ostage={int(spec.ostage)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     tail = "" if not spec.tail else TAIL_ITEMS.replace(

@@ -9,6 +9,7 @@ def all_variants() -> list:
     from .attention_wgmma import ATTENTION_WGMMA_VARIANTS  # noqa: PLC0415
     from .gemm import GEMM_VARIANTS  # noqa: PLC0415
     from .conv import CONV_VARIANTS  # noqa: PLC0415
+    from .depthwise import DEPTHWISE_VARIANTS  # noqa: PLC0415
     from .gemv import GEMV_VARIANTS  # noqa: PLC0415
     from .hopper import HOPPER_VARIANTS  # noqa: PLC0415
     from .hopper_conv import HOPPER_CONV_VARIANTS  # noqa: PLC0415
@@ -16,4 +17,4 @@ def all_variants() -> list:
     from .skinny import SKINNY_VARIANTS  # noqa: PLC0415
 
     return [cls() for cls in GEMV_VARIANTS + SKINNY_VARIANTS + HOPPER_VARIANTS + GEMM_VARIANTS + HOPPER_CONV_VARIANTS
-            + POINTWISE_VARIANTS + CONV_VARIANTS + ATTENTION_DECODE_VARIANTS + ATTENTION_WGMMA_VARIANTS + ATTENTION_VARIANTS]
+            + POINTWISE_VARIANTS + DEPTHWISE_VARIANTS + CONV_VARIANTS + ATTENTION_DECODE_VARIANTS + ATTENTION_WGMMA_VARIANTS + ATTENTION_VARIANTS]

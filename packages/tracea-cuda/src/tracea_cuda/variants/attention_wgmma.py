@@ -122,11 +122,15 @@ class FlashAttentionWgmma(CudaVariant):
         query block (``config``'s, else the first hero's: 64 rows for short keys) that holds query rows, and
         of the SMs that get a block. Decode and short-query, long-KV shapes so rank below flash_mma, whose
         split-KV pass fills the GPU (its estimate assumes a full GPU at half this variant's efficiency: this
-        one wins where it fills more than half)."""
+        one wins where it fills more than half). With short keys (``seq_kv <= SHORT_KV``) only the block's row
+        fill counts: flash_mma runs no split there either."""
         rows, pairs = _work(op, self.takes_strides(op))
         bm = (config or self.hero_configs(op, profile)[0]).tile_m or 128
         ctas = -(-rows // bm) * pairs
-        fill = min(1.0, rows / bm) * min(1.0, ctas / _sms(profile))
+        # short keys: a small grid is latency-bound for flash_mma too (no split-KV pass there); H100, ViT-S b1
+        # (1x6x197x64, 24 blocks): the short heroes 1.33-1.42x SDPA's kernel time, flash_mma 0.70x
+        sm_fill = 1.0 if op.seq_kv <= SHORT_KV else min(1.0, ctas / _sms(profile))
+        fill = min(1.0, rows / bm) * sm_fill
         return super().estimate_seconds(op, profile, config) / max(fill, 1e-3)
 
     # -- configs ---------------------------------------------------------------------------------
@@ -140,7 +144,8 @@ class FlashAttentionWgmma(CudaVariant):
                               pingpong=bool(config.get("pingpong", cw > 1)), lse=op.lse,
                               overlap=bool(config.get("overlap", cw <= 2)),
                               tail=bool(config.get("tail", False)), edge_pv=bool(config.get("edge_pv", False)),
-                              strided=self.takes_strides(op), ctas=int(config.get("ctas", 1)))
+                              strided=self.takes_strides(op), ctas=int(config.get("ctas", 1)),
+                              ostage=bool(config.get("ostage", False)))
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -162,13 +167,16 @@ class FlashAttentionWgmma(CudaVariant):
         return (SearchSpace().tile_m([64, 128, 192]).tile_n([64, 80, 96, 128, 160, 176, 192]).tile_k([op.head_dim])
                 .stages([1, 2, 3, 4]).warps([8, 12, 16]).param("pingpong", [True, False])
                 .param("persistent", [False, True]).param("tail", [False, True]).param("ctas", [1, 2, 3])
+                .param("ostage", [False, True])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        def h(bm: int, bn: int, st: int, pp: bool = True, persistent: bool = False, tail: bool = False) -> PipelineConfig:
+        def h(bm: int, bn: int, st: int, pp: bool = True, persistent: bool = False, tail: bool = False,
+              ostage: bool = False) -> PipelineConfig:
+            kw: dict[str, Any] = {"ostage": True} if ostage else {}
             if tail:
-                return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=True, tail=True)
-            return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=persistent)
+                return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=True, tail=True, **kw)
+            return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=persistent, **kw)
 
         # H100, B4 H16 S4096 bf16 (TFLOP/s, kernel time): d64 192x128 516 / causal 407, 192x96x3 493 / 401,
         # 128x128x3 453 / 391; d128 128x176 673 / causal 583, 128x128 658 / 585, 192x64 622 / 515; without
@@ -200,20 +208,26 @@ class FlashAttentionWgmma(CudaVariant):
         if op.causal:
             return [h(128, 128, 2), h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2),
                     h(128, 128, 2, False)]
-        return [h(128, 128, 2, tail=True), h(128, 160, 2, tail=True), h(128, 160, 2, persistent=True),
-                h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2), h(128, 128, 2, False)]
+        # H100, 2026-11-26 (probe_attention_short.py): staging O in shared memory for whole-row stores (param
+        # ostage) took 1x16x1024x128 from 0.935x to 1.088x SDPA (128x128 persistent), so it leads the D128 heroes
+        return [h(128, 128, 2, tail=True, ostage=True), h(128, 128, 2, tail=True), h(128, 160, 2, tail=True),
+                h(128, 160, 2, persistent=True), h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2),
+                h(128, 128, 2, False)]
 
     def short_heroes(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
-        """Configs for short keys (``seq_kv <= SHORT_KV``: ViT, BERT, short prefills), empty otherwise: one
-        consumer warpgroup (tile_m 64, pingpong off) and two or three CTAs per SM (param ``ctas``), so a
+        """Configs for short keys (``seq_kv <= SHORT_KV``: ViT, BERT, short prefills), empty otherwise. D64:
+        one consumer warpgroup (tile_m 64, pingpong off) and two or three CTAs per SM (param ``ctas``), so a
         short item's prologue, loads and epilogue overlap the other CTAs' work and 64-row blocks fill the
-        waves. D128 fits two CTAs (registers: O alone is 64 per thread)."""
+        waves; with at most 128 keys 64x64 with the O tile staged in shared memory (``ostage``) leads. D128
+        (two tile_m 64 CTAs at most: O alone is 64 registers per thread): the O tile staged in
+        shared memory (``ostage``) on a persistent grid, 128x128 where 128-row blocks fill the SMs, else
+        64x64 with two CTAs per SM."""
         if op.seq_kv > SHORT_KV:
             return []
         d = op.head_dim
 
-        def c(bn: int, st: int, ctas: int, persistent: bool = False) -> PipelineConfig:
-            return hero(64, bn, d, st, 8, pingpong=False, ctas=ctas, persistent=persistent)
+        def c(bn: int, st: int, ctas: int, persistent: bool = False, **kw: Any) -> PipelineConfig:
+            return hero(64, bn, d, st, 8, pingpong=False, ctas=ctas, persistent=persistent, **kw)
 
         # H100, 2026-11-26, probe_attention_short.py (kernel time vs SDPA, which runs cuDNN's 64x128 kernels
         # there; the heroes before these 0.57-0.77x on D64): the fewest padded keys decide the key tile,
@@ -222,8 +236,8 @@ class FlashAttentionWgmma(CudaVariant):
         # 197 64x80 x3 persistent 1.11x (packed 1.17x), BERT b8 256 64x64 x3 1.20x (its 384 blocks: one
         # wave), 384 tokens 64x96 x3 1.04x, b32 128 / b8 512 tokens 64x128 x2 1.03 / 0.99x (b2 h16 1024
         # tokens, past SHORT_KV: 64x128 x2 1.00x against the long hero's 0.76x, not measured at larger batches);
-        # causal 64x64 x3 1.17x (BERT) / 0.94x (b8 512). D128 (two CTAs: O alone holds 64 registers):
-        # 0.80-0.92x non-causal at b8..b32, 1.13x at b1 512, causal 0.82-0.87x (the heroes before 0.73-0.84x).
+        # causal 64x64 x3 1.17x (BERT) / 0.94x (b8 512). D128 (two CTAs: O alone holds 64 registers), before
+        # the staged epilogue below: 0.80-0.92x non-causal at b8..b32, 1.13x at b1 512, causal 0.82-0.87x.
         rows, pairs = _work(op, self.takes_strides(op))
         items = -(-rows // 64) * pairs
         sms = _sms(profile)
@@ -236,15 +250,29 @@ class FlashAttentionWgmma(CudaVariant):
                 return [c(64, 2, 3), c(64, 2, 3, True), c(128, 2, 2, True)]
             bn3 = min((64, 80, 96), key=lambda bn: (padded(bn), -bn))  # fewest padded keys, then the longest tile
             wide = c(128, 2, 2, True)
+            if op.seq_kv <= 128:
+                # H100, 2026-11-26: 32x12x128 (two 64-key tiles) 64x64 x3 persistent with O staged (ostage)
+                # 1.12x against 1.02x for 64x128 x2 (and 0.96x unstaged); at 197..512 keys staging read -4..+2%
+                return [c(64, 2, 3, True, ostage=True), wide, c(64, 2, 3)]
             if bn3 < 96 and items > 3 * sms and padded(128) <= padded(bn3):
                 return [wide, c(bn3, 2, 3, True), c(64, 2, 3)]
             return [c(bn3, 2, 3, True), wide, c(64, 2, 3)]
+        # D128, H100, 2026-11-26 (probe_attention_short.py, results h100-2026-11-26-attention-d128-*): the
+        # epilogue's 4-byte stores (8 rows x 16 bytes per warp instruction) cost more than the loads at these
+        # lengths; staging O in shared memory for whole-row 16-byte stores (param ostage) on a persistent grid
+        # lifted every shape: 128x128 (two consumer warpgroups, one CTA per SM, cuDNN's own arrangement) 8x16x256
+        # 0.79 -> 1.02x, 16x12x197 0.88 -> 0.94x, causal 8x16x384 0.86 -> 0.90x, 4x32x512 0.81 -> 0.82x, GQA
+        # 0.87 -> 0.92x; with one key tile (32x16x128) 64x128 x2 0.92 -> 0.98x; where 128-row blocks leave SMs
+        # idle (1x16x512: 64 blocks) 64x64 x2 1.14 -> 1.27x.
+        wide = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, ostage=True)
+        narrow = c(64, 2, 2, True, ostage=True)
+        if -(-rows // 128) * pairs < sms:  # too few 128-row blocks for the SMs
+            return [narrow, wide, c(64, 2, 2)]
         if op.causal:
-            return [c(64, 2, 2), c(64, 2, 2, True)]
+            return [wide, c(64, 2, 2), narrow]
         if op.seq_kv <= 128:  # one key tile: no ring to overlap, the single stage leaves room for 128 keys
-            return [c(128, 1, 2, True), c(64, 2, 2, True)]
-        bn2 = min((64, 80), key=lambda bn: (padded(bn), bn))
-        return [c(bn2, 2, 2, True), c(64, 2, 2)] if bn2 != 64 else [c(64, 2, 2, True), c(80, 2, 2, True)]
+            return [c(128, 1, 2, True, ostage=True), wide, narrow]
+        return [wide, narrow, c(64, 2, 2, True)]
 
     # -- compile and launch ----------------------------------------------------------------------
     def _kernel(self, spec: FlashWgmmaSpec) -> compiler.Kernel:

@@ -1,0 +1,239 @@
+"""``cuda.conv2d.depthwise``: depthwise and grouped convolutions with few channels per group (``groups > 1``,
+C/groups and K/groups at most 16) as a direct, memory-bound kernel on the CUDA cores; see
+:mod:`tracea_cuda.emit.depthwise`. The dense conv variants (implicit GEMM, wgmma, pointwise) decline every
+``groups > 1`` op, so this is what serves EfficientNet / MobileNet / ConvNeXt depthwise layers and ResNeXt /
+RegNet grouped 3x3s on CUDA."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import gcd
+
+from tracea.doctor.profile import DeviceProfile
+from tracea.doctor.variant import Requirements
+from tracea.dtypes import DType
+from tracea.errors import UnsupportedConfigError
+from tracea.ir.ops import Conv2dOp, LayerType, Layout
+from tracea.semantic.config import PipelineConfig, Validity
+from tracea.semantic.search_space import SearchSpace
+
+from .. import compiler, toolkit
+from ..emit.depthwise import KERNEL_NAME, MAX_KERNEL, MAX_PER_GROUP, SMEM_LIMIT, DepthwiseSpec, render
+from .base import FLOAT_IO, CudaVariant, aligned, u64
+from .gemv import int_param
+
+#: fraction of the device bandwidth the estimate assumes (x, w and the output each moved once; taps re-read
+#: from L1 / L2), and of the fp32 FMA peak for the FLOPs (7x7 depthwise and 16-channel groups lean on the
+#: FMA pipes). Set by reasoning, not yet fitted to measurements.
+BANDWIDTH_SHARE, FMA_SHARE = 0.7, 0.5
+#: fixed cost per call in the estimate (launch, the weight slice's load, the tail of the grid)
+FIXED_S = 3e-6
+#: the channel vector widths searched (``vec`` caps the widest the op allows)
+VECS = (8, 4, 2, 1)
+#: input channels per group from which a group counts as wide (8+ FMAs per output and tap)
+WIDE_GROUP = 8
+#: multiply-adds (N*P*Q*K*C/groups) from which cuDNN's grouped kernels beat this one on wide groups (H100
+#: probe, graph-replayed device time, best of the probed configs: fp32 NCHW with 8 or 16 channels per group
+#: 0.42-0.90x from 7.6M multiply-adds, 1.2-2.5x up to 2.8M; fp16 NHWC with 16 per group 0.57-0.72x from
+#: 12.8M, 1.4x at 1.6M, while 8 per group stays 1.2-2.4x at every size probed)
+DECLINE_MACS = 4_000_000
+#: the probe turns the decline off to time the declined shapes
+DECLINE_WIDE_GROUPS = True
+
+
+def per_group(op: Conv2dOp) -> tuple[int, int]:
+    """(input, output) channels per group."""
+    return op.c // op.groups, op.k // op.groups
+
+
+def max_vec(op: Conv2dOp, cap: int = 8) -> int:
+    """NHWC output channels per thread: the widest power of two up to one 16-byte input vector (and
+    ``cap``) that divides K and keeps a thread's channels in one group or on whole groups."""
+    _, kg = per_group(op)
+    v = min(cap, 16 // op.dtype.storage.itemsize)
+    while v > 1 and (op.k % v or (v % kg and kg % v)):
+        v //= 2
+    return max(v, 1)
+
+
+class DepthwiseConv(CudaVariant):
+    name = "cuda.conv2d.depthwise"
+    description = ("depthwise / grouped conv2d (groups > 1, <= 16 channels per group) as a direct kernel on the "
+                   "CUDA cores: NHWC f16/bf16/f32 (channel vectors per thread), NCHW (threads along W); any "
+                   "kernel up to 7x7, stride, padding, dilation; fp32 accumulation, fused epilogue")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D,
+                                dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
+                                min_compute_capability=(7, 0))
+    efficiency = FMA_SHARE  # of the fp32 FMA peak; the estimate below is mostly a bandwidth one
+    wave_quantized = False  # many small blocks per SM
+    priority = 15
+
+    def extra_checks(self, op: Conv2dOp, profile: DeviceProfile) -> list[str]:
+        reasons = []
+        cg, kg = per_group(op)
+        if op.groups == 1:
+            reasons.append("groups=1: a dense conv (the implicit-GEMM / wgmma / pointwise variants serve it)")
+        if cg > MAX_PER_GROUP or kg > MAX_PER_GROUP:
+            reasons.append(f"{cg} input / {kg} output channels per group: the direct kernel serves at most "
+                           f"{MAX_PER_GROUP} (its FMAs per output grow with C/groups)")
+        elif op.groups > 1:
+            reasons += self._cudnn_faster(op, cg)
+        if max(op.r, op.s) > MAX_KERNEL:
+            reasons.append(f"kernel {op.r}x{op.s}: at most {MAX_KERNEL}x{MAX_KERNEL} (the tap loops are unrolled)")
+        if op.dtype.storage is DType.BF16 or op.out_dtype.storage is DType.BF16:
+            cc = profile.compute_capability
+            if cc is not None and tuple(cc) < (8, 0):
+                reasons.append("bfloat16 conversions need compute capability >= 8.0")
+        if max(op.n * op.c * op.h * op.w, op.n * op.k * op.p * op.q) >= 2**62 or op.n * op.p * op.q >= 2**36:
+            reasons.append("tensor larger than the index range")
+        return reasons
+
+    @staticmethod
+    def _cudnn_faster(op: Conv2dOp, cg: int) -> list[str]:
+        """The wide-group shapes cuDNN serves faster (see :data:`DECLINE_MACS`): fp32 (or NCHW) with 8+
+        input channels per group, 16-bit NHWC with more than 8, from :data:`DECLINE_MACS` multiply-adds."""
+        macs = op.n * op.p * op.q * op.k * cg
+        if not DECLINE_WIDE_GROUPS or macs < DECLINE_MACS or cg < WIDE_GROUP:
+            return []
+        if cg == WIDE_GROUP and op.layout is Layout.NHWC and op.dtype.storage is not DType.F32:
+            return []
+        return [f"{cg} input channels per group over {macs / 1e6:.1f}M multiply-adds "
+                f"({'NCHW' if op.layout is Layout.NCHW else 'NHWC'} {op.dtype.storage.value}): cuDNN's grouped "
+                f"kernels measured faster from {DECLINE_MACS / 1e6:.0f}M (PyTorch serves it)"]
+
+    def estimate_seconds(self, op: Conv2dOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        """Memory-bound roofline: the bytes of x, w and the output (each once) over the device bandwidth,
+        or the FLOPs over the fp32 FMA peak when more (long kernels, 16-channel groups), plus a fixed cost."""
+        bw = max(profile.bandwidth_gbs, 1.0) * 1e9 * BANDWIDTH_SHARE
+        fma = profile.peak("float32") * 1e9 * FMA_SHARE
+        return max(op.min_bytes / bw, op.flops / max(fma, 1.0)) + FIXED_S
+
+    def spec(self, op: Conv2dOp, config: PipelineConfig, ptrs: dict | None) -> DepthwiseSpec:
+        cg, kg = per_group(op)
+        bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
+        geom = (op.n, op.c, op.h, op.w, op.k, op.r, op.s, *op.stride, *op.padding, *op.dilation)
+        base = DepthwiseSpec(op.dtype.storage, op.out_dtype, bias_dtype, op.epilogue, op.layout is Layout.NCHW, geom,
+                             cg, kg)
+        threads = int_param(config, "threads", 128)
+        if op.layout is Layout.NCHW:
+            for name in ("cv", "ppt", "vec"):
+                if config.get(name) is not None:
+                    raise UnsupportedConfigError(f"param {name} is for NHWC; NCHW takes threads and rows")
+            return replace(base, rows=int_param(config, "rows", 1), nchw_threads=threads)
+        if config.get("rows") is not None:
+            raise UnsupportedConfigError("param rows is for NCHW; NHWC takes threads, cv, ppt and vec")
+        vec = max_vec(op, int_param(config, "vec", 8))
+        isz, osz = op.dtype.storage.itemsize, op.out_dtype.itemsize
+        nw = cg if kg % vec == 0 else vec // kg * cg
+        vin = gcd(nw, 16 // isz)  # the widest power of two dividing the window, in one 16-byte load
+        while vin > 1 and not aligned(ptrs, "x", vin * isz):
+            vin //= 2
+        vec_out = vec * osz >= 4 and aligned(ptrs, "out", min(16, vec * osz))
+        # cv caps the channel vectors per block; the channel tiles are balanced (K/vec = 12 at cv 8: two tiles
+        # of 6, not 8 + 4 with a quarter of the threads idle); a block is tc x threads // tc threads
+        kv, cv = op.k // vec, int_param(config, "cv", 8)
+        tc = -(-kv // -(-kv // cv)) if cv > 0 else cv
+        return replace(base, vec=vec, vin=vin, vec_out=vec_out, ppt=int_param(config, "ppt", 1), tc=tc,
+                       tp=max(1, threads // tc))
+
+    def validate_config(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        try:
+            self.spec(op, config, None).check()
+        except UnsupportedConfigError as exc:
+            return Validity(False, exc.reason)
+        return Validity(True)
+
+    def _kernel(self, spec: DepthwiseSpec, profile: DeviceProfile) -> compiler.Kernel:
+        arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))
+        return compiler.load(render(spec), KERNEL_NAME, arch, smem=0, threads=spec.threads)
+
+    def grid(self, op: Conv2dOp, spec: DepthwiseSpec) -> tuple[int, int, int]:
+        return spec.grid()
+
+    def kernel_args(self, op: Conv2dOp, ptrs: dict) -> tuple:
+        bias = ptrs.get("bias") or ptrs["out"]
+        return (u64(ptrs["x"]), u64(ptrs["w"]), u64(ptrs["out"]), u64(bias))
+
+    def search_space(self, op: Conv2dOp, profile: DeviceProfile) -> SearchSpace:
+        space = SearchSpace().param("threads", [64, 128, 256])
+        if op.layout is Layout.NCHW:
+            space = space.param("rows", [1, 2, 4, 8])
+        else:
+            space = (space.param("cv", [1, 2, 4, 8, 16, 32]).param("ppt", [1, 2, 4])
+                     .param("vec", sorted({max_vec(op, v) for v in VECS}, reverse=True)))
+        return space.where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid")
+
+    def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        """Untuned choices, from the H100 probe (``benchmarks/cuda/probe_depthwise.py``: b32 depthwise layers of
+        ``bench_shapes.py --groups grouped``, b1 / b8 / b32 ResNeXt and RegNet grouped layers, b1 depthwise):
+        NHWC 8 channel vectors of 4 channels x 256 threads with 4 outputs per thread along Q at any stride
+        (the best probed config on every b32 fp16 depthwise layer but one, often 1.3-2x the earlier 8-channel,
+        2-output hero: 4-channel vectors keep a 7x7 row of 4 outputs in registers); wide groups (8+ channels
+        per group) 4 vectors per block (smaller weight slices: 1.05 -> 1.25x cuDNN at ResNeXt 256 g32 b32).
+        NCHW 128 threads with 4 rows per thread at stride 1, 2 at stride 2. Small grids (batch-1 late
+        layers): NHWC blocks halve down to 64 threads (wide groups: to 128 first, to 64 after the outputs, and the
+        grid needs only 128 threads per SM), then fewer outputs per thread, then fewer vectors, until two
+        blocks per SM; NCHW
+        drops rows, then threads, until two blocks of 128 per SM (wide groups: C/groups / 4 times that)."""
+        cg, _ = per_group(op)
+        # blocks wanted: two per SM, more where each output costs 8+ FMAs per tap (wide groups)
+        units = max(int(profile.compute_units or 1), 1)
+        want = 2 * units * max(1, cg // 4)  # NCHW blocks of 128
+        if op.layout is Layout.NCHW:
+            rows = (4 if op.stride[0] == 1 else 2) if op.r >= 3 and op.p >= 4 else 1
+            threads = 128
+            while self._blocks(op, self._nchw(threads, rows)) < want:
+                if rows > 1:  # b1 probe: fewer rows beat smaller blocks
+                    rows //= 2
+                elif threads > 64:
+                    threads //= 2
+                else:
+                    break
+            first = self._nchw(threads, rows)
+            alt = self._nchw(threads, max(1, rows // 2))
+        else:
+            vec = max_vec(op, 4)
+            kv = op.k // vec
+            cv = min(8 if cg < WIDE_GROUP else 4, kv)  # wide groups: smaller weight slices per block
+            while cv > 1 and cv * vec * op.r * op.s * cg * 4 > SMEM_LIMIT:
+                cv //= 2
+            ppt = 4 if op.s >= 3 and op.q >= 4 else 2 if op.s >= 3 and op.q >= 2 else 1
+            threads, floor = 256, 64 if cg < WIDE_GROUP else 128
+
+            def small() -> bool:  # depthwise: two blocks per SM; wide groups: 128 threads per SM
+                blocks = self._blocks(op, self._nhwc(threads, cv, ppt, vec))
+                return blocks < 2 * units if cg < WIDE_GROUP else blocks * threads < 128 * units
+
+            while small():
+                if threads > floor:
+                    threads //= 2
+                elif ppt > 1:  # small layers (batch 1, late stages): threads over sharing
+                    ppt //= 2
+                elif threads > 64:
+                    threads //= 2
+                elif cv > 2:
+                    cv //= 2
+                else:
+                    break
+            first = self._nhwc(threads, cv, ppt, vec)
+            alt = self._nhwc(threads, cv, max(1, ppt // 2), vec)
+        heroes = [first] + ([alt] if alt != first else [])
+        return [c for c in heroes if self.validate_config(op, c, profile)]
+
+    @staticmethod
+    def _nhwc(threads: int, cv: int, ppt: int, vec: int) -> PipelineConfig:
+        return PipelineConfig(params=(("threads", threads), ("cv", cv), ("ppt", ppt), ("vec", vec)))
+
+    @staticmethod
+    def _nchw(threads: int, rows: int) -> PipelineConfig:
+        return PipelineConfig(params=(("threads", threads), ("rows", rows)))
+
+    def _blocks(self, op: Conv2dOp, config: PipelineConfig) -> int:
+        try:
+            gx, gy, gz = self.spec(op, config, None).grid()
+        except UnsupportedConfigError:
+            return 0
+        return gx * gy * gz
+
+
+DEPTHWISE_VARIANTS = [DepthwiseConv]
