@@ -118,7 +118,11 @@ def test_direct_hero_choice():
     if BEST != "avx512":  # no direct kernel: never offered
         assert all(h.get("indirect") != 3 for h in variant.hero_configs(small_c, PROFILE))
         return
-    assert variant.hero_configs(small_c, PROFILE)[0].get("indirect") == 3
-    assert variant.hero_configs(many_c, PROFILE)[0].get("indirect") == 1
-    assert any(h.get("indirect") == 3 for h in variant.hero_configs(many_c, PROFILE))
+    pointwise = Conv2dOp(8, 512, 28, 28, 128, 1, 1)
+    small_image = Conv2dOp(1, 64, 14, 14, 64, 3, 3, padding=1)
+    for op, first in ((small_c, 3), (many_c, 1), (pointwise, 3), (small_image, 1),
+                      (dataclasses.replace(pointwise, n=1, h=7, w=7), 1)):
+        heroes = variant.hero_configs(op, PROFILE)
+        assert heroes[0].get("indirect") == first, op
+        assert any(h.get("indirect") == 3 for h in heroes) and any(h.get("indirect") == 1 for h in heroes)
     assert 3 in {c.get("indirect") for c in variant.search_space(small_c, PROFILE)}

@@ -205,11 +205,14 @@ def indirect_ok(op: Conv2dOp) -> bool:
     return op.c // op.groups >= 8
 
 
-#: Input channels up to which the direct NCHW algorithm (``indirect=3``) is the first hero where it
-#: applies: it saves the input's NHWC copy and the transposed output stores, which cost most next to
-#: the arithmetic when there are few channels; its micro-kernel runs below the indirect one's, so
-#: with more channels the indirect path stays first (2-core Sapphire Rapids VM, docs/backends/cpu.md).
+#: Where the direct NCHW algorithm (``indirect=3``) is the first hero (see :func:`direct_nchw_first`):
+#: 3x3-like kernels with at most this many input channels, or 1x1 kernels, over at least
+#: DIRECT_NCHW_MIN_PIXELS output pixels (batch x P x Q). It saves the input's NHWC copy and the
+#: transposed output stores, which weigh most next to the arithmetic with few channels per tap; its
+#: micro-kernel is no faster than the indirect one's and re-reads a tile's input for every 8 output
+#: channels, and small images leave many lanes masked (2-core Sapphire Rapids VM, docs/backends/cpu.md).
 DIRECT_NCHW_MAX_C = 64
+DIRECT_NCHW_MIN_PIXELS = 3136
 
 
 def direct_nchw_ok(isa: Isa, op: Conv2dOp) -> bool:
@@ -218,6 +221,13 @@ def direct_nchw_ok(isa: Isa, op: Conv2dOp) -> bool:
     as wide as the input's (``q == w``: e.g. a "same" 3x3). Mirrors ``tr_nd_fits`` in the C source."""
     return (isa.name == "avx512" and op.layout is Layout.NCHW and op.stride == (1, 1) and op.groups == 1
             and op.q == op.w)
+
+
+def direct_nchw_first(isa: Isa, op: Conv2dOp) -> bool:
+    """Whether the direct NCHW algorithm goes before the indirect one in ``op``'s hero list (measured
+    per layer against ``F.conv2d``: 64@56^2 3x3, 1x1 layers of 28^2-56^2 images at batch 8)."""
+    return (direct_nchw_ok(isa, op) and op.n * op.p * op.q >= DIRECT_NCHW_MIN_PIXELS
+            and (op.c <= DIRECT_NCHW_MAX_C or op.r * op.s == 1))
 
 
 def gemm_view(op: Op, indirect: int = 0) -> tuple[int, int]:

@@ -151,7 +151,7 @@ class CpuConv2dVariant(CpuVariant):
             return indirect + packed + stationary[:2]
         # Direct NCHW (no NHWC copies): its tile is fixed, the config's tile only names the library.
         direct = [(indirect or heroes)[0].with_params(indirect=3)]
-        if indirect and op.c <= spaces.DIRECT_NCHW_MAX_C:
+        if indirect and spaces.direct_nchw_first(self.isa, op):
             return direct + indirect + packed + stationary[:2]
         return indirect + packed + stationary[:2] + direct
 
