@@ -17,7 +17,8 @@ Parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorc
   ``view(B, S, H, D).transpose(1, 2)`` ("bshd") and timm ViT's packed qkv ("vit") -- on ViT / BERT / Llama
   sized shapes, with the variant that served each row and whether the output came back in q's storage
   order (``out_bshd``: ``out.transpose(1, 2).reshape(B, S, H * D)`` is then a view, as with PyTorch);
-* short: S 128..512 (ViT-S, BERT-base, short prefills; D64 / D128, causal and not, b1 rows) with the
+* short: S 128..512 (ViT-S, BERT-base, short prefills; D64 / D128, causal and not, b1 rows) and
+  mid-length prefills on small grids (1-4 sequences of 8-16 heads, 1024..2048 tokens), with the
   patched ``F.scaled_dot_product_attention`` (and the arbiter's pick) beside ``tracea.ops.attention``.
 
 Two timings per row: the *user path* (``tracea.ops.attention`` with default settings, untuned, called back
@@ -275,11 +276,16 @@ SHORT_SHAPES = [  # (B, H, S, D, dtype, causal, layout): ViT-S / BERT-base / sho
     (32, 16, 128, 128, torch.bfloat16, False, "bshd"), (16, 12, 197, 128, torch.float16, False, "vit"),
     (8, 16, 256, 128, torch.bfloat16, False, "packed"), (8, 16, 384, 128, torch.bfloat16, True, "bshd"),
     (4, 32, 512, 128, torch.bfloat16, True, "bshd"), (1, 16, 512, 128, torch.bfloat16, False, "packed"),
+    # mid-length prefills on small grids (past 512 keys; the long heroes' row blocks fill few waves)
+    (2, 16, 1024, 64, torch.bfloat16, False, "packed"), (4, 16, 1024, 64, torch.bfloat16, True, "bshd"),
+    (1, 8, 1536, 64, torch.float16, False, "packed"), (1, 8, 1024, 128, torch.bfloat16, False, "packed"),
+    (2, 16, 1024, 128, torch.bfloat16, False, "packed"), (1, 16, 2048, 128, torch.bfloat16, True, "packed"),
 ]
 
 
 def short(quick: bool) -> list[dict]:
-    """Short sequences (S 128..512) as ViT / BERT / small prefills pass them: the kernel (default path,
+    """Short sequences (S 128..512) as ViT / BERT / small prefills pass them, and mid-length prefills on
+    small grids (S 1024..2048, 1-4 sequences): the kernel (default path,
     queued ahead) and two user paths -- ``tracea.ops.attention`` and the patched
     ``F.scaled_dot_product_attention`` (the arbiter's pick on its first call, named) -- each against SDPA."""
     rows = []

@@ -7,7 +7,10 @@ below) the isolated kernel's time (queued behind a sleep kernel: device time) an
 the default path's kernel ratio and its *user path* ratio (``tracea.ops.attention`` with default settings,
 untuned, back to back, host time counted) and ``flash_mma``'s default. Each output is checked against SDPA's.
 
-    python benchmarks/cuda/probe_attention_short.py [--shapes vit,bert,...] [--json out.json] [--no-sweep]
+    python benchmarks/cuda/probe_attention_short.py [--shapes vit,bert,...|mid] [--json out.json] [--no-sweep]
+
+``--shapes mid``: the mid-length prefills on small grids (640..2048 tokens, 1-4 sequences of 8-16 heads,
+D64 / D128, causal and not), where the long heroes' row blocks fill few waves of the SMs.
 """
 
 from __future__ import annotations
@@ -48,7 +51,26 @@ SHAPES = {
     "gqa_s512c": (4, 32, 512, 128, torch.bfloat16, True, "gqa"),
     "long_s1024_d64": (2, 16, 1024, 64, torch.bfloat16, False, "packed"),
     "long_s1024": (1, 16, 1024, 128, torch.bfloat16, False, "packed"),
+    # mid-length prefills on small grids (past SHORT_KV; the long heroes' row blocks fill 0.5-3 waves)
+    "m64_1x16x1024": (1, 16, 1024, 64, torch.bfloat16, False, "packed"),
+    "m64_4x16x1024": (4, 16, 1024, 64, torch.bfloat16, False, "packed"),
+    "m64_1x16x2048": (1, 16, 2048, 64, torch.bfloat16, False, "packed"),
+    "m64_2x16x2048": (2, 16, 2048, 64, torch.bfloat16, False, "packed"),
+    "m64_1x8x1536": (1, 8, 1536, 64, torch.float16, False, "packed"),
+    "m64c_2x16x1024": (2, 16, 1024, 64, torch.bfloat16, True, "packed"),
+    "m64c_4x16x1024": (4, 16, 1024, 64, torch.bfloat16, True, "packed"),
+    "m64c_1x16x2048": (1, 16, 2048, 64, torch.bfloat16, True, "packed"),
+    "m128_1x8x1024": (1, 8, 1024, 128, torch.bfloat16, False, "packed"),
+    "m128_2x16x1024": (2, 16, 1024, 128, torch.bfloat16, False, "packed"),
+    "m128_1x8x2048": (1, 8, 2048, 128, torch.bfloat16, False, "packed"),
+    "m128_2x16x1536": (2, 16, 1536, 128, torch.bfloat16, False, "packed"),
+    "m128c_1x16x1024": (1, 16, 1024, 128, torch.bfloat16, True, "packed"),
+    "m128c_2x16x1024": (2, 16, 1024, 128, torch.bfloat16, True, "packed"),
+    "m128c_1x16x2048": (1, 16, 2048, 128, torch.bfloat16, True, "packed"),
+    "m128c_4x8x768": (4, 8, 768, 128, torch.float16, True, "packed"),
 }
+#: the mid-length shapes (``--shapes mid``)
+MID = [n for n in SHAPES if n.startswith("m") and n[1:4] in ("64_", "64c", "128")] + ["long_s1024_d64", "long_s1024"]
 
 
 def candidates(d: int) -> list[Any]:
@@ -67,14 +89,15 @@ def candidates(d: int) -> list[Any]:
                 c1(64, 2, 3, ostage=True), c1(80, 2, 3, persistent=True, ostage=True),
                 c1(128, 2, 2, persistent=True), c1(128, 2, 2, persistent=True, ostage=True),
                 c1(96, 2, 3, persistent=True, ostage=True), c1(64, 2, 3, persistent=True, ostage=True),
-                c2(128, 3, ostage=True), c2(128, 3, persistent=True, ostage=True)]
+                c2(128, 3, ostage=True), c2(128, 3, persistent=True, ostage=True),
+                c1(128, 2, 2), c1(128, 2, 2, ostage=True), c1(96, 2, 2, persistent=True)]
     return [c1(64, 2, 2), c1(64, 2, 2, persistent=True), c1(80, 2, 2, persistent=True),
             c1(128, 1, 2, persistent=True), c1(128, 1, 2), c2(128, 2, persistent=True),
             c1(64, 2, 2, ostage=True), c1(64, 2, 2, persistent=True, ostage=True),
             c1(80, 2, 2, persistent=True, ostage=True), c1(96, 1, 2, persistent=True, ostage=True),
             c1(128, 1, 2, persistent=True, ostage=True), c1(128, 1, 2, ostage=True),
             c2(128, 2, persistent=True, ostage=True), c2(128, 2, persistent=True, tail=True, ostage=True),
-            c2(128, 2, ostage=True)]
+            c2(128, 2, ostage=True), c2(64, 2, ostage=True), c2(96, 2, ostage=True), c2(176, 2, ostage=True)]
 
 
 def _compile_one(item: tuple[str, str, str]) -> None:
@@ -201,7 +224,8 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
-    rows = probe(args.shapes.split(","), not args.no_sweep)
+    names = [n for part in args.shapes.split(",") for n in (MID if part == "mid" else [part])]
+    rows = probe(names, not args.no_sweep)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -127,6 +127,54 @@ def test_wgmma_configs_are_valid_or_declined_with_reasons():
     assert "multiple of 16" in w.validate_config(d128, hero(128, 120, 128, 2, 12), H100).reason
 
 
+def test_wgmma_mid_length_small_grid_heroes():
+    """Past SHORT_KV keys, a prefill whose long-hero row blocks (192 rows at D64, 128 at D128) fill fewer
+    than MID_WAVES waves leads with the mid heroes: D64 64x128 with two CTAs per SM (causal up to 1024 keys
+    64x64 with three), D128 128x128 with O staged (non-causal persistent, no tail split), 64x64 x2 staged
+    first where 128-row blocks leave half the SMs idle; such ops rank above flash_mma. Long prefills (B4
+    H16 S4096), decode and short-query ops keep their heroes."""
+    from tracea_cuda.variants.attention_wgmma import MID_MIN_Q, FlashAttentionWgmma
+
+    w = FlashAttentionWgmma()
+
+    def lead(b: int, h: int, s: int, d: int, causal: bool = False, kvh: int | None = None, sq: int | None = None):
+        op = AttentionOp(b, h, s if sq is None else sq, s, d, kv_heads=kvh, causal=causal, dtype="bfloat16")
+        first = w.hero_configs(op, H100)[0]
+        return op, (first.tile_m, first.tile_n, first.get("ctas", 1), bool(first.get("persistent")),
+                    bool(first.get("tail")), bool(first.get("ostage")))
+
+    cases = {  # (B, H, S, D, causal): (tile_m, tile_n, ctas, persistent, tail, ostage)
+        (2, 16, 1024, 64, False): (64, 128, 2, True, False, False),
+        (4, 16, 1024, 64, False): (64, 128, 2, True, False, False),  # 384 blocks of 192 rows: 2.9 waves
+        (1, 8, 1536, 64, False): (64, 128, 2, True, False, False),
+        (2, 16, 1024, 64, True): (64, 64, 3, False, False, False),
+        (1, 16, 2048, 64, True): (64, 128, 2, False, False, False),
+        (2, 16, 1024, 128, False): (128, 128, 1, True, False, True),
+        (1, 8, 1024, 128, False): (64, 64, 2, True, False, True),  # 64 blocks of 128 rows
+        (1, 16, 1024, 128, True): (128, 128, 1, False, False, True),
+        (1, 8, 1024, 128, True): (64, 64, 2, False, False, True),
+    }
+    for (b, h, s, d, causal), want in cases.items():
+        op, got = lead(b, h, s, d, causal)
+        assert w.few_waves(op, H100) and got == want, (op.describe(), got)
+        heroes = w.hero_configs(op, H100)
+        assert all(w.validate_config(op, c, H100) for c in heroes), op.describe()
+        assert len({c.key for c in heroes}) == len(heroes)
+        assert any(c.tile_m >= 128 and c.get("ctas", 1) == 1 and not c.get("ostage") for c in heroes)  # long ones
+        assert w.estimate_seconds(op, H100) < V.estimate_seconds(op, H100), op.describe()
+    # unchanged: long prefills (B4 H16 S4096, GQA H32/8), past MID_WAVES (8x16x2048 D64: 1408 blocks), decode
+    # and short queries over long keys
+    for op in (AttentionOp(4, 16, 4096, 4096, 64, dtype="bfloat16"),
+               AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16"),
+               AttentionOp(4, 32, 4096, 4096, 128, kv_heads=8, dtype="bfloat16"),
+               AttentionOp(8, 16, 2048, 2048, 64, dtype="bfloat16"),
+               AttentionOp(1, 32, 1, 32768, 128, kv_heads=8, dtype="bfloat16"),
+               AttentionOp(1, 16, MID_MIN_Q - 1, 4096, 128, dtype="bfloat16")):
+        assert not w.few_waves(op, H100) and w.short_heroes(op, H100) == [], op.describe()
+        assert w.hero_configs(op, H100) == w.long_heroes(op, H100)
+    assert w.hero_configs(AttentionOp(4, 16, 4096, 4096, 128, dtype="bfloat16"), H100)[0].get("tail")
+
+
 def test_wgmma_short_sequence_heroes_and_their_checks():
     """Short keys (seq_kv <= SHORT_KV) lead with one consumer warpgroup (tile_m 64, no ping-pong) and two or
     three CTAs per SM -- at D128 where 128-row blocks leave SMs idle; otherwise D128 leads with 128x128 and
@@ -161,8 +209,9 @@ def test_wgmma_short_sequence_heroes_and_their_checks():
         assert w.estimate_seconds(op, H100) < V.estimate_seconds(op, H100), op.describe()
     one_tile = w.hero_configs(AttentionOp(32, 16, 128, 128, 128, dtype="bfloat16"), H100)[0]
     assert (one_tile.tile_m, one_tile.tile_n, one_tile.stages, one_tile.get("ostage")) == (64, 128, 1, True)
-    long = AttentionOp(4, 16, SHORT_KV + 1, SHORT_KV + 1, 64, dtype="bfloat16")
+    long = AttentionOp(4, 16, 4096, 4096, 64, dtype="bfloat16")
     assert w.hero_configs(long, H100)[0].tile_m > 64 and w.short_heroes(long, H100) == []
+    assert w.short_heroes(AttentionOp(4, 16, SHORT_KV + 1, SHORT_KV + 1, 64, dtype="bfloat16"), H100)  # 1.5 waves
     # registers: the CTA's share of the register file split between producer and consumer
     spec = flash_wgmma.FlashWgmmaSpec(DType.BF16, 64, 64, 1, 2, False, pingpong=False, ctas=3)
     assert spec.threads == 256 and spec.regs == (24, 136)
@@ -200,6 +249,31 @@ def test_wgmma_short_sequence_kernels_compile_without_spills():
     for (name, res), spec in zip(sorted(report.items()), specs):
         assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack == 0 and not res.advisories, (name, res)
         assert res.registers == {2: 128, 3: 80}[spec.ctas], (name, res)
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")
+def test_wgmma_mid_length_heroes_compile_without_spills():
+    """Every kernel the mid heroes (:meth:`FlashAttentionWgmma.mid_heroes`) compile to, D64 / D128, causal
+    and not: no spills, no stack, no ptxas advisory."""
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.offline import bundle
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+
+    w = FlashAttentionWgmma()
+    specs = {}
+    for b, h, s, d in ((2, 16, 1024, 64), (1, 16, 2048, 64), (2, 16, 1024, 128), (1, 8, 1024, 128)):
+        for causal in (False, True):
+            op = AttentionOp(b, h, s, s, d, causal=causal, dtype="bfloat16")
+            mid = w.mid_heroes(op, H100)
+            assert mid, op.describe()
+            for cfg in mid:
+                spec = w.spec(op, cfg)
+                specs[spec] = spec
+    sources = {f"k{i}": flash_wgmma.render(sp, name=f"k{i}") for i, sp in enumerate(specs)}
+    report = compile_report(bundle(sources), "sm_90a")
+    assert set(report) == set(sources)
+    for name, res in report.items():
+        assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack == 0 and not res.advisories, (name, res)
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found")

@@ -162,3 +162,38 @@ def test_default_path_serves_short_sequences_with_the_short_tiles(case):
     mask[..., 0] = True
     got = tracea.ops.attention(q, k, v, mask, enable_gqa=True)
     assert _rel(got, _ref(q, k, v, mask)) < TOL["bfloat16"]
+
+
+MID_CASES = [(1, 8, 8, 700, 700, 64), (2, 4, 2, 600, 1100, 128), (1, 6, 6, 1500, 1500, 64),
+             (1, 4, 4, 1025, 1025, 128)]
+
+
+@pytest.mark.parametrize("case", MID_CASES, ids=str)
+def test_mid_length_small_grid_heroes_match_float64(case):
+    """Mid-length prefills on small grids (past SHORT_KV keys, the long heroes' row blocks in few waves):
+    every config :meth:`FlashAttentionWgmma.mid_heroes` offers, odd lengths, GQA, seq_q != seq_kv, causal
+    and not, against the float64 reference; untuned, the default path runs the first hero bit for bit."""
+    import torch
+
+    import tracea
+    from tracea.doctor.doctor import get_doctor
+    from tracea.ir.ops import AttentionOp
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+    from tracea_torch.adapter import device_of
+
+    b, h, kvh, sq, skv, d = case
+    q, k, v = _inputs(case, "bfloat16", sq + d)
+    profile = get_doctor().profile_for(device_of(q.device))
+    w = FlashAttentionWgmma()
+    for causal in (False, True):
+        op = AttentionOp(b, h, sq, skv, d, kv_heads=kvh, causal=causal, dtype="bfloat16")
+        assert w.few_waves(op, profile), op.describe()
+        ref = _ref(q, k, v, causal=causal)
+        for cfg in w.mid_heroes(op, profile):
+            out = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, variant=VARIANT, config=cfg)
+            assert _rel(out, ref) < TOL["bfloat16"], cfg.key
+        first = w.hero_configs(op, profile)[0]
+        dflt = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True)
+        forced = tracea.ops.attention(q, k, v, is_causal=causal, enable_gqa=True, variant=VARIANT, config=first)
+        torch.testing.assert_close(dflt, forced, atol=0, rtol=0)
+        assert _rel(dflt, ref) < TOL["bfloat16"]

@@ -15,7 +15,8 @@ Config: ``tile_m`` = 64 x consumer warpgroups (64, 128 or 192), ``tile_n`` = key
 the K and V rings, ``warps`` = 4 x (consumer warpgroups + 1), param ``pingpong`` (default True with two or three
 consumer warpgroups: they take turns issuing their GEMMs; tile_m 64 has none), param ``ctas`` (CTAs resident
 per SM, default 1; 2 or 3 with tile_m 64: registers and shared memory split between them, the short-sequence
-heroes of :meth:`FlashAttentionWgmma.short_heroes`), param ``persistent`` (default False: one CTA per query
+heroes of :meth:`FlashAttentionWgmma.short_heroes` and the mid-length small-grid ones of
+:meth:`FlashAttentionWgmma.mid_heroes`), param ``persistent`` (default False: one CTA per query
 block; True: ``ctas`` CTAs per SM walking the blocks, each block's load overlapping the previous one's
 epilogue), param
 ``overlap`` (default: True with two consumer warpgroups, False with three; not a search dimension: a tile's
@@ -30,7 +31,6 @@ last to arrive merges them; non-causal heroes), param ``edge_pv`` (not causal: a
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import threading
 from typing import Any
 
@@ -65,6 +65,10 @@ def _sms(profile: DeviceProfile) -> int:
 
 #: keys up to which the short-sequence heroes (one consumer warpgroup, several CTAs per SM) lead
 SHORT_KV = 512
+#: a prefill of at least this many query rows past SHORT_KV keys whose long-hero row blocks fill fewer
+#: than ``MID_WAVES`` waves of the SMs leads with the 64-row tiles of :meth:`FlashAttentionWgmma.mid_heroes`
+MID_MIN_Q = 256
+MID_WAVES = 3.0
 #: a tail item is cut into at most this many pieces (the merging piece reads the others' fp32 partials)
 TAIL_MAX_PIECES = 4
 
@@ -123,13 +127,16 @@ class FlashAttentionWgmma(CudaVariant):
         of the SMs that get a block. Decode and short-query, long-KV shapes so rank below flash_mma, whose
         split-KV pass fills the GPU (its estimate assumes a full GPU at half this variant's efficiency: this
         one wins where it fills more than half). With short keys (``seq_kv <= SHORT_KV``) only the block's row
-        fill counts: flash_mma runs no split there either."""
+        fill counts: flash_mma runs no split there either; nor for the mid-length prefills of
+        :meth:`few_waves`."""
         rows, pairs = _work(op, self.takes_strides(op))
         bm = (config or self.hero_configs(op, profile)[0]).tile_m or 128
         ctas = -(-rows // bm) * pairs
         # short keys: a small grid is latency-bound for flash_mma too (no split-KV pass there); H100, ViT-S b1
         # (1x6x197x64, 24 blocks): the short heroes 1.33-1.42x SDPA's kernel time, flash_mma 0.70x
-        sm_fill = 1.0 if op.seq_kv <= SHORT_KV else min(1.0, ctas / _sms(profile))
+        # mid-length prefills on small grids (few_waves) alike: 1x8x1024x128 flash_mma 0.41x, the mid heroes 1.21x
+        small = op.seq_kv <= SHORT_KV or self.few_waves(op, profile)
+        sm_fill = 1.0 if small else min(1.0, ctas / _sms(profile))
         fill = min(1.0, rows / bm) * sm_fill
         return super().estimate_seconds(op, profile, config) / max(fill, 1e-3)
 
@@ -170,14 +177,20 @@ class FlashAttentionWgmma(CudaVariant):
                 .param("ostage", [False, True])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
-    def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
+    @staticmethod
+    def _h(op: AttentionOp) -> Any:
+        """A hero maker for ``op``'s head dim: tile_m x tile_n, stages, ping-pong, persistent, tail, ostage."""
         def h(bm: int, bn: int, st: int, pp: bool = True, persistent: bool = False, tail: bool = False,
               ostage: bool = False) -> PipelineConfig:
             kw: dict[str, Any] = {"ostage": True} if ostage else {}
             if tail:
                 return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=True, tail=True, **kw)
             return hero(bm, bn, op.head_dim, st, 4 * (bm // 64 + 1), pingpong=pp, persistent=persistent, **kw)
+        return h
 
+    def hero_configs(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        """The short-style heroes of :meth:`short_heroes` (short keys, or a mid-length op whose long-hero
+        blocks fill few waves) first, then the long-sequence ones of :meth:`long_heroes`."""
         # H100, B4 H16 S4096 bf16 (TFLOP/s, kernel time): d64 192x128 516 / causal 407, 192x96x3 493 / 401,
         # 128x128x3 453 / 391; d128 128x176 673 / causal 583, 128x128 658 / 585, 192x64 622 / 515; without
         # ping-pong 0-18% less. (Later, with the grouped causal order: d128 128x192 672 / 600, 128x160 669 / 596.)
@@ -193,12 +206,17 @@ class FlashAttentionWgmma(CudaVariant):
         # commit's same config and the best D128 config of the second run on all four rows (679.3 / 688.8 /
         # 657.0 / 660.4 against 128x160 with the tail 673.5 / 681.8 / 649.7 / 656.8), D64 192x128 +1.3-2%.
         # edge_pv read within +-0.3% (an edge tile only at 128x160 there), so the heroes leave it off.
-        short = self.short_heroes(op, profile)
+        heroes = self.short_heroes(op, profile) + self.long_heroes(op, profile)
+        first: dict[str, PipelineConfig] = {}
+        for c in heroes:
+            first.setdefault(c.key, c)  # each key once, where it first comes
+        return list(first.values())
+
+    def long_heroes(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        """The long-sequence configs (two or three consumer warpgroups, one CTA per SM): all of the heroes
+        where :meth:`short_heroes` gives none, after the short-style ones (for the tuner) elsewhere."""
+        h = self._h(op)
         pers = not op.causal
-        if short:
-            # the short-key tiles first; the long-sequence heroes after them for the tuner
-            long = self.hero_configs(dataclasses.replace(op, seq_kv=SHORT_KV + 1), profile)
-            return short + long
         if op.head_dim <= 64:
             if pers:
                 return [h(192, 128, 2, tail=True), h(192, 128, 2, persistent=True), h(192, 128, 2), h(192, 96, 3),
@@ -221,9 +239,9 @@ class FlashAttentionWgmma(CudaVariant):
         waves; with at most 128 keys 64x64 with the O tile staged in shared memory (``ostage``) leads. D128
         (two tile_m 64 CTAs at most: O alone is 64 registers per thread): the O tile staged in
         shared memory (``ostage``) on a persistent grid, 128x128 where 128-row blocks fill the SMs, else
-        64x64 with two CTAs per SM."""
+        64x64 with two CTAs per SM. Past SHORT_KV: the configs of :meth:`mid_heroes`."""
         if op.seq_kv > SHORT_KV:
-            return []
+            return self.mid_heroes(op, profile)
         d = op.head_dim
 
         def c(bn: int, st: int, ctas: int, persistent: bool = False, **kw: Any) -> PipelineConfig:
@@ -235,7 +253,7 @@ class FlashAttentionWgmma(CudaVariant):
         # and the blocks exceed a wave of three per SM with a tile under 96 keys. D64 non-causal: ViT-S b32
         # 197 64x80 x3 persistent 1.11x (packed 1.17x), BERT b8 256 64x64 x3 1.20x (its 384 blocks: one
         # wave), 384 tokens 64x96 x3 1.04x, b32 128 / b8 512 tokens 64x128 x2 1.03 / 0.99x (b2 h16 1024
-        # tokens, past SHORT_KV: 64x128 x2 1.00x against the long hero's 0.76x, not measured at larger batches);
+        # tokens, past SHORT_KV: 64x128 x2 1.00x against the long hero's 0.76x: see mid_heroes);
         # causal 64x64 x3 1.17x (BERT) / 0.94x (b8 512). D128 (two CTAs: O alone holds 64 registers), before
         # the staged epilogue below: 0.80-0.92x non-causal at b8..b32, 1.13x at b1 512, causal 0.82-0.87x.
         rows, pairs = _work(op, self.takes_strides(op))
@@ -273,6 +291,55 @@ class FlashAttentionWgmma(CudaVariant):
         if op.seq_kv <= 128:  # one key tile: no ring to overlap, the single stage leaves room for 128 keys
             return [c(128, 1, 2, True, ostage=True), wide, narrow]
         return [wide, narrow, c(64, 2, 2, True)]
+
+    def few_waves(self, op: AttentionOp, profile: DeviceProfile) -> bool:
+        """Whether a prefill past SHORT_KV keys (``seq_q >= MID_MIN_Q``) gives the long heroes' row blocks
+        (192 rows at D64, 128 at D128) fewer than ``MID_WAVES`` waves over the SMs: 1-4 sequences of
+        8-16 heads at 640-2048 tokens, where those blocks leave SMs idle or a last wave mostly empty.
+        Decode and short-query shapes (flash_mma's split-KV pass, the decode variant) are never such."""
+        if op.seq_kv <= SHORT_KV or op.seq_q < MID_MIN_Q:
+            return False
+        rows, pairs = _work(op, self.takes_strides(op))
+        bm = 192 if op.head_dim <= 64 else 128
+        return -(-rows // bm) * pairs < MID_WAVES * _sms(profile)
+
+    def mid_heroes(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        """Configs for mid-length prefills on small grids (:meth:`few_waves`), empty elsewhere. D64: 64-row
+        blocks with two or three CTAs per SM (four or six times the long heroes' blocks a wave), so the
+        waves fill and one CTA's softmax and epilogue overlap another's loads. D128: the O tile staged in
+        shared memory (``ostage``) -- 128x128 (non-causal: persistent without the tail split), 64x64 with
+        two CTAs per SM first where 128-row blocks would leave half the SMs idle."""
+        if not self.few_waves(op, profile):
+            return []
+        d = op.head_dim
+
+        def c(bn: int, st: int, ctas: int, persistent: bool = False, **kw: Any) -> PipelineConfig:
+            return hero(64, bn, d, st, 8, pingpong=False, ctas=ctas, persistent=persistent, **kw)
+
+        # H100, 2026-11-26, probe_attention_short.py --shapes mid (results h100-2026-11-26-attention-mid-*),
+        # kernel time vs SDPA (cuDNN 64x128 there), new lead vs the previous default. D64 non-causal 64x128
+        # x2 persistent: 1x16x1024 1.03x, 2x16x1024 1.00 vs 0.77x, 4x16x1024 0.98 vs 0.96x, 1x8x1536 1.01x,
+        # 2x16x2048 (2.7 waves of 192 rows) 0.96 vs 0.93x (192x128 persistent without the tail 0.98x).
+        # D64 causal: up to 1024 keys 64x64 x3 2x16 1.11 vs 1.07x, 4x16 0.98 vs 0.80x; 1x16x2048 64x128 x2
+        # 1.39x (64x64 x3 below 1.33x). D128 non-causal 128x128 staged persistent: 2x16x1024 1.02 vs 0.91x
+        # (the tail split costs 10% when the items past the last wave are nearly a whole wave),
+        # 2x16x1536 1.00 vs 0.85x, 1x16x1024 / 1x8x2048 1.08 / 1.06x (as with the tail); 1x8x1024 (64
+        # blocks of 128 rows) 64x64 x2 staged 1.21x, where flash_mma ran before (0.41x). D128 causal
+        # 128x128 staged: 1x16x1024 1.14 vs 1.08x, 2x16x1024 1.07 vs 1.02x, 1x16x2048 1.47 vs 1.37x,
+        # 4x8x768 1.11x (64x64 x2 staged 1.12x).
+        if d <= 64:
+            if op.causal:
+                short_keys = op.seq_kv <= 1024
+                return [c(64, 2, 3), c(128, 2, 2)] if short_keys else [c(128, 2, 2), c(64, 2, 3)]
+            return [c(128, 2, 2, True), c(128, 2, 2, True, ostage=True), c(64, 2, 3)]
+        rows, pairs = _work(op, self.takes_strides(op))
+        few = -(-rows // 128) * pairs <= _sms(profile) // 2
+        if op.causal:
+            wide, narrow = hero(128, 128, d, 2, 12, pingpong=True, ostage=True), c(64, 2, 2, ostage=True)
+        else:
+            wide = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, ostage=True)
+            narrow = c(64, 2, 2, True, ostage=True)
+        return [narrow, wide] if few else [wide, narrow]
 
     # -- compile and launch ----------------------------------------------------------------------
     def _kernel(self, spec: FlashWgmmaSpec) -> compiler.Kernel:
@@ -392,4 +459,4 @@ class FlashAttentionWgmma(CudaVariant):
 
 ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]
 
-__all__ = ["ATTENTION_WGMMA_VARIANTS", "SHORT_KV", "TAIL_MAX_PIECES", "FlashAttentionWgmma", "tail_split"]
+__all__ = ["ATTENTION_WGMMA_VARIANTS", "MID_MIN_Q", "MID_WAVES", "SHORT_KV", "TAIL_MAX_PIECES", "FlashAttentionWgmma", "tail_split"]
