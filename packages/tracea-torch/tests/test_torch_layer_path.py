@@ -249,6 +249,20 @@ def test_a_lean_memo_is_matched_without_the_tensor_guard_and_refreshed_on_any_ch
     with torch.no_grad():
         assert torch.equal(layer(x), ref(x))
         assert layer.__dict__["_tracea_memo"] is memo
+        # it reads the plan generation and the environment write count in place: an invalidation or any
+        # write through os.environ (a steering variable may have changed) takes the general path again
+        plans.invalidate("test")
+        layer(x)
+        assert layer.__dict__["_tracea_memo"] is not memo
+        memo = layer.__dict__["_tracea_memo"]
+        assert memo.lean == 1
+        layer(x)
+        assert layer.__dict__["_tracea_memo"] is memo
+        monkeypatch.setenv("TRACEA_TEST_LEAN_WRITE", "1")
+        assert torch.equal(layer(x), ref(x))
+        assert layer.__dict__["_tracea_memo"] is not memo
+        memo = layer.__dict__["_tracea_memo"]
+        memo.check = no_guard
         for change in ("replaced", "shape", "dtype"):  # (each from a lean memo)
             if change == "replaced":
                 layer.weight = nn.Parameter(layer.weight.detach().clone())

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from tracea.runtime import env_watch, plans
 from tracea.runtime.plans import generation
 
 from . import bridge, ops, recording
@@ -37,6 +38,11 @@ _cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch
 _matmul_precision = getattr(torch._C, "_get_float32_matmul_precision", None) or torch.get_float32_matmul_precision
 _capturing = stream_capturing()
 _KEY = "_tracea_memo"
+#: the plan cache's generation and the environment write count, read in place by a lean memo's check
+#: (no call: it skips :func:`generation`'s tuning-cache file recheck, which a signature PyTorch serves
+#: can wait for -- an in-process cache change or a steering variable written through ``os.environ``
+#: is seen at once)
+_GEN, _WRITES = plans._generation, env_watch.WRITES
 
 
 class CallMemo:
@@ -57,7 +63,7 @@ class CallMemo:
     a looser match can only cost speed, never a result."""
 
     __slots__ = ("gen", "check", "rg", "prec_of", "prec", "stride", "padding", "dilation", "groups", "act",
-                 "plan", "lean", "count", "xshape", "xdtype", "xdev", "w", "wdtype")
+                 "plan", "lean", "count", "xshape", "xdtype", "xcuda", "w", "wdtype", "writes")
 
     def __init__(self, gen: int = -1, check: Optional[Callable[..., bool]] = None, rg: bool = False,
                  prec_of: Optional[Callable[[], Any]] = None, prec: Any = None, stride: Any = None,
@@ -71,13 +77,16 @@ class CallMemo:
         self.count = getattr(plan, "count", None)
         self.xshape: Any = None
         self.xdtype: Any = None
-        self.xdev: Any = None
+        self.xcuda: Any = None
+        self.writes: Any = None
         self.w: Any = None
         self.wdtype: Any = None
 
-    def lean_sig(self, x: Tensor, w: Tensor) -> "CallMemo":
-        """Remember what a lean memo is matched on (``x``'s shape, dtype and device index, the weight)."""
-        self.xshape, self.xdtype, self.xdev, self.w, self.wdtype = x.shape, x.dtype, x.get_device(), w, w.dtype
+    def lean_sig(self, x: Tensor, w: Tensor, writes: int) -> "CallMemo":
+        """Remember what a lean memo is matched on (``x``'s shape, dtype and whether it is on CUDA, the
+        weight; ``writes``: the environment write count when the plan generation was read)."""
+        self.xshape, self.xdtype, self.xcuda, self.w, self.wdtype = x.shape, x.dtype, x.is_cuda, w, w.dtype
+        self.writes = writes
         return self
 
     def __reduce__(self) -> tuple:
@@ -89,11 +98,11 @@ def _never(*tensors: Any) -> bool:
 
 
 def _memo(gen: int, x: Tensor, w: Tensor, b: Optional[Tensor], prec_of: Optional[Callable[[], Any]],
-          plan: Callable[..., Tensor], **hyper: Any) -> CallMemo:
+          plan: Callable[..., Tensor], writes: Optional[int] = None, **hyper: Any) -> CallMemo:
     bb = _NO_BIAS if b is None else b
     memo = CallMemo(gen, _guard_of(x, w, bb).check, bool(x.requires_grad or w.requires_grad or bb.requires_grad),
                     prec_of, None if prec_of is None else prec_of(), plan=plan, **hyper)
-    return memo.lean_sig(x, w) if memo.lean else memo
+    return memo.lean_sig(x, w, _WRITES[0] if writes is None else writes) if memo.lean else memo
 
 
 def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: Optional[str]) -> Tensor:
@@ -106,7 +115,7 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
         lean = memo.lean
         if lean and (lean == 1 or not _capturing()):  # (F.conv2d reads the hyper-parameters itself)
             if (type(x) is Tensor and x.shape == memo.xshape and x.dtype is memo.xdtype and w is memo.w and w.dtype is memo.wdtype
-                    and x.get_device() == memo.xdev and act is None and memo.gen == generation()
+                    and x.is_cuda is memo.xcuda and act is None and memo.gen == _GEN[0] and memo.writes == _WRITES[0]
                     and recording._recorder is None):
                 if memo.count is not None:
                     _record(*memo.count)
@@ -128,12 +137,13 @@ def _conv2d_refresh(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act
     padding = m.padding
     if isinstance(padding, str) or x.dim() != 4 or _any_autocast() or not ops._direct(x, w, b):  # the general path
         return ops.conv2d(x, w, b, m.stride, padding, m.dilation, m.groups, activation=act)
+    writes = _WRITES[0]  # (read first: a write between the two makes the lean memo refresh once more)
     gen = generation()  # before building: a plan built across an invalidation is looked up again
     plan = bridge.conv2d_plan_for(x, w, b, _pair(m.stride, "stride"), _pair(padding, "padding"),
                                   _pair(m.dilation, "dilation"), int(m.groups), act or "none")
     if not getattr(plan, "transient", False):  # (a plan for this call only is not remembered)
         prec_of = (_cudnn_tf32 if x.is_cuda else _matmul_precision) if x.dtype is _F32 else None
-        m.__dict__[_KEY] = _memo(gen, x, w, b, prec_of, plan, stride=m.stride, padding=padding,
+        m.__dict__[_KEY] = _memo(gen, x, w, b, prec_of, plan, writes, stride=m.stride, padding=padding,
                                  dilation=m.dilation, groups=m.groups, act=act)
     return plan(x, w, b)
 
@@ -164,7 +174,7 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
         lean = memo.lean
         if lean and (lean == 1 or not _capturing()):
             if (type(x) is Tensor and x.shape == memo.xshape and x.dtype is memo.xdtype and w is memo.w and w.dtype is memo.wdtype
-                    and x.get_device() == memo.xdev and act is None and memo.gen == generation()
+                    and x.is_cuda is memo.xcuda and act is None and memo.gen == _GEN[0] and memo.writes == _WRITES[0]
                     and recording._recorder is None):
                 if memo.count is not None:
                     _record(*memo.count)
@@ -177,10 +187,11 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
             return memo.plan(x, w, b)
     if _any_autocast() or not ops._direct(x, w, b):
         return ops.linear(x, w, b, act)
+    writes = _WRITES[0]
     gen = generation()
     plan = bridge.linear_plan_for(x, w, b, act or "none")
     if not getattr(plan, "transient", False):
-        m.__dict__[_KEY] = _memo(gen, x, w, b, _matmul_precision if x.dtype is _F32 else None, plan, act=act)
+        m.__dict__[_KEY] = _memo(gen, x, w, b, _matmul_precision if x.dtype is _F32 else None, plan, writes, act=act)
     return plan(x, w, b)
 
 
