@@ -205,23 +205,28 @@ def _alternate(fa: Callable[[], Any], fb: Callable[[], Any], timer: Callable[[Ca
     return statistics.median(ta), statistics.median(tb)
 
 
-#: GPU clock cycles of ``torch.cuda._sleep`` per queued call in :func:`_gpu_batch` (raised, for the rest of
-#: the process, whenever a batch's calls took longer to queue than the sleep lasted)
-_SLEEP_CYCLES = [60_000]
+#: GPU clock cycles of ``torch.cuda._sleep`` per queued call in :func:`_gpu_batch`, and the most a retry
+#: may sleep in all (~8 ms at 2 GHz). Sleeps stay short: an earlier version lengthened every later sleep
+#: after one slow batch (a lazily loaded kernel), up to ~100 ms per batch, and on an H100 the
+#: memory-bound decode GEMVs timed after such sleeps read ~7.7 us on both sides (5.2 vs 5.9 us after a
+#: normal sleep), so their captured-call verdicts went to PyTorch (decoder decode in CUDA graphs 1.14x ->
+#: 1.01x); our reading is that the memory clock drops during a long near-idle sleep
+SLEEP_CYCLES, MAX_SLEEP_CYCLES = 60_000, 16_000_000
 
 
 def _gpu_batch(fn: Callable[[], Any], reps: int) -> float:
     """Device time per call of ``fn``: ``reps`` calls queued while a sleep kernel holds the GPU, timed
-    between events after the sleep. When queueing the calls took longer than the sleep lasted (the host
-    time of a first forward's calls can exceed 40 us each on an H100's host), the GPU waited for the host
-    between calls and the time is not the device's: the batch is timed again with a longer sleep (up to
-    three times). Without this check the side with the slower host path looked up to 2x slower on the
-    device too, and verdicts for calls captured in CUDA graphs went to the wrong side."""
+    between events after the sleep. When queueing the calls took longer than the sleep lasted (a first
+    forward's calls can take 40 us each to queue on an H100's host, a lazily loaded kernel milliseconds),
+    the GPU waited for the host between calls and the time is not the device's: the batch is timed again,
+    up to twice, with a sleep scaled to what queueing took (for this batch only: one slow call must not
+    lengthen every later sleep)."""
+    cycles = SLEEP_CYCLES * reps + 100_000
     for _attempt in range(3):
         torch.cuda.synchronize()
         slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         slept.record()
-        torch.cuda._sleep(_SLEEP_CYCLES[0] * reps + 100_000)  # keep the GPU busy while the calls are queued
+        torch.cuda._sleep(cycles)  # keep the GPU busy while the calls are queued
         start.record()
         t0 = time.perf_counter()
         for _ in range(reps):
@@ -230,9 +235,9 @@ def _gpu_batch(fn: Callable[[], Any], reps: int) -> float:
         end.record()
         end.synchronize()
         sleep_s = slept.elapsed_time(start) / 1e3
-        if queued < sleep_s:
+        if queued < sleep_s or cycles >= MAX_SLEEP_CYCLES:
             break
-        _SLEEP_CYCLES[0] = int(_SLEEP_CYCLES[0] * min(8.0, 1.5 * queued / max(sleep_s, 1e-6))) + 1
+        cycles = min(MAX_SLEEP_CYCLES, int(cycles * min(8.0, 1.5 * queued / max(sleep_s, 1e-6))) + 1)
     return start.elapsed_time(end) / 1e3 / reps
 
 
