@@ -582,16 +582,10 @@ def test_depthwise_search_corners_on_gpu():
 @needs_gpu
 def test_depthwise_misaligned_views():
     """x / out views one element off 16 bytes take the narrow loads / scalar stores (another compiled kernel)."""
-    import torch  # noqa: PLC0415
 
     for layout, dt in (("nhwc", "float16"), ("nhwc", "float32"), ("nchw", "float32")):
         op = dw(2, 64, 14, 14, 3, layout=layout, dtype=dt, epilogue="bias")
-        t = T.conv_inputs(op)
-        for role in ("x", "out"):
-            flat = torch.empty(t[role].numel() + 1, device="cuda", dtype=t[role].dtype)
-            view = flat[1:].view(t[role].shape)
-            view.copy_(t[role])
-            t[role] = view
+        t = T.misalign(T.conv_inputs(op))
         _gpu_check(op, VARIANT.hero_configs(op, T.gpu_profile())[0], t)
 
 

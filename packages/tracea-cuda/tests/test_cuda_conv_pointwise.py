@@ -123,16 +123,10 @@ def test_pointwise_search_space_corners(params):
 @needs_gpu
 def test_pointwise_misaligned_views():
     """x / out views one element off 16 bytes take the scalar loads / stores (another compiled kernel)."""
-    import torch
 
     for layout, dt in (("nchw", "float32"), ("nhwc", "float16")):
         op = Conv2dOp(2, 32, 8, 8, 16, 1, 1, layout=layout, dtype=dt, epilogue="bias")
-        t = T.conv_inputs(op)
-        for role in ("x", "out"):
-            flat = torch.empty(t[role].numel() + 1, device="cuda", dtype=t[role].dtype)
-            view = flat[1:].view(t[role].shape)
-            view.copy_(t[role])
-            t[role] = view
+        t = T.misalign(T.conv_inputs(op))
         _run_check(op, VARIANT.hero_configs(op, T.gpu_profile())[0], t)
 
 

@@ -135,6 +135,19 @@ def conv_reference(op: Conv2dOp, t: dict[str, Any]):
     return y if op.layout is Layout.NHWC else y.permute(0, 3, 1, 2)
 
 
+def misalign(t: dict[str, Any], roles: tuple[str, ...] = ("x", "out")) -> dict[str, Any]:
+    """Move ``t[role]`` (torch tensors) one element into a larger buffer, same values: pointers no longer
+    aligned to the vector widths a kernel prefers (its scalar / narrow-vector paths must serve them)."""
+    import torch
+
+    for role in roles:
+        flat = torch.empty(t[role].numel() + 1, device=t[role].device, dtype=t[role].dtype)
+        view = flat[1:].view(t[role].shape)
+        view.copy_(t[role])
+        t[role] = view
+    return t
+
+
 def op_args(t: dict[str, Any]) -> OpArgs:
     arrays = {k: v for k, v in t.items() if k != "out"}
     return OpArgs(arrays, t["out"], None)

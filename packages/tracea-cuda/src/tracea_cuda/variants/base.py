@@ -89,13 +89,17 @@ class CudaVariant(KernelVariant):
     def kernel_args(self, op: Op, ptrs: dict[str, int]) -> tuple:
         raise NotImplementedError
 
+    #: whether configs are tile configs that :meth:`PipelineConfig.validate` checks too (after the spec's own
+    #: ``check``); False for variants whose configs are plain parameters (GEMV, pointwise, depthwise)
+    tiled = True
+
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
             spec = self.spec(op, config, None)
             spec.check()
         except UnsupportedConfigError as exc:
             return Validity(False, exc.reason)
-        return config.validate(profile, smem_bytes=spec.smem_bytes)
+        return config.validate(profile, smem_bytes=spec.smem_bytes) if self.tiled else Validity(True)
 
     def _kernel(self, spec: MmaSpec, profile: DeviceProfile) -> compiler.Kernel:
         arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))

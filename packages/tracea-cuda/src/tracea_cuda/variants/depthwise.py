@@ -14,7 +14,7 @@ from tracea.doctor.variant import Requirements
 from tracea.dtypes import DType
 from tracea.errors import UnsupportedConfigError
 from tracea.ir.ops import Conv2dOp, LayerType, Layout
-from tracea.semantic.config import PipelineConfig, Validity
+from tracea.semantic.config import PipelineConfig
 from tracea.semantic.search_space import SearchSpace
 
 from .. import compiler, toolkit
@@ -58,6 +58,7 @@ def max_vec(op: Conv2dOp, cap: int = 8) -> int:
 
 class DepthwiseConv(CudaVariant):
     name = "cuda.conv2d.depthwise"
+    tiled = False  # configs are plain parameters: the spec checks them
     description = ("depthwise / grouped conv2d (groups > 1, <= 16 channels per group) as a direct kernel on the "
                    "CUDA cores: NHWC f16/bf16/f32 (channel vectors per thread), NCHW (threads along W); any "
                    "kernel up to 7x7, stride, padding, dilation; fp32 accumulation, fused epilogue")
@@ -135,13 +136,6 @@ class DepthwiseConv(CudaVariant):
         tc = -(-kv // -(-kv // cv)) if cv > 0 else cv
         return replace(base, vec=vec, vin=vin, vec_out=vec_out, ppt=int_param(config, "ppt", 1), tc=tc,
                        tp=max(1, threads // tc))
-
-    def validate_config(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
-        try:
-            self.spec(op, config, None).check()
-        except UnsupportedConfigError as exc:
-            return Validity(False, exc.reason)
-        return Validity(True)
 
     def _kernel(self, spec: DepthwiseSpec, profile: DeviceProfile) -> compiler.Kernel:
         arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))

@@ -11,7 +11,7 @@ from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import Requirements
 from tracea.dtypes import DType
 from tracea.ir.ops import GemmOp, LayerType
-from tracea.semantic.config import PipelineConfig, Validity
+from tracea.semantic.config import PipelineConfig
 from tracea.semantic.search_space import SearchSpace
 from tracea.errors import UnsupportedConfigError
 
@@ -58,6 +58,7 @@ class WeightStreamingGemm(CudaVariant):
 
     kernel_word = "few-row"
     kernel_name = ""
+    tiled = False  # configs are plain parameters: the spec checks them
 
     @staticmethod
     def render(spec: Any) -> str:
@@ -78,13 +79,6 @@ class WeightStreamingGemm(CudaVariant):
         if op.n * op.k >= 2**62:
             reasons.append("weight larger than the 64-bit index range")
         return reasons
-
-    def validate_config(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
-        try:
-            self.spec(op, config, None).check()
-        except UnsupportedConfigError as exc:
-            return Validity(False, exc.reason)
-        return Validity(True)
 
     def _kernel(self, spec: Any, profile: DeviceProfile) -> compiler.Kernel:
         arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))

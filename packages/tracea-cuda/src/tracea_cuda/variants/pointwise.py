@@ -11,7 +11,7 @@ from tracea.doctor.variant import Requirements
 from tracea.dtypes import DType
 from tracea.errors import UnsupportedConfigError
 from tracea.ir.ops import Conv2dOp, LayerType, Layout
-from tracea.semantic.config import PipelineConfig, Validity
+from tracea.semantic.config import PipelineConfig
 from tracea.semantic.search_space import SearchSpace
 
 from .. import compiler, toolkit
@@ -36,6 +36,7 @@ def flop_per_byte(op: Conv2dOp) -> float:
 
 class PointwiseConv(CudaVariant):
     name = "cuda.conv2d.pointwise"
+    tiled = False  # configs are plain parameters: the spec checks them
     description = ("1x1 stride-1 conv with few channels on the CUDA cores: NCHW float32 read in place as "
                    "per-image W @ X (no transpose), NHWC f16/bf16/f32 rows; fp32 accumulation, fused epilogue")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D,
@@ -88,13 +89,6 @@ class PointwiseConv(CudaVariant):
             vec_out = op.k % epv == 0 and kb % epv == 0 and aligned(ptrs, "out")
         return PointwiseSpec(op.dtype.storage, op.out_dtype, bias_dtype, op.epilogue, nchw, op.c, op.k, kb, vp,
                              vec_in, vec_out)
-
-    def validate_config(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
-        try:
-            self.spec(op, config, None).check()
-        except UnsupportedConfigError as exc:
-            return Validity(False, exc.reason)
-        return Validity(True)
 
     def _kernel(self, spec: PointwiseSpec, profile: DeviceProfile) -> compiler.Kernel:
         arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))
