@@ -24,7 +24,6 @@ from tracea.doctor.doctor import Doctor
 from tracea.doctor.profile import DeviceProfile
 from tracea.dtypes import DType
 from tracea.errors import NoVariantError
-from tracea.ir.device import Device
 from tracea.ir.ops import Conv2dOp, Layout
 from tracea.plugins import hookimpl
 from tracea.plugins import manager as m
@@ -33,7 +32,6 @@ from tracea.semantic.config import PipelineConfig
 from tracea_cuda import host_emulation, toolkit
 from tracea_cuda import plugin as cuda_plugin
 from tracea_cuda import testing as T
-from tracea_cuda.device import isa_flags
 from tracea_cuda.emit.depthwise import render
 from tracea_cuda.offline import bundle, compile_report, nvcc_path
 from tracea_cuda.variants import all_variants
@@ -41,16 +39,7 @@ from tracea_cuda.variants.depthwise import DepthwiseConv
 
 VARIANT = DepthwiseConv()
 NAME = VARIANT.name
-H100 = DeviceProfile(Device("cuda", 0), "H100 (fake)", backend="cuda", arch="sm_90a", compute_units=132,
-                     compute_capability=(9, 0), warp_size=32, max_threads_per_block=1024,
-                     shared_mem_per_block=232448, registers_per_block=65536, isa=isa_flags((9, 0)),
-                     peak_gflops={"float16": 989e3, "bfloat16": 989e3, "tf32": 494e3, "float32": 67e3},
-                     bandwidth_gbs=3350.0)
-A100 = DeviceProfile(Device("cuda", 0), "A100 (fake)", backend="cuda", arch="sm_80", compute_units=108,
-                     compute_capability=(8, 0), warp_size=32, max_threads_per_block=1024,
-                     shared_mem_per_block=166912, registers_per_block=65536, isa=isa_flags((8, 0)),
-                     peak_gflops={"float16": 312e3, "bfloat16": 312e3, "tf32": 156e3, "float32": 19.5e3},
-                     bandwidth_gbs=2039.0)
+H100, A100 = T.fake_profile("H100"), T.fake_profile("A100")
 needs_gpu = pytest.mark.skipif(not T.gpu_available(), reason="needs a CUDA GPU, CuPy and torch")
 
 

@@ -10,26 +10,15 @@ import types
 import pytest
 
 from tracea.doctor.doctor import Doctor
-from tracea.doctor.profile import DeviceProfile
-from tracea.ir.device import Device
 from tracea.ir.ops import Conv2dOp, GemmOp
 from tracea.plugins import hookimpl
 from tracea.plugins import manager as m
 
 from tracea_cuda import plugin as cuda_plugin
+from tracea_cuda import testing as T
 from tracea_cuda import toolkit
-from tracea_cuda.device import isa_flags
 
-H100 = DeviceProfile(Device("cuda", 0), "H100 (fake)", backend="cuda", arch="sm_90a", compute_units=132,
-                     compute_capability=(9, 0), warp_size=32, max_threads_per_block=1024,
-                     shared_mem_per_block=232448, registers_per_block=65536, isa=isa_flags((9, 0)),
-                     peak_gflops={"float16": 989e3, "bfloat16": 989e3, "tf32": 494e3, "float32": 67e3},
-                     bandwidth_gbs=3350.0)
-A100 = DeviceProfile(Device("cuda", 0), "A100 (fake)", backend="cuda", arch="sm_80", compute_units=108,
-                     compute_capability=(8, 0), warp_size=32, max_threads_per_block=1024,
-                     shared_mem_per_block=166912, registers_per_block=65536, isa=isa_flags((8, 0)),
-                     peak_gflops={"float16": 312e3, "bfloat16": 312e3, "tf32": 156e3, "float32": 19.5e3},
-                     bandwidth_gbs=2039.0)
+H100, A100 = T.fake_profile("H100"), T.fake_profile("A100")
 
 
 def _doctor(monkeypatch, profile, perf_data=None) -> Doctor:

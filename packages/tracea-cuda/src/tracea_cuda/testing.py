@@ -61,6 +61,24 @@ def require_hopper() -> Any:
     return profile
 
 
+def fake_profile(gpu: str):
+    """A :class:`~tracea.doctor.profile.DeviceProfile` of an ``"H100"`` or ``"A100"`` (data-sheet figures),
+    for Doctor and hero tests that must not depend on the GPU present."""
+    from tracea.doctor.profile import DeviceProfile
+    from tracea.ir.device import Device
+
+    from .device import isa_flags
+
+    specs = {"H100": ("sm_90a", 132, (9, 0), 232448, 989e3, 494e3, 67e3, 3350.0),
+             "A100": ("sm_80", 108, (8, 0), 166912, 312e3, 156e3, 19.5e3, 2039.0)}
+    arch, sms, cc, smem, f16, tf32, f32, bw = specs[gpu]
+    return DeviceProfile(Device("cuda", 0), f"{gpu} (fake)", backend="cuda", arch=arch, compute_units=sms,
+                         compute_capability=cc, warp_size=32, max_threads_per_block=1024,
+                         shared_mem_per_block=smem, registers_per_block=65536, isa=isa_flags(cc),
+                         peak_gflops={"float16": f16, "bfloat16": f16, "tf32": tf32, "float32": f32},
+                         bandwidth_gbs=bw)
+
+
 def torch_dtype(dtype: DType):
     import torch  # noqa: PLC0415
 
