@@ -15,22 +15,17 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import types
 
 import numpy as np
 import pytest
 
-from tracea.doctor.doctor import Doctor
 from tracea.doctor.profile import DeviceProfile
 from tracea.dtypes import DType
 from tracea.errors import NoVariantError
 from tracea.ir.ops import Conv2dOp, Layout
-from tracea.plugins import hookimpl
-from tracea.plugins import manager as m
 from tracea.semantic.config import PipelineConfig
 
-from tracea_cuda import host_emulation, toolkit
-from tracea_cuda import plugin as cuda_plugin
+from tracea_cuda import host_emulation
 from tracea_cuda import testing as T
 from tracea_cuda.emit.depthwise import render
 from tracea_cuda.offline import bundle, compile_report, nvcc_path
@@ -105,25 +100,9 @@ def test_dense_conv_variants_still_decline_groups():
         assert any("groups=8 not supported" in r for r in reasons), (v.name, reasons)
 
 
-def _doctor(monkeypatch, profile: DeviceProfile) -> Doctor:
-    """A Doctor over the CUDA plugin's hooks (CuPy reported usable) with ``profile`` as the only GPU."""
-    monkeypatch.setattr(toolkit, "status", lambda: (True, ""))
-    fake = types.ModuleType("fake_cuda_plugin")
-    for name in dir(cuda_plugin):
-        if name.startswith("tracea_") and name not in ("tracea_device_profiles", "tracea_backend_info",
-                                                       "tracea_environment", "tracea_synchronize"):
-            setattr(fake, name, getattr(cuda_plugin, name))
-    fake.tracea_device_profiles = hookimpl(lambda: [profile])
-    pm = m.TraceaPluginManager()
-    for name, path in m.BUILTIN_PLUGINS:
-        pm.load_module(name, path, "builtin")
-    pm.register_plugin(fake, "fakecuda", "test")
-    return Doctor(pm)
-
-
 @pytest.mark.parametrize("profile", [H100, A100], ids=["h100", "a100"])
 def test_doctor_picks_depthwise_for_grouped_ops_untuned(monkeypatch, profile):
-    doc = _doctor(monkeypatch, profile)
+    doc = T.doctor_on(monkeypatch, profile)
     for op in MODEL_OPS:
         d = doc.decide(op, "cuda:0", use_cache=False)
         assert d.variant.name == NAME, (op.describe(), d.explain())
@@ -279,7 +258,7 @@ def test_torch_bridge_routes_grouped_convs_to_the_variant(monkeypatch):
 
     from tracea_torch import bridge_plans, choice  # noqa: PLC0415
 
-    doc = _doctor(monkeypatch, H100)
+    doc = T.doctor_on(monkeypatch, H100)
     monkeypatch.setattr(choice, "get_doctor", lambda: doc)
     cuda = torch.device("cuda", 0)
     cases = [(torch.float16, torch.channels_last, 96, 96, 3, 1), (torch.bfloat16, torch.channels_last, 128, 32, 3, 2),

@@ -5,45 +5,19 @@ picks wgmma_tf32; fp32-exact picks wgmma_3xtf32)."""
 from __future__ import annotations
 
 import json
-import types
 
 import pytest
 
-from tracea.doctor.doctor import Doctor
 from tracea.ir.ops import Conv2dOp, GemmOp
-from tracea.plugins import hookimpl
-from tracea.plugins import manager as m
 
-from tracea_cuda import plugin as cuda_plugin
 from tracea_cuda import testing as T
-from tracea_cuda import toolkit
 
 H100, A100 = T.fake_profile("H100"), T.fake_profile("A100")
 
 
-def _doctor(monkeypatch, profile, perf_data=None) -> Doctor:
-    """A Doctor over the CUDA plugin's hooks (CuPy reported usable) with ``profile`` as the only GPU."""
-    monkeypatch.setattr(toolkit, "status", lambda: (True, ""))
-    monkeypatch.delenv("TRACEA_PERF_MODEL", raising=False)
-    monkeypatch.delenv("TRACEA_PERF_DATA", raising=False)
-    fake = types.ModuleType("fake_cuda_plugin")
-    for name in dir(cuda_plugin):
-        if name.startswith("tracea_") and name not in ("tracea_device_profiles", "tracea_backend_info",
-                                                       "tracea_environment", "tracea_synchronize"):
-            setattr(fake, name, getattr(cuda_plugin, name))
-    fake.tracea_device_profiles = hookimpl(lambda: [profile])
-    if perf_data is not None:
-        fake.tracea_perf_data = hookimpl(lambda profile: perf_data)
-    pm = m.TraceaPluginManager()
-    for name, path in m.BUILTIN_PLUGINS:  # hero configs and search spaces come from the delegate plugin
-        pm.load_module(name, path, "builtin")
-    pm.register_plugin(fake, "fakecuda", "test")
-    return Doctor(pm)
-
-
 @pytest.mark.parametrize("size", [4096, 8192])
 def test_hopper_fp32_rule_on_big_shapes(monkeypatch, size):
-    doc = _doctor(monkeypatch, H100)
+    doc = T.doctor_on(monkeypatch, H100)
     for trans_b in (False, True):
         tf32 = doc.decide(GemmOp(size, size, size, trans_b=trans_b, fp32_precision="high"), "cuda:0", use_cache=False)
         exact = doc.decide(GemmOp(size, size, size, trans_b=trans_b, fp32_precision="highest"), "cuda:0",
@@ -54,7 +28,7 @@ def test_hopper_fp32_rule_on_big_shapes(monkeypatch, size):
 
 
 def test_hopper_fp32_rule_holds_without_the_model(monkeypatch):
-    doc = _doctor(monkeypatch, H100)
+    doc = T.doctor_on(monkeypatch, H100)
     monkeypatch.setenv("TRACEA_PERF_MODEL", "0")
     op = GemmOp(8192, 8192, 8192, fp32_precision="high")
     d = doc.decide(op, "cuda:0", use_cache=False)
@@ -65,7 +39,7 @@ def test_hopper_fp32_rule_holds_without_the_model(monkeypatch):
 
 
 def test_explanation_names_model_neighbours_and_roofline(monkeypatch):
-    doc = _doctor(monkeypatch, H100)
+    doc = T.doctor_on(monkeypatch, H100)
     d = doc.decide(GemmOp(512, 15360, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0",
                    use_cache=False)
     text = d.explain()
@@ -75,7 +49,7 @@ def test_explanation_names_model_neighbours_and_roofline(monkeypatch):
 
 
 def test_decode_shape_prefers_gemv(monkeypatch):
-    doc = _doctor(monkeypatch, H100)
+    doc = T.doctor_on(monkeypatch, H100)
     d = doc.decide(GemmOp(1, 13824, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0",
                    use_cache=False)
     assert d.variant.name == "cuda.gemm.gemv", d.explain()
@@ -83,7 +57,7 @@ def test_decode_shape_prefers_gemv(monkeypatch):
 
 def test_model_never_picks_a_declining_variant(monkeypatch):
     """K % 4 != 0: the Hopper TF32 variants decline (TMA rows); data near the shape must not revive them."""
-    doc = _doctor(monkeypatch, H100)
+    doc = T.doctor_on(monkeypatch, H100)
     op = GemmOp(4096, 4096, 4093, fp32_precision="highest")
     d = doc.decide(op, "cuda:0", use_cache=False)
     assert d.variant.name != "cuda.gemm.wgmma_3xtf32"
@@ -94,7 +68,7 @@ def test_model_never_picks_a_declining_variant(monkeypatch):
 
 
 def test_other_architecture_falls_back_to_roofline(monkeypatch):
-    doc = _doctor(monkeypatch, A100)
+    doc = T.doctor_on(monkeypatch, A100)
     d = doc.decide(GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0", use_cache=False)
     assert d.chosen.estimate is None
     assert "no measured data for sm_80" in d.explain() and "data exists for sm_90" in d.explain()
@@ -106,7 +80,7 @@ def test_other_architecture_falls_back_to_roofline(monkeypatch):
 def test_corrupt_shipped_file_falls_back_with_reason(monkeypatch, tmp_path, content):
     bad = tmp_path / "sm_90.json"
     bad.write_bytes(content)
-    doc = _doctor(monkeypatch, H100, [str(bad)])
+    doc = T.doctor_on(monkeypatch, H100, [str(bad)])
     d = doc.decide(GemmOp(8192, 8192, 8192, fp32_precision="high"), "cuda:0", use_cache=False)
     assert d.chosen.estimate is None  # roofline
     assert "sm_90.json not used" in d.explain()
@@ -122,7 +96,7 @@ def test_bad_rows_are_skipped_not_fatal(monkeypatch, tmp_path):
                                         ["x"], ["cuda.gemm.wgmma", {"kind": "nope"}, 1e-3, "", "fit", [0, 0]]]
     path = tmp_path / "sm_90.json"
     path.write_text(json.dumps(good))
-    doc = _doctor(monkeypatch, H100, [str(path)])
+    doc = T.doctor_on(monkeypatch, H100, [str(path)])
     d = doc.decide(GemmOp(4096, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"), "cuda:0", use_cache=False)
     assert "4 malformed row(s) skipped" in d.explain()
 
@@ -131,7 +105,7 @@ def test_doctor_cli_text_explains_the_ranking(monkeypatch):
     from tracea.cli.doctor_cmd import render_text
     from tracea.doctor.report import build_report
 
-    doc = _doctor(monkeypatch, H100)
+    doc = T.doctor_on(monkeypatch, H100)
     op = GemmOp(8192, 8192, 8192, fp32_precision="high")
     text = render_text(build_report(doc, [op], "cuda:0"))
     assert "estimated by (roofline)" in text and "knn (" in text
@@ -151,7 +125,7 @@ def test_few_tile_gemms_take_the_split_k_hero_and_decode_keeps_its_variants(monk
                 (128, 11008, 4096): (96, None), (96, 4096, 14336): (128, 3), (128, 4096, 11008): (64, 2),
                 (192, 4096, 4096): (128, None), (256, 4096, 14336): (64, None)}
     for profile in (H100, dc_replace(H100, bandwidth_gbs=4800.0)):
-        doc = _doctor(monkeypatch, profile)
+        doc = T.doctor_on(monkeypatch, profile)
 
         def decide(m, n, k, dt="bfloat16", doc=doc):
             kw = {"fp32_precision": "high"} if dt == "float32" else {"dtype_a": dt, "dtype_b": dt}
@@ -175,7 +149,7 @@ def test_first_use_times_the_chosen_variants_heroes_not_variants_estimated_far_s
     from tracea.doctor import doctor as doctor_mod
     from tracea.runtime import first_use
 
-    doc = _doctor(monkeypatch, H100)
+    doc = T.doctor_on(monkeypatch, H100)
     monkeypatch.setattr(doctor_mod, "get_doctor", lambda: doc)
 
     def trials(m, n, k):
@@ -202,7 +176,7 @@ def test_attention_decode_shapes_go_to_the_decode_kernel(monkeypatch):
                AttentionOp(1, 16, 8, 8192, 128, kv_heads=4, dtype="bfloat16", causal=True)]
     prefill = AttentionOp(4, 32, 4096, 4096, 128, kv_heads=8, dtype="bfloat16")
     for profile, pre in ((H100, "cuda.attention.wgmma"), (A100, "cuda.attention.flash_mma")):
-        doc = _doctor(monkeypatch, profile)
+        doc = T.doctor_on(monkeypatch, profile)
         for op in decode:
             d = doc.decide(op, "cuda:0", use_cache=False)
             assert d.variant.name == "cuda.attention.decode", (profile.name, d.explain())
@@ -287,7 +261,7 @@ def test_one_row_decode_goes_to_the_gemv_on_tall_weights(monkeypatch):
 
     h200 = dc_replace(H100, bandwidth_gbs=4800.0)
     op = lambda m, n, k: GemmOp(m, n, k, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")  # noqa: E731
-    doc = _doctor(monkeypatch, h200)  # CuPy reported usable
+    doc = T.doctor_on(monkeypatch, h200)  # CuPy reported usable
     reasons = SkinnyMmaGemm().check(op(1, 11008, 4096), h200)
     assert any("cuda.gemm.gemv" in r for r in reasons), reasons
     assert not SkinnyMmaGemm().check(op(1, 4096, 11008), h200)
@@ -304,7 +278,7 @@ def test_cuda_attention_declines_non_positive_scales(monkeypatch, scale):
     from tracea.errors import NoVariantError
     from tracea.ir.ops import AttentionOp
 
-    doc = _doctor(monkeypatch, H100)
+    doc = T.doctor_on(monkeypatch, H100)
     for sq in (1, 4096):  # the decode kernel and the prefill kernels
         op = AttentionOp(1, 32, sq, 4096, 128, kv_heads=8, dtype="bfloat16", scale=scale)
         try:

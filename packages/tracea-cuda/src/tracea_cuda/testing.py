@@ -79,6 +79,36 @@ def fake_profile(gpu: str):
                          bandwidth_gbs=bw)
 
 
+def doctor_on(monkeypatch: Any, profile: Any, perf_data: Any = None):
+    """A Doctor over the CUDA plugin's hooks (CuPy reported usable) with ``profile`` as the only GPU (see
+    :func:`fake_profile`) and, when given, ``perf_data`` as the plugin's measured performance data; the
+    performance-model environment variables are cleared (``monkeypatch``: pytest's fixture)."""
+    import types
+
+    from tracea.doctor.doctor import Doctor
+    from tracea.plugins import hookimpl
+    from tracea.plugins import manager as m
+
+    from . import plugin as cuda_plugin
+
+    monkeypatch.setattr(toolkit, "status", lambda: (True, ""))
+    monkeypatch.delenv("TRACEA_PERF_MODEL", raising=False)
+    monkeypatch.delenv("TRACEA_PERF_DATA", raising=False)
+    fake = types.ModuleType("fake_cuda_plugin")
+    for name in dir(cuda_plugin):
+        if name.startswith("tracea_") and name not in ("tracea_device_profiles", "tracea_backend_info",
+                                                       "tracea_environment", "tracea_synchronize"):
+            setattr(fake, name, getattr(cuda_plugin, name))
+    fake.tracea_device_profiles = hookimpl(lambda: [profile])  # type: ignore[attr-defined]
+    if perf_data is not None:
+        fake.tracea_perf_data = hookimpl(lambda profile: perf_data)  # type: ignore[attr-defined]
+    pm = m.TraceaPluginManager()
+    for name, path in m.BUILTIN_PLUGINS:  # hero configs and search spaces come from the delegate plugin
+        pm.load_module(name, path, "builtin")
+    pm.register_plugin(fake, "fakecuda", "test")
+    return Doctor(pm)
+
+
 def torch_dtype(dtype: DType):
     import torch  # noqa: PLC0415
 
