@@ -86,33 +86,22 @@ def stream_capturing() -> Any:
 
 
 def _matmul_precision() -> str:
-    """``torch.get_float32_matmul_precision()`` (bound on first use: this runs on every call's key)."""
+    """``torch.get_float32_matmul_precision()`` (bound on first use, to :mod:`tracea_torch.torch_flags`'
+    getter: this runs on every call's key)."""
     global _matmul_precision
-    import torch
+    from .torch_flags import matmul_precision
 
-    _matmul_precision = (getattr(torch._C, "_get_float32_matmul_precision", None)  # type: ignore[assignment]
-                         or torch.get_float32_matmul_precision)  # (the C getter: no Python frame)
+    _matmul_precision = matmul_precision  # type: ignore[assignment]
     return _matmul_precision()
 
 
 def _cudnn_tf32() -> bool:
-    """``torch.backends.cudnn.allow_tf32`` through its C getter where torch has one (the module attribute
-    goes through a Python descriptor: ~0.5 us more on every call's key)."""
+    """``torch.backends.cudnn.allow_tf32`` (bound on first use, as :func:`_matmul_precision`)."""
     global _cudnn_tf32
-    import torch
+    from .torch_flags import cudnn_allow_tf32
 
-    getter = getattr(torch._C, "_get_cudnn_allow_tf32", None)
-    _cudnn_tf32 = getter if getter is not None else (lambda: _cudnn().allow_tf32)  # type: ignore[assignment]
+    _cudnn_tf32 = cudnn_allow_tf32  # type: ignore[assignment]
     return bool(_cudnn_tf32())
-
-
-def _cudnn() -> Any:
-    """``torch.backends.cudnn`` (bound on first use)."""
-    global _cudnn
-    import torch.backends.cudnn as cudnn
-
-    _cudnn = lambda: cudnn  # noqa: E731
-    return cudnn
 
 
 class TorchAdapter(ArrayAdapter):

@@ -27,12 +27,12 @@ import torch
 from tracea.runtime.plans import _SIGS, Uncacheable, lookup, signature
 
 from .bridge_plans import conv2d_plan, linear_plan
+from .torch_flags import cudnn_allow_tf32 as _cudnn_tf32
+from .torch_flags import matmul_precision as _matmul_precision
 from .choice import (ACTIVATION_NAMES, SERVED_DTYPES, Fallback, choose, epilogue_for, fp32_precision,  # noqa: F401
                      output_memory_format, parse_activation, serving_variant)
 
 _F32 = torch.float32
-_cudnn = torch.backends.cudnn
-_matmul_precision = torch.get_float32_matmul_precision
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
@@ -50,7 +50,7 @@ def conv2d_plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
     elif type(padding) is not tuple or type(dilation) is not tuple:
         padding, dilation = tuple(padding), tuple(dilation)
-    prec = (_cudnn.allow_tf32 if x.is_cuda else _matmul_precision()) if x.dtype is _F32 else None
+    prec = (_cudnn_tf32() if x.is_cuda else _matmul_precision()) if x.dtype is _F32 else None
     try:
         try:  # the signatures, without the frames of plans.signature in the common case
             sx, sw, sb = _SIGS[type(x)](x), _SIGS[type(w)](w), _SIGS[type(bias)](bias)

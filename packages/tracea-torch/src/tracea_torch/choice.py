@@ -15,6 +15,7 @@ from tracea.runtime.dispatch import fallback_reason
 
 from .adapter import device_of
 from .policy import reference_allowed
+from .torch_flags import cudnn_allow_tf32, matmul_precision
 
 ACTIVATION_NAMES = {"none": None, "relu": "relu", "gelu": "gelu_erf", "gelu_erf": "gelu_erf",
                     "gelu_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
@@ -45,8 +46,8 @@ def fp32_precision(device_type: str, conv: bool) -> Fp32Precision:
     """torch's float32 math mode for this call: cuDNN's ``allow_tf32`` for CUDA convolutions (on by
     default), ``torch.get_float32_matmul_precision()`` otherwise."""
     if conv and device_type == "cuda":
-        return Fp32Precision.HIGH if torch.backends.cudnn.allow_tf32 else Fp32Precision.HIGHEST
-    return Fp32Precision.parse(torch.get_float32_matmul_precision())
+        return Fp32Precision.HIGH if cudnn_allow_tf32() else Fp32Precision.HIGHEST
+    return Fp32Precision.parse(matmul_precision())
 
 
 def output_memory_format(x: torch.Tensor) -> torch.memory_format:

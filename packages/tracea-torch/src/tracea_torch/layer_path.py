@@ -29,13 +29,13 @@ from .adapter import stream_capturing
 from .fallbacks import record as _record
 from .guards import NO_TENSOR as _NO_BIAS
 from .guards import guard_of as _guard_of
+from .torch_flags import cudnn_allow_tf32 as _cudnn_tf32
+from .torch_flags import matmul_precision as _matmul_precision
 from .ops import (_any_autocast, _dispatch_modes, _function_modes, _grad_enabled, _is_dynamo_compiling, _pair,
                   _tracing_state, _transforms_active)
 
 _F32 = torch.float32
 _conv2d, _linear = torch.nn.functional.conv2d, torch.nn.functional.linear
-_cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch.backends.cudnn.allow_tf32)
-_matmul_precision = getattr(torch._C, "_get_float32_matmul_precision", None) or torch.get_float32_matmul_precision
 _capturing = stream_capturing()
 _KEY = "_tracea_memo"
 #: the plan cache's generation and the environment write count, read in place by a lean memo's check
