@@ -95,6 +95,22 @@ def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     return _bind_tb_gemm(lib)
 
 
+@functools.lru_cache(maxsize=64)
+def skinny_library(isa_name: str, epilogue_key: str) -> ctypes.CDLL:
+    """The skinny GEMM library (``ts_f32_call``; with ``isa_name="avx512bf16"`` also ``ts_bf16_call``) for
+    one ISA and epilogue chain (compiled once; see :mod:`.emit.skinny`)."""
+    from .emit.skinny import skinny_source
+
+    bf16 = isa_name == AVX512_BF16.name
+    isa = AVX512_BF16 if bf16 else ISA_BY_NAME[isa_name]
+    lib = build(skinny_source(isa, Epilogue.parse(epilogue_key), bf16), isa.cflags, f"skinny-{isa_name}")
+    entries = [lib.ts_f32_call] + ([lib.ts_bf16_call] if bf16 else [])
+    for fn in entries:
+        fn.argtypes = [_P, _P, _P, _P, _P]
+        fn.restype = _I
+    return lib
+
+
 @functools.lru_cache(maxsize=4)
 def int8_linear_library() -> ctypes.CDLL:
     """The AMX int8 linear library (``ti_linear``; compiled once; call

@@ -24,6 +24,7 @@ from .bf16 import CpuGemmBf16Variant
 from .emit.calls import ATTENTION_PARAMS, CONV_PARAMS, GEMM_PARAMS
 from .emit.gemv import unpacked_driver
 from .host_load import thread_picker
+from .skinny import skinny_variants
 from .isa import ALL_ISAS, Isa
 from .variant_base import (GEMV_THREADS_BYTES, CpuVariant, _check_rc, _host, _ptr, _require,  # noqa: F401
                            _requested_threads, _threads_problem, _validate_blocked)
@@ -301,4 +302,4 @@ def all_variants() -> list[CpuVariant]:
     out: list[CpuVariant] = []
     for isa in ALL_ISAS:
         out += [CpuGemmVariant(isa), CpuConv2dVariant(isa), CpuAttentionVariant(isa)]
-    return out + [CpuGemmBf16Variant(), CpuGemmAmxVariant(), CpuConv2dAmxVariant(), CpuGemmF16AmxVariant()] + f16_variants()
+    return out + [CpuGemmBf16Variant(), CpuGemmAmxVariant(), CpuConv2dAmxVariant(), CpuGemmF16AmxVariant()] + f16_variants() + skinny_variants()

@@ -1,0 +1,304 @@
+"""The skinny GEMM library: ``C = epilogue(A @ W.T)`` for a few rows of A (``M <= 16``) against weights
+stored N x K (``nn.Linear`` at decode time), fp32 (any ISA's ``V*`` layer) and bf16 (AVX512_BF16).
+
+These calls are memory-bound: every weight is read once per call and nothing else is large. So nothing is
+packed; each output C(i, j) is the dot product of row i of A (small, L1/L2-resident) with weight row j.
+
+* **Split.** The N weight rows are cut into ``T`` contiguous ranges, one per thread, each a multiple of
+  ``TS_R`` rows (a static split: each thread's hardware prefetchers see long forward streams, and no
+  work-sharing counter is touched). The caller chooses ``T`` (see :mod:`tracea_cpu.skinny`); with
+  ``T = 1`` no parallel region is entered at all.
+* **Block.** A thread walks its range ``TS_R`` (8) weight rows at a time along k with ``TS_R x mg``
+  vector accumulators (``mg <= TS_MG`` rows of A; more rows of A are taken in groups against the same
+  weight rows, which are in L1/L2 by then), reduces each accumulator horizontally and adds the k tail
+  (fp32: scalar; bf16: masked loads, so any K). Eight side-by-side weight streams keep enough loads in
+  flight to reach the memory bandwidth from one core.
+* **bf16.** ``vdpbf16ps`` multiplies 32 bf16 pairs of A and W per instruction into 16 fp32 lanes (products
+  of two bf16 are exact in fp32); accumulation and the epilogue are fp32; a bf16 output is rounded to
+  nearest even (``vcvtneps2bf16``, torch's rounding).
+* **Epilogue.** ``tr_epi`` (bias, activations) runs vectorised over each finished chunk of
+  ``TS_CH`` outputs of a row while it is in L1.
+* **End of the region.** The calling thread spins for the workers (``tr_join``, bounded) instead of
+  sleeping in the region's closing barrier: a sleeping master is woken tens of microseconds late on a
+  KVM guest (docs/backends/cpu.md, "Threads").
+
+Entry points: ``ts_f32_call(p, a, w, c, bias)`` and ``ts_bf16_call(p, a, w, c, bias)`` with
+``p = {batch, M, N, K, rsa, sa, ldw, sw, ldc, sc, nth, out_bf16}`` (longs; :data:`SKINNY_PARAMS`).
+"""
+
+from __future__ import annotations
+
+from tracea.ir.epilogue import Epilogue
+
+from ..isa import Isa
+from .common import epilogue_c, prologue
+
+#: Order of the ``long`` parameters of ``ts_f32_call`` / ``ts_bf16_call``.
+SKINNY_PARAMS = ("batch", "M", "N", "K", "rsa", "sa", "ldw", "sw", "ldc", "sc", "nth", "out_bf16")
+#: Most rows of A the skinny library serves (the variants decline more).
+MAX_M = 16
+
+COMMON = r"""
+#ifndef TS_CH
+#define TS_CH 256
+#endif
+/* Weight rows per block: every block keeps 16 vector accumulators (mg rows of A x 16 / mg weight rows). */
+#define TS_R 16
+/* Row range [*lo, *hi) of thread tid of T over N rows: contiguous, multiples of TS_R but the last. */
+static inline void ts_range(long N, int T, int tid, long *lo, long *hi) {
+    long blocks = (N + TS_R - 1) / TS_R;
+    *lo = TR_MIN(N, blocks * tid / T * TS_R);
+    *hi = TR_MIN(N, blocks * (tid + 1) / T * TS_R);
+}
+/* The epilogue chain over c[0:n] (bias: the matching n values or null). */
+static void ts_epi(float *c, long n, const float *bias) {
+#if TR_HAS_EPI
+    long j = 0;
+    for (; j + VW <= n; j += VW) VSTORE(c + j, tr_epi(VLOAD(c + j), bias ? VLOAD(bias + j) : VZERO()));
+    if (j < n) {
+        float t[VW], tb[VW];
+        for (int q = 0; q < VW; q++) { t[q] = j + q < n ? c[j + q] : 0.0f; tb[q] = bias && j + q < n ? bias[j + q] : 0.0f; }
+        V x = tr_epi(VLOAD(t), VLOAD(tb));
+        VSTORE(t, x);
+        for (long q = 0; j + q < n; q++) c[j + q] = t[q];
+    }
+#else
+    (void)c; (void)n; (void)bias;
+#endif
+}
+#ifdef __AVX512F__
+/* s[q] = the sum of the 16 lanes of v[q], q < 16: a shuffle-and-add tree (45 instructions instead of 16
+   separate horizontal sums). */
+static inline __attribute__((always_inline)) void ts_hsum16(const __m512 *v, float *s) {
+    __m512 x[8], t[4];
+    for (int i = 0; i < 8; i++)  /* 128-bit lanes: [a0+a2, a1+a3, b0+b2, b1+b3] */
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)  /* lanes: [a, b, c, d], four partials each */
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88), _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xDD));
+    __m512 u0 = _mm512_add_ps(_mm512_unpacklo_ps(t[0], t[1]), _mm512_unpackhi_ps(t[0], t[1]));
+    __m512 u1 = _mm512_add_ps(_mm512_unpacklo_ps(t[2], t[3]), _mm512_unpackhi_ps(t[2], t[3]));
+    __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u0, u1, 0x44), _mm512_shuffle_ps(u0, u1, 0xEE));
+    /* w[4L + q] is the sum of v[4q + L] */
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(s, _mm512_permutexvar_ps(perm, w));
+}
+#endif
+"""
+
+F32 = r"""
+/* s[i*R + r] = dot(ar[i][0:K], wr[r][0:K]) for i < MG, r < R = 16 / MG (compile-time constants). */
+static inline __attribute__((always_inline)) void ts_f32_tile(long K, const float *const *ar, const float *const *wr,
+                                                             float *s, const int MG) {
+    const int R = 16 / MG;
+    V acc[16];
+    for (int q = 0; q < 16; q++) acc[q] = VZERO();
+    long kv = K / VW * VW, k = 0;
+    for (; k < kv; k += VW) {
+        V av[4];
+        for (int i = 0; i < MG; i++) av[i] = VLOAD(ar[i] + k);
+        for (int r = 0; r < R; r++) {
+            V wv = VLOAD(wr[r] + k);
+            for (int i = 0; i < MG; i++) acc[i * R + r] = VFMA(av[i], wv, acc[i * R + r]);
+        }
+    }
+#ifdef __AVX512F__
+    if (k < K) {
+        __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
+        V av[4];
+        for (int i = 0; i < MG; i++) av[i] = _mm512_maskz_loadu_ps(mk, ar[i] + k);
+        for (int r = 0; r < R; r++) {
+            V wv = _mm512_maskz_loadu_ps(mk, wr[r] + k);
+            for (int i = 0; i < MG; i++) acc[i * R + r] = VFMA(av[i], wv, acc[i * R + r]);
+        }
+    }
+    ts_hsum16(acc, s);
+#else
+    for (int i = 0; i < MG; i++)
+        for (int r = 0; r < R; r++) {
+            float x = VHSUM(acc[i * R + r]);
+            for (long t = kv; t < K; t++) x += ar[i][t] * wr[r][t];
+            s[i * R + r] = x;
+        }
+#endif
+}
+
+/* C rows i0 .. i0+mg (mg <= 4) at columns j .. j+nr (nr <= 16) of weight rows w + j*ldw: in blocks of
+   16 / MG rows; edge rows and a padded A group (mg = 3 runs as 4) repeat the last valid pointer and
+   their results are dropped. */
+static void ts_f32_rows(long K, const float *const *ar, int mg, const float *w, long ldw, float *c, long ldc,
+                        long nr) {
+    int MG = mg == 1 ? 1 : mg == 2 ? 2 : 4, R = 16 / MG;
+    const float *ap[4];
+    for (int i = 0; i < MG; i++) ap[i] = ar[TR_MIN(i, mg - 1)];
+    float s[16];
+    for (long r0 = 0; r0 < nr; r0 += R) {
+        const float *wr[16];
+        for (int r = 0; r < R; r++) wr[r] = w + TR_MIN(r0 + r, nr - 1) * ldw;
+        if (MG == 1) ts_f32_tile(K, ap, wr, s, 1);
+        else if (MG == 2) ts_f32_tile(K, ap, wr, s, 2);
+        else ts_f32_tile(K, ap, wr, s, 4);
+        for (int i = 0; i < mg; i++)
+            for (int r = 0; r < R && r0 + r < nr; r++) c[i * ldc + r0 + r] = s[i * R + r];
+    }
+}
+
+/* One thread's rows [lo, hi) of one batch entry. */
+static void ts_f32_part(long M, long K, const float *const *ar, const float *w, long ldw, float *c, long ldc,
+                        const float *bias, long lo, long hi) {
+    for (long j0 = lo; j0 < hi; j0 += TS_CH) {
+        long j1 = TR_MIN(hi, j0 + TS_CH);
+        for (long j = j0; j < j1; j += TS_R)
+            for (long i = 0; i < M; i += 4)
+                ts_f32_rows(K, ar + i, (int)TR_MIN(4, M - i), w + j * ldw, ldw, c + i * ldc + j, ldc, TR_MIN(TS_R, j1 - j));
+        for (long i = 0; i < M; i++) ts_epi(c + i * ldc + j0, j1 - j0, bias ? bias + j0 : 0);
+    }
+}
+
+int ts_f32(long batch, long M, long N, long K, const float *a, long rsa, long sa, const float *w, long ldw,
+           long sw, float *c, long ldc, long sc, const float *bias, int nth) {
+    if (M > 64 || M < 1) return 2;
+    long t_call = tr_now_ns();
+    int T = nth > 1 && N >= 2 * TS_R ? nth : 1;
+    for (long q = 0; q < batch; q++) {
+        const float *ar[64];
+        for (long i = 0; i < M; i++) ar[i] = a + q * sa + i * rsa;
+        const float *wq = w + q * sw;
+        float *cq = c + q * sc;
+        if (T == 1) { ts_f32_part(M, K, ar, wq, ldw, cq, ldc, bias, 0, N); continue; }
+        int done = 0;
+        #pragma omp parallel num_threads(T)
+        {
+            int tid = TR_TID(), nt = TR_NT();
+            long lo, hi;
+            ts_range(N, nt, tid, &lo, &hi);
+            ts_f32_part(M, K, ar, wq, ldw, cq, ldc, bias, lo, hi);
+            tr_join(&done, nt, tid, t_call);
+        }
+    }
+    return 0;
+}
+
+int ts_f32_call(const long *p, const float *a, const float *w, float *c, const float *bias) {
+    return ts_f32(p[0], p[1], p[2], p[3], a, p[4], p[5], w, p[6], p[7], c, p[8], p[9], bias, (int)p[10]);
+}
+"""
+
+BF16 = r"""
+typedef uint16_t bf16;
+#define TS_BLOADN(p, n) _mm512_maskz_loadu_epi16((__mmask32)(0xffffffffu >> (32 - (n))), (const void *)(p))
+
+/* As ts_f32_tile, bf16 operands: 32 k values per vdpbf16ps, a masked tail (any K). */
+static inline __attribute__((always_inline)) void ts_bf16_tile(long K, const bf16 *const *ar, const bf16 *const *wr,
+                                                              float *s, const int MG) {
+    const int R = 16 / MG;
+    __m512 acc[16];
+    for (int q = 0; q < 16; q++) acc[q] = _mm512_setzero_ps();
+    long kv = K / 32 * 32, k = 0;
+    for (; k < kv; k += 32) {
+        __m512i av[4];
+        for (int i = 0; i < MG; i++) av[i] = _mm512_loadu_si512((const void *)(ar[i] + k));
+        for (int r = 0; r < R; r++) {
+            __m512i wv = _mm512_loadu_si512((const void *)(wr[r] + k));
+            for (int i = 0; i < MG; i++) acc[i * R + r] = _mm512_dpbf16_ps(acc[i * R + r], (__m512bh)wv, (__m512bh)av[i]);
+        }
+    }
+    if (k < K) {
+        int n = (int)(K - k);
+        __m512i av[4];
+        for (int i = 0; i < MG; i++) av[i] = TS_BLOADN(ar[i] + k, n);
+        for (int r = 0; r < R; r++) {
+            __m512i wv = TS_BLOADN(wr[r] + k, n);
+            for (int i = 0; i < MG; i++) acc[i * R + r] = _mm512_dpbf16_ps(acc[i * R + r], (__m512bh)wv, (__m512bh)av[i]);
+        }
+    }
+    ts_hsum16(acc, s);
+}
+
+static void ts_bf16_rows(long K, const bf16 *const *ar, int mg, const bf16 *w, long ldw, float *c, long ldc,
+                         long nr) {
+    int MG = mg == 1 ? 1 : mg == 2 ? 2 : 4, R = 16 / MG;
+    const bf16 *ap[4];
+    for (int i = 0; i < MG; i++) ap[i] = ar[TR_MIN(i, mg - 1)];
+    float s[16];
+    for (long r0 = 0; r0 < nr; r0 += R) {
+        const bf16 *wr[16];
+        for (int r = 0; r < R; r++) wr[r] = w + TR_MIN(r0 + r, nr - 1) * ldw;
+        if (MG == 1) ts_bf16_tile(K, ap, wr, s, 1);
+        else if (MG == 2) ts_bf16_tile(K, ap, wr, s, 2);
+        else ts_bf16_tile(K, ap, wr, s, 4);
+        for (int i = 0; i < mg; i++)
+            for (int r = 0; r < R && r0 + r < nr; r++) c[i * ldc + r0 + r] = s[i * R + r];
+    }
+}
+
+/* One thread's rows [lo, hi): fp32 sums of a chunk of TS_CH rows into cb (16 x TS_CH, L1), the epilogue,
+   then stored as fp32 or rounded to bf16. */
+static void ts_bf16_part(long M, long K, const bf16 *const *ar, const bf16 *w, long ldw, void *c, long ldc,
+                         int out_bf16, const float *bias, long lo, long hi) {
+    float cb[16 * TS_CH] __attribute__((aligned(64)));
+    for (long j0 = lo; j0 < hi; j0 += TS_CH) {
+        long j1 = TR_MIN(hi, j0 + TS_CH), n = j1 - j0;
+        for (long mi = 0; mi < M; mi += 16) {
+            long mm = TR_MIN(16, M - mi);
+            for (long j = j0; j < j1; j += TS_R)
+                for (long i = 0; i < mm; i += 4)
+                    ts_bf16_rows(K, ar + mi + i, (int)TR_MIN(4, mm - i), w + j * ldw, ldw, cb + i * TS_CH + (j - j0),
+                                 TS_CH, TR_MIN(TS_R, j1 - j));
+            for (long i = 0; i < mm; i++) {
+                float *row = cb + i * TS_CH;
+                ts_epi(row, n, bias ? bias + j0 : 0);
+                if (out_bf16) {
+                    bf16 *o = (bf16 *)c + (mi + i) * ldc + j0;
+                    long j = 0;
+                    for (; j + 16 <= n; j += 16)
+                        _mm256_storeu_si256((__m256i *)(o + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + j)));
+                    if (j < n) {
+                        __mmask16 mk = (__mmask16)((1u << (n - j)) - 1);
+                        _mm256_mask_storeu_epi16(o + j, mk, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, row + j)));
+                    }
+                } else {
+                    memcpy((float *)c + (mi + i) * ldc + j0, row, sizeof(float) * n);
+                }
+            }
+        }
+    }
+}
+
+int ts_bf16(long batch, long M, long N, long K, const bf16 *a, long rsa, long sa, const bf16 *w, long ldw,
+            long sw, void *c, long ldc, long sc, const float *bias, int nth, int out_bf16) {
+    if (M > 64 || M < 1) return 2;
+    long t_call = tr_now_ns();
+    int T = nth > 1 && N >= 2 * TS_R ? nth : 1;
+    long esz = out_bf16 ? 2 : 4;
+    for (long q = 0; q < batch; q++) {
+        const bf16 *ar[64];
+        for (long i = 0; i < M; i++) ar[i] = a + q * sa + i * rsa;
+        const bf16 *wq = w + q * sw;
+        void *cq = (char *)c + q * sc * esz;
+        if (T == 1) { ts_bf16_part(M, K, ar, wq, ldw, cq, ldc, out_bf16, bias, 0, N); continue; }
+        int done = 0;
+        #pragma omp parallel num_threads(T)
+        {
+            int tid = TR_TID(), nt = TR_NT();
+            long lo, hi;
+            ts_range(N, nt, tid, &lo, &hi);
+            ts_bf16_part(M, K, ar, wq, ldw, cq, ldc, out_bf16, bias, lo, hi);
+            tr_join(&done, nt, tid, t_call);
+        }
+    }
+    return 0;
+}
+
+int ts_bf16_call(const long *p, const bf16 *a, const bf16 *w, void *c, const float *bias) {
+    return ts_bf16(p[0], p[1], p[2], p[3], a, p[4], p[5], w, p[6], p[7], c, p[8], p[9], bias, (int)p[10], (int)p[11]);
+}
+"""
+
+
+def skinny_source(isa: Isa, epilogue: Epilogue, bf16: bool) -> str:
+    """C source of the skinny library for ``isa`` and one epilogue chain: fp32 always, and the bf16
+    entry points when ``bf16`` (the ISA must then be AVX-512 compiled with AVX512_BF16)."""
+    parts = [prologue(isa), epilogue_c(epilogue), COMMON, F32]
+    if bf16:
+        parts.append(BF16)
+    return "\n".join(parts)
