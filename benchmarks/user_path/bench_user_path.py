@@ -9,8 +9,10 @@ Sections (each prints Tracea, the anchor and their ratio; ``--json PATH`` writes
 
 * ``host``: host time per call until the call returns (kernel queued or run): ``tracea.ops.matmul`` on
   16x16 NumPy arrays vs NumPy; patched ``nn.Linear`` / ``nn.Conv2d`` vs the same module unpatched.
-* ``calls`` (CUDA): a patched ``nn.Conv2d`` / ``nn.Linear`` vs the module unpatched: host time per call,
-  and back-to-back throughput (N calls between two CUDA events, nothing queued ahead), interleaved by rounds.
+* ``calls``: a patched ``nn.Conv2d`` / ``nn.Linear`` vs the module unpatched: host time per call, and
+  back-to-back throughput (N calls between two CUDA events, nothing queued ahead; on the CPU perf_counter),
+  interleaved by rounds. On the CPU: decode-shaped linears (1-16 tokens, fp32 and bf16), with the
+  public ``tracea.ops.matmul(x, W.T, bias=b)`` against ``F.linear`` beside each (no arbiter there).
 * ``models``: whole forwards, patched vs eager (same weights): a ResNet-style CNN (fp16 channels_last and
   fp32, batch 32 and 1) and a transformer decoder block (bf16, prefill and one-token decode); on CUDA
   also both captured in CUDA graphs (replay vs replay). ``--timm NAMES`` adds timm models (random weights).
@@ -124,23 +126,27 @@ def host_section(results: list) -> None:
 
 
 def calls_section(results: list, device: torch.device) -> None:
-    print(f"\n[calls] patched layer vs unpatched, {torch.cuda.get_device_name(device)}")
+    cuda = device.type == "cuda"
+    print(f"\n[calls] patched layer vs unpatched, {torch.cuda.get_device_name(device) if cuda else 'CPU'}")
     cases = []
-    for dtype, fmt in ((torch.float16, torch.channels_last), (torch.float32, torch.contiguous_format)):
-        conv = nn.Conv2d(64, 64, 3, padding=1).to(device=device, dtype=dtype, memory_format=fmt)
-        x = torch.randn(1, 64, 16, 16, device=device, dtype=dtype).contiguous(memory_format=fmt)
-        cases.append((f"Conv2d 64->64 3x3 16x16 b1 {str(dtype)[6:]}", conv, x))
-        conv = nn.Conv2d(64, 64, 3, padding=1).to(device=device, dtype=dtype, memory_format=fmt)
-        x = torch.randn(32, 64, 56, 56, device=device, dtype=dtype).contiguous(memory_format=fmt)
-        cases.append((f"Conv2d 64->64 3x3 56x56 b32 {str(dtype)[6:]}", conv, x))
+    if cuda:
+        for dtype, fmt in ((torch.float16, torch.channels_last), (torch.float32, torch.contiguous_format)):
+            conv = nn.Conv2d(64, 64, 3, padding=1).to(device=device, dtype=dtype, memory_format=fmt)
+            x = torch.randn(1, 64, 16, 16, device=device, dtype=dtype).contiguous(memory_format=fmt)
+            cases.append((f"Conv2d 64->64 3x3 16x16 b1 {str(dtype)[6:]}", conv, x))
+            conv = nn.Conv2d(64, 64, 3, padding=1).to(device=device, dtype=dtype, memory_format=fmt)
+            x = torch.randn(32, 64, 56, 56, device=device, dtype=dtype).contiguous(memory_format=fmt)
+            cases.append((f"Conv2d 64->64 3x3 56x56 b32 {str(dtype)[6:]}", conv, x))
+        linears = [(512, 512, 16), (4096, 4096, 1), (4096, 4096, 2048)]
+    else:  # decode shapes (the CPU decoder block's and larger models'), few tokens
+        linears = [(512, 512, 1), (512, 1408, 1), (1408, 512, 1), (512, 512, 16), (2048, 2048, 1), (4096, 4096, 1),
+                   (4096, 4096, 4), (4096, 4096, 16)]
     for dtype in (torch.bfloat16, torch.float32):
-        cases.append((f"Linear 512->512 x16 {str(dtype)[6:]}", nn.Linear(512, 512).to(device, dtype),
-                      torch.randn(16, 512, device=device, dtype=dtype)))
-        cases.append((f"Linear 4096->4096 x1 (decode) {str(dtype)[6:]}", nn.Linear(4096, 4096).to(device, dtype),
-                      torch.randn(1, 4096, device=device, dtype=dtype)))
-        cases.append((f"Linear 4096->4096 x2048 {str(dtype)[6:]}", nn.Linear(4096, 4096).to(device, dtype),
-                      torch.randn(2048, 4096, device=device, dtype=dtype)))
-    sync = torch.cuda.synchronize
+        for k, n, m in linears:
+            tag = " (decode)" if m == 1 else ""
+            cases.append((f"Linear {k}->{n} x{m}{tag} {str(dtype)[6:]}", nn.Linear(k, n).to(device, dtype),
+                          torch.randn(m, k, device=device, dtype=dtype)))
+    sync = torch.cuda.synchronize if cuda else None
     with torch.no_grad():
         for name, mod, x in cases:
             patched = copy.deepcopy(mod)
@@ -149,11 +155,19 @@ def calls_section(results: list, device: torch.device) -> None:
             fallbacks.reset()
             rel = float((patched(x).double() - mod(x).double()).norm() / mod(x).double().norm())
             fb = sum(fallbacks.counts().values())
+            served = "PyTorch (arbiter or fallback)" if fb else "Tracea"
             th = host_us(lambda: patched(x), 200, sync=sync) / 1e6
             ah = host_us(lambda: mod(x), 200, sync=sync) / 1e6
             row(results, "calls", f"host/call  {name}", th, ah, "unpatched module", rel_err=rel, fallbacks=fb)
             tt, ta = paired(lambda: patched(x), lambda: mod(x), 50, 9, device)
             row(results, "calls", f"b2b/call   {name}", tt, ta, "unpatched module", rel_err=rel, fallbacks=fb)
+            if not cuda:
+                print(f"      served by {served}")
+                if isinstance(mod, nn.Linear):  # the public call on torch tensors (no arbiter) vs F.linear
+                    w, b = mod.weight, mod.bias
+                    tt, ta = paired(lambda: tracea.ops.matmul(x, w.T, bias=b), lambda: F.linear(x, w, b), 50, 9,
+                                    device)
+                    row(results, "calls", f"ops.matmul(x, W.T, bias) {name[7:]}", tt, ta, "F.linear")
 
 
 class DecoderBlock(nn.Module):
@@ -303,7 +317,7 @@ def main(argv: list[str]) -> int:
     sections = set(args.sections.split(","))
     if "host" in sections:
         host_section(results)
-    if "calls" in sections and device.type == "cuda":
+    if "calls" in sections:
         calls_section(results, device)
     if "models" in sections:
         models_section(results, device, args)

@@ -316,3 +316,42 @@ def test_gpu_batch_times_the_device_even_when_queueing_outlasts_the_sleep(monkey
     host_us = 5.0  # the next batch starts from the usual sleep again (nothing carried over)
     assert arbiter._gpu_batch(call, 15) == pytest.approx(8e-6, rel=1e-6)
     assert sleeps == [arbiter.SLEEP_CYCLES * 15 + 100_000]
+
+
+def test_cpu_weight_streaming_gemms_are_timed_with_cold_caches(restricted_backend, monkeypatch):
+    """A decode-shaped linear (weights >> activations) is timed with the caches emptied before each timed
+    call (untimed), its input warmed again; a square GEMM is timed as it comes."""
+    from tracea.ir.ops import GemmOp
+
+    assert arbiter._weight_streaming(GemmOp(1, 512, 512, trans_b=True))
+    assert arbiter._weight_streaming(GemmOp(16, 1408, 512, trans_b=True))
+    assert not arbiter._weight_streaming(GemmOp(128, 512, 512, trans_b=True))
+    assert not arbiter._weight_streaming(GemmOp(5, 24, 24, trans_b=True))
+
+    class Profile:
+        caches = {"L2": 1024}
+        compute_units = 2
+
+    evict = arbiter._evictor(Profile())
+    assert evict.__self__.numel() == arbiter.EVICT_PER_L2 * 1024 * 2 // 4  # type: ignore[attr-defined]
+
+    seen: list[bool] = []
+
+    def alternating(fa, fb):  # noqa: ANN001
+        cold = getattr(fa, "before", None) is not None and getattr(fb, "before", None) is not None
+        seen.append(cold)
+        if cold:
+            order: list[str] = []
+            fa.before = (lambda inner=fa.before: (order.append("before"), inner()))
+            arbiter._cpu_batch(fa, 1)
+            assert order == ["before"]  # run once, before the clock starts
+        return 0.5e-3, 1.0e-3
+
+    monkeypatch.setattr(arbiter, "_cpu_alternating", alternating)
+    for n, m in ((256, 1), (24, 5)):
+        lin = nn.Linear(n, n)
+        tracea_torch.patch_linear(lin)
+        arbiter.reset()
+        with torch.no_grad():
+            lin(torch.randn(m, n))
+    assert seen == [True, False]

@@ -42,6 +42,14 @@ COMMON = r"""
 #ifndef TS_CH
 #define TS_CH 256
 #endif
+#ifndef TS_PF
+#define TS_PF 0
+#endif
+/* Rows of A per tile: 4 (16 / 4 = 4 weight rows per tile) or 2 (8 weight rows, a group of 4 rows runs as
+   two tiles over the same, L1-resident, weight rows). */
+#ifndef TS_MG
+#define TS_MG 4
+#endif
 /* Weight rows per block: every block keeps 16 vector accumulators (mg rows of A x 16 / mg weight rows). */
 #define TS_R 16
 /* Row range [*lo, *hi) of thread tid of T over N rows: contiguous, multiples of TS_R but the last. */
@@ -98,6 +106,9 @@ static inline __attribute__((always_inline)) void ts_f32_tile(long K, const floa
         for (int i = 0; i < MG; i++) av[i] = VLOAD(ar[i] + k);
         for (int r = 0; r < R; r++) {
             V wv = VLOAD(wr[r] + k);
+#if TS_PF
+            VPREFETCH(wr[r] + k + TS_PF);
+#endif
             for (int i = 0; i < MG; i++) acc[i * R + r] = VFMA(av[i], wv, acc[i * R + r]);
         }
     }
@@ -148,8 +159,9 @@ static void ts_f32_part(long M, long K, const float *const *ar, const float *w, 
     for (long j0 = lo; j0 < hi; j0 += TS_CH) {
         long j1 = TR_MIN(hi, j0 + TS_CH);
         for (long j = j0; j < j1; j += TS_R)
-            for (long i = 0; i < M; i += 4)
-                ts_f32_rows(K, ar + i, (int)TR_MIN(4, M - i), w + j * ldw, ldw, c + i * ldc + j, ldc, TR_MIN(TS_R, j1 - j));
+            for (long i = 0; i < M; i += TS_MG)
+                ts_f32_rows(K, ar + i, (int)TR_MIN(TS_MG, M - i), w + j * ldw, ldw, c + i * ldc + j, ldc,
+                            TR_MIN(TS_R, j1 - j));
         for (long i = 0; i < M; i++) ts_epi(c + i * ldc + j0, j1 - j0, bias ? bias + j0 : 0);
     }
 }
@@ -241,8 +253,8 @@ static void ts_bf16_part(long M, long K, const bf16 *const *ar, const bf16 *w, l
         for (long mi = 0; mi < M; mi += 16) {
             long mm = TR_MIN(16, M - mi);
             for (long j = j0; j < j1; j += TS_R)
-                for (long i = 0; i < mm; i += 4)
-                    ts_bf16_rows(K, ar + mi + i, (int)TR_MIN(4, mm - i), w + j * ldw, ldw, cb + i * TS_CH + (j - j0),
+                for (long i = 0; i < mm; i += TS_MG)
+                    ts_bf16_rows(K, ar + mi + i, (int)TR_MIN(TS_MG, mm - i), w + j * ldw, ldw, cb + i * TS_CH + (j - j0),
                                  TS_CH, TR_MIN(TS_R, j1 - j));
             for (long i = 0; i < mm; i++) {
                 float *row = cb + i * TS_CH;
