@@ -14,8 +14,9 @@ Sections (each prints Tracea, the anchor and their ratio; ``--json PATH`` writes
   interleaved by rounds. On the CPU: decode-shaped linears (1-16 tokens, fp32 and bf16), with the
   public ``tracea.ops.matmul(x, W.T, bias=b)`` against ``F.linear`` beside each (no arbiter there).
 * ``models``: whole forwards, patched vs eager (same weights): a ResNet-style CNN (fp16 channels_last and
-  fp32, batch 32 and 1) and a transformer decoder block (bf16, prefill and one-token decode); on CUDA
-  also both captured in CUDA graphs (replay vs replay). ``--timm NAMES`` adds timm models (random weights).
+  fp32, batch 32 and 1) and a transformer decoder block (bf16, prefill and one-token decode; on the CPU
+  d512 fp32 prefill and decode, and decode of d512 bf16 and d2048 fp32 / bf16); on CUDA also both captured
+  in CUDA graphs (replay vs replay). ``--timm NAMES`` adds timm models (random weights).
 
 Ratios are anchor time / Tracea time: above 1.0 Tracea is faster. Machines differ: run both sides here.
 """
@@ -155,14 +156,14 @@ def calls_section(results: list, device: torch.device) -> None:
             fallbacks.reset()
             rel = float((patched(x).double() - mod(x).double()).norm() / mod(x).double().norm())
             fb = sum(fallbacks.counts().values())
-            served = "PyTorch (arbiter or fallback)" if fb else "Tracea"
+            served = "; ".join(sorted({r for (_, r) in fallbacks.counts()})) if fb else "Tracea"
             th = host_us(lambda: patched(x), 200, sync=sync) / 1e6
             ah = host_us(lambda: mod(x), 200, sync=sync) / 1e6
             row(results, "calls", f"host/call  {name}", th, ah, "unpatched module", rel_err=rel, fallbacks=fb)
             tt, ta = paired(lambda: patched(x), lambda: mod(x), 50, 9, device)
             row(results, "calls", f"b2b/call   {name}", tt, ta, "unpatched module", rel_err=rel, fallbacks=fb)
             if not cuda:
-                print(f"      served by {served}")
+                print(f"      served by {served[:160]}")
                 if isinstance(mod, nn.Linear):  # the public call on torch tensors (no arbiter) vs F.linear
                     w, b = mod.weight, mod.bias
                     tt, ta = paired(lambda: tracea.ops.matmul(x, w.T, bias=b), lambda: F.linear(x, w, b), 50, 9,
@@ -223,6 +224,12 @@ def model_cases(device: torch.device, args: argparse.Namespace) -> list[tuple[st
                       torch.randn(1, prefill, d, device=device, dtype=dtype)))
         cases.append((f"decoder block d{d} decode 1x1 {str(dtype)[6:]}", blk, torch.randn(1, 1, d, device=device,
                                                                                            dtype=dtype)))
+        if not cuda:  # decode (1 token) in bf16, and a wider block (weights from memory), both dtypes
+            for dd, hh, ff, dt in ((512, 8, 1408, torch.bfloat16), (2048, 16, 5632, torch.float32),
+                                   (2048, 16, 5632, torch.bfloat16)):
+                b2 = DecoderBlock(dd, hh, ff).to(device=device, dtype=dt).eval()
+                cases.append((f"decoder block d{dd} decode 1x1 {str(dt)[6:]}", b2,
+                              torch.randn(1, 1, dd, device=device, dtype=dt)))
     for name in filter(None, args.timm.split(",")):
         try:
             import timm  # noqa: PLC0415

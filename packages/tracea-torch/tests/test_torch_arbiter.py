@@ -318,9 +318,9 @@ def test_gpu_batch_times_the_device_even_when_queueing_outlasts_the_sleep(monkey
     assert sleeps == [arbiter.SLEEP_CYCLES * 15 + 100_000]
 
 
-def test_cpu_weight_streaming_gemms_are_timed_with_cold_caches(restricted_backend, monkeypatch):
-    """A decode-shaped linear (weights >> activations) is timed with the caches emptied before each timed
-    call (untimed), its input warmed again; a square GEMM is timed as it comes."""
+def test_cpu_weight_streaming_gemms_are_timed_on_weight_copies(restricted_backend, monkeypatch):
+    """A decode-shaped linear (weights >> activations) is timed with each side cycling through its own
+    copies of the weight (out of L2 when met again); a square GEMM is timed on its own weight."""
     from tracea.ir.ops import GemmOp
 
     assert arbiter._weight_streaming(GemmOp(1, 512, 512, trans_b=True))
@@ -329,29 +329,33 @@ def test_cpu_weight_streaming_gemms_are_timed_with_cold_caches(restricted_backen
     assert not arbiter._weight_streaming(GemmOp(5, 24, 24, trans_b=True))
 
     class Profile:
-        caches = {"L2": 1024}
+        caches = {"L2": 4096}
         compute_units = 2
 
-    evict = arbiter._evictor(Profile())
-    assert evict.__self__.numel() == arbiter.EVICT_PER_L2 * 1024 * 2 // 4  # type: ignore[attr-defined]
+    x, w, b = torch.randn(1, 32), torch.randn(32, 32), torch.randn(32)  # 4 KiB weight: 2 copies a side
+    ring_a, ring_b = arbiter._weight_rings((x, w, b), Profile())
+    assert len(ring_a) == len(ring_b) == arbiter.COLD_PER_L2 * 4096 * 2 // (2 * 4096)
+    weights = [a[1] for a in ring_a + ring_b]
+    assert weights[0] is w and len({t.data_ptr() for t in weights}) == len(weights)
+    assert all(torch.equal(t, w) for t in weights) and all(a[0] is x and a[2] is b for a in ring_a + ring_b)
+    big = torch.randn(64, 64)  # 16 KiB: larger than the rings' budget, one weight a side
+    assert [len(r) for r in arbiter._weight_rings((x, big, None), Profile())] == [1, 1]
 
-    seen: list[bool] = []
-
-    def alternating(fa, fb):  # noqa: ANN001
-        cold = getattr(fa, "before", None) is not None and getattr(fb, "before", None) is not None
-        seen.append(cold)
-        if cold:
-            order: list[str] = []
-            fa.before = (lambda inner=fa.before: (order.append("before"), inner()))
-            arbiter._cpu_batch(fa, 1)
-            assert order == ["before"]  # run once, before the clock starts
+    def alternating(fa, fb):  # noqa: ANN001 - PyTorch's side, called as the timing would
+        for _ in range(2 * arbiter.RING_MAX):
+            fb()
         return 0.5e-3, 1.0e-3
 
+    used: list[int] = []
+    real_linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x_, w_, b_=None: (used.append(w_.data_ptr()),
+                                                                                  real_linear(x_, w_, b_))[1])
     monkeypatch.setattr(arbiter, "_cpu_alternating", alternating)
     for n, m in ((256, 1), (24, 5)):
         lin = nn.Linear(n, n)
         tracea_torch.patch_linear(lin)
         arbiter.reset()
+        used.clear()
         with torch.no_grad():
             lin(torch.randn(m, n))
-    assert seen == [True, False]
+        assert (len(set(used)) > 1) == (m == 1), (n, m, len(set(used)))

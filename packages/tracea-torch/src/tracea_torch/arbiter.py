@@ -16,11 +16,12 @@ its own winner (eager times within :data:`GPU_TIE` of each other are a tie, whic
 and a call is routed by whether its stream is capturing. On the CPU, single calls, the two
 sides in turn (:func:`_cpu_alternating`), and Tracea must be clearly faster (:data:`CPU_WIN`): ties go to
 PyTorch. A CPU GEMM that streams its weights (``nn.Linear`` with a few tokens, :data:`WEIGHT_STREAMING`) is
-timed with the caches emptied before each call, as a model's forward meets it.
+timed on weights out of L2 (each side cycles through copies of the weight), as a model's forward meets it.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
@@ -48,14 +49,16 @@ CPU_TARGET_S = 2e-3
 #: the model, and the model 0.75-0.94x eager). Ties go to PyTorch.
 CPU_WIN = 0.95
 #: on the CPU a GEMM whose weights outweigh its activations this many times (``nn.Linear`` at decode time:
-#: every call streams the weights) is judged with the caches emptied before each timed call (see
-#: :func:`_weight_streaming`): inside a model the other layers' weights evict a layer's own between two of
-#: its calls, and a layer timed alone finds its weights in L2 (2-core Sapphire Rapids VM, fp32 1 token,
-#: d512 decoder block: its linears timed alone 1.05-1.24x torch with the skinny kernel, 0.95-1.02x with
-#: the caches emptied; in the block 0.84-0.94x each, the block 0.91-0.93x eager)
+#: every call streams the weights, :func:`_weight_streaming`) is judged on weights out of L2: each side
+#: cycles through its own copies of the weight (:func:`_weight_rings`). Inside a model the other layers'
+#: weights evict a layer's own between two of its calls, while a layer timed alone finds its weight in L2
+#: (2-core Sapphire Rapids VM, fp32 1 token, d512 decoder block: its linears timed alone 1.05-1.24x torch
+#: with the skinny kernel, 0.95-1.02x with cold weights; in the block 0.84-0.94x each, the block
+#: 0.91-0.93x eager).
 WEIGHT_STREAMING = 4
-#: bytes read between timed calls to empty the caches, per byte of the host's L2 (all cores)
-EVICT_PER_L2 = 2
+#: the weight copies of both sides together hold this many times the host's L2 (all cores), with at most
+#: :data:`RING_MAX` copies a side
+COLD_PER_L2, RING_MAX = 2, 8
 #: on CUDA, eager times (host time where it exceeds the kernel's) closer than this share are a tie, which
 #: the device time decides: a short layer timed alone is host-bound on both sides, but inside a model
 #: whose GPU is the bottleneck only the kernel counts (H200, Llama-style prefill: k/v projections
@@ -125,7 +128,7 @@ class _Judge:
     def source_hash() -> str:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return (f"torch {torch.__version__} cudnn {cudnn} cpu alternating, win {CPU_WIN}, "  # new rules: judge again
-                f"weights cold from {WEIGHT_STREAMING}x, "
+                f"weight rings from {WEIGHT_STREAMING}x, "
                 f"gpu tie {GPU_TIE}, device batches checked for host stalls")
 
 
@@ -143,15 +146,16 @@ def judge(decision: Decision, device: torch.device, run_tracea: Callable[..., to
                     cached["torch_s"], cached["rel_err"], "cache", cached.get("note", ""), cached["graph_winner"],
                     cached["tracea_eager_s"], cached["torch_eager_s"])
     else:
-        evict = _evictor(profile) if device.type != "cuda" and _weight_streaming(op) else None
-        v = _measure(op.describe(), device, c.variant.name, cfg_key, run_tracea, run_torch, args, evict)
+        cold = device.type != "cuda" and _weight_streaming(op)
+        v = _measure(op.describe(), device, c.variant.name, cfg_key, run_tracea, run_torch, args,
+                     _weight_rings(args, profile) if cold else None)
         _to_cache(op, profile, v, code)
     _verdicts[(v.op, v.device)] = v
     return v
 
 
 def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run_tracea: Callable[..., Any],
-             run_torch: Callable[..., Any], args: tuple, evict: Callable[[], Any] | None = None) -> Verdict:
+             run_torch: Callable[..., Any], args: tuple, rings: tuple[list, list] | None = None) -> Verdict:
     with torch.no_grad():
         ours, theirs = run_tracea(*args), run_torch(*args)
         rel = _rel_err(ours, theirs)
@@ -162,14 +166,9 @@ def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run
             return Verdict(op_desc, str(device), variant, cfg_key, "torch", float("nan"), float("nan"), rel,
                            "measured", f"result differed from PyTorch's (rel. error {rel:.1e})")
         fa, fb = (lambda: run_tracea(*args)), (lambda: run_torch(*args))
-        if evict is not None:  # (CPU) each timed call starts with the caches emptied, the inputs warm again
-            warm = [a for a in args[:1] if isinstance(a, torch.Tensor)]
-
-            def before() -> None:
-                evict()
-                for a in warm:
-                    a.sum()
-            fa.before = fb.before = before  # type: ignore[attr-defined]
+        if rings is not None:  # (CPU) each side cycles through its own weight copies: weights out of L2
+            ring_a, ring_b = itertools.cycle(rings[0]), itertools.cycle(rings[1])
+            fa, fb = (lambda: run_tracea(*next(ring_a))), (lambda: run_torch(*next(ring_b)))
         if device.type != "cuda":
             t_ours, t_theirs = _cpu_alternating(fa, fb)
             wins = t_ours <= CPU_WIN * t_theirs
@@ -275,10 +274,6 @@ def _gpu_back_to_back(fn: Callable[[], Any], reps: int) -> float:
 
 
 def _cpu_batch(fn: Callable[[], Any], reps: int) -> float:
-    """Seconds per call of ``reps`` calls of ``fn``; ``fn.before()`` (where set) runs untimed first."""
-    before = getattr(fn, "before", None)
-    if before is not None:
-        before()
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
@@ -305,21 +300,20 @@ def _weight_streaming(op: Any) -> bool:
     return n * k >= WEIGHT_STREAMING * (m * k + m * n)
 
 
-_evict_buf: dict[int, torch.Tensor] = {}
-
-
-def _evictor(profile: Any) -> Callable[[], Any]:
-    """A callable that reads :data:`EVICT_PER_L2` times the host's L2 (all cores; 4 MiB a core when the
-    profile does not say) with torch's threads, so every core's L2 holds other data afterwards."""
+def _weight_rings(args: tuple, profile: Any) -> tuple[list[tuple], list[tuple]]:
+    """Two lists of call arguments, one per side, that differ from ``args`` (x, weight, ...) only in the
+    weight: the original and copies, so many that both lists together hold :data:`COLD_PER_L2` times the
+    host's L2 (all cores; 2 MiB a core when the profile does not say), at most :data:`RING_MAX` each. A
+    side cycling through its list meets each weight after the other copies went through the caches."""
+    w = args[1]
     caches = getattr(profile, "caches", None) or {}
     cores = max(1, int(getattr(profile, "compute_units", 0) or torch.get_num_threads()))
-    l2 = int(caches.get("L2") or 4 << 20)
-    floats = EVICT_PER_L2 * l2 * cores // 4
-    buf = _evict_buf.get(floats)
-    if buf is None:
-        _evict_buf.clear()
-        buf = _evict_buf[floats] = torch.ones(floats)
-    return buf.sum
+    l2 = int(caches.get("L2") or 2 << 20) * cores
+    size = max(1, w.numel() * w.element_size())
+    per_side = max(1, min(RING_MAX, -(-COLD_PER_L2 * l2 // (2 * size))))
+    copies = [w] + [w.clone() for _ in range(2 * per_side - 1)]
+    lists = [[(args[0], c, *args[2:]) for c in copies[i::2]] for i in (0, 1)]
+    return lists[0], lists[1]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ The Doctor's first choice on a shape nobody tuned is a ranked guess; the arbiter
 measures it against PyTorch on the signature's first call. When PyTorch's kernel wins on device time,
 the next few candidates -- the configs and variants first-use tuning would time
 (:func:`tracea.runtime.first_use.alternatives`, at most :data:`RETRIES`) -- are timed on the same call
-against PyTorch, paired as the verdict was. The one with the best ratio, if clearly better than the first
+against PyTorch, paired as the verdict was (a CPU GEMM that streams its weights on weight copies, see
+:data:`tracea_torch.arbiter.WEIGHT_STREAMING`). The one with the best ratio, if clearly better than the first
 choice's (:data:`MARGIN`, in its own time and relative to PyTorch's) and agreeing with PyTorch's result, is persisted as a tuned entry of the
 tuning cache, so the Doctor chooses it from then on (here and in later processes), and the arbiter
 judges it like any choice. Only losing signatures pay this (a few compilations on their first call);
@@ -13,6 +14,7 @@ judges it like any choice. Only losing signatures pay this (a few compilations o
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from typing import Any, Callable
 
@@ -54,6 +56,9 @@ def retry(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
     to PyTorch (``verdict``) by :data:`MARGIN`. True when a tuned entry was written (decide again)."""
     first_ratio = verdict.tracea_s / max(verdict.torch_s, 1e-12)
     best: tuple[float, Any, Any, float] | None = None
+    # timed as the verdict was: a CPU GEMM streaming its weights on weight copies out of L2
+    cold = device.type != "cuda" and arbiter._weight_streaming(decision.op)
+    rings = arbiter._weight_rings(args, decision.profile) if cold else None
     with torch.no_grad():
         ref = run_torch(*args)
         tol = arbiter.TOLERANCE.get(ref.dtype, 5e-2)
@@ -66,6 +71,9 @@ def retry(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
             if not arbiter._rel_err(ours, ref) <= tol:
                 continue
             fa, fb = (lambda run=run: run(*args)), (lambda: run_torch(*args))
+            if rings is not None:
+                ring_a, ring_b = itertools.cycle(rings[0]), itertools.cycle(rings[1])
+                fa, fb = (lambda run=run, it=ring_a: run(*next(it))), (lambda it=ring_b: run_torch(*next(it)))
             try:
                 t_ours, t_theirs = (arbiter._paired(fa, fb, arbiter._gpu_batch) if device.type == "cuda"
                                     else arbiter._cpu_alternating(fa, fb))
