@@ -70,10 +70,15 @@ def retry(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
                 continue  # it does not compile or run here: not a candidate
             if not arbiter._rel_err(ours, ref) <= tol:
                 continue
-            fa, fb = (lambda run=run: run(*args)), (lambda: run_torch(*args))
-            if rings is not None:
-                ring_a, ring_b = itertools.cycle(rings[0]), itertools.cycle(rings[1])
-                fa, fb = (lambda run=run, it=ring_a: run(*next(it))), (lambda it=ring_b: run_torch(*next(it)))
+            ring_a = itertools.cycle(rings[0] if rings is not None else [args])
+            ring_b = itertools.cycle(rings[1] if rings is not None else [args])
+
+            def fa(run: Callable[..., torch.Tensor] = run, it: Any = ring_a) -> Any:
+                return run(*next(it))
+
+            def fb(it: Any = ring_b) -> Any:
+                return run_torch(*next(it))
+
             try:
                 t_ours, t_theirs = (arbiter._paired(fa, fb, arbiter._gpu_batch) if device.type == "cuda"
                                     else arbiter._cpu_alternating(fa, fb))
