@@ -196,9 +196,10 @@ def test_pytorch_is_timed_as_the_unpatched_layer_runs(restricted_backend, monkey
     seen = []
     judge = arbiter.judge
 
-    def spy(decision, device, run_tracea, run_torch, args):  # noqa: ANN001
+    def spy(decision, device, run_tracea, run_torch, args, cold_weights=False):  # noqa: ANN001
         seen.append(run_torch(*args))
-        return judge(decision, device, run_tracea, run_torch, args)
+        assert cold_weights  # a layer's weight
+        return judge(decision, device, run_tracea, run_torch, args, cold_weights)
 
     def no_reference(*a, **k):  # noqa: ANN002, ANN003
         raise AssertionError("the arbiter timed PyTorch through tracea_torch.eager")
@@ -318,6 +319,83 @@ def test_gpu_batch_times_the_device_even_when_queueing_outlasts_the_sleep(monkey
     assert sleeps == [arbiter.SLEEP_CYCLES * 15 + 100_000]
 
 
+def test_a_near_tie_is_timed_over_more_rounds():
+    """Device times within arbiter.CLOSE of each other get twice the rounds more before the medians are
+    taken, so that one slow batch of three does not decide a near tie; a clear difference does not."""
+    def timed(a_s: float, b_s: float) -> tuple[float, float, int]:
+        calls: list[str] = []
+
+        def timer(f, reps):  # noqa: ANN001, ANN202
+            calls.append(f())
+            return a_s if calls[-1] == "a" else b_s
+
+        ta, tb = arbiter._paired(lambda: "a", lambda: "b", timer)
+        return ta, tb, len(calls)
+
+    ta, tb, n_close = timed(5.9e-6, 6.1e-6)
+    _, _, n_clear = timed(5.0e-6, 6.1e-6)
+    assert (ta, tb) == (5.9e-6, 6.1e-6)
+    assert n_clear == 2 + 2 * arbiter.ROUNDS  # one untimed-reps probe each, then the rounds
+    assert n_close == 2 + 2 * arbiter.ROUNDS * 3
+
+
+def test_cold_weight_calls_on_the_cpu_call_the_arguments_as_given():
+    x, w = torch.randn(2, 4), torch.randn(3, 4)
+    seen: list[int] = []
+    fa, fb = arbiter.cold_weight_calls(lambda x, w, b: seen.append(id(w)), lambda x, w, b: seen.append(id(w)),
+                                       (x, w, None))
+    fa(), fb(), fa()
+    assert seen == [id(w)] * 3
+
+
+@pytest.mark.cuda
+def test_cold_weight_calls_span_twice_the_l2_cache():
+    """A weight smaller than the L2 cache is cycled through copies spanning twice the L2 (both sides see the
+    same values, strides preserved); a weight larger than that is used as it is."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.float16)
+    w = torch.randn(1024, 4096, device="cuda", dtype=torch.float16).t()  # 8 MB, transposed strides
+    seen: list[torch.Tensor] = []
+    fa, fb = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: seen.append(w), (x, w, None))
+    want = min(arbiter.COLD_COPIES, -(-2 * l2 // (w.numel() * 2)))
+    for _ in range(want + 1):
+        fa()
+    assert len({t.data_ptr() for t in seen}) == want and seen[want] is w
+    assert all(t.stride() == w.stride() and torch.equal(t, w) for t in seen)
+    rows = torch.randn(1024, 6144, device="cuda", dtype=torch.float16)[:, 1024:5120]  # a strided view, 8 MB
+    seen.clear()
+    fa, _ = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: None, (x, rows, None))
+    for _ in range(3):
+        fa()
+    assert len({t.data_ptr() for t in seen}) == 3
+    assert all(t.stride() == rows.stride() and torch.equal(t, rows) for t in seen)
+    big = torch.empty(2 * l2 // 2 + 1, device="cuda", dtype=torch.float16)
+    seen.clear()
+    fa, _ = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: None, (x, big, None))
+    fa(), fa()
+    assert seen[0] is big and seen[1] is big
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_only_layer_weights_are_timed_cold(monkeypatch, cold):
+    """Weight copies are made only when the caller says ``args[1]`` is a layer's weight (conv / linear
+    plans): attention's k is an activation, often a strided view a plan was bound to."""
+    calls: list[tuple] = []
+
+    def spy(run_a, run_b, args):  # noqa: ANN001, ANN202
+        calls.append(args)
+        return (lambda: run_a(*args)), (lambda: run_b(*args))
+
+    monkeypatch.setattr(arbiter, "cold_weight_calls", spy)
+    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: (fa(), fb(), (1e-6, 2e-6))[-1])
+    x = torch.randn(4, 8)
+    arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t, w: t * 2,
+                     lambda t, w: t * 2, (x, x), cold)
+    assert len(calls) == int(cold)
+
+
 def test_cpu_weight_streaming_gemms_are_timed_on_weight_copies(restricted_backend, monkeypatch):
     """A decode-shaped linear (weights >> activations) is timed with each side cycling through its own
     copies of the weight (out of L2 when met again); a square GEMM is timed on its own weight."""
@@ -332,14 +410,25 @@ def test_cpu_weight_streaming_gemms_are_timed_on_weight_copies(restricted_backen
         caches = {"L2": 4096}
         compute_units = 2
 
+    def sides(w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> tuple[list, list]:
+        seen_a: list = []
+        seen_b: list = []
+        fa, fb = arbiter.cpu_cold_weight_calls(lambda *a: seen_a.append(a), lambda *a: seen_b.append(a),
+                                               (x, w, b), Profile())
+        for _ in range(2 * arbiter.RING_MAX):
+            fa()
+            fb()
+        return seen_a, seen_b
+
     x, w, b = torch.randn(1, 32), torch.randn(32, 32), torch.randn(32)  # 4 KiB weight: 2 copies a side
-    ring_a, ring_b = arbiter._weight_rings((x, w, b), Profile())
-    assert len(ring_a) == len(ring_b) == arbiter.COLD_PER_L2 * 4096 * 2 // (2 * 4096)
-    weights = [a[1] for a in ring_a + ring_b]
-    assert weights[0] is w and len({t.data_ptr() for t in weights}) == len(weights)
-    assert all(torch.equal(t, w) for t in weights) and all(a[0] is x and a[2] is b for a in ring_a + ring_b)
-    big = torch.randn(64, 64)  # 16 KiB: larger than the rings' budget, one weight a side
-    assert [len(r) for r in arbiter._weight_rings((x, big, None), Profile())] == [1, 1]
+    seen_a, seen_b = sides(w, x, b)
+    wa, wb = {a[1].data_ptr() for a in seen_a}, {a[1].data_ptr() for a in seen_b}
+    assert len(wa) == len(wb) == arbiter.COLD_PER_L2 * 4096 * 2 // (2 * 4096) and not wa & wb
+    assert w.data_ptr() in wa and all(torch.equal(a[1], w) and a[0] is x and a[2] is b for a in seen_a + seen_b)
+    wt = torch.randn(32, 32).t()  # a transposed view: the copies keep its strides
+    assert all(a[1].stride() == wt.stride() for a in sum(sides(wt, x, None), []))
+    big = torch.randn(64, 64)  # 16 KiB: larger than the copies' budget, the weight itself on both sides
+    assert {a[1].data_ptr() for a in sum(sides(big, x, None), [])} == {big.data_ptr()}
 
     def alternating(fa, fb):  # noqa: ANN001 - PyTorch's side, called as the timing would
         for _ in range(2 * arbiter.RING_MAX):

@@ -14,7 +14,7 @@ judges it like any choice. Only losing signatures pay this (a few compilations o
 
 from __future__ import annotations
 
-import itertools
+import functools
 import warnings
 from typing import Any, Callable
 
@@ -57,8 +57,7 @@ def retry(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
     first_ratio = verdict.tracea_s / max(verdict.torch_s, 1e-12)
     best: tuple[float, Any, Any, float] | None = None
     # timed as the verdict was: a CPU GEMM streaming its weights on weight copies out of L2
-    cold = device.type != "cuda" and arbiter._weight_streaming(decision.op)
-    rings = arbiter._weight_rings(args, decision.profile) if cold else None
+    cpu_cold = device.type != "cuda" and arbiter._weight_streaming(decision.op)
     with torch.no_grad():
         ref = run_torch(*args)
         tol = arbiter.TOLERANCE.get(ref.dtype, 5e-2)
@@ -70,15 +69,14 @@ def retry(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
                 continue  # it does not compile or run here: not a candidate
             if not arbiter._rel_err(ours, ref) <= tol:
                 continue
-            ring_a = itertools.cycle(rings[0] if rings is not None else [args])
-            ring_b = itertools.cycle(rings[1] if rings is not None else [args])
-
-            def fa(run: Callable[..., torch.Tensor] = run, it: Any = ring_a) -> Any:
-                return run(*next(it))
-
-            def fb(it: Any = ring_b) -> Any:
-                return run_torch(*next(it))
-
+            fa: Callable[[], Any]
+            fb: Callable[[], Any]
+            if device.type == "cuda":
+                fa, fb = arbiter.cold_weight_calls(run, run_torch, args)
+            elif cpu_cold:
+                fa, fb = arbiter.cpu_cold_weight_calls(run, run_torch, args, decision.profile)
+            else:
+                fa, fb = functools.partial(run, *args), functools.partial(run_torch, *args)
             try:
                 t_ours, t_theirs = (arbiter._paired(fa, fb, arbiter._gpu_batch) if device.type == "cuda"
                                     else arbiter._cpu_alternating(fa, fb))
