@@ -56,6 +56,12 @@ CPU_WIN = 0.95
 #: with the skinny kernel, 0.95-1.02x with cold weights; in the block 0.84-0.94x each, the block
 #: 0.91-0.93x eager).
 WEIGHT_STREAMING = 4
+#: ... and Tracea serves such a GEMM only when it took at most this share of PyTorch's time: with the
+#: weights out of L2 the two fp32 one-token kernels tie (both at the L3 bandwidth), and in the d512 decoder
+#: block each linear Tracea served still ran 3-5 us (8-15%) slower than PyTorch's, the block 0.90x eager
+#: in two of two runs where the copies' verdict went to Tracea by a few percent (cause not found; the
+#: kernels alone, in the block's order with PyTorch's ops between, ran 1.08-1.16x PyTorch's)
+CPU_STREAM_WIN = 0.85
 #: the weight copies of both sides together hold this many times the host's L2 (all cores), with at most
 #: :data:`RING_MAX` copies a side
 COLD_PER_L2, RING_MAX = 2, 8
@@ -133,7 +139,7 @@ class _Judge:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return (f"torch {torch.__version__} cudnn {cudnn} cpu alternating, win {CPU_WIN}, "  # new rules: judge again
                 f"gpu tie {GPU_TIE}, device batches checked for host stalls, cold weights, close {CLOSE}, "
-                f"cpu weight rings from {WEIGHT_STREAMING}x")
+                f"cpu weight rings from {WEIGHT_STREAMING}x, win {CPU_STREAM_WIN}")
 
 
 def judge(decision: Decision, device: torch.device, run_tracea: Callable[..., torch.Tensor],
@@ -181,9 +187,10 @@ def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run
             fa, fb = (lambda: run_tracea(*args)), (lambda: run_torch(*args))
         if device.type != "cuda":
             t_ours, t_theirs = _cpu_alternating(fa, fb)
-            wins = t_ours <= CPU_WIN * t_theirs
+            win = CPU_STREAM_WIN if cpu_profile is not None else CPU_WIN
+            wins = t_ours <= win * t_theirs
             tie = "" if wins or t_ours > t_theirs else (
-                f"PyTorch within {1 - CPU_WIN:.0%} ({t_theirs * 1e6:.1f} us vs {t_ours * 1e6:.1f} us for {variant}): "
+                f"PyTorch within {1 - win:.0%} ({t_theirs * 1e6:.1f} us vs {t_ours * 1e6:.1f} us for {variant}): "
                 "ties go to PyTorch on the CPU")
             return Verdict(op_desc, str(device), variant, cfg_key, "tracea" if wins else "torch", t_ours, t_theirs,
                            rel, "measured", tie)
