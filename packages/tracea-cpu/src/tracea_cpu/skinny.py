@@ -39,9 +39,10 @@ from .host_load import thread_picker
 from .isa import ALL_ISAS, AVX512_BF16, Isa
 from .variant_base import CpuVariant, _check_rc, _host, _ptr, _requested_threads, _threads_problem
 
-#: bf16: the most rows the dot-product kernel serves; from 8 rows on the AMX variant wins (measured
-#: below in docs/backends/cpu.md, "Skinny GEMM").
-BF16_MAX_M = 4
+#: bf16: the most rows the dot-product kernel serves. Up to 2 rows its tiles walk 8-16 weight rows side
+#: by side; 3-4 rows walk 4, and there the AMX variant's few-rows driver measured faster (4096 x 4096, 4
+#: rows, patched nn.Linear: AMX 1.42-1.44x torch, this kernel 1.32-1.35x); at 8-16 rows AMX wins by far.
+BF16_MAX_M = 2
 #: weight bytes per thread below which another thread does not pay while the OpenMP workers spin
 #: (2-core Sapphire Rapids VM, M = 1, fp32: 64x64 / 128x128 / 256x256 weights 3.3 / 3.0 / 6.9 us on one
 #: thread, 4.7 / 3.2 / 5.7 us on two)
