@@ -90,6 +90,15 @@ def test_neon_blocked_sources_compile(tile, tmp_path):
 
 
 @needs_cross
+def test_neon_skinny_sources_compile(tmp_path):
+    from tracea_cpu.emit.skinny import skinny_source
+
+    for epi in EPILOGUES:
+        ok, log = CC.compile(skinny_source(NEON, Epilogue.parse(epi), False), tmp_path / "s.o")
+        assert ok, log
+
+
+@needs_cross
 def test_neon_attention_sources_compile(tmp_path):
     for h in ATTN_HEROES["neon"]:
         ok, log = CC.compile(attention_source(NEON, h["bq"], h["bk"]), tmp_path / "a.o")

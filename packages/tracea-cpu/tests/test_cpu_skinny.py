@@ -227,3 +227,25 @@ def test_patched_linear_decode_matches_float64(monkeypatch, tmp_path):
                 ref = x.double() @ lin.weight.double().T + (lin.bias.double() if bias else 0)
             tol = 1e-5 if dt is torch.float32 else 1e-2
             assert float((out.double() - ref).norm() / ref.norm()) < tol, (dt, m, n, k)
+
+
+@bf16_only
+@pytest.mark.torch
+def test_bf16_nan_and_inf_propagate():
+    torch = pytest.importorskip("torch")
+    from tracea_torch.adapter import TorchAdapter
+
+    g = torch.Generator().manual_seed(5)
+    op = GemmOp(2, 40, 100, trans_b=True, dtype_a="bf16", dtype_b="bf16", dtype_out="float32")
+    a = torch.randn(1, 2, 100, generator=g).bfloat16()
+    b = torch.randn(1, 40, 100, generator=g).bfloat16()
+    a[0, 0, 5] = float("nan")  # row 0: NaN everywhere
+    b[0, 7, 99] = float("inf")  # column 7 of row 1: +-inf, from the masked k tail
+    out = torch.full((1, 2, 40), float("nan"))
+    CpuSkinnyBf16Variant().run(op, config(threads=2), OpArgs({"a": a, "b": b, "bias": None}, out, TorchAdapter()),
+                               PROFILE)
+    ref = a.double() @ b.double().transpose(1, 2)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(torch.isinf(out), torch.isinf(ref))
+    assert torch.isnan(out[0, 0]).all() and torch.isinf(out[0, 1, 7])
+    fin = torch.isfinite(ref)
+    assert float((out[fin].double() - ref[fin]).norm() / ref[fin].norm()) < 1e-5
