@@ -50,7 +50,7 @@ CPU_TARGET_S = 2e-3
 CPU_WIN = 0.95
 #: on the CPU a GEMM whose weights outweigh its activations this many times (``nn.Linear`` at decode time:
 #: every call streams the weights, :func:`_weight_streaming`) is judged on weights out of L2: each side
-#: cycles through its own copies of the weight (:func:`_weight_rings`). Inside a model the other layers'
+#: cycles through its own copies of the weight (:func:`cpu_cold_weight_calls`). Inside a model the other layers'
 #: weights evict a layer's own between two of its calls, while a layer timed alone finds its weight in L2
 #: (2-core Sapphire Rapids VM, fp32 1 token, d512 decoder block: its linears timed alone 1.05-1.24x torch
 #: with the skinny kernel, 0.95-1.02x with cold weights; in the block 0.84-0.94x each, the block
