@@ -249,3 +249,16 @@ def test_bf16_nan_and_inf_propagate():
     assert torch.isnan(out[0, 0]).all() and torch.isinf(out[0, 1, 7])
     fin = torch.isfinite(ref)
     assert float((out[fin].double() - ref[fin]).norm() / ref[fin].norm()) < 1e-5
+
+
+def test_non_contiguous_operands_are_refused_with_layout_error():
+    from tracea.errors import LayoutError
+
+    v = CpuSkinnyVariant(ISA_BY_NAME[BEST])
+    op = GemmOp(2, 16, 32, trans_b=True)
+    rng = np.random.default_rng(2)
+    a = rand(rng, 1, 2, 64)[:, :, ::2]  # every other column: not packed
+    b, out = rand(rng, 1, 16, 32), np.full((1, 2, 16), np.nan, np.float32)
+    with pytest.raises(LayoutError):
+        v.run(op, config(threads=1), OpArgs({"a": a, "b": b, "bias": None}, out, _numpy()), PROFILE)
+    assert np.isnan(out).all()  # nothing written
