@@ -59,8 +59,9 @@ WEIGHT_STREAMING = 4
 #: ... and Tracea serves such a GEMM only when it took at most this share of PyTorch's time: with the
 #: weights out of L2 the two fp32 one-token kernels tie (both at the L3 bandwidth), and in the d512 decoder
 #: block each linear Tracea served still ran 3-5 us (8-15%) slower than PyTorch's, the block 0.90x eager
-#: in two of two runs where the copies' verdict went to Tracea by a few percent (cause not found; the
-#: kernels alone, in the block's order with PyTorch's ops between, ran 1.08-1.16x PyTorch's)
+#: in two of two runs where the copies' verdict went to Tracea by a few percent. The kernels themselves
+#: ran 1.10-1.12x PyTorch's inside the block; the patched layer's Python path, which the plan timed here
+#: leaves out, cost 7-9 us a call there (benchmarks/cpu/probes/decode_linear_paths.py)
 CPU_STREAM_WIN = 0.85
 #: the weight copies of both sides together hold this many times the host's L2 (all cores), with at most
 #: :data:`RING_MAX` copies a side
