@@ -68,6 +68,31 @@ def test_fill_widths_cost_and_stages():
     assert hopper_tiles.grid_cost(op, 256, 128, 132) == hopper_tiles.grid_cost(op, 128, 256, 132)
 
 
+def test_first_use_candidates_hold_other_tile_widths():
+    """The first three heroes (what first-use tuning times) of a prefill GEMM hold the runners-up of the fill
+    model next to the default, not near-copies of it; the default itself is the rule's."""
+    v = VARIANTS["cuda.gemm.wgmma"]
+    tiles = lambda op: [(c.tile_m, c.tile_n) for c in v.hero_configs(op, H200)[:3]]  # noqa: E731
+    assert tiles(_bf16(1024, 14336, 4096)) == [(128, 224), (128, 176), (128, 128)]
+    assert tiles(_bf16(512, 5120, 5120))[:2] == [(128, 160), (128, 176)]
+    assert tiles(_bf16(2048, 5632, 2048)) == [(128, 256), (128, 240), (128, 176)]
+    assert v.hero_configs(_bf16(2048, 5632, 2048), H200)[0].get("defer")  # the default: the deferred 128x256
+    assert tiles(_bf16(2048, 2048, 2048))[:2] == [(256, 128), (128, 256)]
+    heroes = v.hero_configs(_bf16(512, 4096, 4096), H200)
+    assert [(c.tile_n, c.get("schedule")) for c in heroes[:2]] == [(128, "coop"), (128, "pingpong")]
+    for op in (_bf16(2048, 11008, 4096), _bf16(1024, 5120, 5120), _bf16(4096, 1536, 8960)):
+        heroes = v.hero_configs(op, H200)
+        assert len({(c.tile_m, c.tile_n) for c in heroes[:3]}) == 3, op
+        assert len(set(heroes)) == len(heroes) and all(v.validate_config(op, c, H200) for c in heroes)
+    # decode and few-row GEMMs keep their lists (no alternatives below FILL_MIN_ROWS rows)
+    assert hopper_tiles.fill_alternatives(_bf16(128, 5120, 5120), 132, True, (128, 64)) == []
+    # alternatives never cost more than the rule's tile and never repeat it
+    op = _bf16(2048, 11008, 4096)
+    alts = hopper_tiles.fill_alternatives(op, 132, True, (128, 256))
+    assert alts and 256 not in alts and len(alts) <= hopper_tiles.ALTERNATIVES
+    assert all(hopper_tiles.grid_cost(op, 128, bn, 132) <= hopper_tiles.grid_cost(op, 128, 256, 132) for bn in alts)
+
+
 @pytest.mark.parametrize("bn", [40, 8, 272, 160])
 def test_kernel_declines_widths_it_cannot_serve(bn):
     v = VARIANTS["cuda.gemm.wgmma"]

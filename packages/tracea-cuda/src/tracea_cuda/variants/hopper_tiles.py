@@ -77,3 +77,29 @@ def fill_tile(op: GemmOp, ctas: int, b_kmajor: bool, current: tuple[int, int]) -
     if (128, bn) == current or cost > FILL_GAIN * grid_cost(op, current[0], current[1], ctas):
         return None
     return bn
+
+
+#: fill widths :func:`fill_alternatives` offers besides the rule's tile (first-use tuning times the first
+#: three heroes, so at most two)
+ALTERNATIVES = 2
+
+
+def fill_alternatives(op: GemmOp, ctas: int, b_kmajor: bool, current: tuple[int, int],
+                      exclude: tuple[int, ...] = ()) -> list[int]:
+    """Up to :data:`ALTERNATIVES` 128-row tile widths (cheapest first, the wider on ties) that the model
+    costs no more than the rule's ``current`` (bm, bn) tile, other than ``current`` and the widths in
+    ``exclude``: the alternatives first-use tuning times after the default. GEMMs of at least
+    :data:`FILL_MIN_ROWS` rows only (widths from 80).
+
+    The model's cost separates widths by a few percent at most where it matters, less than the run-to-run
+    spread of one kernel on an H100 (``benchmarks/cuda/probe_prefill.py``: M1024 N14336 K4096 128x224 (the
+    rule's width) 0.86x cuBLAS, 128x176 (costed 2% more) 0.97x; M512 N5120 K5120 128x160 1.08x, 128x176
+    1.17x; M2048 N5632 K2048 128x256 0.90x, 128x176 0.93x): the default keeps the rule's tile and tuning
+    measures the runners-up."""
+    if op.m < FILL_MIN_ROWS or not ctas:
+        return []
+    limit = grid_cost(op, current[0], current[1], ctas)
+    skip = set(exclude) | ({current[1]} if current[0] == 128 else set())
+    ranked = sorted(widths(b_kmajor, 80), key=lambda bn: (grid_cost(op, 128, bn, ctas), -bn))
+    return [bn for bn in ranked if bn not in skip and grid_cost(op, 128, bn, ctas) <= limit][:ALTERNATIVES]
+
