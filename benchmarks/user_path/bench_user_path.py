@@ -226,7 +226,8 @@ def model_cases(device: torch.device, args: argparse.Namespace) -> list[tuple[st
         except Exception as exc:  # noqa: BLE001
             print(f"  (timm {name} unavailable: {exc})")
             continue
-        for dtype, cl, bt in ((torch.float16, True, 32), (torch.float32, False, 32), (torch.float16, True, 1)):
+        fp32_batch = getattr(args, "timm_fp32_batch", 32)
+        for dtype, cl, bt in ((torch.float16, True, 32), (torch.float32, False, fp32_batch), (torch.float16, True, 1)):
             fmt = torch.channels_last if cl else torch.contiguous_format
             mm = copy.deepcopy(m).to(dtype=dtype, memory_format=fmt)
             x = torch.randn(bt, 3, 224, 224, device=device, dtype=dtype).contiguous(memory_format=fmt)

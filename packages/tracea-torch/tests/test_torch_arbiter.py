@@ -196,9 +196,10 @@ def test_pytorch_is_timed_as_the_unpatched_layer_runs(restricted_backend, monkey
     seen = []
     judge = arbiter.judge
 
-    def spy(decision, device, run_tracea, run_torch, args):  # noqa: ANN001
+    def spy(decision, device, run_tracea, run_torch, args, cold_weights=False):  # noqa: ANN001
         seen.append(run_torch(*args))
-        return judge(decision, device, run_tracea, run_torch, args)
+        assert cold_weights  # a layer's weight
+        return judge(decision, device, run_tracea, run_torch, args, cold_weights)
 
     def no_reference(*a, **k):  # noqa: ANN002, ANN003
         raise AssertionError("the arbiter timed PyTorch through tracea_torch.eager")
@@ -363,8 +364,33 @@ def test_cold_weight_calls_span_twice_the_l2_cache():
         fa()
     assert len({t.data_ptr() for t in seen}) == want and seen[want] is w
     assert all(t.stride() == w.stride() and torch.equal(t, w) for t in seen)
+    rows = torch.randn(1024, 6144, device="cuda", dtype=torch.float16)[:, 1024:5120]  # a strided view, 8 MB
+    seen.clear()
+    fa, _ = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: None, (x, rows, None))
+    for _ in range(3):
+        fa()
+    assert len({t.data_ptr() for t in seen}) == 3
+    assert all(t.stride() == rows.stride() and torch.equal(t, rows) for t in seen)
     big = torch.empty(2 * l2 // 2 + 1, device="cuda", dtype=torch.float16)
     seen.clear()
     fa, _ = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: None, (x, big, None))
     fa(), fa()
     assert seen[0] is big and seen[1] is big
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_only_layer_weights_are_timed_cold(monkeypatch, cold):
+    """Weight copies are made only when the caller says ``args[1]`` is a layer's weight (conv / linear
+    plans): attention's k is an activation, often a strided view a plan was bound to."""
+    calls: list[tuple] = []
+
+    def spy(run_a, run_b, args):  # noqa: ANN001, ANN202
+        calls.append(args)
+        return (lambda: run_a(*args)), (lambda: run_b(*args))
+
+    monkeypatch.setattr(arbiter, "cold_weight_calls", spy)
+    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: (fa(), fb(), (1e-6, 2e-6))[-1])
+    x = torch.randn(4, 8)
+    arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t, w: t * 2,
+                     lambda t, w: t * 2, (x, x), cold)
+    assert len(calls) == int(cold)
