@@ -298,7 +298,7 @@ class WgmmaGemm(CudaVariant):
             # M512 N28672 K8192 0.83x -> 0.95x; 4096^3 and 8192^3 keep 128x256 (both fill 97%).
             if wave_efficiency(t128, ctas) > wave_efficiency(tiles, ctas) + 0.1:
                 return self._with_fills(op, ctas, b_kmajor, (128, 128), [_hero(128, 6, cluster=1)] + big + sk)
-            return self._with_fills(op, ctas, b_kmajor, (128, 256), big + sk)
+            return self._with_fills(op, ctas, b_kmajor, (128, 256), big + sk, narrow=True)
         few = [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
         if narrow_tiles(op, profile):
             # Whole 128-row tiles over a weight of <= SMs x 64 columns: 128x64 tiles put twice the CTAs on
@@ -336,13 +336,16 @@ class WgmmaGemm(CudaVariant):
 
     @classmethod
     def _with_fills(cls, op: GemmOp, ctas: int, b_kmajor: bool, current: tuple[int, int],
-                    rule: list[PipelineConfig]) -> list[PipelineConfig]:
+                    rule: list[PipelineConfig], narrow: bool = False) -> list[PipelineConfig]:
         """The heroes of a rule whose tile is ``current`` (``rule[0]`` its first hero): the wave-filling width
-        first where it replaces that tile (:meth:`_fill`), then the runners-up the model costs no more
-        than the rule's tile (``hopper_tiles.fill_alternatives``) within the first three heroes (what
-        first-use tuning times), then the rule's heroes. The default is the filling width or ``rule[0]``
-        as before; tuning gets other tile widths to time instead of near-copies of the default."""
-        lead = cls._fill(op, ctas, b_kmajor, current)
+        first where it replaces that tile (with ``narrow``, a 128x256 rule tile, the deep-ring width of
+        ``hopper_tiles.narrow_fill`` first where that applies, else :meth:`_fill`'s), then the runners-up
+        the model costs no more than the rule's tile (``hopper_tiles.fill_alternatives``) within the first
+        three heroes (what first-use tuning times), then the rule's heroes. Tuning gets other tile widths
+        to time instead of near-copies of the default."""
+        bn = hopper_tiles.narrow_fill(op, ctas, b_kmajor) if narrow else None
+        lead = ([_hero(bn, hopper_tiles.fill_stages(bn), cluster=1)] if bn is not None
+                else cls._fill(op, ctas, b_kmajor, current))
         alts = [_hero(bn, hopper_tiles.fill_stages(bn), cluster=1) for bn in
                 hopper_tiles.fill_alternatives(op, ctas, b_kmajor, current, tuple(c.tile_n for c in lead))]
         out = lead + alts[:1] + rule if lead else rule[:1] + alts + rule[1:]
