@@ -304,14 +304,19 @@ def test_wgmma_tail_split():
     longer than an item and no item in more than about TAIL_MAX_PIECES pieces (plus one where a run's
     start falls inside it); it needs a persistent grid and non-causal attention."""
     from tracea_cuda.emit import flash_wgmma
-    from tracea_cuda.variants.attention_wgmma import TAIL_MAX_PIECES, FlashAttentionWgmma, tail_split
+    from tracea_cuda.variants.attention_wgmma import TAIL_MAX_PIECES, FlashAttentionWgmma, persistent_grid, tail_split
     from tracea_cuda.variants.base import hero
 
     assert tail_split(2048, 132, 26) == (1980, 14)  # B4 H16 S4096, 128x160: 68 tail items in runs of 14
     assert tail_split(4096, 132, 26) == (4092, 7)  # GQA 32/8: 4 tail items, 4 pieces each, not 26
     assert tail_split(1056, 132, 26) == (1056, 1)  # whole waves: nothing to cut
-    assert tail_split(100, 132, 26) == (100, 1)  # fewer items than CTAs: one CTA per item
-    for items, ctas, nt in ((160, 132, 3), (2049, 132, 26), (1408, 132, 32), (4097, 114, 64), (300, 7, 5)):
+    assert tail_split(100, 100, 26) == (100, 1)  # one CTA per item
+    assert tail_split(100, 132, 26) == (0, 20)  # more CTAs than items (persistent_grid): every item cut
+    assert tail_split(256, 132, 8) == (256, 1)  # 124 tail items in runs of whole items: not cut
+    assert tail_split(4096, 132, 1) == (4096, 1)  # one key tile an item
+    assert persistent_grid(64, 132, True) == 132 and persistent_grid(20, 132, True) == 20 * TAIL_MAX_PIECES
+    assert persistent_grid(64, 132, False) == 64 and persistent_grid(2048, 132, True) == 132
+    for items, ctas, nt in ((160, 132, 3), (2049, 132, 26), (1408, 132, 32), (4097, 114, 64), (300, 7, 9)):
         full, trun = tail_split(items, ctas, nt)
         assert full % ctas == 0 and 0 < items - full < ctas and 1 <= trun <= nt
         tiles = (items - full) * nt
@@ -327,6 +332,28 @@ def test_wgmma_tail_split():
     assert "persistent" in w.validate_config(d128, hero(128, 160, 128, 2, 12, tail=True), H100).reason
     causal = AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16")
     assert "causal" in w.validate_config(causal, hero(128, 128, 128, 2, 12, persistent=True, tail=True), H100).reason
+
+
+def test_wgmma_causal_longest_first_order():
+    """``lpt``: on by default for persistent causal grids (off for plain grids and non-causal ops, where it is
+    declined), compiled in as ``LPT``; a search dimension only for causal ops."""
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+    from tracea_cuda.variants.base import hero
+
+    w = FlashAttentionWgmma()
+    causal = AttentionOp(8, 16, 384, 384, 128, causal=True, dtype="bfloat16")
+    plain = AttentionOp(8, 16, 384, 384, 128, dtype="bfloat16")
+    assert w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True), None, H100).lpt
+    assert not w.spec(causal, hero(128, 128, 128, 2, 12), None, H100).lpt
+    assert not w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True, lpt=False), None, H100).lpt
+    assert w.spec(causal, hero(128, 128, 128, 2, 12, lpt=True), None, H100).lpt
+    assert not w.spec(plain, hero(128, 128, 128, 2, 12, persistent=True, tail=True), None, H100).lpt
+    assert "lpt" in w.validate_config(plain, hero(128, 128, 128, 2, 12, lpt=True), H100).reason
+    src = flash_wgmma.render(w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True), None, H100))
+    assert "#define LPT 1" in src and "slot_item(w0, items)" in src
+    assert dict(w.search_space(causal, H100).dims)["lpt"] == (False, True)
+    assert dict(w.search_space(plain, H100).dims)["lpt"] == (False,)
 
 
 def test_wgmma_staged_output():

@@ -33,7 +33,8 @@ GQA packing, causal alignment, tile skipping and NaN / Inf behaviour are those o
 top-left aligned, tiles past a block's last visible key are never loaded, only tiles that reach past the
 block's first row's diagonal (or past ``seq_kv``) run the mask code. Work items (query blocks x (batch, kv
 head) pairs) are numbered on a 1-D grid: causal ones longest first within groups of 8 heads, so the last
-items to start are short ones; others block-fastest. A grid of fewer CTAs than items is persistent: CTA
+items to start are short ones (``LPT``: longest first over all heads, and a persistent grid deals them in
+snake order, see ``slot_item``); others block-fastest. A grid of fewer CTAs than items is persistent: CTA
 ``b`` runs items ``b, b + grid, ...``, the K / V rings run on across items and the producer loads the next
 item's Q (once every consumer's last score GEMM is done: an ``empty Q`` mbarrier) and K / V while the
 consumers finish and store the current one. A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
@@ -93,6 +94,7 @@ class FlashWgmmaSpec:
     strided: bool = False  # q, k, v through 4-D maps (d, seq, head, batch), out through (batch, head, seq) strides
     ctas: int = 1  # CTAs resident per SM (``__launch_bounds__`` minimum blocks; registers and shared memory split)
     ostage: bool = False  # the epilogue stages O in shared memory and stores whole rows (16-byte stores)
+    lpt: bool = False  # causal: items longest first over all heads (a persistent grid deals them in snake order)
 
     @property
     def bm(self) -> int:
@@ -135,6 +137,8 @@ class FlashWgmmaSpec:
             problems.append("ping-pong takes turns between two or more consumer warpgroups (tile_m >= 128)")
         if self.ctas not in (1, 2, 3):
             problems.append(f"ctas={self.ctas} CTAs per SM not in 1..3")
+        if self.lpt and not self.causal:
+            problems.append("lpt orders causal items by length (non-causal items are all alike)")
         if self.tail and self.causal:
             problems.append("the tail split serves non-causal attention (causal items differ in length)")
         # registers per consumer thread: O (D/2) + S (BN/2) + P (BN/4) + ~32 for addresses and row state
@@ -255,7 +259,11 @@ struct Item { int m0, bz, ntiles, i_min; };
 static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, int Sq, int Skv) {
     Item it;
     int mb;
-    if (CAUSAL) {
+    if (CAUSAL && LPT) {
+        // longest blocks first over every (batch, kv head): all last row blocks, then the ones before them ...
+        mb = nmb - 1 - w / nb;
+        it.bz = w % nb;
+    } else if (CAUSAL) {
         // longest blocks first within groups of HEAD_GROUP heads (whose K / V stay in L2): the items that
         // start last are short, so no long block runs alone at the end
         const int group = w / (HEAD_GROUP * nmb), within = w % (HEAD_GROUP * nmb);
@@ -279,6 +287,22 @@ static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, in
     }
     it.ntiles = kend > 0 ? (kend + BN - 1) / BN : 0;
     return it;
+}
+
+// The item a CTA's slot s (s = blockIdx.x + k gridDim.x, k = 0, 1, ...) runs. CAUSAL && LPT on a persistent
+// grid (fewer CTAs than items): the items, longest first, are dealt in snake order -- wave k runs items
+// [k grid, (k + 1) grid), forwards over the CTAs in even waves and backwards in odd ones (a partial last wave
+// reversed within itself) -- so the CTAs that took the longest items of one wave take the shortest of the
+// next and the CTAs' sums of key tiles even out (a static deal of the 8-head groups left some CTAs 40% more).
+static __device__ __forceinline__ int slot_item(int s, int items) {
+#if CAUSAL && LPT
+    const int grid = gridDim.x;
+    if (grid < items) {
+        const int k = s / grid, p = s - k * grid;
+        if (k & 1) return k * grid + min(grid, items - k * grid) - 1 - p;
+    }
+#endif
+    return s;
 }
 
 // TAIL (persistent, non-causal): items [full, items) -- fewer than a wave -- are cut along the keys. Their
@@ -368,7 +392,8 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
                 #pragma unroll
                 for (int c = 0; c < DCH; ++c) LOAD_KV(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c, t, bz);
             };
-            for (int w = blockIdx.x; w < full; w += gridDim.x, ++n) {
+            for (int w0 = blockIdx.x; w0 < full; w0 += gridDim.x, ++n) {
+                const int w = slot_item(w0, items);
                 const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
                 load_q(w, n);
                 for (int t = 0; t < it.ntiles; ++t, ++kt) load_kv(t, kt, it.bz);
@@ -434,8 +459,8 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
         }
 
 
-        for (int w = blockIdx.x; w < full; w += gridDim.x, ++n) {
-        const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
+        for (int w0 = blockIdx.x; w0 < full; w0 += gridDim.x, ++n) {
+        const Item it = item_of(slot_item(w0, items), nmb, heads_kv, M, Sq, Skv);
         const int t0 = 0, ntiles = it.ntiles, i_min = it.i_min, bz = it.bz;
 @ITEM@        // finish: row sums over the quad, normalise, store
         #pragma unroll
@@ -656,7 +681,7 @@ def _defines(spec: FlashWgmmaSpec) -> str:
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
         f"#define OVERLAP {int(spec.overlap)}", f"#define TAIL {int(spec.tail)}", f"#define EDGE_PV {int(spec.edge_pv)}",
-        f"#define STRIDED {int(spec.strided)}", f"#define CTAS {spec.ctas}",         f"#define OSTAGE {int(spec.ostage)}",
+        f"#define STRIDED {int(spec.strided)}", f"#define CTAS {spec.ctas}",         f"#define OSTAGE {int(spec.ostage)}", f"#define LPT {int(spec.lpt)}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -670,7 +695,7 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
             f"overlap={int(spec.overlap)} tail={int(spec.tail)} edge_pv={int(spec.edge_pv)} strided={int(spec.strided)} "
-            f"ctas={spec.ctas} ostage={int(spec.ostage)}\n")
+            f"ctas={spec.ctas} ostage={int(spec.ostage)} lpt={int(spec.lpt)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     tail = "" if not spec.tail else TAIL_ITEMS.replace(
