@@ -88,6 +88,9 @@ SHAPES = {
     "ch_1x511x16384": (1, 32, 511, 128, torch.bfloat16, False, "gqa4", 16384),
     "ch_4x256x4096": (4, 32, 256, 128, torch.bfloat16, False, "gqa4", 4096),
     "ch_1x256x2048c": (1, 32, 256, 128, torch.bfloat16, True, "gqa4", 2048),
+    "ch_4x256x4096c": (4, 32, 256, 128, torch.bfloat16, True, "gqa4", 4096),
+    "ch_1x256x4096": (1, 32, 256, 128, torch.bfloat16, False, "gqa4", 4096),
+    "l_4x16x4096c": (4, 16, 4096, 128, torch.bfloat16, True, "packed"),
 }
 #: the mid-length shapes (``--shapes mid``)
 MID = [n for n in SHAPES if n.startswith("m") and n[1:4] in ("64_", "64c", "128")] + ["long_s1024_d64", "long_s1024"]
@@ -108,12 +111,13 @@ def candidates(d: int, causal: bool = False) -> list[Any]:
         return hero(128, bn, d, st, 12, pingpong=True, **kw)
 
     if d == 128 and os.environ.get("TRACEA_PROBE_SET") == "2":
-        if causal:
-            return [c2(128, 2, persistent=True, ostage=True, lpt=False), c2(128, 2, ostage=True, lpt=True),
-                    c2(128, 2, ostage=True, lpt=False), c2(64, 2, persistent=True, ostage=True),
-                    c2(96, 2, persistent=True, ostage=True), c2(128, 2, persistent=True),
-                    c1(64, 2, 2, persistent=True, ostage=True), c1(64, 2, 2, persistent=True, ostage=True, lpt=False),
-                    c1(64, 2, 2, ostage=True, lpt=True), c2(176, 2, lpt=True), c2(128, 2, lpt=True)]
+        if causal:  # persistent ones: lpt (balanced pairs of blocks, snake-dealt) unless lpt=False
+            return [c2(128, 2, persistent=True, ostage=True), c2(128, 2, persistent=True, ostage=True, lpt=False),
+                    c2(128, 2, ostage=True), c2(128, 2, ostage=True, lpt=True), c2(128, 2, persistent=True),
+                    c2(96, 2, persistent=True, ostage=True), c2(112, 2, persistent=True, ostage=True),
+                    c2(64, 2, persistent=True, ostage=True), c1(64, 2, 2, persistent=True, ostage=True),
+                    c1(64, 2, 2, persistent=True, ostage=True, lpt=False), c1(64, 2, 2, ostage=True), c2(128, 2),
+                    c2(176, 2, persistent=True)]
         return [c2(bn, 2, persistent=True, ostage=True) for bn in (64, 96, 112, 144, 160)] + [
             c2(128, 2, persistent=True, tail=True), c2(128, 2, persistent=True, tail=True, ostage=True),
             c2(160, 2, persistent=True, tail=True), c1(64, 2, 2, persistent=True, ostage=True),

@@ -33,8 +33,9 @@ GQA packing, causal alignment, tile skipping and NaN / Inf behaviour are those o
 top-left aligned, tiles past a block's last visible key are never loaded, only tiles that reach past the
 block's first row's diagonal (or past ``seq_kv``) run the mask code. Work items (query blocks x (batch, kv
 head) pairs) are numbered on a 1-D grid: causal ones longest first within groups of 8 heads, so the last
-items to start are short ones (``LPT``: longest first over all heads, and a persistent grid deals them in
-snake order, see ``slot_item``); others block-fastest. A grid of fewer CTAs than items is persistent: CTA
+items to start are short ones (``LPT``: longest first over all heads; a persistent grid deals pairs of
+blocks of one kv head whose lengths sum to about the same, in snake order, see ``Walk``); others
+block-fastest. A grid of fewer CTAs than items is persistent: CTA
 ``b`` runs items ``b, b + grid, ...``, the K / V rings run on across items and the producer loads the next
 item's Q (once every consumer's last score GEMM is done: an ``empty Q`` mbarrier) and K / V while the
 consumers finish and store the current one. A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
@@ -94,7 +95,7 @@ class FlashWgmmaSpec:
     strided: bool = False  # q, k, v through 4-D maps (d, seq, head, batch), out through (batch, head, seq) strides
     ctas: int = 1  # CTAs resident per SM (``__launch_bounds__`` minimum blocks; registers and shared memory split)
     ostage: bool = False  # the epilogue stages O in shared memory and stores whole rows (16-byte stores)
-    lpt: bool = False  # causal: items longest first over all heads (a persistent grid deals them in snake order)
+    lpt: bool = False  # causal: longest first over all heads; persistent: balanced pairs of blocks, snake-dealt
 
     @property
     def bm(self) -> int:
@@ -289,21 +290,47 @@ static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, in
     return it;
 }
 
-// The item a CTA's slot s (s = blockIdx.x + k gridDim.x, k = 0, 1, ...) runs. CAUSAL && LPT on a persistent
-// grid (fewer CTAs than items): the items, longest first, are dealt in snake order -- wave k runs items
-// [k grid, (k + 1) grid), forwards over the CTAs in even waves and backwards in odd ones (a partial last wave
-// reversed within itself) -- so the CTAs that took the longest items of one wave take the shortest of the
-// next and the CTAs' sums of key tiles even out (a static deal of the 8-head groups left some CTAs 40% more).
-static __device__ __forceinline__ int slot_item(int s, int items) {
+// A CTA's walk over its work items (item_of's numbering), in order; -1 past its last. Plain: items
+// blockIdx.x, blockIdx.x + gridDim.x, ... below ``full``. CAUSAL && LPT on a persistent grid (fewer CTAs than
+// items): the work is dealt in units of two blocks of one (batch, kv head) whose causal lengths sum to about
+// the same, the last block and the first, the second last and the second, ... (the middle block of an odd
+// count alone, those units after every pair), numbered pair by pair within a kv head and kv head after kv
+// head, and dealt in snake order: wave k holds units [k grid, (k + 1) grid), forwards over the CTAs in even
+// waves and backwards in odd ones (a partial last wave reversed within itself). A CTA runs a unit's two
+// blocks back to back (the second re-reads K / V the first just pulled into L2), neighbouring CTAs run the
+// same kv head's units together, and the CTAs' sums of key tiles even out (the plain deal of the 8-head
+// groups left some CTAs 40% more than the average on short causal prefills).
 #if CAUSAL && LPT
-    const int grid = gridDim.x;
-    if (grid < items) {
-        const int k = s / grid, p = s - k * grid;
-        if (k & 1) return k * grid + min(grid, items - k * grid) - 1 - p;
+struct Walk {
+    int k = 0, e = 0;  // wave, element of the current pair
+    __device__ __forceinline__ int next(int items, int nmb, int nb) {
+        const int grid = gridDim.x, b = blockIdx.x;
+        if (grid >= items) return k++ == 0 ? b : -1;  // one item per CTA
+        const int npp = nmb / 2, nfull = npp * nb, units = nfull + (nmb & 1) * nb;
+        if (k * grid >= units) return -1;
+        const int rem = min(grid, units - k * grid);
+        if (b >= rem) return -1;
+        const int u = k * grid + ((k & 1) ? rem - 1 - b : b);
+        int mb, bz;
+        if (u < nfull) {
+            bz = u / npp;
+            const int j = u - bz * npp;
+            mb = e == 0 ? nmb - 1 - j : j;
+            k += e;
+            e ^= 1;
+        } else {
+            bz = u - nfull;
+            mb = npp;
+            ++k;
+        }
+        return (nmb - 1 - mb) * nb + bz;  // LPT numbering (see item_of)
     }
+};
+// the loop over a CTA's items (w: item_of's numbering; n counts them)
+#define FOR_EACH_ITEM Walk walk; for (int w; (w = walk.next(items, nmb, heads_kv)) >= 0; ++n)
+#else
+#define FOR_EACH_ITEM for (int w = blockIdx.x; w < full; w += gridDim.x, ++n)
 #endif
-    return s;
-}
 
 // TAIL (persistent, non-causal): items [full, items) -- fewer than a wave -- are cut along the keys. Their
 // key tiles, numbered item by item (u = j * nt + t for tail item j), are cut into runs of ``trun`` tiles,
@@ -392,8 +419,7 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
                 #pragma unroll
                 for (int c = 0; c < DCH; ++c) LOAD_KV(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c, t, bz);
             };
-            for (int w0 = blockIdx.x; w0 < full; w0 += gridDim.x, ++n) {
-                const int w = slot_item(w0, items);
+            FOR_EACH_ITEM {
                 const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
                 load_q(w, n);
                 for (int t = 0; t < it.ntiles; ++t, ++kt) load_kv(t, kt, it.bz);
@@ -459,8 +485,8 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
         }
 
 
-        for (int w0 = blockIdx.x; w0 < full; w0 += gridDim.x, ++n) {
-        const Item it = item_of(slot_item(w0, items), nmb, heads_kv, M, Sq, Skv);
+        FOR_EACH_ITEM {
+        const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
         const int t0 = 0, ntiles = it.ntiles, i_min = it.i_min, bz = it.bz;
 @ITEM@        // finish: row sums over the quad, normalise, store
         #pragma unroll

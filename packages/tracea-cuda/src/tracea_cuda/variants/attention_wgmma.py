@@ -58,6 +58,12 @@ def _work(op: AttentionOp, strided: bool) -> tuple[int, int]:
     return (op.heads // kvh) * op.seq_q, op.batch * kvh
 
 
+def _keys(op: AttentionOp) -> int:
+    """The most keys a query row sees: ``seq_kv``, or with (top-left) causal masking at most ``seq_q`` (a
+    short query chunk over a long cache sees only the first ``seq_q`` keys, a short-sequence op)."""
+    return min(op.seq_kv, op.seq_q) if op.causal else op.seq_kv
+
+
 def _sms(profile: DeviceProfile) -> int:
     """The SMs the grid is sized for (132, an H100's, when the profile does not say)."""
     return profile.compute_units if profile.compute_units > 1 else 132
@@ -69,6 +75,9 @@ SHORT_KV = 512
 #: than ``MID_WAVES`` waves of the SMs leads with the 64-row tiles of :meth:`FlashAttentionWgmma.mid_heroes`
 MID_MIN_Q = 256
 MID_WAVES = 3.0
+#: keys from which a non-causal mid-length prefill with fewer 128-row blocks than SMs leads with the tail
+#: split cutting every block (see :meth:`FlashAttentionWgmma.mid_heroes`)
+SPLIT_MIN_KV = 4096
 #: a tail item is cut into at most this many pieces (the merging piece reads the others' fp32 partials)
 TAIL_MAX_PIECES = 4
 
@@ -85,9 +94,11 @@ def tail_split(items: int, ctas: int, key_tiles: int) -> tuple[int, int]:
     full = items - items % ctas
     tiles = (items - full) * key_tiles
     trun = max(-(-tiles // ctas), -(-key_tiles // TAIL_MAX_PIECES))
-    if trun >= key_tiles:
-        # runs of whole items: the cut would change nothing but run them through the tail's code (4-byte stores,
-        # no staged O: 2x16x1024 D128 10% slower on an H100 with 124 of 256 items there)
+    if 4 * trun > 3 * key_tiles:
+        # runs of (nearly) whole items: the cut would save under a quarter of the last wave and run its items
+        # through the tail's code (4-byte stores, no staged O, the merge). H100, D128: 2x16x1024 (124 of 256
+        # items in runs of whole items) 10% slower; 4x32/8x256 over 4096 keys (runs of 31 of 32 tiles) 0.91 vs
+        # 1.03x SDPA, 1x32/8x511 over 16384 (128 items, runs of 125 of 128 tiles) 0.95 vs 1.04x
         return items, 1
     return full, trun
 
@@ -150,7 +161,7 @@ class FlashAttentionWgmma(CudaVariant):
         # short keys: a small grid is latency-bound for flash_mma too (no split-KV pass there); H100, ViT-S b1
         # (1x6x197x64, 24 blocks): the short heroes 1.33-1.42x SDPA's kernel time, flash_mma 0.70x
         # mid-length prefills on small grids (few_waves) alike: 1x8x1024x128 flash_mma 0.41x, the mid heroes 1.21x
-        small = op.seq_kv <= SHORT_KV or self.few_waves(op, profile)
+        small = _keys(op) <= SHORT_KV or self.few_waves(op, profile)
         sm_fill = 1.0 if small else min(1.0, ctas / _sms(profile))
         fill = min(1.0, rows / bm) * sm_fill
         return super().estimate_seconds(op, profile, config) / max(fill, 1e-3)
@@ -256,7 +267,7 @@ class FlashAttentionWgmma(CudaVariant):
         (two tile_m 64 CTAs at most: O alone is 64 registers per thread): the O tile staged in
         shared memory (``ostage``) on a persistent grid, 128x128 where 128-row blocks fill the SMs, else
         64x64 with two CTAs per SM. Past SHORT_KV: the configs of :meth:`mid_heroes`."""
-        if op.seq_kv > SHORT_KV:
+        if _keys(op) > SHORT_KV:
             return self.mid_heroes(op, profile)
         d = op.head_dim
 
@@ -277,7 +288,7 @@ class FlashAttentionWgmma(CudaVariant):
         sms = _sms(profile)
 
         def padded(bn: int) -> int:
-            return -(-op.seq_kv // bn) * bn
+            return -(-_keys(op) // bn) * bn
 
         if d <= 64:
             if op.causal:
@@ -304,16 +315,27 @@ class FlashAttentionWgmma(CudaVariant):
             return [narrow, wide, c(64, 2, 2)]
         if op.causal:
             return [wide, c(64, 2, 2), narrow]
-        if op.seq_kv <= 128:  # one key tile: no ring to overlap, the single stage leaves room for 128 keys
-            return [c(128, 1, 2, True, ostage=True), wide, narrow]
-        return [wide, narrow, c(64, 2, 2, True)]
+        # Not causal: the tile that pads the (rows x keys) product least, the first of equals in this order.
+        # H100, 2026-11-26 (probe_attention_short.py, kernel time vs SDPA): 16x12x197 128x112 0.98x (128x128
+        # 0.92x), 16x12x257 64x64 x2 1.08x (128x128 0.89x, 128x144 1.00x), 64x12x77 128x96 0.95x (64x128 x2
+        # 0.86x), 8x16x500 128x128 0.98x (128x112 0.93x, 64x64 0.90x); up to 128 keys (one key tile: no ring
+        # to overlap, a single stage leaves room for 128 keys) 64x128 x2 leads its equals (32x16x128: 0.98x
+        # against 128x128's 0.94x).
+        def area(bm: int, bn: int) -> int:
+            return -(-rows // bm) * bm * padded(bn)
+
+        tiles = ([(64, 128)] if op.seq_kv <= 128 else []) + [(128, bn) for bn in (128, 112, 96, 144, 160)] + [(64, 64)]
+        bm, bn = min(tiles, key=lambda t: area(*t))
+        lead = (c(128, 1, 2, True, ostage=True) if (bm, bn) == (64, 128) else narrow if bm == 64
+                else hero(128, bn, d, 2, 12, pingpong=True, persistent=True, ostage=True))
+        return [lead] + [x for x in (wide, narrow, c(64, 2, 2, True)) if x.key != lead.key]
 
     def few_waves(self, op: AttentionOp, profile: DeviceProfile) -> bool:
         """Whether a prefill past SHORT_KV keys (``seq_q >= MID_MIN_Q``) gives the long heroes' row blocks
         (192 rows at D64, 128 at D128) fewer than ``MID_WAVES`` waves over the SMs: 1-4 sequences of
         8-16 heads at 640-2048 tokens, where those blocks leave SMs idle or a last wave mostly empty.
         Decode and short-query shapes (flash_mma's split-KV pass, the decode variant) are never such."""
-        if op.seq_kv <= SHORT_KV or op.seq_q < MID_MIN_Q:
+        if _keys(op) <= SHORT_KV or op.seq_q < MID_MIN_Q:
             return False
         rows, pairs = _work(op, self.takes_strides(op))
         bm = 192 if op.head_dim <= 64 else 128
@@ -349,7 +371,17 @@ class FlashAttentionWgmma(CudaVariant):
                 return [c(64, 2, 3), c(128, 2, 2)] if short_keys else [c(128, 2, 2), c(64, 2, 3)]
             return [c(128, 2, 2, True), c(128, 2, 2, True, ostage=True), c(64, 2, 3)]
         rows, pairs = _work(op, self.takes_strides(op))
-        few = -(-rows // 128) * pairs <= _sms(profile) // 2
+        items = -(-rows // 128) * pairs
+        few = items <= _sms(profile) // 2
+        if not op.causal and items < _sms(profile) and op.seq_kv >= SPLIT_MIN_KV:
+            # fewer 128-row blocks than SMs over long keys (a prefill chunk over a KV cache): the tail split cuts
+            # every block along its keys (split-KV). H100: 1x32/8x256 over 8192 keys (64 blocks) 1.57x SDPA
+            # against 1.13x for 64x64 x2; where the cut would leave (nearly) whole blocks it is not made
+            full, _ = tail_split(items, persistent_grid(items, _sms(profile), True), -(-op.seq_kv // 128))
+            if full < items:
+                split = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, tail=True)
+                return [split, c(64, 2, 2, True, ostage=True), hero(128, 128, d, 2, 12, pingpong=True, persistent=True,
+                                                                     ostage=True)]
         if op.causal:
             wide, narrow = hero(128, 128, d, 2, 12, pingpong=True, ostage=True), c(64, 2, 2, ostage=True)
         else:
@@ -476,5 +508,5 @@ class FlashAttentionWgmma(CudaVariant):
 
 ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]
 
-__all__ = ["ATTENTION_WGMMA_VARIANTS", "MID_MIN_Q", "MID_WAVES", "SHORT_KV", "TAIL_MAX_PIECES", "FlashAttentionWgmma",
+__all__ = ["ATTENTION_WGMMA_VARIANTS", "MID_MIN_Q", "MID_WAVES", "SHORT_KV", "SPLIT_MIN_KV", "TAIL_MAX_PIECES", "FlashAttentionWgmma",
            "persistent_grid", "tail_split"]
