@@ -280,6 +280,10 @@ SHORT_SHAPES = [  # (B, H, S, D, dtype, causal, layout): ViT-S / BERT-base / sho
     (32, 16, 128, 128, torch.bfloat16, False, "bshd"), (16, 12, 197, 128, torch.float16, False, "vit"),
     (8, 16, 256, 128, torch.bfloat16, False, "packed"), (8, 16, 384, 128, torch.bfloat16, True, "bshd"),
     (4, 32, 512, 128, torch.bfloat16, True, "bshd"), (1, 16, 512, 128, torch.bfloat16, False, "packed"),
+    # D128 at other short lengths (the heroes' rules, not these shapes, pick the tiles)
+    (64, 12, 77, 128, torch.bfloat16, True, "bshd"), (64, 12, 77, 128, torch.bfloat16, False, "bshd"),
+    (16, 16, 257, 128, torch.bfloat16, True, "packed"), (16, 12, 257, 128, torch.float16, False, "vit"),
+    (8, 16, 500, 128, torch.bfloat16, True, "bshd"), (8, 16, 500, 128, torch.bfloat16, False, "packed"),
     # mid-length prefills on small grids (past 512 keys; the long heroes' row blocks fill few waves)
     (2, 16, 1024, 64, torch.bfloat16, False, "packed"), (4, 16, 1024, 64, torch.bfloat16, True, "bshd"),
     (1, 8, 1536, 64, torch.float16, False, "packed"), (1, 8, 1024, 128, torch.bfloat16, False, "packed"),

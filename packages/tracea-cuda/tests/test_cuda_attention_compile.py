@@ -151,8 +151,8 @@ def test_wgmma_mid_length_small_grid_heroes():
         (1, 16, 2048, 64, True): (64, 128, 2, False, False, False),
         (2, 16, 1024, 128, False): (128, 128, 1, True, False, True),
         (1, 8, 1024, 128, False): (64, 64, 2, True, False, True),  # 64 blocks of 128 rows
-        (1, 16, 1024, 128, True): (128, 128, 1, False, False, True),
-        (1, 8, 1024, 128, True): (64, 64, 2, False, False, True),
+        (1, 16, 1024, 128, True): (128, 128, 1, True, False, True),  # persistent, balanced pairs (lpt)
+        (1, 8, 1024, 128, True): (64, 64, 2, True, False, True),
     }
     for (b, h, s, d, causal), want in cases.items():
         op, got = lead(b, h, s, d, causal)
@@ -214,7 +214,10 @@ def test_wgmma_short_sequence_heroes_and_their_checks():
     assert w.hero_configs(shapes[3], H100)[0].get("ostage") is True  # D128 b1: 64 x 64, O staged
     # D128 not causal: the tile padding (rows x keys) least (ViT-B's 197 tokens: 128 x 112; 257: 64 x 64 x2;
     # 77: 128 x 96; 256 / 500: 128 x 128 first of equals)
-    for op, bm, bn in ((AttentionOp(4, 32, 300, 300, 128, kv_heads=8, causal=True, dtype="bfloat16"), 128, 128),
+    for op, bm, bn in ((AttentionOp(4, 32, 300, 300, 128, kv_heads=8, causal=True, dtype="bfloat16"), 64, 64),
+                       (AttentionOp(8, 16, 384, 384, 128, causal=True, dtype="bfloat16"), 128, 128),
+                       (AttentionOp(4, 32, 512, 512, 128, causal=True, dtype="bfloat16"), 128, 128),
+                       (AttentionOp(16, 16, 257, 257, 128, causal=True, dtype="bfloat16"), 64, 64),
                        (AttentionOp(8, 16, 256, 256, 128, dtype="bfloat16"), 128, 128),
                        (AttentionOp(16, 12, 197, 197, 128, dtype="float16"), 128, 112),
                        (AttentionOp(16, 12, 257, 257, 128, dtype="float16"), 64, 64),
@@ -370,6 +373,18 @@ def test_wgmma_causal_longest_first_order():
     assert "lpt" in w.validate_config(plain, hero(128, 128, 128, 2, 12, lpt=True), H100).reason
     src = flash_wgmma.render(w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True), None, H100))
     assert "#define LPT 1" in src and "walk.next(items, nmb, heads_kv)" in src
+    # the D128 causal heroes lead with persistent grids dealing balanced pairs (long, mid-length, short);
+    # 64x64 with at most two blocks a (batch, head) keeps the plain deal
+    for op in (AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16"), causal,
+               AttentionOp(2, 32, 1024, 1024, 128, kv_heads=8, causal=True, dtype="bfloat16")):
+        lead = w.hero_configs(op, H100)[0]
+        assert lead.get("persistent") and lead.get("ostage") and w.spec(op, lead, None, H100).lpt, op.describe()
+    vit77 = AttentionOp(64, 12, 77, 77, 128, causal=True, dtype="bfloat16")
+    lead = w.hero_configs(vit77, H100)[0]
+    assert (lead.tile_m, lead.tile_n, lead.get("lpt")) == (64, 64, False)
+    assert w.estimate_seconds(vit77, H100) < V.estimate_seconds(vit77, H100)  # flash_mma ran it before
+    # the producer keeps 32 registers for the walk
+    assert w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True), None, H100).regs == (32, 232)
     assert dict(w.search_space(causal, H100).dims)["lpt"] == (False, True)
     assert dict(w.search_space(plain, H100).dims)["lpt"] == (False,)
 

@@ -251,8 +251,11 @@ class FlashAttentionWgmma(CudaVariant):
             return [h(192, 128, 2), h(192, 128, 2, persistent=True), h(192, 96, 3), h(128, 128, 3),
                     h(192, 96, 3, False)]
         if op.causal:
-            return [h(128, 128, 2), h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2),
-                    h(128, 128, 2, False)]
+            # H100, 2026-11-26 (probe_attention_short.py): a persistent grid dealing balanced pairs of blocks
+            # (lpt, on by default there) with O staged: B4 H16 S4096 1.09x SDPA against 1.03x for the plain grid,
+            # GQA 32/8 B4 / B8 S2048 1.08 / 1.03x against 0.96 / 0.94x
+            return [h(128, 128, 2, persistent=True, ostage=True), h(128, 128, 2), h(128, 128, 2, persistent=True),
+                    h(128, 176, 2), h(192, 64, 2), h(128, 128, 2, False)]
         # H100, 2026-11-26 (probe_attention_short.py): staging O in shared memory for whole-row stores (param
         # ostage) took 1x16x1024x128 from 0.935x to 1.088x SDPA (128x128 persistent), so it leads the D128 heroes
         return [h(128, 128, 2, tail=True, ostage=True), h(128, 128, 2, tail=True), h(128, 160, 2, tail=True),
@@ -314,7 +317,15 @@ class FlashAttentionWgmma(CudaVariant):
         if -(-rows // 128) * pairs < sms:  # too few 128-row blocks for the SMs
             return [narrow, wide, c(64, 2, 2)]
         if op.causal:
-            return [wide, c(64, 2, 2), narrow]
+            # H100, 2026-11-26 (probe_attention_short.py; lpt: balanced pairs of blocks, see emit/flash_wgmma.py):
+            # 128x128 with lpt 8x16x384 0.98x SDPA (0.90x in the plain deal), 4x32x512 0.90x (0.82x), 8x16x500
+            # 0.93x (0.84x), GQA 4x32/8x512 1.11x (0.92x). 64x64 x2 where its blocks skip a quarter of the
+            # masked work 128x128 does: 16x16x257 1.12x (128x128 0.85-0.94x), 64x12x77 0.92x (flash_mma ran
+            # there: 0.65x), in the plain deal with at most two blocks per (batch, kv head) (lpt 0.85x there)
+            if self._causal_area(op, rows, 64, 64) * 4 <= self._causal_area(op, rows, 128, 128) * 3:
+                lead = c(64, 2, 2, True, ostage=True, **({"lpt": False} if -(-rows // 64) <= 2 else {}))
+                return [lead, wide, c(64, 2, 2)]
+            return [wide, narrow, c(64, 2, 2)]
         # Not causal: the tile that pads the (rows x keys) product least, the first of equals in this order.
         # H100, 2026-11-26 (probe_attention_short.py, kernel time vs SDPA): 16x12x197 128x112 0.98x (128x128
         # 0.92x), 16x12x257 64x64 x2 1.08x (128x128 0.89x, 128x144 1.00x), 64x12x77 128x96 0.95x (64x128 x2
@@ -329,6 +340,17 @@ class FlashAttentionWgmma(CudaVariant):
         lead = (c(128, 1, 2, True, ostage=True) if (bm, bn) == (64, 128) else narrow if bm == 64
                 else hero(128, bn, d, 2, 12, pingpong=True, persistent=True, ostage=True))
         return [lead] + [x for x in (wide, narrow, c(64, 2, 2, True)) if x.key != lead.key]
+
+    @staticmethod
+    def _causal_area(op: AttentionOp, rows: int, bm: int, bn: int) -> int:
+        """Query rows x keys a causal (batch, kv head)'s ``bm``-row blocks compute in ``bn``-key tiles (the
+        kernel's tile skipping, ``item_of`` in ``emit/flash_wgmma.py``)."""
+        total = 0
+        for m0 in range(0, rows, bm):
+            r_last = min(m0 + bm, rows) - 1
+            i_max = r_last % op.seq_q if m0 // op.seq_q == r_last // op.seq_q else op.seq_q - 1
+            total += -(-min(op.seq_kv, i_max + 1) // bn) * bn * bm
+        return total
 
     def few_waves(self, op: AttentionOp, profile: DeviceProfile) -> bool:
         """Whether a prefill past SHORT_KV keys (``seq_q >= MID_MIN_Q``) gives the long heroes' row blocks
@@ -382,11 +404,10 @@ class FlashAttentionWgmma(CudaVariant):
                 split = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, tail=True)
                 return [split, c(64, 2, 2, True, ostage=True), hero(128, 128, d, 2, 12, pingpong=True, persistent=True,
                                                                      ostage=True)]
-        if op.causal:
-            wide, narrow = hero(128, 128, d, 2, 12, pingpong=True, ostage=True), c(64, 2, 2, ostage=True)
-        else:
-            wide = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, ostage=True)
-            narrow = c(64, 2, 2, True, ostage=True)
+        # causal: persistent too, dealing balanced pairs of blocks (lpt): H100, 1x32/8x1024 1.45x SDPA against
+        # 1.13x for the plain grid, 2x16x1024 1.46x against 1.08x
+        wide = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, ostage=True)
+        narrow = c(64, 2, 2, True, ostage=True)
         return [narrow, wide] if few else [wide, narrow]
 
     # -- compile and launch ----------------------------------------------------------------------
