@@ -213,7 +213,7 @@ def test_wgmma_short_sequence_heroes_and_their_checks():
     assert w.hero_configs(shapes[1], H100)[0].get("persistent") is True
     assert w.hero_configs(shapes[3], H100)[0].get("ostage") is True  # D128 b1: 64 x 64, O staged
     # D128 not causal: the tile padding (rows x keys) least (ViT-B's 197 tokens: 128 x 112; 257: 64 x 64 x2;
-    # 77: 128 x 96; 256 / 500: 128 x 128 first of equals)
+    # 256 / 500: 128 x 128 first of equals; under 128 rows 64-row tiles: 77 tokens 64 x 128 x2, one stage)
     for op, bm, bn in ((AttentionOp(4, 32, 300, 300, 128, kv_heads=8, causal=True, dtype="bfloat16"), 64, 64),
                        (AttentionOp(8, 16, 384, 384, 128, causal=True, dtype="bfloat16"), 128, 128),
                        (AttentionOp(4, 32, 512, 512, 128, causal=True, dtype="bfloat16"), 128, 128),
@@ -221,7 +221,7 @@ def test_wgmma_short_sequence_heroes_and_their_checks():
                        (AttentionOp(8, 16, 256, 256, 128, dtype="bfloat16"), 128, 128),
                        (AttentionOp(16, 12, 197, 197, 128, dtype="float16"), 128, 112),
                        (AttentionOp(16, 12, 257, 257, 128, dtype="float16"), 64, 64),
-                       (AttentionOp(64, 12, 77, 77, 128, dtype="bfloat16"), 128, 96),
+                       (AttentionOp(64, 12, 77, 77, 128, dtype="bfloat16"), 64, 128),
                        (AttentionOp(8, 16, 500, 500, 128, dtype="bfloat16"), 128, 128)):
         first = w.hero_configs(op, H100)[0]
         assert (first.tile_m, first.tile_n, first.get("ostage"), first.get("persistent")) == (bm, bn, True, True)
@@ -383,6 +383,10 @@ def test_wgmma_causal_longest_first_order():
     lead = w.hero_configs(vit77, H100)[0]
     assert (lead.tile_m, lead.tile_n, lead.get("lpt")) == (64, 64, False)
     assert w.estimate_seconds(vit77, H100) < V.estimate_seconds(vit77, H100)  # flash_mma ran it before
+    # causal, 67..131 blocks of 128 rows on 132 SMs: 128x128 still leads (64x64 x2 at most half the SMs)
+    gqa512 = AttentionOp(1, 32, 512, 512, 128, kv_heads=8, causal=True, dtype="bfloat16")
+    assert w.hero_configs(gqa512, H100)[0].tile_m == 128
+    assert w.hero_configs(AttentionOp(1, 16, 512, 512, 128, causal=True, dtype="bfloat16"), H100)[0].tile_m == 64
     # the producer keeps 32 registers for the walk
     assert w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True), None, H100).regs == (32, 232)
     assert dict(w.search_space(causal, H100).dims)["lpt"] == (False, True)

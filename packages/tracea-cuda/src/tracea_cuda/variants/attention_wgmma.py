@@ -314,7 +314,9 @@ class FlashAttentionWgmma(CudaVariant):
         # idle (1x16x512: 64 blocks) 64x64 x2 1.14 -> 1.27x.
         wide = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, ostage=True)
         narrow = c(64, 2, 2, True, ostage=True)
-        if -(-rows // 128) * pairs < sms:  # too few 128-row blocks for the SMs
+        # too few 128-row blocks for the SMs (causal: at most half of them; H100, GQA 1x32/8x512 causal, 128
+        # blocks: 128x128 1.10x SDPA, 64x64 x2 1.03x; a 511-query chunk 1.07 vs 1.00x)
+        if -(-rows // 128) * pairs < (sms // 2 + 1 if op.causal else sms):
             return [narrow, wide, c(64, 2, 2)]
         if op.causal:
             # H100, 2026-11-26 (probe_attention_short.py; lpt: balanced pairs of blocks, see emit/flash_wgmma.py):
@@ -328,14 +330,16 @@ class FlashAttentionWgmma(CudaVariant):
             return [wide, narrow, c(64, 2, 2)]
         # Not causal: the tile that pads the (rows x keys) product least, the first of equals in this order.
         # H100, 2026-11-26 (probe_attention_short.py, kernel time vs SDPA): 16x12x197 128x112 0.98x (128x128
-        # 0.92x), 16x12x257 64x64 x2 1.08x (128x128 0.89x, 128x144 1.00x), 64x12x77 128x96 0.95x (64x128 x2
-        # 0.86x), 8x16x500 128x128 0.98x (128x112 0.93x, 64x64 0.90x); up to 128 keys (one key tile: no ring
-        # to overlap, a single stage leaves room for 128 keys) 64x128 x2 leads its equals (32x16x128: 0.98x
-        # against 128x128's 0.94x).
+        # 0.92x), 16x12x257 64x64 x2 1.08x (128x128 0.89x, 128x144 1.00x), 8x16x500 128x128 0.98x (128x112
+        # 0.93x, 64x64 0.90x); up to 128 keys (one key tile: no ring to overlap, a single stage leaves room for
+        # 128 keys) 64x128 x2 leads its equals (32x16x128: 0.98x against 128x128's 0.94x; 64x12x77 0.86x).
         def area(bm: int, bn: int) -> int:
             return -(-rows // bm) * bm * padded(bn)
 
-        tiles = ([(64, 128)] if op.seq_kv <= 128 else []) + [(128, bn) for bn in (128, 112, 96, 144, 160)] + [(64, 64)]
+        # (fewer than 128 rows: 64-row tiles only; the Doctor's estimate counts a 128-row block's empty rows, and
+        # flash_mma took 64x12x77 from a 128x96 lead at 0.67x SDPA)
+        wides = [(128, bn) for bn in (128, 112, 96, 144, 160)] if rows >= 128 else []
+        tiles = ([(64, 128)] if op.seq_kv <= 128 else []) + wides + [(64, 64)]
         bm, bn = min(tiles, key=lambda t: area(*t))
         lead = (c(128, 1, 2, True, ostage=True) if (bm, bn) == (64, 128) else narrow if bm == 64
                 else hero(128, bn, d, 2, 12, pingpong=True, persistent=True, ostage=True))
