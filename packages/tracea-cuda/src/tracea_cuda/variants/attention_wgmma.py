@@ -25,7 +25,11 @@ with two warpgroups it was worth +0.3-1.5% with ping-pong and +2-12% without, wi
 ``tail`` (persistent, non-causal: the items past the last whole wave are cut along the keys into one run
 of key tiles per CTA, see :func:`tail_split`; the pieces publish fp32 partials and base-2 log-sum-exps, the
 last to arrive merges them; non-causal heroes), param ``edge_pv`` (not causal: an item's last P V skips the
-16-key groups past seq_kv; off in the heroes, it read within +-0.3% where it applied).
+16-key groups past seq_kv; off in the heroes, it read within +-0.3% where it applied), param ``lpt`` (causal;
+default True with ``persistent``: blocks longest first over all heads, a persistent grid dealing balanced pairs
+of one (batch, kv head)'s blocks in snake order, see ``Walk`` in ``emit/flash_wgmma.py``; the D128 causal
+heroes lead with it). With ``tail`` and fewer items than SMs x ``ctas`` the grid takes up to
+``TAIL_MAX_PIECES`` CTAs an item and cuts every item (split-KV, :func:`persistent_grid`).
 """
 
 from __future__ import annotations
