@@ -52,7 +52,7 @@ if [ "$mode" = all ] || [ "$mode" = tests ]; then
   rc=$(( rc || $? )); grep -v '^ok' "$OUT/memcheck.log" | tail -8
 fi
 if [ "$mode" = all ] || [ "$mode" = user ]; then
-  python benchmarks/user_path/bench_user_path.py --device cuda --json "$OUT/user_path.json" \
+  python benchmarks/user_path/bench_user_path.py --device cuda --verdicts --json "$OUT/user_path.json" \
     --timm "${TIMM_MODELS:-resnet50,convnext_tiny}" 2>&1 | tee "$OUT/user_path.log" | tail -60
   rc=$(( rc || $? ))
   # where a batch-1 patched model gains or loses, layer by layer (served by, patched vs eager)

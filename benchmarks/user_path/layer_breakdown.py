@@ -124,6 +124,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--models", default="resnet,decoder")
     p.add_argument("--timm", default="")
     p.add_argument("--only", default="", help="substring a case name must contain")
+    p.add_argument("--timm-fp32-batch", type=int, default=32, help="batch of the timm float32 cases (bench_zoo: 8)")
     p.add_argument("--graphs", action="store_true", help="also time layers and models in CUDA graphs")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)

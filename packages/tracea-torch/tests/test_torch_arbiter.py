@@ -196,9 +196,10 @@ def test_pytorch_is_timed_as_the_unpatched_layer_runs(restricted_backend, monkey
     seen = []
     judge = arbiter.judge
 
-    def spy(decision, device, run_tracea, run_torch, args):  # noqa: ANN001
+    def spy(decision, device, run_tracea, run_torch, args, cold_weights=False):  # noqa: ANN001
         seen.append(run_torch(*args))
-        return judge(decision, device, run_tracea, run_torch, args)
+        assert cold_weights  # a layer's weight
+        return judge(decision, device, run_tracea, run_torch, args, cold_weights)
 
     def no_reference(*a, **k):  # noqa: ANN002, ANN003
         raise AssertionError("the arbiter timed PyTorch through tracea_torch.eager")
@@ -316,3 +317,80 @@ def test_gpu_batch_times_the_device_even_when_queueing_outlasts_the_sleep(monkey
     host_us = 5.0  # the next batch starts from the usual sleep again (nothing carried over)
     assert arbiter._gpu_batch(call, 15) == pytest.approx(8e-6, rel=1e-6)
     assert sleeps == [arbiter.SLEEP_CYCLES * 15 + 100_000]
+
+
+def test_a_near_tie_is_timed_over_more_rounds():
+    """Device times within arbiter.CLOSE of each other get twice the rounds more before the medians are
+    taken, so that one slow batch of three does not decide a near tie; a clear difference does not."""
+    def timed(a_s: float, b_s: float) -> tuple[float, float, int]:
+        calls: list[str] = []
+
+        def timer(f, reps):  # noqa: ANN001, ANN202
+            calls.append(f())
+            return a_s if calls[-1] == "a" else b_s
+
+        ta, tb = arbiter._paired(lambda: "a", lambda: "b", timer)
+        return ta, tb, len(calls)
+
+    ta, tb, n_close = timed(5.9e-6, 6.1e-6)
+    _, _, n_clear = timed(5.0e-6, 6.1e-6)
+    assert (ta, tb) == (5.9e-6, 6.1e-6)
+    assert n_clear == 2 + 2 * arbiter.ROUNDS  # one untimed-reps probe each, then the rounds
+    assert n_close == 2 + 2 * arbiter.ROUNDS * 3
+
+
+def test_cold_weight_calls_on_the_cpu_call_the_arguments_as_given():
+    x, w = torch.randn(2, 4), torch.randn(3, 4)
+    seen: list[int] = []
+    fa, fb = arbiter.cold_weight_calls(lambda x, w, b: seen.append(id(w)), lambda x, w, b: seen.append(id(w)),
+                                       (x, w, None))
+    fa(), fb(), fa()
+    assert seen == [id(w)] * 3
+
+
+@pytest.mark.cuda
+def test_cold_weight_calls_span_twice_the_l2_cache():
+    """A weight smaller than the L2 cache is cycled through copies spanning twice the L2 (both sides see the
+    same values, strides preserved); a weight larger than that is used as it is."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.float16)
+    w = torch.randn(1024, 4096, device="cuda", dtype=torch.float16).t()  # 8 MB, transposed strides
+    seen: list[torch.Tensor] = []
+    fa, fb = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: seen.append(w), (x, w, None))
+    want = min(arbiter.COLD_COPIES, -(-2 * l2 // (w.numel() * 2)))
+    for _ in range(want + 1):
+        fa()
+    assert len({t.data_ptr() for t in seen}) == want and seen[want] is w
+    assert all(t.stride() == w.stride() and torch.equal(t, w) for t in seen)
+    rows = torch.randn(1024, 6144, device="cuda", dtype=torch.float16)[:, 1024:5120]  # a strided view, 8 MB
+    seen.clear()
+    fa, _ = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: None, (x, rows, None))
+    for _ in range(3):
+        fa()
+    assert len({t.data_ptr() for t in seen}) == 3
+    assert all(t.stride() == rows.stride() and torch.equal(t, rows) for t in seen)
+    big = torch.empty(2 * l2 // 2 + 1, device="cuda", dtype=torch.float16)
+    seen.clear()
+    fa, _ = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: None, (x, big, None))
+    fa(), fa()
+    assert seen[0] is big and seen[1] is big
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_only_layer_weights_are_timed_cold(monkeypatch, cold):
+    """Weight copies are made only when the caller says ``args[1]`` is a layer's weight (conv / linear
+    plans): attention's k is an activation, often a strided view a plan was bound to."""
+    calls: list[tuple] = []
+
+    def spy(run_a, run_b, args):  # noqa: ANN001, ANN202
+        calls.append(args)
+        return (lambda: run_a(*args)), (lambda: run_b(*args))
+
+    monkeypatch.setattr(arbiter, "cold_weight_calls", spy)
+    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: (fa(), fb(), (1e-6, 2e-6))[-1])
+    x = torch.randn(4, 8)
+    arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t, w: t * 2,
+                     lambda t, w: t * 2, (x, x), cold)
+    assert len(calls) == int(cold)

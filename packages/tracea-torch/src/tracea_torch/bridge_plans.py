@@ -399,7 +399,7 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
         return kernel_plan
     direct = _torch_direct(kind, op, extra) or torch_run  # PyTorch timed as the unpatched layer runs the call
     try:
-        verdict = arbiter.judge(decision, device, run, direct, args)
+        verdict = arbiter.judge(decision, device, run, direct, args, cold_weights=True)
     except CaptureError as exc:
         raise _NotNow(f"first call inside CUDA graph capture ({str(exc).splitlines()[0][:160]})") from exc
     except BackendError as exc:

@@ -37,7 +37,8 @@ def report() -> str:
         for v in judged:
             times = (f"{v.tracea_s * 1e6:.1f} us vs {v.torch_s * 1e6:.1f} us" if v.tracea_s == v.tracea_s
                      else v.note)
-            lines.append(f"  {v.winner:<6} {v.op} on {v.device} ({v.variant}; {times}; {v.source})")
+            captured = f"; in CUDA graphs {v.captured_winner}" if v.captured_winner != v.winner else ""
+            lines.append(f"  {v.winner:<6} {v.op} on {v.device} ({v.variant}; {times}; {v.source}{captured})")
     return "\n".join(lines)
 
 

@@ -65,7 +65,8 @@ def retry(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
                 continue  # it does not compile or run here: not a candidate
             if not arbiter._rel_err(ours, ref) <= tol:
                 continue
-            fa, fb = (lambda run=run: run(*args)), (lambda: run_torch(*args))
+            fa, fb = (arbiter.cold_weight_calls(run, run_torch, args) if device.type == "cuda"
+                      else ((lambda run=run: run(*args)), (lambda: run_torch(*args))))
             try:
                 t_ours, t_theirs = (arbiter._paired(fa, fb, arbiter._gpu_batch) if device.type == "cuda"
                                     else arbiter._cpu_alternating(fa, fb))
