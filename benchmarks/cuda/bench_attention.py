@@ -12,6 +12,10 @@ Parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorc
   bf16 / fp16, with GB/s beside the copy bandwidth (``--sweep``: every decode hero and split counts);
 * a small Hugging Face style transformer block (GQA attention calling SDPA, then an MLP) with
   ``tracea_torch.patch_attention()`` vs eager;
+* gqa: mid-length GQA prefills (32 / 8 heads, D128, causal, 512..2048 tokens, batch 1..8);
+* chunked: a prefill chunk (q_len 256..511) over a KV cache (kv_len 2k..16k), GQA 32/8 D128, causal
+  top-left (``is_causal``: PyTorch's semantics when q_len != kv_len), no mask, and bottom-right (a boolean
+  ``attn_mask``, as Hugging Face passes it);
 * ``--only lse`` (not in the default parts): the cost of ``return_lse=True`` on a prefill and a decode shape;
 * layouts: the operands as models pass them -- packed (B, H, S, D), Hugging Face's
   ``view(B, S, H, D).transpose(1, 2)`` ("bshd") and timm ViT's packed qkv ("vit") -- on ViT / BERT / Llama
@@ -276,6 +280,10 @@ SHORT_SHAPES = [  # (B, H, S, D, dtype, causal, layout): ViT-S / BERT-base / sho
     (32, 16, 128, 128, torch.bfloat16, False, "bshd"), (16, 12, 197, 128, torch.float16, False, "vit"),
     (8, 16, 256, 128, torch.bfloat16, False, "packed"), (8, 16, 384, 128, torch.bfloat16, True, "bshd"),
     (4, 32, 512, 128, torch.bfloat16, True, "bshd"), (1, 16, 512, 128, torch.bfloat16, False, "packed"),
+    # D128 at other short lengths (the heroes' rules, not these shapes, pick the tiles)
+    (64, 12, 77, 128, torch.bfloat16, True, "bshd"), (64, 12, 77, 128, torch.bfloat16, False, "bshd"),
+    (16, 16, 257, 128, torch.bfloat16, True, "packed"), (16, 12, 257, 128, torch.float16, False, "vit"),
+    (8, 16, 500, 128, torch.bfloat16, True, "bshd"), (8, 16, 500, 128, torch.bfloat16, False, "packed"),
     # mid-length prefills on small grids (past 512 keys; the long heroes' row blocks fill few waves)
     (2, 16, 1024, 64, torch.bfloat16, False, "packed"), (4, 16, 1024, 64, torch.bfloat16, True, "bshd"),
     (1, 8, 1536, 64, torch.float16, False, "packed"), (1, 8, 1024, 128, torch.bfloat16, False, "packed"),
@@ -312,6 +320,77 @@ def short(quick: bool) -> list[dict]:
             tracea_torch.unpatch_attention()
         rows.append(row)
         print(_fmt(row), flush=True)
+    return rows
+
+
+GQA_SHAPES = [  # (B, S): 32 query heads over 8 kv heads, D128, causal, bf16 (Llama-style prefills of 512..2048)
+    (1, 512), (1, 1024), (1, 2048), (2, 1024), (4, 512), (4, 1024), (4, 2048), (8, 2048),
+]
+
+
+def _pair_row(part: str, ours, theirs, fl: float, extra: dict, reps: int = 20) -> dict:  # noqa: ANN001
+    """Kernel time (queued ahead) and user path (back to back) of ``ours`` vs ``theirs``, their outputs'
+    relative error, the variant that served ``ours``."""
+    out, ref = ours(), theirs()
+    err = float((out.double() - ref.double()).norm() / ref.double().norm())
+    kern = _time([ours, theirs], reps, True)
+    user = _time([ours, theirs], reps, False)
+    return dict(part=part, **extra, tracea_us=kern[0] * 1e6, sdpa_us=kern[1] * 1e6,
+                tracea_tflops=fl / kern[0] / 1e12, ratio_kernel=kern[1] / kern[0], user_tracea_us=user[0] * 1e6,
+                user_sdpa_us=user[1] * 1e6, ratio_user=user[1] / user[0], rel_err=err)
+
+
+def gqa(quick: bool) -> list[dict]:
+    """Mid-length GQA prefills (32 query / 8 kv heads, D128, causal, bf16, 512..2048 tokens, batch 1..8):
+    ``tracea.ops.attention`` vs SDPA, both with ``enable_gqa=True`` (packed (B, H, S, D) operands; the
+    last row also as Hugging Face's BSHD views)."""
+    rows = []
+    shapes = [(b, s, "packed") for b, s in GQA_SHAPES] + [(4, 1024, "bshd")]
+    for b, s, kind in shapes:
+        q, k, v = _laid_out(kind, b, 32, 8, s, 128, torch.bfloat16)
+        ours = lambda q=q, k=k, v=v: tracea.ops.attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+        theirs = lambda q=q, k=k, v=v: TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+        row = _pair_row("gqa", ours, theirs, _flops(b, 32, s, s, 128, True),
+                        dict(layout=kind, b=b, h=32, kvh=8, s=s, d=128, causal=True))
+        run = _runner_of(q, k, v, None, True, True)
+        row["variant"] = (run.variant or "fallback") if run is not None else "?"
+        rows.append(row)
+        print(_fmt(row), flush=True)
+    return rows
+
+
+CHUNKED_SHAPES = [  # (B, q_len, kv_len): a prefill chunk over a KV cache, GQA 32/8, D128, bf16
+    (1, 256, 2048), (1, 511, 4096), (1, 256, 8192), (1, 511, 16384), (4, 256, 4096), (2, 384, 8192),
+]
+
+
+def chunked(quick: bool) -> list[dict]:
+    """Chunked prefill: q_len 256..511 over kv_len 2k..16k, GQA 32/8, D128, bf16, three ways of asking:
+
+    * ``causal=top-left``: ``is_causal=True``, PyTorch's (and Tracea's) semantics for q_len != kv_len (query i
+      sees keys 0..i, so only the first q_len keys take part: not what a chunked prefill wants);
+    * ``causal=none``: every key visible (a chunk attending to a cache of earlier tokens only);
+    * ``causal=bottom-right``: the chunk's queries are the cache's last q_len positions (query i sees keys
+      0..kv_len - q_len + i), as Hugging Face passes it: a boolean (q_len, kv_len) ``attn_mask`` to both sides.
+    """
+    rows = []
+    for b, sq, skv in CHUNKED_SHAPES:
+        q = torch.randn(b, 32, sq, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, 8, skv, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lower_right = torch.ones(sq, skv, dtype=torch.bool, device="cuda").tril(skv - sq)
+        for how in ("top-left", "none", "bottom-right"):
+            kw = dict(is_causal=how == "top-left", enable_gqa=True,
+                      attn_mask=lower_right if how == "bottom-right" else None)
+            ours = lambda q=q, k=k, v=v, kw=kw: tracea.ops.attention(q, k, v, **kw)  # noqa: E731
+            theirs = lambda q=q, k=k, v=v, kw=kw: TORCH_SDPA(q, k, v, **kw)  # noqa: E731
+            pairs = (sq * (sq + 1) // 2 if how == "top-left" else
+                     sq * skv - sq * (sq - 1) // 2 if how == "bottom-right" else sq * skv)
+            row = _pair_row("chunked", ours, theirs, 4.0 * b * 32 * pairs * 128,
+                            dict(b=b, h=32, kvh=8, sq=sq, kv=skv, d=128, causal=how))
+            run = _runner_of(q, k, v, kw["attn_mask"], kw["is_causal"], True)
+            row["variant"] = (run.variant or f"fallback: {run.reason}") if run is not None else "?"
+            rows.append(row)
+            print(_fmt(row), flush=True)
     return rows
 
 
@@ -418,7 +497,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="prefill,decode,model,layouts,short")
+    ap.add_argument("--only", default="prefill,decode,model,layouts,short,gqa,chunked")
     ap.add_argument("--dtypes", help="prefill / decode dtypes, comma-separated (default: bfloat16, and float16 "
                     "unless --quick)")
     ap.add_argument("--sweep", action="store_true", help="decode: time every hero and forced split counts")
@@ -435,7 +514,7 @@ def main() -> None:
             rows += decode(args.quick, dts, args.sweep, args.masked)
             continue
         rows += {"prefill": prefill, "decode": decode, "model": model, "lse": lse_cost,
-                 "layouts": layouts, "short": short}[part](args.quick)
+                 "layouts": layouts, "short": short, "gqa": gqa, "chunked": chunked}[part](args.quick)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

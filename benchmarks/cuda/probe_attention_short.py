@@ -68,14 +68,40 @@ SHAPES = {
     "m128c_2x16x1024": (2, 16, 1024, 128, torch.bfloat16, True, "packed"),
     "m128c_1x16x2048": (1, 16, 2048, 128, torch.bfloat16, True, "packed"),
     "m128c_4x8x768": (4, 8, 768, 128, torch.float16, True, "packed"),
+    # D128 short lengths around the tiles (77..500 keys), causal and not
+    "d128_s77c": (64, 12, 77, 128, torch.bfloat16, True, "bshd"),
+    "d128_s257c": (16, 16, 257, 128, torch.bfloat16, True, "packed"),
+    "d128_s500c": (8, 16, 500, 128, torch.bfloat16, True, "bshd"),
+    "d128_s128c": (32, 16, 128, 128, torch.bfloat16, True, "packed"),
+    "d128_s77": (64, 12, 77, 128, torch.bfloat16, False, "bshd"),
+    "d128_s257": (16, 12, 257, 128, torch.float16, False, "vit"),
+    "d128_s500": (8, 16, 500, 128, torch.bfloat16, False, "packed"),
+    # mid-length GQA prefills, 32 query / 8 kv heads (``gqa4``: 4 query heads per kv head), causal
+    "g_1x512c": (1, 32, 512, 128, torch.bfloat16, True, "gqa4"),
+    "g_4x512c": (4, 32, 512, 128, torch.bfloat16, True, "gqa4"),
+    "g_1x1024c": (1, 32, 1024, 128, torch.bfloat16, True, "gqa4"),
+    "g_2x1024c": (2, 32, 1024, 128, torch.bfloat16, True, "gqa4"),
+    "g_4x2048c": (4, 32, 2048, 128, torch.bfloat16, True, "gqa4"),
+    "g_8x2048c": (8, 32, 2048, 128, torch.bfloat16, True, "gqa4"),
+    # chunked prefill: (..., kv_len) q_len chunks over a longer KV cache, GQA 32/8, no mask
+    "ch_1x256x8192": (1, 32, 256, 128, torch.bfloat16, False, "gqa4", 8192),
+    "ch_1x511x16384": (1, 32, 511, 128, torch.bfloat16, False, "gqa4", 16384),
+    "ch_4x256x4096": (4, 32, 256, 128, torch.bfloat16, False, "gqa4", 4096),
+    "ch_1x256x2048c": (1, 32, 256, 128, torch.bfloat16, True, "gqa4", 2048),
+    "ch_4x256x4096c": (4, 32, 256, 128, torch.bfloat16, True, "gqa4", 4096),
+    "ch_1x256x4096": (1, 32, 256, 128, torch.bfloat16, False, "gqa4", 4096),
+    "l_4x16x4096c": (4, 16, 4096, 128, torch.bfloat16, True, "packed"),
 }
 #: the mid-length shapes (``--shapes mid``)
 MID = [n for n in SHAPES if n.startswith("m") and n[1:4] in ("64_", "64c", "128")] + ["long_s1024_d64", "long_s1024"]
 
 
-def candidates(d: int) -> list[Any]:
+def candidates(d: int, causal: bool = False) -> list[Any]:
     """The short-sequence tiles tried beside the heroes: one consumer warpgroup (tile_m 64) with two or
-    three CTAs per SM, two-warpgroup tiles, and the O tile staged in shared memory (``ostage``)."""
+    three CTAs per SM, two-warpgroup tiles, and the O tile staged in shared memory (``ostage``); at D128
+    (``TRACEA_PROBE_SET=2``) the 128-row staged tile over 64..160-key tiles, causal with the old and the
+    longest-first (``lpt``) item order, and the tail split on small grids."""
+    import os
     from tracea_cuda.variants.base import hero
 
     def c1(bn: int, st: int, ctas: int, **kw: Any) -> Any:
@@ -84,6 +110,18 @@ def candidates(d: int) -> list[Any]:
     def c2(bn: int, st: int, **kw: Any) -> Any:
         return hero(128, bn, d, st, 12, pingpong=True, **kw)
 
+    if d == 128 and os.environ.get("TRACEA_PROBE_SET") == "2":
+        if causal:  # persistent ones: lpt (balanced pairs of blocks, snake-dealt) unless lpt=False
+            return [c2(128, 2, persistent=True, ostage=True), c2(128, 2, persistent=True, ostage=True, lpt=False),
+                    c2(128, 2, ostage=True), c2(128, 2, ostage=True, lpt=True), c2(128, 2, persistent=True),
+                    c2(96, 2, persistent=True, ostage=True), c2(112, 2, persistent=True, ostage=True),
+                    c2(64, 2, persistent=True, ostage=True), c1(64, 2, 2, persistent=True, ostage=True),
+                    c1(64, 2, 2, persistent=True, ostage=True, lpt=False), c1(64, 2, 2, ostage=True), c2(128, 2),
+                    c2(176, 2, persistent=True)]
+        return [c2(bn, 2, persistent=True, ostage=True) for bn in (64, 96, 112, 144, 160)] + [
+            c2(128, 2, persistent=True, tail=True), c2(128, 2, persistent=True, tail=True, ostage=True),
+            c2(160, 2, persistent=True, tail=True), c1(64, 2, 2, persistent=True, ostage=True),
+            c1(112, 1, 2, persistent=True, ostage=True), c1(64, 2, 2, persistent=True, tail=True)]
     if d == 64:
         return [c1(64, 2, 3), c1(64, 2, 3, persistent=True), c1(80, 2, 3, persistent=True),
                 c1(64, 2, 3, ostage=True), c1(80, 2, 3, persistent=True, ostage=True),
@@ -137,17 +175,20 @@ def probe(names: list[str], sweep: bool) -> list[dict]:
     profile = get_doctor().profile_for(device_of(torch.device("cuda")))
     plan = []
     for name in names:
-        b, h, s, d, dt, causal, layout = SHAPES[name]
-        kvh = h // 4 if layout == "gqa" else h  # "gqa": packed, 4 query heads per kv head
-        q, k, v = _laid_out("packed" if layout == "gqa" else layout, b, h, kvh, s, d, dt)
+        b, h, s, d, dt, causal, layout = SHAPES[name][:7]
+        skv = SHAPES[name][7] if len(SHAPES[name]) > 7 else s
+        kvh = h // 4 if layout in ("gqa", "gqa4") else h  # "gqa": packed, 4 query heads per kv head
+        q, k, v = _laid_out("packed" if layout in ("gqa", "gqa4") else layout, b, h, kvh, s, d, dt)
+        if skv != s:
+            k, v = (torch.randn(b, kvh, skv, d, device="cuda", dtype=dt) for _ in range(2))
         strides = None
         if layout not in ("packed", "gqa"):
             trip = [ast.fold(t.shape, t.stride()) for t in (q, k, v)]
             out_t = (s * h * d, d, h * d)  # the output in q's (BSHD-like) storage order
             strides = (*trip[0], *trip[1], *trip[2], *out_t)
-        op = AttentionOp(b, h, s, s, d, kv_heads=kvh, causal=causal, dtype=str(dt).split(".")[1], strides=strides)
+        op = AttentionOp(b, h, s, skv, d, kv_heads=kvh, causal=causal, dtype=str(dt).split(".")[1], strides=strides)
         cfgs, seen = [], set()
-        for c in var.hero_configs(op, profile) + (candidates(d) if sweep else []):
+        for c in var.hero_configs(op, profile) + (candidates(d, causal) if sweep else []):
             if c.key not in seen and var.validate_config(op, c, profile):
                 seen.add(c.key)
                 cfgs.append(c)
@@ -166,7 +207,7 @@ def probe(names: list[str], sweep: bool) -> list[dict]:
                 "cudnn": SDPBackend.CUDNN_ATTENTION}
     for name, q, k, v, causal, _op, cfgs in plan:
         b, h, s, d = q.shape
-        fl = _flops(b, h, s, s, d, causal)
+        fl = _flops(b, h, s, k.shape[2], d, causal)
         g = k.shape[1] != h
         theirs = lambda q=q, k=k, v=v, c=causal, g=g: TORCH_SDPA(q, k, v, is_causal=c, enable_gqa=g)  # noqa: E731
         ref = theirs().double()

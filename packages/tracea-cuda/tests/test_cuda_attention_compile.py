@@ -151,8 +151,8 @@ def test_wgmma_mid_length_small_grid_heroes():
         (1, 16, 2048, 64, True): (64, 128, 2, False, False, False),
         (2, 16, 1024, 128, False): (128, 128, 1, True, False, True),
         (1, 8, 1024, 128, False): (64, 64, 2, True, False, True),  # 64 blocks of 128 rows
-        (1, 16, 1024, 128, True): (128, 128, 1, False, False, True),
-        (1, 8, 1024, 128, True): (64, 64, 2, False, False, True),
+        (1, 16, 1024, 128, True): (128, 128, 1, True, False, True),  # persistent, balanced pairs (lpt)
+        (1, 8, 1024, 128, True): (64, 64, 2, True, False, True),
     }
     for (b, h, s, d, causal), want in cases.items():
         op, got = lead(b, h, s, d, causal)
@@ -173,6 +173,16 @@ def test_wgmma_mid_length_small_grid_heroes():
         assert not w.few_waves(op, H100) and w.short_heroes(op, H100) == [], op.describe()
         assert w.hero_configs(op, H100) == w.long_heroes(op, H100)
     assert w.hero_configs(AttentionOp(4, 16, 4096, 4096, 128, dtype="bfloat16"), H100)[0].get("tail")
+    # a prefill chunk over a long KV cache, fewer 128-row blocks than SMs: the tail split cutting every block
+    # leads (not below SPLIT_MIN_KV keys, nor where the runs would hold nearly whole blocks)
+    chunk = AttentionOp(1, 32, 256, 8192, 128, kv_heads=8, dtype="bfloat16")
+    first = w.hero_configs(chunk, H100)[0]
+    assert w.few_waves(chunk, H100) and first.get("tail") and first.get("persistent") and first.tile_m == 128
+    assert not w.hero_configs(AttentionOp(1, 8, 1024, 1024, 128, dtype="bfloat16"), H100)[0].get("tail")
+    assert not w.hero_configs(AttentionOp(1, 32, 511, 16384, 128, kv_heads=8, dtype="bfloat16"), H100)[0].get("tail")
+    # causal (top-left) chunks see at most seq_q keys: short-sequence heroes, whatever the cache length
+    top_left = AttentionOp(4, 32, 256, 4096, 128, kv_heads=8, causal=True, dtype="bfloat16")
+    assert w.short_heroes(top_left, H100) and not w.few_waves(top_left, H100)
 
 
 def test_wgmma_short_sequence_heroes_and_their_checks():
@@ -202,11 +212,21 @@ def test_wgmma_short_sequence_heroes_and_their_checks():
     assert w.hero_configs(shapes[0], H100)[0].get("ctas") == 3
     assert w.hero_configs(shapes[1], H100)[0].get("persistent") is True
     assert w.hero_configs(shapes[3], H100)[0].get("ostage") is True  # D128 b1: 64 x 64, O staged
-    for op in (AttentionOp(4, 32, 300, 300, 128, kv_heads=8, causal=True, dtype="bfloat16"),
-               AttentionOp(8, 16, 256, 256, 128, dtype="bfloat16"), AttentionOp(16, 12, 197, 197, 128, dtype="float16")):
+    # D128 not causal: the tile padding (rows x keys) least (ViT-B's 197 tokens: 128 x 112; 257: 64 x 64 x2;
+    # 256 / 500: 128 x 128 first of equals; under 128 rows 64-row tiles: 77 tokens 64 x 128 x2, one stage)
+    for op, bm, bn in ((AttentionOp(4, 32, 300, 300, 128, kv_heads=8, causal=True, dtype="bfloat16"), 64, 64),
+                       (AttentionOp(8, 16, 384, 384, 128, causal=True, dtype="bfloat16"), 128, 128),
+                       (AttentionOp(4, 32, 512, 512, 128, causal=True, dtype="bfloat16"), 128, 128),
+                       (AttentionOp(16, 16, 257, 257, 128, causal=True, dtype="bfloat16"), 64, 64),
+                       (AttentionOp(8, 16, 256, 256, 128, dtype="bfloat16"), 128, 128),
+                       (AttentionOp(16, 12, 197, 197, 128, dtype="float16"), 128, 112),
+                       (AttentionOp(16, 12, 257, 257, 128, dtype="float16"), 64, 64),
+                       (AttentionOp(64, 12, 77, 77, 128, dtype="bfloat16"), 64, 128),
+                       (AttentionOp(8, 16, 500, 500, 128, dtype="bfloat16"), 128, 128)):
         first = w.hero_configs(op, H100)[0]
-        assert (first.tile_m, first.tile_n, first.get("ostage"), first.get("persistent")) == (128, 128, True, True)
+        assert (first.tile_m, first.tile_n, first.get("ostage"), first.get("persistent")) == (bm, bn, True, True)
         assert w.estimate_seconds(op, H100) < V.estimate_seconds(op, H100), op.describe()
+        assert all(w.validate_config(op, c, H100) for c in w.hero_configs(op, H100)), op.describe()
     one_tile = w.hero_configs(AttentionOp(32, 16, 128, 128, 128, dtype="bfloat16"), H100)[0]
     assert (one_tile.tile_m, one_tile.tile_n, one_tile.stages, one_tile.get("ostage")) == (64, 128, 1, True)
     long = AttentionOp(4, 16, 4096, 4096, 64, dtype="bfloat16")
@@ -304,14 +324,20 @@ def test_wgmma_tail_split():
     longer than an item and no item in more than about TAIL_MAX_PIECES pieces (plus one where a run's
     start falls inside it); it needs a persistent grid and non-causal attention."""
     from tracea_cuda.emit import flash_wgmma
-    from tracea_cuda.variants.attention_wgmma import TAIL_MAX_PIECES, FlashAttentionWgmma, tail_split
+    from tracea_cuda.variants.attention_wgmma import TAIL_MAX_PIECES, FlashAttentionWgmma, persistent_grid, tail_split
     from tracea_cuda.variants.base import hero
 
     assert tail_split(2048, 132, 26) == (1980, 14)  # B4 H16 S4096, 128x160: 68 tail items in runs of 14
     assert tail_split(4096, 132, 26) == (4092, 7)  # GQA 32/8: 4 tail items, 4 pieces each, not 26
     assert tail_split(1056, 132, 26) == (1056, 1)  # whole waves: nothing to cut
-    assert tail_split(100, 132, 26) == (100, 1)  # fewer items than CTAs: one CTA per item
-    for items, ctas, nt in ((160, 132, 3), (2049, 132, 26), (1408, 132, 32), (4097, 114, 64), (300, 7, 5)):
+    assert tail_split(100, 100, 26) == (100, 1)  # one CTA per item
+    assert tail_split(64, 132, 26) == (0, 13)  # more CTAs than items (persistent_grid): every item cut
+    assert tail_split(100, 132, 26) == (100, 1)  # runs of 20 of 26 tiles: not worth the cut
+    assert tail_split(256, 132, 8) == (256, 1)  # 124 tail items in runs of whole items: not cut
+    assert tail_split(4096, 132, 1) == (4096, 1)  # one key tile an item
+    assert persistent_grid(64, 132, True) == 132 and persistent_grid(20, 132, True) == 20 * TAIL_MAX_PIECES
+    assert persistent_grid(64, 132, False) == 64 and persistent_grid(2048, 132, True) == 132
+    for items, ctas, nt in ((160, 132, 3), (2049, 132, 26), (1408, 132, 32), (4010, 114, 64), (302, 7, 9)):
         full, trun = tail_split(items, ctas, nt)
         assert full % ctas == 0 and 0 < items - full < ctas and 1 <= trun <= nt
         tiles = (items - full) * nt
@@ -327,6 +353,44 @@ def test_wgmma_tail_split():
     assert "persistent" in w.validate_config(d128, hero(128, 160, 128, 2, 12, tail=True), H100).reason
     causal = AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16")
     assert "causal" in w.validate_config(causal, hero(128, 128, 128, 2, 12, persistent=True, tail=True), H100).reason
+
+
+def test_wgmma_causal_longest_first_order():
+    """``lpt``: on by default for persistent causal grids (off for plain grids and non-causal ops, where it is
+    declined), compiled in as ``LPT``; a search dimension only for causal ops."""
+    from tracea_cuda.emit import flash_wgmma
+    from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
+    from tracea_cuda.variants.base import hero
+
+    w = FlashAttentionWgmma()
+    causal = AttentionOp(8, 16, 384, 384, 128, causal=True, dtype="bfloat16")
+    plain = AttentionOp(8, 16, 384, 384, 128, dtype="bfloat16")
+    assert w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True), None, H100).lpt
+    assert not w.spec(causal, hero(128, 128, 128, 2, 12), None, H100).lpt
+    assert not w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True, lpt=False), None, H100).lpt
+    assert w.spec(causal, hero(128, 128, 128, 2, 12, lpt=True), None, H100).lpt
+    assert not w.spec(plain, hero(128, 128, 128, 2, 12, persistent=True, tail=True), None, H100).lpt
+    assert "lpt" in w.validate_config(plain, hero(128, 128, 128, 2, 12, lpt=True), H100).reason
+    src = flash_wgmma.render(w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True), None, H100))
+    assert "#define LPT 1" in src and "walk.next(items, nmb, heads_kv)" in src
+    # the D128 causal heroes lead with persistent grids dealing balanced pairs (long, mid-length, short);
+    # 64x64 with at most two blocks a (batch, head) keeps the plain deal
+    for op in (AttentionOp(4, 16, 4096, 4096, 128, causal=True, dtype="bfloat16"), causal,
+               AttentionOp(2, 32, 1024, 1024, 128, kv_heads=8, causal=True, dtype="bfloat16")):
+        lead = w.hero_configs(op, H100)[0]
+        assert lead.get("persistent") and lead.get("ostage") and w.spec(op, lead, None, H100).lpt, op.describe()
+    vit77 = AttentionOp(64, 12, 77, 77, 128, causal=True, dtype="bfloat16")
+    lead = w.hero_configs(vit77, H100)[0]
+    assert (lead.tile_m, lead.tile_n, lead.get("lpt")) == (64, 64, False)
+    assert w.estimate_seconds(vit77, H100) < V.estimate_seconds(vit77, H100)  # flash_mma ran it before
+    # causal, 67..131 blocks of 128 rows on 132 SMs: 128x128 still leads (64x64 x2 at most half the SMs)
+    gqa512 = AttentionOp(1, 32, 512, 512, 128, kv_heads=8, causal=True, dtype="bfloat16")
+    assert w.hero_configs(gqa512, H100)[0].tile_m == 128
+    assert w.hero_configs(AttentionOp(1, 16, 512, 512, 128, causal=True, dtype="bfloat16"), H100)[0].tile_m == 64
+    # the producer keeps 32 registers for the walk
+    assert w.spec(causal, hero(128, 128, 128, 2, 12, persistent=True), None, H100).regs == (32, 232)
+    assert dict(w.search_space(causal, H100).dims)["lpt"] == (False, True)
+    assert dict(w.search_space(plain, H100).dims)["lpt"] == (False,)
 
 
 def test_wgmma_staged_output():

@@ -83,11 +83,51 @@ def test_persistent_grid_walks_more_items_than_ctas(case, causal):
         assert _rel(out, ref) < TOL["bfloat16"], cfg.key
 
 
+# (B, H, KVH, Sq, Skv, D), causal: persistent grids over 1.6..3.9 waves of items (on 132 SMs), the last wave
+# partial in an odd wave (dealt backwards) and an even one, GQA blocks that straddle heads, odd lengths
+LPT_CASES = [(2, 16, 4, 1000, 777, 128), (3, 12, 12, 700, 900, 64), (4, 8, 8, 600, 600, 128),
+             (4, 16, 16, 900, 900, 128), (8, 16, 16, 384, 384, 128), (5, 7, 7, 333, 501, 64)]
+
+
+@pytest.mark.parametrize("case", LPT_CASES, ids=[str(c) for c in LPT_CASES])
+def test_causal_longest_first_order_runs_every_item_once(case):
+    """``lpt`` (on by default for persistent causal grids): the items longest first over all heads, dealt to
+    the persistent CTAs in snake order (every other wave backwards); off, the 8-head groups of the plain
+    grid. Every row is written once (the output starts as NaN) and matches the float64 reference, for the
+    two-warpgroup and the one-warpgroup (two CTAs per SM) tiles, persistent or not, and with the
+    log-sum-exp."""
+    import torch
+
+    import tracea
+    from tracea_cuda.testing_attention import lse_close
+    from tracea_cuda.variants.base import hero
+
+    d = case[-1]
+    q, k, v = _inputs(case, "bfloat16", sum(case) + 5)
+    ref, ref_lse = _ref(q, k, v, causal=True, return_lse=True)
+    configs = [hero(128, 128, d, 2, 12, persistent=True, ostage=True), hero(128, 128, d, 2, 12, persistent=True),
+               hero(128, 128, d, 2, 12, persistent=True, lpt=False), hero(128, 128, d, 2, 12, lpt=True),
+               hero(64, 64, d, 2, 8, pingpong=False, ctas=2, persistent=True, ostage=True),
+               hero(192, 64, d, 2, 16, persistent=True)]
+    for cfg in configs:
+        out = torch.full_like(q, float("nan"))
+        got = tracea.ops.attention(q, k, v, is_causal=True, enable_gqa=True, variant=VARIANT, config=cfg, out=out)
+        assert got is out or got.data_ptr() == out.data_ptr()
+        assert not out.isnan().any(), cfg.key
+        assert _rel(out, ref) < TOL["bfloat16"], cfg.key
+    out, lse = tracea.ops.attention(q, k, v, is_causal=True, enable_gqa=True, variant=VARIANT, config=configs[0],
+                                    return_lse=True)
+    assert _rel(out, ref) < TOL["bfloat16"] and lse_close(lse, ref_lse) is None
+
+
 # (B, H, KVH, Sq, Skv, D): more items than SMs with a partial last wave (on 132 SMs: 160 items, 3 key tiles:
 # one-tile runs, three pieces an item; 768 items of 19 tiles; GQA 1024 items; D64 704 items of 192 rows;
 # 256 items of one key tile: every tail item whole in one run), and one with whole waves only
+# Fewer items than SMs (a prefill chunk over a long KV cache, GQA 32/8: 64 items of 128 rows over 8192 keys;
+# 24 items over 3000 keys; MQA 77-query blocks over 5000): every item cut, 2..4 pieces each.
 TAIL_CASES = [(4, 8, 8, 600, 333, 128), (2, 16, 16, 3000, 3000, 128), (4, 32, 8, 1024, 1500, 128),
-              (4, 16, 16, 2000, 2001, 64), (1, 8, 8, 4096, 1, 128), (2, 33, 33, 4096, 777, 128)]
+              (4, 16, 16, 2000, 2001, 64), (1, 8, 8, 4096, 1, 128), (2, 33, 33, 4096, 777, 128),
+              (1, 32, 8, 256, 8192, 128), (1, 8, 8, 300, 3000, 64), (2, 4, 1, 77, 5000, 128)]
 
 
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])

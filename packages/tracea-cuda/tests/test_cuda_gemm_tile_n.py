@@ -34,8 +34,9 @@ def test_fill_rule_picks_the_width_that_fills_the_waves():
     c = first(_bf16(512, 5120, 5120))
     assert (c.tile_m, c.tile_n) == (128, 160) and v.validate_config(_bf16(512, 5120, 5120), c, H200)
     assert hopper_tiles.tiles(_bf16(512, 5120, 5120), 128, 160) <= 132
-    # two waves of 128 x 224 instead of two of 128 x 256 (216 tiles) or four of 128 x 128
-    assert first(_bf16(512, 13824, 5120)).tile_n == 224
+    # 216 tiles of 128 x 256 fill 82% of two waves: the deep-ring narrow width (128 x 144, 5 stages, 384
+    # tiles in three waves) replaces it (hopper_tiles.narrow_fill); the model's 128 x 224 is the runner-up
+    assert [c.tile_n for c in v.hero_configs(_bf16(512, 13824, 5120), H200)[:2]] == [144, 224]
     # an MN-major B (a @ b, b stored (K, N)) is loaded in 64-column boxes; fill widths from 80 (from 128 there):
     # 1000^3 keeps its 128 x 128 tiles, M512 N6144 takes 128 x 192
     op = GemmOp(1000, 1000, 1000, dtype_a="float16", dtype_b="float16")
@@ -66,6 +67,43 @@ def test_fill_widths_cost_and_stages():
     assert [hopper_tiles.fill_stages(bn) for bn in (256, 128, 64)] == [4, 6, 8]  # the existing heroes' rings
     op = _bf16(512, 5120, 5120)
     assert hopper_tiles.grid_cost(op, 256, 128, 132) == hopper_tiles.grid_cost(op, 128, 256, 132)
+
+
+def first_tiles(v, op):
+    c = v.hero_configs(op, H200)[0]
+    return c.tile_m, c.tile_n
+
+
+def test_first_use_candidates_hold_other_tile_widths():
+    """The first three heroes (what first-use tuning times) of a prefill GEMM hold the runners-up of the fill
+    model next to the default, not near-copies of it; the default itself is the rule's."""
+    v = VARIANTS["cuda.gemm.wgmma"]
+    tiles = lambda op: [(c.tile_m, c.tile_n) for c in v.hero_configs(op, H200)[:3]]  # noqa: E731
+    assert tiles(_bf16(1024, 14336, 4096)) == [(128, 224), (128, 176), (128, 128)]
+    assert tiles(_bf16(512, 5120, 5120))[:2] == [(128, 160), (128, 176)]
+    assert tiles(_bf16(2048, 5632, 2048)) == [(128, 176), (128, 240), (128, 256)]  # narrow_fill, runner-up, rule
+    assert v.hero_configs(_bf16(2048, 5632, 2048), H200)[2].get("defer")  # the rule's deferred 128x256
+    assert tiles(_bf16(2048, 2048, 2048))[:2] == [(256, 128), (128, 256)]
+    heroes = v.hero_configs(_bf16(512, 4096, 4096), H200)
+    assert [(c.tile_n, c.get("schedule")) for c in heroes[:2]] == [(128, "coop"), (128, "pingpong")]
+    for op in (_bf16(2048, 11008, 4096), _bf16(1024, 5120, 5120), _bf16(4096, 1536, 8960)):
+        heroes = v.hero_configs(op, H200)
+        assert len({(c.tile_m, c.tile_n) for c in heroes[:3]}) == 3, op
+        assert len(set(heroes)) == len(heroes) and all(v.validate_config(op, c, H200) for c in heroes)
+    # decode and few-row GEMMs keep their lists (no alternatives below FILL_MIN_ROWS rows)
+    assert hopper_tiles.fill_alternatives(_bf16(128, 5120, 5120), 132, True, (128, 64)) == []
+    # the narrow fill: 128x256 grids with a poor last wave only, deep rings, K-major B, >= 256 rows
+    assert hopper_tiles.narrow_fill(_bf16(2048, 11008, 4096), 132, True) == 176  # 688 tiles: 87% of 6 waves
+    assert hopper_tiles.fill_stages(176) >= hopper_tiles.NARROW_FILL_STAGES > hopper_tiles.fill_stages(192)
+    for op in (_bf16(2048, 4096, 11008), _bf16(4096, 14336, 4096), _bf16(3000, 4096, 4096), _bf16(128, 5632, 2048)):
+        assert hopper_tiles.narrow_fill(op, 132, True) is None, op  # filled >= 97%, or too few rows
+    assert hopper_tiles.narrow_fill(_bf16(2048, 11008, 4096, trans_b=False), 132, False) is None
+    assert first_tiles(v, _bf16(2048, 13824, 5120)) == (128, 256)  # 93% of 7 waves: the rule's tile
+    # alternatives never cost more than the rule's tile and never repeat it
+    op = _bf16(2048, 11008, 4096)
+    alts = hopper_tiles.fill_alternatives(op, 132, True, (128, 256))
+    assert alts and 256 not in alts and len(alts) <= hopper_tiles.ALTERNATIVES
+    assert all(hopper_tiles.grid_cost(op, 128, bn, 132) <= hopper_tiles.grid_cost(op, 128, 256, 132) for bn in alts)
 
 
 @pytest.mark.parametrize("bn", [40, 8, 272, 160])

@@ -116,7 +116,8 @@ def attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 
         read as it is (boolean, another dtype, broadcast over seq_q, strided) is converted into a packed
         array; for torch tensors the conversion is reused while the same mask tensor is passed again
         unchanged (its version counter: any in-place torch op counts; writes torch does not see, through
-        ``.data`` or DLPack, do not), never inside a CUDA graph capture.
+        ``.data`` or DLPack, do not), never inside a CUDA graph capture. A mask object that describes a
+        causal mask (torch's ``CausalBias``) is read for what it stands for (upper-left: ``is_causal``).
     :param dropout_p: dropout probability; no Tracea kernel applies dropout, so a non-zero value is
         computed by PyTorch for torch tensors (counted in the fallback counters) and raises
         :class:`~tracea.errors.NoVariantError` for other arrays.

@@ -42,6 +42,30 @@ _TO_TORCH: dict[Any, Any] = {}
 _INT_VIEWS: dict[Any, Any] = {}  # torch.dtype -> (same-size torch int dtype, NumPy unsigned dtype)
 
 
+def _causal_bias(obj: Any) -> tuple[str, int, int] | None:
+    """``(alignment, seq_q, seq_kv)`` of a ``torch.nn.attention.bias.CausalBias``, else None."""
+    if type(obj).__name__ != "CausalBias":  # (cheap: no import for plain tensors)
+        return None
+    bias_mod = sys.modules.get("torch.nn.attention.bias")
+    if bias_mod is None or not isinstance(obj, bias_mod.CausalBias):
+        return None
+    lower = obj.variant == bias_mod.CausalVariant.LOWER_RIGHT
+    return ("lower_right" if lower else "upper_left"), int(obj.seq_len_q), int(obj.seq_len_kv)
+
+
+def causal_bias_mask(obj: Any, like: Any) -> tuple[str, int, int, Any] | None:
+    """For a ``CausalBias``: ``(alignment, seq_q, seq_kv, the boolean (seq_q, seq_kv) mask on like's
+    device)``; None for anything else."""
+    found = _causal_bias(obj)
+    if found is None:
+        return None
+    import torch
+
+    align, sq, sk = found
+    ones = torch.ones(sq, sk, dtype=torch.bool, device=like.device)
+    return align, sq, sk, ones.tril(sk - sq if align == "lower_right" else 0)
+
+
 _CPU = Device.cpu()
 _DEVICES: dict[tuple[str, int], Device] = {}
 _DTYPES: dict[Any, DType] = {}  # torch.dtype -> DType (parsing the name each call costs microseconds)
@@ -150,7 +174,12 @@ class TorchAdapter(ArrayAdapter):
     def owns(self, obj: Any) -> bool:
         # A tensor can only exist once torch is imported, so never import it here.
         torch = sys.modules.get("torch")
-        return torch is not None and isinstance(obj, torch.Tensor)
+        return torch is not None and isinstance(obj, torch.Tensor) and _causal_bias(obj) is None
+
+    def structured_mask(self, obj: Any, like: Any) -> tuple[str, int, int, Any] | None:
+        """torch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right``):
+        its alignment and lengths (its tensor data are a placeholder) and the boolean mask it stands for."""
+        return causal_bias_mask(obj, like)
 
     def info(self, obj: Any) -> ArrayInfo:
         dtype = tracea_dtype(obj.dtype)

@@ -31,6 +31,7 @@ from torch import Tensor
 from tracea.runtime.plans import generation
 
 from . import bridge, bridge_attention
+from .adapter import causal_bias_mask
 from .compat import check_torch_version
 from .guards import NO_TENSOR, guard_of
 from .fallbacks import record as _record
@@ -319,6 +320,19 @@ _SDPA_MEMO: list[Any] = [None]
 _TORCH_SDPA = bridge_attention.TORCH_SDPA
 
 
+def _causal_bias_args(attn_mask: Tensor, query: Tensor, key: Tensor, is_causal: bool
+                      ) -> tuple[Optional[Tensor], bool]:
+    """``(attn_mask, is_causal)`` with a ``CausalBias`` replaced (see :func:`scaled_dot_product_attention`);
+    one made for other lengths than the call's stays a mask (the shape checks then say so)."""
+    found = causal_bias_mask(attn_mask, query)
+    if found is None:
+        return attn_mask, is_causal
+    align, sq, sk, mask = found
+    if (align == "upper_left" or sq == sk) and (sq, sk) == (query.shape[-2], key.shape[-2]):
+        return None, True
+    return mask, is_causal
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False) -> Tensor:
@@ -328,7 +342,12 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
     A call with the tensor signatures, flags and plan generation of the previous eager call runs that
     call's plan directly (compared by one guard call, as a patched layer's memo does; see
-    :mod:`tracea_torch.layer_path`)."""
+    :mod:`tracea_torch.layer_path`). A ``torch.nn.attention.bias.CausalBias`` mask
+    (``causal_upper_left`` / ``causal_lower_right``) is read for what it stands for: upper-left is
+    ``is_causal``, lower-right the boolean mask it describes (its own ``__torch_function__`` only
+    recognises the unpatched function)."""
+    if attn_mask is not None and type(attn_mask) is not Tensor:  # (a subclass: maybe a CausalBias)
+        attn_mask, is_causal = _causal_bias_args(attn_mask, query, key, is_causal)
     memo = _SDPA_MEMO[0]
     if (memo is not None and not dropout_p and memo[1] == (is_causal, scale, enable_gqa) and not _is_dynamo_compiling()
             and memo[0](query, key, value, NO_TENSOR if attn_mask is None else attn_mask) and memo[3] == generation()):

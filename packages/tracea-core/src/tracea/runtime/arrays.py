@@ -125,6 +125,15 @@ class ArrayAdapter:
         with the framework's own call); ``like``: the first call's input. None (the default): the hook runs."""
         return None
 
+    def structured_mask(self, obj: Any, like: Any) -> tuple[str, int, int, Any] | None:
+        """For an attention mask object that describes its mask instead of holding it (torch's
+        ``CausalBias``, whose tensor data mean nothing): ``(alignment, seq_q, seq_kv, mask)`` with alignment
+        ``"upper_left"`` (key j visible to query i when j <= i) or ``"lower_right"`` (j <= i + seq_kv -
+        seq_q), and ``mask`` the same as a boolean (seq_q, seq_kv) array on ``like``'s device; None (the
+        default) for an array holding its mask. Such objects have no plan-cache signature (:meth:`owns`
+        is False for them)."""
+        return None
+
     def allows_fallback_only(self) -> bool:
         """Whether a fallback-only variant (the NumPy reference) may serve arrays of this kind. An
         integration with a faster framework fallback (torch) returns False so dispatch asks the

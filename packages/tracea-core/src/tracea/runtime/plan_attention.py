@@ -124,6 +124,22 @@ def _flag(name: str, value: Any) -> bool:
 
 
 @retrying
+def _structured(adapter: Any, attn_mask: Any, causal: bool, sq: int, sk: int, Q: Any) -> tuple[Any, bool]:
+    """``(attn_mask, causal)`` with a mask object that describes a causal mask (torch's ``CausalBias``,
+    :meth:`~tracea.runtime.arrays.ArrayAdapter.structured_mask`) replaced: upper-left alignment is
+    ``is_causal`` (the kernels' own masking); lower-right alignment (where seq_q != seq_kv) a boolean mask
+    built once per call. Plain arrays pass through."""
+    found = adapter.structured_mask(attn_mask, Q.obj)
+    if found is None:
+        return attn_mask, causal
+    align, mq, mk, mask = found
+    if (mq, mk) != (sq, sk):
+        raise ShapeError("attn_mask", attn_mask, f"a causal bias for seq_q {sq} and seq_kv {sk}")
+    if align == "upper_left" or sq == sk:
+        return None, True
+    return mask, causal
+
+
 def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, causal: Any, scale: Any,
               enable_gqa: Any, out: Any, variant: str | None, config: Any, return_lse: Any = False) -> Any:
     """The full path of ``tracea.ops.attention`` (see its docstring for the arguments)."""
@@ -156,6 +172,8 @@ def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, 
 
     mask_kind = mask_shape = None
     prep_mask = None
+    if attn_mask is not None:
+        attn_mask, causal = _structured(adapter, attn_mask, causal, sq, sk, Q)
     if attn_mask is not None:
         if not adapter.owns(attn_mask):
             raise InvalidArgumentError("attn_mask", attn_mask, f"a {adapter.name} array like q")

@@ -33,7 +33,9 @@ GQA packing, causal alignment, tile skipping and NaN / Inf behaviour are those o
 top-left aligned, tiles past a block's last visible key are never loaded, only tiles that reach past the
 block's first row's diagonal (or past ``seq_kv``) run the mask code. Work items (query blocks x (batch, kv
 head) pairs) are numbered on a 1-D grid: causal ones longest first within groups of 8 heads, so the last
-items to start are short ones; others block-fastest. A grid of fewer CTAs than items is persistent: CTA
+items to start are short ones (``LPT``: longest first over all heads; a persistent grid deals pairs of
+blocks of one kv head whose lengths sum to about the same, in snake order, see ``Walk``); others
+block-fastest. A grid of fewer CTAs than items is persistent: CTA
 ``b`` runs items ``b, b + grid, ...``, the K / V rings run on across items and the producer loads the next
 item's Q (once every consumer's last score GEMM is done: an ``empty Q`` mbarrier) and K / V while the
 consumers finish and store the current one. A NaN or +Inf logit makes its row NaN, an all -inf row gives 0.
@@ -93,6 +95,7 @@ class FlashWgmmaSpec:
     strided: bool = False  # q, k, v through 4-D maps (d, seq, head, batch), out through (batch, head, seq) strides
     ctas: int = 1  # CTAs resident per SM (``__launch_bounds__`` minimum blocks; registers and shared memory split)
     ostage: bool = False  # the epilogue stages O in shared memory and stores whole rows (16-byte stores)
+    lpt: bool = False  # causal: longest first over all heads; persistent: balanced pairs of blocks, snake-dealt
 
     @property
     def bm(self) -> int:
@@ -114,10 +117,11 @@ class FlashWgmmaSpec:
     def regs(self) -> tuple[int, int]:
         """``setmaxnreg`` counts (producer, consumers): the CTA's share of the 64K register file (ptxas gives
         each thread the ``__launch_bounds__`` cap, 8-register granules) split over the warpgroups."""
-        if self.ctas == 1:
-            return (24, 240) if self.cw <= 2 else (32, 160)
+        # the producer keeps 32 with three consumer warpgroups and for the causal longest-first walk (``LPT``:
+        # at 24 its item arithmetic spilled)
+        prod = 32 if self.cw == 3 or (self.lpt and self.causal) else 24
         cap = min(255, 65536 // (self.threads * self.ctas)) // 8 * 8
-        return 24, min(240, (cap * (self.cw + 1) - 24) // self.cw // 8 * 8)
+        return prod, min(240, (cap * (self.cw + 1) - prod) // self.cw // 8 * 8)
 
     def check(self) -> None:
         problems = []
@@ -135,6 +139,8 @@ class FlashWgmmaSpec:
             problems.append("ping-pong takes turns between two or more consumer warpgroups (tile_m >= 128)")
         if self.ctas not in (1, 2, 3):
             problems.append(f"ctas={self.ctas} CTAs per SM not in 1..3")
+        if self.lpt and not self.causal:
+            problems.append("lpt orders causal items by length (non-causal items are all alike)")
         if self.tail and self.causal:
             problems.append("the tail split serves non-causal attention (causal items differ in length)")
         # registers per consumer thread: O (D/2) + S (BN/2) + P (BN/4) + ~32 for addresses and row state
@@ -255,7 +261,11 @@ struct Item { int m0, bz, ntiles, i_min; };
 static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, int Sq, int Skv) {
     Item it;
     int mb;
-    if (CAUSAL) {
+    if (CAUSAL && LPT) {
+        // longest blocks first over every (batch, kv head): all last row blocks, then the ones before them ...
+        mb = nmb - 1 - w / nb;
+        it.bz = w % nb;
+    } else if (CAUSAL) {
         // longest blocks first within groups of HEAD_GROUP heads (whose K / V stay in L2): the items that
         // start last are short, so no long block runs alone at the end
         const int group = w / (HEAD_GROUP * nmb), within = w % (HEAD_GROUP * nmb);
@@ -280,6 +290,48 @@ static __device__ __forceinline__ Item item_of(int w, int nmb, int nb, int M, in
     it.ntiles = kend > 0 ? (kend + BN - 1) / BN : 0;
     return it;
 }
+
+// A CTA's walk over its work items (item_of's numbering), in order. Plain: items blockIdx.x, blockIdx.x +
+// gridDim.x, ... below ``full``. CAUSAL && LPT on a persistent grid (fewer CTAs than items): the work is dealt
+// in units of two blocks of one (batch, kv head) whose causal lengths sum to about the same -- the last block
+// and the first, the second last and the second, ... -- numbered pair by pair within a (batch, kv head) and
+// (batch, kv head) after (batch, kv head), then (an odd block count) the middle blocks alone; dealt in snake
+// order: wave k holds units [k grid, (k + 1) grid), forwards over the CTAs in even waves and backwards in odd
+// ones (a partial last wave reversed within itself). A CTA runs a unit's two blocks back to back (the second
+// re-reads K / V the first just pulled into L2), neighbouring CTAs run the same kv heads' units together, and
+// the CTAs' sums of key tiles even out: the plain deal of the 8-head groups left some CTAs 40% over the
+// average on short causal prefills (H100, 128x128: 4x32x512 0.82 -> 0.90x SDPA, 2x32/8x1024 0.87 -> 1.20x).
+#if CAUSAL && LPT
+struct Walk {
+    int k = 0, e = 0;  // wave, element of the current pair
+    __device__ __forceinline__ int next(int items, int nmb, int nb) {
+        const int grid = gridDim.x, b = blockIdx.x;
+        if (grid >= items) return k++ == 0 && b < items ? b : -1;  // one item per CTA
+        const int npp = nmb / 2, nfull = npp * nb, units = nfull + (nmb & 1) * nb;
+        if (k * grid >= units) return -1;
+        const int rem = min(grid, units - k * grid);
+        if (b >= rem) return -1;
+        const int u = k * grid + ((k & 1) ? rem - 1 - b : b);
+        int mb, bz;
+        if (u < nfull) {
+            bz = u / npp;
+            const int j = u - bz * npp;
+            mb = e == 0 ? nmb - 1 - j : j;
+            k += e;
+            e ^= 1;
+        } else {
+            bz = u - nfull;
+            mb = npp;
+            ++k;
+        }
+        return (nmb - 1 - mb) * nb + bz;  // LPT numbering (see item_of)
+    }
+};
+// the loop over a CTA's items (w: item_of's numbering; n counts them)
+#define FOR_EACH_ITEM Walk walk; for (int w; (w = walk.next(items, nmb, heads_kv)) >= 0; ++n)
+#else
+#define FOR_EACH_ITEM for (int w = blockIdx.x; w < full; w += gridDim.x, ++n)
+#endif
 
 // TAIL (persistent, non-causal): items [full, items) -- fewer than a wave -- are cut along the keys. Their
 // key tiles, numbered item by item (u = j * nt + t for tail item j), are cut into runs of ``trun`` tiles,
@@ -368,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
                 #pragma unroll
                 for (int c = 0; c < DCH; ++c) LOAD_KV(sv + s * KV_BYTES + c * CHUNK_KV, &tmV, fv, c, t, bz);
             };
-            for (int w = blockIdx.x; w < full; w += gridDim.x, ++n) {
+            FOR_EACH_ITEM {
                 const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
                 load_q(w, n);
                 for (int t = 0; t < it.ntiles; ++t, ++kt) load_kv(t, kt, it.bz);
@@ -434,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
         }
 
 
-        for (int w = blockIdx.x; w < full; w += gridDim.x, ++n) {
+        FOR_EACH_ITEM {
         const Item it = item_of(w, nmb, heads_kv, M, Sq, Skv);
         const int t0 = 0, ntiles = it.ntiles, i_min = it.i_min, bz = it.bz;
 @ITEM@        // finish: row sums over the quad, normalise, store
@@ -656,7 +708,7 @@ def _defines(spec: FlashWgmmaSpec) -> str:
         f"#define D {spec.head_dim}", f"#define BN {spec.bn}", f"#define CW {spec.cw}", f"#define ST {spec.stages}",
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
         f"#define OVERLAP {int(spec.overlap)}", f"#define TAIL {int(spec.tail)}", f"#define EDGE_PV {int(spec.edge_pv)}",
-        f"#define STRIDED {int(spec.strided)}", f"#define CTAS {spec.ctas}",         f"#define OSTAGE {int(spec.ostage)}",
+        f"#define STRIDED {int(spec.strided)}", f"#define CTAS {spec.ctas}",         f"#define OSTAGE {int(spec.ostage)}", f"#define LPT {int(spec.lpt)}",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -670,7 +722,7 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
             f"overlap={int(spec.overlap)} tail={int(spec.tail)} edge_pv={int(spec.edge_pv)} strided={int(spec.strided)} "
-            f"ctas={spec.ctas} ostage={int(spec.ostage)}\n")
+            f"ctas={spec.ctas} ostage={int(spec.ostage)} lpt={int(spec.lpt)}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     tail = "" if not spec.tail else TAIL_ITEMS.replace(

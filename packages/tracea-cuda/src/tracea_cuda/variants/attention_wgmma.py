@@ -25,7 +25,11 @@ with two warpgroups it was worth +0.3-1.5% with ping-pong and +2-12% without, wi
 ``tail`` (persistent, non-causal: the items past the last whole wave are cut along the keys into one run
 of key tiles per CTA, see :func:`tail_split`; the pieces publish fp32 partials and base-2 log-sum-exps, the
 last to arrive merges them; non-causal heroes), param ``edge_pv`` (not causal: an item's last P V skips the
-16-key groups past seq_kv; off in the heroes, it read within +-0.3% where it applied).
+16-key groups past seq_kv; off in the heroes, it read within +-0.3% where it applied), param ``lpt`` (causal;
+default True with ``persistent``: blocks longest first over all heads, a persistent grid dealing balanced pairs
+of one (batch, kv head)'s blocks in snake order, see ``Walk`` in ``emit/flash_wgmma.py``; the D128 causal
+heroes lead with it). With ``tail`` and fewer items than SMs x ``ctas`` the grid takes up to
+``TAIL_MAX_PIECES`` CTAs an item and cuts every item (split-KV, :func:`persistent_grid`).
 """
 
 from __future__ import annotations
@@ -58,6 +62,12 @@ def _work(op: AttentionOp, strided: bool) -> tuple[int, int]:
     return (op.heads // kvh) * op.seq_q, op.batch * kvh
 
 
+def _keys(op: AttentionOp) -> int:
+    """The most keys a query row sees: ``seq_kv``, or with (top-left) causal masking at most ``seq_q`` (a
+    short query chunk over a long cache sees only the first ``seq_q`` keys, a short-sequence op)."""
+    return min(op.seq_kv, op.seq_q) if op.causal else op.seq_kv
+
+
 def _sms(profile: DeviceProfile) -> int:
     """The SMs the grid is sized for (132, an H100's, when the profile does not say)."""
     return profile.compute_units if profile.compute_units > 1 else 132
@@ -69,6 +79,9 @@ SHORT_KV = 512
 #: than ``MID_WAVES`` waves of the SMs leads with the 64-row tiles of :meth:`FlashAttentionWgmma.mid_heroes`
 MID_MIN_Q = 256
 MID_WAVES = 3.0
+#: keys from which a non-causal mid-length prefill with fewer 128-row blocks than SMs leads with the tail
+#: split cutting every block (see :meth:`FlashAttentionWgmma.mid_heroes`)
+SPLIT_MIN_KV = 4096
 #: a tail item is cut into at most this many pieces (the merging piece reads the others' fp32 partials)
 TAIL_MAX_PIECES = 4
 
@@ -78,13 +91,30 @@ def tail_split(items: int, ctas: int, key_tiles: int) -> tuple[int, int]:
     (a multiple of ``ctas``), and the rest -- fewer than a wave -- cut along the keys: their
     ``(items - full) * key_tiles`` key tiles in runs of ``trun`` tiles, one run per CTA, no run longer
     than an item and no item cut into more than about ``TAIL_MAX_PIECES`` pieces. ``full == items``: nothing
-    to cut (whole waves, or a grid of one CTA per item)."""
-    if ctas >= items or items % ctas == 0:
+    to cut (whole waves, or a grid of one CTA per item). A grid of more CTAs than items (see
+    :func:`persistent_grid`) cuts every item (``full == 0``)."""
+    if items % ctas == 0:
         return items, 1
     full = items - items % ctas
     tiles = (items - full) * key_tiles
     trun = max(-(-tiles // ctas), -(-key_tiles // TAIL_MAX_PIECES))
-    return full, min(trun, key_tiles)
+    if 4 * trun > 3 * key_tiles:
+        # runs of (nearly) whole items: the cut would save under a quarter of the last wave and run its items
+        # through the tail's code (4-byte stores, no staged O, the merge). H100, D128: 2x16x1024 (124 of 256
+        # items in runs of whole items) 10% slower; 4x32/8x256 over 4096 keys (runs of 31 of 32 tiles) 0.91 vs
+        # 1.03x SDPA, 1x32/8x511 over 16384 (128 items, runs of 125 of 128 tiles) 0.95 vs 1.04x
+        return items, 1
+    return full, trun
+
+
+def persistent_grid(items: int, slots: int, tail: bool) -> int:
+    """CTAs of a persistent grid of ``slots`` resident CTAs (SMs x ``ctas``) over ``items`` work items: one
+    per item up to ``slots``; with the tail split and fewer items than slots (a few long items: a short
+    query chunk or a small batch over long keys), up to ``TAIL_MAX_PIECES`` CTAs per item, every item cut
+    along its keys (split-KV)."""
+    if tail and items < slots:
+        return min(slots, items * TAIL_MAX_PIECES)
+    return min(items, slots)
 
 
 class FlashAttentionWgmma(CudaVariant):
@@ -135,7 +165,7 @@ class FlashAttentionWgmma(CudaVariant):
         # short keys: a small grid is latency-bound for flash_mma too (no split-KV pass there); H100, ViT-S b1
         # (1x6x197x64, 24 blocks): the short heroes 1.33-1.42x SDPA's kernel time, flash_mma 0.70x
         # mid-length prefills on small grids (few_waves) alike: 1x8x1024x128 flash_mma 0.41x, the mid heroes 1.21x
-        small = op.seq_kv <= SHORT_KV or self.few_waves(op, profile)
+        small = _keys(op) <= SHORT_KV or self.few_waves(op, profile)
         sm_fill = 1.0 if small else min(1.0, ctas / _sms(profile))
         fill = min(1.0, rows / bm) * sm_fill
         return super().estimate_seconds(op, profile, config) / max(fill, 1e-3)
@@ -152,7 +182,8 @@ class FlashAttentionWgmma(CudaVariant):
                               overlap=bool(config.get("overlap", cw <= 2)),
                               tail=bool(config.get("tail", False)), edge_pv=bool(config.get("edge_pv", False)),
                               strided=self.takes_strides(op), ctas=int(config.get("ctas", 1)),
-                              ostage=bool(config.get("ostage", False)))
+                              ostage=bool(config.get("ostage", False)),
+                              lpt=bool(config.get("lpt", op.causal and bool(config.get("persistent", False)))))
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -174,7 +205,7 @@ class FlashAttentionWgmma(CudaVariant):
         return (SearchSpace().tile_m([64, 128, 192]).tile_n([64, 80, 96, 128, 160, 176, 192]).tile_k([op.head_dim])
                 .stages([1, 2, 3, 4]).warps([8, 12, 16]).param("pingpong", [True, False])
                 .param("persistent", [False, True]).param("tail", [False, True]).param("ctas", [1, 2, 3])
-                .param("ostage", [False, True])
+                .param("ostage", [False, True]).param("lpt", [False, True] if op.causal else [False])
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid tiling"))
 
     @staticmethod
@@ -224,8 +255,11 @@ class FlashAttentionWgmma(CudaVariant):
             return [h(192, 128, 2), h(192, 128, 2, persistent=True), h(192, 96, 3), h(128, 128, 3),
                     h(192, 96, 3, False)]
         if op.causal:
-            return [h(128, 128, 2), h(128, 128, 2, persistent=True), h(128, 176, 2), h(192, 64, 2),
-                    h(128, 128, 2, False)]
+            # H100, 2026-11-26 (probe_attention_short.py): a persistent grid dealing balanced pairs of blocks
+            # (lpt, on by default there) with O staged: B4 H16 S4096 1.09x SDPA against 1.03x for the plain grid,
+            # GQA 32/8 B4 / B8 S2048 1.08 / 1.03x against 0.96 / 0.94x
+            return [h(128, 128, 2, persistent=True, ostage=True), h(128, 128, 2), h(128, 128, 2, persistent=True),
+                    h(128, 176, 2), h(192, 64, 2), h(128, 128, 2, False)]
         # H100, 2026-11-26 (probe_attention_short.py): staging O in shared memory for whole-row stores (param
         # ostage) took 1x16x1024x128 from 0.935x to 1.088x SDPA (128x128 persistent), so it leads the D128 heroes
         return [h(128, 128, 2, tail=True, ostage=True), h(128, 128, 2, tail=True), h(128, 160, 2, tail=True),
@@ -240,7 +274,7 @@ class FlashAttentionWgmma(CudaVariant):
         (two tile_m 64 CTAs at most: O alone is 64 registers per thread): the O tile staged in
         shared memory (``ostage``) on a persistent grid, 128x128 where 128-row blocks fill the SMs, else
         64x64 with two CTAs per SM. Past SHORT_KV: the configs of :meth:`mid_heroes`."""
-        if op.seq_kv > SHORT_KV:
+        if _keys(op) > SHORT_KV:
             return self.mid_heroes(op, profile)
         d = op.head_dim
 
@@ -261,7 +295,7 @@ class FlashAttentionWgmma(CudaVariant):
         sms = _sms(profile)
 
         def padded(bn: int) -> int:
-            return -(-op.seq_kv // bn) * bn
+            return -(-_keys(op) // bn) * bn
 
         if d <= 64:
             if op.causal:
@@ -284,20 +318,54 @@ class FlashAttentionWgmma(CudaVariant):
         # idle (1x16x512: 64 blocks) 64x64 x2 1.14 -> 1.27x.
         wide = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, ostage=True)
         narrow = c(64, 2, 2, True, ostage=True)
-        if -(-rows // 128) * pairs < sms:  # too few 128-row blocks for the SMs
+        # too few 128-row blocks for the SMs (causal: at most half of them; H100, GQA 1x32/8x512 causal, 128
+        # blocks: 128x128 1.10x SDPA, 64x64 x2 1.03x; a 511-query chunk 1.07 vs 1.00x)
+        if -(-rows // 128) * pairs < (sms // 2 + 1 if op.causal else sms):
             return [narrow, wide, c(64, 2, 2)]
         if op.causal:
-            return [wide, c(64, 2, 2), narrow]
-        if op.seq_kv <= 128:  # one key tile: no ring to overlap, the single stage leaves room for 128 keys
-            return [c(128, 1, 2, True, ostage=True), wide, narrow]
-        return [wide, narrow, c(64, 2, 2, True)]
+            # H100, 2026-11-26 (probe_attention_short.py; lpt: balanced pairs of blocks, see emit/flash_wgmma.py):
+            # 128x128 with lpt 8x16x384 0.98x SDPA (0.90x in the plain deal), 4x32x512 0.90x (0.82x), 8x16x500
+            # 0.93x (0.84x), GQA 4x32/8x512 1.11x (0.92x). 64x64 x2 where its blocks skip a quarter of the
+            # masked work 128x128 does: 16x16x257 1.12x (128x128 0.85-0.94x), 64x12x77 0.92x (flash_mma ran
+            # there: 0.65x), in the plain deal with at most two blocks per (batch, kv head) (lpt 0.85x there)
+            if self._causal_area(op, rows, 64, 64) * 4 <= self._causal_area(op, rows, 128, 128) * 3:
+                lead = c(64, 2, 2, True, ostage=True, **({"lpt": False} if -(-rows // 64) <= 2 else {}))
+                return [lead, wide, c(64, 2, 2)]
+            return [wide, narrow, c(64, 2, 2)]
+        # Not causal: the tile that pads the (rows x keys) product least, the first of equals in this order.
+        # H100, 2026-11-26 (probe_attention_short.py, kernel time vs SDPA): 16x12x197 128x112 0.98x (128x128
+        # 0.92x), 16x12x257 64x64 x2 1.08x (128x128 0.89x, 128x144 1.00x), 8x16x500 128x128 0.98x (128x112
+        # 0.93x, 64x64 0.90x); up to 128 keys (one key tile: no ring to overlap, a single stage leaves room for
+        # 128 keys) 64x128 x2 leads its equals (32x16x128: 0.98x against 128x128's 0.94x; 64x12x77 0.86x).
+        def area(bm: int, bn: int) -> int:
+            return -(-rows // bm) * bm * padded(bn)
+
+        # (fewer than 128 rows: 64-row tiles only; the Doctor's estimate counts a 128-row block's empty rows, and
+        # flash_mma took 64x12x77 from a 128x96 lead at 0.67x SDPA)
+        wides = [(128, bn) for bn in (128, 112, 96, 144, 160)] if rows >= 128 else []
+        tiles = ([(64, 128)] if op.seq_kv <= 128 else []) + wides + [(64, 64)]
+        bm, bn = min(tiles, key=lambda t: area(*t))
+        lead = (c(128, 1, 2, True, ostage=True) if (bm, bn) == (64, 128) else narrow if bm == 64
+                else hero(128, bn, d, 2, 12, pingpong=True, persistent=True, ostage=True))
+        return [lead] + [x for x in (wide, narrow, c(64, 2, 2, True)) if x.key != lead.key]
+
+    @staticmethod
+    def _causal_area(op: AttentionOp, rows: int, bm: int, bn: int) -> int:
+        """Query rows x keys a causal (batch, kv head)'s ``bm``-row blocks compute in ``bn``-key tiles (the
+        kernel's tile skipping, ``item_of`` in ``emit/flash_wgmma.py``)."""
+        total = 0
+        for m0 in range(0, rows, bm):
+            r_last = min(m0 + bm, rows) - 1
+            i_max = r_last % op.seq_q if m0 // op.seq_q == r_last // op.seq_q else op.seq_q - 1
+            total += -(-min(op.seq_kv, i_max + 1) // bn) * bn * bm
+        return total
 
     def few_waves(self, op: AttentionOp, profile: DeviceProfile) -> bool:
         """Whether a prefill past SHORT_KV keys (``seq_q >= MID_MIN_Q``) gives the long heroes' row blocks
         (192 rows at D64, 128 at D128) fewer than ``MID_WAVES`` waves over the SMs: 1-4 sequences of
         8-16 heads at 640-2048 tokens, where those blocks leave SMs idle or a last wave mostly empty.
         Decode and short-query shapes (flash_mma's split-KV pass, the decode variant) are never such."""
-        if op.seq_kv <= SHORT_KV or op.seq_q < MID_MIN_Q:
+        if _keys(op) <= SHORT_KV or op.seq_q < MID_MIN_Q:
             return False
         rows, pairs = _work(op, self.takes_strides(op))
         bm = 192 if op.head_dim <= 64 else 128
@@ -333,12 +401,21 @@ class FlashAttentionWgmma(CudaVariant):
                 return [c(64, 2, 3), c(128, 2, 2)] if short_keys else [c(128, 2, 2), c(64, 2, 3)]
             return [c(128, 2, 2, True), c(128, 2, 2, True, ostage=True), c(64, 2, 3)]
         rows, pairs = _work(op, self.takes_strides(op))
-        few = -(-rows // 128) * pairs <= _sms(profile) // 2
-        if op.causal:
-            wide, narrow = hero(128, 128, d, 2, 12, pingpong=True, ostage=True), c(64, 2, 2, ostage=True)
-        else:
-            wide = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, ostage=True)
-            narrow = c(64, 2, 2, True, ostage=True)
+        items = -(-rows // 128) * pairs
+        few = items <= _sms(profile) // 2
+        if not op.causal and items < _sms(profile) and op.seq_kv >= SPLIT_MIN_KV:
+            # fewer 128-row blocks than SMs over long keys (a prefill chunk over a KV cache): the tail split cuts
+            # every block along its keys (split-KV). H100: 1x32/8x256 over 8192 keys (64 blocks) 1.57x SDPA
+            # against 1.13x for 64x64 x2; where the cut would leave (nearly) whole blocks it is not made
+            full, _ = tail_split(items, persistent_grid(items, _sms(profile), True), -(-op.seq_kv // 128))
+            if full < items:
+                split = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, tail=True)
+                return [split, c(64, 2, 2, True, ostage=True), hero(128, 128, d, 2, 12, pingpong=True, persistent=True,
+                                                                     ostage=True)]
+        # causal: persistent too, dealing balanced pairs of blocks (lpt): H100, 1x32/8x1024 1.45x SDPA against
+        # 1.13x for the plain grid, 2x16x1024 1.46x against 1.08x
+        wide = hero(128, 128, d, 2, 12, pingpong=True, persistent=True, ostage=True)
+        narrow = c(64, 2, 2, True, ostage=True)
         return [narrow, wide] if few else [wide, narrow]
 
     # -- compile and launch ----------------------------------------------------------------------
@@ -377,8 +454,9 @@ class FlashAttentionWgmma(CudaVariant):
         strided = spec.strided
         rows, pairs = _work(op, strided)
         items = -(-rows // spec.bm) * pairs  # query blocks x (batch, kv head) pairs
-        grid = (min(items, _sms(profile) * spec.ctas) if bool(config.get("persistent", False)) else items, 1, 1)
         cut = bool(config.get("tail", False))  # spec.tail (read from the config: a probe's baseline spec lacks it)
+        grid = (persistent_grid(items, _sms(profile) * spec.ctas, cut) if bool(config.get("persistent", False))
+                else items, 1, 1)
         full, trun = tail_split(items, grid[0], -(-op.seq_kv // spec.bn)) if cut else (items, 1)
         n_tail = items - full
         part_floats = 2 * grid[0] * spec.bm * (op.head_dim + 1) if n_tail else 0  # partials, then lse
@@ -459,4 +537,5 @@ class FlashAttentionWgmma(CudaVariant):
 
 ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]
 
-__all__ = ["ATTENTION_WGMMA_VARIANTS", "MID_MIN_Q", "MID_WAVES", "SHORT_KV", "TAIL_MAX_PIECES", "FlashAttentionWgmma", "tail_split"]
+__all__ = ["ATTENTION_WGMMA_VARIANTS", "MID_MIN_Q", "MID_WAVES", "SHORT_KV", "SPLIT_MIN_KV", "TAIL_MAX_PIECES", "FlashAttentionWgmma",
+           "persistent_grid", "tail_split"]

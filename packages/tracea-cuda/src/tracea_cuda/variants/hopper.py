@@ -145,23 +145,31 @@ class WgmmaGemm(CudaVariant):
                   ctypes.c_int32(tiles), ctypes.c_int32(splits - 1)]
         elif spec.stream_k:  # workspace and counters come from run() (per stream), the split from the grid
             p = ptrs["sk_plan"]
-            sk = [ctypes.c_uint64(ptrs["sk_ws"]), ctypes.c_uint64(ptrs["sk_flags"]), ctypes.c_int32(p.sk_tiles),
-                  ctypes.c_int32(p.max_contributors)]
+            sk = [ctypes.c_uint64(ptrs.get("sk_ws", 0)), ctypes.c_uint64(ptrs.get("sk_flags", 0)),
+                  ctypes.c_int32(p.sk_tiles), ctypes.c_int32(p.max_contributors)]
         cargs = tma.pack([a_map, b_map, *sk, ctypes.c_uint64(ptrs["out"]),
                           ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
                           ctypes.c_int32(op.m), ctypes.c_int32(op.n), ctypes.c_int32(op.k), ctypes.c_int32(b)])
         return grid, cargs
 
-    def _stream_k_buffers(self, op: GemmOp, spec: WgmmaSpec, profile: DeviceProfile, args: OpArgs,
+    def stream_k_plan(self, op: GemmOp, config: PipelineConfig,
+                      profile: DeviceProfile) -> tuple[stream_k.StreamKPlan, int, int]:
+        """Stream-K split of ``config`` on ``op``: (plan, 32-bit tile counters, float32 partial-sum slots'
+        size). Stream-K runs without clusters: the grid is min(tiles, SMs)."""
+        kop = self.kernel_op(op)
+        spec = self.spec(op, config, None)
+        tiles = self._tiles(kop, spec)
+        p = stream_k.plan(tiles, min(tiles, resident_sms(profile)), -(-kop.k // (128 // spec.dtype_in.itemsize)))
+        per_slot = 2 * 128 * spec.subs * spec.bn // 2  # two consumer warpgroups x their accumulators
+        return p, 2 * p.sk_tiles, p.sk_tiles * p.max_contributors * per_slot
+
+    def _stream_k_buffers(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, args: OpArgs,
                           ptrs: dict) -> None:
         """Stream-K split for this launch plus its fp32 partial-sum workspace and zeroed tile counters, for
         this call only (kept alive in ``ptrs["_keep"]`` until the kernel is enqueued)."""
-        kop = self.kernel_op(op)
-        tiles = self._tiles(kop, spec)  # stream-K runs without clusters: the grid is min(tiles, SMs)
-        p = stream_k.plan(tiles, min(tiles, resident_sms(profile)), -(-kop.k // (128 // spec.dtype_in.itemsize)))
-        per_slot = 2 * 128 * spec.subs * spec.bn // 2  # two consumer warpgroups x their accumulators
-        ws = scratch_buffer(args, p.sk_tiles * p.max_contributors * per_slot)
-        flags = scratch_buffer(args, 2 * p.sk_tiles, zeroed=True)
+        p, flag_words, ws_size = self.stream_k_plan(op, config, profile)
+        ws = scratch_buffer(args, ws_size)
+        flags = scratch_buffer(args, flag_words, zeroed=True)
         ptrs.setdefault("_keep", []).extend((ws, flags))
         ptrs["sk_plan"] = p
         ptrs["sk_ws"] = data_ptr(ws, "sk_ws")
@@ -289,8 +297,8 @@ class WgmmaGemm(CudaVariant):
             # tile): H100, M512 N11008 K4096 0.72x -> 0.90x cuBLAS, M2048 N5120 K5120 0.89x -> 1.14x,
             # M512 N28672 K8192 0.83x -> 0.95x; 4096^3 and 8192^3 keep 128x256 (both fill 97%).
             if wave_efficiency(t128, ctas) > wave_efficiency(tiles, ctas) + 0.1:
-                return self._fill(op, ctas, b_kmajor, (128, 128)) + [_hero(128, 6, cluster=1)] + big + sk
-            return self._fill(op, ctas, b_kmajor, (128, 256)) + big + sk
+                return self._with_fills(op, ctas, b_kmajor, (128, 128), [_hero(128, 6, cluster=1)] + big + sk)
+            return self._with_fills(op, ctas, b_kmajor, (128, 256), big + sk, narrow=True)
         few = [_hero(128, 6, cluster=1), _hero(64, 8, cluster=1), _hero(256, 4, cluster=1)]
         if narrow_tiles(op, profile):
             # Whole 128-row tiles over a weight of <= SMs x 64 columns: 128x64 tiles put twice the CTAs on
@@ -311,8 +319,13 @@ class WgmmaGemm(CudaVariant):
         if splits > 1:  # few 128x128 tiles: K split so that the pieces fill the SMs
             return [_hero(128, 6, cluster=1, split_k=splits)] + few
         if t128 > ctas and op.m >= 256:  # 256x128 tiles fill the wave (M512 N5120 K5120 0.70x -> 0.74x)
-            return self._fill(op, ctas, b_kmajor, (256, 128)) + [_hero(128, 4, bm=256, cluster=1)] + few
-        return self._fill(op, ctas, b_kmajor, (128, 128)) + few
+            return self._with_fills(op, ctas, b_kmajor, (256, 128), [_hero(128, 4, bm=256, cluster=1)] + few)
+        if op.m >= hopper_tiles.FILL_MIN_ROWS:
+            # the 128x128 ping-pong tile next: on an H100 within 2% of the coop one at M512 N4096 K4096 /
+            # K11008 and M2048 N1024 K8192, where the 128x64 / 128x256 heroes ran 0.55-0.80x cuBLAS
+            # (benchmarks/cuda/probe_prefill.py); first-use tuning times both
+            few = few[:1] + [_hero(128, 6, schedule="pingpong", cluster=1)] + few[1:]
+        return self._with_fills(op, ctas, b_kmajor, (128, 128), few)
 
     @staticmethod
     def _fill(op: GemmOp, ctas: int, b_kmajor: bool, current: tuple[int, int]) -> list[PipelineConfig]:
@@ -320,6 +333,23 @@ class WgmmaGemm(CudaVariant):
         ``current`` (tile_m, tile_n) tile, or nothing."""
         bn = hopper_tiles.fill_tile(op, ctas, b_kmajor, current)
         return [] if bn is None else [_hero(bn, hopper_tiles.fill_stages(bn), cluster=1)]
+
+    @classmethod
+    def _with_fills(cls, op: GemmOp, ctas: int, b_kmajor: bool, current: tuple[int, int],
+                    rule: list[PipelineConfig], narrow: bool = False) -> list[PipelineConfig]:
+        """The heroes of a rule whose tile is ``current`` (``rule[0]`` its first hero): the wave-filling width
+        first where it replaces that tile (with ``narrow``, a 128x256 rule tile, the deep-ring width of
+        ``hopper_tiles.narrow_fill`` first where that applies, else :meth:`_fill`'s), then the runners-up
+        the model costs no more than the rule's tile (``hopper_tiles.fill_alternatives``) within the first
+        three heroes (what first-use tuning times), then the rule's heroes. Tuning gets other tile widths
+        to time instead of near-copies of the default."""
+        bn = hopper_tiles.narrow_fill(op, ctas, b_kmajor) if narrow else None
+        lead = ([_hero(bn, hopper_tiles.fill_stages(bn), cluster=1)] if bn is not None
+                else cls._fill(op, ctas, b_kmajor, current))
+        alts = [_hero(bn, hopper_tiles.fill_stages(bn), cluster=1) for bn in
+                hopper_tiles.fill_alternatives(op, ctas, b_kmajor, current, tuple(c.tile_n for c in lead))]
+        out = lead + alts[:1] + rule if lead else rule[:1] + alts + rule[1:]
+        return [c for i, c in enumerate(out) if c not in out[:i]]
 
     def _kernel(self, spec: WgmmaSpec, profile: DeviceProfile) -> compiler.Kernel:
         return compiler.load(render(spec), KERNEL_NAME, "sm_90a", smem=spec.smem_bytes, threads=spec.threads)
@@ -332,7 +362,7 @@ class WgmmaGemm(CudaVariant):
     mapped_roles: tuple[str, ...] = ("a", "b")
 
     def fast_launch_ok(self, op: GemmOp, config: PipelineConfig) -> bool:
-        return not bool(config.get("stream_k", False)) and self.pitches(op) == (None, None)
+        return self.pitches(op) == (None, None)
 
     def bind(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         """Tensor maps are built per distinct pointer of the mapped operands (weights: once; torch's caching
@@ -352,13 +382,20 @@ class WgmmaGemm(CudaVariant):
         # Split-K: counters and partial sums in the stream's split scratch (launcher.split_scratch: kept
         # across calls, the kernel leaves its counters at zero); inside CUDA graph capture one buffer per
         # call from the caller's allocator instead, its counters zeroed by a memset captured with the kernel.
-        splits, tiles, scratch_size = (self.split_plan(op, config, profile) if self.spec(op, config, None).split_k
-                                       else (1, 0, 0))
+        # Stream-K likewise: its owners re-zero their tiles' counters once every contributor has arrived.
+        spec0 = self.spec(op, config, None)
+        splits, sk_plan, flag_words, scratch_size = 1, None, 0, 0
+        if spec0.split_k:
+            splits, tiles, scratch_size = self.split_plan(op, config, profile)
+            flag_words = 4 * tiles
+        elif spec0.stream_k:
+            sk_plan, flag_words, ws_size = self.stream_k_plan(op, config, profile)
+            scratch_size = self._flag_floats(-(-flag_words // 4)) + ws_size if ws_size else 0
         if scratch_size:
             plain_roles += ["sk_ws", "sk_flags"]
             factory: list[Any] = []  # bound on the first call (the factory needs an array of the call)
-            memset, flag_floats = toolkit.cupy().cuda.runtime.memsetAsync, self._flag_floats(tiles)
-            ws_off, flag_bytes, ws_floats = 4 * flag_floats, 16 * tiles, scratch_size - flag_floats
+            memset, flag_floats = toolkit.cupy().cuda.runtime.memsetAsync, self._flag_floats(-(-flag_words // 4))
+            ws_off, flag_bytes, ws_floats = 4 * flag_floats, 4 * flag_words, scratch_size - flag_floats
             capturing, split_scratch = launcher.is_capturing, launcher.split_scratch
         specs: dict[int, tuple[Any, WgmmaSpec]] = {}
 
@@ -381,7 +418,7 @@ class WgmmaGemm(CudaVariant):
             kernel, spec = ks
             sentinels = {r: 0x7E57_0000_0000 + (i + 1) * 0x1000_0000 for i, r in enumerate(plain_roles)}
             ptrs = {**sentinels, r0: p[0] if 0 in mapped else sentinels.get(r0), r1: p[1] if 1 in mapped else
-                    sentinels.get(r1), "splits": splits}
+                    sentinels.get(r1), "splits": splits, "sk_plan": sk_plan}
             pa, pb = self.operands(op, None, ptrs, None)  # type: ignore[arg-type]
             grid, cargs = self._build_launch(op, spec, pa, pb, ptrs, profile, kernel)
             back = {v: i for i, v in enumerate(sentinels.values())}
@@ -468,7 +505,7 @@ class WgmmaGemm(CudaVariant):
             stream = launch_stream(args)
             pa, pb = self.operands(op, args, ptrs, stream)
             if spec.stream_k:
-                self._stream_k_buffers(op, spec, profile, args, ptrs)
+                self._stream_k_buffers(op, config, profile, args, ptrs)
             if spec.split_k:
                 self._split_k_buffers(op, config, profile, args, ptrs, stream)
             # Tensor maps and the packed parameter block depend only on the pointers: cache them so a

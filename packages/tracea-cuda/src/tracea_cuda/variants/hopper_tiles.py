@@ -77,3 +77,58 @@ def fill_tile(op: GemmOp, ctas: int, b_kmajor: bool, current: tuple[int, int]) -
     if (128, bn) == current or cost > FILL_GAIN * grid_cost(op, current[0], current[1], ctas):
         return None
     return bn
+
+
+#: :func:`narrow_fill` applies to 128x256 grids whose waves' SM-slots the tiles fill less than this share of
+NARROW_FILL_EFFICIENCY = 0.9
+#: the fewest stages of a :func:`narrow_fill` width's ring (:func:`fill_stages`: widths up to 176)
+NARROW_FILL_STAGES = 5
+
+
+def narrow_fill(op: GemmOp, ctas: int, b_kmajor: bool) -> int | None:
+    """The width of a 128-row tile with a deep ring (at least :data:`NARROW_FILL_STAGES` stages) that
+    replaces the 128x256 tile of a grid of whole waves and a poor last one (the 128x256 tiles fill under
+    :data:`NARROW_FILL_EFFICIENCY` of their waves' SM-slots, at least one wave): the cheapest such width by
+    :func:`grid_cost`, when it costs less than the 128x256 grid; else None. GEMMs of at least
+    :data:`FILL_MIN_ROWS` rows with a K-major B (``x @ W.T``).
+
+    The model alone keeps 128x256 there (a few percent apart), but on an H100 (interleaved with cuBLAS,
+    ``benchmarks/cuda/probe_prefill.py --paired``) the deferred 128x256 hero ran M2048 N5632 K2048 (2.7
+    waves) at 0.91x cuBLAS kernel time and 128x176 (5 stages, 3.9 waves) at 1.01x, M2048 N11008 K4096
+    0.94x against 1.02x; the 4-stage 128x240 / 128x224 widths the model ranked first ran 0.93x / 0.99x. On
+    grids that 128x256 fills (M2048 N4096 K11008, M4096 N14336 K4096, M3000 N4096 K4096: >= 97%) 128x176
+    ran 4-15% slower, and this rule leaves them."""
+    if op.m < FILL_MIN_ROWS or not b_kmajor or not ctas:
+        return None
+    full = tiles(op, 128, 256)
+    if full < ctas or full / (-(-full // ctas) * ctas) >= NARROW_FILL_EFFICIENCY:
+        return None
+    deep = [bn for bn in widths(b_kmajor, 80) if fill_stages(bn) >= NARROW_FILL_STAGES]
+    best = min(deep, key=lambda bn: (grid_cost(op, 128, bn, ctas), -bn))
+    return best if grid_cost(op, 128, best, ctas) < grid_cost(op, 128, 256, ctas) else None
+
+
+#: fill widths :func:`fill_alternatives` offers besides the rule's tile (first-use tuning times the first
+#: three heroes, so at most two)
+ALTERNATIVES = 2
+
+
+def fill_alternatives(op: GemmOp, ctas: int, b_kmajor: bool, current: tuple[int, int],
+                      exclude: tuple[int, ...] = ()) -> list[int]:
+    """Up to :data:`ALTERNATIVES` 128-row tile widths (cheapest first, the wider on ties) that the model
+    costs no more than the rule's ``current`` (bm, bn) tile, other than ``current`` and the widths in
+    ``exclude``: the alternatives first-use tuning times after the default. GEMMs of at least
+    :data:`FILL_MIN_ROWS` rows only (widths from 80).
+
+    The model's cost separates widths by a few percent at most where it matters, less than the run-to-run
+    spread of one kernel on an H100 (``benchmarks/cuda/probe_prefill.py``: M1024 N14336 K4096 128x224 (the
+    rule's width) 0.86x cuBLAS, 128x176 (costed 2% more) 0.97x; M512 N5120 K5120 128x160 1.08x, 128x176
+    1.17x; M2048 N5632 K2048 128x256 0.90x, 128x176 0.93x): the default keeps the rule's tile and tuning
+    measures the runners-up."""
+    if op.m < FILL_MIN_ROWS or not ctas:
+        return []
+    limit = grid_cost(op, current[0], current[1], ctas)
+    skip = set(exclude) | ({current[1]} if current[0] == 128 else set())
+    ranked = sorted(widths(b_kmajor, 80), key=lambda bn: (grid_cost(op, 128, bn, ctas), -bn))
+    return [bn for bn in ranked if bn not in skip and grid_cost(op, 128, bn, ctas) <= limit][:ALTERNATIVES]
+
