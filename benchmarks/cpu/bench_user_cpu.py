@@ -32,6 +32,7 @@ if "--threads" in sys.argv[:-1]:  # thread counts of the BLAS pools are read whe
 import argparse
 import json
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -67,6 +68,46 @@ def _blas_name() -> str:
         return "BLAS unknown"
 
 
+def _sections_apart(args: argparse.Namespace) -> int | None:
+    """With both sections asked for, each runs in a process of its own and this returns the worst exit
+    code; None when one section runs here. Why: Tracea's CPU kernels and torch share one OpenMP runtime
+    (libgomp), whose spin setting is read once, and the two anchors want it set differently. The GEMM
+    section asks for Tracea's short spin (``TRACEA_OMP_SPIN=short``): with libgomp's default, Tracea's idle
+    workers spin ~16 ms after each call and the NumPy call alternating with it ran ~1.6x slower
+    (1024^3, 2-core VM). The conv section loads torch before Tracea, so torch owns the runtime with its own
+    default, as for a tracea-torch user (torch's convs ran 4-18% slower in a runtime Tracea had loaded
+    with the short spin)."""
+    only = [s for s in args.only.split(",") if s]
+    if len(only) < 2 or os.environ.get("_TRACEA_BENCH_CHILD"):
+        return None
+    rc, parts = 0, []
+    for sec in only:
+        argv = [a for a in sys.argv[1:]]
+        i = argv.index("--only") if "--only" in argv else -1
+        if i >= 0:
+            argv[i + 1] = sec
+        else:
+            argv += ["--only", sec]
+        part = f"{args.json}.{sec}" if args.json else ""
+        if part:
+            argv[argv.index("--json") + 1] = part
+            parts.append(part)
+        env = {**os.environ, "_TRACEA_BENCH_CHILD": "1"}
+        if sec == "gemm":
+            env.setdefault("TRACEA_OMP_SPIN", "short")
+        rc = max(rc, subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=env).returncode)
+    if args.json:
+        merged: dict = {}
+        for part in parts:
+            with open(part) as f:
+                d = json.load(f)
+            merged = {**d, "rows": merged.get("rows", []) + d.get("rows", [])}
+            os.remove(part)
+        with open(args.json, "w") as f:
+            json.dump(merged, f, indent=1)
+    return rc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=30)
@@ -78,10 +119,16 @@ def main() -> int:
                     help="ResNet 3x3 layers channels@size (default: all four)")
     ap.add_argument("--batches", default="1,8", help="conv batch sizes")
     args = ap.parse_args()
+    apart = _sections_apart(args)
+    if apart is not None:
+        return apart
+    if "conv" in args.only.split(","):
+        import torch  # noqa: F401 - before Tracea's first kernel: torch owns the OpenMP runtime (see above)
     set_cache(TuningCache(os.path.join(tempfile.mkdtemp(), "empty_cache.json")))
     prof = host_profile()
     print(f"machine: {prof.name}, {prof.compute_units} cores, {prof.extras.get('microarch')}; "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; NumPy {np.__version__} "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}, "
+          f"TRACEA_OMP_SPIN={os.environ.get('TRACEA_OMP_SPIN', '(unset)')}; NumPy {np.__version__} "
           f"({_blas_name()}); threads {args.threads or 'all'}; load average {os.getloadavg()[0]:.1f}")
     rows = []
     rng = np.random.default_rng(0)

@@ -1,5 +1,6 @@
-"""The OpenMP spin default (``tracea_cpu.omp_env``): set when the CPU plugin loads first, never over the
-user's settings, never once a runtime is loaded (checked in fresh interpreters)."""
+"""The OpenMP spin default (``tracea_cpu.omp_env``): set when the CPU plugin loads first in an environment
+without torch (which would share the runtime), never over the user's settings, never once a runtime is
+loaded (checked in fresh interpreters)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import pytest
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps (Linux)")
 
 PROBE = "import os, tracea_cpu.plugin; print(os.environ.get('GOMP_SPINCOUNT'))"
+#: the same in an environment where torch is not installed
+NO_TORCH = ("import os, tracea_cpu.omp_env as o\no._torch_installed = lambda: False\n"
+            "import tracea_cpu.plugin; print(os.environ.get('GOMP_SPINCOUNT'))")
 
 
 def _run(code: str, **env: str) -> str:
@@ -23,16 +27,27 @@ def _run(code: str, **env: str) -> str:
     return res.stdout.strip().splitlines()[-1]
 
 
-def test_spin_default_set_when_tracea_loads_openmp_first():
+def test_spin_default_set_when_tracea_loads_openmp_first_without_torch():
     from tracea_cpu.omp_env import SPINCOUNT
 
-    assert _run(PROBE) == SPINCOUNT
+    assert _run(NO_TORCH) == SPINCOUNT
+
+
+def test_never_set_where_torch_would_share_the_runtime():
+    """torch imported after Tracea's first kernel shares libgomp and its settings: with the short spin its
+    small calls ran up to 9x slower on a quiet machine, so Tracea leaves the runtime alone when torch is
+    installed (unless asked: TRACEA_OMP_SPIN=short)."""
+    from tracea_cpu.omp_env import SPINCOUNT
+
+    pytest.importorskip("torch")
+    assert _run(PROBE) == "None"
+    assert _run(PROBE, TRACEA_OMP_SPIN="short") == SPINCOUNT
 
 
 @pytest.mark.parametrize("env,expected", [({"GOMP_SPINCOUNT": "7"}, "7"), ({"OMP_WAIT_POLICY": "active"}, "None"),
                                           ({"TRACEA_OMP_SPIN": "default"}, "None")])
 def test_user_settings_win(env, expected):
-    assert _run(PROBE, **env) == expected
+    assert _run(NO_TORCH, **env) == expected
 
 
 def test_not_set_once_a_runtime_is_loaded():

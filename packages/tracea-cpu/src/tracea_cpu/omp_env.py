@@ -7,11 +7,14 @@ took 20-40 ms instead of 0.3 ms on the 2-core development machine, and NumPy (Op
 interleaved with Tracea's slowed the same way (docs/backends/cpu.md, "Thread pools").
 
 libgomp reads ``GOMP_SPINCOUNT`` once, when it is loaded, for the whole process. So Tracea sets it
-(:data:`SPINCOUNT`) when its CPU plugin loads (the Doctor loads it before tracea-torch's, which imports
-torch) or before its first kernel, only if no libgomp is loaded yet (``import torch`` earlier loads
-it) and the user set neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT``; ``TRACEA_OMP_SPIN=default``
-keeps libgomp's default. torch loaded afterwards shares that runtime (its libgomp has the same soname)
-and so the setting: measured, it sped torch up too on the busy machine (512^3 bf16 365 -> 720 GFLOP/s).
+(:data:`SPINCOUNT`) when its CPU plugin loads or before its first kernel, only if no libgomp is loaded
+yet, the user set neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT`` (``TRACEA_OMP_SPIN=default`` keeps
+libgomp's default; ``TRACEA_OMP_SPIN=short`` asks for Tracea's) and torch is not installed: torch
+imported later shares the runtime (its libgomp has the same soname) and so the setting, which helped it on
+a busy machine (512^3 bf16 365 -> 720 GFLOP/s at load ~2.5) but slowed it badly on a quiet one (2-core
+Sapphire Rapids VM, load 0.4, 2026-11-26: ``F.linear`` 512x512 one token 9.6 -> 91 us, a 64@56 3x3 conv
+1.52 -> 1.99 ms; in ``bench_user_cpu.py`` torch's convs ran 4-18% slower after Tracea's GEMMs had loaded
+the runtime first). Tracea does not change another library's runtime behind its back.
 """
 
 from __future__ import annotations
@@ -33,6 +36,18 @@ def libgomp_loaded() -> bool | None:
         return None
 
 
+def _torch_installed() -> bool:
+    """Whether torch is imported or importable in this environment (it would share the runtime)."""
+    if "torch" in sys.modules:
+        return True
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return True  # cannot tell: leave the runtime alone
+
+
 def apply_spin_default() -> str | None:
     """Set ``GOMP_SPINCOUNT`` before Tracea's first kernel loads libgomp (see the module doc); returns
     the value set, or None when the user's settings or an already loaded runtime decide. Runs once."""
@@ -43,7 +58,10 @@ def apply_spin_default() -> str | None:
     if not sys.platform.startswith("linux"):
         return None
     env = os.environ
-    if env.get("TRACEA_OMP_SPIN", "").lower() == "default" or "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
+    asked = env.get("TRACEA_OMP_SPIN", "").lower()
+    if asked == "default" or "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
+        return None
+    if asked != "short" and _torch_installed():
         return None
     if libgomp_loaded() is not False:
         return None
