@@ -427,3 +427,25 @@ def test_a_weight_that_is_no_registered_parameter_is_read_as_an_attribute(restri
             conv(y)
         conv.weight = nn.Parameter(torch.randn(6, 4, 3, 3))
         assert rel_err(conv(y), F.conv2d(y, conv.weight, conv.bias, padding=1)) < 1e-5
+
+
+@pytest.mark.arbiter
+def test_a_lean_conv_memo_follows_hyper_parameter_changes(restricted_backend, monkeypatch):
+    """The lean memo is matched in the module's forward: hyper-parameters changed on the module after it
+    was built (a padding mode, a stride) still give nn.Conv2d's result."""
+    from tracea_torch import arbiter
+
+    monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (2.0e-3, 1.0e-3))  # PyTorch faster
+    layer, x = _conv(), torch.randn(2, 4, 9, 9)
+    plain = nn.Conv2d(4, 6, 3, padding=1)
+    plain.load_state_dict(layer.state_dict())
+    assert _warm(layer, x).lean == 1
+    with torch.no_grad():
+        for change in ("reflect", "stride"):
+            if change == "reflect":
+                layer.padding_mode = plain.padding_mode = "reflect"
+            else:
+                layer.padding_mode = plain.padding_mode = "zeros"
+                layer.stride = plain.stride = (2, 2)
+            torch.testing.assert_close(layer(x), plain(x))
+            torch.testing.assert_close(layer(x), plain(x))

@@ -16,7 +16,9 @@ from torch import Tensor, nn
 
 from . import ops
 from .bridge import parse_activation
-from .layer_path import conv2d_layer, layer_params, linear_layer
+from . import recording
+from .fallbacks import record as _record
+from .layer_path import _GEN, _KEY, _WRITES, _conv2d, _is_dynamo_compiling, _linear, conv2d_layer, layer_params, linear_layer
 
 
 def conv2d_forward(module: nn.Conv2d, x: Tensor, activation: Optional[str] = None) -> Tensor:
@@ -62,6 +64,20 @@ class TraceaConv2d(nn.Conv2d):
         return new
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
+        # A lean memo (a signature PyTorch serves, see layer_path.conv2d_layer) is matched here, one call
+        # frame fewer than through conv2d_layer: the patched layer then costs no more than nn.Conv2d's own
+        # forward (which calls _conv_forward), as TraceaLinear.forward measured
+        memo = self.__dict__.get(_KEY)
+        if memo is not None and memo.lean == 1 and self.activation is None and not _is_dynamo_compiling():
+            ps: Any = self._parameters
+            w = ps.get("weight")
+            if (type(input) is Tensor and input.shape == memo.xshape and input.dtype is memo.xdtype and w is memo.w
+                    and w.dtype is memo.wdtype and input.is_cuda is memo.xcuda and memo.gen == _GEN[0]
+                    and memo.writes == _WRITES[0] and recording._recorder is None and self.padding_mode == "zeros"
+                    and "bias" in ps):
+                if memo.count is not None:
+                    _record(*memo.count)
+                return _conv2d(input, w, ps["bias"], self.stride, self.padding, self.dilation, self.groups)
         if self.padding_mode != "zeros":
             return conv2d_forward(self, input, self.activation)
         w, b = layer_params(self)
@@ -96,6 +112,20 @@ class TraceaLinear(nn.Linear):
         return new
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        # A lean memo (a signature PyTorch serves, see layer_path.linear_layer) is matched here, one call
+        # frame fewer than through linear_layer. 2-core Sapphire Rapids VM, d512 decoder block, one-token
+        # decode with its 7 linears served by PyTorch, interleaved single forwards: 0.98-0.995x eager through
+        # linear_layer, 1.006-1.014x matched here
+        memo = self.__dict__.get(_KEY)
+        if memo is not None and memo.lean == 1 and self.activation is None and not _is_dynamo_compiling():
+            ps: Any = self._parameters
+            w = ps.get("weight")
+            if (type(input) is Tensor and input.shape == memo.xshape and input.dtype is memo.xdtype and w is memo.w
+                    and w.dtype is memo.wdtype and input.is_cuda is memo.xcuda and memo.gen == _GEN[0]
+                    and memo.writes == _WRITES[0] and recording._recorder is None and "bias" in ps):
+                if memo.count is not None:
+                    _record(*memo.count)
+                return _linear(input, w, ps["bias"])
         return linear_layer(self, input, self.activation)
 
     def extra_repr(self) -> str:
