@@ -29,6 +29,26 @@ AXPY_MAXM = 4
 AXPY_CW = 2048
 AXPY_KG = 8
 
+#: ``tr_gv_epi``: the epilogue chain over one output row segment (the GEMV and the skinny library share it)
+ROW_EPILOGUE = r"""
+/* The epilogue chain over c[0:n] (bias: the matching n bias values or null). */
+static void tr_gv_epi(float *c, long n, const float *bias) {
+#if TR_HAS_EPI
+    long j = 0;
+    for (; j + VW <= n; j += VW) VSTORE(c + j, tr_epi(VLOAD(c + j), bias ? VLOAD(bias + j) : VZERO()));
+    if (j < n) {
+        float t[VW], tb[VW];
+        for (int q = 0; q < VW; q++) { t[q] = j + q < n ? c[j + q] : 0.0f; tb[q] = bias && j + q < n ? bias[j + q] : 0.0f; }
+        V x = tr_epi(VLOAD(t), VLOAD(tb));
+        VSTORE(t, x);
+        for (long q = 0; j + q < n; q++) c[j + q] = t[q];
+    }
+#else
+    (void)c; (void)n; (void)bias;
+#endif
+}
+"""
+
 GEMV = r"""
 /* Software prefetch distance along k, in floats (0: none). */
 #ifndef TR_GV_PF
@@ -83,23 +103,7 @@ static void tr_gv_rows(long K, const float *const *ar, int mg, const float *w, l
     }
 }
 
-/* The epilogue chain over c[0:n] (bias: the matching n bias values or null). */
-static void tr_gv_epi(float *c, long n, const float *bias) {
-#if TR_HAS_EPI
-    long j = 0;
-    for (; j + VW <= n; j += VW) VSTORE(c + j, tr_epi(VLOAD(c + j), bias ? VLOAD(bias + j) : VZERO()));
-    if (j < n) {
-        float t[VW], tb[VW];
-        for (int q = 0; q < VW; q++) { t[q] = j + q < n ? c[j + q] : 0.0f; tb[q] = bias && j + q < n ? bias[j + q] : 0.0f; }
-        V x = tr_epi(VLOAD(t), VLOAD(tb));
-        VSTORE(t, x);
-        for (long q = 0; j + q < n; q++) c[j + q] = t[q];
-    }
-#else
-    (void)c; (void)n; (void)bias;
-#endif
-}
-
+""" + ROW_EPILOGUE + r"""
 /* B stored K x N (rows contiguous along n): C[i, j0:j1] += sum over k in [k, k + KG) of A(i, k) B(k, j0:j1)
    for i < MG (MG, KG compile-time constants): KG rows of B stream side by side, the C rows (a few KiB)
    stay in L1. */

@@ -32,6 +32,7 @@ from tracea.ir.epilogue import Epilogue
 
 from ..isa import Isa
 from .common import epilogue_c, prologue
+from .gemv import ROW_EPILOGUE
 
 #: Order of the ``long`` parameters of ``ts_f32_call`` / ``ts_bf16_call``.
 SKINNY_PARAMS = ("batch", "M", "N", "K", "rsa", "sa", "ldw", "sw", "ldc", "sc", "nth", "out_bf16")
@@ -58,23 +59,7 @@ static inline void ts_range(long N, int T, int tid, long *lo, long *hi) {
     *lo = TR_MIN(N, blocks * tid / T * TS_R);
     *hi = TR_MIN(N, blocks * (tid + 1) / T * TS_R);
 }
-/* The epilogue chain over c[0:n] (bias: the matching n values or null). */
-static void ts_epi(float *c, long n, const float *bias) {
-#if TR_HAS_EPI
-    long j = 0;
-    for (; j + VW <= n; j += VW) VSTORE(c + j, tr_epi(VLOAD(c + j), bias ? VLOAD(bias + j) : VZERO()));
-    if (j < n) {
-        float t[VW], tb[VW];
-        for (int q = 0; q < VW; q++) { t[q] = j + q < n ? c[j + q] : 0.0f; tb[q] = bias && j + q < n ? bias[j + q] : 0.0f; }
-        V x = tr_epi(VLOAD(t), VLOAD(tb));
-        VSTORE(t, x);
-        for (long q = 0; j + q < n; q++) c[j + q] = t[q];
-    }
-#else
-    (void)c; (void)n; (void)bias;
-#endif
-}
-#ifdef __AVX512F__
+""" + ROW_EPILOGUE + r"""#ifdef __AVX512F__
 /* s[q] = the sum of the 16 lanes of v[q], q < 16: a shuffle-and-add tree (45 instructions instead of 16
    separate horizontal sums). */
 static inline __attribute__((always_inline)) void ts_hsum16(const __m512 *v, float *s) {
@@ -162,7 +147,7 @@ static void ts_f32_part(long M, long K, const float *const *ar, const float *w, 
             for (long i = 0; i < M; i += TS_MG)
                 ts_f32_rows(K, ar + i, (int)TR_MIN(TS_MG, M - i), w + j * ldw, ldw, c + i * ldc + j, ldc,
                             TR_MIN(TS_R, j1 - j));
-        for (long i = 0; i < M; i++) ts_epi(c + i * ldc + j0, j1 - j0, bias ? bias + j0 : 0);
+        for (long i = 0; i < M; i++) tr_gv_epi(c + i * ldc + j0, j1 - j0, bias ? bias + j0 : 0);
     }
 }
 
@@ -258,7 +243,7 @@ static void ts_bf16_part(long M, long K, const bf16 *const *ar, const bf16 *w, l
                                  TS_CH, TR_MIN(TS_R, j1 - j));
             for (long i = 0; i < mm; i++) {
                 float *row = cb + i * TS_CH;
-                ts_epi(row, n, bias ? bias + j0 : 0);
+                tr_gv_epi(row, n, bias ? bias + j0 : 0);
                 if (out_bf16) {
                     bf16 *o = (bf16 *)c + (mi + i) * ldc + j0;
                     long j = 0;
