@@ -37,7 +37,7 @@ from .bf16 import bf16_operand, bias_f32, f32_operand
 from .emit.skinny import MAX_M, SKINNY_PARAMS
 from .host_load import thread_picker
 from .isa import ALL_ISAS, AVX512_BF16, Isa
-from .variant_base import CpuVariant, _check_rc, _host, _ptr, _requested_threads, _threads_problem
+from .variant_base import CpuVariant, _check_rc, _host, _ptr, _requested_threads, _threads_problem, pointer_launcher
 
 #: bf16: the most rows the dot-product kernel serves. Up to 2 rows its tiles walk 8-16 weight rows side
 #: by side; 3-4 rows walk 4, and there the AMX variant's few-rows driver measured faster (4096 x 4096, 4
@@ -162,20 +162,8 @@ class CpuSkinnyVariant(CpuVariant):
 
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, GemmOp)
-        fn = self.prepare(op, config, profile)
-        params = self.params(op, self.threads(op, config, profile))
-        slot = SKINNY_PARAMS.index("nth")
-        pick, ptr, has_bias = thread_picker(params[slot], _requested_threads(config)), adapter.data_ptr, \
-            op.epilogue.has_bias
-
-        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-            params[slot] = pick()  # this launcher's own parameter block
-            rc = fn(params, ptr(a), ptr(b), ptr(out), ptr(bias) if has_bias else None)
-            if rc:
-                _check_rc(rc, "skinny gemm")
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        return pointer_launcher(self.prepare(op, config, profile), self.params(op, self.threads(op, config, profile)),
+                                SKINNY_PARAMS.index("nth"), config, adapter, op.epilogue.has_bias, "skinny gemm")
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)

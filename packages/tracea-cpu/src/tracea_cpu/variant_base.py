@@ -4,6 +4,7 @@ validation of blocked-kernel configs, and the checked host views and return code
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from tracea.semantic import PipelineConfig
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
+from .host_load import thread_picker
 from .isa import Isa
 from .toolchain import compiler_or_reason
 
@@ -126,3 +128,29 @@ def _requested_threads(config: PipelineConfig) -> int:
     if why:
         raise UnsupportedConfigError(f"config {config.key}: {why}", reason=why)
     return int(config.get("threads", 0) or 0)
+
+
+def pointer_launcher(fn: Callable[..., int], params: Any, slot: int, config: PipelineConfig, adapter: Any,
+                     has_bias: bool, what: str, bias_before_out: bool = False) -> Callable[..., None]:
+    """The pointer-only launcher of a bound CPU kernel: ``launch(a, b, bias, out)`` writes the thread
+    count picked for this call (:func:`~tracea_cpu.host_load.thread_picker`) into ``params[slot]`` (the
+    launcher's own parameter block) and calls ``fn(params, a, b, out, bias)`` -- ``fn(params, a, b, bias,
+    out)`` with ``bias_before_out`` -- on the arrays' data pointers; a non-zero status raises LaunchError
+    naming ``what``."""
+    pick, ptr = thread_picker(params[slot], _requested_threads(config)), adapter.data_ptr
+
+    if bias_before_out:
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            params[slot] = pick()
+            rc = fn(params, ptr(a), ptr(b), ptr(bias) if has_bias else None, ptr(out))
+            if rc:
+                _check_rc(rc, what)
+    else:
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            params[slot] = pick()
+            rc = fn(params, ptr(a), ptr(b), ptr(out), ptr(bias) if has_bias else None)
+            if rc:
+                _check_rc(rc, what)
+
+    launch.pointer_only = True  # type: ignore[attr-defined]
+    return launch

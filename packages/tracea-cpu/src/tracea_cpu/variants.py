@@ -23,11 +23,10 @@ from .f16_amx import CpuGemmF16AmxVariant
 from .bf16 import CpuGemmBf16Variant
 from .emit.calls import ATTENTION_PARAMS, CONV_PARAMS, GEMM_PARAMS
 from .emit.gemv import unpacked_driver
-from .host_load import thread_picker
 from .skinny import skinny_variants
 from .isa import ALL_ISAS, Isa
 from .variant_base import (GEMV_THREADS_BYTES, CpuVariant, _check_rc, _host, _ptr, _require,  # noqa: F401
-                           _requested_threads, _threads_problem, _validate_blocked)
+                           _requested_threads, _threads_problem, _validate_blocked, pointer_launcher)
 
 def _gemv(op: Op) -> bool:
     """Whether ``tr_gemm`` runs this GEMM through a packing-free driver (GEMV or axpy, see
@@ -83,17 +82,8 @@ class CpuGemmVariant(CpuVariant):
         params = kernels.call_params(GEMM_PARAMS, dict(
             batch=op.batch, M=m, N=n, K=k, rsa=rsa, csa=csa, sa=m * k, rsb=rsb, csb=csb, sb=k * n, ldc=n, sc=m * n,
             mc=mc, nc=nc, kc=kc, nth=self.threads(op, config, profile)))
-        fn, ptr, has_bias = lib.tr_gemm_call, adapter.data_ptr, op.epilogue.has_bias
-        pick, slot = thread_picker(params[GEMM_PARAMS.index("nth")], _requested_threads(config)), GEMM_PARAMS.index("nth")
-
-        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-            params[slot] = pick()  # this launcher's own parameter block
-            rc = fn(params, ptr(a), ptr(b), ptr(out), ptr(bias) if has_bias else None)
-            if rc:
-                _check_rc(rc, "gemm")
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        return pointer_launcher(lib.tr_gemm_call, params, GEMM_PARAMS.index("nth"), config, adapter,
+                                op.epilogue.has_bias, "gemm")
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)
@@ -172,17 +162,8 @@ class CpuConv2dVariant(CpuVariant):
             sh=op.stride[0], sw=op.stride[1], ph=op.padding[0], pw=op.padding[1], dh=op.dilation[0],
             dw=op.dilation[1], groups=op.groups, P=op.p, Q=op.q, mc=mc, nc=nc, kc=kc,
             nth=self.threads(op, config, profile), indirect=int(config.get("indirect", 0) or 0)))
-        fn, ptr, has_bias = lib.tr_conv2d_call, adapter.data_ptr, op.epilogue.has_bias
-        pick, slot = thread_picker(params[CONV_PARAMS.index("nth")], _requested_threads(config)), CONV_PARAMS.index("nth")
-
-        def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
-            params[slot] = pick()  # this launcher's own parameter block
-            rc = fn(params, ptr(x), ptr(w), ptr(bias) if has_bias else None, ptr(out))
-            if rc:
-                _check_rc(rc, "conv2d")
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        return pointer_launcher(lib.tr_conv2d_call, params, CONV_PARAMS.index("nth"), config, adapter,
+                                op.epilogue.has_bias, "conv2d", bias_before_out=True)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, Conv2dOp)
