@@ -13,7 +13,7 @@ from tracea.ir.ops import GemmOp
 from tracea_cpu.isa import ISA_BY_NAME
 from tracea_cpu.skinny import (BF16_MAX_M, COLD_THREADS_BYTES, CpuSkinnyBf16Variant, CpuSkinnyVariant,
                                auto_threads, workers_spin)
-from tracea_cpu.testing import BEST, HAVE_CC, ISAS, PROFILE, config, epilogue_ref, rand, rel_err, run_gemm
+from tracea_cpu.testing import BEST, HAVE_CC, ISAS, PROFILE, config, epilogue_ref, gemm_error, rand, rel_err
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
 
@@ -23,15 +23,9 @@ HAVE_BF16 = PROFILE.has("avx512_bf16")
 
 
 def f32_case(isa: str, m: int, n: int, k: int, *, batch=1, epi="none", threads=2, seed=0) -> float:
-    """Relative error (fp32 summation bound for a handful of outputs, see test_cpu_gemv)."""
+    """Relative error (fp32 summation bound for a handful of outputs: tracea_cpu.testing.gemm_error)."""
     op = GemmOp(m, n, k, batch=batch, trans_b=True, epilogue=epi)
-    out, ref, a64, b64 = run_gemm(CpuSkinnyVariant(ISA_BY_NAME[isa]), op, config(threads=threads), seed)
-    assert not np.isnan(out).any(), "output left unwritten (NaN poison survived)"
-    if m * n >= 16 or op.epilogue.steps:
-        return rel_err(out, ref)
-    scale = np.abs(a64) @ np.abs(b64)
-    excess = np.abs(out - ref) / (k * np.finfo(np.float32).eps * scale + 1e-30)
-    return 0.0 if excess.max() <= 1.0 else float(excess.max())
+    return gemm_error(CpuSkinnyVariant(ISA_BY_NAME[isa]), op, config(threads=threads), seed)
 
 
 @pytest.mark.parametrize("isa", ISAS)

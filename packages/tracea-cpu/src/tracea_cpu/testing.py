@@ -80,3 +80,17 @@ def run_gemm(variant, op, cfg: PipelineConfig, seed: int = 0) -> tuple[np.ndarra
     a64 = a.astype(np.float64).transpose(0, 2, 1) if op.trans_a else a.astype(np.float64)
     b64 = b.astype(np.float64).transpose(0, 2, 1) if op.trans_b else b.astype(np.float64)
     return out, epilogue_ref(a64 @ b64, op.epilogue.steps, bias, axis=2), a64, b64
+
+
+def gemm_error(variant, op, cfg: PipelineConfig, seed: int = 0) -> float:
+    """Run GEMM ``op`` (:func:`run_gemm`, NaN-poisoned output checked) and return its error: the relative
+    error, or for a handful of outputs without an epilogue -- where ``||out - ref|| / ||ref||`` is one
+    dot product's cancellation -- 0 when every output meets the fp32 summation bound
+    ``|err| <= K * eps * (|A| |B|)``, else the worst multiple of it."""
+    out, ref, a64, b64 = run_gemm(variant, op, cfg, seed)
+    assert not np.isnan(out).any(), "output left unwritten (NaN poison survived)"
+    if op.m * op.n >= 16 or op.epilogue.steps:
+        return rel_err(out, ref)
+    scale = np.abs(a64) @ np.abs(b64)
+    excess = np.abs(out - ref) / (op.k * np.finfo(np.float32).eps * scale + 1e-30)
+    return 0.0 if excess.max() <= 1.0 else float(excess.max())
