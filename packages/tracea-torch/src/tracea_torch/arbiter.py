@@ -272,14 +272,30 @@ def cold_weight_calls(run_a: Callable[..., Any], run_b: Callable[..., Any], args
         l2 = int(getattr(torch.cuda.get_device_properties(w.device), "L2_cache_size", 0) or 0)
         nbytes = w.numel() * w.element_size()
         copies = min(COLD_COPIES, -(-2 * l2 // nbytes)) if nbytes < 2 * l2 else 1
-        for _ in range(copies - 1):
-            c = _same_layout_copy(w)
-            if c is None:
-                break
-            sets.append((args[0], c, *args[2:]))
-    if len(sets) == 1:
-        return (lambda: run_a(*args)), (lambda: run_b(*args))
-    ia, ib = itertools.cycle(sets), itertools.cycle(sets)
+        sets = [(args[0], c, *args[2:]) for c in _weight_copies(w, copies)]
+    return _cycling(run_a, run_b, sets, sets)
+
+
+def _weight_copies(w: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """``w`` and up to ``count - 1`` copies of it with its layout (:func:`_same_layout_copy`; fewer where
+    one cannot be made)."""
+    copies = [w]
+    for _ in range(count - 1):
+        c = _same_layout_copy(w)
+        if c is None:
+            break
+        copies.append(c)
+    return copies
+
+
+def _cycling(run_a: Callable[..., Any], run_b: Callable[..., Any], sets_a: list[tuple], sets_b: list[tuple]
+             ) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """Argument-less callers of ``run_a`` / ``run_b`` cycling through their argument sets (plain calls
+    where each side has one set)."""
+    if len(sets_a) == 1 and len(sets_b) == 1:
+        (aa,), (ab,) = sets_a, sets_b
+        return (lambda: run_a(*aa)), (lambda: run_b(*ab))
+    ia, ib = itertools.cycle(sets_a), itertools.cycle(sets_b)
     return (lambda: run_a(*next(ia))), (lambda: run_b(*next(ib)))
 
 
@@ -390,16 +406,10 @@ def cpu_cold_weight_calls(run_a: Callable[..., Any], run_b: Callable[..., Any], 
         l2 = int(caches.get("L2") or 2 << 20) * cores
         size = w.numel() * w.element_size()
         per_side = max(1, min(RING_MAX, -(-COLD_PER_L2 * l2 // (2 * size))))
-        copies = [w]
-        for _ in range(2 * per_side - 1 if per_side > 1 else 0):  # (a weight that fills the budget: itself)
-            c = _same_layout_copy(w)
-            if c is None:
-                break
-            copies.append(c)
+        copies = _weight_copies(w, 2 * per_side if per_side > 1 else 1)  # (a weight that fills the budget: itself)
         if len(copies) >= 2:
             sets = [[(args[0], c, *args[2:]) for c in copies[i::2]] for i in (0, 1)]
-    ia, ib = itertools.cycle(sets[0]), itertools.cycle(sets[1])
-    return (lambda: run_a(*next(ia))), (lambda: run_b(*next(ib)))
+    return _cycling(run_a, run_b, sets[0], sets[1])
 
 
 # ------------------------------------------------------------------------------------------------
