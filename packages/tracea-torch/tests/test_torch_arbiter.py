@@ -463,3 +463,93 @@ def test_cpu_weight_streaming_gemms_need_a_larger_win(restricted_backend, monkey
     assert v.winner == winner
     if winner == "torch":
         assert f"within {1 - arbiter.CPU_STREAM_WIN:.0%}" in v.reason
+
+
+def test_second_chance_builds_keep_order_and_pass_build_errors_on():
+    """``second_chance.built``: one result per choice, in order, a TraceaError in place of a build that
+    failed; anything else a build raises is raised (CPU: built one at a time)."""
+    from tracea.errors import CompilationError
+    from tracea_torch import second_chance
+
+    def build(variant: str, cfg: int):  # noqa: ANN202
+        if cfg == 2:
+            raise CompilationError("does not compile here", backend="test")
+        return (variant, cfg)
+
+    out = second_chance.built([("a", 1), ("b", 2), ("c", 3)], build, torch.device("cpu"))
+    assert out[0] == ("a", 1) and out[2] == ("c", 3) and isinstance(out[1], CompilationError)
+    with pytest.raises(ZeroDivisionError):
+        second_chance.built([("a", 0)], lambda v, c: 1 / c, torch.device("cpu"))
+
+
+@pytest.mark.cuda
+def test_second_chance_builds_run_concurrently_with_the_device_current(monkeypatch):
+    """On CUDA the alternatives are built in worker threads (their compilations overlap), each with the
+    call's device current; TRACEA_COMPILE_THREADS=1 builds them in the calling thread."""
+    import threading
+
+    from tracea.errors import CompilationError
+    from tracea_torch import second_chance
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev = torch.device("cuda", torch.cuda.device_count() - 1)
+    started = threading.Barrier(3, timeout=20)  # all three builds must be in flight at once
+
+    def build(variant: str, cfg: int):  # noqa: ANN202
+        started.wait()
+        if cfg == 3:
+            raise CompilationError("no", backend="test")
+        return threading.current_thread().name, torch.cuda.current_device()
+
+    out = second_chance.built([("a", 1), ("b", 2), ("c", 3)], build, dev)
+    assert [o[1] for o in out[:2]] == [dev.index, dev.index] and isinstance(out[2], CompilationError)
+    assert all(o[0].startswith("tracea-build") for o in out[:2])
+    monkeypatch.setenv("TRACEA_COMPILE_THREADS", "1")
+    out = second_chance.built([("a", 1)], lambda v, c: threading.current_thread().name, dev)
+    assert out == [threading.current_thread().name]
+
+
+def _fake_decision():  # noqa: ANN202
+    from types import SimpleNamespace
+
+    return SimpleNamespace(variant=SimpleNamespace(fallback_only=False))
+
+
+def test_second_chance_builds_nothing_ahead_on_the_cpu(monkeypatch):
+    from tracea_torch import second_chance
+
+    monkeypatch.setattr(second_chance.first_use, "alternatives", lambda d, n: [("a", 1)])
+    monkeypatch.setattr(second_chance.arbiter, "has_verdict", lambda d: False)
+    assert second_chance.prefetch(_fake_decision(), lambda v, c: (v, c), torch.device("cpu")) is None
+
+
+@pytest.mark.cuda
+def test_second_chance_prefetch_builds_alternatives_beside_the_first_choice(monkeypatch):
+    """CUDA: the alternatives a lost verdict would time are built in worker threads while the caller builds
+    the first choice, and only for a choice with no verdict yet, with the arbiter on."""
+    import os
+    import threading
+
+    from tracea_torch import second_chance
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    monkeypatch.setattr(second_chance.first_use, "alternatives", lambda d, n: [("a", 1), ("b", 2)])
+    monkeypatch.setattr(second_chance.arbiter, "has_verdict", lambda d: False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    names: list[str] = []
+
+    def build(variant: str, cfg: int):  # noqa: ANN202
+        names.append(threading.current_thread().name)
+        return variant, cfg
+
+    decision, dev = _fake_decision(), torch.device("cuda")
+    ahead = second_chance.prefetch(decision, build, dev)
+    assert ahead is not None and ahead.decision is decision and ahead.results() == [("a", 1), ("b", 2)]
+    assert len(names) == 2 and all(n.startswith("tracea-build") for n in names)
+    monkeypatch.setattr(second_chance.arbiter, "has_verdict", lambda d: True)
+    assert second_chance.prefetch(decision, build, dev) is None
+    monkeypatch.setattr(second_chance.arbiter, "has_verdict", lambda d: False)
+    monkeypatch.setenv("TRACEA_ARBITER", "0")
+    assert second_chance.prefetch(decision, build, dev) is None

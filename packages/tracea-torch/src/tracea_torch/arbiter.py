@@ -425,6 +425,13 @@ def _cache() -> Any:
         return None
 
 
+def has_verdict(decision: Decision) -> bool:
+    """Whether the tuning cache holds a verdict on ``decision``'s choice (then :func:`judge` times nothing)."""
+    c = decision.chosen
+    return _from_cache(decision.op, decision.profile, c.variant.name, c.config.key,
+                       _code_of(c.variant, decision.op)) is not None
+
+
 def _code_of(variant: Any, op: Any) -> str:
     """The judged variant's source hash (:meth:`KernelVariant.source_hash`): a verdict on older kernel
     code is not reused."""

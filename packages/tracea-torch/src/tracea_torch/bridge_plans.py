@@ -9,9 +9,10 @@ broken variant costs one warning, not one exception per call.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -135,10 +136,11 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
         decision = choose(op, x.device)
         via_ops = decision.variant.fallback_only or not _plain_bias(bias, op.k)
-        run = _conv_via_ops(op, act) if via_ops else _conv_run(op, _launcher(decision), w)
+        build_run = None if via_ops else _builder(_conv_run, op, decision, w)
+        with _ahead(decision, build_run, x.device) as ahead:  # (alternatives compiled meanwhile)
+            run = _conv_via_ops(op, act) if via_ops else _conv_run(op, _launcher(decision), w)
         plan = _arbitrated(key, "conv2d", op, conf, decision, x.device, run, _conv_torch(op, act, conf),
-                           lambda reason: _conv_eager(op, act, conf, reason), (x, w, bias),
-                           None if via_ops else _builder(_conv_run, op, decision, w))
+                           lambda reason: _conv_eager(op, act, conf, reason), (x, w, bias), build_run, ahead)
     except _NotNow as why:
         return _transient(_conv_eager(op, act, conf, str(why)))
     except Fallback as fb:
@@ -288,10 +290,11 @@ def linear_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         op = _linear_op(x, w, bias, act, dtype)
         decision = choose(op, x.device)
         via_ops = decision.variant.fallback_only or not _plain_bias(bias, op.n)
-        run = _linear_via_ops(op, act) if via_ops else _linear_run(op, _launcher(decision), x)
+        build_run = None if via_ops else _builder(_linear_run, op, decision, x)
+        with _ahead(decision, build_run, x.device) as ahead:
+            run = _linear_via_ops(op, act) if via_ops else _linear_run(op, _launcher(decision), x)
         plan = _arbitrated(key, "linear", op, (activation,), decision, x.device, run, _linear_torch(act),
-                           lambda reason: _linear_eager(op, act, activation, reason), (x, w, bias),
-                           None if via_ops else _builder(_linear_run, op, decision, x))
+                           lambda reason: _linear_eager(op, act, activation, reason), (x, w, bias), build_run, ahead)
     except _NotNow as why:
         return _transient(_linear_eager(op, act, activation, str(why)))
     except Fallback as fb:
@@ -385,15 +388,28 @@ def _linear_eager(op: GemmOp | None, act: str | None, activation: str | None, re
 # the arbiter
 # ------------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _ahead(decision: Decision, build_run: Callable[[Any, Any], Callable[..., torch.Tensor]] | None,
+           device: torch.device) -> Iterator[second_chance.Prefetch | None]:
+    """Inside: the second chance's alternatives compile in worker threads while the caller builds the
+    first choice (:func:`tracea_torch.second_chance.prefetch`); on leaving, every build is done."""
+    ahead = None if build_run is None else second_chance.prefetch(decision, build_run, device)
+    try:
+        yield ahead
+    finally:
+        if ahead is not None:
+            ahead.wait()
+
+
 def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, device: torch.device,
                 run: Callable[..., torch.Tensor], torch_run: Callable[..., torch.Tensor],
                 eager_plan: Callable[[str], Callable[..., torch.Tensor]], args: tuple,
-                build_run: Callable[[Any, Any], Callable[..., torch.Tensor]] | None = None
-                ) -> Callable[..., torch.Tensor]:
+                build_run: Callable[[Any, Any], Callable[..., torch.Tensor]] | None = None,
+                ahead: second_chance.Prefetch | None = None) -> Callable[..., torch.Tensor]:
     """The kernel plan, unless the arbiter (see :mod:`tracea_torch.arbiter`) finds PyTorch faster for
     this signature or Tracea's result wrong: then the eager plan, with the verdict as its reason.
     ``build_run(variant, config)``: a run like ``run`` for another choice, for the arbiter's second chance
-    (:mod:`tracea_torch.second_chance`) when PyTorch's kernel won."""
+    (:mod:`tracea_torch.second_chance`) when PyTorch's kernel won; ``ahead``: those already built."""
     kernel_plan = _kernel_plan(key, kind, op, extra, run, eager_plan)
     if not arbiter.enabled() or decision.variant.fallback_only:
         return kernel_plan
@@ -409,7 +425,7 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
     if verdict.winner == "tracea" and verdict.captured_winner == "tracea":
         return kernel_plan
     if build_run is not None and second_chance.worth_retrying(verdict):
-        again = _second_chance(decision, device, verdict, build_run, direct, args)
+        again = _second_chance(decision, device, verdict, build_run, direct, args, ahead)
         if again is not None:
             return _arbitrated(key, kind, op, extra, again[0], device, again[1], torch_run, eager_plan, args)
     fallbacks.record(kind if kind == "conv2d" else "gemm", verdict.reason)  # once per signature, not per call
@@ -423,10 +439,11 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
 
 def _second_chance(decision: Decision, device: torch.device, verdict: arbiter.Verdict,
                    build_run: Callable[[Any, Any], Callable[..., torch.Tensor]], direct: Callable[..., torch.Tensor],
-                   args: tuple) -> tuple[Decision, Callable[..., torch.Tensor]] | None:
+                   args: tuple, ahead: second_chance.Prefetch | None = None
+                   ) -> tuple[Decision, Callable[..., torch.Tensor]] | None:
     """The new decision and its run when the second chance found (and persisted) a better choice."""
     try:
-        if not second_chance.retry(decision, device, verdict, build_run, direct, args):
+        if not second_chance.retry(decision, device, verdict, build_run, direct, args, ahead):
             return None
         again = choose(decision.op, device)
         c = again.chosen
