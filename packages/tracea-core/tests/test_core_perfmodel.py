@@ -280,3 +280,25 @@ def test_user_tuning_records_refresh_the_model(monkeypatch, tmp_path):
     d = doc.decide(op, "cpu")
     assert d.variant.name == SLOW.name, d.explain()
     assert "your tuning cache (2 points)" in d.explain()
+
+
+def test_cache_changes_without_user_data_do_not_refit(monkeypatch, tmp_path):
+    """An entry without a default-config time (an arbiter verdict, a tuned config) leaves the model as it
+    was; one with a default time refits it."""
+    doc, prof = _doctor(monkeypatch, _Plugin([]))
+    cache = TuningCache(tmp_path / "cache.json")
+    monkeypatch.setattr("tracea.doctor.doctor._tuning_cache", lambda: cache)
+    fits = []
+    build = perfmodel.build
+    monkeypatch.setattr(perfmodel, "build", lambda *a, **k: fits.append(1) or build(*a, **k))
+    op = GemmOp(300, 300, 300)
+    doc.decide(op, "cpu")
+    assert len(fits) == 1
+    cache.put(cache.make_entry(GemmOp(64, 64, 64), FAST, prof, PipelineConfig(warps=1), {"median_s": 1.0}))
+    doc.decide(GemmOp(301, 300, 300), "cpu")
+    assert len(fits) == 1, "refitted without new user data"
+    near = GemmOp(320, 300, 300)
+    cache.put(cache.make_entry(near, SLOW, prof, PipelineConfig(warps=1),
+                               {"median_s": 1.0, "default_s": SLOW.estimate_seconds(near, prof)}))
+    d = doc.decide(GemmOp(302, 300, 300), "cpu")
+    assert len(fits) == 2 and "your tuning cache (1 points)" in d.explain()

@@ -40,6 +40,27 @@ def test_put_persists_and_a_new_instance_reads_it(doctor, cache):
     assert data["format"] == "tracea-tuning-cache" and len(data["entries"]) == 1
 
 
+def test_puts_read_the_file_again_only_after_another_writer(doctor, cache, monkeypatch):
+    """A put re-reads (parses and validates) the file only when it changed since this instance last read
+    or wrote it; entries another instance wrote meanwhile are kept, and one entry per line is written."""
+    from tracea.tuning import cache_file
+
+    loads = []
+    real = cache_file.load
+    monkeypatch.setattr(cache_file, "load", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    _put(cache, doctor, GemmOp(64, 48, 32))
+    before = len(loads)
+    for n in (40, 41, 42):
+        _put(cache, doctor, GemmOp(n, 48, 32))
+    assert len(loads) == before, "unchanged file parsed again"
+    other = TuningCache(cache.path)
+    _put(other, doctor, GemmOp(50, 48, 32))
+    _put(cache, doctor, GemmOp(51, 48, 32))
+    assert len(loads) > before
+    data = json.load(open(cache.path))
+    assert len(data["entries"]) == 6 and len(open(cache.path).read().splitlines()) == 8
+
+
 def test_goal_specific_entries_and_default_lookup(doctor, cache):
     op = GemmOp(64, 48, 32)
     prof = doctor.profile_for("cpu")

@@ -44,7 +44,8 @@ class Doctor:
         self._env: dict[Device, dict[str, str]] = {}
         self._quarantine: dict[tuple[str, Any], str] = {}  # (variant, op) -> why it is not chosen again
         self._data_files: dict[tuple[Any, ...], list[Any]] = {}  # (device, extra files) -> loaded data files
-        self._models: dict[Device, tuple[tuple[Any, ...], Any]] = {}  # device -> (key, PerfModel)
+        # device -> (key, PerfModel, the user observations it was fitted to)
+        self._models: dict[Device, tuple[tuple[Any, ...], Any, list[Any]]] = {}
         self.registry_errors: list[str] = []
 
     @property
@@ -272,16 +273,25 @@ class Doctor:
             hit = self._models.get(profile.device)
             if hit is not None and hit[0] == key:
                 return hit[1]
+        user: list[Any] = []
         try:
             files = self._perf_files(profile, extra)
             entries = cache.entries() if cache is not None else []
-            model = perfmodel.build(profile, {v.name: v for v in self.registry}, files, entries,
-                                    _device_fp(profile))
+            device_fp = _device_fp(profile)
+            user = perfmodel.user_observations(entries, device_fp) if device_fp else []
+            if hit is not None and hit[0][0] == key[0] and hit[0][2] == extra and hit[2] == user:
+                # the cache changed in nothing the model is fitted to (arbiter verdicts, tuned configs
+                # without their default's time): no refit (a fit took ~40 ms on an H100 host, and a
+                # patched DenseNet-121's first forward changed the cache ~90 times)
+                model = hit[1]
+            else:
+                model = perfmodel.build(profile, {v.name: v for v in self.registry}, files, entries, device_fp,
+                                        user=user)
         except Exception as exc:  # noqa: BLE001 - a model problem never blocks dispatch
             model = perfmodel.PerfModel(perfmodel.arch_key(profile),
                                         problems=[f"model not built: {type(exc).__name__}: {exc}"])
         with self._lock:
-            self._models[profile.device] = (key, model)
+            self._models[profile.device] = (key, model, user)
         return model
 
     def _perf_files(self, profile: DeviceProfile, extra: tuple[str, ...]) -> list[Any]:

@@ -34,8 +34,9 @@ def extra_files() -> list[str]:
 
 
 def build(profile: Any, variants: dict[str, Any], files: Iterable[DataFile], entries: Iterable[Any] = (),
-          device_fp: str = "") -> PerfModel:
-    """A model for ``profile`` from loaded data files (those of its architecture) and cache entries."""
+          device_fp: str = "", user: list[Observation] | None = None) -> PerfModel:
+    """A model for ``profile`` from loaded data files (those of its architecture) and cache entries
+    (``user``: their :func:`user_observations` for ``device_fp``, when the caller has them already)."""
     arch = arch_key(profile)
     obs: list[Observation] = []
     sources: list[str] = []
@@ -54,7 +55,8 @@ def build(profile: Any, variants: dict[str, Any], files: Iterable[DataFile], ent
         fitted = sum(1 for o in f.observations if o.split != "heldout")
         sources.append(f"{name} ({fitted} points" + (f", {f.device_name}" if f.device_name else "") + ")")
         obs.extend(f.observations)
-    user = user_observations(entries, device_fp) if device_fp else []
+    if user is None:
+        user = user_observations(entries, device_fp) if device_fp else []
     if user:
         sources.append(f"your tuning cache ({len(user)} points)")
         obs.extend(user)

@@ -119,6 +119,7 @@ class TuningCache:
         self._pm = plugin_manager
         self._lock = threading.RLock()
         self._entries: dict[str, CacheEntry] = {}
+        self._raw: dict[str, dict[str, Any]] = {}  # the entries' JSON as last read or written
         self._by_op_variant: dict[tuple[str, str], list[CacheEntry]] = {}
         self._loaded = False
         self._state: tuple[int, int, int] | None = None
@@ -208,11 +209,16 @@ class TuningCache:
 
     def _install(self, raw: dict[str, dict[str, Any]], state: tuple[int, int, int] | None) -> None:
         entries: dict[str, CacheEntry] = {}
+        old_raw, old = self._raw, self._entries
         for key, d in raw.items():
+            if old_raw.get(key) is d and key in old:  # (the same JSON object: the entry built from it)
+                entries[key] = old[key]
+                continue
             try:
                 entries[key] = CacheEntry.from_json(d)
             except Exception:  # noqa: BLE001 - validated by cache_schema already; never fatal
                 continue
+        self._raw = raw
         by: dict[tuple[str, str], list[CacheEntry]] = {}
         for e in entries.values():
             by.setdefault((e.op_key, e.variant), []).append(e)
@@ -382,13 +388,21 @@ class TuningCache:
         with self._lock:
             try:
                 with FileLock(self.path + ".lock"):
-                    loaded = cache_file.load(self.path, locked=True)
-                    if not loaded.writable:  # a directory, FIFO, unreadable file ...: not ours to replace
-                        raise OSError(f"{loaded.why}; it is left alone")
-                    raw = loaded.entries
-                    if loaded.state in (cache_file.CORRUPT, cache_file.DAMAGED):
-                        for key, e in self._entries.items():  # keep what this process knew before the damage
-                            raw.setdefault(key, e.to_json())
+                    state = cache_file.file_state(self.path)
+                    if self._loaded and state is not None and state == self._state:
+                        # the file is the one this process last read or wrote (no other writer since:
+                        # a write replaces the file, so its inode, size or time differ): not parsed and
+                        # validated again (a DenseNet-121's first forward writes ~120 verdicts and tuned
+                        # entries, each of which re-read the whole file)
+                        raw = dict(self._raw)
+                    else:
+                        loaded = cache_file.load(self.path, locked=True)
+                        if not loaded.writable:  # a directory, FIFO, unreadable file ...: not ours to replace
+                            raise OSError(f"{loaded.why}; it is left alone")
+                        raw = loaded.entries
+                        if loaded.state in (cache_file.CORRUPT, cache_file.DAMAGED):
+                            for key, e in self._entries.items():  # keep what this process knew before the damage
+                                raw.setdefault(key, e.to_json())
                     raw.update(self._unsaved)
                     edit(raw)
                     cache_file.write_entries(self.path, raw)

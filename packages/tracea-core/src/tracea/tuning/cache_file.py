@@ -265,8 +265,12 @@ def write_entries(path: str, entries: dict[str, dict[str, Any]]) -> None:
         st = None
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise OSError(errno.EEXIST, f"{path} is {_kind(st.st_mode)}, not a regular file; not replacing it")
-    data = {"format": FORMAT, "version": VERSION, "entries": dict(sorted(entries.items()))}
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
+    # one entry per line, each encoded compactly: JSON's C encoder (an ``indent`` takes the pure-Python
+    # one, ~3x slower on a few hundred entries, and the file is rewritten on every put)
+    dumps = json.dumps
+    lines = ",\n".join(f"  {dumps(k)}: {dumps(v, separators=(',', ':'))}" for k, v in sorted(entries.items()))
+    head = f'{{"format": {dumps(FORMAT)}, "version": {dumps(VERSION)}, "entries": {{'
+    write_atomic(path, head + ("\n" + lines + "\n}}\n" if lines else "}}\n"))
 
 
 def file_state(path: str) -> tuple[int, int, int] | None:
