@@ -351,6 +351,23 @@ def test_lean_fallback_memo_calls_torch_and_counts_each_call(kind, monkeypatch):
     assert fallbacks.total(contains="test reason") == 3
 
 
+def test_cpu_linear_on_a_strided_input_gets_a_lean_fallback_memo():
+    """A CPU linear whose input no kernel takes (a strided view, ViT's class token) is remembered as lean,
+    as on CUDA: later calls run F.linear straight, still counted, with F.linear's result."""
+    from tracea_torch import fallbacks
+
+    layer = nn.Linear(16, 5)
+    tracea_torch.patch_linear(layer)
+    x = torch.randn(3, 7, 16)[:, 0]  # (3, 16), row stride 7 * 16
+    fallbacks.reset()
+    with torch.no_grad():
+        outs = [layer(x) for _ in range(3)]
+    memo = layer.__dict__.get("_tracea_memo")
+    assert memo is not None and memo.lean == 1
+    assert all(torch.equal(o, F.linear(x, layer.weight, layer.bias)) for o in outs)
+    assert fallbacks.total(contains="non-contiguous") == 3
+
+
 @pytest.mark.parametrize("dtype,layout", [(torch.float16, "NHWC"), (torch.bfloat16, "NHWC"),
                                           (torch.float32, "NCHW")])
 def test_conv_input_contiguous_both_ways_takes_the_layout_kernels_serve(dtype, layout):
