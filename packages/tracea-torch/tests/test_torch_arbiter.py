@@ -488,7 +488,7 @@ def test_second_chance_builds_run_concurrently_with_the_device_current(monkeypat
     call's device current; TRACEA_COMPILE_THREADS=1 builds them in the calling thread."""
     import threading
 
-    from tracea.errors import CompilationError
+    from tracea.errors import CompilationError, TraceaError
     from tracea_torch import second_chance
 
     if not torch.cuda.is_available():
@@ -505,6 +505,9 @@ def test_second_chance_builds_run_concurrently_with_the_device_current(monkeypat
     out = second_chance.built([("a", 1), ("b", 2), ("c", 3)], build, dev)
     assert [o[1] for o in out[:2]] == [dev.index, dev.index] and isinstance(out[2], CompilationError)
     assert all(o[0].startswith("tracea-build") for o in out[:2])
+    # anything else a worker's build raises makes that choice no candidate; it never reaches the forward
+    out = second_chance.built([("a", 1), ("b", 0)], lambda v, c: 1 / c, dev)
+    assert out[0] == 1.0 and isinstance(out[1], TraceaError) and "ZeroDivisionError" in str(out[1])
     monkeypatch.setenv("TRACEA_COMPILE_THREADS", "1")
     out = second_chance.built([("a", 1)], lambda v, c: threading.current_thread().name, dev)
     assert out == [threading.current_thread().name]
@@ -528,7 +531,6 @@ def test_second_chance_builds_nothing_ahead_on_the_cpu(monkeypatch):
 def test_second_chance_prefetch_builds_alternatives_beside_the_first_choice(monkeypatch):
     """CUDA: the alternatives a lost verdict would time are built in worker threads while the caller builds
     the first choice, and only for a choice with no verdict yet, with the arbiter on."""
-    import os
     import threading
 
     from tracea_torch import second_chance
@@ -537,7 +539,7 @@ def test_second_chance_prefetch_builds_alternatives_beside_the_first_choice(monk
         pytest.skip("no CUDA device")
     monkeypatch.setattr(second_chance.first_use, "alternatives", lambda d, n: [("a", 1), ("b", 2)])
     monkeypatch.setattr(second_chance.arbiter, "has_verdict", lambda d: False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(second_chance, "_cpus", lambda: 8)
     names: list[str] = []
 
     def build(variant: str, cfg: int):  # noqa: ANN202

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from tracea.doctor.decision import Decision
-from tracea.errors import TraceaError, TuningCacheWarning
+from tracea.errors import BackendError, TraceaError, TuningCacheWarning
 from tracea.runtime import first_use
 
 from . import arbiter
@@ -69,12 +69,26 @@ def _build(build_run: Callable[[Any, Any], Callable[..., torch.Tensor]], choice:
 def _in_worker(index: int, build_run: Callable[[Any, Any], Callable[..., torch.Tensor]]
                ) -> Callable[[tuple[Any, Any]], Callable[..., torch.Tensor] | TraceaError]:
     """:func:`_build` for a worker thread: CUDA device ``index`` made current first (a new thread has no
-    current context to load modules into)."""
+    current context to load modules into). Whatever a build raises there makes that alternative no
+    candidate (a :class:`BackendError` naming it): a build that only fails off the calling thread must
+    not fail the user's forward."""
     def work(choice: tuple[Any, Any]) -> Callable[..., torch.Tensor] | TraceaError:
-        torch.cuda.set_device(index)
-        return _build(build_run, choice)
+        try:
+            torch.cuda.set_device(index)
+            return _build(build_run, choice)
+        except Exception as exc:  # noqa: BLE001 - see above
+            return BackendError(f"building {getattr(choice[0], 'name', choice[0])} in a worker thread failed: "
+                                f"{type(exc).__name__}: {exc}", backend="cuda")
 
     return work
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a container's share), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _index(device: torch.device) -> int:
@@ -85,8 +99,8 @@ def built(choices: list[tuple[Any, Any]], build_run: Callable[[Any, Any], Callab
           device: torch.device) -> list[Callable[..., torch.Tensor] | TraceaError]:
     """``build_run(variant, config)`` for each choice, in order (a :class:`TraceaError` in place of a run
     that cannot be built here). On CUDA, with more than one choice, the builds run in worker threads
-    (:func:`_threads`), each with ``device`` current, so their compilations overlap; anything but a
-    TraceaError raised by a build is raised here, as it would be one at a time."""
+    (:func:`_threads`), each with ``device`` current, so their compilations overlap (whatever a worker's
+    build raises makes that choice no candidate); one at a time, anything but a TraceaError is raised."""
     workers = min(len(choices), _threads())
     if device.type != "cuda" or workers < 2 or torch.cuda.is_current_stream_capturing():
         # (capturing: a module load from another thread would invalidate the capture)
@@ -120,7 +134,7 @@ def prefetch(decision: Decision, build_run: Callable[[Any, Any], Callable[..., t
     CUDA, with the arbiter on, for a choice with no verdict in the tuning cache yet, on a host with at
     least :data:`MIN_CPUS` CPUs, outside CUDA graph capture; None otherwise."""
     workers = _threads()
-    if (device.type != "cuda" or workers < 2 or (os.cpu_count() or 1) < MIN_CPUS or not arbiter.enabled()
+    if (device.type != "cuda" or workers < 2 or _cpus() < MIN_CPUS or not arbiter.enabled()
             or decision.variant.fallback_only or torch.cuda.is_current_stream_capturing()
             or arbiter.has_verdict(decision)):
         return None
