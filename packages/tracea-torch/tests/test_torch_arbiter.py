@@ -555,3 +555,31 @@ def test_second_chance_prefetch_builds_alternatives_beside_the_first_choice(monk
     monkeypatch.setattr(second_chance.arbiter, "has_verdict", lambda d: False)
     monkeypatch.setenv("TRACEA_ARBITER", "0")
     assert second_chance.prefetch(decision, build, dev) is None
+
+
+def test_cpu_timing_stops_early_on_a_clear_gap_and_not_on_a_tie():
+    """CPU verdicts: a side several times slower in both first timed pairs ends the timing (a 60 ms kernel
+    against PyTorch's 1 ms is not timed nine rounds more); close sides get the full rounds."""
+    calls = {"slow": 0, "fast": 0}
+
+    def slow() -> None:
+        calls["slow"] += 1
+        time.sleep(0.004)
+
+    def fast() -> None:
+        calls["fast"] += 1
+
+    t_slow, t_fast = arbiter._cpu_alternating(slow, fast)
+    assert t_slow > arbiter.CPU_CLEAR * t_fast and calls["slow"] <= 3
+    calls.update(slow=0, fast=0)
+
+    def tie_a() -> None:
+        calls["slow"] += 1
+        time.sleep(0.001)
+
+    def tie_b() -> None:
+        calls["fast"] += 1
+        time.sleep(0.001)
+
+    arbiter._cpu_alternating(tie_a, tie_b)
+    assert calls["slow"] >= 9 + 3 and calls["fast"] >= 9 + 3
