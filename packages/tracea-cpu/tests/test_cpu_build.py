@@ -46,6 +46,46 @@ def test_build_caches_on_disk_and_reuses(tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("answer-*.so"))) == 1
 
 
+@needs_cc
+def test_builds_from_threads_compile_each_object_once_and_in_parallel(tmp_path, monkeypatch):
+    """Different objects compile at the same time (the arbiter's second chance builds its alternatives in
+    worker threads); threads asking for the same object wait for one compilation."""
+    import threading
+    import time
+
+    monkeypatch.setenv("TRACEA_CPU_CACHE_DIR", str(tmp_path))
+    compiled, busy, most = [], [0], [0]
+    real = toolchain._compile
+    lock = threading.Lock()
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        with lock:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        time.sleep(0.2)  # (hold the slot long enough for the other thread to arrive)
+        try:
+            compiled.append(args[-1])
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    monkeypatch.setattr(toolchain, "_compile", counting)
+    results: dict[str, int] = {}
+
+    def build(value: int, key: str) -> None:
+        lib = toolchain.build(f"int tr_value(void) {{ return {value}; }}\n", (), f"value{value}")
+        results[key] = lib.tr_value()
+
+    threads = [threading.Thread(target=build, args=(v, k)) for v, k in ((7, "a"), (8, "b"), (7, "c"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {"a": 7, "b": 8, "c": 7}
+    assert len(compiled) == 2 and most[0] == 2, "two objects compiled at once, the shared one once"
+
+
 def test_no_compiler_makes_backend_unavailable(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("TRACEA_CPU_CACHE_DIR", str(tmp_path / "empty-cache"))

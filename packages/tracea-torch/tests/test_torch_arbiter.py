@@ -494,6 +494,7 @@ def test_second_chance_builds_run_concurrently_with_the_device_current(monkeypat
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     dev = torch.device("cuda", torch.cuda.device_count() - 1)
+    monkeypatch.setattr(second_chance, "_cpus", lambda: 8)
     started = threading.Barrier(3, timeout=20)  # all three builds must be in flight at once
 
     def build(variant: str, cfg: int):  # noqa: ANN202
@@ -519,12 +520,30 @@ def _fake_decision():  # noqa: ANN202
     return SimpleNamespace(variant=SimpleNamespace(fallback_only=False))
 
 
-def test_second_chance_builds_nothing_ahead_on_the_cpu(monkeypatch):
+def test_second_chance_builds_ahead_only_with_cpus_to_spare(monkeypatch):
+    """CPU: the alternatives compile ahead in worker threads on a host with MIN_CPUS or more (the C compiler
+    runs outside the GIL), not on a smaller one; a worker's build that raises is no candidate."""
+    import threading
+
+    from tracea.errors import TraceaError
     from tracea_torch import second_chance
 
-    monkeypatch.setattr(second_chance.first_use, "alternatives", lambda d, n: [("a", 1)])
+    monkeypatch.setattr(second_chance.first_use, "alternatives", lambda d, n: [("a", 1), ("b", 0)])
     monkeypatch.setattr(second_chance.arbiter, "has_verdict", lambda d: False)
-    assert second_chance.prefetch(_fake_decision(), lambda v, c: (v, c), torch.device("cpu")) is None
+    names: list[str] = []
+
+    def build(variant: str, cfg: int):  # noqa: ANN202
+        names.append(threading.current_thread().name)
+        return 1 / cfg
+
+    monkeypatch.setattr(second_chance, "_cpus", lambda: second_chance.MIN_CPUS - 1)
+    assert second_chance.prefetch(_fake_decision(), build, torch.device("cpu")) is None
+    monkeypatch.setattr(second_chance, "_cpus", lambda: second_chance.MIN_CPUS)
+    ahead = second_chance.prefetch(_fake_decision(), build, torch.device("cpu"))
+    assert ahead is not None
+    first, second = ahead.results()
+    assert first == 1.0 and isinstance(second, TraceaError) and "ZeroDivisionError" in str(second)
+    assert len(names) == 2 and all(n.startswith("tracea-build") for n in names)
 
 
 @pytest.mark.cuda

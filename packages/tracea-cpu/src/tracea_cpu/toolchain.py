@@ -109,6 +109,7 @@ def compiler_or_reason() -> tuple[Compiler | None, str]:
 
 _load_lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL] = {}
+_building: dict[str, threading.Lock] = {}  # one per object being compiled: different objects compile at once
 
 
 def build(source: str, flags: tuple[str, ...], name: str = "kernel") -> ctypes.CDLL:
@@ -128,16 +129,24 @@ def build(source: str, flags: tuple[str, ...], name: str = "kernel") -> ctypes.C
         lib = _loaded.get(digest)
         if lib is not None:
             return lib
+        building = _building.setdefault(digest, threading.Lock())
+    with building:  # (threads building other objects compile meanwhile: the compiler runs outside the GIL)
+        with _load_lock:
+            lib = _loaded.get(digest)
+            if lib is not None:
+                return lib
         directory = cache_dir()
         target = directory / f"{name}-{digest}.so"
         if not target.exists():
             _compile(cc, source, all_flags, directory, target)
-        apply_spin_default()  # before the first kernel loads libgomp (see omp_env)
-        try:
-            lib = ctypes.CDLL(str(target))
-        except OSError as exc:
-            raise BackendError(f"cannot load compiled kernel {target}: {exc}", backend="cpu") from None
-        _loaded[digest] = lib
+        with _load_lock:
+            apply_spin_default()  # before the first kernel loads libgomp (see omp_env)
+            try:
+                lib = ctypes.CDLL(str(target))
+            except OSError as exc:
+                raise BackendError(f"cannot load compiled kernel {target}: {exc}", backend="cpu") from None
+            _loaded[digest] = lib
+            _building.pop(digest, None)
         return lib
 
 

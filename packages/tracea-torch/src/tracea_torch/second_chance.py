@@ -11,12 +11,12 @@ tuning cache, so the Doctor chooses it from then on (here and in later processes
 judges it like any choice. Only losing signatures pay this (a few compilations on their first call);
 ``TRACEA_ARBITER=0`` turns it off with the arbiter.
 
-On CUDA the alternatives are built (compiled) in worker threads, while the first choice itself is built
+The alternatives are built (compiled) in worker threads, while the first choice itself is built
 (:func:`prefetch`, for a signature with no verdict yet on a host with :data:`MIN_CPUS` or more), and
-timed one after the other only once every build is done: NVRTC releases the GIL, and compilation is most
-of a patched CNN's first call (H100, DenseNet-121 fp16 batch 32 on empty caches: 79 s, of which 67 s in
-207 NVRTC compilations and 50 s in the second chances of 55 lost signatures). ``TRACEA_COMPILE_THREADS=1``
-builds them one at a time, after the verdict.
+timed one after the other only once every build is done: NVRTC and the C compiler run outside the GIL,
+and compilation is most of a patched CNN's first call (H100, DenseNet-121 fp16 batch 32 on empty caches:
+79 s, of which 67 s in 207 NVRTC compilations and 50 s in the second chances of 55 lost signatures).
+``TRACEA_COMPILE_THREADS=1`` builds them one at a time, after the verdict.
 """
 
 from __future__ import annotations
@@ -66,19 +66,24 @@ def _build(build_run: Callable[[Any, Any], Callable[..., torch.Tensor]], choice:
         return exc
 
 
-def _in_worker(index: int, build_run: Callable[[Any, Any], Callable[..., torch.Tensor]]
+def _in_worker(device: torch.device, build_run: Callable[[Any, Any], Callable[..., torch.Tensor]]
                ) -> Callable[[tuple[Any, Any]], Callable[..., torch.Tensor] | TraceaError]:
-    """:func:`_build` for a worker thread: CUDA device ``index`` made current first (a new thread has no
+    """:func:`_build` for a worker thread: on CUDA, ``device`` made current first (a new thread has no
     current context to load modules into). Whatever a build raises there makes that alternative no
     candidate (a :class:`BackendError` naming it): a build that only fails off the calling thread must
     not fail the user's forward."""
+    index = None
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+
     def work(choice: tuple[Any, Any]) -> Callable[..., torch.Tensor] | TraceaError:
         try:
-            torch.cuda.set_device(index)
+            if index is not None:
+                torch.cuda.set_device(index)
             return _build(build_run, choice)
         except Exception as exc:  # noqa: BLE001 - see above
             return BackendError(f"building {getattr(choice[0], 'name', choice[0])} in a worker thread failed: "
-                                f"{type(exc).__name__}: {exc}", backend="cuda")
+                                f"{type(exc).__name__}: {exc}", backend=device.type)
 
     return work
 
@@ -91,22 +96,22 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def built(choices: list[tuple[Any, Any]], build_run: Callable[[Any, Any], Callable[..., torch.Tensor]],
           device: torch.device) -> list[Callable[..., torch.Tensor] | TraceaError]:
     """``build_run(variant, config)`` for each choice, in order (a :class:`TraceaError` in place of a run
-    that cannot be built here). On CUDA, with more than one choice, the builds run in worker threads
-    (:func:`_threads`), each with ``device`` current, so their compilations overlap (whatever a worker's
-    build raises makes that choice no candidate); one at a time, anything but a TraceaError is raised."""
-    workers = min(len(choices), _threads())
-    if device.type != "cuda" or workers < 2 or torch.cuda.is_current_stream_capturing():
-        # (capturing: a module load from another thread would invalidate the capture)
+    that cannot be built here). With more than one choice and CPU to spare, the builds run in worker
+    threads (:func:`_threads`; on CUDA each with ``device`` current), so their compilations overlap (NVRTC
+    and the C compiler run outside the GIL; whatever a worker's build raises makes that choice no
+    candidate); one at a time, anything but a TraceaError is raised."""
+    workers = min(len(choices), _threads(), _cpus())
+    if workers < 2 or _capturing(device):  # (a module load from another thread would invalidate a capture)
         return [_build(build_run, c) for c in choices]
     with ThreadPoolExecutor(workers, thread_name_prefix="tracea-build") as pool:
-        return list(pool.map(_in_worker(_index(device), build_run), choices))
+        return list(pool.map(_in_worker(device, build_run), choices))
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 class Prefetch:
@@ -130,18 +135,17 @@ def prefetch(decision: Decision, build_run: Callable[[Any, Any], Callable[..., t
              device: torch.device) -> Prefetch | None:
     """Start building the alternatives :func:`retry` would time, in worker threads, so that their
     compilations overlap the first choice's (the caller builds that one meanwhile and calls
-    :meth:`Prefetch.wait` before anything is timed: the arbiter's timings see an idle host). Only on
-    CUDA, with the arbiter on, for a choice with no verdict in the tuning cache yet, on a host with at
-    least :data:`MIN_CPUS` CPUs, outside CUDA graph capture; None otherwise."""
+    :meth:`Prefetch.wait` before anything is timed: the arbiter's timings see an idle host). Only with
+    the arbiter on, for a choice with no verdict in the tuning cache yet, on a host with at least
+    :data:`MIN_CPUS` CPUs, outside CUDA graph capture; None otherwise."""
     workers = _threads()
-    if (device.type != "cuda" or workers < 2 or _cpus() < MIN_CPUS or not arbiter.enabled()
-            or decision.variant.fallback_only or torch.cuda.is_current_stream_capturing()
-            or arbiter.has_verdict(decision)):
+    if (device.type not in ("cuda", "cpu") or workers < 2 or _cpus() < MIN_CPUS or not arbiter.enabled()
+            or decision.variant.fallback_only or _capturing(device) or arbiter.has_verdict(decision)):
         return None
     choices = first_use.alternatives(decision, RETRIES)
     if not choices:
         return None
-    work = _in_worker(_index(device), build_run)
+    work = _in_worker(device, build_run)
     pool = ThreadPoolExecutor(min(len(choices), workers), thread_name_prefix="tracea-build")
     return Prefetch(decision, choices, pool, [pool.submit(work, c) for c in choices])
 
