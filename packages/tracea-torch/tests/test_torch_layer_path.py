@@ -466,3 +466,32 @@ def test_a_lean_conv_memo_follows_hyper_parameter_changes(restricted_backend, mo
                 layer.stride = plain.stride = (2, 2)
             torch.testing.assert_close(layer(x), plain(x))
             torch.testing.assert_close(layer(x), plain(x))
+
+
+@pytest.mark.arbiter
+def test_cpu_depthwise_conv_goes_to_pytorch_without_compiling(monkeypatch):
+    """A depthwise conv on the CPU is PyTorch's by the arbiter's standing verdict: nothing is compiled or
+    timed, the layer calls F.conv2d itself (lean), counted once; with the arbiter off Tracea serves it."""
+    from tracea_cpu import toolchain
+    from tracea_torch import bridge_plans, fallbacks
+
+    layer = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+    tracea_torch.patch_conv2d(layer)
+    x = torch.randn(2, 6, 9, 9)
+    built = []
+    real = toolchain.build
+    monkeypatch.setattr(toolchain, "build", lambda *a, **k: built.append(a) or real(*a, **k))
+    fallbacks.reset()
+    with torch.no_grad():
+        outs = [layer(x) for _ in range(3)]
+    assert not built
+    assert all(torch.equal(o, F.conv2d(x, layer.weight, layer.bias, padding=1, groups=6)) for o in outs)
+    assert layer.__dict__["_tracea_memo"].lean == 1
+    assert fallbacks.total(contains="depthwise") == 1 and bridge_plans.CPU_DEPTHWISE.startswith("arbiter:")
+    monkeypatch.setenv("TRACEA_ARBITER", "0")  # Tracea's choice for every served call, depthwise too
+    other = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+    tracea_torch.patch_conv2d(other)
+    with torch.no_grad():
+        out = other(x)
+    assert other.__dict__["_tracea_memo"].lean == 0 and fallbacks.total(contains="depthwise") == 1
+    assert (out - F.conv2d(x, other.weight, other.bias, padding=1, groups=6)).abs().max() < 1e-4

@@ -125,6 +125,13 @@ def _store(key: Any, plan: Callable[..., torch.Tensor]) -> Callable[..., torch.T
 # conv2d
 # ------------------------------------------------------------------------------------------------
 
+#: the arbiter's standing verdict on depthwise convs on the CPU (one input channel per group), given
+#: without compiling or timing: every one measured lost, 4-73x (2-core Sapphire Rapids VM, batch 2:
+#: EfficientNet-B0 541 vs 4188 us and 1127 vs 5748 us, MobileNetV3 323 vs 2230 us, ConvNeXt-T 7x7 0.8 vs
+#: 59 ms), while each cost its first call a compilation, the timing and a second chance's compilations
+CPU_DEPTHWISE = "arbiter: depthwise conv on the CPU: PyTorch's kernel (Tracea's implicit GEMM measured 4-73x slower)"
+
+
 def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: tuple,
                 padding: tuple, dilation: tuple, groups: int, activation: str | None) -> Callable[..., torch.Tensor]:
     """Build (and store under ``key``) the plan of one conv2d call signature."""
@@ -134,6 +141,9 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
     try:
         dtype = _common_checks((x, w, bias))
         op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
+        if x.device.type == "cpu" and op.groups > 1 and op.groups == op.c and arbiter.enabled():
+            fallbacks.record("conv2d", CPU_DEPTHWISE)  # (once per signature, as a verdict)
+            return _store(key, _lean(_conv_torch(op, act, conf), "conv2d", op, conf, CPU_DEPTHWISE))
         decision = choose(op, x.device)
         via_ops = decision.variant.fallback_only or not _plain_bias(bias, op.k)
         build_run = None if via_ops else _builder(_conv_run, op, decision, w)
