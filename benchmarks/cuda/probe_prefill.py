@@ -27,7 +27,6 @@ import os
 import statistics
 import sys
 import traceback
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ from tracea.ir.ops import GemmOp
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "user_path"))
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_shapes import b2b, graph_time, paired, rel  # noqa: E402
-from probe_tile_n import _compile, compile_jobs  # noqa: E402
+from probe_tile_n import precompile  # noqa: E402
 
 from tracea_cuda.variants.hopper import WgmmaGemm, _hero  # noqa: E402
 
@@ -188,13 +187,7 @@ def main(argv: list[str]) -> int:
     plan = [(s, op_of(*parse(s)), None) for s in args.shapes.split(",") if s]
     plan = [(s, op, configs_for(op, profile, labels)) for s, op, _ in plan]
     if args.jobs:
-        jobs = compile_jobs(plan)
-        try:
-            with ProcessPoolExecutor(args.jobs) as ex:
-                list(ex.map(_compile, jobs))
-            print(f"{len(jobs)} configs compiled", flush=True)
-        except Exception as exc:  # noqa: BLE001 - the timed calls compile what is missing
-            print(f"parallel compile failed ({type(exc).__name__}: {exc}); compiling on first use", flush=True)
+        precompile(plan, args.jobs)
     rows = []
     for s, _op, cs in plan:
         if args.paired:

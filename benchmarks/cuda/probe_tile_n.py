@@ -106,6 +106,18 @@ def compile_jobs(plan: list) -> list:
     return jobs
 
 
+def precompile(plan: list, workers: int) -> None:
+    """Compile every config of ``plan`` missing from the disk cache in ``workers`` processes (NVRTC only);
+    a failure only leaves the timed calls to compile on first use."""
+    jobs = compile_jobs(plan)
+    try:
+        with ProcessPoolExecutor(workers) as ex:
+            list(ex.map(_compile, jobs))
+        print(f"{len(jobs)} configs compiled", flush=True)
+    except Exception as exc:  # noqa: BLE001 - the timed calls compile what is missing
+        print(f"parallel compile failed ({type(exc).__name__}: {exc}); compiling on first use", flush=True)
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=",".join(SHAPES + list(EXTRAS)))
@@ -120,13 +132,7 @@ def main(argv: list[str]) -> int:
         op = op_of(m, n, k, mn)
         plan.append((s, op, configs_for(op, profile, EXTRAS.get(s, []))))
     if args.jobs:
-        jobs = compile_jobs(plan)
-        try:
-            with ProcessPoolExecutor(args.jobs) as ex:
-                list(ex.map(_compile, jobs))
-            print(f"{len(jobs)} configs compiled", flush=True)
-        except Exception as exc:  # noqa: BLE001 - the timed calls compile what is missing
-            print(f"parallel compile failed ({type(exc).__name__}: {exc}); compiling on first use", flush=True)
+        precompile(plan, args.jobs)
     rows = []
     for s, _op, cs in plan:
         m, n, k, mn = parse(s)
