@@ -78,6 +78,30 @@ static inline __attribute__((always_inline)) void ts_hsum16(const __m512 *v, flo
 #endif
 """
 
+def _rows(name: str, ctype: str) -> str:
+    """The row-block driver ``ts_<name>_rows`` over the tile kernel ``ts_<name>_tile`` (fp32 and bf16 share
+    it: only the element type differs): C rows i0 .. i0+mg (mg <= 4) at columns j .. j+nr (nr <= 16) of
+    weight rows w + j*ldw, in blocks of 16 / MG rows; edge rows and a padded A group (mg = 3 runs as 4)
+    repeat the last valid pointer and their results are dropped."""
+    return f"""static void ts_{name}_rows(long K, const {ctype} *const *ar, int mg, const {ctype} *w, long ldw, float *c,
+                            long ldc, long nr) {{
+    int MG = mg == 1 ? 1 : mg == 2 ? 2 : 4, R = 16 / MG;
+    const {ctype} *ap[4];
+    for (int i = 0; i < MG; i++) ap[i] = ar[TR_MIN(i, mg - 1)];
+    float s[16];
+    for (long r0 = 0; r0 < nr; r0 += R) {{
+        const {ctype} *wr[16];
+        for (int r = 0; r < R; r++) wr[r] = w + TR_MIN(r0 + r, nr - 1) * ldw;
+        if (MG == 1) ts_{name}_tile(K, ap, wr, s, 1);
+        else if (MG == 2) ts_{name}_tile(K, ap, wr, s, 2);
+        else ts_{name}_tile(K, ap, wr, s, 4);
+        for (int i = 0; i < mg; i++)
+            for (int r = 0; r < R && r0 + r < nr; r++) c[i * ldc + r0 + r] = s[i * R + r];
+    }}
+}}
+"""
+
+
 F32 = r"""
 /* s[i*R + r] = dot(ar[i][0:K], wr[r][0:K]) for i < MG, r < R = 16 / MG (compile-time constants). */
 static inline __attribute__((always_inline)) void ts_f32_tile(long K, const float *const *ar, const float *const *wr,
@@ -118,26 +142,7 @@ static inline __attribute__((always_inline)) void ts_f32_tile(long K, const floa
 #endif
 }
 
-/* C rows i0 .. i0+mg (mg <= 4) at columns j .. j+nr (nr <= 16) of weight rows w + j*ldw: in blocks of
-   16 / MG rows; edge rows and a padded A group (mg = 3 runs as 4) repeat the last valid pointer and
-   their results are dropped. */
-static void ts_f32_rows(long K, const float *const *ar, int mg, const float *w, long ldw, float *c, long ldc,
-                        long nr) {
-    int MG = mg == 1 ? 1 : mg == 2 ? 2 : 4, R = 16 / MG;
-    const float *ap[4];
-    for (int i = 0; i < MG; i++) ap[i] = ar[TR_MIN(i, mg - 1)];
-    float s[16];
-    for (long r0 = 0; r0 < nr; r0 += R) {
-        const float *wr[16];
-        for (int r = 0; r < R; r++) wr[r] = w + TR_MIN(r0 + r, nr - 1) * ldw;
-        if (MG == 1) ts_f32_tile(K, ap, wr, s, 1);
-        else if (MG == 2) ts_f32_tile(K, ap, wr, s, 2);
-        else ts_f32_tile(K, ap, wr, s, 4);
-        for (int i = 0; i < mg; i++)
-            for (int r = 0; r < R && r0 + r < nr; r++) c[i * ldc + r0 + r] = s[i * R + r];
-    }
-}
-
+""" + _rows("f32", "float") + r"""
 /* One thread's rows [lo, hi) of one batch entry. */
 static void ts_f32_part(long M, long K, const float *const *ar, const float *w, long ldw, float *c, long ldc,
                         const float *bias, long lo, long hi) {
@@ -211,23 +216,7 @@ static inline __attribute__((always_inline)) void ts_bf16_tile(long K, const bf1
     ts_hsum16(acc, s);
 }
 
-static void ts_bf16_rows(long K, const bf16 *const *ar, int mg, const bf16 *w, long ldw, float *c, long ldc,
-                         long nr) {
-    int MG = mg == 1 ? 1 : mg == 2 ? 2 : 4, R = 16 / MG;
-    const bf16 *ap[4];
-    for (int i = 0; i < MG; i++) ap[i] = ar[TR_MIN(i, mg - 1)];
-    float s[16];
-    for (long r0 = 0; r0 < nr; r0 += R) {
-        const bf16 *wr[16];
-        for (int r = 0; r < R; r++) wr[r] = w + TR_MIN(r0 + r, nr - 1) * ldw;
-        if (MG == 1) ts_bf16_tile(K, ap, wr, s, 1);
-        else if (MG == 2) ts_bf16_tile(K, ap, wr, s, 2);
-        else ts_bf16_tile(K, ap, wr, s, 4);
-        for (int i = 0; i < mg; i++)
-            for (int r = 0; r < R && r0 + r < nr; r++) c[i * ldc + r0 + r] = s[i * R + r];
-    }
-}
-
+""" + _rows("bf16", "bf16") + r"""
 /* One thread's rows [lo, hi): fp32 sums of a chunk of TS_CH rows into cb (16 x TS_CH, L1), the epilogue,
    then stored as fp32 or rounded to bf16. */
 static void ts_bf16_part(long M, long K, const bf16 *const *ar, const bf16 *w, long ldw, void *c, long ldc,
