@@ -17,7 +17,6 @@ from torch import Tensor, nn
 from . import ops
 from .bridge import parse_activation
 from . import recording
-from .fallbacks import record as _record
 from .layer_path import _GEN, _KEY, _WRITES, _conv2d, _is_dynamo_compiling, _linear, conv2d_layer, layer_params, linear_layer
 
 
@@ -76,7 +75,7 @@ class TraceaConv2d(nn.Conv2d):
                     and memo.writes == _WRITES[0] and recording._recorder is None and self.padding_mode == "zeros"
                     and "bias" in ps):
                 if memo.count is not None:
-                    _record(*memo.count)
+                    memo.count[0] += 1
                 return _conv2d(input, w, ps["bias"], self.stride, self.padding, self.dilation, self.groups)
         if self.padding_mode != "zeros":
             return conv2d_forward(self, input, self.activation)
@@ -124,7 +123,7 @@ class TraceaLinear(nn.Linear):
                     and w.dtype is memo.wdtype and input.is_cuda is memo.xcuda and memo.gen == _GEN[0]
                     and memo.writes == _WRITES[0] and recording._recorder is None and "bias" in ps):
                 if memo.count is not None:
-                    _record(*memo.count)
+                    memo.count[0] += 1
                 return _linear(input, w, ps["bias"])
         return linear_layer(self, input, self.activation)
 
