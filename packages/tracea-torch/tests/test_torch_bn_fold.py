@@ -257,3 +257,37 @@ def test_cuda_folded_model_matches_eager_and_captures(batch_norms, rel_err, dtyp
             g.replay()
             torch.cuda.synchronize()
             assert rel_err(static, ref) < tol
+
+
+class BatchNormAct2d(nn.BatchNorm2d):
+    """The shape of timm's BatchNormAct2d: batch norm, then ``drop``, then ``act``."""
+
+    def __init__(self, c: int, act: nn.Module, drop: nn.Module) -> None:
+        super().__init__(c)
+        self.drop, self.act = drop, act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                         self.momentum, self.eps)
+        return self.act(self.drop(x))
+
+
+@pytest.mark.parametrize("act,drop,fused", [(nn.ReLU(inplace=True), nn.Identity(), "relu"),
+                                            (nn.SiLU(), nn.Identity(), "silu"),
+                                            (nn.Hardswish(), nn.Identity(), None),
+                                            (nn.ReLU(), nn.Dropout(0.5), None)])
+def test_batch_norm_act_modules_fold_with_their_activation(reference_backend, batch_norms, rel_err, act, drop, fused):
+    """A BatchNormAct2d folds too; its activation goes into the conv's epilogue when the kernels have it and
+    the dropout is the identity, else the module applies dropout and activation to the folded output."""
+    torch.manual_seed(0)
+    model = _randomize_bn(nn.Sequential(nn.Conv2d(3, 6, 3), BatchNormAct2d(6, copy.deepcopy(act), copy.deepcopy(drop)),
+                                        nn.Conv2d(6, 6, 1))).eval()
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            assert isinstance(p[1], BatchNormAct2d) and type(p[1]) is not BatchNormAct2d
+            assert p[0].__dict__["_tracea_bn_act"] == fused
+            batch_norms[0] = 0
+            assert rel_err(p(x), ref) < 1e-5 and batch_norms[0] == 0
+    assert type(model[1]) is BatchNormAct2d and "_tracea_act_fused" not in model[1].__dict__  # unpatched

@@ -6,7 +6,8 @@ one kernel instead of the conv's and the normalization's, and in a forward whose
 one launch less per pair. :func:`attach` finds the pairs when a model is patched, from a ``torch.fx``
 trace of the model (or, where the whole model does not trace, of its largest submodules that do): a conv
 node whose only user is a plain ``BatchNorm2d`` node taking it as its input, both modules registered and
-called once. A trace only succeeds where the forward's dataflow does not depend on tensor values, so the
+called once (a timm ``BatchNormAct2d`` counts as a BatchNorm: its activation is then fused into the
+conv as well where the kernels have it). A trace only succeeds where the forward's dataflow does not depend on tensor values, so the
 path traced is the path a forward takes (in eval mode: the trace runs with every module in eval mode).
 
 At run time the conv folds only while folding is exactly equivalent: the BatchNorm in eval mode with its
@@ -24,7 +25,7 @@ and folding stays off for that pair.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +37,8 @@ _BN = "_tracea_bn"  # conv.__dict__: the BatchNorm2d its output feeds
 _FOLD = "_tracea_fold"  # conv.__dict__: (key, (weight, bias)) of the last fold
 _IN = "_tracea_bn_in"  # bn.__dict__: the folded output the conv handed over, until the BatchNorm takes it
 _CONV = "_tracea_bn_conv"  # bn.__dict__: its conv
+_ACT = "_tracea_bn_act"  # conv.__dict__: the activation it applies while folding (a BatchNormAct's, fused)
+_FUSED = "_tracea_act_fused"  # bn.__dict__: True when the conv applies the BatchNormAct's activation
 
 
 class FoldedBatchNorm2d(nn.BatchNorm2d):
@@ -54,6 +57,41 @@ class FoldedBatchNorm2d(nn.BatchNorm2d):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", folded into the preceding conv"
+
+
+def _tail_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
+    """forward of a folded BatchNorm-plus-activation module (timm's ``BatchNormAct2d``: batch norm, then
+    ``self.drop``, then ``self.act``): the folded output gets the dropout and activation unless the conv
+    applied the activation itself."""
+    d = self.__dict__
+    mark = d.get(_IN)
+    if mark is not None and not _is_dynamo_compiling():
+        d[_IN] = None
+        if mark is input:
+            return input if d.get(_FUSED) else self.act(self.drop(input))
+        _diverged(self)
+    return super(type(self), self).forward(input)
+
+
+_TAIL_CLASSES: dict[type, type] = {}
+
+
+def _is_norm_act(bn: nn.Module) -> bool:
+    """timm's ``BatchNormAct2d`` (a BatchNorm2d subclass computing batch norm, ``drop``, then ``act``)."""
+    return (isinstance(bn, nn.BatchNorm2d) and type(bn).__name__ == "BatchNormAct2d"
+            and isinstance(getattr(bn, "drop", None), nn.Module) and isinstance(getattr(bn, "act", None), nn.Module))
+
+
+def _folded_class(cls: type) -> type:
+    """The folded stand-in class for a BatchNorm class (a subclass of it, so ``isinstance`` holds)."""
+    if cls is nn.BatchNorm2d:
+        return FoldedBatchNorm2d
+    folded_cls = _TAIL_CLASSES.get(cls)
+    if folded_cls is None:
+        folded_cls = _TAIL_CLASSES[cls] = type("Folded" + cls.__name__, (cls,), {
+            "forward": _tail_forward, "extra_repr": FoldedBatchNorm2d.extra_repr, "__module__": __name__,
+            "__doc__": f"A {cls.__name__} folded into the convolution before it (see tracea_torch.bn_fold)."})
+    return folded_cls
 
 
 def _diverged(bn: nn.Module) -> None:
@@ -164,7 +202,8 @@ def _pairs_in(graph: Any, root: nn.Module, uses: dict[int, int], convs: set[int]
         if user.op != "call_module" or called[user.target] != 1 or user.args != (node,) or user.kwargs:
             continue
         bn = root.get_submodule(user.target)
-        if (type(bn) is not nn.BatchNorm2d or uses.get(id(bn)) != 1 or not bn.track_running_stats
+        if ((type(bn) is not nn.BatchNorm2d and not _is_norm_act(bn)) or uses.get(id(bn)) != 1
+                or not bn.track_running_stats or bn._forward_hooks or bn._forward_pre_hooks
                 or bn.num_features != conv.out_channels or conv.padding_mode != "zeros"):  # type: ignore[attr-defined]
             continue
         pairs.append((conv, bn))
@@ -175,7 +214,7 @@ def find_pairs(model: nn.Module, convs: Iterable[nn.Module], uses: dict[int, int
     """(conv, BatchNorm2d) pairs of ``model`` among ``convs`` (see the module docstring); ``uses``: how many
     times each module is registered in the model. The model is traced in eval mode, its modes restored."""
     conv_ids = {id(c) for c in convs}
-    if not conv_ids or not any(type(m) is nn.BatchNorm2d for m in model.modules()):
+    if not conv_ids or not any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
         return []
     modes = [(m, m.training) for m in model.modules()]
     pairs: list[tuple[nn.Module, nn.Module]] = []
@@ -198,17 +237,28 @@ def find_pairs(model: nn.Module, convs: Iterable[nn.Module], uses: dict[int, int
     return pairs
 
 
-def attach(conv: nn.Module, bn: nn.Module) -> None:
-    """Fold ``bn`` into ``conv`` (a :class:`~tracea_torch.modules.TraceaConv2d`) from the next call on."""
-    bn.__class__ = FoldedBatchNorm2d
+def attach(conv: nn.Module, bn: nn.Module, act_of: Callable[[nn.Module], Optional[str]]) -> None:
+    """Fold ``bn`` into ``conv`` (a :class:`~tracea_torch.modules.TraceaConv2d`) from the next call on. A
+    BatchNormAct's activation is fused into the conv too when ``act_of(bn.act)`` names one the kernels
+    apply (and its dropout is the identity); else the BatchNorm module applies its dropout and activation
+    to the folded output."""
+    fused = None
+    if _is_norm_act(bn):
+        act_module = bn.act  # type: ignore[union-attr]
+        if (type(bn.drop) is nn.Identity and not act_module._forward_hooks  # type: ignore[union-attr]
+                and not act_module._forward_pre_hooks):  # type: ignore[union-attr]
+            fused = act_of(act_module)  # type: ignore[arg-type]
+    bn.__class__ = _folded_class(type(bn))
     bn.__dict__[_CONV] = conv
     bn.__dict__[_IN] = None
+    bn.__dict__[_FUSED] = fused is not None
     conv.__dict__[_BN] = bn
+    conv.__dict__[_ACT] = fused
 
 
 def detach(m: nn.Module) -> None:
     """Forget folding state on ``m`` (a conv or a BatchNorm being unpatched)."""
-    for key in (_BN, _FOLD, _IN, _CONV):
+    for key in (_BN, _FOLD, _IN, _CONV, _ACT, _FUSED):
         m.__dict__.pop(key, None)
 
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from . import ops
 from .bridge import parse_activation
 from . import recording
-from .bn_fold import _BN, _IN as _BN_IN, folded as _folded
+from .bn_fold import _ACT as _BN_ACT, _BN, _IN as _BN_IN, folded as _folded
 from .layer_path import _GEN, _KEY, _WRITES, _conv2d, _is_dynamo_compiling, _linear, conv2d_layer, layer_params, linear_layer
 
 
@@ -65,9 +65,9 @@ class TraceaConv2d(nn.Conv2d):
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
         bn = self.__dict__.get(_BN)
-        if bn is not None:  # a BatchNorm2d folded into this conv (tracea_torch.bn_fold)
+        if bn is not None and not _is_dynamo_compiling():  # a BatchNorm folded into this conv (bn_fold)
             wb = _folded(self, bn, input)
-            out = conv2d_layer(self, input, wb[0], wb[1], self.activation) if wb is not None else None
+            out = conv2d_layer(self, input, wb[0], wb[1], self.__dict__[_BN_ACT]) if wb is not None else None
             bn.__dict__[_BN_IN] = out  # (None: unfolded, the BatchNorm computes)
             if out is not None:
                 return out

@@ -54,6 +54,12 @@ _ACTIVATION_MODULES: dict[type, Callable[[nn.Module], Optional[str]]] = {
     nn.SiLU: lambda m: "silu",
     nn.GELU: lambda m: "gelu_tanh" if getattr(m, "approximate", "none") == "tanh" else "gelu_erf",
 }
+def _activation_of(m: nn.Module) -> Optional[str]:
+    """The epilogue activation an activation module computes, or None when the kernels have none for it."""
+    spell = _ACTIVATION_MODULES.get(type(m))
+    return parse_activation(spell(m)) if spell is not None else None
+
+
 _KINDS = {"conv2d": (nn.Conv2d, TraceaConv2d), "linear": (nn.Linear, TraceaLinear)}
 
 
@@ -175,7 +181,7 @@ def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fu
                 if bn in _SWAPPED:
                     continue
                 _SWAPPED[bn] = ("batchnorm:" + kind, type(bn), None)  # type: ignore[index]
-                bn_fold.attach(conv, bn)
+                bn_fold.attach(conv, bn, _activation_of)
                 changed.append(bn)
     return changed
 
