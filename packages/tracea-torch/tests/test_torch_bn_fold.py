@@ -133,8 +133,8 @@ def test_changed_statistics_and_weights_are_folded_again(reference_backend, rel_
         state = copy.deepcopy(p.state_dict())
         state["3.bn2.bias"] += 1.0
         p.load_state_dict(state)
-        eager = copy.deepcopy(p)
-        tracea_torch.unpatch_conv2d(eager)
+        eager = _model()  # unpatched, same state
+        eager.load_state_dict(p.state_dict())
         assert rel_err(p(x), eager(x)) < 1e-5
 
 
@@ -212,8 +212,8 @@ def test_a_deep_copy_of_a_patched_model_folds_its_own_weights(reference_backend,
             for m in twin.modules():
                 if isinstance(m, nn.BatchNorm2d):
                     m.running_mean.add_(0.25)
-        eager = copy.deepcopy(twin)
-        tracea_torch.unpatch_conv2d(eager)
+        eager = _model()
+        eager.load_state_dict(twin.state_dict())
         assert type(twin[0]) is TraceaConv2d and twin[0].__dict__["_tracea_bn"] is twin[1]
         assert rel_err(twin(x), eager(x)) < 1e-5
         assert rel_err(p(x), model(x)) < 1e-5
@@ -291,3 +291,41 @@ def test_batch_norm_act_modules_fold_with_their_activation(reference_backend, ba
             batch_norms[0] = 0
             assert rel_err(p(x), ref) < 1e-5 and batch_norms[0] == 0
     assert type(model[1]) is BatchNormAct2d and "_tracea_act_fused" not in model[1].__dict__  # unpatched
+
+
+def test_an_activation_after_a_folded_batch_norm_is_fused_unless_shared(reference_backend, batch_norms, rel_err):
+    """act(bn(conv(x))) with an activation module of its own (timm's ResNets): the activation joins the
+    conv's epilogue and its module passes the conv's output through; a shared activation module
+    (torchvision's ResNets call one self.relu three times) stays a module; unpatching restores both."""
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+            self.conv2, self.bn2 = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.relu(self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x))))))
+
+    torch.manual_seed(0)
+    model = _randomize_bn(nn.Sequential(Block(4), Shared())).eval()
+    x = torch.randn(2, 4, 7, 7)
+    with torch.no_grad():
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            block, shared = p[0], p[1]
+            assert block.conv1.__dict__["_tracea_bn_act"] == "relu" and isinstance(block.act, nn.ReLU)
+            assert type(block.act) is not nn.ReLU and "fused into the conv" in repr(block.act)
+            assert type(shared.relu) is nn.ReLU and shared.conv1.__dict__["_tracea_bn_act"] is None
+            batch_norms[0] = 0
+            assert rel_err(p(x), ref) < 1e-5 and batch_norms[0] == 0
+            twin = copy.deepcopy(p).train()  # unfolded in training: the activation module computes again
+            eager = nn.Sequential(Block(4), Shared())  # unpatched, same state
+            eager.load_state_dict(p.state_dict())
+            assert rel_err(twin(x), eager.train()(x)) < 1e-5
+            block.conv1(x)  # folded and activated output handed to bn1 and act ...
+            block.bn1(block.conv1(x))
+            with pytest.raises(VerificationError):
+                block.act(x)  # ... which gets another tensor
+            assert rel_err(p(x), ref) < 1e-5  # the pair computes unfolded from now on
+        assert type(model[0].act) is nn.ReLU and not any(k.startswith("_tracea") for k in model[0].act.__dict__)

@@ -17,7 +17,9 @@ weight and bias are computed once in float64 (rounded to the weight's dtype) and
 parameter or running statistic changes (version counters and addresses are compared each call), except
 during CUDA graph capture, where an unfolded call is captured instead. The conv hands its output to its
 BatchNorm (:class:`FoldedBatchNorm2d`), which passes exactly that tensor through; anything else it
-computes as a BatchNorm2d does. A BatchNorm that receives another tensor while its conv's folded output
+computes as a BatchNorm2d does. An activation module that alone takes a plain BatchNorm's output (timm's
+ResNets: ``act1(bn1(conv1(x)))``) is fused into the conv too when the kernels have it (ReLU, SiLU, GELU),
+passing the conv's output through the same way. A BatchNorm (or activation) that receives another tensor while its conv's folded output
 is pending means the forward left the traced path: it raises :class:`~tracea.errors.VerificationError`
 and folding stays off for that pair.
 """
@@ -38,7 +40,8 @@ _FOLD = "_tracea_fold"  # conv.__dict__: (key, (weight, bias)) of the last fold
 _IN = "_tracea_bn_in"  # bn.__dict__: the folded output the conv handed over, until the BatchNorm takes it
 _CONV = "_tracea_bn_conv"  # bn.__dict__: its conv
 _ACT = "_tracea_bn_act"  # conv.__dict__: the activation it applies while folding (a BatchNormAct's, fused)
-_FUSED = "_tracea_act_fused"  # bn.__dict__: True when the conv applies the BatchNormAct's activation
+_FUSED = "_tracea_act_fused"  # bn.__dict__: True when the conv applies the activation
+_NEXT = "_tracea_bn_next"  # conv.__dict__: the activation module after a plain BatchNorm, fused, or None
 
 
 class FoldedBatchNorm2d(nn.BatchNorm2d):
@@ -76,6 +79,37 @@ def _tail_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
 _TAIL_CLASSES: dict[type, type] = {}
 
 
+def _passing_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
+    """forward of an activation module fused into the conv before its BatchNorm: the conv's folded output
+    (already activated) passes through; any other input gets the activation."""
+    d = self.__dict__
+    mark = d.get(_IN)
+    if mark is not None and not _is_dynamo_compiling():
+        d[_IN] = None
+        if mark is input:
+            return input
+        _diverged(self)
+    return super(type(self), self).forward(input)
+
+
+def _passing_repr(self: Any) -> str:
+    return super(type(self), self).extra_repr() + ", fused into the conv before its BatchNorm"
+
+
+_PASSING_CLASSES: dict[type, type] = {}
+
+
+def _passing_class(cls: type) -> type:
+    """The stand-in class of an activation module fused after a folded BatchNorm (a subclass of it)."""
+    passing = _PASSING_CLASSES.get(cls)
+    if passing is None:
+        passing = _PASSING_CLASSES[cls] = type("Fused" + cls.__name__, (cls,), {
+            "forward": _passing_forward, "__module__": __name__,
+            "extra_repr": _passing_repr,
+            "__doc__": f"A {cls.__name__} fused into the conv before its folded BatchNorm (tracea_torch.bn_fold)."})
+    return passing
+
+
 def _is_norm_act(bn: nn.Module) -> bool:
     """timm's ``BatchNormAct2d`` (a BatchNorm2d subclass computing batch norm, ``drop``, then ``act``)."""
     return (isinstance(bn, nn.BatchNorm2d) and type(bn).__name__ == "BatchNormAct2d"
@@ -94,11 +128,15 @@ def _folded_class(cls: type) -> type:
     return folded_cls
 
 
-def _diverged(bn: nn.Module) -> None:
-    conv = bn.__dict__.get(_CONV)
-    if conv is not None:
-        conv.__dict__.pop(_BN, None)
-        conv.__dict__.pop(_FOLD, None)
+def _diverged(m: nn.Module) -> None:
+    conv = m.__dict__.get(_CONV)
+    if conv is not None:  # the conv stops folding; no hand-over stays pending
+        d = conv.__dict__
+        for other in (d.get(_BN), d.get(_NEXT)):
+            if other is not None:
+                other.__dict__[_IN] = None
+        for key in (_BN, _FOLD, _NEXT):
+            d.pop(key, None)
     from tracea.errors import VerificationError
 
     raise VerificationError(
@@ -186,12 +224,15 @@ def _leaves(root: nn.Module) -> set[int]:
     return out
 
 
-def _pairs_in(graph: Any, root: nn.Module, uses: dict[int, int], convs: set[int]) -> list[tuple[nn.Module, nn.Module]]:
+Pair = tuple[nn.Module, nn.Module, Optional[nn.Module]]
+
+
+def _pairs_in(graph: Any, root: nn.Module, uses: dict[int, int], convs: set[int]) -> list[Pair]:
     called: dict[str, int] = {}
     for node in graph.nodes:
         if node.op == "call_module":
             called[node.target] = called.get(node.target, 0) + 1
-    pairs: list[tuple[nn.Module, nn.Module]] = []
+    pairs: list[Pair] = []
     for node in graph.nodes:
         if node.op != "call_module" or called[node.target] != 1:
             continue
@@ -206,18 +247,27 @@ def _pairs_in(graph: Any, root: nn.Module, uses: dict[int, int], convs: set[int]
                 or not bn.track_running_stats or bn._forward_hooks or bn._forward_pre_hooks
                 or bn.num_features != conv.out_channels or conv.padding_mode != "zeros"):  # type: ignore[attr-defined]
             continue
-        pairs.append((conv, bn))
+        nxt = None  # the module the BatchNorm's output goes to, alone (an activation to fuse, maybe)
+        if len(user.users) == 1:
+            (after,) = user.users
+            if (after.op == "call_module" and called[after.target] == 1 and after.args == (user,)
+                    and not after.kwargs):
+                nxt = root.get_submodule(after.target)
+                if uses.get(id(nxt)) != 1 or nxt._forward_hooks or nxt._forward_pre_hooks:
+                    nxt = None
+        pairs.append((conv, bn, nxt))
     return pairs
 
 
-def find_pairs(model: nn.Module, convs: Iterable[nn.Module], uses: dict[int, int]) -> list[tuple[nn.Module, nn.Module]]:
-    """(conv, BatchNorm2d) pairs of ``model`` among ``convs`` (see the module docstring); ``uses``: how many
-    times each module is registered in the model. The model is traced in eval mode, its modes restored."""
+def find_pairs(model: nn.Module, convs: Iterable[nn.Module], uses: dict[int, int]) -> list[Pair]:
+    """(conv, BatchNorm2d, next) triples of ``model`` among ``convs`` (see the module docstring; ``next``:
+    the module taking the BatchNorm's output as its only use, or None); ``uses``: how many times each module
+    is registered in the model. The model is traced in eval mode, its modes restored."""
     conv_ids = {id(c) for c in convs}
     if not conv_ids or not any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
         return []
     modes = [(m, m.training) for m in model.modules()]
-    pairs: list[tuple[nn.Module, nn.Module]] = []
+    pairs: list[Pair] = []
     try:
         model.eval()
         todo = [model]
@@ -237,28 +287,40 @@ def find_pairs(model: nn.Module, convs: Iterable[nn.Module], uses: dict[int, int
     return pairs
 
 
-def attach(conv: nn.Module, bn: nn.Module, act_of: Callable[[nn.Module], Optional[str]]) -> None:
+def attach(conv: nn.Module, bn: nn.Module, act_of: Callable[[nn.Module], Optional[str]],
+           nxt: Optional[nn.Module] = None) -> Optional[nn.Module]:
     """Fold ``bn`` into ``conv`` (a :class:`~tracea_torch.modules.TraceaConv2d`) from the next call on. A
     BatchNormAct's activation is fused into the conv too when ``act_of(bn.act)`` names one the kernels
     apply (and its dropout is the identity); else the BatchNorm module applies its dropout and activation
-    to the folded output."""
+    to the folded output. A plain BatchNorm's ``nxt`` (the module its output goes to alone) that
+    ``act_of`` names is fused the same way: its class becomes a subclass passing the conv's output
+    through (returned, to be restored on unpatch)."""
     fused = None
+    passed = None
     if _is_norm_act(bn):
         act_module = bn.act  # type: ignore[union-attr]
         if (type(bn.drop) is nn.Identity and not act_module._forward_hooks  # type: ignore[union-attr]
                 and not act_module._forward_pre_hooks):  # type: ignore[union-attr]
             fused = act_of(act_module)  # type: ignore[arg-type]
+    elif nxt is not None and type(nxt) is not nn.Module and act_of(nxt) is not None:
+        fused = act_of(nxt)
+        nxt.__class__ = _passing_class(type(nxt))
+        nxt.__dict__[_CONV] = conv
+        nxt.__dict__[_IN] = None
+        passed = nxt
     bn.__class__ = _folded_class(type(bn))
     bn.__dict__[_CONV] = conv
     bn.__dict__[_IN] = None
     bn.__dict__[_FUSED] = fused is not None
     conv.__dict__[_BN] = bn
     conv.__dict__[_ACT] = fused
+    conv.__dict__[_NEXT] = passed
+    return passed
 
 
 def detach(m: nn.Module) -> None:
     """Forget folding state on ``m`` (a conv or a BatchNorm being unpatched)."""
-    for key in (_BN, _FOLD, _IN, _CONV, _ACT, _FUSED):
+    for key in (_BN, _FOLD, _IN, _CONV, _ACT, _FUSED, _NEXT):
         m.__dict__.pop(key, None)
 
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from . import ops
 from .bridge import parse_activation
 from . import recording
-from .bn_fold import _ACT as _BN_ACT, _BN, _IN as _BN_IN, folded as _folded
+from .bn_fold import _ACT as _BN_ACT, _BN, _IN as _BN_IN, _NEXT as _BN_NEXT, folded as _folded
 from .layer_path import _GEN, _KEY, _WRITES, _conv2d, _is_dynamo_compiling, _linear, conv2d_layer, layer_params, linear_layer
 
 
@@ -67,8 +67,12 @@ class TraceaConv2d(nn.Conv2d):
         bn = self.__dict__.get(_BN)
         if bn is not None and not _is_dynamo_compiling():  # a BatchNorm folded into this conv (bn_fold)
             wb = _folded(self, bn, input)
-            out = conv2d_layer(self, input, wb[0], wb[1], self.__dict__[_BN_ACT]) if wb is not None else None
+            d = self.__dict__
+            out = conv2d_layer(self, input, wb[0], wb[1], d[_BN_ACT]) if wb is not None else None
             bn.__dict__[_BN_IN] = out  # (None: unfolded, the BatchNorm computes)
+            nxt = d[_BN_NEXT]
+            if nxt is not None:  # (its activation fused too: it passes the same tensor through)
+                nxt.__dict__[_BN_IN] = out
             if out is not None:
                 return out
         # A lean memo (a signature PyTorch serves, see layer_path.conv2d_layer) is matched here, one call

@@ -177,12 +177,17 @@ def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fu
                 changed.append(act_module)
         if fold and kind == "conv2d":
             convs = [m for m in model.modules() if type(m) is TraceaConv2d and "_tracea_bn" not in m.__dict__]
-            for conv, bn in bn_fold.find_pairs(model, convs, _use_counts(model)):
+            for conv, bn, nxt in bn_fold.find_pairs(model, convs, _use_counts(model)):
                 if bn in _SWAPPED:
                     continue
-                _SWAPPED[bn] = ("batchnorm:" + kind, type(bn), None)  # type: ignore[index]
-                bn_fold.attach(conv, bn, _activation_of)
+                bn_class, nxt_class = type(bn), type(nxt)
+                fuse_nxt = nxt if fuse and nxt is not None and nxt not in _SWAPPED else None
+                passed = bn_fold.attach(conv, bn, _activation_of, fuse_nxt)
+                _SWAPPED[bn] = ("batchnorm:" + kind, bn_class, None)  # type: ignore[index]
                 changed.append(bn)
+                if passed is not None:
+                    _SWAPPED[passed] = ("batchnorm:" + kind, nxt_class, None)  # type: ignore[index]
+                    changed.append(passed)
     return changed
 
 
@@ -196,9 +201,9 @@ def _restore(modules: list[nn.Module]) -> int:
             _, cls, activation = entry
             m.__class__ = cls
             bn_fold.detach(m)
-            if isinstance(m, nn.BatchNorm2d):  # its conv, if still patched, stops folding it
+            if entry[0].startswith("batchnorm:"):  # its conv, if still patched, stops folding
                 for other in list(_SWAPPED.keys()):
-                    if other.__dict__.get("_tracea_bn") is m:
+                    if other.__dict__.get("_tracea_bn") is m or other.__dict__.get("_tracea_bn_next") is m:
                         bn_fold.detach(other)
             if "activation" in m.__dict__:
                 del m.__dict__["activation"]
