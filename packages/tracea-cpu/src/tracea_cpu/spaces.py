@@ -9,6 +9,8 @@ Attention params: ``bq`` query rows per block, ``bk`` keys per block, ``threads`
 
 from __future__ import annotations
 
+import math
+
 from tracea.doctor.profile import DeviceProfile
 from tracea.ir.ops import AttentionOp, Conv2dOp, Layout, Op
 from tracea.semantic import PipelineConfig, SearchSpace
@@ -61,6 +63,11 @@ ATTN_HEROES: dict[str, list[dict[str, int]]] = {
     "neon": [dict(bq=8, bk=12), dict(bq=6, bk=16)],
     "scalar": [dict(bq=4, bk=4)],
 }
+#: attention: keys per online-softmax block (``kb``, a multiple of ``bk``), and the most query rows per kv
+#: head the rows driver serves (``rows``; more run the tile driver), when a config does not say
+ATTN_KB = 256
+ATTN_KB_MAX = 4096
+ATTN_ROWS = 8
 
 
 def _cache(profile: DeviceProfile, name: str, default: int) -> int:
@@ -134,16 +141,33 @@ def bf16_heroes(op: Op) -> list[PipelineConfig]:
 
 
 def attention_space(isa: Isa, profile: DeviceProfile, op: Op) -> SearchSpace:
-    """Query/key block shapes whose S tile fits the registers, and threads."""
+    """Query/key register blocks whose S tile fits the registers, softmax key blocks, the rows driver's
+    reach and threads."""
     pairs = [(bq, bk) for bq in (4, 6, 8, 10, 12, 14, 16) for bk in (isa.width * m for m in (1, 2, 3, 4))
              if isa.fits(bq, bk)]
 
     def fits(c: PipelineConfig) -> bool | str:
-        return (c.get("bq"), c.get("bk")) in pairs or "S tile does not fit the registers"
+        if (c.get("bq"), c.get("bk")) not in pairs:
+            return "S tile does not fit the registers"
+        return c.get("kb") % c.get("bk") == 0 or "kb must be a multiple of bk"
 
     threads = [0, 1] if profile.compute_units > 1 else [1]
+    kbs = sorted({bk * m for _, bk in pairs for m in (2, 4, 8) if bk * m % 4 == 0 and bk * m <= 512})
     return (SearchSpace().param("bq", sorted({p[0] for p in pairs})).param("bk", sorted({p[1] for p in pairs}))
-            .param("threads", threads).where(fits))
+            .param("kb", kbs).param("rows", [0, 4, 8, 16]).param("threads", threads).where(fits))
+
+
+def attention_heroes(isa: Isa, op: Op) -> list[PipelineConfig]:
+    """The ISA's attention heroes with the default softmax key block and rows-driver reach."""
+    return [PipelineConfig(params=tuple(dict(h, kb=attention_kb(h["bk"]), rows=ATTN_ROWS, threads=0).items()))
+            for h in ATTN_HEROES[isa.name]]
+
+
+def attention_kb(bk: int) -> int:
+    """The default softmax key block for register blocks ``bk`` keys wide: the largest multiple of ``bk``
+    and 4 up to :data:`ATTN_KB` (at least one)."""
+    step = bk * 4 // math.gcd(bk, 4)
+    return max(step, ATTN_KB // step * step)
 
 
 def heroes(table: dict[str, list[dict[str, int]]], isa: Isa) -> list[PipelineConfig]:
