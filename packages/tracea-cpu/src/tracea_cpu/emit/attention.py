@@ -428,8 +428,9 @@ static void tr_tile_item(const tr_att *a, long item, float *tws) {
     for (long kb0 = 0; kb0 < kend; kb0 += KB) {
         long nk = TR_MIN(KB, kend - kb0);
         long j0 = 0;
-        for (; j0 + BK <= nk; j0 += BK) tr_s_tile(D, qt, kt + (kb0 + j0) * D, s + j0);
-        /* the last partial panel a vector at a time */
+        /* whole panels (the last one too when it lacks less than a vector: panels are zero-padded) */
+        for (; j0 < nk && (j0 + BK <= nk || nk - j0 > BK - VW); j0 += BK) tr_s_tile(D, qt, kt + (kb0 + j0) * D, s + j0);
+        /* else the last partial panel a vector at a time */
         for (long jv = 0; j0 + jv < nk; jv += VW) tr_s_tile1(D, qt, kt + (kb0 + j0) * D + jv, s + j0 + jv);
         for (long i = 0; i < rows; i++) {
             lim[i] = a->causal ? q0 + i + 1 - kb0 : nk;
@@ -524,8 +525,16 @@ static void tr_att_run(tr_att *a, float *tws, int tid, int nt, int tile, long it
     for (long i = 0; i < prep; i++) tr_scan_v(a, i);
     #pragma omp for schedule(static)
     for (long i = 0; i < packs; i++) tr_pack_kt(a, i / nkb, i % nkb);
-    #pragma omp for schedule(dynamic, 1)
-    for (long it = 0; it < items; it++) tile ? tr_tile_item(a, it, tws) : tr_rows_item(a, it, tws);
+    /* Uniform items (no causal mask) in one contiguous share per thread; causal items (their cost grows
+       with the query position) dealt round-robin. No shared counter: with thousands of small items
+       (Swin windows), dynamic hand-out cost more than the work on two cores. */
+    if (a->causal) {
+        #pragma omp for schedule(static, 1)
+        for (long it = 0; it < items; it++) tile ? tr_tile_item(a, it, tws) : tr_rows_item(a, it, tws);
+    } else {
+        #pragma omp for schedule(static)
+        for (long it = 0; it < items; it++) tile ? tr_tile_item(a, it, tws) : tr_rows_item(a, it, tws);
+    }
 #endif
     (void)tid;
 }
