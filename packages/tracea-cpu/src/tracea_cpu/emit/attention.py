@@ -472,20 +472,21 @@ static void tr_rows_item(const tr_att *a, long item, float *tws) {
     long pos[RM], head[RM], lim[RM];
     const float *mrow0[RM], *mrow[RM];
     long kend = 0;
-    for (long r = 0; r < RM; r++) {
+    V sc = VSET1(a->scale);
+    for (long r = 0; r < rows; r++) {  /* tr_s_dot reads exactly `rows` rows, zero-padded to Dp */
         float *dst = qp + r * Dp;
-        if (r >= rows) { memset(dst, 0, sizeof(float) * Dp); continue; }
         long rr = r0 + r;
         pos[r] = rr % Sq;
         head[r] = kvh * a->G + rr / Sq;
         const float *qr = a->q + b * a->qb + head[r] * a->qh + pos[r] * a->qs;
-        for (long d = 0; d < D; d++) dst[d] = qr[d] * a->scale;
-        for (long d = D; d < Dp; d++) dst[d] = 0.0f;
+        long d = 0;
+        for (; d + VW <= D; d += VW) VSTORE(dst + d, VMUL(VLOAD(qr + d), sc));
+        if (d < D) VSTORE(dst + d, VMUL(VLOADN(qr + d, D - d), sc));
         mrow0[r] = a->mkind ? a->mask + (((a->MB > 1 ? b : 0) * a->MH + (a->MH > 1 ? head[r] : 0)) * Sq + pos[r]) * a->Skv : 0;
         kend = TR_MAX(kend, a->causal ? TR_MIN(a->Skv, pos[r] + 1) : a->Skv);
         m[r] = -INFINITY; l[r] = 0.0f; alpha[r] = 0.0f;
     }
-    memset(o, 0, sizeof(float) * RM * Dvp);
+    memset(o, 0, sizeof(float) * rows * Dvp);
     const float *ks = a->k + b * a->kb + kvh * a->kh, *vs = a->v + b * a->vb + kvh * a->vh;
     for (long kb0 = 0; kb0 < kend; kb0 += KB) {
         long nk = TR_MIN(KB, kend - kb0);
@@ -585,13 +586,17 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, long Dv, f
 """
 
 
-def attention_source(isa: Isa, bq: int, bk: int, kb: int = 256) -> str:
+def attention_source(isa: Isa, bq: int, bk: int, kb: int | None = None) -> str:
     """Complete C source of the attention kernel for one ISA, query/key register block and softmax key
-    block ``kb`` (a multiple of ``bk``)."""
+    block ``kb`` (a multiple of ``bk`` and 4; default :func:`tracea_cpu.spaces.attention_kb`)."""
+    if kb is None:
+        from ..spaces import attention_kb
+
+        kb = attention_kb(bk)
     if bk % isa.width or not isa.fits(bq, bk):
         raise ValueError(f"block {bq}x{bk} does not fit {isa.name}'s registers")
-    if kb % bk or kb < bk:
-        raise ValueError(f"softmax key block {kb} is not a multiple of bk={bk}")
+    if kb % bk or kb % 4 or kb < bk:
+        raise ValueError(f"softmax key block {kb} is not a multiple of bk={bk} and 4")
     rm = 4 if isa.registers >= 32 else 2
     pv_fns, pv_driver = _pv_all(isa)
     parts = [prologue(isa), _EXTRA[isa.name],
