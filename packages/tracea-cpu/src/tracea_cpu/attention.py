@@ -13,7 +13,7 @@ import numpy as np
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
-from tracea.errors import InvalidArgumentError, LayoutError
+from tracea.errors import InvalidArgumentError
 from tracea.ir.ops import AttentionOp, LayerType, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
@@ -22,6 +22,8 @@ from . import kernels, spaces
 from .emit.calls import ATTENTION_PARAMS
 from .host_load import thread_picker
 from .isa import Isa
+from tracea.runtime import attention_strides as strided
+
 from .variant_base import CpuVariant, _check_rc, _host, _ptr, _require, _requested_threads, _threads_problem
 
 _MASK_KINDS = {None: 0, "bool": 1, "additive": 2}
@@ -119,15 +121,24 @@ class CpuAttentionVariant(CpuVariant):
         assert isinstance(op, AttentionOp)
         lib = self.prepare(op, config, profile)
         kvh = int(op.kv_heads or op.heads)
-        arrays = [_strided_host(args, "q", (op.batch, op.heads, op.seq_q, op.head_dim)),
-                  _strided_host(args, "k", (op.batch, kvh, op.seq_kv, op.head_dim)),
-                  _strided_host(args, "v", (op.batch, kvh, op.seq_kv, op.dv)),
-                  _strided_host(args, "out", (op.batch, op.heads, op.seq_q, op.dv))]
+        shapes = {"q": (op.batch, op.heads, op.seq_q, op.head_dim), "k": (op.batch, kvh, op.seq_kv, op.head_dim),
+                  "v": (op.batch, kvh, op.seq_kv, op.dv), "out": (op.batch, op.heads, op.seq_q, op.dv)}
+        arrays: dict[str, np.ndarray] = {}
         strides: tuple[int, ...] = ()
-        for name, a in zip(("q", "k", "v", "out"), arrays):
-            folded = None if a is None else _fold(a)
-            if folded is None:
-                raise InvalidArgumentError(name, a, "an array of the op's shape (its last dimension unit-stride)")
+        for name, shape in shapes.items():
+            arr = args.host(name)
+            if arr is None:
+                raise InvalidArgumentError(name, None, f"an array of {math.prod(shape)} elements (shape {shape})")
+            if arr.dtype != np.float32:
+                raise InvalidArgumentError(name, arr, "a float32 array")
+            if arr.size != math.prod(shape):
+                raise InvalidArgumentError(name, arr, f"{math.prod(shape)} elements (shape {shape})")
+            folded = _fold(arr, shape)
+            if folded is None:  # strides the kernel cannot follow: a packed copy (the output: copied back)
+                arr = np.ascontiguousarray(arr) if name != "out" else np.empty(shape, np.float32)
+                folded = _fold(arr, shape)
+            assert folded is not None
+            arrays[name] = arr
             strides += folded
         mb, mh = op.mask_shape or (1, 1)
         mask = _host(args, "mask", (mb, mh, op.seq_q, op.seq_kv)) if op.mask else None
@@ -135,8 +146,12 @@ class CpuAttentionVariant(CpuVariant):
             raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
         lse = _host(args, "lse", (op.batch, op.heads, op.seq_q)) if op.lse else None
         params = self._params(op, config, profile, strides)
-        rc = lib.tr_attention_call(params, float(op.scale), *(_ptr(a) for a in arrays), _ptr(mask), _ptr(lse))  # type: ignore[arg-type]
+        rc = lib.tr_attention_call(params, float(op.scale), *(_ptr(arrays[n]) for n in ("q", "k", "v", "out")),  # type: ignore[arg-type]
+                                   _ptr(mask), _ptr(lse))
         _check_rc(rc, "attention")
+        out = args.host("out")
+        if out is not None and arrays["out"] is not out:
+            out[...] = arrays["out"].reshape(out.shape)
 
 
 def _packed_strides(op: AttentionOp) -> tuple[int, ...]:
@@ -149,29 +164,16 @@ def _packed_strides(op: AttentionOp) -> tuple[int, ...]:
     return out
 
 
-def _strided_host(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-    """A float32 host array of ``shape`` whose head_dim is unit-stride (other strides any non-negative);
-    a packed array may have any shape of the same size."""
-    arr = args.host(name)
-    if arr is None:
-        return None
-    if arr.dtype != np.float32:
-        raise InvalidArgumentError(name, arr, "a float32 array")
+def _fold(arr: np.ndarray, shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(batch, head, seq) element strides of a float32 array viewed as ``shape`` (batch, heads, seq, dim):
+    packed arrays of any shape of that size; others as ``attention_strides.fold`` folds their own shape
+    (leading dims that nest into one batch, a unit-stride last dim), None when it cannot."""
     if arr.flags.c_contiguous:
-        if arr.size != math.prod(shape):
-            raise InvalidArgumentError(name, arr, f"{math.prod(shape)} elements (shape {shape})")
-        return arr.reshape(shape)
-    if tuple(arr.shape) != shape or _fold(arr) is None:
-        raise LayoutError(name, arr, f"a packed array, or a strided {shape} one with a unit-stride last dimension")
-    return arr
-
-
-def _fold(arr: np.ndarray) -> tuple[int, int, int] | None:
-    """(batch, head, seq) element strides of a (b, h, s, d) float32 array with unit-stride d."""
-    st = [x // 4 for x in arr.strides]
-    if arr.shape[3] > 1 and st[3] != 1 or any(x < 0 for x in st):
+        b, h, s, d = shape
+        return (h * s * d if b > 1 else 0, s * d if h > 1 else 0, d if s > 1 else 0)
+    if arr.ndim < 3 or tuple(arr.shape[-3:]) != tuple(shape[1:]) or any(x % 4 for x in arr.strides):
         return None
-    return st[0], st[1], st[2]
+    return strided.fold(arr.shape, [x // 4 for x in arr.strides])
 
 
 @functools.lru_cache(maxsize=256)
