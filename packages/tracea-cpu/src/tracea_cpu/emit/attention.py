@@ -302,7 +302,8 @@ typedef struct {
     float scale;
     const float *q, *k, *v, *mask;
     float *out, *lse;
-    long G, Skp, Dp, Dvp, nqb, nrb;  /* GQA group, padded keys, padded head dims, query blocks per head, row groups per kv head */
+    long G, Skp, Dp, Dvp, nqb, nrb, rpi;  /* GQA group, padded keys, padded head dims, query blocks per head,
+                                          rows driver: items per kv head and query rows per item */
     float *kt;                       /* K^T panels (tile driver), (B * KVH) x Skp x D */
     long *vbad;                      /* causal: per (batch, kv head), the last key whose v has a NaN / Inf, -1 if none */
 } tr_att;
@@ -406,7 +407,7 @@ static void tr_causal_tail(const tr_att *a, long bkv, long kend, long rows, floa
     }
 }
 
-#define TR_WS_THREAD(a) TR_ROUNDUP((a)->D * BQ + BQ * KB + BQ * (a)->Dvp + 4 * BQ + RM * (a)->Dp + 4 * VW, 16)
+#define TR_WS_THREAD(a) TR_ROUNDUP((a)->D * BQ + BQ * KB + BQ * (a)->Dvp + 4 * BQ + RPI * ((a)->Dp + (a)->Dvp + 4) + RM * KB + 4 * VW, 16)
 
 /* Tile driver: query block qb0 (BQ rows) of (batch, head) bh. */
 static void tr_tile_item(const tr_att *a, long item, float *tws) {
@@ -462,18 +463,19 @@ static void tr_s_dot(long rows, long D, long Dp, const float *qp, const float *c
     }
 }
 
-/* Rows driver: row group `item % nrb` (up to RM rows) of the G * Sq query rows that share (batch, kv
-   head) `item / nrb`; row r is query position r % Sq of head kvh * G + r / Sq. */
+/* Rows driver: rows r0 .. r0 + rpi of the G * Sq query rows that share (batch, kv head) `item / nrb`
+   (r0 = (item % nrb) * rpi); row r is query position r % Sq of head kvh * G + r / Sq. Each key block is
+   read once for all of them (groups of RM rows in turn), so K and V stream through the cache once. */
 static void tr_rows_item(const tr_att *a, long item, float *tws) {
-    long bkv = item / a->nrb, r0 = (item % a->nrb) * RM, b = bkv / a->KVH, kvh = bkv % a->KVH;
+    long bkv = item / a->nrb, r0 = (item % a->nrb) * a->rpi, b = bkv / a->KVH, kvh = bkv % a->KVH;
     long D = a->D, Dp = a->Dp, Dvp = a->Dvp, Sq = a->Sq;
-    long rows = TR_MIN(RM, a->G * Sq - r0);
-    float *qp = tws, *s = qp + RM * Dp, *o = s + RM * KB, *m = o + RM * Dvp, *l = m + RM, *alpha = l + RM;
-    long pos[RM], head[RM], lim[RM];
-    const float *mrow0[RM], *mrow[RM];
+    long nrows = TR_MIN(a->rpi, a->G * Sq - r0);
+    float *qp = tws, *s = qp + RPI * Dp, *o = s + RM * KB, *m = o + RPI * Dvp, *l = m + RPI, *alpha = l + RPI;
+    long pos[RPI], head[RPI], lim[RM];
+    const float *mrow0[RPI], *mrow[RM];
     long kend = 0;
     V sc = VSET1(a->scale);
-    for (long r = 0; r < rows; r++) {  /* tr_s_dot reads exactly `rows` rows, zero-padded to Dp */
+    for (long r = 0; r < nrows; r++) {  /* tr_s_dot reads exactly its rows, zero-padded to Dp */
         float *dst = qp + r * Dp;
         long rr = r0 + r;
         pos[r] = rr % Sq;
@@ -486,30 +488,33 @@ static void tr_rows_item(const tr_att *a, long item, float *tws) {
         kend = TR_MAX(kend, a->causal ? TR_MIN(a->Skv, pos[r] + 1) : a->Skv);
         m[r] = -INFINITY; l[r] = 0.0f; alpha[r] = 0.0f;
     }
-    memset(o, 0, sizeof(float) * rows * Dvp);
+    memset(o, 0, sizeof(float) * nrows * Dvp);
     const float *ks = a->k + b * a->kb + kvh * a->kh, *vs = a->v + b * a->vb + kvh * a->vh;
     for (long kb0 = 0; kb0 < kend; kb0 += KB) {
         long nk = TR_MIN(KB, kend - kb0);
-        for (long j = 0; j < nk; j += 4) {
-            const float *kr[4];
-            for (long c = 0; c < 4; c++) kr[c] = ks + (kb0 + TR_MIN(j + c, nk - 1)) * a->ks;
-            tr_s_dot(rows, D, Dp, qp, kr, s + j);
+        for (long g0 = 0; g0 < nrows; g0 += RM) {
+            long rows = TR_MIN(RM, nrows - g0);
+            for (long j = 0; j < nk; j += 4) {
+                const float *kr[4];
+                for (long c = 0; c < 4; c++) kr[c] = ks + (kb0 + TR_MIN(j + c, nk - 1)) * a->ks;
+                tr_s_dot(rows, D, Dp, qp + g0 * Dp, kr, s + j);
+            }
+            for (long r = 0; r < rows; r++) {
+                lim[r] = a->causal ? pos[g0 + r] + 1 - kb0 : nk;
+                mrow[r] = mrow0[g0 + r] ? mrow0[g0 + r] + kb0 : 0;
+            }
+            tr_softmax(rows, nk, s, lim, mrow, (int)a->mkind, m + g0, l + g0, alpha + g0);
+            tr_pv(rows, nk, a->Dv, Dvp, s, vs + kb0 * a->vs, a->vs, o + g0 * Dvp, alpha + g0);
         }
-        for (long r = 0; r < rows; r++) {
-            lim[r] = a->causal ? pos[r] + 1 - kb0 : nk;
-            mrow[r] = mrow0[r] ? mrow0[r] + kb0 : 0;
-        }
-        tr_softmax(rows, nk, s, lim, mrow, (int)a->mkind, m, l, alpha);
-        tr_pv(rows, nk, a->Dv, Dvp, s, vs + kb0 * a->vs, a->vs, o, alpha);
     }
-    float *out_r[RM], *lse_r[RM];
-    for (long r = 0; r < rows; r++) {
+    float *out_r[RPI], *lse_r[RPI];
+    for (long r = 0; r < nrows; r++) {
         out_r[r] = a->out + b * a->ob + head[r] * a->oh + pos[r] * a->os;
         if (a->lse) lse_r[r] = a->lse + (b * a->H + head[r]) * Sq + pos[r];
     }
-    tr_finish(rows, a->Dv, Dvp, o, m, l, out_r, a->lse ? lse_r : 0);
+    tr_finish(nrows, a->Dv, Dvp, o, m, l, out_r, a->lse ? lse_r : 0);
     /* keys before kend were read (weight 0 past a row's own causal end): only keys from kend on remain */
-    tr_causal_tail(a, bkv, kend, rows, out_r);
+    tr_causal_tail(a, bkv, kend, nrows, out_r);
 }
 
 /* Share of the work of thread tid of nt: packing / scanning, then the row groups. */
@@ -560,10 +565,13 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, long Dv, f
         a.vb = KVH * Skv * Dv; a.vh = Skv * Dv; a.vs = Dv; a.ob = H * Sq * Dv; a.oh = Sq * Dv; a.os = Dv;
     }
     a.G = H / KVH; a.Skp = TR_ROUNDUP(Skv, BK); a.Dp = TR_ROUNDUP(D, VW); a.Dvp = TR_ROUNDUP(Dv, VW);
-    a.nqb = (Sq + BQ - 1) / BQ; a.nrb = (a.G * Sq + RM - 1) / RM;
+    if (nth <= 0) nth = tr_threads_available();
+    /* rows driver: all rows of a kv head in one item (K and V read once) when there are enough kv heads
+       to share among the threads; else items of RM rows */
+    a.rpi = B * KVH >= nth ? TR_MIN(RPI, TR_ROUNDUP(a.G * Sq, RM)) : RM;
+    a.nqb = (Sq + BQ - 1) / BQ; a.nrb = (a.G * Sq + a.rpi - 1) / a.rpi;
     int tile = a.G * Sq > rows_max;
     long items = tile ? B * H * a.nqb : B * KVH * a.nrb;
-    if (nth <= 0) nth = tr_threads_available();
     if (nth > items && items > 0) nth = (int)items;
     size_t ktn = tile ? (size_t)B * KVH * a.Skp * D : 0, per_thread = TR_WS_THREAD(&a);
     int owned;
@@ -600,6 +608,6 @@ def attention_source(isa: Isa, bq: int, bk: int, kb: int | None = None) -> str:
     rm = 4 if isa.registers >= 32 else 2
     pv_fns, pv_driver = _pv_all(isa)
     parts = [prologue(isa), _EXTRA[isa.name],
-             f"#define BQ {bq}\n#define BK {bk}\n#define KB {kb}\n#define RM {rm}\n",
+             f"#define BQ {bq}\n#define BK {bk}\n#define KB {kb}\n#define RM {rm}\n#define RPI {8 * rm}\n",
              _s_tile(isa, bq, bk, "tr_s_tile"), _s_tile(isa, bq, isa.width, "tr_s_tile1")] + [_s_dot(r) for r in range(1, rm + 1)] + [pv_fns, pv_driver, BODY, ATTENTION_CALL]
     return "\n".join(parts)
