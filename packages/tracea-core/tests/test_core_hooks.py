@@ -416,3 +416,19 @@ def test_hook_tracea_kernel_runner(no_env_plugin_list):
     with pytest.raises(UnsupportedDeviceError, match="install"):
         get_runner("OPENCL", 0, {}, pm=pm)
     assert [s[0] for s in seen] == ["C", "OPENCL"]
+
+
+def test_fallback_counting_cells_add_into_the_counters():
+    """A hot path's counting cell (fallbacks.counter) is one shared cell per (kind, reason); counts() adds
+    it to what record() counted, and reset() zeroes it in place (callers keep their cell)."""
+    fallbacks.reset()
+    cell = fallbacks.counter("conv2d", "cell test")
+    assert fallbacks.counter("conv2d", "cell test") is cell
+    fallbacks.record("conv2d", "cell test")
+    cell[0] += 2
+    assert fallbacks.counts()[("conv2d", "cell test")] == 3
+    fallbacks.reset()
+    assert ("conv2d", "cell test") not in fallbacks.counts()
+    cell[0] += 1
+    assert fallbacks.counts() == {("conv2d", "cell test"): 1}
+    fallbacks.reset()

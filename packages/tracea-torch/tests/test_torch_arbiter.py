@@ -238,14 +238,55 @@ def test_cpu_near_ties_go_to_pytorch(restricted_backend, monkeypatch, ours, winn
 def test_gpu_eager_ties_are_decided_by_device_time(monkeypatch, eager, device, winner, graph):
     """On CUDA eager times within arbiter.GPU_TIE are a tie that the device time decides; a clear eager
     difference stands; captured calls go by device time alone."""
-    times = {arbiter._gpu_back_to_back: eager, arbiter._gpu_batch: device}
-    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: times[timer])
+    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: eager)
+    monkeypatch.setattr(arbiter, "_device_and_host", lambda fa, fb: (*device, 5e-6, 5e-6))
     x = torch.randn(4, 8)
     v = arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t: t * 2,
                          lambda t: t * 2, (x,))
     assert (v.winner, v.graph_winner) == (winner, graph)
     if winner == "torch" and eager[0] < eager[1]:
         assert "eager a tie" in v.reason
+
+
+@pytest.mark.parametrize("device,host,winner", [
+    ((30e-6, 40e-6), (12e-6, 6e-6), "torch"),   # saves 10 us of device time, adds 6 us of host time
+    ((20e-6, 40e-6), (12e-6, 6e-6), "tracea"),  # saves 20 us: more than HOST_COVER times the 6 us
+    ((30e-6, 40e-6), (5e-6, 6e-6), "tracea"),   # no extra host time
+])
+def test_gpu_eager_wins_must_pay_for_their_host_time(monkeypatch, device, host, winner):
+    """An eager win on CUDA stands only when the device time Tracea saves covers arbiter.HOST_COVER times
+    the host time it adds (a host-bound forward pays the host time and gains nothing from the kernel);
+    captured calls still go by device time, and the verdict keeps both host times."""
+    monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: (30e-6, 40e-6))
+    monkeypatch.setattr(arbiter, "_device_and_host", lambda fa, fb: (*device, *host))
+    x = torch.randn(4, 8)
+    v = arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t: t * 2,
+                         lambda t: t * 2, (x,))
+    assert (v.winner, v.graph_winner) == (winner, "tracea")
+    assert (v.tracea_host_s, v.torch_host_s) == host
+    if winner == "torch":
+        assert "more host time" in v.reason
+
+
+def test_device_and_host_times_come_from_the_same_batches(monkeypatch):
+    """arbiter._device_and_host returns both sides' device times and the median host time of the batches
+    they were timed on."""
+    seen: list[tuple[object, int]] = []
+
+    def batch(fn, reps, hosts=None):  # noqa: ANN001, ANN202
+        seen.append((fn, reps))
+        hosts.append(3e-6 if fn is fa else 1e-6)
+        return 9e-6 if fn is fa else 7e-6
+
+    def fa() -> None:
+        pass
+
+    def fb() -> None:
+        pass
+
+    monkeypatch.setattr(arbiter, "_gpu_batch", batch)
+    assert arbiter._device_and_host(fa, fb) == (9e-6, 7e-6, 3e-6, 1e-6)
+    assert {f for f, _ in seen} == {fa, fb}
 
 
 def test_a_verdict_on_older_kernel_code_is_not_reused(restricted_backend, monkeypatch):
@@ -390,6 +431,7 @@ def test_only_layer_weights_are_timed_cold(monkeypatch, cold):
 
     monkeypatch.setattr(arbiter, "cold_weight_calls", spy)
     monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: (fa(), fb(), (1e-6, 2e-6))[-1])
+    monkeypatch.setattr(arbiter, "_device_and_host", lambda fa, fb: (fa(), fb(), (1e-6, 2e-6, 1e-6, 1e-6))[-1])
     x = torch.randn(4, 8)
     arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t, w: t * 2,
                      lambda t, w: t * 2, (x, x), cold)

@@ -71,6 +71,18 @@ COLD_PER_L2, RING_MAX = 2, 8
 #: whose GPU is the bottleneck only the kernel counts (H200, Llama-style prefill: k/v projections
 #: 1024x512x2048 judged 12.1 vs 12.3 us eager went to Tracea at 12.1 vs 7.1 us of device time)
 GPU_TIE = 0.03
+#: on CUDA Tracea serves eager calls only when the device time it saves is at least this many times the
+#: host time it adds (each side's host time: the time to queue its calls while the GPU is held busy). A
+#: forward whose host is the bottleneck (fp32 at small batch: kernels shorter than the Python, launches and
+#: allocations around them) pays every extra microsecond of host time and gains nothing from a shorter
+#: kernel; the back-to-back eager time alone lets a call that is slower to queue win on its kernel. Host
+#: times measured here (H100 host, untuned, timm models fp32 b8 / fp16 b1 and b32): Tracea's call usually
+#: queues faster than PyTorch's (e.g. 18-22 vs 28-36 us for a cuDNN conv or cuBLAS linear), and the rule
+#: turned 0-8 of 6-24 verdicts per model over to PyTorch (a ResNet-50 fp16 b32 1x1 stride-2 conv, judged
+#: without it: 88.1 vs 41.0 us queued for 2.9 us of device time saved); the model ratios with and without
+#: it were within the run-to-run spread there (ResNet-50 b32 0.97 / 1.01 vs 0.96 / 0.95, b1 1.09 / 0.97 vs
+#: 0.93 / 0.98)
+HOST_COVER = 2.0
 #: device times closer than this share are timed over more rounds (see :func:`_paired`)
 CLOSE = 0.06
 #: at most this many weight copies in :func:`cold_weight_calls`
@@ -94,6 +106,8 @@ class Verdict:
     graph_winner: str = ""  # who serves calls captured in CUDA graphs (device time only); "" = winner
     tracea_eager_s: float = float("nan")  # back-to-back time per call, host included (CUDA)
     torch_eager_s: float = float("nan")
+    tracea_host_s: float = float("nan")  # host time to queue one call (CUDA)
+    torch_host_s: float = float("nan")
 
     @property
     def captured_winner(self) -> str:
@@ -139,7 +153,7 @@ class _Judge:
     def source_hash() -> str:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return (f"torch {torch.__version__} cudnn {cudnn} cpu alternating, win {CPU_WIN}, "  # new rules: judge again
-                f"gpu tie {GPU_TIE}, device batches checked for host stalls, cold weights, close {CLOSE}, "
+                f"gpu tie {GPU_TIE}, host cover {HOST_COVER}, device batches checked for host stalls, cold weights, close {CLOSE}, "
                 f"cpu weight rings from {WEIGHT_STREAMING}x, win {CPU_STREAM_WIN}")
 
 
@@ -156,7 +170,7 @@ def judge(decision: Decision, device: torch.device, run_tracea: Callable[..., to
     if cached is not None:
         v = Verdict(op.describe(), str(device), c.variant.name, cfg_key, cached["winner"], cached["tracea_s"],
                     cached["torch_s"], cached["rel_err"], "cache", cached.get("note", ""), cached["graph_winner"],
-                    cached["tracea_eager_s"], cached["torch_eager_s"])
+                    cached["tracea_eager_s"], cached["torch_eager_s"], cached["tracea_host_s"], cached["torch_host_s"])
     else:
         cpu_cold = cold_weights and device.type != "cuda" and _weight_streaming(op)
         v = _measure(op.describe(), device, c.variant.name, cfg_key, run_tracea, run_torch, args, cold_weights,
@@ -195,7 +209,7 @@ def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run
                 "ties go to PyTorch on the CPU")
             return Verdict(op_desc, str(device), variant, cfg_key, "tracea" if wins else "torch", t_ours, t_theirs,
                            rel, "measured", tie)
-        t_ours, t_theirs = _paired(fa, fb, _gpu_batch)
+        t_ours, t_theirs, h_ours, h_theirs = _device_and_host(fa, fb)
         e_ours, e_theirs = _paired(fa, fb, _gpu_back_to_back)
     device_winner = "tracea" if t_ours <= t_theirs else "torch"
     note = ""
@@ -206,8 +220,14 @@ def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run
                     f"{e_ours * 1e6:.1f} us, device {t_theirs * 1e6:.1f} vs {t_ours * 1e6:.1f} us, {variant})")
     else:
         eager_winner = "tracea" if e_ours < e_theirs else "torch"
+    if eager_winner == "tracea" and h_ours > h_theirs and t_theirs - t_ours < HOST_COVER * (h_ours - h_theirs):
+        eager_winner = "torch"
+        note = (f"Tracea's call takes {(h_ours - h_theirs) * 1e6:.1f} us more host time than PyTorch's ({h_ours * 1e6:.1f} "
+                f"vs {h_theirs * 1e6:.1f} us) and saves {(t_theirs - t_ours) * 1e6:.1f} us of device time "
+                f"(eager {e_theirs * 1e6:.1f} vs {e_ours * 1e6:.1f} us, {variant})")
     return Verdict(op_desc, str(device), variant, cfg_key, eager_winner, t_ours, t_theirs, rel, "measured", note,
-                   graph_winner=device_winner, tracea_eager_s=e_ours, torch_eager_s=e_theirs)
+                   graph_winner=device_winner, tracea_eager_s=e_ours, torch_eager_s=e_theirs,
+                   tracea_host_s=h_ours, torch_host_s=h_theirs)
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -235,6 +255,14 @@ def _paired(fa: Callable[[], Any], fb: Callable[[], Any],
         more_a, more_b = _rounds(fa, fb, timer, reps, 2 * ROUNDS)
         ta, tb = ta + more_a, tb + more_b
     return statistics.median(ta), statistics.median(tb)
+
+
+def _device_and_host(fa: Callable[[], Any], fb: Callable[[], Any]) -> tuple[float, float, float, float]:
+    """GPU: :func:`_paired` device times of ``fa`` and ``fb`` (:func:`_gpu_batch`), then the median host
+    time per call of each (the time to queue the batches the device times come from)."""
+    hosts: dict[int, list[float]] = {id(fa): [], id(fb): []}
+    ta, tb = _paired(fa, fb, lambda f, reps: _gpu_batch(f, reps, hosts[id(f)]))
+    return ta, tb, statistics.median(hosts[id(fa)]), statistics.median(hosts[id(fb)])
 
 
 def _rounds(fa: Callable[[], Any], fb: Callable[[], Any], timer: Callable[[Callable[[], Any], int], float],
@@ -323,13 +351,13 @@ def _same_layout_copy(w: torch.Tensor) -> torch.Tensor | None:
     return c
 
 
-def _gpu_batch(fn: Callable[[], Any], reps: int) -> float:
+def _gpu_batch(fn: Callable[[], Any], reps: int, hosts: list[float] | None = None) -> float:
     """Device time per call of ``fn``: ``reps`` calls queued while a sleep kernel holds the GPU, timed
     between events after the sleep. When queueing the calls took longer than the sleep lasted (a first
     forward's calls can take 40 us each to queue on an H100's host, a lazily loaded kernel milliseconds),
     the GPU waited for the host between calls and the time is not the device's: the batch is timed again,
     up to twice, with a sleep scaled to what queueing took (for this batch only: one slow call must not
-    lengthen every later sleep)."""
+    lengthen every later sleep). ``hosts``: where the host time per call (queueing) is appended."""
     cycles = SLEEP_CYCLES * reps + 100_000
     for _attempt in range(3):
         torch.cuda.synchronize()
@@ -347,6 +375,8 @@ def _gpu_batch(fn: Callable[[], Any], reps: int) -> float:
         if queued < sleep_s or cycles >= MAX_SLEEP_CYCLES:
             break
         cycles = min(MAX_SLEEP_CYCLES, int(cycles * min(8.0, 1.5 * queued / max(sleep_s, 1e-6))) + 1)
+    if hosts is not None:  # the host time of the last batch: the one the device time comes from
+        hosts.append(queued / reps)
     return start.elapsed_time(end) / 1e3 / reps
 
 
@@ -476,7 +506,8 @@ def _from_cache(op: Any, profile: Any, variant: str, cfg_key: str, code: str = "
         out = {"winner": p["winner"], "tracea_s": float(p["tracea_s"]), "torch_s": float(p["torch_s"]),
                "rel_err": float(p["rel_err"]), "note": str(p.get("note", "")),
                "graph_winner": graph if graph in ("tracea", "torch") else "",
-               "tracea_eager_s": _time(p.get("tracea_eager_s")), "torch_eager_s": _time(p.get("torch_eager_s"))}
+               "tracea_eager_s": _time(p.get("tracea_eager_s")), "torch_eager_s": _time(p.get("torch_eager_s")),
+               "tracea_host_s": _time(p.get("tracea_host_s")), "torch_host_s": _time(p.get("torch_host_s"))}
     except (KeyError, TypeError, ValueError):
         return None
     return out
@@ -490,7 +521,8 @@ def _to_cache(op: Any, profile: Any, v: Verdict, code: str = "") -> None:
               ("tracea_s", _num(v.tracea_s)),
               ("torch_s", _num(v.torch_s)), ("rel_err", _num(v.rel_err)), ("note", v.note),
               ("graph_winner", v.graph_winner), ("tracea_eager_s", _num(v.tracea_eager_s)),
-              ("torch_eager_s", _num(v.torch_eager_s)))
+              ("torch_eager_s", _num(v.torch_eager_s)), ("tracea_host_s", _num(v.tracea_host_s)),
+              ("torch_host_s", _num(v.torch_host_s)))
     best = v.tracea_s if v.winner == "tracea" else v.torch_s
     try:
         entry = cache.make_entry(op, _Judge(), profile, PipelineConfig(params=params),

@@ -22,11 +22,11 @@ import torch
 from torch import Tensor, nn
 
 from tracea.runtime import env_watch, plans
+from tracea.runtime.fallbacks import counter as _counter
 from tracea.runtime.plans import generation
 
 from . import bridge, ops, recording
 from .adapter import stream_capturing
-from .fallbacks import record as _record
 from .guards import NO_TENSOR as _NO_BIAS
 from .guards import guard_of as _guard_of
 from .torch_flags import cudnn_allow_tf32 as _cudnn_tf32
@@ -56,8 +56,8 @@ class CallMemo:
     call (for 2: one whose stream is not capturing) calls ``F.conv2d`` / ``F.linear`` itself, as the
     unpatched layer does (they handle grad, autocast, tracing and precision themselves: only the signature
     and the plan generation are checked); ``count``: the
-    ``(kind, reason)`` a lean call counts in :mod:`tracea_torch.fallbacks` (None for a verdict, which is
-    counted once). A lean memo is matched by a cheaper check than ``check`` (``x``'s shape, dtype and device,
+    counting cell (``tracea.runtime.fallbacks.counter``) of the ``(kind, reason)`` a lean call counts in
+    :mod:`tracea_torch.fallbacks` (None for a verdict, which is counted once). A lean memo is matched by a cheaper check than ``check`` (``x``'s shape, dtype and device,
     the weight object and its dtype: ``lean_sig``; ``x`` a plain tensor, not a subclass such as the fake
     tensors of ``torch.export``), since what it runs, the functional call itself, is right for any tensors:
     a looser match can only cost speed, never a result."""
@@ -74,7 +74,8 @@ class CallMemo:
         self.act, self.plan = act, plan
         self.lean = 0 if act is not None else 1 if getattr(plan, "lean", False) else 2 if getattr(
             plan, "lean_eager", False) else 0
-        self.count = getattr(plan, "count", None)
+        count = getattr(plan, "count", None)
+        self.count = None if count is None else _counter(*count)
         self.xshape: Any = None
         self.xdtype: Any = None
         self.xcuda: Any = None
@@ -118,7 +119,7 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
                     and x.is_cuda is memo.xcuda and act is None and memo.gen == _GEN[0] and memo.writes == _WRITES[0]
                     and recording._recorder is None):
                 if memo.count is not None:
-                    _record(*memo.count)
+                    memo.count[0] += 1
                 return _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
         # (the hyper-parameters read from the instance dict: ~4x cheaper than attribute reads through
         # nn.Module's class hierarchy; a class that computes them as properties never matches, safely)
@@ -177,7 +178,7 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
                     and x.is_cuda is memo.xcuda and act is None and memo.gen == _GEN[0] and memo.writes == _WRITES[0]
                     and recording._recorder is None):
                 if memo.count is not None:
-                    _record(*memo.count)
+                    memo.count[0] += 1
                 return _linear(x, w, b)
         elif (memo.check(x, w, _NO_BIAS if b is None else b) and memo.act == act and memo.gen == generation()
                 and not _any_autocast()

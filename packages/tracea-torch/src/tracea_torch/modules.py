@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from . import ops
 from .bridge import parse_activation
 from . import recording
-from .fallbacks import record as _record
+from .bn_fold import _ACT as _BN_ACT, _BN, _IN as _BN_IN, folded as _folded
 from .layer_path import _GEN, _KEY, _WRITES, _conv2d, _is_dynamo_compiling, _linear, conv2d_layer, layer_params, linear_layer
 
 
@@ -64,6 +64,13 @@ class TraceaConv2d(nn.Conv2d):
         return new
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
+        bn = self.__dict__.get(_BN)
+        if bn is not None and not _is_dynamo_compiling():  # a BatchNorm folded into this conv (bn_fold)
+            wb = _folded(self, bn, input)
+            out = conv2d_layer(self, input, wb[0], wb[1], self.__dict__[_BN_ACT]) if wb is not None else None
+            bn.__dict__[_BN_IN] = out  # (None: unfolded, the BatchNorm computes)
+            if out is not None:
+                return out
         # A lean memo (a signature PyTorch serves, see layer_path.conv2d_layer) is matched here, one call
         # frame fewer than through conv2d_layer: the patched layer then costs no more than nn.Conv2d's own
         # forward (which calls _conv_forward), as TraceaLinear.forward measured
@@ -76,7 +83,7 @@ class TraceaConv2d(nn.Conv2d):
                     and memo.writes == _WRITES[0] and recording._recorder is None and self.padding_mode == "zeros"
                     and "bias" in ps):
                 if memo.count is not None:
-                    _record(*memo.count)
+                    memo.count[0] += 1
                 return _conv2d(input, w, ps["bias"], self.stride, self.padding, self.dilation, self.groups)
         if self.padding_mode != "zeros":
             return conv2d_forward(self, input, self.activation)
@@ -124,7 +131,7 @@ class TraceaLinear(nn.Linear):
                     and w.dtype is memo.wdtype and input.is_cuda is memo.xcuda and memo.gen == _GEN[0]
                     and memo.writes == _WRITES[0] and recording._recorder is None and "bias" in ps):
                 if memo.count is not None:
-                    _record(*memo.count)
+                    memo.count[0] += 1
                 return _linear(input, w, ps["bias"])
         return linear_layer(self, input, self.activation)
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from . import ops
+from . import bn_fold, ops
 from .bridge import parse_activation
 from .compat import check_torch_version
 from .layer_path import conv2d_layer, linear_layer
@@ -54,6 +54,12 @@ _ACTIVATION_MODULES: dict[type, Callable[[nn.Module], Optional[str]]] = {
     nn.SiLU: lambda m: "silu",
     nn.GELU: lambda m: "gelu_tanh" if getattr(m, "approximate", "none") == "tanh" else "gelu_erf",
 }
+def _activation_of(m: nn.Module) -> Optional[str]:
+    """The epilogue activation an activation module computes, or None when the kernels have none for it."""
+    spell = _ACTIVATION_MODULES.get(type(m))
+    return parse_activation(spell(m)) if spell is not None else None
+
+
 _KINDS = {"conv2d": (nn.Conv2d, TraceaConv2d), "linear": (nn.Linear, TraceaLinear)}
 
 
@@ -146,7 +152,8 @@ def _fusable_pairs(model: nn.Module, base: type) -> dict[int, nn.Module]:
     return pairs
 
 
-def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fuse: bool) -> list[nn.Module]:
+def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fuse: bool,
+                 fold: bool = False) -> list[nn.Module]:
     if not isinstance(model, nn.Module):
         from tracea.errors import InvalidArgumentError
 
@@ -168,6 +175,14 @@ def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fu
                 _SWAPPED[act_module] = ("activation:" + kind, type(act_module), None)
                 act_module.__class__ = FusedActivation
                 changed.append(act_module)
+        if fold and kind == "conv2d":
+            convs = [m for m in model.modules() if type(m) is TraceaConv2d and "_tracea_bn" not in m.__dict__]
+            for conv, bn in bn_fold.find_pairs(model, convs, _use_counts(model)):
+                if bn in _SWAPPED:
+                    continue
+                _SWAPPED[bn] = ("batchnorm:" + kind, type(bn), None)  # type: ignore[index]
+                bn_fold.attach(conv, bn, _activation_of)
+                changed.append(bn)
     return changed
 
 
@@ -180,6 +195,11 @@ def _restore(modules: list[nn.Module]) -> int:
                 continue
             _, cls, activation = entry
             m.__class__ = cls
+            bn_fold.detach(m)
+            if isinstance(m, nn.BatchNorm2d):  # its conv, if still patched, stops folding it
+                for other in list(_SWAPPED.keys()):
+                    if other.__dict__.get("_tracea_bn") is m:
+                        bn_fold.detach(other)
             if "activation" in m.__dict__:
                 del m.__dict__["activation"]
             if activation is not None:
@@ -190,7 +210,7 @@ def _restore(modules: list[nn.Module]) -> int:
 
 def _swapped_in(model: Optional[nn.Module], kind: str) -> list[nn.Module]:
     pool = list(model.modules()) if model is not None else list(_SWAPPED.keys())
-    return [m for m in pool if _SWAPPED.get(m, ("",))[0] in (kind, "activation:" + kind)]
+    return [m for m in pool if _SWAPPED.get(m, ("",))[0] in (kind, "activation:" + kind, "batchnorm:" + kind)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -198,7 +218,7 @@ def _swapped_in(model: Optional[nn.Module], kind: str) -> list[nn.Module]:
 # ------------------------------------------------------------------------------------------------
 
 def patch_conv2d(model: Optional[nn.Module] = None, *, filter: Optional[ModuleFilter] = None,
-                 fuse_activations: bool = True) -> Optional[nn.Module]:
+                 fuse_activations: bool = True, fold_batchnorm: bool = True) -> Optional[nn.Module]:
     """Run ``nn.Conv2d`` layers on Tracea.
 
     :param model: patch this model's plain ``nn.Conv2d`` layers in place (returned for chaining);
@@ -206,6 +226,9 @@ def patch_conv2d(model: Optional[nn.Module] = None, *, filter: Optional[ModuleFi
         call ``_conv_forward``).
     :param filter: with ``model``, ``filter(qualified_name, module)`` chooses the layers.
     :param fuse_activations: with ``model``, fuse a directly following ReLU/GELU/SiLU in an nn.Sequential.
+    :param fold_batchnorm: with ``model``, fold each ``nn.BatchNorm2d`` that takes a patched conv's output
+        (its only use, found by tracing the model) into that conv while the BatchNorm is in eval mode and no
+        gradient is needed (:mod:`tracea_torch.bn_fold`).
     :raises UnsupportedConfigError: torch older than tracea-torch supports.
     """
     check_torch_version()
@@ -216,7 +239,7 @@ def patch_conv2d(model: Optional[nn.Module] = None, *, filter: Optional[ModuleFi
             raise InvalidArgumentError("filter", filter, "no filter for a global patch (pass a model)")
         _patch_global("conv2d")
         return None
-    _patch_model(model, "conv2d", filter, fuse_activations)
+    _patch_model(model, "conv2d", filter, fuse_activations, fold_batchnorm)
     return model
 
 
@@ -346,9 +369,10 @@ def unpatch_attention(model: Optional[nn.Module] = None) -> None:
 @contextlib.contextmanager
 def patched(model: Optional[nn.Module] = None, *, conv2d: bool = True, linear: bool = True,
             filter: Optional[ModuleFilter] = None, fuse_activations: bool = True,
-            attention: bool = False) -> Iterator[Optional[nn.Module]]:
+            attention: bool = False, fold_batchnorm: bool = True) -> Iterator[Optional[nn.Module]]:
     """Context manager: patch on entry, undo on exit exactly what this block patched (patches made
-    before it stay). ``attention=True`` also patches SDPA (see :func:`patch_attention`)."""
+    before it stay). ``attention=True`` also patches SDPA (see :func:`patch_attention`);
+    ``fold_batchnorm``: as in :func:`patch_conv2d`."""
     check_torch_version()
     sdpa_done = False
     if attention:
@@ -366,7 +390,7 @@ def patched(model: Optional[nn.Module] = None, *, conv2d: bool = True, linear: b
                 if _patch_global(kind):
                     done_global.append(kind)
             else:
-                swapped += _patch_model(model, kind, filter, fuse_activations)
+                swapped += _patch_model(model, kind, filter, fuse_activations, fold_batchnorm)
         yield model
     finally:
         for kind in done_global:

@@ -1,0 +1,265 @@
+"""Folding an inference-mode ``nn.BatchNorm2d`` into the patched convolution that feeds it.
+
+A convolution whose output goes only to a ``BatchNorm2d`` computes, in eval mode, ``conv(x, w') + b'``
+with ``w' = w * s`` and ``b' = (b - mean) * s + beta`` per output channel (``s = gamma / sqrt(var + eps)``):
+one kernel instead of the conv's and the normalization's, and in a forward whose host is the bottleneck
+one launch less per pair. :func:`attach` finds the pairs when a model is patched, from a ``torch.fx``
+trace of the model (or, where the whole model does not trace, of its largest submodules that do): a conv
+node whose only user is a plain ``BatchNorm2d`` node taking it as its input, both modules registered and
+called once (a timm ``BatchNormAct2d`` counts as a BatchNorm: its activation is then fused into the
+conv as well where the kernels have it). A trace only succeeds where the forward's dataflow does not depend on tensor values, so the
+path traced is the path a forward takes (in eval mode: the trace runs with every module in eval mode).
+
+At run time the conv folds only while folding is exactly equivalent: the BatchNorm in eval mode with its
+running statistics, no gradient needed (grad mode off, or nothing requiring grad), no forward hooks on
+either module (nor global ones, which would see the folded output), not inside a Dynamo trace. The folded
+weight and bias are computed once in float64 (rounded to the weight's dtype) and again whenever a
+parameter or running statistic changes (version counters and addresses are compared each call), except
+during CUDA graph capture, where an unfolded call is captured instead. The conv hands its output to its
+BatchNorm (:class:`FoldedBatchNorm2d`), which passes exactly that tensor through; anything else it
+computes as a BatchNorm2d does. A BatchNorm that receives another tensor while its conv's folded output
+is pending means the forward left the traced path: it raises :class:`~tracea.errors.VerificationError`
+and folding stays off for that pair.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules import module as _module_globals
+
+from .layer_path import _is_dynamo_compiling
+
+_BN = "_tracea_bn"  # conv.__dict__: the BatchNorm2d its output feeds
+_FOLD = "_tracea_fold"  # conv.__dict__: (key, (weight, bias)) of the last fold
+_IN = "_tracea_bn_in"  # bn.__dict__: the folded output the conv handed over, until the BatchNorm takes it
+_CONV = "_tracea_bn_conv"  # bn.__dict__: its conv
+_ACT = "_tracea_bn_act"  # conv.__dict__: the activation it applies while folding (a BatchNormAct's, fused)
+_FUSED = "_tracea_act_fused"  # bn.__dict__: True when the conv applies the BatchNormAct's activation
+
+
+class FoldedBatchNorm2d(nn.BatchNorm2d):
+    """A ``BatchNorm2d`` folded into the convolution before it: passes the conv's folded output through,
+    computes every other input as ``nn.BatchNorm2d`` does (its class is swapped back on unpatch)."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.BatchNorm2d's parameter name
+        d = self.__dict__
+        mark = d.get(_IN)
+        if mark is not None and not _is_dynamo_compiling():
+            d[_IN] = None
+            if mark is input:
+                return input
+            _diverged(self)
+        return super().forward(input)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", folded into the preceding conv"
+
+
+def _tail_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
+    """forward of a folded BatchNorm-plus-activation module (timm's ``BatchNormAct2d``: batch norm, then
+    ``self.drop``, then ``self.act``): the folded output gets the dropout and activation unless the conv
+    applied the activation itself."""
+    d = self.__dict__
+    mark = d.get(_IN)
+    if mark is not None and not _is_dynamo_compiling():
+        d[_IN] = None
+        if mark is input:
+            return input if d.get(_FUSED) else self.act(self.drop(input))
+        _diverged(self)
+    return super(type(self), self).forward(input)
+
+
+_TAIL_CLASSES: dict[type, type] = {}
+
+
+def _is_norm_act(bn: nn.Module) -> bool:
+    """timm's ``BatchNormAct2d`` (a BatchNorm2d subclass computing batch norm, ``drop``, then ``act``)."""
+    return (isinstance(bn, nn.BatchNorm2d) and type(bn).__name__ == "BatchNormAct2d"
+            and isinstance(getattr(bn, "drop", None), nn.Module) and isinstance(getattr(bn, "act", None), nn.Module))
+
+
+def _folded_class(cls: type) -> type:
+    """The folded stand-in class for a BatchNorm class (a subclass of it, so ``isinstance`` holds)."""
+    if cls is nn.BatchNorm2d:
+        return FoldedBatchNorm2d
+    folded_cls = _TAIL_CLASSES.get(cls)
+    if folded_cls is None:
+        folded_cls = _TAIL_CLASSES[cls] = type("Folded" + cls.__name__, (cls,), {
+            "forward": _tail_forward, "extra_repr": FoldedBatchNorm2d.extra_repr, "__module__": __name__,
+            "__doc__": f"A {cls.__name__} folded into the convolution before it (see tracea_torch.bn_fold)."})
+    return folded_cls
+
+
+def _diverged(bn: nn.Module) -> None:
+    conv = bn.__dict__.get(_CONV)
+    if conv is not None:
+        conv.__dict__.pop(_BN, None)
+        conv.__dict__.pop(_FOLD, None)
+    from tracea.errors import VerificationError
+
+    raise VerificationError(
+        "tracea: a BatchNorm2d folded into the conv before it received another tensor than that conv's "
+        "output: this forward did not follow the path traced when the model was patched, and a result "
+        "computed on the folded output cannot be trusted. Folding is now off for this pair; run the forward "
+        "again, or patch with fold_batchnorm=False")
+
+
+def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+    """The folded ``(weight, bias)`` for this call of ``conv`` on ``x``, or None when folding is not exactly
+    equivalent now (see the module docstring)."""
+    if (bn.training or conv._forward_hooks or bn._forward_pre_hooks or bn._forward_hooks
+            or _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks
+            or _is_dynamo_compiling()):
+        return None
+    ps, bps, bbs = conv._parameters, bn._parameters, bn._buffers
+    w, b = ps["weight"], ps.get("bias")
+    g, beta = bps.get("weight"), bps.get("bias")
+    mean, var = bbs.get("running_mean"), bbs.get("running_var")
+    if mean is None or var is None or w is None:
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
+                                    or (g is not None and g.requires_grad)
+                                    or (beta is not None and beta.requires_grad)):
+        return None
+    key = (w._version, w.data_ptr(), w.dtype, mean._version, var._version, var.data_ptr(), bn.eps,
+           -1 if b is None else b._version, -1 if g is None else g._version, -1 if beta is None else beta._version)
+    cache = conv.__dict__.get(_FOLD)
+    if cache is not None and cache[0] == key:
+        return cache[1]
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None  # (no new tensors inside a capture: this call is captured unfolded)
+    wb = _fold(w, b, g, beta, mean, var, bn.eps)
+    conv.__dict__[_FOLD] = (key, wb)
+    return wb
+
+
+def _fold(w: Tensor, b: Optional[Tensor], g: Optional[Tensor], beta: Optional[Tensor], mean: Tensor,
+          var: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    with torch.no_grad():
+        scale = torch.rsqrt(var.double() + eps)
+        if g is not None:
+            scale = scale * g.double()
+        shift = -mean.double() * scale if b is None else (b.double() - mean.double()) * scale
+        if beta is not None:
+            shift = shift + beta.double()
+        w_f = torch.empty_like(w)  # (w's strides: a channels-last weight stays channels-last)
+        w_f.copy_(w.double() * scale.view(-1, *([1] * (w.dim() - 1))))
+        return w_f, shift.to(w.dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Finding the pairs
+# ------------------------------------------------------------------------------------------------
+
+class _Tracer(torch.fx.Tracer):
+    """Convs and BatchNorms are leaves (the nodes looked for), and so is every module holding neither:
+    what happens inside it cannot join a pair, and not tracing into it spares its control flow."""
+
+    def __init__(self, leaves: set[int]) -> None:
+        super().__init__()
+        self.leaves = leaves
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return id(m) in self.leaves or super().is_leaf_module(m, module_qualified_name)
+
+
+def _leaves(root: nn.Module) -> set[int]:
+    """ids of the modules traced as leaves: convs, BatchNorms and every module containing neither."""
+    out: set[int] = set()
+
+    def walk(m: nn.Module) -> bool:  # True when m holds a conv or a BatchNorm
+        if isinstance(m, (nn.Conv2d, nn.BatchNorm2d)):
+            out.add(id(m))
+            return True
+        holds = False
+        for child in m.children():
+            holds = walk(child) or holds
+        if not holds:
+            out.add(id(m))
+        return holds
+
+    walk(root)
+    return out
+
+
+def _pairs_in(graph: Any, root: nn.Module, uses: dict[int, int], convs: set[int]) -> list[tuple[nn.Module, nn.Module]]:
+    called: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            called[node.target] = called.get(node.target, 0) + 1
+    pairs: list[tuple[nn.Module, nn.Module]] = []
+    for node in graph.nodes:
+        if node.op != "call_module" or called[node.target] != 1:
+            continue
+        conv = root.get_submodule(node.target)
+        if id(conv) not in convs or uses.get(id(conv)) != 1 or len(node.users) != 1:
+            continue
+        (user,) = node.users
+        if user.op != "call_module" or called[user.target] != 1 or user.args != (node,) or user.kwargs:
+            continue
+        bn = root.get_submodule(user.target)
+        if ((type(bn) is not nn.BatchNorm2d and not _is_norm_act(bn)) or uses.get(id(bn)) != 1
+                or not bn.track_running_stats or bn._forward_hooks or bn._forward_pre_hooks
+                or bn.num_features != conv.out_channels or conv.padding_mode != "zeros"):  # type: ignore[attr-defined]
+            continue
+        pairs.append((conv, bn))
+    return pairs
+
+
+def find_pairs(model: nn.Module, convs: Iterable[nn.Module], uses: dict[int, int]) -> list[tuple[nn.Module, nn.Module]]:
+    """(conv, BatchNorm2d) pairs of ``model`` among ``convs`` (see the module docstring); ``uses``: how many
+    times each module is registered in the model. The model is traced in eval mode, its modes restored."""
+    conv_ids = {id(c) for c in convs}
+    if not conv_ids or not any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
+        return []
+    modes = [(m, m.training) for m in model.modules()]
+    pairs: list[tuple[nn.Module, nn.Module]] = []
+    try:
+        model.eval()
+        todo = [model]
+        while todo:  # the model, else its children that hold convs, recursively
+            root = todo.pop()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    graph = _Tracer(_leaves(root) - {id(root)}).trace(root)
+            except Exception:  # noqa: BLE001 - not traceable (tensor-dependent control flow, ...): look inside
+                todo.extend(c for c in root.children() if any(id(m) in conv_ids for m in c.modules()))
+                continue
+            pairs += _pairs_in(graph, root, uses, conv_ids)
+    finally:
+        for m, training in modes:
+            m.training = training
+    return pairs
+
+
+def attach(conv: nn.Module, bn: nn.Module, act_of: Callable[[nn.Module], Optional[str]]) -> None:
+    """Fold ``bn`` into ``conv`` (a :class:`~tracea_torch.modules.TraceaConv2d`) from the next call on. A
+    BatchNormAct's activation is fused into the conv too when ``act_of(bn.act)`` names one the kernels
+    apply (and its dropout is the identity); else the BatchNorm module applies its dropout and activation
+    to the folded output."""
+    fused = None
+    if _is_norm_act(bn):
+        act_module = bn.act  # type: ignore[union-attr]
+        if (type(bn.drop) is nn.Identity and not act_module._forward_hooks  # type: ignore[union-attr]
+                and not act_module._forward_pre_hooks):  # type: ignore[union-attr]
+            fused = act_of(act_module)  # type: ignore[arg-type]
+    bn.__class__ = _folded_class(type(bn))
+    bn.__dict__[_CONV] = conv
+    bn.__dict__[_IN] = None
+    bn.__dict__[_FUSED] = fused is not None
+    conv.__dict__[_BN] = bn
+    conv.__dict__[_ACT] = fused
+
+
+def detach(m: nn.Module) -> None:
+    """Forget folding state on ``m`` (a conv or a BatchNorm being unpatched)."""
+    for key in (_BN, _FOLD, _IN, _CONV, _ACT, _FUSED):
+        m.__dict__.pop(key, None)
+
+
+__all__ = ["FoldedBatchNorm2d", "attach", "detach", "find_pairs", "folded"]

@@ -1,0 +1,293 @@
+"""BatchNorm2d folded into the patched conv before it (tracea_torch.bn_fold): when it folds, that the result
+is eager's, and that every case where folding is not exactly equivalent computes the BatchNorm."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tracea_torch
+from tracea.errors import VerificationError
+from tracea_torch import TraceaConv2d
+from tracea_torch.bn_fold import FoldedBatchNorm2d
+
+pytestmark = pytest.mark.torch
+
+
+class Block(nn.Module):
+    """conv -> bn -> relu -> conv -> bn, plus a residual: the shape of a ResNet block, not a Sequential."""
+
+    def __init__(self, c: int, bias: bool = False) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=bias)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.act = nn.ReLU()
+        self.conv2 = nn.Conv2d(c, c, 1, bias=not bias)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.bn2(self.conv2(self.act(self.bn1(self.conv1(x)))))
+
+
+class Branchy(nn.Module):
+    """A forward that branches on a tensor's value (not traceable as a whole) around traceable blocks."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.a, self.b = Block(c), Block(c, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        return self.b(y) if float(y.mean()) < 1e9 else y
+
+
+def _randomize_bn(model: nn.Module) -> nn.Module:
+    g = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            with torch.no_grad():
+                m.running_mean.copy_(torch.rand(m.num_features, generator=g) * 2 - 1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) * 1.5 + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(m.num_features, generator=g) * 2 - 1)
+    return model
+
+
+def _model(c: int = 8) -> nn.Module:
+    torch.manual_seed(0)
+    return _randomize_bn(nn.Sequential(nn.Conv2d(3, c, 3), nn.BatchNorm2d(c), Block(c), Block(c, bias=True))).eval()
+
+
+@pytest.fixture
+def batch_norms(monkeypatch):
+    """Counts the F.batch_norm calls (each BatchNorm that computes)."""
+    calls = [0]
+    real = F.batch_norm
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "batch_norm", spy)
+    return calls
+
+
+def test_eval_no_grad_folds_every_pair_and_matches_eager(reference_backend, batch_norms, rel_err):
+    model = _model()
+    x = torch.randn(2, 3, 17, 19)
+    with torch.no_grad():
+        ref = model(x)
+        batch_norms[0] = 0
+        with tracea_torch.patched(model) as p:
+            assert sum(type(m) is FoldedBatchNorm2d for m in p.modules()) == 5
+            out = p(x)
+            assert batch_norms[0] == 0  # every BatchNorm passed the folded output through
+            assert rel_err(out, ref) < 1e-5
+            out2 = p(torch.randn(1, 3, 9, 9))  # another shape: still folded
+            assert batch_norms[0] == 0 and out2.shape == (1, 8, 7, 7)
+    assert not any(type(m) is FoldedBatchNorm2d for m in model.modules())  # unpatched
+    assert not any("_tracea_bn" in m.__dict__ or "_tracea_fold" in m.__dict__ for m in model.modules())
+
+
+def test_training_mode_and_gradients_compute_the_batch_norm(reference_backend, batch_norms, rel_err):
+    """Training mode (batch statistics, running stats updated) and a needed gradient leave each
+    BatchNorm to compute, with eager's results, statistics and gradients."""
+    model = _model()
+    eager = copy.deepcopy(model)
+    x = torch.randn(2, 3, 12, 12)
+    with tracea_torch.patched(model) as p:
+        p.train()
+        eager.train()
+        out, ref = p(x), eager(x)
+        assert batch_norms[0] == 10 and rel_err(out, ref) < 1e-5
+        for a, b in zip(p.modules(), eager.modules()):
+            if isinstance(a, nn.BatchNorm2d):
+                torch.testing.assert_close(a.running_mean, b.running_mean)
+        p.eval()
+        eager.eval()
+        batch_norms[0] = 0
+        out, ref = p(x), eager(x)  # grad mode on and parameters requiring grad: no folding
+        assert batch_norms[0] == 10
+        out.sum().backward()
+        ref.sum().backward()
+        for a, b in zip(p.parameters(), eager.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            batch_norms[0] = 0
+            assert rel_err(p(x), eager(x)) < 1e-5
+            assert batch_norms[0] == 10 - 5  # folded again
+
+
+def test_changed_statistics_and_weights_are_folded_again(reference_backend, rel_err):
+    model = _model()
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad(), tracea_torch.patched(model) as p:
+        p(x)
+        bn = p[2].bn1
+        bn.running_var.mul_(3.0)  # in place: the version counter moves
+        p[2].conv1.weight.add_(0.5)
+        state = copy.deepcopy(p.state_dict())
+        state["3.bn2.bias"] += 1.0
+        p.load_state_dict(state)
+        eager = copy.deepcopy(p)
+        tracea_torch.unpatch_conv2d(eager)
+        assert rel_err(p(x), eager(x)) < 1e-5
+
+
+def test_a_conv_output_used_twice_is_not_folded(reference_backend, batch_norms):
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.conv(x)
+            return self.bn(y) + y
+
+    model = _randomize_bn(Twice()).eval()
+    x = torch.randn(1, 4, 5, 5)
+    with torch.no_grad():
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            assert type(p.bn) is nn.BatchNorm2d
+            torch.testing.assert_close(p(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_pairs_are_found_inside_a_forward_that_does_not_trace(reference_backend, batch_norms, rel_err):
+    torch.manual_seed(0)
+    model = _randomize_bn(Branchy(6)).eval()
+    x = torch.randn(1, 6, 8, 8)
+    with torch.no_grad():
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            assert sum(type(m) is FoldedBatchNorm2d for m in p.modules()) == 4
+            batch_norms[0] = 0
+            assert rel_err(p(x), ref) < 1e-5 and batch_norms[0] == 0
+
+
+def test_hooks_and_the_switch_turn_folding_off(reference_backend, batch_norms, rel_err):
+    model = _model()
+    x = torch.randn(1, 3, 9, 9)
+    seen = []
+    with torch.no_grad():
+        ref = model(x)
+        with tracea_torch.patched(model, fold_batchnorm=False) as p:
+            assert not any(type(m) is FoldedBatchNorm2d for m in p.modules())
+        with tracea_torch.patched(model) as p:
+            handle = p[0].register_forward_hook(lambda m, i, o: seen.append(o.clone()))
+            batch_norms[0] = 0
+            assert rel_err(p(x), ref) < 1e-5
+            assert batch_norms[0] == 1  # the hooked conv's BatchNorm computed
+            torch.testing.assert_close(seen[0], F.conv2d(x, model[0].weight, model[0].bias))  # the hook saw the conv
+            handle.remove()
+
+
+def test_a_forward_off_the_traced_path_raises_and_stops_folding(reference_backend):
+    """A BatchNorm receiving another tensor while its conv's folded output is pending raises
+    VerificationError; the pair is then computed unfolded."""
+    model = _model()
+    x = torch.randn(1, 8, 6, 6)
+    with torch.no_grad(), tracea_torch.patched(model) as p:
+        block = p[2]
+        block.conv1(x)  # folded output handed to bn1 ...
+        with pytest.raises(VerificationError, match="did not follow the path traced"):
+            block.bn1(x)  # ... which gets another tensor
+        assert "_tracea_bn" not in block.conv1.__dict__
+        ref = F.batch_norm(F.conv2d(x, block.conv1.weight, None, 1, 1), block.bn1.running_mean,
+                           block.bn1.running_var, block.bn1.weight, block.bn1.bias, False, 0.0, block.bn1.eps)
+        torch.testing.assert_close(block.bn1(block.conv1(x)), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_deep_copy_of_a_patched_model_folds_its_own_weights(reference_backend, rel_err):
+    model = _model()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad(), tracea_torch.patched(model) as p:
+        p(x)
+        twin = copy.deepcopy(p)
+        with torch.no_grad():
+            for m in twin.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.running_mean.add_(0.25)
+        eager = copy.deepcopy(twin)
+        tracea_torch.unpatch_conv2d(eager)
+        assert type(twin[0]) is TraceaConv2d and twin[0].__dict__["_tracea_bn"] is twin[1]
+        assert rel_err(twin(x), eager(x)) < 1e-5
+        assert rel_err(p(x), model(x)) < 1e-5
+
+
+def test_channels_last_weights_stay_channels_last(reference_backend):
+    model = _model().to(memory_format=torch.channels_last)
+    x = torch.randn(1, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad(), tracea_torch.patched(model) as p:
+        p(x)
+        (_, (w, b)) = p[0].__dict__["_tracea_fold"]
+        assert w.is_contiguous(memory_format=torch.channels_last) and b.dtype == w.dtype
+
+
+@pytest.mark.cuda
+@pytest.mark.arbiter
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype,channels_last", [(torch.float16, True), (torch.float32, False)])
+def test_cuda_folded_model_matches_eager_and_captures(batch_norms, rel_err, dtype, channels_last):
+    """On CUDA (default variants, arbiter on as users get it): folded convs match eager, eagerly and
+    replayed from a CUDA graph captured after the first calls."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = _model(32).to("cuda", dtype).to(memory_format=fmt)
+    x = torch.randn(4, 3, 30, 30, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+    tol = 2e-2 if dtype == torch.float16 else 2e-3  # (TF32 convs in both)
+    with torch.no_grad():
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            p(x)
+            batch_norms[0] = 0
+            out = p(x)
+            assert batch_norms[0] == 0 and rel_err(out, ref) < tol
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                p(x)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                static = p(x)
+            g.replay()
+            torch.cuda.synchronize()
+            assert rel_err(static, ref) < tol
+
+
+class BatchNormAct2d(nn.BatchNorm2d):
+    """The shape of timm's BatchNormAct2d: batch norm, then ``drop``, then ``act``."""
+
+    def __init__(self, c: int, act: nn.Module, drop: nn.Module) -> None:
+        super().__init__(c)
+        self.drop, self.act = drop, act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                         self.momentum, self.eps)
+        return self.act(self.drop(x))
+
+
+@pytest.mark.parametrize("act,drop,fused", [(nn.ReLU(inplace=True), nn.Identity(), "relu"),
+                                            (nn.SiLU(), nn.Identity(), "silu"),
+                                            (nn.Hardswish(), nn.Identity(), None),
+                                            (nn.ReLU(), nn.Dropout(0.5), None)])
+def test_batch_norm_act_modules_fold_with_their_activation(reference_backend, batch_norms, rel_err, act, drop, fused):
+    """A BatchNormAct2d folds too; its activation goes into the conv's epilogue when the kernels have it and
+    the dropout is the identity, else the module applies dropout and activation to the folded output."""
+    torch.manual_seed(0)
+    model = _randomize_bn(nn.Sequential(nn.Conv2d(3, 6, 3), BatchNormAct2d(6, copy.deepcopy(act), copy.deepcopy(drop)),
+                                        nn.Conv2d(6, 6, 1))).eval()
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            assert isinstance(p[1], BatchNormAct2d) and type(p[1]) is not BatchNormAct2d
+            assert p[0].__dict__["_tracea_bn_act"] == fused
+            batch_norms[0] = 0
+            assert rel_err(p(x), ref) < 1e-5 and batch_norms[0] == 0
+    assert type(model[1]) is BatchNormAct2d and "_tracea_act_fused" not in model[1].__dict__  # unpatched
