@@ -644,3 +644,12 @@ def test_cpu_timing_stops_early_on_a_clear_gap_and_not_on_a_tie():
 
     arbiter._cpu_alternating(tie_a, tie_b)
     assert calls["slow"] >= 9 + 3 and calls["fast"] >= 9 + 3
+
+
+def test_a_split_verdict_says_which_calls_pytorch_serves():
+    """Eager calls to Tracea, captured ones to PyTorch: the recorded reason says so instead of calling
+    PyTorch faster outright."""
+    v = arbiter.Verdict("conv2d test", "cuda:0", "cuda.conv2d.test", "cfg", "tracea", 10.6e-6, 8.2e-6, 0.0,
+                        "measured", graph_winner="torch", tracea_eager_s=14.5e-6, torch_eager_s=31.1e-6)
+    assert v.reason.startswith("arbiter: PyTorch faster in CUDA graphs (device 8.2 vs 10.6 us")
+    assert "eager calls run Tracea's (eager 14.5 vs 31.1 us)" in v.reason

@@ -406,7 +406,14 @@ def test_memo_of_a_routed_plan_calls_torch_unless_capturing(monkeypatch):
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)) and not ran
         capturing[0] = True
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias) + 1) and ran
-    assert layer_path._memo(plans.generation(), x, layer.weight, layer.bias, None, routed, act="relu").lean == 0
+    # a fused activation PyTorch has as a function: the lean call applies it after F.linear
+    relu_memo = layer_path._memo(plans.generation(), x, layer.weight, layer.bias, None, routed, act="relu")
+    assert relu_memo.lean == 2 and relu_memo.actfn is F.relu
+    layer.__dict__["_tracea_memo"] = relu_memo
+    layer.activation = "relu"
+    capturing[0] = False
+    with torch.no_grad():
+        assert torch.equal(layer(x), F.relu(F.linear(x, layer.weight, layer.bias)))
 
 
 def test_a_weight_that_is_no_registered_parameter_is_read_as_an_attribute(restricted_backend, rel_err):

@@ -118,6 +118,10 @@ class Verdict:
         """The fallback reason recorded when PyTorch wins."""
         if self.note:
             return f"arbiter: {self.note}"
+        if self.winner == "tracea" and self.captured_winner == "torch":
+            return (f"arbiter: PyTorch faster in CUDA graphs (device {self.torch_s * 1e6:.1f} vs "
+                    f"{self.tracea_s * 1e6:.1f} us, {self.variant}); eager calls run Tracea's (eager "
+                    f"{self.tracea_eager_s * 1e6:.1f} vs {self.torch_eager_s * 1e6:.1f} us)")
         if self.tracea_eager_s == self.tracea_eager_s:
             return (f"arbiter: PyTorch faster (eager {self.torch_eager_s * 1e6:.1f} vs {self.tracea_eager_s * 1e6:.1f} "
                     f"us, device {self.torch_s * 1e6:.1f} vs {self.tracea_s * 1e6:.1f} us, {self.variant})")

@@ -283,7 +283,7 @@ def _conv_eager(op: Conv2dOp | None, act: str | None, conf: tuple, reason: str,
 
     plan.op = op  # type: ignore[attr-defined]
     plan.fallback = reason  # type: ignore[attr-defined]
-    return _leaned(plan, "conv2d", reason, lean and act is None)
+    return _leaned(plan, "conv2d", reason, lean and (act is None or act in _ACT_FNS))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -394,7 +394,7 @@ def _linear_eager(op: GemmOp | None, act: str | None, activation: str | None, re
 
     plan.op = op  # type: ignore[attr-defined]
     plan.fallback = reason  # type: ignore[attr-defined]
-    return _leaned(plan, "gemm", reason, lean and act is None)
+    return _leaned(plan, "gemm", reason, lean and (act is None or act in _ACT_FNS))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from tracea.runtime.plans import generation
 
 from . import bridge, ops, recording
 from .adapter import stream_capturing
+from .bridge_plans import _ACT_FNS
 from .guards import NO_TENSOR as _NO_BIAS
 from .guards import guard_of as _guard_of
 from .torch_flags import cudnn_allow_tf32 as _cudnn_tf32
@@ -52,9 +53,9 @@ class CallMemo:
     float32 mode the plan was chosen under, read by ``prec_of`` (None when the call is not float32);
     ``lean``: 1 when PyTorch serves the signature (the arbiter's verdict, or a CUDA call no kernel serves),
     2 when it serves the signature's eager calls and Tracea only calls captured in CUDA graphs, 0 otherwise;
-    only for a layer that fuses no activation (so ``act`` is None whenever a lean memo matches). A lean
-    call (for 2: one whose stream is not capturing) calls ``F.conv2d`` / ``F.linear`` itself, as the
-    unpatched layer does (they handle grad, autocast, tracing and precision themselves: only the signature
+    also for a layer that fuses an activation PyTorch has as a function (``actfn``: relu, GELU, SiLU). A
+    lean call (for 2: one whose stream is not capturing) calls ``F.conv2d`` / ``F.linear`` (and ``actfn``)
+    itself, as the unpatched layer does (they handle grad, autocast, tracing and precision themselves: only the signature
     and the plan generation are checked); ``count``: the
     counting cell (``tracea.runtime.fallbacks.counter``) of the ``(kind, reason)`` a lean call counts in
     :mod:`tracea_torch.fallbacks` (None for a verdict, which is counted once). A lean memo is matched by a cheaper check than ``check`` (``x``'s shape, dtype and device,
@@ -63,7 +64,7 @@ class CallMemo:
     a looser match can only cost speed, never a result."""
 
     __slots__ = ("gen", "check", "rg", "prec_of", "prec", "stride", "padding", "dilation", "groups", "act",
-                 "plan", "lean", "count", "xshape", "xdtype", "xcuda", "w", "wdtype", "writes")
+                 "actfn", "plan", "lean", "count", "xshape", "xdtype", "xcuda", "w", "wdtype", "writes")
 
     def __init__(self, gen: int = -1, check: Optional[Callable[..., bool]] = None, rg: bool = False,
                  prec_of: Optional[Callable[[], Any]] = None, prec: Any = None, stride: Any = None,
@@ -72,7 +73,8 @@ class CallMemo:
         self.gen, self.check, self.rg, self.prec_of, self.prec = gen, check or _never, rg, prec_of, prec
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.act, self.plan = act, plan
-        self.lean = 0 if act is not None else 1 if getattr(plan, "lean", False) else 2 if getattr(
+        self.actfn = _ACT_FNS.get(act) if act is not None else None
+        self.lean = 0 if act is not None and self.actfn is None else 1 if getattr(plan, "lean", False) else 2 if getattr(
             plan, "lean_eager", False) else 0
         count = getattr(plan, "count", None)
         self.count = None if count is None else _counter(*count)
@@ -116,11 +118,13 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
         lean = memo.lean
         if lean and (lean == 1 or not _capturing()):  # (F.conv2d reads the hyper-parameters itself)
             if (type(x) is Tensor and x.shape == memo.xshape and x.dtype is memo.xdtype and w is memo.w and w.dtype is memo.wdtype
-                    and x.is_cuda is memo.xcuda and act is None and memo.gen == _GEN[0] and memo.writes == _WRITES[0]
+                    and x.is_cuda is memo.xcuda and act == memo.act and memo.gen == _GEN[0] and memo.writes == _WRITES[0]
                     and recording._recorder is None):
                 if memo.count is not None:
                     memo.count[0] += 1
-                return _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
+                if act is None:
+                    return _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
+                return memo.actfn(_conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups))
         # (the hyper-parameters read from the instance dict: ~4x cheaper than attribute reads through
         # nn.Module's class hierarchy; a class that computes them as properties never matches, safely)
         elif (memo.check(x, w, _NO_BIAS if b is None else b) and memo.stride is d.get("stride")
@@ -175,11 +179,11 @@ def linear_layer(m: nn.Linear, x: Tensor, act: Optional[str]) -> Tensor:
         lean = memo.lean
         if lean and (lean == 1 or not _capturing()):
             if (type(x) is Tensor and x.shape == memo.xshape and x.dtype is memo.xdtype and w is memo.w and w.dtype is memo.wdtype
-                    and x.is_cuda is memo.xcuda and act is None and memo.gen == _GEN[0] and memo.writes == _WRITES[0]
+                    and x.is_cuda is memo.xcuda and act == memo.act and memo.gen == _GEN[0] and memo.writes == _WRITES[0]
                     and recording._recorder is None):
                 if memo.count is not None:
                     memo.count[0] += 1
-                return _linear(x, w, b)
+                return _linear(x, w, b) if act is None else memo.actfn(_linear(x, w, b))
         elif (memo.check(x, w, _NO_BIAS if b is None else b) and memo.act == act and memo.gen == generation()
                 and not _any_autocast()
                 and not (_tracing_state() is not None or _dispatch_modes() or _function_modes()
