@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
         long B = a[0], H = a[1], KVH = a[2], Sq = a[3], Skv = a[4], D = a[5];
         float *q = tr_read(B * H * Sq * D), *k = tr_read(B * KVH * Skv * D), *v = tr_read(B * KVH * Skv * D);
         n_out = B * H * Sq * D; out = tr_poisoned(n_out);
-        rc = tr_attention(B, H, KVH, Sq, Skv, D, (float)(a[7] * 1e-6), (int)a[6], q, k, v, out, 1, 0, 0, 1, 1, 0);
+        rc = tr_attention(B, H, KVH, Sq, Skv, D, D, (float)(a[7] * 1e-6), (int)a[6], q, k, v, out, 1, 0, 0, 1, 1, 0, 0, 8);
 #endif
     } else {
         fprintf(stderr, "unknown mode %s\n", argv[1]);
@@ -162,7 +162,8 @@ def test_neon_attention_runs_under_qemu(causal, tmp_path):
     rng = np.random.default_rng(7)
     h = ATTN_HEROES["neon"][0]
     exe = _exe(tmp_path, attention_source(NEON, h["bq"], h["bk"]), "attn")
-    for b, heads, kvh, sq, skv, d in [(1, 4, 2, 37, 53, 16), (2, 2, 2, 20, 20, 64)]:
+    # the tile driver, then the rows driver (a few query rows per kv head: decode, odd head dims)
+    for b, heads, kvh, sq, skv, d in [(1, 4, 2, 37, 53, 16), (2, 2, 2, 20, 20, 64), (1, 8, 2, 1, 70, 42), (2, 3, 3, 2, 9, 64)]:
         op = AttentionOp(b, heads, sq, skv, d, causal=causal, kv_heads=kvh, scale=0.125)
         q, k, v = rand(rng, b, heads, sq, d), rand(rng, b, kvh, skv, d), rand(rng, b, kvh, skv, d)
         out = _run(exe, ["a", b, heads, kvh, sq, skv, d, int(causal), 125000], q, k, v).reshape(q.shape)

@@ -24,7 +24,7 @@ GEMM_ROUTES = {0: "packed", 1: "rows", 2: "gemv", 3: "axpy", 4: "cols"}
 GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _P, _L, _L, _L, _I]
 CONV_ARGTYPES = [_I] + [_L] * 16 + [_P, _P, _P, _P, _L, _L, _L, _I, _I]
 BF16_GEMM_ARGTYPES = [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _I, _P, _L, _L, _L, _I]
-ATTN_ARGTYPES = [_L, _L, _L, _L, _L, _L, _F, _I, _P, _P, _P, _P, _I, _P, _I, _L, _L, _P]
+ATTN_ARGTYPES = [_L, _L, _L, _L, _L, _L, _L, _F, _I, _P, _P, _P, _P, _I, _P, _I, _L, _L, _P, _P, _L]
 
 
 @functools.lru_cache(maxsize=128)
@@ -182,10 +182,10 @@ class Bf16Call(ctypes.Structure):
 
 
 @functools.lru_cache(maxsize=64)
-def attention_library(isa_name: str, bq: int, bk: int) -> ctypes.CDLL:
-    """The attention library for one ISA and query/key block shape (compiled once)."""
+def attention_library(isa_name: str, bq: int, bk: int, kb: int = 256) -> ctypes.CDLL:
+    """The attention library for one ISA, query/key register block and softmax key block (compiled once)."""
     isa = ISA_BY_NAME[isa_name]
-    lib = build(attention_source(isa, bq, bk), isa.cflags, f"attention-{isa_name}-{bq}x{bk}")
+    lib = build(attention_source(isa, bq, bk, kb), isa.cflags, f"attention-{isa_name}-{bq}x{bk}-{kb}")
     lib.tr_attention.argtypes = ATTN_ARGTYPES  # type: ignore[assignment]
     lib.tr_attention.restype = _I
     lib.tr_attention_call.argtypes = [_P, _F, _P, _P, _P, _P, _P, _P]

@@ -9,6 +9,8 @@ Attention params: ``bq`` query rows per block, ``bk`` keys per block, ``threads`
 
 from __future__ import annotations
 
+import math
+
 from tracea.doctor.profile import DeviceProfile
 from tracea.ir.ops import AttentionOp, Conv2dOp, Layout, Op
 from tracea.semantic import PipelineConfig, SearchSpace
@@ -56,11 +58,20 @@ ROW_FIRST_MAX_Q: dict[str, int] = {"intel-avx512": 28}
 # K block of the weights-stationary conv heroes (the whole K of ResNet-50's 512-channel 3x3 layers).
 STATIONARY_KC = 4608
 ATTN_HEROES: dict[str, list[dict[str, int]]] = {
-    "avx512": [dict(bq=12, bk=32), dict(bq=8, bk=48), dict(bq=6, bk=64)],
+    "avx512": [dict(bq=12, bk=32), dict(bq=8, bk=48), dict(bq=6, bk=64), dict(bq=10, bk=32), dict(bq=14, bk=32)],
     "avx2": [dict(bq=6, bk=16), dict(bq=4, bk=24)],
     "neon": [dict(bq=8, bk=12), dict(bq=6, bk=16)],
     "scalar": [dict(bq=4, bk=4)],
 }
+#: attention: keys per online-softmax block (``kb``, a multiple of ``bk``; 512 ran 1-3% faster than 256 on
+#: BERT 512, ViT 577 and causal 2048 prefill, one block of scores staying in L1), and the most query rows per kv
+#: head (GQA group heads x seq_q) the rows driver serves (``rows``; more run the tile driver), when a config
+#: does not say. 16: the rows driver beat the tile driver at 8-16 rows (one thread, 2-core VM: 1 x 32/8
+#: heads x 4 new tokens x 1024 keys d128 1.0 vs 1.6 ms, 8 heads x 16 x 1024 d128 1.1 vs 1.4 ms, 12 heads x
+#: 16 x 64 d64 0.51 vs 0.58 ms); at 32 rows it won with long key sequences and lost with short ones.
+ATTN_KB = 512
+ATTN_KB_MAX = 4096
+ATTN_ROWS = 16
 
 
 def _cache(profile: DeviceProfile, name: str, default: int) -> int:
@@ -134,16 +145,40 @@ def bf16_heroes(op: Op) -> list[PipelineConfig]:
 
 
 def attention_space(isa: Isa, profile: DeviceProfile, op: Op) -> SearchSpace:
-    """Query/key block shapes whose S tile fits the registers, and threads."""
+    """Query/key register blocks whose S tile fits the registers, softmax key blocks, the rows driver's
+    reach and threads."""
     pairs = [(bq, bk) for bq in (4, 6, 8, 10, 12, 14, 16) for bk in (isa.width * m for m in (1, 2, 3, 4))
              if isa.fits(bq, bk)]
 
     def fits(c: PipelineConfig) -> bool | str:
-        return (c.get("bq"), c.get("bk")) in pairs or "S tile does not fit the registers"
+        if (c.get("bq"), c.get("bk")) not in pairs:
+            return "S tile does not fit the registers"
+        return c.get("kb") % c.get("bk") == 0 or "kb must be a multiple of bk"
 
     threads = [0, 1] if profile.compute_units > 1 else [1]
+    kbs = sorted({bk * m for _, bk in pairs for m in (2, 4, 8) if bk * m % 4 == 0 and bk * m <= 512})
     return (SearchSpace().param("bq", sorted({p[0] for p in pairs})).param("bk", sorted({p[1] for p in pairs}))
-            .param("threads", threads).where(fits))
+            .param("kb", kbs).param("rows", [0, 4, 8, 16]).param("threads", threads).where(fits))
+
+
+def attention_heroes(isa: Isa, op: Op) -> list[PipelineConfig]:
+    """The ISA's attention heroes with the default softmax key block and rows-driver reach; for the tile
+    driver, those of the first hero's key width whose query block pads seq_q least go first (Swin's 49
+    rows: 10-row blocks compute 50 rows, 12-row blocks 60; measured ~5% faster, one thread)."""
+    table = ATTN_HEROES[isa.name]
+    if isinstance(op, AttentionOp) and op.heads // int(op.kv_heads or op.heads) * op.seq_q > ATTN_ROWS:
+        bk0 = table[0]["bk"]
+        same = sorted((h for h in table if h["bk"] == bk0), key=lambda h: -(-op.seq_q // h["bq"]) * h["bq"])
+        table = same + [h for h in table if h["bk"] != bk0]
+    return [PipelineConfig(params=tuple(dict(h, kb=attention_kb(h["bk"]), rows=ATTN_ROWS, threads=0).items()))
+            for h in table]
+
+
+def attention_kb(bk: int) -> int:
+    """The default softmax key block for register blocks ``bk`` keys wide: the largest multiple of ``bk``
+    and 4 up to :data:`ATTN_KB` (at least one)."""
+    step = bk * 4 // math.gcd(bk, 4)
+    return max(step, ATTN_KB // step * step)
 
 
 def heroes(table: dict[str, list[dict[str, int]]], isa: Isa) -> list[PipelineConfig]:

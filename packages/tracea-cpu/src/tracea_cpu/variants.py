@@ -6,14 +6,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
-from tracea.errors import InvalidArgumentError
-from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp, LayerType, Layout, Op
+from tracea.ir.ops import Conv2dOp, GemmOp, LayerType, Layout, Op
 from tracea.semantic import PipelineConfig, SearchSpace
-from tracea.semantic.config import VALID, Validity
+from tracea.semantic.config import Validity
 
 from . import kernels, spaces
 from .amx import CpuGemmAmxVariant
@@ -21,7 +19,8 @@ from .amx_conv import CpuConv2dAmxVariant
 from .f16 import f16_variants
 from .f16_amx import CpuGemmF16AmxVariant
 from .bf16 import CpuGemmBf16Variant
-from .emit.calls import ATTENTION_PARAMS, CONV_PARAMS, GEMM_PARAMS
+from .attention import CpuAttentionVariant
+from .emit.calls import CONV_PARAMS, GEMM_PARAMS
 from .emit.gemv import unpacked_driver
 from .skinny import skinny_variants
 from .isa import ALL_ISAS, Isa
@@ -180,102 +179,12 @@ class CpuConv2dVariant(CpuVariant):
         _check_rc(rc, "conv2d")
 
 
-class CpuAttentionVariant(CpuVariant):
-    """Flash-style attention forward: online softmax over key blocks, causal or not, GQA, boolean and
-    additive masks."""
-
-    def __init__(self, isa: Isa) -> None:
-        super().__init__(isa)
-        self.name = f"cpu.attention.{isa.name}"
-        self.description = f"flash attention forward (online softmax, causal, GQA, masks), {isa.name}"
-        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.ATTENTION,
-                                         dtypes=frozenset({DType.F32}), isa=isa.requires,
-                                         masks=frozenset({"bool", "additive"}), lse=True)
-
-    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
-        reasons = super().check(op, profile)
-        if isinstance(op, AttentionOp) and not float(op.scale) > 0:  # type: ignore[arg-type]
-            # masked logits are -inf before the scale is applied: a negative scale would make them +inf
-            reasons.append(f"scale={op.scale} (the kernel assumes a positive scale)")
-        return reasons
-
-    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
-        return spaces.attention_space(self.isa, profile, op)
-
-    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        return spaces.heroes(spaces.ATTN_HEROES, self.isa)
-
-    def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
-        bq, bk = config.get("bq"), config.get("bk")
-        if not isinstance(bq, int) or not isinstance(bk, int) or isinstance(bq, bool) or isinstance(bk, bool):
-            return Validity(False, "attention configs need integer params bq and bk")
-        why = kernels.check_tile(self.isa, bq, bk) or _threads_problem(config)
-        return Validity(False, why) if why else VALID
-
-    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
-        return _attention_plan(self, op, config)
-
-    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
-        assert isinstance(op, AttentionOp)
-        lib = self.prepare(op, config, profile)
-        mb, mh = op.mask_shape or (1, 1)
-        params = kernels.call_params(ATTENTION_PARAMS, dict(
-            B=op.batch, H=op.heads, KVH=int(op.kv_heads or op.heads), Sq=op.seq_q, Skv=op.seq_kv, D=op.head_dim,
-            causal=int(op.causal), nth=self.threads(op, config, profile), mkind=_MASK_KINDS[op.mask], MB=mb, MH=mh))
-        fn, ptr, scale = lib.tr_attention_call, adapter.data_ptr, float(op.scale)  # type: ignore[arg-type]
-
-        if op.mask is None and not op.lse:
-            def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
-                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(rest[-1]), None, None)
-                if rc:
-                    _check_rc(rc, "attention")
-        else:  # (q, k, v, mask, out) or, with the log-sum-exp output, (q, k, v, mask, lse, out)
-            def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:
-                if op.mask is not None and mask is None:
-                    raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
-                lse = rest[0] if len(rest) > 1 else None
-                rc = fn(params, scale, ptr(q), ptr(k), ptr(v), ptr(rest[-1]), None if mask is None else ptr(mask),
-                        None if lse is None else ptr(lse))
-                if rc:
-                    _check_rc(rc, "attention")
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
-
-    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
-        assert isinstance(op, AttentionOp)
-        lib = self.prepare(op, config, profile)
-        kvh = int(op.kv_heads or op.heads)
-        q = _host(args, "q", (op.batch, op.heads, op.seq_q, op.head_dim))
-        k = _host(args, "k", (op.batch, kvh, op.seq_kv, op.head_dim))
-        v = _host(args, "v", (op.batch, kvh, op.seq_kv, op.head_dim))
-        out = _host(args, "out", (op.batch, op.heads, op.seq_q, op.head_dim))
-        mb, mh = op.mask_shape or (1, 1)
-        mask = _host(args, "mask", (mb, mh, op.seq_q, op.seq_kv)) if op.mask else None
-        if op.mask and mask is None:
-            raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
-        lse = _host(args, "lse", (op.batch, op.heads, op.seq_q)) if op.lse else None
-        rc = lib.tr_attention(op.batch, op.heads, kvh, op.seq_q, op.seq_kv, op.head_dim, float(op.scale),  # type: ignore[arg-type]
-                              int(op.causal), _ptr(q), _ptr(k), _ptr(v), _ptr(out),
-                              self.threads(op, config, profile), _ptr(mask), _MASK_KINDS[op.mask], mb, mh, _ptr(lse))
-        _check_rc(rc, "attention")
-
-
-_MASK_KINDS = {None: 0, "bool": 1, "additive": 2}
-
-
 @functools.lru_cache(maxsize=512)
 def _blocked_plan(variant: "CpuVariant", op: Op, config: PipelineConfig) -> tuple[Any, int, int, int]:
     """Validated config -> (compiled library, mc, nc, kc), memoised so a call costs one dict lookup."""
     _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
     lib = kernels.blocked_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)  # type: ignore[attr-defined]
     return lib, int(config.get("mc")), int(config.get("nc")), int(config.get("kc"))
-
-
-@functools.lru_cache(maxsize=256)
-def _attention_plan(variant: "CpuAttentionVariant", op: Op, config: PipelineConfig) -> Any:
-    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
-    return kernels.attention_library(variant.isa.name, int(config.get("bq")), int(config.get("bk")))
 
 
 def all_variants() -> list[CpuVariant]:

@@ -10,7 +10,8 @@ GEMM_PARAMS = ("batch", "M", "N", "K", "rsa", "csa", "sa", "rsb", "csb", "sb", "
 CONV_PARAMS = ("layout", "n", "C", "H", "W", "K", "R", "S", "sh", "sw", "ph", "pw", "dh", "dw", "groups", "P", "Q",
                "mc", "nc", "kc", "nth", "indirect")
 #: Order of the ``long`` parameters of ``tr_attention_call``.
-ATTENTION_PARAMS = ("B", "H", "KVH", "Sq", "Skv", "D", "causal", "nth", "mkind", "MB", "MH")
+ATTENTION_PARAMS = ("B", "H", "KVH", "Sq", "Skv", "D", "Dv", "causal", "nth", "mkind", "MB", "MH", "rows_max",
+                    "qb", "qh", "qs", "kb", "kh", "ks", "vb", "vh", "vs", "ob", "oh", "os")
 
 GEMM_CONV_CALLS = r"""
 int tr_gemm_call(const long *p, const float *a, const float *b, float *c, const float *bias) {
@@ -26,7 +27,7 @@ int tr_conv2d_call(const long *p, const float *x, const float *w, const float *b
 ATTENTION_CALL = r"""
 int tr_attention_call(const long *p, float scale, const float *q, const float *k, const float *v, float *out,
                       const float *mask, float *lse) {
-    return tr_attention(p[0], p[1], p[2], p[3], p[4], p[5], scale, (int)p[6], q, k, v, out, (int)p[7], mask,
-                        (int)p[8], p[9], p[10], lse);
+    return tr_attention(p[0], p[1], p[2], p[3], p[4], p[5], p[6], scale, (int)p[7], q, k, v, out, (int)p[8], mask,
+                        (int)p[9], p[10], p[11], lse, p + 13, p[12]);
 }
 """
