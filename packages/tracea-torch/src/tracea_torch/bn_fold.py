@@ -27,7 +27,7 @@ and folding stays off for that pair.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -80,8 +80,9 @@ _TAIL_CLASSES: dict[type, type] = {}
 
 
 def _passing_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
-    """forward of an activation module fused into the conv before its BatchNorm: the conv's folded output
-    (already activated) passes through; any other input gets the activation."""
+    """forward of an activation module fused into the layer producing its input (a conv before a folded
+    BatchNorm, a linear): that layer's output (already activated) passes through; an input while none is
+    pending gets the activation (the layer did not fuse it: unfolded, under Dynamo, a direct call)."""
     d = self.__dict__
     mark = d.get(_IN)
     if mark is not None and not _is_dynamo_compiling():
@@ -93,7 +94,8 @@ def _passing_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
 
 
 def _passing_repr(self: Any) -> str:
-    return super(type(self), self).extra_repr() + ", fused into the conv before its BatchNorm"
+    base = super(type(self), self).extra_repr()
+    return (base + ", " if base else "") + "fused into the layer before it"
 
 
 _PASSING_CLASSES: dict[type, type] = {}
@@ -205,12 +207,13 @@ class _Tracer(torch.fx.Tracer):
         return id(m) in self.leaves or super().is_leaf_module(m, module_qualified_name)
 
 
-def _leaves(root: nn.Module) -> set[int]:
-    """ids of the modules traced as leaves: convs, BatchNorms and every module containing neither."""
+def _leaves(root: nn.Module, kinds: tuple[type, ...] = (nn.Conv2d, nn.BatchNorm2d)) -> set[int]:
+    """ids of the modules traced as leaves: modules of ``kinds`` (convs and BatchNorms) and every module
+    containing none."""
     out: set[int] = set()
 
-    def walk(m: nn.Module) -> bool:  # True when m holds a conv or a BatchNorm
-        if isinstance(m, (nn.Conv2d, nn.BatchNorm2d)):
+    def walk(m: nn.Module) -> bool:  # True when m holds a module of kinds
+        if isinstance(m, kinds):
             out.add(id(m))
             return True
         holds = False
@@ -259,6 +262,28 @@ def _pairs_in(graph: Any, root: nn.Module, uses: dict[int, int], convs: set[int]
     return pairs
 
 
+def traced(model: nn.Module, wanted: set[int], kinds: tuple[type, ...]) -> Iterator[tuple[Any, nn.Module]]:
+    """(graph, root) for ``model`` traced in eval mode with modules of ``kinds`` as leaves, or, where it does
+    not trace, for its children holding a module in ``wanted`` (ids), recursively; modes restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        todo = [model]
+        while todo:
+            root = todo.pop()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    graph = _Tracer(_leaves(root, kinds) - {id(root)}).trace(root)
+            except Exception:  # noqa: BLE001 - not traceable (tensor-dependent control flow, ...): look inside
+                todo.extend(c for c in root.children() if any(id(m) in wanted for m in c.modules()))
+                continue
+            yield graph, root
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def find_pairs(model: nn.Module, convs: Iterable[nn.Module], uses: dict[int, int]) -> list[Pair]:
     """(conv, BatchNorm2d, next) triples of ``model`` among ``convs`` (see the module docstring; ``next``:
     the module taking the BatchNorm's output as its only use, or None); ``uses``: how many times each module
@@ -266,24 +291,9 @@ def find_pairs(model: nn.Module, convs: Iterable[nn.Module], uses: dict[int, int
     conv_ids = {id(c) for c in convs}
     if not conv_ids or not any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
         return []
-    modes = [(m, m.training) for m in model.modules()]
     pairs: list[Pair] = []
-    try:
-        model.eval()
-        todo = [model]
-        while todo:  # the model, else its children that hold convs, recursively
-            root = todo.pop()
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    graph = _Tracer(_leaves(root) - {id(root)}).trace(root)
-            except Exception:  # noqa: BLE001 - not traceable (tensor-dependent control flow, ...): look inside
-                todo.extend(c for c in root.children() if any(id(m) in conv_ids for m in c.modules()))
-                continue
-            pairs += _pairs_in(graph, root, uses, conv_ids)
-    finally:
-        for m, training in modes:
-            m.training = training
+    for graph, root in traced(model, conv_ids, (nn.Conv2d, nn.BatchNorm2d)):
+        pairs += _pairs_in(graph, root, uses, conv_ids)
     return pairs
 
 

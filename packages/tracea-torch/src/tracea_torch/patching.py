@@ -11,7 +11,9 @@ Two scopes, both idempotent and exactly reversible:
   Inside a plain ``nn.Sequential``, a layer directly followed by ``nn.ReLU``/``nn.GELU``/``nn.SiLU``
   gets that activation fused into its kernel and the activation module becomes a pass-through
   (``fuse_activations=False`` to keep them separate). Fusion is skipped when either module is used more
-  than once in the model.
+  than once in the model. Elsewhere in a forward, a linear whose output goes only to such an activation
+  module (found by tracing the model, :mod:`tracea_torch.act_fuse`) fuses it too, and a conv feeding an
+  eval-mode BatchNorm folds it (:mod:`tracea_torch.bn_fold`).
 
 Attention (``patch_attention``) has no module to swap: layers call ``F.scaled_dot_product_attention``
 (Hugging Face's ``sdpa`` attention, ``nn.MultiheadAttention``'s fast path does not). Globally, that
@@ -35,7 +37,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from . import bn_fold, ops
+from . import act_fuse, bn_fold, ops
 from .bridge import parse_activation
 from .compat import check_torch_version
 from .layer_path import conv2d_layer, linear_layer
@@ -174,6 +176,16 @@ def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fu
                 m.activation = parse_activation(_ACTIVATION_MODULES[type(act_module)](act_module))  # type: ignore[attr-defined]
                 _SWAPPED[act_module] = ("activation:" + kind, type(act_module), None)
                 act_module.__class__ = FusedActivation
+                changed.append(act_module)
+        if fuse and kind == "linear":  # an activation module taking a linear's output alone, anywhere
+            linears = [m for m in model.modules() if type(m) is TraceaLinear and m.activation is None  # type: ignore[attr-defined]
+                       and "_tracea_bn_next" not in m.__dict__]
+            for linear, act_module, act in act_fuse.find(model, linears, _use_counts(model), _activation_of):
+                if act_module in _SWAPPED:
+                    continue
+                act_class = type(act_module)
+                act_fuse.attach(linear, act_module, act)
+                _SWAPPED[act_module] = ("activation:" + kind, act_class, None)  # type: ignore[index]
                 changed.append(act_module)
         if fold and kind == "conv2d":
             convs = [m for m in model.modules() if type(m) is TraceaConv2d and "_tracea_bn" not in m.__dict__]
