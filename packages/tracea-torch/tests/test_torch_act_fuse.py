@@ -43,7 +43,7 @@ def test_mlp_activation_is_fused_and_matches_eager(reference_backend, rel_err, a
     x = torch.randn(3, 5, 8)
     with torch.no_grad():
         ref = model(x)
-        with tracea_torch.patched(model) as p:
+        with tracea_torch.patched(model, fuse_activations="traced") as p:
             mlp, shared = p[0], p[1]
             assert mlp.fc1.__dict__["_tracea_bn_act"] == name
             assert isinstance(mlp.act, type(act)) and type(mlp.act) is not type(act)
@@ -66,7 +66,7 @@ def test_fused_mlp_trains_like_eager(reference_backend):
     eager = copy.deepcopy(model)
     x = torch.randn(4, 6, requires_grad=True)
     xe = x.detach().clone().requires_grad_(True)
-    with tracea_torch.patched(model) as p:
+    with tracea_torch.patched(model, fuse_activations="traced") as p:
         assert "_tracea_bn_next" in p.fc1.__dict__
         out = p(x)
         ref = eager(xe)
@@ -78,7 +78,14 @@ def test_fused_mlp_trains_like_eager(reference_backend):
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
 
 
-def test_fuse_activations_false_keeps_them_apart(reference_backend):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_traced_fusion_is_opt_in(reference_backend, fuse):
+    """The default (True: inside nn.Sequential only) and False leave the MLP's activation module alone; a
+    value other than True, False or "traced" is refused."""
     model = Mlp(4, nn.GELU())
-    with tracea_torch.patched(model, fuse_activations=False) as p:
+    with tracea_torch.patched(model, fuse_activations=fuse) as p:
         assert type(p.act) is nn.GELU and "_tracea_bn_next" not in p.fc1.__dict__
+    from tracea.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError):
+        tracea_torch.patch_linear(model, fuse_activations="everything")

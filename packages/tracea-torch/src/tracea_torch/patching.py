@@ -11,9 +11,9 @@ Two scopes, both idempotent and exactly reversible:
   Inside a plain ``nn.Sequential``, a layer directly followed by ``nn.ReLU``/``nn.GELU``/``nn.SiLU``
   gets that activation fused into its kernel and the activation module becomes a pass-through
   (``fuse_activations=False`` to keep them separate). Fusion is skipped when either module is used more
-  than once in the model. Elsewhere in a forward, a linear whose output goes only to such an activation
-  module (found by tracing the model, :mod:`tracea_torch.act_fuse`) fuses it too, and a conv feeding an
-  eval-mode BatchNorm folds it (:mod:`tracea_torch.bn_fold`).
+  than once in the model. With ``fuse_activations="traced"``, a linear whose output goes only to such an
+  activation module anywhere in the forward (found by tracing the model, :mod:`tracea_torch.act_fuse`)
+  fuses it too; a conv feeding an eval-mode BatchNorm folds it (:mod:`tracea_torch.bn_fold`).
 
 Attention (``patch_attention``) has no module to swap: layers call ``F.scaled_dot_product_attention``
 (Hugging Face's ``sdpa`` attention, ``nn.MultiheadAttention``'s fast path does not). Globally, that
@@ -154,12 +154,16 @@ def _fusable_pairs(model: nn.Module, base: type) -> dict[int, nn.Module]:
     return pairs
 
 
-def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fuse: bool,
+def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fuse: "bool | str",
                  fold: bool = False) -> list[nn.Module]:
     if not isinstance(model, nn.Module):
         from tracea.errors import InvalidArgumentError
 
         raise InvalidArgumentError("model", type(model).__name__, "a torch.nn.Module")
+    if fuse not in (True, False, "traced"):
+        from tracea.errors import InvalidArgumentError
+
+        raise InvalidArgumentError("fuse_activations", fuse, 'True, False or "traced"')
     base, target = _KINDS[kind]
     pairs = _fusable_pairs(model, base) if fuse else {}
     changed: list[nn.Module] = []
@@ -177,7 +181,7 @@ def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fu
                 _SWAPPED[act_module] = ("activation:" + kind, type(act_module), None)
                 act_module.__class__ = FusedActivation
                 changed.append(act_module)
-        if fuse and kind == "linear":  # an activation module taking a linear's output alone, anywhere
+        if fuse == "traced" and kind == "linear":  # an activation module taking a linear's output alone
             linears = [m for m in model.modules() if type(m) is TraceaLinear and m.activation is None  # type: ignore[attr-defined]
                        and "_tracea_bn_next" not in m.__dict__]
             for linear, act_module, act in act_fuse.find(model, linears, _use_counts(model), _activation_of):
@@ -235,14 +239,16 @@ def _swapped_in(model: Optional[nn.Module], kind: str) -> list[nn.Module]:
 # ------------------------------------------------------------------------------------------------
 
 def patch_conv2d(model: Optional[nn.Module] = None, *, filter: Optional[ModuleFilter] = None,
-                 fuse_activations: bool = True, fold_batchnorm: bool = True) -> Optional[nn.Module]:
+                 fuse_activations: "bool | str" = True, fold_batchnorm: bool = True) -> Optional[nn.Module]:
     """Run ``nn.Conv2d`` layers on Tracea.
 
     :param model: patch this model's plain ``nn.Conv2d`` layers in place (returned for chaining);
         None patches ``nn.Conv2d`` globally (every instance, existing and future, and subclasses that
         call ``_conv_forward``).
     :param filter: with ``model``, ``filter(qualified_name, module)`` chooses the layers.
-    :param fuse_activations: with ``model``, fuse a directly following ReLU/GELU/SiLU in an nn.Sequential.
+    :param fuse_activations: with ``model``, fuse a directly following ReLU/GELU/SiLU in an nn.Sequential;
+        ``"traced"`` also fuses, into a linear, an activation module taking its output alone anywhere in the
+        forward (:mod:`tracea_torch.act_fuse`; opt-in: not measured faster).
     :param fold_batchnorm: with ``model``, fold each ``nn.BatchNorm2d`` that takes a patched conv's output
         (its only use, found by tracing the model) into that conv while the BatchNorm is in eval mode and no
         gradient is needed (:mod:`tracea_torch.bn_fold`).
@@ -269,7 +275,7 @@ def unpatch_conv2d(model: Optional[nn.Module] = None) -> None:
 
 
 def patch_linear(model: Optional[nn.Module] = None, *, filter: Optional[ModuleFilter] = None,
-                 fuse_activations: bool = True) -> Optional[nn.Module]:
+                 fuse_activations: "bool | str" = True) -> Optional[nn.Module]:
     """Run ``nn.Linear`` layers on Tracea GEMMs with the bias (and a following activation) fused.
     Same arguments and scopes as :func:`patch_conv2d`."""
     check_torch_version()
@@ -385,7 +391,7 @@ def unpatch_attention(model: Optional[nn.Module] = None) -> None:
 
 @contextlib.contextmanager
 def patched(model: Optional[nn.Module] = None, *, conv2d: bool = True, linear: bool = True,
-            filter: Optional[ModuleFilter] = None, fuse_activations: bool = True,
+            filter: Optional[ModuleFilter] = None, fuse_activations: "bool | str" = True,
             attention: bool = False, fold_batchnorm: bool = True) -> Iterator[Optional[nn.Module]]:
     """Context manager: patch on entry, undo on exit exactly what this block patched (patches made
     before it stay). ``attention=True`` also patches SDPA (see :func:`patch_attention`);
