@@ -138,6 +138,26 @@ def test_changed_statistics_and_weights_are_folded_again(reference_backend, rel_
         assert rel_err(p(x), eager(x)) < 1e-5
 
 
+def test_a_refold_writes_into_the_same_buffers(reference_backend, rel_err):
+    """A parameter change refolds into the buffers folded before (a CUDA graph captured with them reads the
+    new values after the refold); a new layout (another dtype) takes new buffers."""
+    model = _model()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad(), tracea_torch.patched(model) as p:
+        p(x)
+        (_, (w0, b0)) = p[0].__dict__["_tracea_fold"]
+        p[1].running_mean.add_(1.0)
+        p(x)
+        (_, (w1, b1)) = p[0].__dict__["_tracea_fold"]
+        assert w1 is w0 and b1 is b0
+        eager = _model()
+        eager.load_state_dict(p.state_dict())
+        assert rel_err(p(x), eager(x)) < 1e-5
+        p.double()
+        p(x.double())
+        assert p[0].__dict__["_tracea_fold"][1][0] is not w0
+
+
 def test_a_conv_output_used_twice_is_not_folded(reference_backend, batch_norms):
     class Twice(nn.Module):
         def __init__(self) -> None:
@@ -257,6 +277,29 @@ def test_cuda_folded_model_matches_eager_and_captures(batch_norms, rel_err, dtyp
             g.replay()
             torch.cuda.synchronize()
             assert rel_err(static, ref) < tol
+            with torch.no_grad():  # a parameter change reaches the graph after the next call outside it
+                for m in p.modules():
+                    if isinstance(m, nn.BatchNorm2d):
+                        m.running_var.mul_(2.0)
+            ref2 = _eager_copy(p)(x)
+            p(x)
+            g.replay()
+            torch.cuda.synchronize()
+            assert rel_err(static, ref2) < tol
+    junk = [torch.full((1 << 20,), float("nan"), device="cuda") for _ in range(64)]  # reuse freed memory
+    g.replay()  # unpatched: the folded buffers the graph reads are still alive
+    torch.cuda.synchronize()
+    assert rel_err(static, ref2) < tol and junk
+
+
+def _eager_copy(patched: nn.Module) -> nn.Module:
+    """An unpatched _model(32) with ``patched``'s state, dtype, device and memory format."""
+    w = next(patched.parameters())
+    fmt = torch.channels_last if w.dim() == 4 and w.is_contiguous(memory_format=torch.channels_last) \
+        and not w.is_contiguous() else torch.contiguous_format
+    eager = _model(32).to(w.device, w.dtype).to(memory_format=fmt)
+    eager.load_state_dict(patched.state_dict())
+    return eager
 
 
 class BatchNormAct2d(nn.BatchNorm2d):

@@ -14,8 +14,12 @@ At run time the conv folds only while folding is exactly equivalent: the BatchNo
 running statistics, no gradient needed (grad mode off, or nothing requiring grad), no forward hooks on
 either module (nor global ones, which would see the folded output), not inside a Dynamo trace. The folded
 weight and bias are computed once in float64 (rounded to the weight's dtype) and again whenever a
-parameter or running statistic changes (version counters and addresses are compared each call), except
-during CUDA graph capture, where an unfolded call is captured instead. The conv hands its output to its
+parameter or running statistic changes (version counters and addresses are compared each call), in place
+where the layout allows, except during CUDA graph capture, where an unfolded call is captured instead. A
+CUDA graph captured with folded weights reads the buffers they were folded into: those stay alive as long
+as the conv does (after unpatching too), and a refold (the next call outside the graph after a parameter
+or statistic changed) writes into them, so a replay after that reads the new values; replays before it
+read the weights folded before (unlike the unfolded modules, whose parameters a graph reads directly). The conv hands its output to its
 BatchNorm (:class:`FoldedBatchNorm2d`), which passes exactly that tensor through; anything else it
 computes as a BatchNorm2d does. An activation module that alone takes a plain BatchNorm's output (timm's
 ResNets: ``act1(bn1(conv1(x)))``) is fused into the conv too when the kernels have it (ReLU, SiLU, GELU),
@@ -27,18 +31,23 @@ and folding stays off for that pair.
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module_globals
 
+from .adapter import stream_capturing
 from .layer_path import _is_dynamo_compiling
 
 _BN = "_tracea_bn"  # conv.__dict__: the BatchNorm2d its output feeds
 _FOLD = "_tracea_fold"  # conv.__dict__: (key, (weight, bias)) of the last fold
 _IN = "_tracea_bn_in"  # bn.__dict__: the folded output the conv handed over, until the BatchNorm takes it
 _CONV = "_tracea_bn_conv"  # bn.__dict__: its conv
+#: conv -> folded buffers a CUDA graph captured (kept while the conv lives, after unpatching too)
+_CAPTURED: "weakref.WeakKeyDictionary[nn.Module, list[Tensor]]" = weakref.WeakKeyDictionary()
+_capturing = stream_capturing()
 _ACT = "_tracea_bn_act"  # conv.__dict__: the activation it applies while folding (a BatchNormAct's, fused)
 _FUSED = "_tracea_act_fused"  # bn.__dict__: True when the conv applies the activation
 _NEXT = "_tracea_bn_next"  # conv.__dict__: the activation module after a plain BatchNorm, fused, or None
@@ -168,13 +177,28 @@ def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Ten
     key = (w._version, w.data_ptr(), w.dtype, mean._version, var._version, var.data_ptr(), bn.eps,
            -1 if b is None else b._version, -1 if g is None else g._version, -1 if beta is None else beta._version)
     cache = conv.__dict__.get(_FOLD)
+    capturing = w.is_cuda and _capturing()
     if cache is not None and cache[0] == key:
+        if capturing:  # a graph now holds these buffers' addresses: they outlive the cache and the patch
+            kept = _CAPTURED.setdefault(conv, [])
+            if not any(t is cache[1][0] for t in kept):
+                kept.extend(cache[1])
         return cache[1]
-    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+    if capturing:
         return None  # (no new tensors inside a capture: this call is captured unfolded)
     wb = _fold(w, b, g, beta, mean, var, bn.eps)
+    if cache is not None and _same_layout(cache[1], wb):
+        with torch.no_grad():  # refolded in place: a graph captured before reads the new values
+            cache[1][0].copy_(wb[0])
+            cache[1][1].copy_(wb[1])
+        wb = cache[1]
     conv.__dict__[_FOLD] = (key, wb)
     return wb
+
+
+def _same_layout(old: tuple[Tensor, Tensor], new: tuple[Tensor, Tensor]) -> bool:
+    return all(a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride()
+               for a, b in zip(old, new))
 
 
 def _fold(w: Tensor, b: Optional[Tensor], g: Optional[Tensor], beta: Optional[Tensor], mean: Tensor,
