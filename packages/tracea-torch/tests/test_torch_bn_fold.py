@@ -145,10 +145,10 @@ def test_a_refold_writes_into_the_same_buffers(reference_backend, rel_err):
     x = torch.randn(1, 3, 8, 8)
     with torch.no_grad(), tracea_torch.patched(model) as p:
         p(x)
-        (_, (w0, b0)) = p[0].__dict__["_tracea_fold"]
+        (_, (w0, b0), _) = p[0].__dict__["_tracea_fold"]
         p[1].running_mean.add_(1.0)
         p(x)
-        (_, (w1, b1)) = p[0].__dict__["_tracea_fold"]
+        (_, (w1, b1), _) = p[0].__dict__["_tracea_fold"]
         assert w1 is w0 and b1 is b0
         eager = _model()
         eager.load_state_dict(p.state_dict())
@@ -156,6 +156,21 @@ def test_a_refold_writes_into_the_same_buffers(reference_backend, rel_err):
         p.double()
         p(x.double())
         assert p[0].__dict__["_tracea_fold"][1][0] is not w0
+
+
+def test_a_replaced_buffer_or_parameter_is_folded_again(reference_backend, rel_err):
+    """A running statistic or an affine parameter replaced by another tensor (its own version counter,
+    maybe at a freed tensor's address) is seen: the BatchNorm's new state is folded."""
+    model = _model()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad(), tracea_torch.patched(model) as p:
+        p(x)
+        bn = p[1]
+        bn.running_mean = torch.full_like(bn.running_mean, 0.5)  # a new buffer, version 0
+        bn.weight = nn.Parameter(torch.full_like(bn.weight, 2.0))
+        eager = _model()
+        eager.load_state_dict(p.state_dict())
+        assert rel_err(p(x), eager(x)) < 1e-5
 
 
 def test_a_conv_output_used_twice_is_not_folded(reference_backend, batch_norms):
@@ -244,7 +259,7 @@ def test_channels_last_weights_stay_channels_last(reference_backend):
     x = torch.randn(1, 3, 8, 8).contiguous(memory_format=torch.channels_last)
     with torch.no_grad(), tracea_torch.patched(model) as p:
         p(x)
-        (_, (w, b)) = p[0].__dict__["_tracea_fold"]
+        (_, (w, b), _) = p[0].__dict__["_tracea_fold"]
         assert w.is_contiguous(memory_format=torch.channels_last) and b.dtype == w.dtype
 
 

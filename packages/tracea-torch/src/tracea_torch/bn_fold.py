@@ -42,7 +42,7 @@ from .adapter import stream_capturing
 from .layer_path import _is_dynamo_compiling
 
 _BN = "_tracea_bn"  # conv.__dict__: the BatchNorm2d its output feeds
-_FOLD = "_tracea_fold"  # conv.__dict__: (key, (weight, bias)) of the last fold
+_FOLD = "_tracea_fold"  # conv.__dict__: (key, (weight, bias), the tensors folded) of the last fold
 _IN = "_tracea_bn_in"  # bn.__dict__: the folded output the conv handed over, until the BatchNorm takes it
 _CONV = "_tracea_bn_conv"  # bn.__dict__: its conv
 #: conv -> folded buffers a CUDA graph captured (kept while the conv lives, after unpatching too)
@@ -174,11 +174,17 @@ def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Ten
                                     or (g is not None and g.requires_grad)
                                     or (beta is not None and beta.requires_grad)):
         return None
-    key = (w._version, w.data_ptr(), w.dtype, mean._version, var._version, var.data_ptr(), bn.eps,
-           -1 if b is None else b._version, -1 if g is None else g._version, -1 if beta is None else beta._version)
+    # each tensor's version and address (in-place changes, `.data` replaced, `.to()`), the objects themselves
+    # (a buffer or parameter replaced by another, maybe at a freed one's address: held in the cache, so
+    # compared by identity), eps and the dtype
+    refs = (w, b, g, beta, mean, var)
+    key = (w._version, w.data_ptr(), mean._version, mean.data_ptr(), var._version, var.data_ptr(),
+           -1 if b is None else b._version, 0 if b is None else b.data_ptr(),
+           -1 if g is None else g._version, 0 if g is None else g.data_ptr(),
+           -1 if beta is None else beta._version, 0 if beta is None else beta.data_ptr(), bn.eps, w.dtype)
     cache = conv.__dict__.get(_FOLD)
     capturing = w.is_cuda and _capturing()
-    if cache is not None and cache[0] == key:
+    if cache is not None and cache[0] == key and all(a is c for a, c in zip(cache[2], refs)):
         if capturing:  # a graph now holds these buffers' addresses: they outlive the cache and the patch
             kept = _CAPTURED.setdefault(conv, [])
             if not any(t is cache[1][0] for t in kept):
@@ -192,7 +198,7 @@ def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Ten
             cache[1][0].copy_(wb[0])
             cache[1][1].copy_(wb[1])
         wb = cache[1]
-    conv.__dict__[_FOLD] = (key, wb)
+    conv.__dict__[_FOLD] = (key, wb, refs)
     return wb
 
 
