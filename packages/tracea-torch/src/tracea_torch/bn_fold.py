@@ -184,7 +184,9 @@ def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Ten
            -1 if beta is None else beta._version, 0 if beta is None else beta.data_ptr(), bn.eps, w.dtype)
     cache = conv.__dict__.get(_FOLD)
     capturing = w.is_cuda and _capturing()
-    if cache is not None and cache[0] == key and all(a is c for a, c in zip(cache[2], refs)):
+    r = cache[2] if cache is not None else refs
+    if (cache is not None and cache[0] == key and r[0] is w and r[1] is b and r[2] is g and r[3] is beta
+            and r[4] is mean and r[5] is var):
         if capturing:  # a graph now holds these buffers' addresses: they outlive the cache and the patch
             kept = _CAPTURED.setdefault(conv, [])
             if not any(t is cache[1][0] for t in kept):
