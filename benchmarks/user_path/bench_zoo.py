@@ -9,7 +9,7 @@ SDPA, with both device times); a failure is printed and the run goes on (any fai
 
     source scripts/srcenv.sh
     python benchmarks/user_path/bench_zoo.py --device cuda [--timm a,b] [--hf bert,llama] [--no-graphs]
-        [--json out.json]
+        [--no-fold] [--fuse sequential|traced|off] [--json out.json]
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _fp64_errors(model: nn.Module, args: tuple, eager: torch.Tensor, patched: to
 
 
 def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch.device, graphs: bool,
-             attention: bool = True) -> dict:
+             attention: bool = True, patch_options: dict | None = None) -> dict:
     """Eager vs patched for one model and input; never raises (a failure is the row's ``error``)."""
     cuda = device.type == "cuda"
     args = make()
@@ -161,7 +161,7 @@ def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     patched_model = copy.deepcopy(model)
     try:
-        with torch.no_grad(), tracea_torch.patched(patched_model, attention=attention):
+        with torch.no_grad(), tracea_torch.patched(patched_model, attention=attention, **(patch_options or {})):
             fallbacks.reset()
             arbiter.reset()
             ref = _logits(model(*args))
@@ -213,6 +213,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--only", default="", help="run only the cases whose name contains this substring")
     p.add_argument("--no-attention", action="store_true", help="patch conv2d and linear only")
+    p.add_argument("--no-fold", action="store_true", help="keep BatchNorms apart (fold_batchnorm=False)")
+    p.add_argument("--fuse", choices=("sequential", "traced", "off"), default="sequential",
+                   help="activation fusion: inside nn.Sequential (default), also traced (opt-in), or off")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -223,7 +226,9 @@ def main(argv: list[str]) -> int:
     for name, model, make in [*timm_cases(args.timm, device), *hf_cases(args.hf, device)]:
         if args.only not in name:
             continue
-        row = run_case(name, model, make, device, not args.no_graphs, not args.no_attention)
+        options = {"fold_batchnorm": not args.no_fold,
+                   "fuse_activations": {"sequential": True, "traced": "traced", "off": False}[args.fuse]}
+        row = run_case(name, model, make, device, not args.no_graphs, not args.no_attention, options)
         rows.append(row)
         if "error" in row:
             print(f"  {name:<44} FAILED {row['error']}", flush=True)
