@@ -64,6 +64,10 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   # models no test uses (timm CNNs/ViTs, HF BERT/Llama; conv, linear and SDPA patched)
   python benchmarks/user_path/bench_zoo.py --device cuda --json "$OUT/zoo.json" 2>&1 | tee "$OUT/zoo.log" | tail -25
   rc=$(( rc || $? ))
+  # what BatchNorm folding gives (the same CNNs with the BatchNorms kept apart)
+  python benchmarks/user_path/bench_zoo.py --device cuda --timm "${FOLD_MODELS:-resnet50,efficientnet_b0}" --hf "" \
+    --no-fold --json "$OUT/zoo_nofold.json" 2>&1 | tee "$OUT/zoo_nofold.log" | tail -8
+  rc=$(( rc || $? ))
   python benchmarks/cuda/bench_attention.py --quick --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -30
   rc=$(( rc || $? ))
 fi
