@@ -173,6 +173,31 @@ def test_a_replaced_buffer_or_parameter_is_folded_again(reference_backend, rel_e
         assert rel_err(p(x), eager(x)) < 1e-5
 
 
+def test_inference_mode(reference_backend, batch_norms, rel_err):
+    """Inside torch.inference_mode a model built outside it folds; one built inside it (inference tensors
+    keep no version counters, so changes could not be seen) computes its BatchNorms."""
+    model = _model()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.inference_mode():
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            batch_norms[0] = 0
+            assert rel_err(p(x), ref) < 1e-5 and batch_norms[0] == 0
+        built_inside = _model()
+        ref = built_inside(x)
+        with tracea_torch.patched(built_inside) as p:
+            batch_norms[0] = 0
+            assert rel_err(p(x), ref) < 1e-5 and batch_norms[0] == 5
+    with tracea_torch.patched(model) as p:  # folded first inside inference_mode, refolded outside it
+        with torch.inference_mode():
+            p(x)
+        with torch.no_grad():
+            p[1].running_var.mul_(2.0)
+            eager = _model()
+            eager.load_state_dict(p.state_dict())
+            assert rel_err(p(x), eager(x)) < 1e-5
+
+
 def test_a_conv_output_used_twice_is_not_folded(reference_backend, batch_norms):
     class Twice(nn.Module):
         def __init__(self) -> None:

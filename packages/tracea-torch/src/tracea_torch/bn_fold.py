@@ -178,10 +178,13 @@ def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Ten
     # (a buffer or parameter replaced by another, maybe at a freed one's address: held in the cache, so
     # compared by identity), eps and the dtype
     refs = (w, b, g, beta, mean, var)
-    key = (w._version, w.data_ptr(), mean._version, mean.data_ptr(), var._version, var.data_ptr(),
-           -1 if b is None else b._version, 0 if b is None else b.data_ptr(),
-           -1 if g is None else g._version, 0 if g is None else g.data_ptr(),
-           -1 if beta is None else beta._version, 0 if beta is None else beta.data_ptr(), bn.eps, w.dtype)
+    try:
+        key = (w._version, w.data_ptr(), mean._version, mean.data_ptr(), var._version, var.data_ptr(),
+               -1 if b is None else b._version, 0 if b is None else b.data_ptr(),
+               -1 if g is None else g._version, 0 if g is None else g.data_ptr(),
+               -1 if beta is None else beta._version, 0 if beta is None else beta.data_ptr(), bn.eps, w.dtype)
+    except RuntimeError:  # inference tensors (a model built under torch.inference_mode) keep no versions:
+        return None  # their in-place changes could not be seen, so such a pair is not folded
     cache = conv.__dict__.get(_FOLD)
     capturing = w.is_cuda and _capturing()
     r = cache[2] if cache is not None else refs
@@ -196,7 +199,7 @@ def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Ten
         return None  # (no new tensors inside a capture: this call is captured unfolded)
     wb = _fold(w, b, g, beta, mean, var, bn.eps)
     if cache is not None and _same_layout(cache[1], wb):
-        with torch.no_grad():  # refolded in place: a graph captured before reads the new values
+        with torch.inference_mode(False), torch.no_grad():  # refolded in place: a graph captured before reads it
             cache[1][0].copy_(wb[0])
             cache[1][1].copy_(wb[1])
         wb = cache[1]
@@ -211,7 +214,7 @@ def _same_layout(old: tuple[Tensor, Tensor], new: tuple[Tensor, Tensor]) -> bool
 
 def _fold(w: Tensor, b: Optional[Tensor], g: Optional[Tensor], beta: Optional[Tensor], mean: Tensor,
           var: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad():  # (normal tensors: refolded in place later, anywhere)
         scale = torch.rsqrt(var.double() + eps)
         if g is not None:
             scale = scale * g.double()
