@@ -198,6 +198,19 @@ def test_inference_mode(reference_backend, batch_norms, rel_err):
             assert rel_err(p(x), eager(x)) < 1e-5
 
 
+def test_autocast_computes_the_batch_norm(reference_backend, batch_norms):
+    """Under autocast the BatchNorm runs (in float32, as autocast has it): folded, its output would keep
+    the conv's lower precision."""
+    model = _model()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            batch_norms[0] = 0
+            out = p(x)
+    assert batch_norms[0] == 5 and out.dtype == ref.dtype
+
+
 def test_a_conv_output_used_twice_is_not_folded(reference_backend, batch_norms):
     class Twice(nn.Module):
         def __init__(self) -> None:

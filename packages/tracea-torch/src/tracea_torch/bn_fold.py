@@ -12,7 +12,8 @@ path traced is the path a forward takes (in eval mode: the trace runs with every
 
 At run time the conv folds only while folding is exactly equivalent: the BatchNorm in eval mode with its
 running statistics, no gradient needed (grad mode off, or nothing requiring grad), no forward hooks on
-either module (nor global ones, which would see the folded output), not inside a Dynamo trace. The folded
+either module (nor global ones, which would see the folded output), not inside a Dynamo trace, no autocast
+(which runs the batch norm in float32). The folded
 weight and bias are computed once in float64 (rounded to the weight's dtype) and again whenever a
 parameter or running statistic changes (version counters and addresses are compared each call), in place
 where the layout allows, except during CUDA graph capture, where an unfolded call is captured instead. A
@@ -39,7 +40,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as _module_globals
 
 from .adapter import stream_capturing
-from .layer_path import _is_dynamo_compiling
+from .layer_path import _any_autocast, _is_dynamo_compiling
 
 _BN = "_tracea_bn"  # conv.__dict__: the BatchNorm2d its output feeds
 _FOLD = "_tracea_fold"  # conv.__dict__: (key, (weight, bias), the tensors folded) of the last fold
@@ -162,7 +163,7 @@ def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Ten
     equivalent now (see the module docstring)."""
     if (bn.training or conv._forward_hooks or bn._forward_pre_hooks or bn._forward_hooks
             or _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks
-            or _is_dynamo_compiling()):
+            or _is_dynamo_compiling() or _any_autocast()):  # (autocast runs batch_norm in float32)
         return None
     ps, bps, bbs = conv._parameters, bn._parameters, bn._buffers
     w, b = ps["weight"], ps.get("bias")
