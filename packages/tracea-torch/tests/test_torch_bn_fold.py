@@ -4,6 +4,7 @@ is eager's, and that every case where folding is not exactly equivalent computes
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,6 +212,36 @@ def test_autocast_computes_the_batch_norm(reference_backend, batch_norms):
     assert batch_norms[0] == 5 and out.dtype == ref.dtype
 
 
+def test_a_patched_model_pickles_and_loads_in_a_fresh_process(reference_backend, tmp_path, rel_err):
+    """torch.save of a whole patched model with folded BatchNorms and fused activation modules (classes
+    made at patch time) loads where they were never made, and computes the same."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    model = _randomize_bn(nn.Sequential(Block(4), nn.Conv2d(4, 4, 1), BatchNormAct2d(4, nn.ReLU(), nn.Identity())))
+    model.eval()
+    x = torch.randn(1, 4, 6, 6)
+    with torch.no_grad():
+        ref = model(x)
+        tracea_torch.patch_conv2d(model)
+        try:
+            assert type(model[2]).__name__.startswith("Folded") and type(model[0].act).__name__.startswith("Fused")
+            model(x)
+            torch.save({"model": model, "x": x, "ref": ref}, tmp_path / "m.pt")
+        finally:
+            tracea_torch.unpatch_conv2d(model)
+    code = ("import sys, torch, tracea_torch; sys.path.insert(0, sys.argv[2]); "
+            "d = torch.load(sys.argv[1], weights_only=False); m = d['model']\n"
+            "with torch.no_grad(): out = m(d['x'])\n"
+            "print(float((out - d['ref']).norm() / d['ref'].norm()), type(m[2]).__name__.startswith('Folded'))")
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.pt"), str(Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    err, folded = res.stdout.split()
+    assert float(err) < 1e-5 and folded == "True"
+
+
 def test_a_conv_output_used_twice_is_not_folded(reference_backend, batch_norms):
     class Twice(nn.Module):
         def __init__(self) -> None:
@@ -412,6 +443,7 @@ def test_an_activation_after_a_folded_batch_norm_is_fused_unless_shared(referenc
             block, shared = p[0], p[1]
             assert block.conv1.__dict__["_tracea_bn_act"] == "relu" and isinstance(block.act, nn.ReLU)
             assert type(block.act) is not nn.ReLU and "fused into the layer before it" in repr(block.act)
+            assert type(block.act).__name__.startswith("Fused")
             assert type(shared.relu) is nn.ReLU and shared.conv1.__dict__["_tracea_bn_act"] is None
             batch_norms[0] = 0
             assert rel_err(p(x), ref) < 1e-5 and batch_norms[0] == 0

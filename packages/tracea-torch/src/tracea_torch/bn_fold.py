@@ -115,11 +115,36 @@ def _passing_class(cls: type) -> type:
     """The stand-in class of an activation module fused after a folded BatchNorm (a subclass of it)."""
     passing = _PASSING_CLASSES.get(cls)
     if passing is None:
-        passing = _PASSING_CLASSES[cls] = type("Fused" + cls.__name__, (cls,), {
-            "forward": _passing_forward, "__module__": __name__,
-            "extra_repr": _passing_repr,
-            "__doc__": f"A {cls.__name__} fused into the conv before its folded BatchNorm (tracea_torch.bn_fold)."})
+        passing = _PASSING_CLASSES[cls] = _derived("Fused", cls, {
+            "forward": _passing_forward, "extra_repr": _passing_repr,
+            "__doc__": f"A {cls.__name__} fused into the layer before it (tracea_torch.bn_fold)."})
     return passing
+
+
+#: the module attribute name of a derived class: its kind, then the base's module and qualified name
+_SEP, _DOT = "__of__", "__dot__"
+
+
+def _derived(kind: str, base: type, body: dict[str, Any]) -> type:
+    """A subclass of ``base`` defined in this module under a name that says how to rebuild it, so that a
+    pickled patched model loads in a process that has not made it yet (see :func:`__getattr__`)."""
+    name = f"{kind}{_SEP}{base.__module__.replace('.', _DOT)}{_SEP}{base.__qualname__.replace('.', _DOT)}"
+    cls = type(name, (base,), {"__module__": __name__, "__qualname__": name, **body})
+    globals()[name] = cls
+    return cls
+
+
+def __getattr__(name: str) -> type:
+    """Rebuild a derived class (:func:`_derived`) that a pickle names; other names: AttributeError."""
+    parts = name.split(_SEP)
+    if len(parts) == 3 and parts[0] in ("Fused", "Folded"):
+        import importlib
+
+        base: Any = importlib.import_module(parts[1].replace(_DOT, "."))
+        for attr in parts[2].split(_DOT):
+            base = getattr(base, attr)
+        return _passing_class(base) if parts[0] == "Fused" else _folded_class(base)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_norm_act(bn: nn.Module) -> bool:
@@ -134,8 +159,8 @@ def _folded_class(cls: type) -> type:
         return FoldedBatchNorm2d
     folded_cls = _TAIL_CLASSES.get(cls)
     if folded_cls is None:
-        folded_cls = _TAIL_CLASSES[cls] = type("Folded" + cls.__name__, (cls,), {
-            "forward": _tail_forward, "extra_repr": FoldedBatchNorm2d.extra_repr, "__module__": __name__,
+        folded_cls = _TAIL_CLASSES[cls] = _derived("Folded", cls, {
+            "forward": _tail_forward, "extra_repr": FoldedBatchNorm2d.extra_repr,
             "__doc__": f"A {cls.__name__} folded into the convolution before it (see tracea_torch.bn_fold)."})
     return folded_cls
 
