@@ -242,6 +242,38 @@ def test_a_patched_model_pickles_and_loads_in_a_fresh_process(reference_backend,
     assert float(err) < 1e-5 and folded == "True"
 
 
+def test_one_model_in_several_threads(reference_backend, rel_err):
+    """Forwards of one folded model running at once in several threads (a server sharing a model): each
+    thread's hand-overs are its own, every result is eager's, nothing diverges."""
+    import threading
+
+    model = _model()
+    xs = [torch.randn(2, 3, 12, 12) for _ in range(4)]
+    with torch.no_grad():
+        refs = [model(x) for x in xs]
+    errors: list[BaseException] = []
+    worst = [0.0]
+
+    def work(i: int) -> None:
+        try:
+            with torch.no_grad():
+                for _ in range(25):
+                    worst[0] = max(worst[0], rel_err(p(xs[i]), refs[i]))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    with tracea_torch.patched(model) as p:
+        with torch.no_grad():
+            p(xs[0])
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert "_tracea_bn" in p[0].__dict__  # still folding
+    assert not errors and worst[0] < 1e-5, (errors, worst)
+
+
 def test_a_conv_output_used_twice_is_not_folded(reference_backend, batch_norms):
     class Twice(nn.Module):
         def __init__(self) -> None:

@@ -58,7 +58,6 @@ def attach(linear: nn.Module, act_module: nn.Module, act: str) -> None:
     """Fuse ``act_module`` (computing ``act``) into ``linear`` (a :class:`~tracea_torch.modules.TraceaLinear`)."""
     act_module.__class__ = bn_fold._passing_class(type(act_module))
     act_module.__dict__[bn_fold._CONV] = linear  # (the producer: a divergence stops its fusing)
-    act_module.__dict__[bn_fold._IN] = None
     linear.__dict__[bn_fold._NEXT] = act_module
     linear.__dict__[bn_fold._ACT] = act
 

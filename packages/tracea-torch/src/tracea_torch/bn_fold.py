@@ -21,7 +21,8 @@ CUDA graph captured with folded weights reads the buffers they were folded into:
 as the conv does (after unpatching too), and a refold (the next call outside the graph after a parameter
 or statistic changed) writes into them, so a replay after that reads the new values; replays before it
 read the weights folded before (unlike the unfolded modules, whose parameters a graph reads directly). The conv hands its output to its
-BatchNorm (:class:`FoldedBatchNorm2d`), which passes exactly that tensor through; anything else it
+BatchNorm (:class:`FoldedBatchNorm2d`; per thread, :func:`pending`), which passes exactly that tensor
+through; anything else it
 computes as a BatchNorm2d does. An activation module that alone takes a plain BatchNorm's output (timm's
 ResNets: ``act1(bn1(conv1(x)))``) is fused into the conv too when the kernels have it (ReLU, SiLU, GELU),
 passing the conv's output through the same way. A BatchNorm (or activation) that receives another tensor while its conv's folded output
@@ -31,6 +32,7 @@ and folding stays off for that pair.
 
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -44,7 +46,20 @@ from .layer_path import _any_autocast, _is_dynamo_compiling
 
 _BN = "_tracea_bn"  # conv.__dict__: the BatchNorm2d its output feeds
 _FOLD = "_tracea_fold"  # conv.__dict__: (key, (weight, bias), the tensors folded) of the last fold
-_IN = "_tracea_bn_in"  # bn.__dict__: the folded output the conv handed over, until the BatchNorm takes it
+_IN = "_tracea_bn_in"  # (an older spelling of the hand-over, in a module's __dict__: removed on detach)
+#: each thread's hand-overs: id(module) -> the output its producer (a folding conv, a fusing linear) handed
+#: it, until the module takes it (per thread: one model may run forwards in several threads at once)
+_tls = threading.local()
+
+
+def pending() -> dict[int, Tensor]:
+    """This thread's hand-overs (see ``_tls``)."""
+    try:
+        return _tls.pending  # type: ignore[no-any-return]
+    except AttributeError:
+        out: dict[int, Tensor] = {}
+        _tls.pending = out
+        return out
 _CONV = "_tracea_bn_conv"  # bn.__dict__: its conv
 #: conv -> folded buffers a CUDA graph captured (kept while the conv lives, after unpatching too)
 _CAPTURED: "weakref.WeakKeyDictionary[nn.Module, list[Tensor]]" = weakref.WeakKeyDictionary()
@@ -59,13 +74,12 @@ class FoldedBatchNorm2d(nn.BatchNorm2d):
     computes every other input as ``nn.BatchNorm2d`` does (its class is swapped back on unpatch)."""
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.BatchNorm2d's parameter name
-        d = self.__dict__
-        mark = d.get(_IN)
-        if mark is not None and not _is_dynamo_compiling():
-            d[_IN] = None
+        if not _is_dynamo_compiling():
+            mark = pending().pop(id(self), None)
             if mark is input:
                 return input
-            _diverged(self)
+            if mark is not None:
+                _diverged(self)
         return super().forward(input)
 
     def extra_repr(self) -> str:
@@ -76,13 +90,12 @@ def _tail_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
     """forward of a folded BatchNorm-plus-activation module (timm's ``BatchNormAct2d``: batch norm, then
     ``self.drop``, then ``self.act``): the folded output gets the dropout and activation unless the conv
     applied the activation itself."""
-    d = self.__dict__
-    mark = d.get(_IN)
-    if mark is not None and not _is_dynamo_compiling():
-        d[_IN] = None
+    if not _is_dynamo_compiling():
+        mark = pending().pop(id(self), None)
         if mark is input:
-            return input if d.get(_FUSED) else self.act(self.drop(input))
-        _diverged(self)
+            return input if self.__dict__.get(_FUSED) else self.act(self.drop(input))
+        if mark is not None:
+            _diverged(self)
     return super(type(self), self).forward(input)
 
 
@@ -93,13 +106,12 @@ def _passing_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
     """forward of an activation module fused into the layer producing its input (a conv before a folded
     BatchNorm, a linear): that layer's output (already activated) passes through; an input while none is
     pending gets the activation (the layer did not fuse it: unfolded, under Dynamo, a direct call)."""
-    d = self.__dict__
-    mark = d.get(_IN)
-    if mark is not None and not _is_dynamo_compiling():
-        d[_IN] = None
+    if not _is_dynamo_compiling():
+        mark = pending().pop(id(self), None)
         if mark is input:
             return input
-        _diverged(self)
+        if mark is not None:
+            _diverged(self)
     return super(type(self), self).forward(input)
 
 
@@ -169,9 +181,10 @@ def _diverged(m: nn.Module) -> None:
     conv = m.__dict__.get(_CONV)
     if conv is not None:  # the conv stops folding; no hand-over stays pending
         d = conv.__dict__
+        hand = pending()
         for other in (d.get(_BN), d.get(_NEXT)):
             if other is not None:
-                other.__dict__[_IN] = None
+                hand.pop(id(other), None)
         for key in (_BN, _FOLD, _NEXT):
             d.pop(key, None)
     from tracea.errors import VerificationError
@@ -377,11 +390,9 @@ def attach(conv: nn.Module, bn: nn.Module, act_of: Callable[[nn.Module], Optiona
         fused = act_of(nxt)
         nxt.__class__ = _passing_class(type(nxt))
         nxt.__dict__[_CONV] = conv
-        nxt.__dict__[_IN] = None
         passed = nxt
     bn.__class__ = _folded_class(type(bn))
     bn.__dict__[_CONV] = conv
-    bn.__dict__[_IN] = None
     bn.__dict__[_FUSED] = fused is not None
     conv.__dict__[_BN] = bn
     conv.__dict__[_ACT] = fused
@@ -391,6 +402,7 @@ def attach(conv: nn.Module, bn: nn.Module, act_of: Callable[[nn.Module], Optiona
 
 def detach(m: nn.Module) -> None:
     """Forget folding state on ``m`` (a conv or a BatchNorm being unpatched)."""
+    pending().pop(id(m), None)
     for key in (_BN, _FOLD, _IN, _CONV, _ACT, _FUSED, _NEXT):
         m.__dict__.pop(key, None)
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from . import ops
 from .bridge import parse_activation
 from . import recording
-from .bn_fold import _ACT as _BN_ACT, _BN, _IN as _BN_IN, _NEXT as _BN_NEXT, folded as _folded
+from .bn_fold import _ACT as _BN_ACT, _BN, _NEXT as _BN_NEXT, folded as _folded, pending as _pending
 from .layer_path import _GEN, _KEY, _WRITES, _conv2d, _is_dynamo_compiling, _linear, conv2d_layer, layer_params, linear_layer
 
 
@@ -68,13 +68,17 @@ class TraceaConv2d(nn.Conv2d):
         if bn is not None and not _is_dynamo_compiling():  # a BatchNorm folded into this conv (bn_fold)
             wb = _folded(self, bn, input)
             d = self.__dict__
-            out = conv2d_layer(self, input, wb[0], wb[1], d[_BN_ACT]) if wb is not None else None
-            bn.__dict__[_BN_IN] = out  # (None: unfolded, the BatchNorm computes)
-            nxt = d[_BN_NEXT]
-            if nxt is not None:  # (its activation fused too: it passes the same tensor through)
-                nxt.__dict__[_BN_IN] = out
-            if out is not None:
+            nxt = d[_BN_NEXT]  # (an activation module after the BatchNorm, fused too, or None)
+            hand = _pending()
+            if wb is not None:
+                out = conv2d_layer(self, input, wb[0], wb[1], d[_BN_ACT])
+                hand[id(bn)] = out  # (the BatchNorm, and that module, pass exactly this tensor through)
+                if nxt is not None:
+                    hand[id(nxt)] = out
                 return out
+            hand.pop(id(bn), None)  # unfolded: they compute
+            if nxt is not None:
+                hand.pop(id(nxt), None)
         # A lean memo (a signature PyTorch serves, see layer_path.conv2d_layer) is matched here, one call
         # frame fewer than through conv2d_layer: the patched layer then costs no more than nn.Conv2d's own
         # forward (which calls _conv_forward), as TraceaLinear.forward measured
@@ -127,7 +131,7 @@ class TraceaLinear(nn.Linear):
         nxt = d.get(_BN_NEXT)
         if nxt is not None and not _is_dynamo_compiling():  # an activation module fused in (act_fuse)
             out = linear_layer(self, input, d[_BN_ACT])
-            nxt.__dict__[_BN_IN] = out  # (it passes exactly this tensor through)
+            _pending()[id(nxt)] = out  # (it passes exactly this tensor through)
             return out
         # A lean memo (a signature PyTorch serves, see layer_path.linear_layer) is matched here, one call
         # frame fewer than through linear_layer. 2-core Sapphire Rapids VM, d512 decoder block, one-token
