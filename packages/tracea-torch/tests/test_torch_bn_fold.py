@@ -274,6 +274,25 @@ def test_one_model_in_several_threads(reference_backend, rel_err):
     assert not errors and worst[0] < 1e-5, (errors, worst)
 
 
+def test_a_shallow_replica_computes_unfolded(reference_backend, rel_err):
+    """nn.DataParallel's replicas are shallow copies of each module (a replica conv's attributes point at
+    the original BatchNorm): a replica runs its convs and BatchNorms unfolded, with eager's result, and the
+    original still folds."""
+    model = _model()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            p(x)
+            replica = copy.copy(p)  # (modules copied shallowly, as replicate() does: attributes shared)
+            replica._modules = {k: copy.copy(m) for k, m in p._modules.items()}
+            for block in (replica._modules["2"], replica._modules["3"]):
+                block._modules = {k: copy.copy(m) for k, m in block._modules.items()}
+            assert replica[0].__dict__["_tracea_bn"] is p[1]  # (the shared link)
+            assert rel_err(replica(x), ref) < 1e-5
+            assert rel_err(p(x), ref) < 1e-5
+
+
 def test_a_conv_output_used_twice_is_not_folded(reference_backend, batch_norms):
     class Twice(nn.Module):
         def __init__(self) -> None:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from . import ops
 from .bridge import parse_activation
 from . import recording
-from .bn_fold import _ACT as _BN_ACT, _BN, _NEXT as _BN_NEXT, folded as _folded, pending as _pending
+from .bn_fold import _ACT as _BN_ACT, _BN, _CONV as _BN_CONV, _NEXT as _BN_NEXT, folded as _folded, pending as _pending
 from .layer_path import _GEN, _KEY, _WRITES, _conv2d, _is_dynamo_compiling, _linear, conv2d_layer, layer_params, linear_layer
 
 
@@ -66,9 +66,12 @@ class TraceaConv2d(nn.Conv2d):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
         bn = self.__dict__.get(_BN)
         if bn is not None and not _is_dynamo_compiling():  # a BatchNorm folded into this conv (bn_fold)
-            wb = _folded(self, bn, input)
             d = self.__dict__
             nxt = d[_BN_NEXT]  # (an activation module after the BatchNorm, fused too, or None)
+            # (links checked both ways: a shallow copy of the model, as nn.DataParallel's replicas are,
+            # shares this dict with the original and would hand its output to the original's BatchNorm)
+            linked = bn.__dict__.get(_BN_CONV) is self and (nxt is None or nxt.__dict__.get(_BN_CONV) is self)
+            wb = _folded(self, bn, input) if linked else None
             hand = _pending()
             if wb is not None:
                 out = conv2d_layer(self, input, wb[0], wb[1], d[_BN_ACT])
@@ -129,7 +132,7 @@ class TraceaLinear(nn.Linear):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         d = self.__dict__
         nxt = d.get(_BN_NEXT)
-        if nxt is not None and not _is_dynamo_compiling():  # an activation module fused in (act_fuse)
+        if nxt is not None and nxt.__dict__.get(_BN_CONV) is self and not _is_dynamo_compiling():  # (act_fuse)
             out = linear_layer(self, input, d[_BN_ACT])
             _pending()[id(nxt)] = out  # (it passes exactly this tensor through)
             return out
