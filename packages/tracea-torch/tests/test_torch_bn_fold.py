@@ -293,6 +293,22 @@ def test_a_shallow_replica_computes_unfolded(reference_backend, rel_err):
             assert rel_err(p(x), ref) < 1e-5
 
 
+def test_a_hook_added_to_a_fused_activation_sees_its_real_input(reference_backend, rel_err):
+    """A forward pre-hook registered on a fused activation module after patching makes its conv stop
+    fusing it: the hook sees the BatchNorm's output (negatives included), the result stays eager's."""
+    torch.manual_seed(0)
+    model = _randomize_bn(Block(4)).eval()
+    x = torch.randn(2, 4, 7, 7)
+    seen: list[float] = []
+    with torch.no_grad():
+        ref = model(x)
+        with tracea_torch.patched(model) as p:
+            assert p.conv1.__dict__["_tracea_bn_act"] == "relu"
+            handle = p.act.register_forward_pre_hook(lambda m, a: seen.append(float(a[0].min())))
+            assert rel_err(p(x), ref) < 1e-5 and seen and min(seen) < 0
+            handle.remove()
+
+
 def test_a_conv_output_used_twice_is_not_folded(reference_backend, batch_norms):
     class Twice(nn.Module):
         def __init__(self) -> None:
@@ -507,4 +523,5 @@ def test_an_activation_after_a_folded_batch_norm_is_fused_unless_shared(referenc
             with pytest.raises(VerificationError):
                 block.act(x)  # ... which gets another tensor
             assert rel_err(p(x), ref) < 1e-5  # the pair computes unfolded from now on
+
         assert type(model[0].act) is nn.ReLU and not any(k.startswith("_tracea") for k in model[0].act.__dict__)

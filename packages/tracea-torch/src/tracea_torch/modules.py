@@ -70,7 +70,8 @@ class TraceaConv2d(nn.Conv2d):
             nxt = d[_BN_NEXT]  # (an activation module after the BatchNorm, fused too, or None)
             # (links checked both ways: a shallow copy of the model, as nn.DataParallel's replicas are,
             # shares this dict with the original and would hand its output to the original's BatchNorm)
-            linked = bn.__dict__.get(_BN_CONV) is self and (nxt is None or nxt.__dict__.get(_BN_CONV) is self)
+            linked = bn.__dict__.get(_BN_CONV) is self and (nxt is None or (
+                nxt.__dict__.get(_BN_CONV) is self and not nxt._forward_pre_hooks and not nxt._forward_hooks))
             wb = _folded(self, bn, input) if linked else None
             hand = _pending()
             if wb is not None:
@@ -132,7 +133,8 @@ class TraceaLinear(nn.Linear):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         d = self.__dict__
         nxt = d.get(_BN_NEXT)
-        if nxt is not None and nxt.__dict__.get(_BN_CONV) is self and not _is_dynamo_compiling():  # (act_fuse)
+        if (nxt is not None and nxt.__dict__.get(_BN_CONV) is self and not nxt._forward_pre_hooks
+                and not nxt._forward_hooks and not _is_dynamo_compiling()):  # an activation fused in (act_fuse)
             out = linear_layer(self, input, d[_BN_ACT])
             _pending()[id(nxt)] = out  # (it passes exactly this tensor through)
             return out
