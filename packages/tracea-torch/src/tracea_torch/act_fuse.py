@@ -1,6 +1,7 @@
 """Fusing the activation module that alone takes a patched linear's output into that linear's epilogue,
 wherever the model's forward calls the two (a transformer MLP's ``act(fc1(x))``), not only inside an
-``nn.Sequential``.
+``nn.Sequential``. Opt-in: ``patched(model, fuse_activations="traced")`` (measured no faster than the
+default on the H100: docs/torch.md, "Fused activations").
 
 :func:`find` traces the model like :mod:`tracea_torch.bn_fold` (``torch.fx``, eval mode, the model or its
 largest traceable submodules): a linear node whose only user is an activation module node taking it as
