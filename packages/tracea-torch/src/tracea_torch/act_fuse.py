@@ -33,18 +33,13 @@ def find(model: nn.Module, linears: Iterable[nn.Module], uses: dict[int, int],
         return []
     found = []
     for graph, root in bn_fold.traced(model, ids, (nn.Linear,)):
-        called: dict[str, int] = {}
+        called = bn_fold.call_counts(graph)
         for node in graph.nodes:
-            if node.op == "call_module":
-                called[node.target] = called.get(node.target, 0) + 1
-        for node in graph.nodes:
-            if node.op != "call_module" or called[node.target] != 1 or len(node.users) != 1:
+            if node.op != "call_module" or called[node.target] != 1:
                 continue
             linear = root.get_submodule(node.target)
-            if id(linear) not in ids or uses.get(id(linear)) != 1:
-                continue
-            (user,) = node.users
-            if user.op != "call_module" or called[user.target] != 1 or user.args != (node,) or user.kwargs:
+            user = bn_fold.sole_module_user(node, called)
+            if id(linear) not in ids or uses.get(id(linear)) != 1 or user is None:
                 continue
             act_module = root.get_submodule(user.target)
             act = act_of(act_module)

@@ -46,7 +46,13 @@ from .layer_path import _any_autocast, _is_dynamo_compiling
 
 _BN = "_tracea_bn"  # conv.__dict__: the BatchNorm2d its output feeds
 _FOLD = "_tracea_fold"  # conv.__dict__: (key, (weight, bias), the tensors folded) of the last fold
-_IN = "_tracea_bn_in"  # (an older spelling of the hand-over, in a module's __dict__: removed on detach)
+_ACT = "_tracea_bn_act"  # producer.__dict__: the activation it applies (a BatchNormAct's or the next module's)
+_NEXT = "_tracea_bn_next"  # producer.__dict__: the activation module fused after it, or None
+_CONV = "_tracea_bn_conv"  # consumer.__dict__ (the BatchNorm, the fused activation module): its producer
+_FUSED = "_tracea_act_fused"  # bn.__dict__: True when the conv applies the activation
+#: conv -> folded buffers a CUDA graph captured (kept while the conv lives, after unpatching too)
+_CAPTURED: "weakref.WeakKeyDictionary[nn.Module, list[Tensor]]" = weakref.WeakKeyDictionary()
+_capturing = stream_capturing()
 #: each thread's hand-overs: id(module) -> the output its producer (a folding conv, a fusing linear) handed
 #: it, until the module takes it (per thread: one model may run forwards in several threads at once)
 _tls = threading.local()
@@ -60,13 +66,19 @@ def pending() -> dict[int, Tensor]:
         out: dict[int, Tensor] = {}
         _tls.pending = out
         return out
-_CONV = "_tracea_bn_conv"  # bn.__dict__: its conv
-#: conv -> folded buffers a CUDA graph captured (kept while the conv lives, after unpatching too)
-_CAPTURED: "weakref.WeakKeyDictionary[nn.Module, list[Tensor]]" = weakref.WeakKeyDictionary()
-_capturing = stream_capturing()
-_ACT = "_tracea_bn_act"  # conv.__dict__: the activation it applies while folding (a BatchNormAct's, fused)
-_FUSED = "_tracea_act_fused"  # bn.__dict__: True when the conv applies the activation
-_NEXT = "_tracea_bn_next"  # conv.__dict__: the activation module after a plain BatchNorm, fused, or None
+
+
+def _handed(m: nn.Module, input: Tensor) -> bool:  # noqa: A002
+    """Whether ``input`` is what ``m``'s producer handed it (then ``m`` passes it through); another tensor
+    while a hand-over is pending raises (:func:`_diverged`); under Dynamo nothing is handed over."""
+    if _is_dynamo_compiling():
+        return False
+    mark = pending().pop(id(m), None)
+    if mark is input:
+        return True
+    if mark is not None:
+        _diverged(m)
+    return False
 
 
 class FoldedBatchNorm2d(nn.BatchNorm2d):
@@ -74,13 +86,7 @@ class FoldedBatchNorm2d(nn.BatchNorm2d):
     computes every other input as ``nn.BatchNorm2d`` does (its class is swapped back on unpatch)."""
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.BatchNorm2d's parameter name
-        if not _is_dynamo_compiling():
-            mark = pending().pop(id(self), None)
-            if mark is input:
-                return input
-            if mark is not None:
-                _diverged(self)
-        return super().forward(input)
+        return input if _handed(self, input) else super().forward(input)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", folded into the preceding conv"
@@ -90,12 +96,8 @@ def _tail_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
     """forward of a folded BatchNorm-plus-activation module (timm's ``BatchNormAct2d``: batch norm, then
     ``self.drop``, then ``self.act``): the folded output gets the dropout and activation unless the conv
     applied the activation itself."""
-    if not _is_dynamo_compiling():
-        mark = pending().pop(id(self), None)
-        if mark is input:
-            return input if self.__dict__.get(_FUSED) else self.act(self.drop(input))
-        if mark is not None:
-            _diverged(self)
+    if _handed(self, input):
+        return input if self.__dict__.get(_FUSED) else self.act(self.drop(input))
     return super(type(self), self).forward(input)
 
 
@@ -106,13 +108,7 @@ def _passing_forward(self: Any, input: Tensor) -> Tensor:  # noqa: A002
     """forward of an activation module fused into the layer producing its input (a conv before a folded
     BatchNorm, a linear): that layer's output (already activated) passes through; an input while none is
     pending gets the activation (the layer did not fuse it: unfolded, under Dynamo, a direct call)."""
-    if not _is_dynamo_compiling():
-        mark = pending().pop(id(self), None)
-        if mark is input:
-            return input
-        if mark is not None:
-            _diverged(self)
-    return super(type(self), self).forward(input)
+    return input if _handed(self, input) else super(type(self), self).forward(input)
 
 
 def _passing_repr(self: Any) -> str:
@@ -177,23 +173,29 @@ def _folded_class(cls: type) -> type:
     return folded_cls
 
 
+def _unlink(producer: Optional[nn.Module]) -> None:
+    """``producer`` (a folding conv, a fusing linear) stops folding and fusing; none of its hand-overs
+    stays pending in this thread."""
+    if producer is None:
+        return
+    d = producer.__dict__
+    hand = pending()
+    for consumer in (d.get(_BN), d.get(_NEXT)):
+        if consumer is not None:
+            hand.pop(id(consumer), None)
+    for key in (_BN, _FOLD, _NEXT, _ACT):
+        d.pop(key, None)
+
+
 def _diverged(m: nn.Module) -> None:
-    conv = m.__dict__.get(_CONV)
-    if conv is not None:  # the conv stops folding; no hand-over stays pending
-        d = conv.__dict__
-        hand = pending()
-        for other in (d.get(_BN), d.get(_NEXT)):
-            if other is not None:
-                hand.pop(id(other), None)
-        for key in (_BN, _FOLD, _NEXT):
-            d.pop(key, None)
+    _unlink(m.__dict__.get(_CONV))
     from tracea.errors import VerificationError
 
     raise VerificationError(
-        "tracea: a BatchNorm2d folded into the conv before it received another tensor than that conv's "
-        "output: this forward did not follow the path traced when the model was patched, and a result "
-        "computed on the folded output cannot be trusted. Folding is now off for this pair; run the forward "
-        "again, or patch with fold_batchnorm=False")
+        f"tracea: a {type(m).__name__} folded or fused into the layer before it received another tensor than "
+        "that layer's output: this forward did not follow the path traced when the model was patched, and a "
+        "result computed on the folded output cannot be trusted. Folding is now off for this pair; run the "
+        "forward again, or patch with fold_batchnorm=False")
 
 
 def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Tensor, Optional[Tensor]]]:
@@ -226,14 +228,14 @@ def folded(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Optional[tuple[Ten
         return None  # their in-place changes could not be seen, so such a pair is not folded
     cache = conv.__dict__.get(_FOLD)
     capturing = w.is_cuda and _capturing()
-    r = cache[2] if cache is not None else refs
-    if (cache is not None and cache[0] == key and r[0] is w and r[1] is b and r[2] is g and r[3] is beta
-            and r[4] is mean and r[5] is var):
-        if capturing:  # a graph now holds these buffers' addresses: they outlive the cache and the patch
-            kept = _CAPTURED.setdefault(conv, [])
-            if not any(t is cache[1][0] for t in kept):
-                kept.extend(cache[1])
-        return cache[1]
+    if cache is not None and cache[0] == key:
+        r = cache[2]
+        if r[0] is w and r[1] is b and r[2] is g and r[3] is beta and r[4] is mean and r[5] is var:
+            if capturing:  # a graph now holds these buffers' addresses: they outlive the cache and the patch
+                kept = _CAPTURED.setdefault(conv, [])
+                if not any(t is cache[1][0] for t in kept):
+                    kept.extend(cache[1])
+            return cache[1]
     if capturing:
         return None  # (no new tensors inside a capture: this call is captured unfolded)
     wb = _fold(w, b, g, beta, mean, var, bn.eps)
@@ -304,34 +306,45 @@ def _leaves(root: nn.Module, kinds: tuple[type, ...] = (nn.Conv2d, nn.BatchNorm2
 Pair = tuple[nn.Module, nn.Module, Optional[nn.Module]]
 
 
-def _pairs_in(graph: Any, root: nn.Module, uses: dict[int, int], convs: set[int]) -> list[Pair]:
+def call_counts(graph: Any) -> dict[str, int]:
+    """How many times a traced graph calls each submodule (by qualified name)."""
     called: dict[str, int] = {}
     for node in graph.nodes:
         if node.op == "call_module":
             called[node.target] = called.get(node.target, 0) + 1
+    return called
+
+
+def sole_module_user(node: Any, called: dict[str, int]) -> Any:
+    """The node of the module call that alone uses ``node``'s value, as its only argument, and is that
+    module's only call in the graph; else None."""
+    if len(node.users) != 1:
+        return None
+    (user,) = node.users
+    if user.op != "call_module" or called[user.target] != 1 or user.args != (node,) or user.kwargs:
+        return None
+    return user
+
+
+def _pairs_in(graph: Any, root: nn.Module, uses: dict[int, int], convs: set[int]) -> list[Pair]:
+    called = call_counts(graph)
     pairs: list[Pair] = []
     for node in graph.nodes:
         if node.op != "call_module" or called[node.target] != 1:
             continue
         conv = root.get_submodule(node.target)
-        if id(conv) not in convs or uses.get(id(conv)) != 1 or len(node.users) != 1:
-            continue
-        (user,) = node.users
-        if user.op != "call_module" or called[user.target] != 1 or user.args != (node,) or user.kwargs:
+        user = sole_module_user(node, called)
+        if id(conv) not in convs or uses.get(id(conv)) != 1 or user is None:
             continue
         bn = root.get_submodule(user.target)
         if ((type(bn) is not nn.BatchNorm2d and not _is_norm_act(bn)) or uses.get(id(bn)) != 1
                 or not bn.track_running_stats or bn._forward_hooks or bn._forward_pre_hooks
                 or bn.num_features != conv.out_channels or conv.padding_mode != "zeros"):  # type: ignore[attr-defined]
             continue
-        nxt = None  # the module the BatchNorm's output goes to, alone (an activation to fuse, maybe)
-        if len(user.users) == 1:
-            (after,) = user.users
-            if (after.op == "call_module" and called[after.target] == 1 and after.args == (user,)
-                    and not after.kwargs):
-                nxt = root.get_submodule(after.target)
-                if uses.get(id(nxt)) != 1 or nxt._forward_hooks or nxt._forward_pre_hooks:
-                    nxt = None
+        after = sole_module_user(user, called)  # the module the BatchNorm's output goes to, alone
+        nxt = None if after is None else root.get_submodule(after.target)
+        if nxt is not None and (uses.get(id(nxt)) != 1 or nxt._forward_hooks or nxt._forward_pre_hooks):
+            nxt = None
         pairs.append((conv, bn, nxt))
     return pairs
 
@@ -386,8 +399,7 @@ def attach(conv: nn.Module, bn: nn.Module, act_of: Callable[[nn.Module], Optiona
         if (type(bn.drop) is nn.Identity and not act_module._forward_hooks  # type: ignore[union-attr]
                 and not act_module._forward_pre_hooks):  # type: ignore[union-attr]
             fused = act_of(act_module)  # type: ignore[arg-type]
-    elif nxt is not None and type(nxt) is not nn.Module and act_of(nxt) is not None:
-        fused = act_of(nxt)
+    elif nxt is not None and (fused := act_of(nxt)) is not None:
         nxt.__class__ = _passing_class(type(nxt))
         nxt.__dict__[_CONV] = conv
         passed = nxt
@@ -401,10 +413,12 @@ def attach(conv: nn.Module, bn: nn.Module, act_of: Callable[[nn.Module], Optiona
 
 
 def detach(m: nn.Module) -> None:
-    """Forget folding state on ``m`` (a conv or a BatchNorm being unpatched)."""
+    """Forget folding and fusing state on ``m`` (being unpatched): as a producer (a conv, a linear), and as
+    a consumer (a BatchNorm, an activation module), whose producer then stops folding or fusing too."""
     pending().pop(id(m), None)
-    for key in (_BN, _FOLD, _IN, _CONV, _ACT, _FUSED, _NEXT):
-        m.__dict__.pop(key, None)
+    _unlink(m)
+    _unlink(m.__dict__.pop(_CONV, None))
+    m.__dict__.pop(_FUSED, None)
 
 
 __all__ = ["FoldedBatchNorm2d", "attach", "detach", "find_pairs", "folded"]

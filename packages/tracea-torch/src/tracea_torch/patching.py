@@ -56,6 +56,8 @@ _ACTIVATION_MODULES: dict[type, Callable[[nn.Module], Optional[str]]] = {
     nn.SiLU: lambda m: "silu",
     nn.GELU: lambda m: "gelu_tanh" if getattr(m, "approximate", "none") == "tanh" else "gelu_erf",
 }
+
+
 def _activation_of(m: nn.Module) -> Optional[str]:
     """The epilogue activation an activation module computes, or None when the kernels have none for it."""
     spell = _ACTIVATION_MODULES.get(type(m))
@@ -177,7 +179,7 @@ def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fu
             m.activation = None  # type: ignore[attr-defined]
             changed.append(m)  # type: ignore[arg-type]
             if act_module is not None and act_module not in _SWAPPED:
-                m.activation = parse_activation(_ACTIVATION_MODULES[type(act_module)](act_module))  # type: ignore[attr-defined]
+                m.activation = _activation_of(act_module)  # type: ignore[attr-defined]
                 _SWAPPED[act_module] = ("activation:" + kind, type(act_module), None)
                 act_module.__class__ = FusedActivation
                 changed.append(act_module)
@@ -216,11 +218,7 @@ def _restore(modules: list[nn.Module]) -> int:
                 continue
             _, cls, activation = entry
             m.__class__ = cls
-            bn_fold.detach(m)
-            if entry[0].startswith("batchnorm:"):  # its conv, if still patched, stops folding
-                for other in list(_SWAPPED.keys()):
-                    if other.__dict__.get("_tracea_bn") is m or other.__dict__.get("_tracea_bn_next") is m:
-                        bn_fold.detach(other)
+            bn_fold.detach(m)  # (a restored BatchNorm's conv, if still patched, stops folding)
             if "activation" in m.__dict__:
                 del m.__dict__["activation"]
             if activation is not None:
