@@ -16,14 +16,13 @@ from tracea.dtypes import DType
 from tracea.errors import InvalidArgumentError
 from tracea.ir.ops import AttentionOp, LayerType, Op
 from tracea.semantic import PipelineConfig, SearchSpace
+from tracea.runtime import attention_strides as strided
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
 from .emit.calls import ATTENTION_PARAMS
 from .host_load import thread_picker
 from .isa import Isa
-from tracea.runtime import attention_strides as strided
-
 from .variant_base import CpuVariant, _check_rc, _host, _ptr, _require, _requested_threads, _threads_problem
 
 _MASK_KINDS = {None: 0, "bool": 1, "additive": 2}

@@ -232,7 +232,7 @@ def _measure(op_desc: str, device: torch.device, variant: str, cfg_key: str, run
     if (eager_winner == "tracea" and extra > HOST_MARGIN * h_theirs and extra > e_theirs - e_ours
             and t_theirs - t_ours < HOST_COVER * extra):
         eager_winner = "torch"
-        note = (f"Tracea's call takes {(h_ours - h_theirs) * 1e6:.1f} us more host time than PyTorch's ({h_ours * 1e6:.1f} "
+        note = (f"Tracea's call takes {extra * 1e6:.1f} us more host time than PyTorch's ({h_ours * 1e6:.1f} "
                 f"vs {h_theirs * 1e6:.1f} us) and saves {(t_theirs - t_ours) * 1e6:.1f} us of device time "
                 f"(eager {e_theirs * 1e6:.1f} vs {e_ours * 1e6:.1f} us, {variant})")
     return Verdict(op_desc, str(device), variant, cfg_key, eager_winner, t_ours, t_theirs, rel, "measured", note,

@@ -55,10 +55,11 @@ class CallMemo:
     2 when it serves the signature's eager calls and Tracea only calls captured in CUDA graphs, 0 otherwise;
     also for a layer that fuses an activation PyTorch has as a function (``actfn``: relu, GELU, SiLU). A
     lean call (for 2: one whose stream is not capturing) calls ``F.conv2d`` / ``F.linear`` (and ``actfn``)
-    itself, as the unpatched layer does (they handle grad, autocast, tracing and precision themselves: only the signature
-    and the plan generation are checked); ``count``: the
-    counting cell (``tracea.runtime.fallbacks.counter``) of the ``(kind, reason)`` a lean call counts in
-    :mod:`tracea_torch.fallbacks` (None for a verdict, which is counted once). A lean memo is matched by a cheaper check than ``check`` (``x``'s shape, dtype and device,
+    itself, as the unpatched layer does (they handle grad, autocast, tracing and precision themselves:
+    only the signature and the plan generation are checked); ``count``: the counting cell
+    (``tracea.runtime.fallbacks.counter``) of the ``(kind, reason)`` a lean call counts in
+    :mod:`tracea_torch.fallbacks` (None for a verdict, which is counted once). A lean memo is matched by a
+    cheaper check than ``check`` (``x``'s shape, dtype and device,
     the weight object and its dtype: ``lean_sig``; ``x`` a plain tensor, not a subclass such as the fake
     tensors of ``torch.export``), since what it runs, the functional call itself, is right for any tensors:
     a looser match can only cost speed, never a result."""
@@ -122,9 +123,8 @@ def conv2d_layer(m: nn.Conv2d, x: Tensor, w: Tensor, b: Optional[Tensor], act: O
                     and recording._recorder is None):
                 if memo.count is not None:
                     memo.count[0] += 1
-                if act is None:
-                    return _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
-                return memo.actfn(_conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups))
+                out = _conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)
+                return out if act is None else memo.actfn(out)
         # (the hyper-parameters read from the instance dict: ~4x cheaper than attribute reads through
         # nn.Module's class hierarchy; a class that computes them as properties never matches, safely)
         elif (memo.check(x, w, _NO_BIAS if b is None else b) and memo.stride is d.get("stride")
