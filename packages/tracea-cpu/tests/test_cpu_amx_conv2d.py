@@ -19,7 +19,7 @@ from tracea_cpu import amx_conv as conv_mod
 from tracea_cpu.amx import amx_permission
 from tracea_cpu.amx_conv import CONV_TILES, CpuConv2dAmxVariant
 from tracea_cpu.panel_cache import PANELS
-from tracea_cpu.testing import HAVE_CC, PROFILE, config, epilogue_ref
+from tracea_cpu.testing import AMX_PROFILE, HAVE_CC, PROFILE, config, epilogue_ref
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -40,7 +40,6 @@ def amx(fn):
 
 
 VARIANT = CpuConv2dAmxVariant()
-AMX_PROFILE = PROFILE.with_(isa=tuple(PROFILE.isa) + ("amx_tile", "amx_bf16", "avx512_bf16"))
 
 # (n, C, H, W, K, R, S, stride, padding, dilation, groups)
 SHAPES = [(1, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1), (2, 3, 9, 11, 5, 3, 3, 1, 1, 1, 1), (1, 33, 7, 7, 17, 3, 3, 2, 1, 1, 1),

@@ -17,7 +17,7 @@ from tracea_cpu import amx as amx_mod
 from tracea_cpu.amx import CpuGemmAmxVariant, amx_permission
 from tracea_cpu.emit.amx import AMX_TILES, check_amx_tile
 from tracea_cpu.spaces import AMX_HEROES
-from tracea_cpu.testing import HAVE_CC, PROFILE, config, epilogue_ref, rel_err
+from tracea_cpu.testing import AMX_PROFILE, HAVE_CC, PROFILE, config, epilogue_ref, rel_err
 
 torch = pytest.importorskip("torch")
 TorchAdapter = pytest.importorskip("tracea_torch.adapter", reason="bf16 inputs come as torch tensors").TorchAdapter
@@ -68,7 +68,7 @@ def test_declines_with_the_os_reason_when_refused(monkeypatch):
     direct build raise BackendError, with the OS's reason."""
     monkeypatch.setattr(amx_mod, "amx_permission", lambda: "the OS refused AMX tile data (test)")
     op = GemmOp(32, 32, 32, dtype_a="bf16", dtype_b="bf16")
-    reasons = VARIANT.check(op, PROFILE.with_(isa=tuple(PROFILE.isa) + ("amx_tile", "amx_bf16", "avx512_bf16")))
+    reasons = VARIANT.check(op, AMX_PROFILE)
     assert any("refused AMX tile data" in r for r in reasons)
     with pytest.raises(BackendError, match="refused"):
         VARIANT.library(32, 32, "")
@@ -77,7 +77,7 @@ def test_declines_with_the_os_reason_when_refused(monkeypatch):
 def test_declines_when_the_compiler_cannot_build_amx(monkeypatch):
     monkeypatch.setattr(amx_mod, "amx_compiler_reason", lambda kind="bf16": "the C compiler cannot build AMX (test)")
     op = GemmOp(32, 32, 32, dtype_a="bf16", dtype_b="bf16")
-    reasons = VARIANT.check(op, PROFILE.with_(isa=tuple(PROFILE.isa) + ("amx_tile", "amx_bf16", "avx512_bf16")))
+    reasons = VARIANT.check(op, AMX_PROFILE)
     assert any("cannot build AMX" in r for r in reasons)
 
 

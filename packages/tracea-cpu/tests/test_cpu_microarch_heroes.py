@@ -18,7 +18,8 @@ from tracea_cpu.variants import CpuGemmVariant
 
 
 def _profile(micro: str) -> DeviceProfile:
-    return DeviceProfile(Device.cpu(), "cpu", compute_units=2, extras={"microarch": micro, "best_isa": "avx512"})
+    best = micro.rsplit("-", 1)[-1]
+    return DeviceProfile(Device.cpu(), "cpu", compute_units=2, extras={"microarch": micro, "best_isa": best})
 
 
 def _params(cfgs):
@@ -35,13 +36,49 @@ def test_family_table_is_used_for_its_own_isa_only():
     assert first.get("mc") == MICROARCH_GEMM_HEROES["intel-avx512"][0]["mc"]
 
 
-@pytest.mark.skipif(not HAVE_CC or "avx512" not in ISAS, reason="needs a C compiler and AVX-512")
-@pytest.mark.parametrize("hero", range(len(MICROARCH_GEMM_HEROES["intel-avx512"])))
+def test_amd_avx2_table_and_the_waste_tolerance():
+    """Zen 3's measured order (4x24 first) holds where its edge waste is within WASTE_TOLERANCE of the
+    least (512 columns: 3.1% against 6x16's 0.8% of rows), not where 4x24 pads far more (5 rows)."""
+    avx2 = ISA_BY_NAME["avx2"]
+    prof = _profile("amd-avx2")
+    assert _params(gemm_hero_table(avx2, prof)) == MICROARCH_GEMM_HEROES["amd-avx2"]
+    for shape in ((512, 512, 512), (1024, 1024, 1024), (512, 4096, 4096)):
+        first = blocked_heroes(avx2, GemmOp(*shape), profile=prof)[0]
+        assert (first.get("mr"), first.get("nr")) == (4, 24), shape
+    first = blocked_heroes(avx2, GemmOp(5, 512, 64), profile=prof)[0]
+    assert (first.get("mr"), first.get("nr")) == (6, 16)  # 6 rows for 5 against 8
+    assert _params(gemm_hero_table(avx2, _profile("intel-avx2"))) == GEMM_HEROES["avx2"]
+
+
+def test_avx2_indirect_conv_heroes_take_deep_k_blocks():
+    from tracea.ir.ops import Conv2dOp
+    from tracea_cpu.spaces import INDIRECT_HEROES
+    from tracea_cpu.variants import CpuConv2dVariant
+
+    v = CpuConv2dVariant(ISA_BY_NAME["avx2"])
+    for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
+        first = v.hero_configs(Conv2dOp(8, c, hw, hw, c, 3, 3, padding=1), _profile("amd-avx2"))[0]
+        assert first.get("indirect") == 1 and first.get("kc") == INDIRECT_HEROES["avx2"][0]["kc"]
+        assert (first.get("mr"), first.get("nr")) == (6, 16)
+    # ISAs without a measured indirect table keep their GEMM heroes
+    heroes = CpuConv2dVariant(ISA_BY_NAME["avx512"]).hero_configs(Conv2dOp(8, 64, 56, 56, 64, 3, 3, padding=1),
+                                                                    _profile("amd-zen4-avx512"))
+    first = next(h for h in heroes if h.get("indirect") == 1)
+    assert first.get("kc") == GEMM_HEROES["avx512"][0]["kc"]
+
+
+FAMILY_HEROES = [(fam, i) for fam in MICROARCH_GEMM_HEROES for i in range(len(MICROARCH_GEMM_HEROES[fam]))]
+
+
+@pytest.mark.parametrize("family,hero", FAMILY_HEROES, ids=lambda x: str(x))
 @pytest.mark.parametrize("shape", [(53, 101, 77), (200, 131, 600), (7, 300, 33)])
-def test_family_heroes_are_correct(hero, shape):
-    cfg = config(**MICROARCH_GEMM_HEROES["intel-avx512"][hero], threads=0)
+def test_family_heroes_are_correct(family, hero, shape):
+    isa = family.rsplit("-", 1)[-1]
+    if not HAVE_CC or isa not in ISAS:
+        pytest.skip(f"needs a C compiler and {isa}")
+    cfg = config(**MICROARCH_GEMM_HEROES[family][hero], threads=0)
     op = GemmOp(*shape, epilogue="bias+silu")
-    out, ref, _, _ = run_gemm(CpuGemmVariant(ISA_BY_NAME["avx512"]), op, cfg, hero)
+    out, ref, _, _ = run_gemm(CpuGemmVariant(ISA_BY_NAME[isa]), op, cfg, hero)
     assert rel_err(out, ref) < 1e-5
 
 

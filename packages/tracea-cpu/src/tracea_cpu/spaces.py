@@ -38,9 +38,27 @@ GEMM_HEROES: dict[str, list[dict[str, int]]] = {
 # micro-panel is 42 KiB, within the 48 KiB L1d): 768^3 in one K block 2745 us against 2848 for two of
 # 384 (and 2915 for 512 + 256 before the equal cut), 1024-2048 as fast as kc 512 (probes/gemm_phases.py).
 # The table's kc is capped per host so the A micro-panel fits 7/8 of its L1d (:func:`gemm_hero_table`).
+# AMD Zen 3 (AVX2 only, 2-core EPYC VM, 512 KiB L2 / 32 KiB L1d per core), probes/hero_study.py interleaved
+# with NumPy (OpenBLAS), 2026-11-26, noisy (another job on the VM): 4x24 tiles (4 broadcasts + 3 loads per
+# 12 FMAs, against 6 + 2 for 6x16) mc48 kc512 geomean 1.01x NumPy over 512^3, 1024^3, 2048^3, 512x4096x4096
+# and 2048x1024x4096 (0.90-1.24x), where the ISA default 6x16 mc48 kc512 ran 0.85x (0.78-0.93x); one thread
+# 1.09x / 0.79x at 1024^3 / 512x4096x4096 against 0.97x / 0.73x; 4x24 mc96 kc256 1.01x, mc192 0.96x.
 MICROARCH_GEMM_HEROES: dict[str, list[dict[str, int]]] = {
     "intel-avx512": [dict(mr=14, nr=32, mc=112, nc=4096, kc=768), dict(mr=14, nr=32, mc=56, nc=4096, kc=1024),
                      dict(mr=12, nr=32, mc=96, nc=4096, kc=512), dict(mr=8, nr=48, mc=96, nc=4080, kc=512)],
+    "amd-avx2": [dict(mr=4, nr=24, mc=48, nc=4080, kc=512), dict(mr=4, nr=24, mc=96, nc=4080, kc=256),
+                 dict(mr=6, nr=16, mc=48, nc=4096, kc=512)],
+}
+# Indirect conv heroes (``indirect=1``: pixel rows read in place, weights packed) of ISAs measured apart
+# from their GEMM table; others use the GEMM heroes. AVX2: deep K blocks (2304 = 256 channels x 9 taps: one
+# block for ResNet's 3x3 layers up to 256 channels, two equal ones at 512; the packed kc x 16 weight panel
+# is 144 KiB, within L2) mean one pass over each output tile instead of two to nine. Zen 3 2-core VM, NCHW
+# ResNet 3x3 layers, interleaved with torch 2.13 CPU: batch 8 64@56 / 128@28 / 256@14 / 512@7 0.83 / 1.00 /
+# 1.10 / 1.17x torch with 6x16 kc2304 against 0.47 / 0.78 / 0.89 / 1.04x with the GEMM default (6x16
+# kc512); batch 1 1.02 / 1.29 / 1.16 / 1.11x against 0.78 / 1.02 / 1.02 / 1.00x. 6x16 ran ahead of 4x24
+# (same kc) on 7 of the 8.
+INDIRECT_HEROES: dict[str, list[dict[str, int]]] = {
+    "avx2": [dict(mr=6, nr=16, mc=48, nc=4096, kc=2304), dict(mr=4, nr=24, mc=48, nc=4080, kc=2304)],
 }
 # Indirect conv heroes whose tile is an equal part of one output row (Q % mr == 0): tiles in the top
 # or bottom output row skip the taps that read only padding (~10% of a 3x3 conv on 7^2 images).
@@ -192,6 +210,14 @@ def blocked_heroes(isa: Isa, op: Op, indirect: int = 0, profile: DeviceProfile |
     return _least_waste_first(gemm_hero_table(isa, profile), *gemm_view(op, indirect))
 
 
+def indirect_heroes(isa: Isa, op: Op) -> list[PipelineConfig]:
+    """The indirect conv's heroes (``indirect`` not set): the ISA's :data:`INDIRECT_HEROES` when measured,
+    else its GEMM heroes, least edge waste first."""
+    if isa.name in INDIRECT_HEROES:
+        return _least_waste_first(heroes(INDIRECT_HEROES, isa), *gemm_view(op, 1))
+    return blocked_heroes(isa, op, indirect=1)
+
+
 def gemm_hero_table(isa: Isa, profile: DeviceProfile | None = None) -> list[PipelineConfig]:
     """The GEMM heroes of ``isa`` for ``profile``'s CPU family: its own table when measured (and of this
     ISA: an AVX2 variant on an AVX-512 machine keeps the AVX2 table), else the ISA's."""
@@ -213,13 +239,24 @@ def l1_kc(kc: int, mr: int, profile: DeviceProfile) -> int:
     return max(64, min(kc, l1 * 7 // 8 // (4 * mr) // 8 * 8))
 
 
+#: Edge waste (padded M x N over M x N) within this much of the least a hero list has counts as the least:
+#: the table's measured order decides between them. Zen 3 (2 threads, interleaved with NumPy): 4x24 tiles
+#: ran 0.90-0.98x NumPy at 512^3, where they pad 3.1% of the columns, against 0.82x for 6x16 (0.8% of the
+#: rows), and 0.99x against 0.90x at 1024^3.
+WASTE_TOLERANCE = 0.04
+
+
 def _least_waste_first(cfgs: list[PipelineConfig], m: int, n: int) -> list[PipelineConfig]:
-    """``cfgs`` sorted by the share of their padded M x N edge tiles (stable among equals)."""
+    """``cfgs`` sorted by the share of their padded M x N edge tiles, those within
+    :data:`WASTE_TOLERANCE` of the least in table order."""
     def waste(cfg: PipelineConfig) -> float:
         mr, nr = cfg.get("mr"), cfg.get("nr")
-        return round(-(-m // mr) * mr / m * (-(-n // nr) * nr) / n, 2)
+        return -(-m // mr) * mr / m * (-(-n // nr) * nr) / n
 
-    return sorted(cfgs, key=waste)
+    if not cfgs:
+        return []
+    least = min(waste(c) for c in cfgs) + WASTE_TOLERANCE
+    return sorted(cfgs, key=lambda c: max(waste(c), least))
 
 
 def row_heroes(isa: Isa, op: Conv2dOp) -> list[PipelineConfig]:

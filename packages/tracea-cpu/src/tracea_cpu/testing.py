@@ -18,6 +18,10 @@ from tracea_cpu.isa import ISA_BY_NAME
 from tracea_cpu.toolchain import compiler_or_reason
 
 PROFILE = host_profile()
+#: This host's profile as if its CPU had AMX-BF16 (and the AVX-512 it implies): for tests of how the AMX
+#: variants decline (the OS's answer, the compiler), which must not depend on this CPU's own ISA.
+AMX_PROFILE = PROFILE.with_(isa=tuple(dict.fromkeys(tuple(PROFILE.isa) + (
+    "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"))))
 HAVE_CC = compiler_or_reason()[0] is not None
 
 

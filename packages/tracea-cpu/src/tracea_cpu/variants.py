@@ -129,7 +129,7 @@ class CpuConv2dVariant(CpuVariant):
         indirect: list[PipelineConfig] = []
         if spaces.indirect_ok(op):
             # The indirect kernel keeps one pointer per tile row in a general register: short tiles first.
-            ind = spaces.blocked_heroes(self.isa, op, indirect=1)
+            ind = spaces.indirect_heroes(self.isa, op)
             short = [h for h in ind if h.get("mr") <= 6] + [h for h in ind if h.get("mr") > 6]
             rows = spaces.row_heroes(self.isa, op)
             # Small images: the padding taps skipped by row tiles are a large share of the work.
