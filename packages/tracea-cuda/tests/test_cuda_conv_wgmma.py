@@ -29,7 +29,8 @@ GEOMS = [(2, 64, 9, 9, 72, 3, 3, 1, 1, 1), (3, 128, 7, 7, 40, 3, 3, 1, 1, 1), (1
          (1, 256, 14, 14, 264, 3, 3, 2, 1, 1)]
 MODES = [("nhwc", "float16", "bias+relu", None), ("nhwc", "bfloat16", "bias+gelu", None),
          ("nhwc", "bfloat16", "silu", "float32"), ("nhwc", "float32", "bias+relu", None),
-         ("nchw", "float32", "bias+silu", None)]
+         ("nchw", "float32", "bias+silu", None), ("nchw", "float16", "bias+relu", None),
+         ("nchw", "bfloat16", "gelu", "float32")]
 
 
 def _check(op: Conv2dOp, config=None) -> None:
@@ -76,6 +77,42 @@ def test_wgmma_conv_search_space_corners(config_params):
 def test_wgmma_conv_resnet_layer_every_hero():
     _check(Conv2dOp(4, 128, 28, 28, 128, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"))
     _check(Conv2dOp(4, 64, 28, 28, 64, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high"))
+    _check(Conv2dOp(4, 64, 28, 28, 64, 3, 3, padding=1, layout="nchw", dtype="float16", epilogue="bias"))
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_wgmma_conv_nchw_16bit_user_path_and_graph(dt):
+    """A 16-bit NCHW conv (what a model not converted to channels_last runs) through ``tracea.ops.conv2d`` with
+    the default decision: served by a Tracea kernel (not counted as a fallback), equal to float64 within the
+    dtype's tolerance, repeated and replayed from a CUDA graph; 3x3, strided and 1x1 layers, odd planes."""
+    import torch
+    import torch.nn.functional as F
+
+    import tracea
+    from tracea.runtime import fallbacks
+
+    _hopper()
+    tdt = getattr(torch, dt)
+    for n, c, hw, k, r, st in ((2, 64, 15, 72, 3, 1), (1, 128, 28, 256, 3, 2), (3, 256, 14, 64, 1, 2)):
+        g = torch.Generator(device="cuda").manual_seed(n * c + k)
+        x = torch.randn(n, c, hw, hw, device="cuda", dtype=tdt, generator=g)
+        w = (torch.randn(k, c, r, r, device="cuda", dtype=tdt, generator=g) / (c * r * r) ** 0.5).to(tdt)
+        b = torch.randn(k, device="cuda", dtype=tdt, generator=g)
+        pad = r // 2
+        ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), stride=st, padding=pad))
+        before = sum(fallbacks.counts().values())
+        outs = [tracea.ops.conv2d(x, w, b, stride=st, padding=pad, activation="relu") for _ in range(2)]
+        assert sum(fallbacks.counts().values()) == before, fallbacks.counts()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = tracea.ops.conv2d(x, w, b, stride=st, padding=pad, activation="relu")
+        graph.replay()
+        torch.cuda.synchronize()
+        op = Conv2dOp(n, c, hw, hw, k, r, r, stride=st, padding=pad, layout="nchw", dtype=dt)
+        tol = T.tolerance(math_mode(op.dtype, op.fp32_precision), op.out_dtype)
+        for out in outs + [captured]:
+            assert out.is_contiguous() and T.rel_err(out, ref) <= tol, T.rel_err(out, ref)
+        assert torch.equal(captured, outs[-1])
 
 
 def test_wgmma_conv_misaligned_input_falls_back():
@@ -108,6 +145,12 @@ def test_wgmma_conv_declines_with_reasons():
     assert VARIANT.check(accurate, profile)
     pointwise = Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype="float32", fp32_precision="high")
     assert any("implicit_mma" in r for r in VARIANT.check(pointwise, profile))
+    # 16-bit NCHW: served through the channels-last transpose, except 1x1 stride-1 (the transpose outweighs it)
+    for dt in ("float16", "bfloat16"):
+        assert any("transpose" in r for r in VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype=dt),
+                                                           profile))
+        assert not VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 1, 1, stride=2, layout="nchw", dtype=dt), profile)
+        assert not VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 3, 3, padding=1, layout="nchw", dtype=dt), profile)
     grouped = Conv2dOp(1, 128, 8, 8, 128, 3, 3, groups=2, layout="nhwc", dtype="float16")
     assert any("groups" in r for r in VARIANT.check(grouped, profile))
 

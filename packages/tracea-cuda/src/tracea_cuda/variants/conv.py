@@ -23,7 +23,7 @@ from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, scratch_buffe
 
 
 def to_channels_last(op: Conv2dOp, px: int, pw: int, args: Any, stream: Any, arch: str) -> tuple[Any, Any]:
-    """:func:`channels_last_prepass` for the ``run`` paths: float32 NCHW x and KCRS w transposed into NHWC /
+    """:func:`channels_last_prepass` for the ``run`` paths: NCHW x and KCRS w transposed into NHWC /
     KRSC scratch buffers (see :func:`~.base.scratch_buffer`) by one launch on ``stream``, so they are ordered
     before the conv that reads them. The caller keeps the returned buffers referenced until the conv is
     enqueued."""

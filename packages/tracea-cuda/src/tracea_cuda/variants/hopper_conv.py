@@ -2,8 +2,9 @@
 
 The producer warpgroup gathers the activation tile with ``cp.async`` (see :mod:`..emit.im2col`) and
 loads the weight tile with TMA; two consumer warpgroups run ``wgmma``. NHWC f16/bf16 directly;
-fp32 as TF32 (TF32 allowed), NCHW fp32 through one transpose of x and w to channels-last scratch
-buffers (the output is stored NCHW by the kernel). fp32-accurate (``highest``) convs, channel counts
+fp32 as TF32 (TF32 allowed); NCHW (every dtype: a 16-bit model not converted to channels_last is NCHW)
+through one transpose of x and w to channels-last scratch buffers (the output is stored NCHW by the
+kernel). fp32-accurate (``highest``) convs, channel counts
 that are not a multiple of one 128-byte slice (64 16-bit / 32 fp32 channels, e.g. the RGB stem),
 grouped convs and misaligned pointers are served by ``cuda.conv2d.implicit_mma``.
 """
@@ -123,12 +124,16 @@ class WgmmaConv(WgmmaGemm):
             # columns) against 23.9 us for cuda.conv2d.pointwise and 35 us for implicit_mma
             reasons.append(f"C*R*S={op.c * op.r * op.s} is less than two {bke}-channel K-tiles: most of each "
                            "K-tile would be zeros; cuda.conv2d.pointwise / implicit_mma serve it")
-        if operands.pixels_contiguous(op):
+        if operands.pixels_contiguous(op) and op.dtype.storage is DType.F32:
             reasons.append("NCHW 1x1 stride-1 conv: cuda.conv2d.implicit_mma reads its 16-byte pixel runs directly, "
                            "without this variant's channels-last transpose (measured 2.7x faster on an H200 at "
                            "256->64@56)")
-        if op.layout is Layout.NCHW and op.dtype.storage is not DType.F32:
-            reasons.append("16-bit conv needs NHWC (channels_last) layout; NCHW is served for float32 only")
+        elif operands.pixels_contiguous(op):
+            # H100, tracea.ops vs F.conv2d, NCHW fp16 / bf16 (3x3 and strided layers: eager 1.0-1.85x, in CUDA
+            # graphs 0.84-1.59x, median 1.3x): 256->64@56^2 b32 113 us against cuDNN's 47 us, 2048->512@7^2
+            # b1 0.52x in graphs -- the transpose pre-pass moves the whole input for a GEMM-sized conv
+            reasons.append("16-bit NCHW 1x1 stride-1 conv: the channels-last transpose of x costs more than the conv "
+                           "(H100: 256->64@56^2 batch 32 fp16 113 us against cuDNN's 47 us); PyTorch serves it")
         if max(op.n * max(op.c, epc) * op.h * op.w, m + 256, op.n * op.k * op.p * op.q) >= 2**31 - 2**20:
             reasons.append("tensor larger than the 32-bit index range")
         return reasons
@@ -203,7 +208,7 @@ class WgmmaConv(WgmmaGemm):
         return op.layout is Layout.NHWC and not can_pad(op) and not bool(config.get("stream_k", False))
 
     def bind(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
-        """NHWC: the one-kernel launcher. NCHW float32: two pointer-only launches per call -- x and w
+        """NHWC: the one-kernel launcher. NCHW: two pointer-only launches per call -- x and w
         transposed by one launch into one channels-last scratch buffer (from the caller's allocator, on the
         launch stream), then the conv reading them -- with no per-call Python beyond the allocations (the multi-launch
         :meth:`run` path cost ~40 us of host time per call on an H100 host, more than most batch-1
