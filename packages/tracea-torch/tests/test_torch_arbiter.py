@@ -404,6 +404,9 @@ def test_cold_weight_calls_span_twice_the_l2_cache():
     seen: list[torch.Tensor] = []
     fa, fb = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: seen.append(w), (x, w, None))
     want = min(arbiter.COLD_COPIES, -(-2 * l2 // (w.numel() * 2)))
+    # each copy called once by each side before the callers are handed out (per-pointer plan state built)
+    assert len(seen) == 2 * want and len({t.data_ptr() for t in seen}) == want
+    seen.clear()
     for _ in range(want + 1):
         fa()
     assert len({t.data_ptr() for t in seen}) == want and seen[want] is w
@@ -411,6 +414,7 @@ def test_cold_weight_calls_span_twice_the_l2_cache():
     rows = torch.randn(1024, 6144, device="cuda", dtype=torch.float16)[:, 1024:5120]  # a strided view, 8 MB
     seen.clear()
     fa, _ = arbiter.cold_weight_calls(lambda x, w, b: seen.append(w), lambda x, w, b: None, (x, rows, None))
+    seen.clear()
     for _ in range(3):
         fa()
     assert len({t.data_ptr() for t in seen}) == 3
