@@ -10,6 +10,7 @@ import pytest
 
 from tracea.ir.ops import Conv2dOp
 from tracea_cpu.isa import ISA_BY_NAME
+from tracea_cpu import spaces
 from tracea_cpu.spaces import GEMM_HEROES
 from tracea_cpu.testing import (BEST, HAVE_CC, ISAS, config, conv2d_ref, epilogue_ref, poisoned, rand, rel_err,
                                 run_variant)
@@ -112,8 +113,9 @@ def test_conv2d_algorithm_choice_and_validation():
             assert 7 % heroes[0].get("mr") == 0
     assert variant.hero_configs(many, PROFILE)[0].get("indirect") == 1
     assert any(h.get("indirect") == 2 for h in variant.hero_configs(many, PROFILE))
-    # 3: the direct NCHW algorithm, offered where it applies (AVX-512, stride 1, q == w)
-    assert {c.get("indirect") for c in variant.search_space(few, PROFILE)} == {0, 1, 2} | ({3} if BEST == "avx512" else set())
+    # 3: the direct NCHW algorithm, offered where it applies (AVX-512 / AVX2, stride 1, q == w)
+    direct = {3} if BEST in spaces.DIRECT_NCHW_ISAS else set()
+    assert {c.get("indirect") for c in variant.search_space(few, PROFILE)} == {0, 1, 2} | direct
     assert {c.get("indirect") for c in variant.search_space(many, PROFILE)} == {0, 1, 2}
     bad = config(**GEMM_HEROES[BEST][0], threads=0, indirect=4)
     assert not variant.validate_config(few, bad, PROFILE)

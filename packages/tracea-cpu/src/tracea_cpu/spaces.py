@@ -283,15 +283,20 @@ def indirect_ok(op: Conv2dOp) -> bool:
 #: transposed output stores, which weigh most next to the arithmetic with few channels per tap; its
 #: micro-kernel is no faster than the indirect one's and re-reads a tile's input for every 8 output
 #: channels, and small images leave many lanes masked (2-core Sapphire Rapids VM, docs/backends/cpu.md).
+#: The same rule fits AVX2 (2-core AMD EPYC Zen 3 VM, two threads, ratio to F.conv2d, direct / indirect
+#: mr=6 nr=16 kc=2304, batch 8: 64@56^2 0.94x / 0.87x, 128@28^2 1.09x / 1.07x, 256@14^2 1.03x / 1.27x,
+#: 512@7^2 0.86x / 1.56x; 1x1 256 -> 64 56^2 1.26x / 0.70x; docs/backends/cpu.md, "direct NCHW conv on AVX2").
 DIRECT_NCHW_MAX_C = 64
 DIRECT_NCHW_MIN_PIXELS = 3136
+#: ISAs with a direct NCHW kernel (``emit/nchw_direct.py``).
+DIRECT_NCHW_ISAS = ("avx512", "avx2")
 
 
 def direct_nchw_ok(isa: Isa, op: Conv2dOp) -> bool:
     """Whether the direct NCHW conv (``indirect=3``, output pixels in the vector lanes) runs ``op``
-    rather than falling back to the indirect one: AVX-512, NCHW, stride 1, one group, and output rows
-    as wide as the input's (``q == w``: e.g. a "same" 3x3). Mirrors ``tr_nd_fits`` in the C source."""
-    return (isa.name == "avx512" and op.layout is Layout.NCHW and op.stride == (1, 1) and op.groups == 1
+    rather than falling back to the indirect one: AVX-512 or AVX2, NCHW, stride 1, one group, and output
+    rows as wide as the input's (``q == w``: e.g. a "same" 3x3). Mirrors ``tr_nd_fits`` in the C source."""
+    return (isa.name in DIRECT_NCHW_ISAS and op.layout is Layout.NCHW and op.stride == (1, 1) and op.groups == 1
             and op.q == op.w)
 
 

@@ -516,4 +516,4 @@ def blocked_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue, ku: int = 8) 
     if not isa.fits(mr, nr):
         raise ValueError(f"tile {mr}x{nr} does not fit {isa.name}'s registers")
     return "\n".join([prologue(isa), epilogue_c(epilogue), microkernel_c(isa, mr, nr, ku), PACKERS, NCHW,
-                      gemv_source(isa), DRIVER, nchw_direct_source(), CONV, GEMM_CONV_CALLS])
+                      gemv_source(isa), DRIVER, nchw_direct_source(isa), CONV, GEMM_CONV_CALLS])
