@@ -6,7 +6,7 @@ split by what ran before (T: Tracea, N: NumPy).
 
     source scripts/srcenv.sh
     python benchmarks/cpu/probes/gemm_phases.py [--sizes 512,768] [--tile 14x32] [--mc 112] [--kc 512]
-        [--threads 2] [--cflags="-DX=1;-DX=2"] [--variants "mc:kc:cflags,..."]
+        [--threads 2] [--cflags="-DX=1;-DX=2"] [--variants "mc:kc:cflags,..."] [--isa avx2]
 
 ``--variants``: several (mc, kc, extra compiler flags) settings timed in the same process, interleaved
 (empty fields take ``--mc`` / ``--kc``), e.g. ``--variants "112:512:,112:768:,:512:-DTR_JOIN_SPIN=0"``.
@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from tracea.ir.epilogue import Epilogue
+from tracea.doctor.host_plugin import host_profile
 from tracea_cpu.emit.blocked import blocked_source
 from tracea_cpu.isa import ISA_BY_NAME
 from tracea_cpu.kernels import GEMM_ARGTYPES, set_caches
@@ -35,8 +36,8 @@ from tracea_cpu.toolchain import build
 PHASES = ("start", "B pack", "kernel", "A pack", "region")
 
 
-def library(mr: int, nr: int, cflags: tuple[str, ...]) -> ctypes.CDLL:
-    isa = ISA_BY_NAME["avx512"]
+def library(mr: int, nr: int, cflags: tuple[str, ...], isa_name: str = "avx512") -> ctypes.CDLL:
+    isa = ISA_BY_NAME[isa_name]
     lib = build(blocked_source(isa, mr, nr, Epilogue.empty()), isa.cflags + ("-DTR_PROBE",) + cflags,
                 f"probe-gemm-{mr}x{nr}")
     lib.tr_gemm.argtypes = GEMM_ARGTYPES
@@ -53,19 +54,21 @@ def main() -> None:
     ap.add_argument("--mc", type=int, default=112)
     ap.add_argument("--nc", type=int, default=4096)
     ap.add_argument("--kc", type=int, default=512)
+    ap.add_argument("--isa", default="", help="avx512 / avx2 / ... (default: this host's best)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--cflags", default="", help="flag sets separated by ';', compared in one process")
     ap.add_argument("--variants", default="", help="mc:kc:cflags settings separated by ',' (see above)")
     ns = ap.parse_args()
     mr, nr = (int(v) for v in ns.tile.split("x"))
+    isa_name = ns.isa or host_profile().extras.get("best_isa", "avx512")
     settings = {}
     for v in (ns.variants.split(",") if ns.variants else [f"::{f}" for f in ns.cflags.split(";")]):
         mc, kc, flags = v.split(":", 2)
-        settings[v] = (int(mc or ns.mc), int(kc or ns.kc), library(mr, nr, tuple(flags.split())))
+        settings[v] = (int(mc or ns.mc), int(kc or ns.kc), library(mr, nr, tuple(flags.split()), isa_name))
     libs = {name: lib for name, (_, _, lib) in settings.items()}
     buf = np.zeros((64, 8))
-    print(f"load {os.getloadavg()}, tile {mr}x{nr} mc {ns.mc} kc {ns.kc}, {ns.threads} threads")
+    print(f"load {os.getloadavg()}, {isa_name}, tile {mr}x{nr} mc {ns.mc} kc {ns.kc}, {ns.threads} threads")
     for s in (int(v) for v in ns.sizes.split(",")):
         rng = np.random.default_rng(s)
         a, b = rng.standard_normal((s, s), dtype=np.float32), rng.standard_normal((s, s), dtype=np.float32)
