@@ -68,6 +68,9 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   python benchmarks/user_path/bench_zoo.py --device cuda --timm "${FOLD_MODELS:-resnet50,efficientnet_b0}" --hf "" \
     --no-fold --json "$OUT/zoo_nofold.json" 2>&1 | tee "$OUT/zoo_nofold.log" | tail -8
   rc=$(( rc || $? ))
+  # 16-bit NCHW convs (a model not converted to channels_last): per layer and patched models
+  python benchmarks/user_path/bench_nchw16.py --models "${NCHW16_MODELS:-resnet50}" 2>&1 | tee "$OUT/nchw16.log" | tail -16
+  rc=$(( rc || $? ))
   python benchmarks/cuda/bench_attention.py --quick --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -30
   rc=$(( rc || $? ))
 fi
