@@ -5,7 +5,8 @@
 # the public-ops fuzzer on CUDA tensors.
 # Logs and JSON go to $OUT (default /tmp/tracea-gpu).
 #   scripts/gpu_run.sh [--quick] [--tests-only|--bench-only|--user-only|--fuzz-only] [--pytest-k EXPR] [bench args...]
-# Carry .whl (optuna's wheels: ../shared/tools/device-wheels.sh) for the tuner's tests.
+# Carry .whl (`../shared/tools/device-wheels.sh platformdirs`: optuna and its needs for the tuner's tests, and
+# platformdirs, a tracea-core dependency the GPU machine lacks).
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 1
 if [ -d .whl ] && ! python3 -c "import optuna" 2>/dev/null; then
