@@ -205,7 +205,12 @@ class TuningCache:
                                      f"{exc}); continuing without it")
                 raw = {}
             raw.update(self._unsaved)
-            self._install(raw, cache_file.file_state(self.path))
+            # The state of the file read: the read holds no lock, so a writer may replace the file between
+            # the stat above and the stat after it; the new file's state must not be noted as the one
+            # read, or the next put would merge into this older copy and drop the writer's entries (the
+            # 3-process CI fuzz lost 1 of 32 once). Unsure: no state, and the next put reads again.
+            after = cache_file.file_state(self.path)
+            self._install(raw, state if state == after else None)
 
     def _install(self, raw: dict[str, dict[str, Any]], state: tuple[int, int, int] | None) -> None:
         entries: dict[str, CacheEntry] = {}
