@@ -26,6 +26,7 @@ is the one measured on Sapphire Rapids, unchanged (one pass over all taps and ch
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from ..isa import Isa
@@ -127,17 +128,28 @@ _STORE_256 = r"""            long left = PQ - p0 - 8 * v;
                                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), x);
 """
 
+#: Weight block b before its first use: packed by whichever thread first claims a block not packed yet
+#: (claims handed out in order from a counter), ready flags tell the others (see tr_conv_nd)
+_CLAIM = r"""for (int spin = 0; !__atomic_load_n(&ready[b], __ATOMIC_ACQUIRE); spin++) {
+    long q = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+    if (q < nkb) {
+        tr_nd_pack(w, K, C, RS, q, wp);
+        __atomic_store_n(&ready[q], 1, __ATOMIC_RELEASE);
+    } else {
+        tr_cpu_relax();
+        if (spin > 4096) sched_yield();
+    }
+}
+"""
+
+
+def _claim(indent: int) -> str:
+    """:data:`_CLAIM` indented by ``indent`` spaces."""
+    return textwrap.indent(_CLAIM, " " * indent)
+
+
 _BLOCKS_WHOLE = r"""                for (long b = 0; b < nkb; b++) {
-                    for (int spin = 0; !__atomic_load_n(&ready[b], __ATOMIC_ACQUIRE); spin++) {
-                        long q = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-                        if (q < nkb) {
-                            tr_nd_pack(w, K, C, RS, q, wp);
-                            __atomic_store_n(&ready[q], 1, __ATOMIC_RELEASE);
-                        } else {
-                            tr_cpu_relax();
-                            if (spin > 4096) sched_yield();
-                        }
-                    }
+@CLAIM20@
                     if (TR_ND_PFW && tn >= 0) tr_nd_prefetch_out(out + (tn / tpi) * K * PQ, K, PQ, pn0, pvn, b, nkb);
                     TR_ND_TILE(pv, xi, HW, C, RS, toff, tmask, wp + b * RS * C * ND_KB, accs);
                     tr_nd_store(accs, oi, PQ, p0, (int)TR_MIN(ND_KB, K - b * ND_KB), pv, bias, b * ND_KB);
@@ -154,16 +166,7 @@ _BLOCKS_SPLIT = r"""                /* Output-channel blocks in groups whose acc
                         for (long c0 = 0; c0 < C; c0 += cbs)
                             for (long b = g0; b < g1; b++) {
                                 if (r == 0 && c0 == 0) {
-                            for (int spin = 0; !__atomic_load_n(&ready[b], __ATOMIC_ACQUIRE); spin++) {
-                                long q = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-                                if (q < nkb) {
-                                    tr_nd_pack(w, K, C, RS, q, wp);
-                                    __atomic_store_n(&ready[q], 1, __ATOMIC_RELEASE);
-                                } else {
-                                    tr_cpu_relax();
-                                    if (spin > 4096) sched_yield();
-                                }
-                            }
+@CLAIM36@
                                     if (TR_ND_PFW && tn >= 0)
                                         tr_nd_prefetch_out(out + (tn / tpi) * K * PQ, K, PQ, pn0, pvn, b, nkb);
                                 }
@@ -269,7 +272,8 @@ def nchw_direct_source(isa: Isa | None = None, npv: int | None = None, nkb: int 
     body = (_BODY.replace("@MASKS@", sp.masks).replace("@STORE@", sp.store).replace("@MT@", sp.mask_t)
             .replace("@VW1@", str(vw - 1)).replace("@VW@", str(vw))
             .replace("@ACCS@", _ACCS_SPLIT if sp.split else _ACCS_WHOLE)
-            .replace("@BLOCKS@", _BLOCKS_SPLIT if sp.split else _BLOCKS_WHOLE))
+            .replace("@BLOCKS@", _BLOCKS_SPLIT if sp.split else _BLOCKS_WHOLE)
+            .replace("@CLAIM20@\n", _claim(20)).replace("@CLAIM36@\n", _claim(36)))
     knobs = _SPLIT_KNOBS if sp.split else ""
     return f"\n{sp.guard}\n#define TR_HAVE_ND 1\n#define ND_PV {npv}\n#define ND_KB {nkb}\n" + knobs + kernels + body
 
