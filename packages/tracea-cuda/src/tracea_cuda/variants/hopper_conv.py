@@ -124,16 +124,19 @@ class WgmmaConv(WgmmaGemm):
             # columns) against 23.9 us for cuda.conv2d.pointwise and 35 us for implicit_mma
             reasons.append(f"C*R*S={op.c * op.r * op.s} is less than two {bke}-channel K-tiles: most of each "
                            "K-tile would be zeros; cuda.conv2d.pointwise / implicit_mma serve it")
-        if operands.pixels_contiguous(op) and op.dtype.storage is DType.F32:
-            reasons.append("NCHW 1x1 stride-1 conv: cuda.conv2d.implicit_mma reads its 16-byte pixel runs directly, "
-                           "without this variant's channels-last transpose (measured 2.7x faster on an H200 at "
-                           "256->64@56)")
-        elif operands.pixels_contiguous(op):
-            # H100, tracea.ops vs F.conv2d, NCHW fp16 / bf16 (3x3 and strided layers: eager 1.0-1.85x, in CUDA
-            # graphs 0.84-1.59x, median 1.3x): 256->64@56^2 b32 113 us against cuDNN's 47 us, 2048->512@7^2
-            # b1 0.52x in graphs -- the transpose pre-pass moves the whole input for a GEMM-sized conv
-            reasons.append("16-bit NCHW 1x1 stride-1 conv: the channels-last transpose of x costs more than the conv "
-                           "(H100: 256->64@56^2 batch 32 fp16 113 us against cuDNN's 47 us); PyTorch serves it")
+        if operands.pixels_contiguous(op):
+            if op.dtype.storage is DType.F32:
+                reasons.append("NCHW 1x1 stride-1 conv: cuda.conv2d.implicit_mma reads its 16-byte pixel runs "
+                               "directly, without this variant's channels-last transpose (measured 2.7x faster on "
+                               "an H200 at 256->64@56)")
+            else:
+                # H100, tracea.ops vs F.conv2d, NCHW fp16 / bf16 (3x3 and strided layers: eager 1.0-1.85x, in
+                # CUDA graphs 0.84-1.59x, median 1.3x): 256->64@56^2 b32 113 us against cuDNN's 47 us,
+                # 2048->512@7^2 b1 0.52x in graphs -- the transpose pre-pass moves the whole input for a
+                # GEMM-sized conv (implicit_mma declines 16-bit NCHW)
+                reasons.append("16-bit NCHW 1x1 stride-1 conv: the channels-last transpose of x costs more than the "
+                               "conv (H100: 256->64@56^2 batch 32 fp16 113 us against cuDNN's 47 us); PyTorch "
+                               "serves it")
         if max(op.n * max(op.c, epc) * op.h * op.w, m + 256, op.n * op.k * op.p * op.q) >= 2**31 - 2**20:
             reasons.append("tensor larger than the 32-bit index range")
         return reasons
