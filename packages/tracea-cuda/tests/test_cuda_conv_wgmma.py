@@ -23,9 +23,9 @@ def _hopper():
 
 
 # (n, c, h, w, k, r, s, stride, padding, dilation): odd spatial sizes, M and K_out off the tile grid,
-# strides, asymmetric padding, dilation, non-square kernels, 1x1.
+# strides, asymmetric padding, dilation, non-square kernels, 1x1 (NCHW 16-bit only served from batch 8 with K >= 2C).
 GEOMS = [(2, 64, 9, 9, 72, 3, 3, 1, 1, 1), (3, 128, 7, 7, 40, 3, 3, 1, 1, 1), (1, 64, 17, 15, 128, 5, 3, 2, (2, 1), 1),
-         (2, 64, 11, 13, 200, 1, 1, 1, 0, 1), (1, 192, 10, 13, 96, 3, 3, 1, 2, 2), (5, 64, 6, 6, 24, 2, 2, 2, 0, 1),
+         (12, 64, 11, 13, 200, 1, 1, 1, 0, 1), (1, 192, 10, 13, 96, 3, 3, 1, 2, 2), (5, 64, 6, 6, 24, 2, 2, 2, 0, 1),
          (1, 256, 14, 14, 264, 3, 3, 2, 1, 1)]
 MODES = [("nhwc", "float16", "bias+relu", None), ("nhwc", "bfloat16", "bias+gelu", None),
          ("nhwc", "bfloat16", "silu", "float32"), ("nhwc", "float32", "bias+relu", None),
@@ -93,7 +93,9 @@ def test_wgmma_conv_nchw_16bit_user_path_and_graph(dt):
 
     _hopper()
     tdt = getattr(torch, dt)
-    for n, c, hw, k, r, st in ((2, 64, 15, 72, 3, 1), (1, 128, 28, 256, 3, 2), (3, 256, 14, 64, 1, 2)):
+    # (the last two: 1x1 stride-1 inside the served window, a 14^2 and a 7^2 plane -- no 16-byte pixel runs)
+    for n, c, hw, k, r, st in ((2, 64, 15, 72, 3, 1), (1, 128, 28, 256, 3, 2), (3, 256, 14, 64, 1, 2),
+                               (8, 64, 14, 136, 1, 1), (33, 128, 7, 256, 1, 1)):
         g = torch.Generator(device="cuda").manual_seed(n * c + k)
         x = torch.randn(n, c, hw, hw, device="cuda", dtype=tdt, generator=g)
         w = (torch.randn(k, c, r, r, device="cuda", dtype=tdt, generator=g) / (c * r * r) ** 0.5).to(tdt)
@@ -145,10 +147,15 @@ def test_wgmma_conv_declines_with_reasons():
     assert VARIANT.check(accurate, profile)
     pointwise = Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype="float32", fp32_precision="high")
     assert any("implicit_mma" in r for r in VARIANT.check(pointwise, profile))
-    # 16-bit NCHW: served through the channels-last transpose, except 1x1 stride-1 (the transpose outweighs it)
+    # 16-bit NCHW: served through the channels-last transpose; 1x1 stride-1 only inside the measured window
+    # (batch >= 8, K >= 2C, 1568-8192 output pixels), on any plane (7^2 has no 16-byte pixel runs)
     for dt in ("float16", "bfloat16"):
-        assert any("transpose" in r for r in VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype=dt),
-                                                           profile))
+        for n, c, hw, k in ((2, 64, 8, 64), (1, 2048, 7, 512), (32, 2048, 7, 512), (32, 1024, 14, 256),
+                            (1, 256, 14, 1024), (32, 128, 28, 512)):
+            assert any("transpose" in r for r in VARIANT.check(
+                Conv2dOp(n, c, hw, hw, k, 1, 1, layout="nchw", dtype=dt), profile)), (n, c, hw, k)
+        for n, c, hw, k in ((8, 256, 14, 1024), (32, 256, 14, 1024), (32, 512, 7, 2048), (8, 128, 28, 512)):
+            assert not VARIANT.check(Conv2dOp(n, c, hw, hw, k, 1, 1, layout="nchw", dtype=dt), profile), (n, c, hw, k)
         assert not VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 1, 1, stride=2, layout="nchw", dtype=dt), profile)
         assert not VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 3, 3, padding=1, layout="nchw", dtype=dt), profile)
     grouped = Conv2dOp(1, 128, 8, 8, 128, 3, 3, groups=2, layout="nhwc", dtype="float16")

@@ -103,6 +103,12 @@ def pixels_contiguous(op: Conv2dOp) -> bool:
             and tuple(op.padding) == (0, 0) and (op.p * op.q) % 4 == 0)
 
 
+def pointwise_nchw(op: Conv2dOp) -> bool:
+    """NCHW 1x1, stride 1, no padding, any plane size: a GEMM per image, out[n] = W @ x[n]."""
+    return (op.layout is Layout.NCHW and (op.r, op.s) == (1, 1) and tuple(op.stride) == (1, 1)
+            and tuple(op.padding) == (0, 0))
+
+
 def conv_weight(op: Conv2dOp, vectorized: bool) -> OperandMap:
     """Conv weights as GEMM B: (K_out, C*R*S) row-major (KCRS or KRSC flattened) = k-major."""
     return OperandMap(True, vectorized, "valid = ni < N && ki < K; src = g + (long long)ni * K + ki;")

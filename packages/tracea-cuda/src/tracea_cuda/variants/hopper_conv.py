@@ -53,6 +53,25 @@ SPLIT_SLICE_K_TILES = 4
 SPLIT_MAX = 16
 
 
+#: 16-bit NCHW 1x1 stride-1 convs are served (through the channels-last transpose of x) only where that
+#: measured faster than cuDNN's NCHW kernel. H100, fp16, `tracea.ops.conv2d` vs `F.conv2d` in CUDA graphs
+#: (2026-11-26): expanding convs on small planes with a batch win -- 256->1024@14^2 b8 / b32 1.16 / 1.23x,
+#: 320->1280@14^2 1.34 / 1.58x, 128->512@28^2 b8 1.10x, 512->2048@7^2 b32 1.04x (cuDNN's NCHW kernels run
+#: 1.2-1.9x its channels-last ones there); the transpose of x (C planes) loses wherever C >= K / 2 (b32
+#: 2048->512@7^2 0.76x, 1024->256@14^2 0.83x, 256->64@56^2 0.40x), at batch 1 (0.51-0.93x: cuDNN's NCHW
+#: kernel is a plain GEMM there) and on large planes (b32 128->512@28^2 0.96x)
+NCHW16_PW_MIN_BATCH = 8
+NCHW16_PW_PIXELS = (1568, 8192)
+
+
+def nchw16_pointwise_pays(op: Conv2dOp) -> bool:
+    """Whether a 16-bit NCHW 1x1 stride-1 conv is inside the window where the transpose path measured faster
+    than cuDNN (see ``NCHW16_PW_PIXELS``)."""
+    pixels = op.n * op.p * op.q
+    return (op.n >= NCHW16_PW_MIN_BATCH and op.k >= 2 * op.c
+            and NCHW16_PW_PIXELS[0] <= pixels <= NCHW16_PW_PIXELS[1])
+
+
 def conv_split_hero(op: Conv2dOp, profile: DeviceProfile, smem_epilogue: bool) -> list[PipelineConfig]:
     """The split-K hero (coop 128 x ``bn``, ``split_k`` slices) for a conv whose output tiles fill less than
     half of the SMs with a long reduction (batch-1 / small-spatial layers: 512->512 3x3 at 7^2, batch 1,
@@ -124,19 +143,15 @@ class WgmmaConv(WgmmaGemm):
             # columns) against 23.9 us for cuda.conv2d.pointwise and 35 us for implicit_mma
             reasons.append(f"C*R*S={op.c * op.r * op.s} is less than two {bke}-channel K-tiles: most of each "
                            "K-tile would be zeros; cuda.conv2d.pointwise / implicit_mma serve it")
-        if operands.pixels_contiguous(op):
-            if op.dtype.storage is DType.F32:
-                reasons.append("NCHW 1x1 stride-1 conv: cuda.conv2d.implicit_mma reads its 16-byte pixel runs "
-                               "directly, without this variant's channels-last transpose (measured 2.7x faster on "
-                               "an H200 at 256->64@56)")
-            else:
-                # H100, tracea.ops vs F.conv2d, NCHW fp16 / bf16 (3x3 and strided layers: eager 1.0-1.85x, in
-                # CUDA graphs 0.84-1.59x, median 1.3x): 256->64@56^2 b32 113 us against cuDNN's 47 us,
-                # 2048->512@7^2 b1 0.52x in graphs -- the transpose pre-pass moves the whole input for a
-                # GEMM-sized conv (implicit_mma declines 16-bit NCHW)
-                reasons.append("16-bit NCHW 1x1 stride-1 conv: the channels-last transpose of x costs more than the "
-                               "conv (H100: 256->64@56^2 batch 32 fp16 113 us against cuDNN's 47 us); PyTorch "
-                               "serves it")
+        if operands.pixels_contiguous(op) and op.dtype.storage is DType.F32:
+            reasons.append("NCHW 1x1 stride-1 conv: cuda.conv2d.implicit_mma reads its 16-byte pixel runs "
+                           "directly, without this variant's channels-last transpose (measured 2.7x faster on "
+                           "an H200 at 256->64@56)")
+        elif operands.pointwise_nchw(op) and op.dtype.storage is not DType.F32 and not nchw16_pointwise_pays(op):
+            reasons.append(f"16-bit NCHW 1x1 stride-1 conv outside the measured window (batch >= "
+                           f"{NCHW16_PW_MIN_BATCH}, K >= 2C, {NCHW16_PW_PIXELS[0]}-{NCHW16_PW_PIXELS[1]} output "
+                           "pixels): the channels-last transpose of x costs more than cuDNN's NCHW kernel loses "
+                           "(H100: 256->64@56^2 batch 32 fp16 113 us against 47 us); PyTorch serves it")
         if max(op.n * max(op.c, epc) * op.h * op.w, m + 256, op.n * op.k * op.p * op.q) >= 2**31 - 2**20:
             reasons.append("tensor larger than the 32-bit index range")
         return reasons
