@@ -369,10 +369,12 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
             and (op.epilogue.steps[:1] == (EpilogueKind.BIAS,)) == ("b" in o)):
         direct = adapter.direct_fallback(op, x)  # the framework's own call, e.g. F.conv2d on CUDA tensors
     if direct is not None:
-        kind, reason, record = op.kind.value, run.reason or "", fallbacks.record
+        # later calls bump a counter cell (no lock, no call: the hot path of a fallback); the first one was
+        # counted, and warned about, by the runner's fallback above
+        cell = fallbacks.counter(op.kind.value, run.reason or "")
 
         def plan(xx: Any, ww: Any, bb: Any, user_out: Any) -> Any:
-            record(kind, reason)
+            cell[0] += 1
             return direct(xx, ww, bb)
 
         def first_call() -> Any:
