@@ -1,6 +1,8 @@
 """The CPU user path against its anchors, interleaved in one run: ``tracea.ops.matmul`` (default call,
 untuned, fp32) vs NumPy ``a @ b`` at 512-2048, and ``tracea.ops.conv2d`` vs ``torch.nn.functional.conv2d``
-on ResNet-50's 3x3 layers at batch 1 and 8 (NCHW NumPy arrays / torch CPU tensors).
+on ResNet-50's 3x3 layers at batch 1 and 8 (NCHW NumPy arrays / torch CPU tensors); ``--only bf16``:
+``tracea.ops.matmul(x, W.T, bias)`` and a patched ``nn.Linear`` (``tracea_torch.patch_linear``, arbiter on)
+vs ``F.linear`` on torch CPU bf16 tensors (``--bf16-shapes``; tokens x out x in).
 
     source scripts/srcenv.sh
     OMP_WAIT_POLICY=passive python benchmarks/cpu/bench_user_cpu.py [--rounds 30] [--only gemm,conv] [--json out.json]
@@ -108,6 +110,42 @@ def _sections_apart(args: argparse.Namespace) -> int | None:
     return rc
 
 
+def bf16_rows(args: argparse.Namespace) -> list[dict]:
+    """bf16 linear layers on torch CPU tensors: ``tracea.ops.matmul`` and a patched ``nn.Linear`` vs
+    ``F.linear`` (on CPUs without AVX512_BF16 / AMX PyTorch's bf16 path is slow; Tracea widens to fp32)."""
+    import torch
+    import torch.nn.functional as F
+
+    import tracea_torch
+
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for shape in args.bf16_shapes.split(","):
+        m, n_, k = (int(v) for v in shape.split("x")) if "x" in shape else (int(shape),) * 3
+        x = torch.randn(m, k, generator=g).bfloat16()
+        lin = torch.nn.Linear(k, n_).bfloat16().eval()
+        w, b = lin.weight.detach(), lin.bias.detach()
+        patched = tracea_torch.patch_linear(torch.nn.Sequential(torch.nn.Linear(k, n_).bfloat16().eval()))
+        patched[0].load_state_dict(lin.state_dict())
+        with torch.no_grad():
+            ref = F.linear(x.double(), w.double(), b.double())
+            out = tracea.ops.matmul(x, w.t(), bias=b)
+            err = float((out.double() - ref).norm() / ref.norm())
+            d = get_doctor().decide(tracea.GemmOp(m, n_, k, trans_b=True, dtype_a="bf16", dtype_b="bf16",
+                                                  epilogue="bias"), "cpu")
+            t, n = interleaved(lambda: tracea.ops.matmul(x, w.t(), bias=b), lambda: F.linear(x, w, b), args.rounds)
+            patched(x)  # the arbiter's first call
+            tp, n2 = interleaved(lambda: patched(x), lambda: lin(x), args.rounds)
+        fl = 2 * m * n_ * k
+        rows.append(dict(case=f"linear bf16 {m}x{n_}x{k}", tracea_gflops=fl / t / 1e9, anchor="torch",
+                         anchor_gflops=fl / n / 1e9, ratio=n / t, patched_ratio=n2 / tp, rel_err=err,
+                         config=d.config.key, variant=d.variant.name))
+        print(f"{rows[-1]['case']:<28} tracea {rows[-1]['tracea_gflops']:6.0f} GFLOP/s  torch "
+              f"{rows[-1]['anchor_gflops']:6.0f}  ratio {n / t:.2f}x  patched nn.Linear {n2 / tp:.2f}x  err {err:.1e}"
+              f"  [{d.variant.name} {d.config.key}]", flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=30)
@@ -118,11 +156,13 @@ def main() -> int:
     ap.add_argument("--conv-layers", default=",".join(f"{c}@{hw}" for c, hw in RESNET_3X3),
                     help="ResNet 3x3 layers channels@size (default: all four)")
     ap.add_argument("--batches", default="1,8", help="conv batch sizes")
+    ap.add_argument("--bf16-shapes", default="512,1024,2048,32x4096x4096,128x4096x4096,512x4096x4096,512x11008x4096",
+                    help="bf16 linear shapes: n (n^3) or tokens x out x in")
     args = ap.parse_args()
     apart = _sections_apart(args)
     if apart is not None:
         return apart
-    if "conv" in args.only.split(","):
+    if {"conv", "bf16"} & set(args.only.split(",")):
         import torch  # noqa: F401 - before Tracea's first kernel: torch owns the OpenMP runtime (see above)
     set_cache(TuningCache(os.path.join(tempfile.mkdtemp(), "empty_cache.json")))
     prof = host_profile()
@@ -173,6 +213,8 @@ def main() -> int:
                                  variant=d.variant.name))
                 print(f"{rows[-1]['case']:<28} tracea {rows[-1]['tracea_gflops']:6.0f} GFLOP/s  torch {rows[-1]['anchor_gflops']:6.0f}"
                       f"  ratio {rows[-1]['ratio']:.2f}x  err {err:.1e}  [{d.variant.name} {d.config.key}]", flush=True)
+    if "bf16" in only:
+        rows += bf16_rows(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": prof.to_dict(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),

@@ -174,6 +174,19 @@ def f16_gemm_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctyp
     return lib
 
 
+def bf16c_gemm_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The converting bf16 GEMM library (``tr_gemm_bf16c``: bf16 widened while packed, fp32 micro-kernel) of
+    one x86 ISA, register tile and epilogue (compiled once)."""
+    from .emit.f16 import bf16c_gemm_source
+
+    isa = ISA_BY_NAME[isa_name]
+    lib = build(bf16c_gemm_source(isa, mr, nr, Epilogue.parse(epilogue_key)), isa.cflags,
+                f"gemm-bf16c-{isa_name}-{mr}x{nr}")
+    lib.tr_gemm_bf16c.argtypes = [_L, _L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _I, _P, _L, _L, _L, _I]
+    lib.tr_gemm_bf16c.restype = _I
+    return lib
+
+
 class Bf16Call(ctypes.Structure):
     """``tb_call``: the constants of one bf16 GEMM (op shape, operand strides, blocks) for ``tb_gemm_call``."""
 

@@ -16,6 +16,7 @@ from tracea.semantic.config import Validity
 from . import kernels, spaces
 from .amx import CpuGemmAmxVariant
 from .amx_conv import CpuConv2dAmxVariant
+from .bf16_convert import bf16_convert_variants
 from .f16 import f16_variants
 from .f16_amx import CpuGemmF16AmxVariant
 from .bf16 import CpuGemmBf16Variant
@@ -192,4 +193,4 @@ def all_variants() -> list[CpuVariant]:
     out: list[CpuVariant] = []
     for isa in ALL_ISAS:
         out += [CpuGemmVariant(isa), CpuConv2dVariant(isa), CpuAttentionVariant(isa)]
-    return out + [CpuGemmBf16Variant(), CpuGemmAmxVariant(), CpuConv2dAmxVariant(), CpuGemmF16AmxVariant()] + f16_variants() + skinny_variants()
+    return out + [CpuGemmBf16Variant(), CpuGemmAmxVariant(), CpuConv2dAmxVariant(), CpuGemmF16AmxVariant()] + f16_variants() + bf16_convert_variants() + skinny_variants()

@@ -1,0 +1,166 @@
+"""The converting bf16 GEMM (``cpu.gemm.bf16cvt.avx2`` / ``cpu.gemm.bf16cvt.avx512``: bf16 widened to fp32
+while packed, fp32 micro-kernel) against a float64 reference of the bf16 inputs: odd and tiny shapes, B
+stored N x K on and off the 8 x 8 register-transpose path (odd N and K), transposes, batches, epilogues, both
+output dtypes with bf16's round-to-nearest-even and NaN, several K blocks and threads, NaN / Inf
+propagation, the Doctor's ranking against the bf16 dot-product / AMX variants, and the user path. Inputs are
+torch CPU bf16 tensors; each ISA's tests skip with the reason where the CPU lacks it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tracea.doctor.variant import OpArgs
+from tracea.ir.ops import GemmOp
+from tracea.testing import nonfinite_mismatch
+from tracea_cpu.bf16_convert import CpuGemmBf16ConvertVariant
+from tracea_cpu.isa import AVX2, AVX512
+from tracea_cpu.testing import HAVE_CC, PROFILE, config, epilogue_ref, rel_err
+
+torch = pytest.importorskip("torch")
+TorchAdapter = pytest.importorskip("tracea_torch.adapter", reason="bf16 inputs come as torch tensors").TorchAdapter
+
+pytestmark = pytest.mark.torch
+
+SHAPES = [(1, 1, 1), (7, 7, 7), (1, 33, 129), (33, 1, 7), (17, 33, 65), (97, 131, 257), (2, 97, 3), (64, 64, 64),
+          (31, 47, 95), (130, 17, 300), (9, 40, 16)]
+
+
+def _variants() -> list:
+    out = []
+    for isa in (AVX512, AVX2):
+        ok = HAVE_CC and isa.runs_here() and PROFILE.has(*isa.requires)
+        out.append(pytest.param(CpuGemmBf16ConvertVariant(isa), id=isa.name,
+                                marks=pytest.mark.skipif(not ok, reason=f"needs a C compiler and {isa.name}")))
+    return out
+
+
+VARIANTS = _variants()
+
+
+def case(v, m, n, k, *, batch=1, ta=False, tb=True, epi="none", out="float32", cfg=None, seed=0, nonfinite=0,
+         bias_dtype="float32"):
+    g = torch.Generator().manual_seed(seed)
+    op = GemmOp(m, n, k, batch=batch, trans_a=ta, trans_b=tb, epilogue=epi, dtype_a="bf16", dtype_b="bf16",
+                dtype_out=out)
+    a = torch.randn(batch, *((k, m) if ta else (m, k)), generator=g).bfloat16()
+    b = torch.randn(batch, *((n, k) if tb else (k, n)), generator=g).bfloat16()
+    if nonfinite:
+        rng = np.random.default_rng(seed)
+        for t, count in ((a, nonfinite), (b, 1)):
+            flat = t.view(-1)
+            for i in rng.choice(flat.numel(), size=min(count, flat.numel()), replace=False):
+                flat[int(i)] = float(rng.choice([np.nan, np.inf, -np.inf]))
+    bias = torch.randn(n, generator=g).to(getattr(torch, bias_dtype)) if op.epilogue.has_bias else None
+    res = torch.full((batch, m, n), float("nan"), dtype=torch.bfloat16 if out == "bf16" else torch.float32)
+    cfg = cfg or v.hero_configs(GemmOp(64, 64, 64, dtype_a="bf16", dtype_b="bf16"), PROFILE)[0]
+    v.run(op, cfg, OpArgs({"a": a, "b": b, "bias": bias}, res, TorchAdapter()), PROFILE)
+    a64, b64 = a.double().numpy(), b.double().numpy()
+    a64 = a64.transpose(0, 2, 1) if ta else a64
+    b64 = b64.transpose(0, 2, 1) if tb else b64
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = epilogue_ref(a64 @ b64, op.epilogue.steps, None if bias is None else bias.double().numpy(), axis=2)
+    return res.double().numpy(), ref
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("out", ["float32", "bf16"])
+def test_shapes(v, shape, out):
+    got, ref = case(v, *shape, out=out, seed=sum(shape))
+    # exact bf16 products accumulated in fp32; a bf16 output adds one rounding (2^-8)
+    assert rel_err(got, ref) < (3e-6 if out == "float32" else 5e-3)
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (True, True)])
+def test_transposes_and_batches(v, ta, tb):
+    got, ref = case(v, 37, 29, 71, batch=3, ta=ta, tb=tb, seed=4)
+    assert rel_err(got, ref) < 3e-6
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+@pytest.mark.parametrize("epi", ["bias", "bias+relu", "bias+gelu", "silu", "bias+gelu_tanh"])
+def test_epilogues(v, epi):
+    for out, bias_dtype in (("float32", "float32"), ("bf16", "bfloat16")):
+        got, ref = case(v, 45, 70, 33, epi=epi, out=out, bias_dtype=bias_dtype, seed=6)
+        assert rel_err(got, ref) < (1e-5 if out == "float32" else 5e-3), (epi, out)
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+def test_several_k_blocks_and_threads(v):
+    for threads in (1, 2):
+        mr, nr = v.isa.tiles[0]
+        cfg = config(mr=mr, nr=nr, kc=64, mc=2 * mr, nc=2 * nr, threads=threads)
+        got, ref = case(v, 150, 133, 1000, cfg=cfg, seed=8)  # K blocks of 64 plus a tail of 40
+        assert rel_err(got, ref) < 3e-6
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+def test_bf16_output_rounds_to_nearest_even_like_torch(v):
+    """The bf16 output is the fp32 result rounded to nearest even: equal to torch's own rounding of the
+    fp32 output of the same kernel (ties included: K = 1 products of two bf16 hit them)."""
+    for m, n, k in ((33, 70, 1), (40, 64, 129)):
+        g = torch.Generator().manual_seed(m + k)
+        a = torch.randn(1, m, k, generator=g).bfloat16()
+        b = torch.randn(1, n, k, generator=g).bfloat16()
+        outs = {}
+        for dt in ("float32", "bf16"):
+            op = GemmOp(m, n, k, trans_b=True, dtype_a="bf16", dtype_b="bf16", dtype_out=dt)
+            res = torch.empty(1, m, n, dtype=torch.bfloat16 if dt == "bf16" else torch.float32)
+            v.run(op, v.hero_configs(op, PROFILE)[0], OpArgs({"a": a, "b": b, "bias": None}, res, TorchAdapter()),
+                  PROFILE)
+            outs[dt] = res
+        assert torch.equal(outs["bf16"], outs["float32"].bfloat16())
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("out", ["float32", "bf16"])
+def test_nan_inf_propagate(v, seed, out):
+    got, ref = case(v, 19, 23, 37, seed=seed, nonfinite=2, out=out)
+    if out == "bf16":  # compare where the reference is finite within bf16's precision; non-finite placement exactly
+        assert np.array_equal(np.isnan(got), np.isnan(ref)), seed
+        fin = np.isfinite(ref)
+        assert np.array_equal(np.isinf(got) & ~np.isnan(ref), np.isinf(ref)), seed
+        assert rel_err(got[fin], ref[fin]) < 5e-3
+    else:
+        why = nonfinite_mismatch(got, ref, atol=1e-5)
+        assert why is None, why
+
+
+def test_ranks_below_bf16_dot_product_and_amx():
+    """Where AVX512_BF16 or AMX exists, their variants stay first: the converting kernel's estimate is
+    the fp32 FMA rate's, theirs twice that or more."""
+    from tracea_cpu.amx import CpuGemmAmxVariant
+    from tracea_cpu.bf16 import CpuGemmBf16Variant
+    from tracea_cpu.testing import AMX_PROFILE
+
+    op = GemmOp(1024, 1024, 1024, trans_b=True, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16")
+    ours = CpuGemmBf16ConvertVariant(AVX512).estimate_seconds(op, AMX_PROFILE)
+    assert CpuGemmBf16Variant().estimate_seconds(op, AMX_PROFILE) < ours
+    assert CpuGemmAmxVariant().estimate_seconds(op, AMX_PROFILE) < ours
+
+
+@pytest.mark.skipif(not (HAVE_CC and AVX2.runs_here() and PROFILE.has(*AVX2.requires)),
+                    reason="needs a C compiler and AVX2")
+@pytest.mark.skipif(PROFILE.has("avx512_bf16"), reason="this CPU has a bf16 dot product: cpu.gemm.avx512bf16 serves")
+def test_user_path_chooses_it_and_matches_torch():
+    import tracea
+    from tracea.doctor.doctor import get_doctor
+    from tracea.runtime import fallbacks
+
+    op = GemmOp(96, 80, 70, trans_b=True, dtype_a="bf16", dtype_b="bf16", dtype_out="bf16", epilogue="bias")
+    assert get_doctor().decide(op, "cpu").variant.name.startswith("cpu.gemm.bf16cvt.")
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(96, 70, generator=g).bfloat16()
+    w = torch.randn(80, 70, generator=g).bfloat16()
+    b = torch.randn(80, generator=g).bfloat16()
+    fallbacks.reset()
+    y = tracea.ops.matmul(x, w.t(), bias=b)
+    assert not fallbacks.counts(), fallbacks.counts()
+    ref = x.double() @ w.double().t() + b.double()
+    assert y.dtype == torch.bfloat16 and rel_err(y.double().numpy(), ref.numpy()) < 5e-3
+    x_before = x.clone()
+    tracea.ops.matmul(x, w.t(), bias=b)
+    assert torch.equal(x, x_before)  # inputs untouched
