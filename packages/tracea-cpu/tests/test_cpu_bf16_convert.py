@@ -22,6 +22,7 @@ TorchAdapter = pytest.importorskip("tracea_torch.adapter", reason="bf16 inputs c
 
 pytestmark = pytest.mark.torch
 
+# (the kernel runs any shape when called directly; the Doctor declines fewer than MIN_ROWS rows)
 SHAPES = [(1, 1, 1), (7, 7, 7), (1, 33, 129), (33, 1, 7), (17, 33, 65), (97, 131, 257), (2, 97, 3), (64, 64, 64),
           (31, 47, 95), (130, 17, 300), (9, 40, 16)]
 
@@ -127,6 +128,16 @@ def test_nan_inf_propagate(v, seed, out):
     else:
         why = nonfinite_mismatch(got, ref, atol=1e-5)
         assert why is None, why
+
+
+def test_declines_decode_rows():
+    from tracea_cpu.bf16_convert import MIN_ROWS
+
+    v = CpuGemmBf16ConvertVariant(AVX2)
+    few = GemmOp(MIN_ROWS - 1, 4096, 4096, trans_b=True, dtype_a="bf16", dtype_b="bf16")
+    assert any("rows" in r for r in v.check(few, PROFILE))
+    enough = GemmOp(MIN_ROWS, 4096, 4096, trans_b=True, dtype_a="bf16", dtype_b="bf16")
+    assert not any("rows" in r for r in v.check(enough, PROFILE))
 
 
 def test_ranks_below_bf16_dot_product_and_amx():

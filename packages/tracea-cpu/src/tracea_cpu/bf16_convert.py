@@ -31,6 +31,10 @@ from .variant_base import CpuVariant, _check_rc, _ptr, _require, _requested_thre
 #: Share of the fp32 blocked GEMM's speed the widening packers leave (they convert every element of A and
 #: B once per pass; measured on the Zen 3 VM: 0.85-0.95 of the fp32 kernel on 512-2048 squares).
 CONVERT_SHARE = 0.85
+#: Fewer rows of A than this are declined: widening and packing the whole weight then costs more than the
+#: GEMM (Zen 3 VM, `F.linear` bf16 x 4096^2: 1 / 4 tokens 0.43 / 0.84x torch, 8 tokens 1.97x, 16 2.27x); the
+#: skinny (decode) kernels or PyTorch serve them.
+MIN_ROWS = 8
 
 
 class CpuGemmBf16ConvertVariant(CpuVariant):
@@ -45,8 +49,12 @@ class CpuGemmBf16ConvertVariant(CpuVariant):
                                          out_dtypes=frozenset({DType.BF16, DType.F32}), isa=isa.requires)
 
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
-        return [f"needs {self.isa.name}: {r}" if r.startswith("device lacks") else r
-                for r in super().check(op, profile)]
+        reasons = [f"needs {self.isa.name}: {r}" if r.startswith("device lacks") else r
+                   for r in super().check(op, profile)]
+        if isinstance(op, GemmOp) and op.m < MIN_ROWS:
+            reasons.append(f"m={op.m} rows: below {MIN_ROWS} widening the whole weight costs more than the GEMM "
+                           "(decode shapes: the skinny kernels or PyTorch serve them)")
+        return reasons
 
     def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         # fp32 FMAs (the profile's bf16 peak would be a bf16 dot product's, which this kernel does not use)
