@@ -2,7 +2,8 @@
 untuned, fp32) vs NumPy ``a @ b`` at 512-2048, and ``tracea.ops.conv2d`` vs ``torch.nn.functional.conv2d``
 on ResNet-50's 3x3 layers at batch 1 and 8 (NCHW NumPy arrays / torch CPU tensors); ``--only bf16``:
 ``tracea.ops.matmul(x, W.T, bias)`` and a patched ``nn.Linear`` (``tracea_torch.patch_linear``, arbiter on)
-vs ``F.linear`` on torch CPU bf16 tensors (``--bf16-shapes``; tokens x out x in).
+vs ``F.linear`` on torch CPU bf16 tensors (``--bf16-shapes``; tokens x out x in), and ``tracea.ops.conv2d`` vs
+``F.conv2d`` on the ``--conv-layers`` at batch 1 in bf16, NCHW and channels_last.
 
     source scripts/srcenv.sh
     OMP_WAIT_POLICY=passive python benchmarks/cpu/bench_user_cpu.py [--rounds 30] [--only gemm,conv] [--json out.json]
@@ -143,6 +144,20 @@ def bf16_rows(args: argparse.Namespace) -> list[dict]:
         print(f"{rows[-1]['case']:<28} tracea {rows[-1]['tracea_gflops']:6.0f} GFLOP/s  torch "
               f"{rows[-1]['anchor_gflops']:6.0f}  ratio {n / t:.2f}x  patched nn.Linear {n2 / tp:.2f}x  err {err:.1e}"
               f"  [{d.variant.name} {d.config.key}]", flush=True)
+    for c, hw in (tuple(int(v) for v in lay.split("@")) for lay in args.conv_layers.split(",")):
+        for fmt, tag in ((torch.contiguous_format, "NCHW"), (torch.channels_last, "CL")):
+            x = torch.randn(1, c, hw, hw, generator=g).bfloat16().contiguous(memory_format=fmt)
+            w = (torch.randn(c, c, 3, 3, generator=g) / (9 * c) ** 0.5).bfloat16().contiguous(memory_format=fmt)
+            with torch.no_grad():
+                ref = F.conv2d(x.double(), w.double(), padding=1)
+                err = float((tracea.ops.conv2d(x, w, padding=1).double() - ref).norm() / ref.norm())
+                t, n = interleaved(lambda: tracea.ops.conv2d(x, w, padding=1), lambda: F.conv2d(x, w, padding=1),
+                                   args.rounds)
+            fl = 2 * c * c * 9 * hw * hw
+            rows.append(dict(case=f"conv bf16 {c}@{hw} b1 {tag}", tracea_gflops=fl / t / 1e9, anchor="torch",
+                             anchor_gflops=fl / n / 1e9, ratio=n / t, rel_err=err))
+            print(f"{rows[-1]['case']:<28} tracea {fl / t / 1e9:6.0f} GFLOP/s  torch {fl / n / 1e9:6.0f}  ratio "
+                  f"{n / t:.2f}x  err {err:.1e}", flush=True)
     return rows
 
 

@@ -10,7 +10,9 @@ Where AVX512_BF16 (``cpu.gemm.avx512bf16``, twice the fp32 FMA rate) or AMX exis
 
 from __future__ import annotations
 
+import ctypes
 import functools
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,15 +20,18 @@ import numpy as np
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
-from tracea.ir.ops import GemmOp, LayerType, Op
+from tracea.errors import LayoutError
+from tracea.ir.ops import Conv2dOp, GemmOp, LayerType, Op
+from tracea.runtime.arrays import NumpyAdapter
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import Validity
 
 from . import kernels, spaces
-from .bf16 import bf16_operand, bias_f32, f32_operand
+from .bf16 import bf16_operand, bias_f32, f32_operand, host_bf16
 from .host_load import thread_picker
 from .isa import AVX2, AVX512, Isa
-from .variant_base import CpuVariant, _check_rc, _ptr, _require, _requested_threads, _validate_blocked
+from .variant_base import CpuVariant, _check_rc, _host, _ptr, _require, _requested_threads, _validate_blocked
+from .variants import CpuConv2dVariant
 
 #: Share of the fp32 blocked GEMM's speed the widening packers leave (they convert every element of A and
 #: B once per pass; measured on the Zen 3 VM: 0.85-0.95 of the fp32 kernel on 512-2048 squares).
@@ -131,6 +136,90 @@ def _plan(variant: CpuGemmBf16ConvertVariant, op: Op, config: PipelineConfig) ->
     return lib.tr_gemm_bf16c, geo
 
 
-def bf16_convert_variants() -> list[CpuGemmBf16ConvertVariant]:
-    """The converting bf16 GEMM variants (AVX-512 and AVX2 builds)."""
-    return [CpuGemmBf16ConvertVariant(AVX512), CpuGemmBf16ConvertVariant(AVX2)]
+class CpuConv2dBf16ConvertVariant(CpuConv2dVariant):
+    """bf16 conv2d for CPUs without AMX: x and w widened to fp32 scratch arrays (exact), the fp32 conv of
+    the same ISA (its algorithms, heroes and search space), the fp32 output rounded to bf16 (nearest even).
+    PyTorch's bf16 conv there: 2-core Zen 3 VM, ResNet 3x3 layers 1.6-17.5 GFLOP/s (NCHW 24-50x, channels_last
+    8-9x slower than its fp32 convs)."""
+
+    def __init__(self, isa: Isa) -> None:
+        super().__init__(isa)
+        self.name = f"cpu.conv2d.bf16cvt.{isa.name}"
+        self.description = (f"bf16 conv2d through the {isa.name} fp32 conv (x, w widened exactly; output rounded "
+                            "to nearest even), NCHW/NHWC, fused epilogue")
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.CONV2D, dtypes=frozenset({DType.BF16}),
+                                         out_dtypes=frozenset({DType.BF16, DType.F32}), isa=isa.requires)
+
+    @staticmethod
+    def fp32(op: Op) -> Op:
+        """The fp32 conv computed in place of the bf16 ``op``."""
+        return replace(op, dtype=DType.F32, dtype_out=DType.F32) if isinstance(op, Conv2dOp) else op
+
+    def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        return super().estimate_seconds(self.fp32(op), profile, config) / CONVERT_SHARE
+
+    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
+        return super().search_space(self.fp32(op), profile)
+
+    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
+        return super().hero_configs(self.fp32(op), profile)
+
+    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        return super().prepare(self.fp32(op), config, profile)
+
+    def _computer(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> Any:
+        """``compute(x, w, bias32, out)`` on data addresses (the kernel's memory order, packed, as a
+        pointer-only launcher gets them): bf16 x and w widened into fp32 scratch, the fp32 conv, its output
+        rounded into the bf16 ``out`` or written straight into the float32 one; ``bias32`` a float32
+        array or None."""
+        inner = super().bind(self.fp32(op), config, profile, NumpyAdapter())
+        cast = kernels.bf16_cast_library(self.isa.name)
+        widen, rnd = cast.tr_bf16_widen, cast.tr_bf16_round
+        nth = max(1, self.threads(self.fp32(op), config, profile))
+        out_b16 = op.out_dtype is DType.BF16
+        nx, nw = op.n * op.c * op.h * op.w, op.k * (op.c // op.groups) * op.r * op.s
+        no = op.n * op.k * op.p * op.q
+
+        def compute(x: int, w: int, b32: Any, out: int) -> None:
+            x32, w32 = np.empty(nx, np.float32), np.empty(nw, np.float32)
+            widen(x, x32.ctypes.data, nx, nth)
+            widen(w, w32.ctypes.data, nw, nth)
+            if not out_b16:
+                inner(x32, w32, b32, np.ctypeslib.as_array((ctypes.c_float * no).from_address(out)))
+                return
+            o32 = np.empty(no, np.float32)
+            inner(x32, w32, b32, o32)
+            rnd(o32.ctypes.data, out, no, nth)
+
+        return compute
+
+    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
+        assert isinstance(op, Conv2dOp)
+        compute, ptr = self._computer(op, config, profile), adapter.data_ptr
+        out_b16, has_bias = op.out_dtype is DType.BF16, op.epilogue.has_bias
+
+        def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
+            b32 = None
+            if has_bias:  # the bias arrives in the output dtype; the epilogue runs in fp32
+                b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if out_b16 else \
+                    np.ascontiguousarray(adapter.to_numpy(bias), np.float32)
+            compute(ptr(x), ptr(w), b32, ptr(out))
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
+    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
+        assert isinstance(op, Conv2dOp)
+        xb = host_bf16(args, "x", op.x_shape)
+        wb = host_bf16(args, "w", op.w_shape)
+        out = host_bf16(args, "out", op.out_shape) if op.out_dtype is DType.BF16 else _host(args, "out", op.out_shape)
+        if not out.flags.writeable:  # type: ignore[union-attr]
+            raise LayoutError("out", out, "a writable array")
+        b32 = bias_f32(args, op.k) if op.epilogue.has_bias else None
+        self._computer(op, config, profile)(_ptr(xb), _ptr(wb), b32, _ptr(out))
+
+
+def bf16_convert_variants() -> list[CpuVariant]:
+    """The converting bf16 GEMM and conv2d variants (AVX-512 and AVX2 builds)."""
+    return [CpuGemmBf16ConvertVariant(AVX512), CpuGemmBf16ConvertVariant(AVX2),
+            CpuConv2dBf16ConvertVariant(AVX512), CpuConv2dBf16ConvertVariant(AVX2)]

@@ -187,6 +187,17 @@ def bf16c_gemm_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ct
     return lib
 
 
+def bf16_cast_library(isa_name: str) -> ctypes.CDLL:
+    """``tr_bf16_widen`` / ``tr_bf16_round`` (bf16 <-> fp32 arrays) built for one ISA (compiled once)."""
+    from .emit.bf16_cast import CAST
+
+    lib = build(CAST, ISA_BY_NAME[isa_name].cflags, f"bf16-cast-{isa_name}")
+    for fn in (lib.tr_bf16_widen, lib.tr_bf16_round):
+        fn.argtypes = [_P, _P, _L, _I]
+        fn.restype = None
+    return lib
+
+
 class Bf16Call(ctypes.Structure):
     """``tb_call``: the constants of one bf16 GEMM (op shape, operand strides, blocks) for ``tb_gemm_call``."""
 

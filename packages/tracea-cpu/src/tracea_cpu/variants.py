@@ -16,7 +16,6 @@ from tracea.semantic.config import Validity
 from . import kernels, spaces
 from .amx import CpuGemmAmxVariant
 from .amx_conv import CpuConv2dAmxVariant
-from .bf16_convert import bf16_convert_variants
 from .f16 import f16_variants
 from .f16_amx import CpuGemmF16AmxVariant
 from .bf16 import CpuGemmBf16Variant
@@ -190,6 +189,8 @@ def _blocked_plan(variant: "CpuVariant", op: Op, config: PipelineConfig) -> tupl
 
 def all_variants() -> list[CpuVariant]:
     """Every CPU variant, for every ISA (the Doctor filters by the host's flags)."""
+    from .bf16_convert import bf16_convert_variants  # (it subclasses CpuConv2dVariant: imported here)
+
     out: list[CpuVariant] = []
     for isa in ALL_ISAS:
         out += [CpuGemmVariant(isa), CpuConv2dVariant(isa), CpuAttentionVariant(isa)]
