@@ -35,9 +35,10 @@ TIMM_DEFAULT = "efficientnet_b0,mobilenetv3_large_100,regnety_016,resnext50_32x4
 HF_DEFAULT = "bert,llama"
 
 
-def timm_cases(names: str, device: torch.device) -> Iterator[tuple[str, nn.Module, Callable[[], Any]]]:
+def timm_cases(names: str, device: torch.device, cpu_dtypes: str = "float32") -> Iterator[tuple[str, nn.Module,
+                                                                                              Callable[[], Any]]]:
     """(name, model, make_input) for each timm model: fp16 channels-last at batch 32 and 1, fp32 at batch 8
-    on CUDA; fp32 at batch 2 on the CPU."""
+    on CUDA; batch 2 on the CPU in each of ``cpu_dtypes`` (NCHW)."""
     try:
         import timm
     except ImportError:
@@ -45,7 +46,7 @@ def timm_cases(names: str, device: torch.device) -> Iterator[tuple[str, nn.Modul
         return
     cuda = device.type == "cuda"
     configs = ([(torch.float16, True, 32), (torch.float16, True, 1), (torch.float32, False, 8)] if cuda
-               else [(torch.float32, False, 2)])
+               else [(getattr(torch, d), False, 2) for d in cpu_dtypes.split(",")])
     for name in filter(None, names.split(",")):
         try:
             base = timm.create_model(name, pretrained=False).eval()
@@ -209,6 +210,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--timm", default=TIMM_DEFAULT, help="comma-separated timm model names ('' for none)")
+    p.add_argument("--cpu-dtypes", default="float32", help="dtypes of the timm cases on the CPU (e.g. float32,bfloat16)")
     p.add_argument("--hf", default=HF_DEFAULT, help="bert,llama,qwen2,mistral,gpt2,vit ('' for none)")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--only", default="", help="run only the cases whose name contains this substring")
@@ -223,7 +225,7 @@ def main(argv: list[str]) -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"machine: {where}, torch {torch.__version__}; ratio = eager time / patched time")
     rows = []
-    for name, model, make in [*timm_cases(args.timm, device), *hf_cases(args.hf, device)]:
+    for name, model, make in [*timm_cases(args.timm, device, args.cpu_dtypes), *hf_cases(args.hf, device)]:
         if args.only not in name:
             continue
         options = {"fold_batchnorm": not args.no_fold,
