@@ -36,7 +36,7 @@ from . import kernels
 from .bf16 import bf16_operand, bias_f32, f32_operand
 from .emit.skinny import MAX_M, SKINNY_PARAMS
 from .host_load import thread_picker
-from .isa import ALL_ISAS, AVX512_BF16, Isa
+from .isa import ALL_ISAS, AVX2, AVX512, AVX512_BF16, Isa
 from .variant_base import CpuVariant, _check_rc, _host, _ptr, _requested_threads, _threads_problem, pointer_launcher
 
 #: bf16: the most rows the dot-product kernel serves. Up to 2 rows its tiles walk 8-16 weight rows side
@@ -55,6 +55,14 @@ _SPINNING = 100_000
 #: variant of the same ISA, the wider ISA first; bf16: above the AMX variant's 45
 _PRIORITY_BONUS = 10
 _BF16_PRIORITY = 46
+#: widened bf16 (cpu.gemv.bf16cvt.<isa>): below the AMX variant's 45 and cpu.gemv.avx512bf16's 46, the
+#: wider ISA first
+_BF16CVT_PRIORITY = {"avx512": 44, "avx2": 43}
+#: widened bf16: the most rows served (measured against torch's bf16 F.linear, the only other path on AVX2)
+BF16CVT_MAX_M = MAX_M
+#: widened bf16: share of the fp32 FMA rate left by the widening (two integer ops per weight vector of
+#: 2 x VW values, on the FMA pipes' ports)
+BF16CVT_EFFICIENCY = 0.75
 
 
 def workers_spin(env: Any = None) -> bool:
@@ -245,6 +253,43 @@ class CpuSkinnyBf16Variant(CpuSkinnyVariant):
         _check_rc(rc, "skinny bf16 gemm")
 
 
+class CpuSkinnyBf16CvtVariant(CpuSkinnyBf16Variant):
+    """bf16 ``C = epilogue(A @ W.T)`` for few rows on CPUs without AVX512_BF16 (AVX2, plain AVX-512): bf16
+    weights and activations widened to fp32 in registers, fp32 FMAs, bf16 (round to nearest even) or fp32
+    output. The weights are read once, in place."""
+
+    def __init__(self, isa: Isa) -> None:
+        CpuSkinnyVariant.__init__(self, isa)
+        self.priority = _BF16CVT_PRIORITY[isa.name]
+        self.name = f"cpu.gemv.bf16cvt.{isa.name}"
+        self.description = (f"skinny bf16 GEMM x @ W.T for <= {BF16CVT_MAX_M} rows (nn.Linear decode), {isa.name}, "
+                            f"bf16 widened to fp32 in registers, fp32 FMA, weights read once, fused epilogue")
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.BF16}),
+                                         out_dtypes=frozenset({DType.BF16, DType.F32}), isa=isa.requires)
+
+    def max_m(self) -> int:
+        return BF16CVT_MAX_M
+
+    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
+        reasons = CpuSkinnyVariant.check(self, op, profile)
+        if not reasons and profile.has("avx512_bf16"):
+            # vdpbf16ps does the two products of a widened pair in one instruction, and AMX more: on such
+            # hosts cpu.gemv.avx512bf16 (1-2 rows) and the AMX / AVX512_BF16 GEMMs serve bf16
+            reasons.append("the host has avx512_bf16: the vdpbf16ps / AMX bf16 variants serve it")
+        return reasons
+
+    def efficiency_on(self, profile: DeviceProfile) -> float:
+        return CpuVariant.efficiency_on(self, profile) * BF16CVT_EFFICIENCY
+
+    def library(self, op: GemmOp) -> Any:
+        return kernels.skinny_library(self.isa.name, op.epilogue.key, True)
+
+    def entry(self, op: GemmOp) -> Any:
+        return self.library(op).ts_bw_call
+
+
 def skinny_variants() -> list[CpuSkinnyVariant]:
-    """The fp32 skinny variant of every ISA and the bf16 one (the Doctor filters by the host's flags)."""
-    return [CpuSkinnyVariant(isa) for isa in ALL_ISAS] + [CpuSkinnyBf16Variant()]
+    """The fp32 skinny variant of every ISA, the AVX512_BF16 one and the widened bf16 ones (the Doctor
+    filters by the host's flags)."""
+    return [CpuSkinnyVariant(isa) for isa in ALL_ISAS] + [CpuSkinnyBf16Variant()] + \
+        [CpuSkinnyBf16CvtVariant(isa) for isa in (AVX512, AVX2)]
