@@ -1,12 +1,13 @@
 """Skinny GEMM variants: ``nn.Linear`` at decode time (``M <= 16`` rows of A against weights stored
-N x K), fp32 (``cpu.gemv.<isa>``) and bf16 (``cpu.gemv.avx512bf16``), memory-bound, parallel over N.
+N x K), fp32 (``cpu.gemv.<isa>``) and bf16 (``cpu.gemv.avx512bf16``; ``cpu.gemv.bf16cvt.<isa>`` on CPUs
+without AVX512_BF16), memory-bound, parallel over N.
 
 The kernels are in :mod:`.emit.skinny`. What is decided here:
 
 * **Which ops.** A GEMM whose B is the transposed weight (``trans_b``: columns of B contiguous along k,
   as ``F.linear`` / ``x @ W.T`` hand it over), A not transposed, at most :data:`MAX_M` rows per batch
-  entry (bf16: :data:`BF16_MAX_M`). Anything else is declined with the reason and runs on the blocked
-  variants (``cpu.gemm.*``, whose axpy driver serves B stored K x N).
+  entry (bf16: :data:`BF16_MAX_M`; widened bf16: :data:`BF16CVT_MAX_M`). Anything else is declined with
+  the reason and runs on the blocked variants (``cpu.gemm.*``, whose axpy driver serves B stored K x N).
 * **Threads** (:func:`auto_threads`). A second thread halves the time of a weight that streams from
   L2/L3/DRAM, but the call must start the OpenMP worker: while libgomp's workers spin after their last
   region (its default, e.g. when torch loaded the runtime first) that costs ~1.5 us and two threads win

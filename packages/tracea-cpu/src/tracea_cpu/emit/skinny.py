@@ -1,5 +1,6 @@
 """The skinny GEMM library: ``C = epilogue(A @ W.T)`` for a few rows of A (``M <= 16``) against weights
-stored N x K (``nn.Linear`` at decode time), fp32 (any ISA's ``V*`` layer) and bf16 (AVX512_BF16).
+stored N x K (``nn.Linear`` at decode time), fp32 (any ISA's ``V*`` layer), bf16 (AVX512_BF16) and bf16
+widened to fp32 in registers (AVX2, AVX-512 without AVX512_BF16).
 
 These calls are memory-bound: every weight is read once per call and nothing else is large. So nothing is
 packed; each output C(i, j) is the dot product of row i of A (small, L1/L2-resident) with weight row j.
@@ -16,13 +17,18 @@ packed; each output C(i, j) is the dot product of row i of A (small, L1/L2-resid
 * **bf16.** ``vdpbf16ps`` multiplies 32 bf16 pairs of A and W per instruction into 16 fp32 lanes (products
   of two bf16 are exact in fp32); accumulation and the epilogue are fp32; a bf16 output is rounded to
   nearest even (``vcvtneps2bf16``, torch's rounding).
+* **Widened bf16** (:data:`WIDEN`, ``ts_bw_*``). A load of 2 x VW bf16 values becomes two fp32 vectors: the
+  even-indexed values by a 16-bit left shift of each 32-bit lane, the odd-indexed ones by clearing its low
+  16 bits; A and W widened alike pair up, fp32 FMAs accumulate. 8 accumulators on AVX2 (16 registers),
+  16 on AVX-512; a zero-padded (AVX2) or masked (AVX-512) tail; bf16 output rounded to nearest even in
+  integer ops, NaN kept NaN.
 * **Epilogue.** ``tr_epi`` (bias, activations) runs vectorised over each finished chunk of
   ``TS_CH`` outputs of a row while it is in L1.
 * **End of the region.** The calling thread spins for the workers (``tr_join``, bounded) instead of
   sleeping in the region's closing barrier: a sleeping master is woken tens of microseconds late on a
   KVM guest (docs/backends/cpu.md, "Threads").
 
-Entry points: ``ts_f32_call(p, a, w, c, bias)`` and ``ts_bf16_call(p, a, w, c, bias)`` with
+Entry points: ``ts_f32_call(p, a, w, c, bias)``, ``ts_bf16_call`` and ``ts_bw_call`` (same arguments) with
 ``p = {batch, M, N, K, rsa, sa, ldw, sw, ldc, sc, nth, out_bf16}`` (longs; :data:`SKINNY_PARAMS`).
 """
 
