@@ -96,15 +96,17 @@ def amx_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
 
 
 @functools.lru_cache(maxsize=64)
-def skinny_library(isa_name: str, epilogue_key: str) -> ctypes.CDLL:
-    """The skinny GEMM library (``ts_f32_call``; with ``isa_name="avx512bf16"`` also ``ts_bf16_call``) for
-    one ISA and epilogue chain (compiled once; see :mod:`.emit.skinny`)."""
+def skinny_library(isa_name: str, epilogue_key: str, widen: bool = False) -> ctypes.CDLL:
+    """The skinny GEMM library (``ts_f32_call``; with ``isa_name="avx512bf16"`` also ``ts_bf16_call``; with
+    ``widen`` and ``avx2`` / ``avx512`` also ``ts_bw_call``, bf16 widened to fp32) for one ISA and epilogue
+    chain (compiled once; see :mod:`.emit.skinny`)."""
     from .emit.skinny import skinny_source
 
     bf16 = isa_name == AVX512_BF16.name
     isa = AVX512_BF16 if bf16 else ISA_BY_NAME[isa_name]
-    lib = build(skinny_source(isa, Epilogue.parse(epilogue_key), bf16), isa.cflags, f"skinny-{isa_name}")
-    entries = [lib.ts_f32_call] + ([lib.ts_bf16_call] if bf16 else [])
+    tag = f"skinny-bw-{isa_name}" if widen else f"skinny-{isa_name}"
+    lib = build(skinny_source(isa, Epilogue.parse(epilogue_key), bf16, widen), isa.cflags, tag)
+    entries = [lib.ts_f32_call] + ([lib.ts_bf16_call] if bf16 else []) + ([lib.ts_bw_call] if widen else [])
     for fn in entries:
         fn.argtypes = [_P, _P, _P, _P, _P]
         fn.restype = _I

@@ -1,12 +1,13 @@
 """Skinny GEMM variants: ``nn.Linear`` at decode time (``M <= 16`` rows of A against weights stored
-N x K), fp32 (``cpu.gemv.<isa>``) and bf16 (``cpu.gemv.avx512bf16``), memory-bound, parallel over N.
+N x K), fp32 (``cpu.gemv.<isa>``) and bf16 (``cpu.gemv.avx512bf16``; ``cpu.gemv.bf16cvt.<isa>`` on CPUs
+without AVX512_BF16), memory-bound, parallel over N.
 
 The kernels are in :mod:`.emit.skinny`. What is decided here:
 
 * **Which ops.** A GEMM whose B is the transposed weight (``trans_b``: columns of B contiguous along k,
   as ``F.linear`` / ``x @ W.T`` hand it over), A not transposed, at most :data:`MAX_M` rows per batch
-  entry (bf16: :data:`BF16_MAX_M`). Anything else is declined with the reason and runs on the blocked
-  variants (``cpu.gemm.*``, whose axpy driver serves B stored K x N).
+  entry (bf16: :data:`BF16_MAX_M`; widened bf16: :data:`BF16CVT_MAX_M`). Anything else is declined with
+  the reason and runs on the blocked variants (``cpu.gemm.*``, whose axpy driver serves B stored K x N).
 * **Threads** (:func:`auto_threads`). A second thread halves the time of a weight that streams from
   L2/L3/DRAM, but the call must start the OpenMP worker: while libgomp's workers spin after their last
   region (its default, e.g. when torch loaded the runtime first) that costs ~1.5 us and two threads win
@@ -36,7 +37,7 @@ from . import kernels
 from .bf16 import bf16_operand, bias_f32, f32_operand
 from .emit.skinny import MAX_M, SKINNY_PARAMS
 from .host_load import thread_picker
-from .isa import ALL_ISAS, AVX512_BF16, Isa
+from .isa import ALL_ISAS, AVX2, AVX512, AVX512_BF16, Isa
 from .variant_base import CpuVariant, _check_rc, _host, _ptr, _requested_threads, _threads_problem, pointer_launcher
 
 #: bf16: the most rows the dot-product kernel serves. Up to 2 rows its tiles walk 8-16 weight rows side
@@ -55,6 +56,16 @@ _SPINNING = 100_000
 #: variant of the same ISA, the wider ISA first; bf16: above the AMX variant's 45
 _PRIORITY_BONUS = 10
 _BF16_PRIORITY = 46
+#: widened bf16 (cpu.gemv.bf16cvt.<isa>): below the AMX variant's 45 and cpu.gemv.avx512bf16's 46, the
+#: wider ISA first
+_BF16CVT_PRIORITY = {"avx512": 44, "avx2": 43}
+#: widened bf16: the most rows served. Zen 3 2-core VM, 4096 x 4096: 16 rows 4.0-4.7x torch's bf16
+#: F.linear, the only other bf16 path on AVX2 (no blocked bf16 GEMM there to compare with yet)
+BF16CVT_MAX_M = MAX_M
+#: widened bf16: share of the fp32 kernels' FMA rate left by the widening (two integer ops per 2 x VW
+#: bf16 values of each operand, on the FP pipes the FMAs use). Zen 3 2-core VM, 16 x 4096 x 4096, AVX2:
+#: 5.8 ms = 93 GFLOP/s, 0.59 of the profile's 156 GFLOP/s fp32 peak = 0.74 x avx2's 0.8
+BF16CVT_EFFICIENCY = 0.75
 
 
 def workers_spin(env: Any = None) -> bool:
@@ -245,6 +256,43 @@ class CpuSkinnyBf16Variant(CpuSkinnyVariant):
         _check_rc(rc, "skinny bf16 gemm")
 
 
+class CpuSkinnyBf16CvtVariant(CpuSkinnyBf16Variant):
+    """bf16 ``C = epilogue(A @ W.T)`` for few rows on CPUs without AVX512_BF16 (AVX2, plain AVX-512): bf16
+    weights and activations widened to fp32 in registers, fp32 FMAs, bf16 (round to nearest even) or fp32
+    output. The weights are read once, in place."""
+
+    def __init__(self, isa: Isa) -> None:
+        CpuSkinnyVariant.__init__(self, isa)
+        self.priority = _BF16CVT_PRIORITY[isa.name]
+        self.name = f"cpu.gemv.bf16cvt.{isa.name}"
+        self.description = (f"skinny bf16 GEMM x @ W.T for <= {BF16CVT_MAX_M} rows (nn.Linear decode), {isa.name}, "
+                            f"bf16 widened to fp32 in registers, fp32 FMA, weights read once, fused epilogue")
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.BF16}),
+                                         out_dtypes=frozenset({DType.BF16, DType.F32}), isa=isa.requires)
+
+    def max_m(self) -> int:
+        return BF16CVT_MAX_M
+
+    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
+        reasons = CpuSkinnyVariant.check(self, op, profile)
+        if not reasons and profile.has("avx512_bf16"):
+            # vdpbf16ps does the two products of a widened pair in one instruction, and AMX more: on such
+            # hosts cpu.gemv.avx512bf16 (1-2 rows) and the AMX / AVX512_BF16 GEMMs serve bf16
+            reasons.append("the host has avx512_bf16: the vdpbf16ps / AMX bf16 variants serve it")
+        return reasons
+
+    def efficiency_on(self, profile: DeviceProfile) -> float:
+        return CpuVariant.efficiency_on(self, profile) * BF16CVT_EFFICIENCY
+
+    def library(self, op: GemmOp) -> Any:
+        return kernels.skinny_library(self.isa.name, op.epilogue.key, True)
+
+    def entry(self, op: GemmOp) -> Any:
+        return self.library(op).ts_bw_call
+
+
 def skinny_variants() -> list[CpuSkinnyVariant]:
-    """The fp32 skinny variant of every ISA and the bf16 one (the Doctor filters by the host's flags)."""
-    return [CpuSkinnyVariant(isa) for isa in ALL_ISAS] + [CpuSkinnyBf16Variant()]
+    """The fp32 skinny variant of every ISA, the AVX512_BF16 one and the widened bf16 ones (the Doctor
+    filters by the host's flags)."""
+    return [CpuSkinnyVariant(isa) for isa in ALL_ISAS] + [CpuSkinnyBf16Variant()] + \
+        [CpuSkinnyBf16CvtVariant(isa) for isa in (AVX512, AVX2)]
