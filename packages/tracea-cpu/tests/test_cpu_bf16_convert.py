@@ -140,6 +140,20 @@ def test_declines_decode_rows():
     assert not any("rows" in r for r in v.check(enough, PROFILE))
 
 
+@pytest.mark.skipif(not (HAVE_CC and AVX2.runs_here() and PROFILE.has(*AVX2.requires)),
+                    reason="needs a C compiler and AVX2")
+@pytest.mark.skipif(PROFILE.has("avx512_bf16"), reason="this CPU has a bf16 dot product")
+def test_few_rows_go_to_the_skinny_kernel_more_to_this_one():
+    """8-16 rows against a large weight: the skinny kernel (weight read once, in place) ranks first; from
+    32 rows this GEMM serves (the skinny kernels take at most 16)."""
+    from tracea.doctor.doctor import get_doctor
+
+    for m, prefix in ((8, "cpu.gemv.bf16cvt."), (16, "cpu.gemv.bf16cvt."), (32, "cpu.gemm.bf16cvt."),
+                      (512, "cpu.gemm.bf16cvt.")):
+        op = GemmOp(m, 4096, 4096, trans_b=True, dtype_a="bf16", dtype_b="bf16", epilogue="bias")
+        assert get_doctor().decide(op, "cpu").variant.name.startswith(prefix), m
+
+
 def test_ranks_below_bf16_dot_product_and_amx():
     """Where AVX512_BF16 or AMX exists, their variants stay first: the converting kernel's estimate is
     the fp32 FMA rate's, theirs twice that or more."""

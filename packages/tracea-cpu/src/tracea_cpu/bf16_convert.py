@@ -40,6 +40,11 @@ CONVERT_SHARE = 0.85
 #: GEMM (Zen 3 VM, `F.linear` bf16 x 4096^2: 1 / 4 tokens 0.43 / 0.84x torch, 8 tokens 1.97x, 16 2.27x); the
 #: skinny (decode) kernels or PyTorch serve them.
 MIN_ROWS = 8
+#: Elements the widening packers convert per second and core (2-core Zen 3 VM: 16 x 4096^2 took 12.2 ms, of
+#: which the FMAs ~4.9: ~7.3 ms for the 16.8 M weight elements). The estimate adds it, so that at few rows
+#: the skinny kernels (which read the weight once, in place) rank first: 8 / 16 x 4096^2 ran 3.3-3.6x / 4.1x
+#: torch there against this variant's 2.0x / 2.3x.
+PACK_ELEMS_PER_CORE_S = 1.15e9
 
 
 class CpuGemmBf16ConvertVariant(CpuVariant):
@@ -65,7 +70,10 @@ class CpuGemmBf16ConvertVariant(CpuVariant):
         # fp32 FMAs (the profile's bf16 peak would be a bf16 dot product's, which this kernel does not use)
         eff = self.efficiency_on(profile) * CONVERT_SHARE
         flop_time = op.flops / (profile.peak("float32") * 1e9 * eff)
-        return max(flop_time, op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)) + 15e-6
+        pack_time = 0.0
+        if isinstance(op, GemmOp):
+            pack_time = op.batch * (op.n + op.m) * op.k / (PACK_ELEMS_PER_CORE_S * max(1, profile.compute_units or 1))
+        return max(flop_time, op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)) + pack_time + 15e-6
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         return spaces.blocked_space(self.isa, profile)
