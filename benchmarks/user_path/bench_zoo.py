@@ -99,18 +99,19 @@ def _hf_build(transformers: Any, name: str, scale: int) -> tuple[Any, nn.Module,
     raise ValueError(f"unknown hf model {name}: bert, llama, qwen2, mistral, gpt2, vit")
 
 
-def hf_cases(names: str, device: torch.device) -> Iterator[tuple[str, nn.Module, Callable[[], Any]]]:
+def hf_cases(names: str, device: torch.device, cpu_dtypes: str = "float32") -> Iterator[tuple[str, nn.Module,
+                                                                                            Callable[[], Any]]]:
     """(name, model, make_input) for small Hugging Face models built from configs (SDPA attention):
     a BERT-style encoder at batch 8 x 256 tokens, a Llama-style decoder (GQA) at 1 x 1024 (prefill) and
     4 x 1 token (no KV cache), and, by name, Qwen2 (biased projections), Mistral (sliding window), GPT-2
-    (Conv1D projections) and the HF ViT; smaller (a quarter of the width) in fp32 on the CPU."""
+    (Conv1D projections) and the HF ViT; smaller (a quarter of the width) on the CPU, in each of ``cpu_dtypes``."""
     try:
         import transformers
     except ImportError:
         print("  (transformers is not installed)")
         return
     cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtypes = [torch.bfloat16] if cuda else [getattr(torch, d) for d in cpu_dtypes.split(",")]
     scale = 1 if cuda else 4  # smaller models on the CPU
     for name in filter(None, names.split(",")):
         try:
@@ -118,15 +119,16 @@ def hf_cases(names: str, device: torch.device) -> Iterator[tuple[str, nn.Module,
         except Exception as exc:  # noqa: BLE001 - an older transformers without the model
             print(f"  (hf {name} unavailable: {type(exc).__name__}: {str(exc)[:120]})")
             continue
-        model = model.to(device=device, dtype=dtype).eval()
-        for batch, seq in shapes:
-            if name == "vit":
-                px = torch.randn(batch, 3, 224, 224, device=device, dtype=dtype)
-                yield f"hf vit {batch}x{seq} {str(dtype)[6:]}", model, (lambda px=px: (px,))
-                continue
-            ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
-            yield (f"hf {name} {batch}x{seq} {str(dtype)[6:]}", model,
-                   (lambda ids=ids: (ids,)))
+        for dtype in dtypes:
+            model = model.to(device=device, dtype=dtype).eval()
+            for batch, seq in shapes:
+                if name == "vit":
+                    px = torch.randn(batch, 3, 224, 224, device=device, dtype=dtype)
+                    yield f"hf vit {batch}x{seq} {str(dtype)[6:]}", model, (lambda px=px: (px,))
+                    continue
+                ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+                yield (f"hf {name} {batch}x{seq} {str(dtype)[6:]}", model,
+                       (lambda ids=ids: (ids,)))
 
 
 def _logits(out: Any) -> torch.Tensor:
@@ -210,7 +212,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--timm", default=TIMM_DEFAULT, help="comma-separated timm model names ('' for none)")
-    p.add_argument("--cpu-dtypes", default="float32", help="dtypes of the timm cases on the CPU (e.g. float32,bfloat16)")
+    p.add_argument("--cpu-dtypes", default="float32", help="dtypes of the timm and Hugging Face cases on the CPU (e.g. float32,bfloat16)")
     p.add_argument("--hf", default=HF_DEFAULT, help="bert,llama,qwen2,mistral,gpt2,vit ('' for none)")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--only", default="", help="run only the cases whose name contains this substring")
@@ -225,7 +227,7 @@ def main(argv: list[str]) -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"machine: {where}, torch {torch.__version__}; ratio = eager time / patched time")
     rows = []
-    for name, model, make in [*timm_cases(args.timm, device, args.cpu_dtypes), *hf_cases(args.hf, device)]:
+    for name, model, make in [*timm_cases(args.timm, device, args.cpu_dtypes), *hf_cases(args.hf, device, args.cpu_dtypes)]:
         if args.only not in name:
             continue
         options = {"fold_batchnorm": not args.no_fold,
