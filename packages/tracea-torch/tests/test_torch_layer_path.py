@@ -351,21 +351,26 @@ def test_lean_fallback_memo_calls_torch_and_counts_each_call(kind, monkeypatch):
     assert fallbacks.total(contains="test reason") == 3
 
 
-def test_cpu_linear_on_a_strided_input_gets_a_lean_fallback_memo():
-    """A CPU linear whose input no kernel takes (a strided view, ViT's class token) is remembered as lean,
-    as on CUDA: later calls run F.linear straight, still counted, with F.linear's result."""
+def test_cpu_linear_on_a_strided_input_is_served_after_a_packing_copy(monkeypatch):
+    """A CPU linear on a strided view (ViT's class token, BERT's pooler input) is served by a Tracea kernel
+    on a packed copy of x (not a "non-contiguous input" fallback), in fp32 and bf16, x untouched; with
+    the arbiter on, the verdict decides between that and F.linear."""
     from tracea_torch import fallbacks
 
-    layer = nn.Linear(16, 5)
-    tracea_torch.patch_linear(layer)
-    x = torch.randn(3, 7, 16)[:, 0]  # (3, 16), row stride 7 * 16
-    fallbacks.reset()
-    with torch.no_grad():
-        outs = [layer(x) for _ in range(3)]
-    memo = layer.__dict__.get("_tracea_memo")
-    assert memo is not None and memo.lean == 1
-    assert all(torch.equal(o, F.linear(x, layer.weight, layer.bias)) for o in outs)
-    assert fallbacks.total(contains="non-contiguous") == 3
+    monkeypatch.setenv("TRACEA_ARBITER", "0")
+    for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        layer = nn.Linear(16, 5).to(dt)
+        tracea_torch.patch_linear(layer)
+        h = torch.randn(3, 7, 16).to(dt)
+        x = h[:, 0]  # (3, 16), row stride 7 * 16
+        keep = h.clone()
+        fallbacks.reset()
+        with torch.no_grad():
+            outs = [layer(x) for _ in range(3)]
+            want = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+        assert all(o.dtype == dt and ((o.double() - want).norm() / want.norm()) < tol for o in outs)
+        assert fallbacks.total(contains="non-contiguous") == 0, fallbacks.counts()
+        assert torch.equal(h, keep)
 
 
 @pytest.mark.parametrize("dtype,layout", [(torch.float16, "NHWC"), (torch.bfloat16, "NHWC"),
