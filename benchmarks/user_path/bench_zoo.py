@@ -119,15 +119,15 @@ def hf_cases(names: str, device: torch.device, cpu_dtypes: str = "float32") -> I
         except Exception as exc:  # noqa: BLE001 - an older transformers without the model
             print(f"  (hf {name} unavailable: {type(exc).__name__}: {str(exc)[:120]})")
             continue
-        for dtype in dtypes:
-            model = model.to(device=device, dtype=dtype).eval()
+        for dtype in dtypes:  # (a copy per dtype: the cases are all built before the first one runs)
+            typed = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
             for batch, seq in shapes:
                 if name == "vit":
                     px = torch.randn(batch, 3, 224, 224, device=device, dtype=dtype)
-                    yield f"hf vit {batch}x{seq} {str(dtype)[6:]}", model, (lambda px=px: (px,))
+                    yield f"hf vit {batch}x{seq} {str(dtype)[6:]}", typed, (lambda px=px: (px,))
                     continue
                 ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
-                yield (f"hf {name} {batch}x{seq} {str(dtype)[6:]}", model,
+                yield (f"hf {name} {batch}x{seq} {str(dtype)[6:]}", typed,
                        (lambda ids=ids: (ids,)))
 
 
