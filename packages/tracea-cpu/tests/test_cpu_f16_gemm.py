@@ -173,3 +173,13 @@ def test_inf_against_values_exact_in_bf16(v):
         ref = a.astype(np.float64) @ b.astype(np.float64)
     why = nonfinite_mismatch(res, ref, atol=1e-6)
     assert why is None, why
+
+
+def test_declines_decode_rows():
+    """Fewer than MIN_ROWS rows: widening the whole weight costs more than the GEMM (PyTorch serves them)."""
+    from tracea_cpu.f16 import MIN_ROWS
+
+    v = CpuGemmF16Variant(AVX2)
+    few = GemmOp(MIN_ROWS - 1, 4096, 4096, trans_b=True, dtype_a="f16", dtype_b="f16")
+    assert any("rows" in r for r in v.check(few, PROFILE))
+    assert not any("rows" in r for r in v.check(GemmOp(MIN_ROWS, 64, 64, dtype_a="f16", dtype_b="f16"), PROFILE))

@@ -26,6 +26,13 @@ from . import kernels, spaces
 from .isa import AVX2, AVX512, Isa
 from .variant_base import CpuVariant, _check_rc, _require, _validate_blocked
 
+#: Fewer rows of A are declined: widening and packing the whole weight costs more than the GEMM (2-core Zen 3
+#: VM, fp16 x 4096^2 against torch's `F.linear`: 1 / 4 / 8 / 16 rows 0.30 / 0.99 / 1.58 / 1.62x, after the
+#: 8 x 8 register-transposing packer; 1 row was 0.10x before it); PyTorch serves them.
+MIN_ROWS = 8
+#: Elements the converting packers widen per second and core (measured for the bf16 flavour, the same loop).
+PACK_ELEMS_PER_CORE_S = 1.15e9
+
 
 def _host16(args: OpArgs, name: str, shape: tuple[int, ...], dtype: type = np.float16) -> np.ndarray | None:
     """A checked host view of argument ``name``: ``dtype``, C-contiguous, ``prod(shape)`` elements."""
@@ -61,8 +68,18 @@ class CpuGemmF16Variant(CpuVariant):
                                          isa=tuple(isa.requires) + ("f16c",))
 
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
-        return [f"needs {self.isa.name} and F16C: {r}" if r.startswith("device lacks") else r
-                for r in super().check(op, profile)]
+        reasons = [f"needs {self.isa.name} and F16C: {r}" if r.startswith("device lacks") else r
+                   for r in super().check(op, profile)]
+        if isinstance(op, GemmOp) and op.m < MIN_ROWS:
+            reasons.append(f"m={op.m} rows: below {MIN_ROWS} widening the whole weight costs more than the GEMM "
+                           "(decode shapes: PyTorch serves them)")
+        return reasons
+
+    def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        pack = 0.0
+        if isinstance(op, GemmOp):  # the converting packers widen every element of A and B (see bf16_convert)
+            pack = op.batch * (op.n + op.m) * op.k / (PACK_ELEMS_PER_CORE_S * max(1, profile.compute_units or 1))
+        return super().estimate_seconds(op, profile, config) + pack
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         return spaces.blocked_space(self.isa, profile)

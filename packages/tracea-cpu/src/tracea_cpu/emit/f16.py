@@ -120,7 +120,8 @@ BF16C = (F16
          .replace("tr_gemm_f16", "tr_gemm_bf16c").replace("out_f16", "out_b16").replace("an fp16", "a bf16").replace("fp16", "bf16"))
 # B stored N x K (``x @ W.T``, every nn.Linear): columns of the packed panel are rows of W. Eight of them at
 # a time are widened and transposed in registers (8 x 8 fp32) instead of one scalar per element: 2-core Zen 3
-# VM, bf16 32 / 128 x 4096 x 4096 (weight-packing bound) 26.9 / 62.1 -> {TRANSPOSED} GFLOP/s.
+# VM, bf16 32 / 128 x 4096 x 4096 (weight-packing bound) 26.9 / 62.1 -> 55 / 121 GFLOP/s
+# (bench_user_cpu.py --only bf16); the fp16 library takes the same path with F16C conversions.
 _SCALAR_COLS = """    } else {
         for (long j = 0; j < nr; j++) {
             const uint16_t *s = x->p + (j0 + j) * x->cs + p0 * x->rs;
@@ -177,6 +178,15 @@ assert _SCALAR_COLS in BF16C
 BF16C = BF16C.replace(_SCALAR_COLS, _VECTOR_COLS)
 _AT = BF16C.index("/* tr_pack_a_dense of a bf16 matrix")
 BF16C = BF16C[:_AT] + _HELPERS + BF16C[_AT:]
+_HELPERS_F16 = (_HELPERS.replace("#if defined(__AVX2__)", "#if defined(__AVX2__) && defined(__F16C__)")
+                .replace("/* 8 bf16 -> 8 fp32 (exact). */", "/* 8 fp16 -> 8 fp32 (exact). */")
+                .replace("_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16))",
+                         "_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p))"))
+assert "cvtph" in _HELPERS_F16
+#: :data:`F16` with B stored N x K widened and transposed 8 x 8 in registers (F16C), as the bf16 flavour.
+F16V = F16.replace(_SCALAR_COLS, _VECTOR_COLS.replace("#if defined(__AVX2__)", "#if defined(__AVX2__) && defined(__F16C__)"))
+_AT16 = F16V.index("/* tr_pack_a_dense of an fp16 matrix")
+F16V = F16V[:_AT16] + _HELPERS_F16 + F16V[_AT16:]
 _F2H_START = BF16C.index("/* n fp32 values -> bf16")
 _F2H_END = BF16C.index("/* batch x (M x K)")
 BF16C = BF16C[:_F2H_START] + r"""/* n fp32 values -> bf16, round to nearest even (NaN stays NaN, made quiet; overflow gives Inf). */
@@ -201,4 +211,4 @@ def bf16c_gemm_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue) -> str:
 def f16_gemm_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue) -> str:
     """Complete C source of the fp16 GEMM library: the blocked fp32 library of ``isa`` (one register tile,
     one epilogue chain) plus the converting packers and ``tr_gemm_f16``."""
-    return blocked_source(isa, mr, nr, epilogue) + F16
+    return blocked_source(isa, mr, nr, epilogue) + F16V
