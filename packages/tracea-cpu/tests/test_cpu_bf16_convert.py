@@ -194,13 +194,15 @@ def test_user_path_chooses_it_and_matches_torch():
 # -- conv2d ---------------------------------------------------------------------------------------------
 
 def _conv_variants() -> list:
+    from tracea.dtypes import DType
     from tracea_cpu.bf16_convert import CpuConv2dBf16ConvertVariant
 
     out = []
     for isa in (AVX512, AVX2):
-        ok = HAVE_CC and isa.runs_here() and PROFILE.has(*isa.requires)
-        out.append(pytest.param(CpuConv2dBf16ConvertVariant(isa), id=isa.name,
-                                marks=pytest.mark.skipif(not ok, reason=f"needs a C compiler and {isa.name}")))
+        for dt in (DType.BF16, DType.F16):
+            ok = HAVE_CC and isa.runs_here() and PROFILE.has(*isa.requires, "f16c")
+            out.append(pytest.param(CpuConv2dBf16ConvertVariant(isa, dt), id=f"{isa.name}-{dt.value}",
+                                    marks=pytest.mark.skipif(not ok, reason=f"needs a C compiler, {isa.name} and F16C")))
     return out
 
 
@@ -211,22 +213,23 @@ CONV_GEOMS = [(1, 16, 9, 24, 3, 1, 1, 1), (2, 33, 11, 7, 3, 2, 1, 1), (3, 16, 8,
 
 
 def conv_case(v, geom, layout, out, epi, seed=0, nonfinite=False):
+    """``out``: "half" (the variant's 16-bit dtype) or "float32"."""
     from tracea.ir.ops import Conv2dOp
 
     n, c, hw, k, r, st, pad, groups = geom
     g = torch.Generator().manual_seed(seed)
-    op = Conv2dOp(n, c, hw, hw, k, r, r, stride=st, padding=pad, groups=groups, layout=layout, dtype="bf16",
-                  dtype_out=out, epilogue=epi)
-    x = torch.randn(n, c, hw, hw, generator=g).bfloat16()
-    w = (torch.randn(k, c // groups, r, r, generator=g) / (c * r * r / groups) ** 0.5).bfloat16()
+    half = torch.bfloat16 if v.half.value == "bfloat16" else torch.float16
+    op = Conv2dOp(n, c, hw, hw, k, r, r, stride=st, padding=pad, groups=groups, layout=layout, dtype=v.half,
+                  dtype_out=v.half if out == "half" else out, epilogue=epi)
+    x = torch.randn(n, c, hw, hw, generator=g).to(half)
+    w = (torch.randn(k, c // groups, r, r, generator=g) / (c * r * r / groups) ** 0.5).to(half)
     if nonfinite:
         x.view(-1)[5] = float("nan")
         x.view(-1)[-3] = float("inf")
-    b = torch.randn(k, generator=g).to(torch.bfloat16 if out == "bf16" else torch.float32) \
-        if op.epilogue.has_bias else None
+    b = torch.randn(k, generator=g).to(half if out == "half" else torch.float32) if op.epilogue.has_bias else None
     nhwc = layout == "nhwc"
     xs, ws = (x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous()) if nhwc else (x, w)
-    res = torch.full(op.out_shape, float("nan"), dtype=torch.bfloat16 if out == "bf16" else torch.float32)
+    res = torch.full(op.out_shape, float("nan"), dtype=half if out == "half" else torch.float32)
     v.run(op, v.hero_configs(op, PROFILE)[0], OpArgs({"x": xs, "w": ws, "bias": b}, res, TorchAdapter()), PROFILE)
     got = res.permute(0, 3, 1, 2) if nhwc else res
     ref = torch.nn.functional.conv2d(x.double(), w.double(), None, st, pad, 1, groups).numpy()
@@ -237,15 +240,15 @@ def conv_case(v, geom, layout, out, epi, seed=0, nonfinite=False):
 @pytest.mark.parametrize("v", CONV_VARIANTS)
 @pytest.mark.parametrize("geom", CONV_GEOMS, ids=lambda g: "x".join(map(str, g)))
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("out", ["float32", "bf16"])
+@pytest.mark.parametrize("out", ["float32", "half"])
 def test_conv_geometries(v, geom, layout, out):
     got, ref = conv_case(v, geom, layout, out, "bias+relu", seed=sum(geom))
-    assert rel_err(got, ref) < (1e-5 if out == "float32" else 5e-3)
+    assert rel_err(got, ref) < (1e-5 if out == "float32" else 5e-3 if v.half.value == "bfloat16" else 1e-3)
 
 
 @pytest.mark.parametrize("v", CONV_VARIANTS)
 def test_conv_nan_inf_propagate(v):
-    for out in ("float32", "bf16"):
+    for out in ("float32", "half"):
         got, ref = conv_case(v, CONV_GEOMS[0], "nchw", out, "bias", seed=2, nonfinite=True)
         assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref)), out
         fin = np.isfinite(ref)
@@ -266,30 +269,31 @@ def test_conv_ranks_below_amx():
 @pytest.mark.skipif(not (HAVE_CC and AVX2.runs_here() and PROFILE.has(*AVX2.requires)),
                     reason="needs a C compiler and AVX2")
 @pytest.mark.skipif(PROFILE.has("amx_bf16"), reason="this CPU has AMX: cpu.conv2d.amxbf16 serves")
-def test_conv_user_path_torch_layouts_and_patched_module():
-    """``tracea.ops.conv2d`` on bf16 torch tensors (NCHW and channels_last, out= as well) and a patched
-    bf16 ``nn.Conv2d``: served by a Tracea kernel (no fallback counted), torch's result within bf16's
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_conv_user_path_torch_layouts_and_patched_module(dt):
+    """``tracea.ops.conv2d`` on bf16 / fp16 torch tensors (NCHW and channels_last, out= as well) and a patched
+    16-bit ``nn.Conv2d``: served by a Tracea kernel (no fallback counted), torch's result within bf16's
     rounding, inputs untouched."""
     import tracea
     import tracea_torch
     from tracea.runtime import fallbacks
 
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(2, 32, 12, 12, generator=g).bfloat16()
-    w = (torch.randn(48, 32, 3, 3, generator=g) / 17).bfloat16()
-    b = torch.randn(48, generator=g).bfloat16()
+    x = torch.randn(2, 32, 12, 12, generator=g).to(dt)
+    w = (torch.randn(48, 32, 3, 3, generator=g) / 17).to(dt)
+    b = torch.randn(48, generator=g).to(dt)
     ref = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1)
     fallbacks.reset()
     for fmt in (torch.contiguous_format, torch.channels_last):
         xf, wf = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
         keep = xf.clone()
         y = tracea.ops.conv2d(xf, wf, b, padding=1)
-        assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=fmt)
+        assert y.dtype == dt and y.is_contiguous(memory_format=fmt)
         assert rel_err(y.double().numpy(), ref.numpy()) < 5e-3 and torch.equal(xf, keep)
         out = torch.empty_like(y)
         assert tracea.ops.conv2d(xf, wf, b, padding=1, out=out) is out and torch.equal(out, y)
     assert not fallbacks.counts(), fallbacks.counts()
-    conv = torch.nn.Conv2d(32, 48, 3, padding=1).bfloat16().eval()
+    conv = torch.nn.Conv2d(32, 48, 3, padding=1).to(dt).eval()
     model = tracea_torch.patch_conv2d(torch.nn.Sequential(conv))
     with torch.no_grad():
         want = torch.nn.functional.conv2d(x.double(), conv.weight.double(), conv.bias.double(), padding=1)

@@ -150,13 +150,16 @@ class CpuConv2dBf16ConvertVariant(CpuConv2dVariant):
     PyTorch's bf16 conv there: 2-core Zen 3 VM, ResNet 3x3 layers 1.6-17.5 GFLOP/s (NCHW 24-50x, channels_last
     8-9x slower than its fp32 convs)."""
 
-    def __init__(self, isa: Isa) -> None:
+    def __init__(self, isa: Isa, dtype: DType = DType.BF16) -> None:
         super().__init__(isa)
-        self.name = f"cpu.conv2d.bf16cvt.{isa.name}"
-        self.description = (f"bf16 conv2d through the {isa.name} fp32 conv (x, w widened exactly; output rounded "
+        self.half = dtype
+        tag = "bf16" if dtype is DType.BF16 else "f16"
+        self.name = f"cpu.conv2d.{tag}cvt.{isa.name}"
+        self.description = (f"{tag} conv2d through the {isa.name} fp32 conv (x, w widened exactly; output rounded "
                             "to nearest even), NCHW/NHWC, fused epilogue")
-        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.CONV2D, dtypes=frozenset({DType.BF16}),
-                                         out_dtypes=frozenset({DType.BF16, DType.F32}), isa=isa.requires)
+        needs = isa.requires if dtype is DType.BF16 else tuple(isa.requires) + ("f16c",)
+        self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.CONV2D, dtypes=frozenset({dtype}),
+                                         out_dtypes=frozenset({dtype, DType.F32}), isa=needs)
 
     @staticmethod
     def fp32(op: Op) -> Op:
@@ -182,9 +185,10 @@ class CpuConv2dBf16ConvertVariant(CpuConv2dVariant):
         array or None."""
         inner = super().bind(self.fp32(op), config, profile, NumpyAdapter())
         cast = kernels.bf16_cast_library(self.isa.name)
-        widen, rnd = cast.tr_bf16_widen, cast.tr_bf16_round
+        bf = self.half is DType.BF16
+        widen, rnd = (cast.tr_bf16_widen, cast.tr_bf16_round) if bf else (cast.tr_f16_widen, cast.tr_f16_round)
         nth = max(1, self.threads(self.fp32(op), config, profile))
-        out_b16 = op.out_dtype is DType.BF16
+        out_b16 = op.out_dtype is self.half
         nx, nw = op.n * op.c * op.h * op.w, op.k * (op.c // op.groups) * op.r * op.s
         no = op.n * op.k * op.p * op.q
 
@@ -210,7 +214,7 @@ class CpuConv2dBf16ConvertVariant(CpuConv2dVariant):
             b32 = None
             if has_bias:  # the bias arrives in the output dtype; the epilogue runs in fp32
                 b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if out_b16 else \
-                    np.ascontiguousarray(adapter.to_numpy(bias), np.float32)
+                    np.ascontiguousarray(adapter.to_numpy(bias), np.float32)  # (fp16 / fp32: NumPy widens)
             compute(ptr(x), ptr(w), b32, ptr(out))
 
         launch.pointer_only = True  # type: ignore[attr-defined]
@@ -218,16 +222,23 @@ class CpuConv2dBf16ConvertVariant(CpuConv2dVariant):
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, Conv2dOp)
-        xb = host_bf16(args, "x", op.x_shape)
-        wb = host_bf16(args, "w", op.w_shape)
-        out = host_bf16(args, "out", op.out_shape) if op.out_dtype is DType.BF16 else _host(args, "out", op.out_shape)
-        if not out.flags.writeable:  # type: ignore[union-attr]
+        if self.half is DType.BF16:
+            xb, wb = host_bf16(args, "x", op.x_shape), host_bf16(args, "w", op.w_shape)
+            out = host_bf16(args, "out", op.out_shape) if op.out_dtype is DType.BF16 else _host(args, "out", op.out_shape)
+            b32 = bias_f32(args, op.k) if op.epilogue.has_bias else None
+        else:
+            from .f16 import _bias32, _host16
+
+            xb, wb = _host16(args, "x", op.x_shape), _host16(args, "w", op.w_shape)
+            out = _host16(args, "out", op.out_shape, np.float16 if op.out_dtype is DType.F16 else np.float32)
+            b32 = _bias32(args.adapter, args.arrays.get("bias")) if op.epilogue.has_bias else None
+        if out is None or not out.flags.writeable:
             raise LayoutError("out", out, "a writable array")
-        b32 = bias_f32(args, op.k) if op.epilogue.has_bias else None
         self._computer(op, config, profile)(_ptr(xb), _ptr(wb), b32, _ptr(out))
 
 
 def bf16_convert_variants() -> list[CpuVariant]:
-    """The converting bf16 GEMM and conv2d variants (AVX-512 and AVX2 builds)."""
+    """The converting bf16 GEMM and bf16 / fp16 conv2d variants (AVX-512 and AVX2 builds)."""
     return [CpuGemmBf16ConvertVariant(AVX512), CpuGemmBf16ConvertVariant(AVX2),
-            CpuConv2dBf16ConvertVariant(AVX512), CpuConv2dBf16ConvertVariant(AVX2)]
+            CpuConv2dBf16ConvertVariant(AVX512), CpuConv2dBf16ConvertVariant(AVX2),
+            CpuConv2dBf16ConvertVariant(AVX512, DType.F16), CpuConv2dBf16ConvertVariant(AVX2, DType.F16)]

@@ -190,11 +190,12 @@ def bf16c_gemm_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ct
 
 
 def bf16_cast_library(isa_name: str) -> ctypes.CDLL:
-    """``tr_bf16_widen`` / ``tr_bf16_round`` (bf16 <-> fp32 arrays) built for one ISA (compiled once)."""
+    """``tr_bf16_widen`` / ``tr_bf16_round`` and ``tr_f16_widen`` / ``tr_f16_round`` (16-bit <-> fp32 arrays)
+    built for one x86 ISA with F16C (compiled once)."""
     from .emit.bf16_cast import CAST
 
-    lib = build(CAST, ISA_BY_NAME[isa_name].cflags, f"bf16-cast-{isa_name}")
-    for fn in (lib.tr_bf16_widen, lib.tr_bf16_round):
+    lib = build(CAST, ISA_BY_NAME[isa_name].cflags + ("-mf16c",), f"bf16-cast-{isa_name}")
+    for fn in (lib.tr_bf16_widen, lib.tr_bf16_round, lib.tr_f16_widen, lib.tr_f16_round):
         fn.argtypes = [_P, _P, _L, _I]
         fn.restype = None
     return lib
