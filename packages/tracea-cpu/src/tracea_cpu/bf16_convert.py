@@ -1,7 +1,11 @@
-"""bf16 GEMM on x86 CPUs without AVX512_BF16 or AMX (``cpu.gemm.bf16cvt.<isa>``, AVX2 and AVX-512 builds):
-bf16 A and B widened to fp32 while they are packed (exact: a bf16 is the top half of an fp32), the ISA's
-fp32 blocked driver and micro-kernel, the fp32 epilogue, and an fp32 or bf16 (round to nearest even, NaN
-kept) output. Kernel: :data:`.emit.f16.BF16C`, the bf16 flavour of the fp16 library.
+"""16-bit kernels for x86 CPUs without AVX512_BF16 or AMX, through their fp32 ones (AVX2 and AVX-512 builds):
+
+* ``cpu.gemm.bf16cvt.<isa>``: bf16 A and B widened to fp32 while they are packed (exact: a bf16 is the top
+  half of an fp32), the ISA's fp32 blocked driver and micro-kernel, the fp32 epilogue, and an fp32 or bf16
+  (round to nearest even, NaN kept) output. Kernel: :data:`.emit.f16.BF16C`, the bf16 flavour of the fp16
+  library.
+* ``cpu.conv2d.bf16cvt.<isa>`` / ``cpu.conv2d.f16cvt.<isa>``: x and w widened into fp32 scratch
+  (:mod:`.emit.bf16_cast`), the ISA's fp32 conv, the output rounded back.
 
 Why: PyTorch's CPU bf16 matmul has no fast path there. 2-core AMD Zen 3 VM (AVX2), torch 2.13, ``F.linear``
 bf16 512^3 / 1024^3 / 2048^3 / 512x4096x4096: 15 / 18 / 20 / 16 GFLOP/s against 106-115 in fp32.
@@ -145,8 +149,9 @@ def _plan(variant: CpuGemmBf16ConvertVariant, op: Op, config: PipelineConfig) ->
 
 
 class CpuConv2dBf16ConvertVariant(CpuConv2dVariant):
-    """bf16 conv2d for CPUs without AMX: x and w widened to fp32 scratch arrays (exact), the fp32 conv of
-    the same ISA (its algorithms, heroes and search space), the fp32 output rounded to bf16 (nearest even).
+    """bf16 (or, with ``dtype``, fp16) conv2d for CPUs without AMX: x and w widened to fp32 scratch arrays
+    (exact), the fp32 conv of the same ISA (its algorithms, heroes and search space), the fp32 output rounded
+    to the 16-bit dtype (nearest even).
     PyTorch's bf16 conv there: 2-core Zen 3 VM, ResNet 3x3 layers 1.6-17.5 GFLOP/s (NCHW 24-50x, channels_last
     8-9x slower than its fp32 convs)."""
 
