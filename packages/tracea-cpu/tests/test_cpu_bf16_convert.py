@@ -131,7 +131,7 @@ def test_nan_inf_propagate(v, seed, out):
 
 
 def test_declines_decode_rows():
-    from tracea_cpu.bf16_convert import MIN_ROWS
+    from tracea_cpu.f16 import MIN_ROWS  # (shared with the fp16 GEMM)
 
     v = CpuGemmBf16ConvertVariant(AVX2)
     few = GemmOp(MIN_ROWS - 1, 4096, 4096, trans_b=True, dtype_a="bf16", dtype_b="bf16")

@@ -15,7 +15,6 @@ import os
 import platform
 from typing import Any
 
-import numpy as np
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import Requirements
@@ -26,7 +25,7 @@ from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
-from .bf16 import CpuGemmBf16Variant
+from .bf16 import CpuGemmBf16Variant, widened_bias
 from .panel_cache import PANELS
 from .emit.amx import check_amx_tile
 from .isa import AMX_BF16
@@ -154,7 +153,7 @@ class CpuGemmAmxVariant(CpuGemmBf16Variant):
             panels = panels_of(geometry, b, bp, words, lambda dst: packb(n, k, bp, rsb, csb, dst, nt))
             b32 = None
             if has_bias:  # the bias arrives in the output dtype; the epilogue runs in fp32
-                b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if widen else bias
+                b32 = widened_bias(adapter, bias) if widen else bias
             bias_ptr = None if b32 is None else (b32.ctypes.data if widen else ptr(b32))
             if panels is None:
                 rc = fn(ref, ptr(a), bp, ptr(out), bias_ptr, nt)

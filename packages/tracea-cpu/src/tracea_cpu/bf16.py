@@ -94,6 +94,17 @@ def f32_operand(args: OpArgs, name: str, shape: tuple[int, ...]) -> tuple[int, A
     return _ptr(arr), arr  # type: ignore[return-value]
 
 
+def widen_bits(bits: np.ndarray) -> np.ndarray:
+    """bf16 values given as their uint16 bits -> a new float32 array (exact: the bits become the top half)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def widened_bias(adapter: Any, bias: Any) -> np.ndarray:
+    """A bf16 bias (a torch tensor or an ml_dtypes array, through ``adapter.host_bits``) as a new float32
+    array: the only reference to its memory, so hold it until the kernel reading it has returned."""
+    return widen_bits(adapter.host_bits(bias))
+
+
 def bias_f32(args: OpArgs, n: int) -> np.ndarray:
     """The bias as fp32 (the kernel's epilogue runs in fp32): float32 as is (a view), bf16 widened into
     a new array (n values). The result may be the only reference to its memory: hold it in a variable
@@ -104,7 +115,7 @@ def bias_f32(args: OpArgs, n: int) -> np.ndarray:
         return _host(args, "bias", (n,))  # type: ignore[return-value]
     if dtype is DType.BF16:
         bits = host_bf16(args, "bias", (n,))
-        return (bits.astype(np.uint32) << 16).view(np.float32)  # type: ignore[union-attr]
+        return widen_bits(bits)  # type: ignore[arg-type]
     raise DTypeError("bias", dtype.value, "float32 or bfloat16")
 
 
@@ -176,7 +187,7 @@ class CpuGemmBf16Variant(CpuVariant):
 
         def launch_bias(a: Any, b: Any, bias: Any, out: Any) -> None:
             # the fp32 bias must outlive the kernel call: hold it in a local until the call returns
-            b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if widen else bias
+            b32 = widened_bias(adapter, bias) if widen else bias
             rc = fn(ref, ptr(a), ptr(b), ptr(out), b32.ctypes.data if widen else ptr(b32), pick())
             if rc:
                 _check_rc(rc, "bf16 gemm")

@@ -15,7 +15,6 @@ Where AVX512_BF16 (``cpu.gemm.avx512bf16``, twice the fp32 FMA rate) or AMX exis
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import replace
 from typing import Any
 
@@ -28,31 +27,28 @@ from tracea.errors import LayoutError
 from tracea.ir.ops import Conv2dOp, GemmOp, LayerType, Op
 from tracea.runtime.arrays import NumpyAdapter
 from tracea.semantic import PipelineConfig, SearchSpace
-from tracea.semantic.config import Validity
 
-from . import kernels, spaces
-from .bf16 import bf16_operand, bias_f32, f32_operand, host_bf16
+from . import kernels
+from .bf16 import bf16_operand, bias_f32, f32_operand, host_bf16, widened_bias
+from .f16 import CpuGemmF16Variant, widening_seconds
 from .host_load import thread_picker
 from .isa import AVX2, AVX512, Isa
-from .variant_base import CpuVariant, _check_rc, _host, _ptr, _require, _requested_threads, _validate_blocked
+from .variant_base import CpuVariant, _check_rc, _host, _ptr, _requested_threads
 from .variants import CpuConv2dVariant
 
 #: Share of the fp32 blocked GEMM's speed the widening packers leave (they convert every element of A and
 #: B once per pass; measured on the Zen 3 VM: 0.85-0.95 of the fp32 kernel on 512-2048 squares).
 CONVERT_SHARE = 0.85
-#: Fewer rows of A than this are declined: widening and packing the whole weight then costs more than the
-#: GEMM (Zen 3 VM, `F.linear` bf16 x 4096^2: 1 / 4 tokens 0.43 / 0.84x torch, 8 tokens 1.97x, 16 2.27x); the
-#: skinny (decode) kernels or PyTorch serve them.
-MIN_ROWS = 8
-#: Elements the widening packers convert per second and core (2-core Zen 3 VM: 16 x 4096^2 took 12.2 ms, of
-#: which the FMAs ~4.9: ~7.3 ms for the 16.8 M weight elements). The estimate adds it, so that at few rows
-#: the skinny kernels (which read the weight once, in place) rank first: 8 / 16 x 4096^2 ran 3.3-3.6x / 4.1x
-#: torch there against this variant's 2.0x / 2.3x.
-PACK_ELEMS_PER_CORE_S = 1.15e9
 
 
-class CpuGemmBf16ConvertVariant(CpuVariant):
-    """Blocked bf16 GEMM for CPUs without a bf16 dot product: widening packers, fp32 micro-kernel."""
+class CpuGemmBf16ConvertVariant(CpuGemmF16Variant):
+    """Blocked bf16 GEMM for CPUs without a bf16 dot product: the fp16 variant's widening packers, fp32
+    micro-kernel, blocks, heroes and decode-row decline (:data:`~tracea_cpu.f16.MIN_ROWS`: 1 / 4 / 8 / 16
+    tokens x 4096^2 ran 0.43 / 0.84 / 1.97 / 2.27x torch on the Zen 3 VM), with bf16 operands."""
+
+    needs = ""
+    decode_served_by = "the skinny kernels or PyTorch serve them"
+    bf16 = True
 
     def __init__(self, isa: Isa) -> None:
         super().__init__(isa)
@@ -62,34 +58,12 @@ class CpuGemmBf16ConvertVariant(CpuVariant):
         self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.GEMM, dtypes=frozenset({DType.BF16}),
                                          out_dtypes=frozenset({DType.BF16, DType.F32}), isa=isa.requires)
 
-    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
-        reasons = [f"needs {self.isa.name}: {r}" if r.startswith("device lacks") else r
-                   for r in super().check(op, profile)]
-        if isinstance(op, GemmOp) and op.m < MIN_ROWS:
-            reasons.append(f"m={op.m} rows: below {MIN_ROWS} widening the whole weight costs more than the GEMM "
-                           "(decode shapes: the skinny kernels or PyTorch serve them)")
-        return reasons
-
     def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         # fp32 FMAs (the profile's bf16 peak would be a bf16 dot product's, which this kernel does not use)
         eff = self.efficiency_on(profile) * CONVERT_SHARE
         flop_time = op.flops / (profile.peak("float32") * 1e9 * eff)
-        pack_time = 0.0
-        if isinstance(op, GemmOp):
-            pack_time = op.batch * (op.n + op.m) * op.k / (PACK_ELEMS_PER_CORE_S * max(1, profile.compute_units or 1))
-        return max(flop_time, op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)) + pack_time + 15e-6
-
-    def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
-        return spaces.blocked_space(self.isa, profile)
-
-    def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        return spaces.blocked_heroes(self.isa, op, profile=profile)
-
-    def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
-        return _validate_blocked(self.isa, config)
-
-    def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
-        return _plan(self, op, config)
+        byte_time = op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)
+        return max(flop_time, byte_time) + widening_seconds(op, profile) + 15e-6
 
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, GemmOp)
@@ -110,7 +84,7 @@ class CpuGemmBf16ConvertVariant(CpuVariant):
 
         def launch_bias(a: Any, b: Any, bias: Any, out: Any) -> None:
             # the fp32 bias must outlive the kernel call: held in a local until the call returns
-            b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if widen else bias
+            b32 = widened_bias(adapter, bias) if widen else bias
             rc = fn(*head, ptr(a), *mid, ptr(b), *tail, ptr(out), out_b16,
                     b32.ctypes.data if widen else ptr(b32), *blocks, pick())
             if rc:
@@ -132,20 +106,6 @@ class CpuGemmBf16ConvertVariant(CpuVariant):
                 self.threads(op, config, profile))
         del a_owner, b_owner, out_owner, bias_arr
         _check_rc(rc, "bf16 gemm")
-
-
-@functools.lru_cache(maxsize=256)
-def _plan(variant: CpuGemmBf16ConvertVariant, op: Op, config: PipelineConfig) -> tuple[Any, tuple]:
-    """Validated config -> (``tr_gemm_bf16c``, its shape, stride, output and block arguments), memoised."""
-    _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
-    assert isinstance(op, GemmOp)
-    lib = kernels.bf16c_gemm_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")),
-                                     op.epilogue.key)
-    rsa, csa = (1, op.m) if op.trans_a else (op.k, 1)
-    rsb, csb = (1, op.k) if op.trans_b else (op.n, 1)
-    geo = (op.batch, op.m, op.n, op.k, rsa, csa, rsb, csb, int(op.out_dtype is DType.BF16),
-           int(config.get("mc")), int(config.get("nc")), int(config.get("kc")))
-    return lib.tr_gemm_bf16c, geo
 
 
 class CpuConv2dBf16ConvertVariant(CpuConv2dVariant):
@@ -218,7 +178,7 @@ class CpuConv2dBf16ConvertVariant(CpuConv2dVariant):
         def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
             b32 = None
             if has_bias:  # the bias arrives in the output dtype; the epilogue runs in fp32
-                b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32) if out_b16 else \
+                b32 = widened_bias(adapter, bias) if out_b16 else \
                     np.ascontiguousarray(adapter.to_numpy(bias), np.float32)  # (fp16 / fp32: NumPy widens)
             compute(ptr(x), ptr(w), b32, ptr(out))
 

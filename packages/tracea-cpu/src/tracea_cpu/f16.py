@@ -30,8 +30,18 @@ from .variant_base import CpuVariant, _check_rc, _require, _validate_blocked
 #: VM, fp16 x 4096^2 against torch's `F.linear`: 1 / 4 / 8 / 16 rows 0.30 / 0.99 / 1.58 / 1.62x, after the
 #: 8 x 8 register-transposing packer; 1 row was 0.10x before it); PyTorch serves them.
 MIN_ROWS = 8
-#: Elements the converting packers widen per second and core (measured for the bf16 flavour, the same loop).
+#: Elements the converting packers widen per second and core (2-core Zen 3 VM, the bf16 flavour: 16 x 4096^2
+#: took 12.2 ms, of which the FMAs ~4.9: ~7.3 ms for the 16.8 M weight elements). The estimate adds it, so
+#: that at few rows the skinny kernels (which read the weight once, in place) rank first: bf16 8 / 16 x
+#: 4096^2 ran 3.3-3.6x / 4.1x torch there against the converting GEMM's 2.0x / 2.3x.
 PACK_ELEMS_PER_CORE_S = 1.15e9
+
+
+def widening_seconds(op: Op, profile: DeviceProfile) -> float:
+    """The converting packers' time: every element of A and B widened once (:data:`PACK_ELEMS_PER_CORE_S`)."""
+    if not isinstance(op, GemmOp):
+        return 0.0
+    return op.batch * (op.n + op.m) * op.k / (PACK_ELEMS_PER_CORE_S * max(1, profile.compute_units or 1))
 
 
 def _host16(args: OpArgs, name: str, shape: tuple[int, ...], dtype: type = np.float16) -> np.ndarray | None:
@@ -67,19 +77,22 @@ class CpuGemmF16Variant(CpuVariant):
                                          out_dtypes=frozenset({DType.F16, DType.F32}),
                                          isa=tuple(isa.requires) + ("f16c",))
 
+    #: what the check's "device lacks" reasons are prefixed with, and who serves the declined decode rows
+    needs = " and F16C"
+    decode_served_by = "PyTorch serves them"
+    #: the library flavour (:func:`~tracea_cpu.kernels.f16_gemm_library`)
+    bf16 = False
+
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
-        reasons = [f"needs {self.isa.name} and F16C: {r}" if r.startswith("device lacks") else r
+        reasons = [f"needs {self.isa.name}{self.needs}: {r}" if r.startswith("device lacks") else r
                    for r in super().check(op, profile)]
         if isinstance(op, GemmOp) and op.m < MIN_ROWS:
             reasons.append(f"m={op.m} rows: below {MIN_ROWS} widening the whole weight costs more than the GEMM "
-                           "(decode shapes: PyTorch serves them)")
+                           f"(decode shapes: {self.decode_served_by})")
         return reasons
 
     def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
-        pack = 0.0
-        if isinstance(op, GemmOp):  # the converting packers widen every element of A and B (see bf16_convert)
-            pack = op.batch * (op.n + op.m) * op.k / (PACK_ELEMS_PER_CORE_S * max(1, profile.compute_units or 1))
-        return super().estimate_seconds(op, profile, config) + pack
+        return super().estimate_seconds(op, profile, config) + widening_seconds(op, profile)
 
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         return spaces.blocked_space(self.isa, profile)
@@ -133,15 +146,17 @@ def host_operands(op: GemmOp, args: OpArgs) -> tuple[Any, Any, Any, np.ndarray |
 
 @functools.lru_cache(maxsize=256)
 def _f16_plan(variant: CpuGemmF16Variant, op: Op, config: PipelineConfig) -> tuple[Any, tuple]:
-    """Validated config -> (``tr_gemm_f16``, its shape, stride, output and block arguments), memoised."""
+    """Validated config -> (``tr_gemm_f16`` / ``tr_gemm_bf16c``, its shape, stride, 16-bit-output flag and block
+    arguments), memoised."""
     _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
     assert isinstance(op, GemmOp)
-    lib = kernels.f16_gemm_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
+    lib = kernels.f16_gemm_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key,
+                                   variant.bf16)
     rsa, csa = (1, op.m) if op.trans_a else (op.k, 1)
     rsb, csb = (1, op.k) if op.trans_b else (op.n, 1)
-    geo = (op.batch, op.m, op.n, op.k, rsa, csa, rsb, csb, int(op.out_dtype is DType.F16),
+    geo = (op.batch, op.m, op.n, op.k, rsa, csa, rsb, csb, int(op.out_dtype is not DType.F32),
            int(config.get("mc")), int(config.get("nc")), int(config.get("kc")))
-    return lib.tr_gemm_f16, geo
+    return kernels.half_gemm_entry(lib, variant.bf16), geo
 
 
 def f16_variants() -> list[CpuGemmF16Variant]:

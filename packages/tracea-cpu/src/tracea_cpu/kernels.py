@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from typing import Any
 
 from tracea.errors import InvalidArgumentError, UnsupportedConfigError
 from tracea.ir.epilogue import Epilogue
@@ -164,31 +165,28 @@ def amx_conv_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
 
 
 @functools.lru_cache(maxsize=64)
-def f16_gemm_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
-    """The fp16 GEMM library (``tr_gemm_f16``) of one x86 ISA, register tile and epilogue (compiled once)."""
-    from .emit.f16 import f16_gemm_source
+def f16_gemm_library(isa_name: str, mr: int, nr: int, epilogue_key: str, bf16: bool = False) -> ctypes.CDLL:
+    """The converting 16-bit GEMM library of one x86 ISA, register tile and epilogue (compiled once): fp16
+    (``tr_gemm_f16``, F16C) or, with ``bf16``, bf16 (``tr_gemm_bf16c``); both widen while packing and run
+    the fp32 micro-kernel. ``half_gemm_entry`` gives the entry point."""
+    from .emit.f16 import bf16c_gemm_source, f16_gemm_source
 
     isa = ISA_BY_NAME[isa_name]
-    lib = build(f16_gemm_source(isa, mr, nr, Epilogue.parse(epilogue_key)), isa.cflags + ("-mf16c",),
-                f"gemm-f16-{isa_name}-{mr}x{nr}")
-    lib.tr_gemm_f16.argtypes = [_L, _L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _I, _P, _L, _L, _L, _I]
-    lib.tr_gemm_f16.restype = _I
+    source = (bf16c_gemm_source if bf16 else f16_gemm_source)(isa, mr, nr, Epilogue.parse(epilogue_key))
+    lib = build(source, isa.cflags + (() if bf16 else ("-mf16c",)),
+                f"gemm-{'bf16c' if bf16 else 'f16'}-{isa_name}-{mr}x{nr}")
+    fn = half_gemm_entry(lib, bf16)
+    fn.argtypes = [_L, _L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _I, _P, _L, _L, _L, _I]
+    fn.restype = _I
     return lib
 
 
-def bf16c_gemm_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
-    """The converting bf16 GEMM library (``tr_gemm_bf16c``: bf16 widened while packed, fp32 micro-kernel) of
-    one x86 ISA, register tile and epilogue (compiled once)."""
-    from .emit.f16 import bf16c_gemm_source
-
-    isa = ISA_BY_NAME[isa_name]
-    lib = build(bf16c_gemm_source(isa, mr, nr, Epilogue.parse(epilogue_key)), isa.cflags,
-                f"gemm-bf16c-{isa_name}-{mr}x{nr}")
-    lib.tr_gemm_bf16c.argtypes = [_L, _L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _I, _P, _L, _L, _L, _I]
-    lib.tr_gemm_bf16c.restype = _I
-    return lib
+def half_gemm_entry(lib: ctypes.CDLL, bf16: bool) -> Any:
+    """The GEMM entry point of a :func:`f16_gemm_library` library."""
+    return lib.tr_gemm_bf16c if bf16 else lib.tr_gemm_f16
 
 
+@functools.lru_cache(maxsize=8)
 def bf16_cast_library(isa_name: str) -> ctypes.CDLL:
     """``tr_bf16_widen`` / ``tr_bf16_round`` and ``tr_f16_widen`` / ``tr_f16_round`` (16-bit <-> fp32 arrays)
     built for one x86 ISA with F16C (compiled once)."""

@@ -34,7 +34,7 @@ from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels
-from .bf16 import bf16_operand, bias_f32, f32_operand
+from .bf16 import bf16_operand, bias_f32, f32_operand, widened_bias
 from .emit.skinny import MAX_M, SKINNY_PARAMS
 from .host_load import thread_picker
 from .isa import ALL_ISAS, AVX2, AVX512, AVX512_BF16, Isa
@@ -224,7 +224,6 @@ class CpuSkinnyBf16Variant(CpuSkinnyVariant):
         return super().bind(op, config, profile, adapter)
 
     def _bind_widened_bias(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
-        import numpy as np
 
         fn = self.prepare(op, config, profile)
         params = self.params(op, self.threads(op, config, profile))
@@ -233,7 +232,7 @@ class CpuSkinnyBf16Variant(CpuSkinnyVariant):
 
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
             # the bias arrives in the output dtype (bf16); the epilogue runs in fp32. b32 must outlive the call.
-            b32 = (adapter.host_bits(bias).astype(np.uint32) << 16).view(np.float32)
+            b32 = widened_bias(adapter, bias)
             params[slot] = pick()
             rc = fn(params, ptr(a), ptr(b), ptr(out), b32.ctypes.data)
             if rc:

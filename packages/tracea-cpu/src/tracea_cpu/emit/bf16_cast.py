@@ -6,9 +6,19 @@ in 4096-element chunks from 256 Ki elements."""
 
 from __future__ import annotations
 
+#: fp32 bits -> bf16 bits, round to nearest even; NaN stays NaN (made quiet), overflow gives Inf (torch's
+#: rounding). Shared by the casts here and the converting bf16 GEMM's output pass (:data:`.f16.BF16C`).
+BF16_RNE = r"""
+static inline uint16_t tr_f2bf(uint32_t u) {
+    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
+                                           : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+"""
+
 CAST = r"""
 #include <stdint.h>
 #include <string.h>
+""" + BF16_RNE + r"""
 
 #define TR_CHUNK 4096L
 
@@ -32,8 +42,7 @@ void tr_bf16_round(const float *src, uint16_t *dst, long n, int nth) {
         for (long i = c * TR_CHUNK; i < i1; i++) {
             uint32_t u;
             memcpy(&u, src + i, 4);
-            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-            dst[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : (uint16_t)r;
+            dst[i] = tr_f2bf(u);
         }
     }
 }

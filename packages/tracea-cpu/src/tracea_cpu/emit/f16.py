@@ -13,6 +13,7 @@ from __future__ import annotations
 from tracea.ir.epilogue import Epilogue
 
 from ..isa import Isa
+from .bf16_cast import BF16_RNE
 from .blocked import blocked_source
 
 F16 = r"""
@@ -189,13 +190,13 @@ _AT16 = F16V.index("/* tr_pack_a_dense of an fp16 matrix")
 F16V = F16V[:_AT16] + _HELPERS_F16 + F16V[_AT16:]
 _F2H_START = BF16C.index("/* n fp32 values -> bf16")
 _F2H_END = BF16C.index("/* batch x (M x K)")
-BF16C = BF16C[:_F2H_START] + r"""/* n fp32 values -> bf16, round to nearest even (NaN stays NaN, made quiet; overflow gives Inf). */
+BF16C = BF16C[:_F2H_START] + BF16_RNE + r"""
+/* n fp32 values -> bf16 (tr_f2bf: nearest even, NaN kept). */
 static void tr_f2h_run(const float *src, uint16_t *dst, long n) {
     for (long i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, src + i, 4);
-        dst[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
-                                                  : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        dst[i] = tr_f2bf(u);
     }
 }
 
