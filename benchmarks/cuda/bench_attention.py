@@ -16,6 +16,8 @@ Parts, each printing TFLOP/s (causal FLOPs halved) and the ratio Tracea / PyTorc
 * chunked: a prefill chunk (q_len 256..511) over a KV cache (kv_len 2k..16k), GQA 32/8 D128, causal
   top-left (``is_causal``: PyTorch's semantics when q_len != kv_len), no mask, and bottom-right (a boolean
   ``attn_mask``, as Hugging Face passes it);
+* masked: padded batches with a (B, 1, S, S) boolean or additive mask (1k-4k tokens, D64 / D128, GQA and not,
+  with the causal part folded into the mask or not);
 * ``--only lse`` (not in the default parts): the cost of ``return_lse=True`` on a prefill and a decode shape;
 * layouts: the operands as models pass them -- packed (B, H, S, D), Hugging Face's
   ``view(B, S, H, D).transpose(1, 2)`` ("bshd") and timm ViT's packed qkv ("vit") -- on ViT / BERT / Llama
@@ -394,6 +396,38 @@ def chunked(quick: bool) -> list[dict]:
     return rows
 
 
+MASKED_SHAPES = [  # (B, H, KVH, S, D, mask kind, causal): padded batches (Hugging Face passes a (B, 1, S, S) mask)
+    (4, 32, 8, 2048, 128, "bool", False), (4, 32, 8, 2048, 128, "bool", True), (2, 16, 16, 4096, 128, "additive", False),
+    (4, 16, 16, 2048, 64, "bool", False), (8, 12, 12, 1024, 64, "additive", False), (2, 32, 8, 1000, 128, "bool", True),
+]
+
+
+def masked(quick: bool) -> list[dict]:
+    """Masked prefill: batches of sequences padded to a common length with a (B, 1, S, S) boolean (keys past
+    each sequence's length hidden; with ``causal`` the mask also holds the causal part, as Hugging Face's
+    padded batches do) or additive mask (``finfo.min`` on the padding), bf16, GQA and not, D64 / D128."""
+    rows = []
+    for b, h, kvh, s, d, kind, causal in MASKED_SHAPES:
+        q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, kvh, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lengths = torch.tensor([s - (i * s) // (2 * b) for i in range(b)], device="cuda")
+        keep = (torch.arange(s, device="cuda")[None, :] < lengths[:, None])[:, None, None, :].expand(b, 1, s, s)
+        if causal:
+            keep = keep & torch.ones(s, s, dtype=torch.bool, device="cuda").tril()
+        keep = keep.contiguous()
+        mask = keep if kind == "bool" else torch.zeros(b, 1, s, s, dtype=torch.bfloat16, device="cuda").masked_fill(
+            ~keep, torch.finfo(torch.bfloat16).min)
+        ours = lambda q=q, k=k, v=v, m=mask: tracea.ops.attention(q, k, v, m, enable_gqa=True)  # noqa: E731
+        theirs = lambda q=q, k=k, v=v, m=mask: TORCH_SDPA(q, k, v, m, enable_gqa=True)  # noqa: E731
+        row = _pair_row("masked", ours, theirs, _flops(b, h, s, s, d, False),
+                        dict(b=b, h=h, kvh=kvh, s=s, d=d, mask=kind, causal=causal))
+        run = _runner_of(q, k, v, mask, False, True)
+        row["variant"] = (run.variant or f"fallback: {run.reason}") if run is not None else "?"
+        rows.append(row)
+        print(_fmt(row), flush=True)
+    return rows
+
+
 def _runner_of(q, k, v, mask=None, causal=False, gqa=True):  # noqa: ANN001, ANN202
     key = ("attention", plans.signature(q), plans.signature(k), plans.signature(v), plans.signature(mask), None, 0.0,
            causal, None, gqa, None, None)
@@ -497,7 +531,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="prefill,decode,model,layouts,short,gqa,chunked")
+    ap.add_argument("--only", default="prefill,decode,model,layouts,short,gqa,chunked,masked")
     ap.add_argument("--dtypes", help="prefill / decode dtypes, comma-separated (default: bfloat16, and float16 "
                     "unless --quick)")
     ap.add_argument("--sweep", action="store_true", help="decode: time every hero and forced split counts")
@@ -513,8 +547,8 @@ def main() -> None:
         if part == "decode":
             rows += decode(args.quick, dts, args.sweep, args.masked)
             continue
-        rows += {"prefill": prefill, "decode": decode, "model": model, "lse": lse_cost,
-                 "layouts": layouts, "short": short, "gqa": gqa, "chunked": chunked}[part](args.quick)
+        rows += {"prefill": prefill, "decode": decode, "model": model, "lse": lse_cost, "layouts": layouts,
+                 "short": short, "gqa": gqa, "chunked": chunked, "masked": masked}[part](args.quick)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -10,11 +10,12 @@ import pytest
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.dtypes import DType
+from tracea.errors import UnsupportedConfigError
 from tracea.ir.device import Device
 from tracea.ir.ops import AttentionOp
 
 from tracea_cuda.device import isa_flags
-from tracea_cuda.emit import flash_attn
+from tracea_cuda.emit import flash_attn, flash_wgmma
 from tracea_cuda.offline import compile_report, nvcc_path
 from tracea_cuda.variants.attention import FlashAttention, auto_splits
 
@@ -84,8 +85,9 @@ def test_mask_ring_follows_the_key_length_and_fits_shared_memory():
 # -- cuda.attention.wgmma (Hopper) -------------------------------------------------------------------
 
 def test_wgmma_variant_requirements_and_ranking():
-    """sm_90a only; masks declined (flash_mma serves them); prefill ranks above flash_mma, one-token
-    decode and short-query long-KV shapes below it (its split-KV fills the GPU)."""
+    """sm_90a only; masks over at most SHORT_KV keys declined (flash_mma serves them), longer masked
+    prefills served and ranked above flash_mma; prefill ranks above flash_mma, one-token decode and
+    short-query long-KV shapes below it (its split-KV fills the GPU)."""
     from tracea_cuda.variants.attention_wgmma import FlashAttentionWgmma
 
     w = FlashAttentionWgmma()
@@ -94,7 +96,18 @@ def test_wgmma_variant_requirements_and_ranking():
                          shared_mem_per_block=166912, registers_per_block=65536, isa=isa_flags((8, 0)))
     assert w.requirements.check(OPS[0], a100)
     assert w.requirements.check(OPS[0], H100) == []
-    assert any("mask" in r for r in w.requirements.check(OPS[3], H100))
+    assert w.requirements.check(OPS[3], H100) == []
+    assert any("flash_mma" in r for r in w.extra_checks(OPS[3], H100))  # 300 keys: flash_mma's
+    long_masked = AttentionOp(4, 32, 2048, 2048, 128, kv_heads=8, dtype="bfloat16", mask="bool", mask_shape=(4, 1))
+    assert w.extra_checks(long_masked, H100) == []
+    assert w.estimate_seconds(long_masked, H100) < V.estimate_seconds(long_masked, H100)
+    spec = w.spec(long_masked, w.hero_configs(long_masked, H100)[0])
+    assert spec.mask == 1 and spec.bn == 128 and spec.cw == 2  # a boolean mask is read as bits
+    assert "#define MASK 1" in flash_wgmma.render(spec)
+    assert flash_wgmma.mask_words(2048) == 64 and flash_wgmma.mask_words(777) == 28
+    bad = flash_wgmma.FlashWgmmaSpec(DType.BF16, 128, 80, 2, 2, False, mask=1)
+    with pytest.raises(UnsupportedConfigError, match="32-bit words"):
+        bad.check()
     assert w.extra_checks(AttentionOp(1, 2, 8, 8, 96, dtype="bfloat16"), H100)
     for op in (OPS[0], OPS[1], AttentionOp(4, 32, 4096, 4096, 128, kv_heads=8, dtype="bfloat16")):
         assert w.extra_checks(op, H100) == []

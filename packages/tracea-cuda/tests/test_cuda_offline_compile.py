@@ -111,6 +111,12 @@ OPS = {
         AttentionOp(4, 16, 4096, 4096, 64, causal=True, dtype="bfloat16"),
         AttentionOp(4, 16, 4096, 4096, 64, dtype="float16"),
         AttentionOp(2, 32, 1000, 1777, 128, kv_heads=8, dtype="bfloat16"),
+        AttentionOp(2, 32, 1000, 1777, 128, kv_heads=8, dtype="bfloat16", mask="bool", mask_shape=(2, 1)),
+        AttentionOp(4, 16, 2048, 2048, 64, dtype="float16", causal=True, mask="additive", mask_shape=(1, 1)),
+        AttentionOp(4, 16, 2048, 2048, 64, dtype="bfloat16", mask="additive", mask_shape=(4, 16)),
+        AttentionOp(4, 16, 2048, 2048, 64, dtype="float16", mask="bool", mask_shape=(4, 1)),
+        AttentionOp(4, 32, 2048, 2048, 128, kv_heads=8, dtype="float16", causal=True, mask="bool", mask_shape=(1, 1)),
+        AttentionOp(4, 32, 2048, 2048, 128, kv_heads=8, dtype="bfloat16", mask="additive", mask_shape=(4, 1)),
     ],
     "cuda.attention.decode": [
         AttentionOp(1, 32, 1, 32768, 128, kv_heads=8, dtype="bfloat16"),

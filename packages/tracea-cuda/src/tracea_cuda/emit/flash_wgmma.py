@@ -55,6 +55,21 @@ that hold keys below seq_kv (the rest have P = 0 and V = 0); the choice is a cha
 fence..commit groups, since a branch around single wgmma instructions makes ptxas serialise every wgmma of
 the kernel (advisory C7519).
 
+``MASK`` (1 boolean: a key takes part where its bit is set; 2 additive: the value is added to the scaled
+logit), MB / MH 1 where the mask broadcasts over batch / heads. ``runtime/plan_attention.py`` converts the
+user's mask to a packed (MB, MH, seq_q, seq_kv) array of the input dtype; an additive one is read as that,
+a boolean one as bits: ``render_mask_bits`` packs it into rows of ``mwords`` 32-bit words (a multiple of 4,
+zero past seq_kv) before the main kernel, since at 2 bytes a key the mask's reads from L2 matched K's and
+V's and the kernel ran at half its unmasked speed (H100, 4x32/8x2048 D128: 917 vs 524 us). Each consumer
+thread reads the mask of its own S fragment -- two rows, per tile ``BN / 32`` words (bits) or ``BN / 4``
+pairs of adjacent keys (additive: ``mask_pair``, one 32-bit load per pair where seq_kv is even and the
+mask 4-byte aligned, else two 16-bit loads; nothing past seq_kv) -- straight from global memory into
+registers, issued for the first tile after its score GEMM and
+for each next tile as soon as the softmax has applied the current one's, so they travel for a whole tile;
+the softmax applies them. Additive values are divided by ``scale`` and added
+to the raw score (the row max is taken on raw scores and scaled once). The mask rows of a block's query
+heads (GQA packing) come from ``row / Sq`` and ``row % Sq`` like the rows themselves.
+
 ``strided`` (``AttentionOp.strides``): q, k and v through 4-D tensor maps (d, seq, head, batch) with the
 caller's strides (16-byte multiples), a work item is a query block of one query head (its kv head is
 ``head / G``; TMA zero-fills rows past ``seq_q``, so a tile never mixes heads) and the epilogue stores
@@ -96,6 +111,7 @@ class FlashWgmmaSpec:
     ctas: int = 1  # CTAs resident per SM (``__launch_bounds__`` minimum blocks; registers and shared memory split)
     ostage: bool = False  # the epilogue stages O in shared memory and stores whole rows (16-byte stores)
     lpt: bool = False  # causal: longest first over all heads; persistent: balanced pairs of blocks, snake-dealt
+    mask: int = 0  # 0 none, 1 boolean (packed bits, render_mask_bits), 2 additive (packed, the input dtype)
 
     @property
     def bm(self) -> int:
@@ -131,6 +147,10 @@ class FlashWgmmaSpec:
             problems.append(f"head_dim={self.head_dim}: the wgmma flash kernel is built for 64 and 128")
         if self.bn % 16 or not 64 <= self.bn <= 256:
             problems.append(f"tile_n={self.bn} must be a multiple of 16 in 64..256")
+        if self.mask not in (0, 1, 2):
+            problems.append(f"mask={self.mask} not in 0..2 (none, boolean, additive)")
+        if self.mask == 1 and self.bn % 32:
+            problems.append(f"tile_n={self.bn}: a boolean mask's tiles are whole 32-bit words (a multiple of 32)")
         if self.cw not in (1, 2, 3):
             problems.append(f"consumer warpgroups={self.cw} not in 1..3 (tile_m 64 / 128 / 192)")
         if not 1 <= self.stages <= 4:
@@ -169,6 +189,20 @@ BODY = r"""
 
 static __device__ __forceinline__ float ex2(float x) {
     float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}
+// MASK: the mask values of keys c and c + 1 of mask row r (low, high half); 0 past n (those keys are hidden
+// by the seq_kv bound anyway). vec: one 32-bit load (seq_kv even, the mask 4-byte aligned: c is even)
+static __device__ __forceinline__ u32 mask_pair(const u16* r, int c, int n, bool vec) {
+    u32 lo = 0, hi = 0;
+    if (vec) {
+        if (c < n) asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(lo) : "l"(r + c));
+        return lo;
+    }
+    unsigned short a = 0, b = 0;
+    if (c < n) asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(a) : "l"(r + c));
+    if (c + 1 < n) asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(b) : "l"(r + c + 1));
+    hi = b;
+    return (u32)a | (hi << 16);
 }
 static __device__ __forceinline__ u32 pack2(float lo, float hi) {
     u32 r; asm("cvt.rn." CVT_KIND "x2.f32 %0, %2, %1;" : "=r"(r) : "f"(lo), "f"(hi)); return r;
@@ -364,8 +398,8 @@ static __device__ __forceinline__ void wg_sync(int w) {
 extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
         const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV,
         u16* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, float* __restrict__ part_lse,
-        int* __restrict__ arrivals, int full, int trun, int H, int KVH, int Sq, int Skv, int heads_kv, float scale_log2,
-        long long osb, long long osh, long long oss) {
+        int* __restrict__ arrivals, const void* __restrict__ mask_in, int full, int trun, int H, int KVH, int Sq, int Skv,
+        int heads_kv, float scale_log2, long long osb, long long osh, long long oss, int MB, int MH, int mwords) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 sq = base, sk = sq + Q_BYTES, sv = sk + ST * KV_BYTES;
@@ -440,6 +474,11 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
         const int g = lane >> 2, t4 = lane & 3;
         const u32 qa = sq + cw * 64 * 128;
         const float c = scale_log2;  // scale * log2(e), applied in the exponent
+        // MASK: additive values join the raw scores divided by scale; 32-bit pair loads where they are aligned
+        const float minv = 1.4426950408889634f / c;
+        const u16* mask = static_cast<const u16*>(mask_in);  // MASK 2
+        const u32* mbits = static_cast<const u32*>(mask_in);  // MASK 1: rows of mwords words
+        const bool mvec = (Skv & 1) == 0 && (reinterpret_cast<u64>(mask) & 3) == 0;
         // OSTAGE: 16-byte stores need a 16-byte aligned output and rows 8 elements apart
         const bool ovec = OSTAGE && (reinterpret_cast<u64>(out) & 15) == 0
                           && (!STRIDED || ((osb | osh | oss) & 7) == 0);
@@ -447,6 +486,44 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
 // mask (tiles at seq_kv's end or the diagonal), online softmax of tile T in base-2 units: s becomes the
 // unnormalised probabilities, alpha the rescale of the rows' earlier sums. The scale is positive (the op
 // checks it), so the row max is taken on the raw scores and scaled once; exp2(s * c - m) is one FFMA.
+#if MASK
+// this tile's mask values (loaded by MASK_LOAD into mk) applied to the raw scores: a boolean 0 hides the key,
+// an additive value joins as value / scale
+#define MASK_APPLY()                                                                                 \
+            _Pragma("unroll")                                                                        \
+            for (int i = 0; i < BN / 2; ++i) {                                                       \
+                if (MASK == 1) { /* key 8 j + 2 t4 + (i & 1) of the tile, j = i / 4: mk is pre-shifted by 2 t4 */ \
+                    const int j = i >> 2;                                                            \
+                    if (!((mk[(i >> 1) & 1][j >> 2] >> (8 * (j & 3) + (i & 1))) & 1u)) s[i] = -INFINITY; \
+                } else {                                                                             \
+                    const float mv = TO32((u16)(mk[(i >> 1) & 1][i >> 2] >> (16 * (i & 1))));       \
+                    s[i] = fmaf(mv, minv, s[i]);                                                     \
+                }                                                                                    \
+            }
+// the mask values of key tile T for this thread's two rows, issued while the tile's score GEMM runs
+#define MASK_LOAD(T)                                                                                 \
+        {                                                                                            \
+            const int c0 = (T) * BN + 2 * t4;                                                        \
+            _Pragma("unroll")                                                                        \
+            for (int h = 0; h < 2; ++h) {                                                            \
+                if (MASK == 1) { /* the tile's words, shifted to this thread's first key */         \
+                    _Pragma("unroll")                                                                \
+                    for (int j = 0; j < BN / 32; ++j)                                                \
+                        mk[h][j] = __ldg(brow[h] + (T) * (BN / 32) + j) >> (2 * t4);                 \
+                } else {                                                                             \
+                    _Pragma("unroll")                                                                \
+                    for (int j = 0; j < BN / 8; ++j) mk[h][j] = mask_pair(mrow[h], c0 + 8 * j, Skv, mvec); \
+                }                                                                                    \
+            }                                                                                        \
+        }
+// the next tile's values, into the registers just read: they travel for a whole tile
+#define MASK_NEXT(T)                                                                                 \
+            if ((T) + 1 < mend) MASK_LOAD((T) + 1)
+#else
+#define MASK_APPLY()
+#define MASK_LOAD(T)
+#define MASK_NEXT(T)
+#endif
 #define SOFTMAX(T)                                                                                   \
         {                                                                                            \
             const int n0 = (T) * BN;                                                                 \
@@ -455,6 +532,8 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
             for (int i = 0; i < BN / 2; ++i) {                                                       \
                 if (edge && n0 + (i >> 2) * 8 + 2 * t4 + (i & 1) >= klim[(i >> 1) & 1]) s[i] = -INFINITY; \
             }                                                                                        \
+            MASK_APPLY()                                                                             \
+            MASK_NEXT(T)                                                                             \
             _Pragma("unroll")                                                                        \
             for (int h = 0; h < 2; ++h) {                                                            \
                 float mx = -INFINITY;                                                                \
@@ -551,6 +630,21 @@ ITEM = r"""        int row[2], klim[2];
             const int qi = min(row[h], M - 1) % Sq;
             klim[h] = CAUSAL ? min(Skv, qi + 1) : Skv;  // keys visible to the row: [0, klim)
         }
+#if MASK
+        // the mask row of each of this thread's rows: (batch, query head, query) of the row
+        const u16* mrow[2];
+        const u32* brow[2];
+        u32 mk[2][MASK == 1 ? BN / 32 : BN / 8];
+        const int mend = t0 + ntiles;  // key tiles of this item (or tail piece): [t0, mend)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int rr = min(row[h], M - 1);
+            const int mbat = STRIDED ? bz / H : bz / KVH, mhead = STRIDED ? bz % H : (bz % KVH) * G + rr / Sq;
+            const size_t mr = ((size_t)(MB > 1 ? mbat : 0) * MH + (MH > 1 ? mhead : 0)) * Sq + rr % Sq;
+            mrow[h] = mask + mr * Skv;
+            brow[h] = mbits + mr * mwords;
+        }
+#endif
         float o[D / 2], s[BN / 2];
         u32 p[BN / 16][4];
         #pragma unroll
@@ -565,6 +659,7 @@ ITEM = r"""        int row[2], klim[2];
             turn_wait(cw);
             issue_qk(s, qa, sk + (kt % ST) * KV_BYTES);
             turn_pass((cw + 1) % CW);
+            MASK_LOAD(t0)
             wgmma_wait<0>();
             #pragma unroll
             for (int i = 0; i < BN / 2; ++i) fence_acc(s[i]);
@@ -701,6 +796,46 @@ TAIL_ITEMS = r"""#if TAIL
 #endif
 """
 
+MASK_BITS_NAME = "tracea_mask_bits"
+MASK_BITS_THREADS = 256
+
+MASK_BITS = r"""
+// A boolean mask, converted to 16-bit values (rows of n, non-zero = keep), as bits: word w of a row holds keys
+// 32 w .. 32 w + 31 (bit i = key 32 w + i), rows of ``words`` words, zero past n. One warp per 32 words of one
+// row: lane l reads key 32 s + l of word s for s = 0..31 (64 contiguous bytes a load), a ballot gathers word s
+// and lane s stores it.
+extern "C" __global__ void __launch_bounds__(256) tracea_mask_bits(const u16* __restrict__ m, u32* __restrict__ bits,
+                                                                  int rows, int n, int words) {
+    const int lane = threadIdx.x & 31;
+    const long long gw = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+    const int chunks = (words + 31) / 32;
+    if (gw >= (long long)rows * chunks) return;
+    const int r = (int)(gw / chunks), w0 = (int)(gw % chunks) * 32;
+    const u16* row = m + (size_t)r * n;
+    u32 mine = 0;
+    #pragma unroll 4
+    for (int s = 0; s < 32; ++s) {
+        const int key = (w0 + s) * 32 + lane;
+        const bool keep = key < n && (row[key] & 0x7fffu) != 0;  // +-0 hides the key
+        const u32 b = __ballot_sync(0xffffffffu, keep);
+        if (lane == s) mine = b;
+    }
+    if (w0 + lane < words) bits[(size_t)r * words + w0 + lane] = mine;
+}
+"""
+
+
+def mask_words(seq_kv: int) -> int:
+    """32-bit words per row of a boolean mask's bits (``render_mask_bits``): the keys' words, rounded up
+    to a multiple of 4 (16-byte rows)."""
+    return -(-seq_kv // 128) * 4
+
+
+def render_mask_bits() -> str:
+    """CUDA source of ``tracea_mask_bits``: one warp per 32 words of a row, 8 warps a block."""
+    return PRELUDE + MASK_BITS
+
+
 def _defines(spec: FlashWgmmaSpec) -> str:
     bf = spec.dtype is DType.BF16
     prod, cons = spec.regs
@@ -709,6 +844,7 @@ def _defines(spec: FlashWgmmaSpec) -> str:
         f"#define CAUSAL {int(spec.causal)}", f"#define PINGPONG {int(spec.pingpong)}", f"#define LSE {int(spec.lse)}",
         f"#define OVERLAP {int(spec.overlap)}", f"#define TAIL {int(spec.tail)}", f"#define EDGE_PV {int(spec.edge_pv)}",
         f"#define STRIDED {int(spec.strided)}", f"#define CTAS {spec.ctas}",         f"#define OSTAGE {int(spec.ostage)}", f"#define LPT {int(spec.lpt)}",
+        f"#define MASK {spec.mask}", f"#define TO32(x) {'bf16_to_f32' if bf else 'f16_to_f32'}(x)",
         f"#define PRODUCER_REGS {prod}", f"#define CONSUMER_REGS {cons}",
         f'#define CVT_KIND "{"bf16" if bf else "f16"}"',
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif",
@@ -722,7 +858,7 @@ def render(spec: FlashWgmmaSpec, name: str = KERNEL_NAME) -> str:
     head = (f"// Tracea flash attention forward (wgmma): {spec.dtype.value} d{spec.head_dim} {spec.bm}x{spec.bn} "
             f"stages={spec.stages} causal={int(spec.causal)} pingpong={int(spec.pingpong)} lse={int(spec.lse)} "
             f"overlap={int(spec.overlap)} tail={int(spec.tail)} edge_pv={int(spec.edge_pv)} strided={int(spec.strided)} "
-            f"ctas={spec.ctas} ostage={int(spec.ostage)} lpt={int(spec.lpt)}\n")
+            f"ctas={spec.ctas} ostage={int(spec.ostage)} lpt={int(spec.lpt)} mask={spec.mask}\n")
     mmas = (wgmma_function("wg_qk", spec.bn, kind) + wgmma_function("wg_pv", spec.head_dim, kind, a_regs=True,
                                                                       trans_b=1))
     tail = "" if not spec.tail else TAIL_ITEMS.replace(

@@ -1,7 +1,10 @@
 """Hopper attention variant: the FlashAttention-3 style forward (``emit/flash_wgmma.py``) on ``wgmma`` and
-TMA (sm_90a), float16 / bfloat16, head dims 64 and 128, causal or not, GQA / MQA, seq_q != seq_kv, ``scale``.
+TMA (sm_90a), float16 / bfloat16, head dims 64 and 128, causal or not, GQA / MQA, seq_q != seq_kv, ``scale``,
+boolean and additive ``attn_mask`` over more than ``SHORT_KV`` keys (the mask values of each thread's score
+fragment loaded from global memory while the tile's score GEMM runs; :meth:`FlashAttentionWgmma.masked_heroes`).
 
-Declined with a reason (``cuda.attention.flash_mma`` serves it): ``attn_mask``. Decode and small grids over
+Declined with a reason (``cuda.attention.flash_mma`` serves it): a mask over at most ``SHORT_KV`` keys (BERT-style
+padding masks, where flash_mma's mask ring runs 2x SDPA on an H100). Decode and small grids over
 long KV caches are served but rank below flash_mma, whose split-KV pass fills the GPU (see
 :meth:`FlashAttentionWgmma.estimate_seconds`).
 Misaligned arrays (TMA needs 16-byte aligned bases) raise :class:`~tracea.errors.LaunchError`, as flash_mma does.
@@ -35,8 +38,11 @@ heroes lead with it). With ``tail`` and fewer items than SMs x ``ctas`` the grid
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from typing import Any
+
+import numpy as np
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
@@ -49,8 +55,8 @@ from tracea.semantic.search_space import SearchSpace
 from .. import compiler, launcher, tma, toolkit
 from ..emit import flash_wgmma
 from ..emit.flash_wgmma import FlashWgmmaSpec
-from .attention import _as_laid_out, _bound, scale_reasons, strides_fit
-from .base import CudaVariant, hero
+from .attention import _MASKS, _as_laid_out, _bound, scale_reasons, strides_fit
+from .base import CudaVariant, hero, u64
 
 
 def _work(op: AttentionOp, strided: bool) -> tuple[int, int]:
@@ -125,7 +131,7 @@ class FlashAttentionWgmma(CudaVariant):
                    "(sm_90a)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.ATTENTION,
                                 dtypes=frozenset({DType.F16, DType.BF16}), isa=("wgmma", "tma"),
-                                min_compute_capability=(9, 0), lse=True)
+                                min_compute_capability=(9, 0), masks=frozenset({"bool", "additive"}), lse=True)
     efficiency = 0.6  # of the f16/bf16 Tensor Core peak
     #: the module whose ``render`` / ``KERNEL_NAME`` this variant compiles (a probe comparing an older emitter
     #: subclasses with another)
@@ -139,6 +145,8 @@ class FlashAttentionWgmma(CudaVariant):
         kvh = int(op.kv_heads or op.heads)
         if op.seq_kv < 1 or op.seq_q < 1:
             reasons.append("empty sequences are not served")
+        if op.mask is not None and _keys(op) <= SHORT_KV:
+            reasons.append(f"a mask over at most {SHORT_KV} keys (cuda.attention.flash_mma serves it)")
         if -(-(op.heads // kvh) * op.seq_q // 64) * op.batch * kvh >= 2**31:
             reasons.append("query blocks x batch x kv heads exceeds the grid limit")
         elems = op.batch * op.heads * op.seq_q * op.head_dim
@@ -183,7 +191,8 @@ class FlashAttentionWgmma(CudaVariant):
                               tail=bool(config.get("tail", False)), edge_pv=bool(config.get("edge_pv", False)),
                               strided=self.takes_strides(op), ctas=int(config.get("ctas", 1)),
                               ostage=bool(config.get("ostage", False)),
-                              lpt=bool(config.get("lpt", op.causal and bool(config.get("persistent", False)))))
+                              lpt=bool(config.get("lpt", op.causal and bool(config.get("persistent", False)))),
+                              mask=_MASKS[op.mask])
 
     def validate_config(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile) -> Validity:
         try:
@@ -237,11 +246,38 @@ class FlashAttentionWgmma(CudaVariant):
         # commit's same config and the best D128 config of the second run on all four rows (679.3 / 688.8 /
         # 657.0 / 660.4 against 128x160 with the tail 673.5 / 681.8 / 649.7 / 656.8), D64 192x128 +1.3-2%.
         # edge_pv read within +-0.3% (an edge tile only at 128x160 there), so the heroes leave it off.
-        heroes = self.short_heroes(op, profile) + self.long_heroes(op, profile)
+        heroes = (self.masked_heroes(op, profile) if op.mask is not None
+                  else self.short_heroes(op, profile) + self.long_heroes(op, profile))
         first: dict[str, PipelineConfig] = {}
         for c in heroes:
             first.setdefault(c.key, c)  # each key once, where it first comes
         return list(first.values())
+
+    def masked_heroes(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        """Configs for a masked op (past ``SHORT_KV`` keys). A boolean mask is read as bits (a word per 32
+        keys and row: 8 registers at 128 keys), so the unmasked long heroes' 128x128 tiles lead; an additive
+        one as 16-bit pairs (``tile_n / 4`` registers, and twice the bits' traffic per key again in the L2),
+        where 192x64 leads at D64 (three warpgroups keep more loads in flight; 192x64 spills at D128).
+        Non-causal: a persistent grid with the tail split first (it also cuts every item where a few items
+        meet long keys: a prefill chunk over a KV cache); causal: persistent, dealing balanced pairs of
+        blocks (``lpt``)."""
+        # H100, 2026-11-27 (a padded batch, B4 S2048 bf16, (B, 1, S, S) mask; kernel time vs SDPA's masked
+        # kernel, 840 / 319 us): D128 GQA 32/8 bool 128x128 tail + ostage 502 us (unmasked 419), 128x128
+        # persistent 514, 192x64 551, 128x64 659 (917 before the bits, the 16-bit mask's reads); additive
+        # 128x128 tail + ostage 835, 192x64 780 (spills), 128x64 875. D64 H16 bool 128x128 221-223 (192x128
+        # 216, spills), 192x64 241; additive 192x64 335, 128x128 377-390 (SDPA 267: behind).
+        h = self._h(op)
+        bits = op.mask == "bool"
+        if op.head_dim <= 64:
+            if bits:
+                lead = [h(128, 128, 2, persistent=True), h(128, 128, 2), h(192, 64, 2, persistent=True)]
+                return lead if op.causal else [h(128, 128, 2, tail=True), *lead]
+            if op.causal:
+                return [h(192, 64, 2, persistent=True), h(192, 64, 2), h(128, 128, 2, persistent=True)]
+            return [h(192, 64, 2, tail=True), h(192, 64, 2, persistent=True), h(128, 128, 2, tail=True)]
+        if op.causal:
+            return [h(128, 128, 2, persistent=True, ostage=True), h(128, 128, 2), h(128, 64, 2, persistent=True)]
+        return [h(128, 128, 2, tail=True, ostage=True), h(128, 128, 2, persistent=True), h(128, 64, 2, tail=True)]
 
     def long_heroes(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
         """The long-sequence configs (two or three consumer warpgroups, one CTA per SM): all of the heroes
@@ -432,9 +468,9 @@ class FlashAttentionWgmma(CudaVariant):
 
     def pack_params(self, maps: list[Any], slots: list[ctypes.c_uint64], scalars: list[Any]) -> tma.Packed:
         """The kernel's parameter block: the Q / K / V tensor maps, the pointer slots (out, lse, tail
-        partials, their log-sum-exps, arrival counts) and the scalars (full, trun, heads, kv heads, seq_q,
-        seq_kv, batch x kv heads (strided: batch x heads), scale x log2 e, the output's (batch, head, seq)
-        strides as int64), in the kernel's order."""
+        partials, their log-sum-exps, arrival counts, the mask) and the scalars (full, trun, heads, kv heads,
+        seq_q, seq_kv, batch x kv heads (strided: batch x heads), scale x log2 e, the output's (batch, head,
+        seq) strides as int64, the mask's batch and head counts), in the kernel's order."""
         return tma.pack([*maps, *slots, *scalars])
 
     def bind(self, op: AttentionOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
@@ -464,18 +500,31 @@ class FlashAttentionWgmma(CudaVariant):
         dt, d = spec.dtype, op.head_dim
         fptr, threads, smem = int(kernel.function.ptr), spec.threads, spec.smem_bytes
         ost = op.strides[9:] if strided and op.strides is not None else (0, 0, 0)
+        mb, mh = op.mask_shape or (1, 1)
+        bits = spec.mask == 1  # a boolean mask, read as bits (flash_wgmma.render_mask_bits)
+        mwords = flash_wgmma.mask_words(op.seq_kv) if bits else 0
         tail = [ctypes.c_int32(full), ctypes.c_int32(trun), ctypes.c_int32(op.heads), ctypes.c_int32(kvh),
                 ctypes.c_int32(op.seq_q), ctypes.c_int32(op.seq_kv), ctypes.c_int32(pairs),
                 ctypes.c_float(float(op.scale) * flash_wgmma.LOG2E),  # type: ignore[arg-type]
-                *(ctypes.c_int64(x) for x in ost)]
+                *(ctypes.c_int64(x) for x in ost), ctypes.c_int32(mb), ctypes.c_int32(mh), ctypes.c_int32(mwords)]
+        to_bits, mrows = None, mb * mh * op.seq_q
+        if bits:
+            warps = mrows * -(-mwords // 32)
+            with toolkit.cupy().cuda.Device(dev):
+                bk = _mask_bits_kernel(dev)
+            to_bits = launcher.FastLaunch(bk.function, (-(-warps // 8), 1, 1), flash_wgmma.MASK_BITS_THREADS, 0,
+                                          launcher.ParamBlock.from_args(
+                                              lambda p: (u64(p["m"]), u64(p["bits"]), np.int32(mrows),
+                                                         np.int32(op.seq_kv), np.int32(mwords)), ("m", "bits")))
         memo: dict[tuple[int, int, int], tuple[tma.Packed, list[ctypes.c_uint64]]] = {}
         lock = threading.Lock()
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
         ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
         capturing, split_scratch, scratch = launcher.is_capturing, launcher.split_scratch, launcher.scratch
+        masked = op.mask is not None
 
         def build(pq: int, pk: int, pv: int) -> tuple[tma.Packed, list[ctypes.c_uint64]]:
-            slots = [ctypes.c_uint64(0) for _ in range(5)]  # out, lse, part, part_lse, arrivals
+            slots = [ctypes.c_uint64(0) for _ in range(6)]  # out, lse, part, part_lse, arrivals, mask
             if strided and op.strides is not None:  # (d, seq, head, batch), the op's (seq, head, batch) strides
                 st = op.strides
                 maps = [tma.tiled_map(pq, dt, (d, op.seq_q, op.heads, op.batch), (64, spec.bm, 1, 1),
@@ -495,10 +544,12 @@ class FlashAttentionWgmma(CudaVariant):
             out = rest[-1]
             pq, pk, pv, po = ptr(q), ptr(k), ptr(v), ptr(out)
             pl = ptr(rest[0]) if len(rest) > 1 and rest[0] is not None else 0
-            if mask is not None:
-                raise InvalidArgumentError("mask", mask, f"no mask ({name} serves attention without attn_mask)")
-            if (pq | pk | pv) & 15 or (po | pl) & 3:  # TMA needs 16-byte aligned bases (as flash_mma's loads do)
-                raise LaunchError(f"{name}: q, k and v must be 16-byte aligned, out 4-byte (pass packed arrays)",
+            if (mask is None) is masked:
+                raise InvalidArgumentError("mask", mask, f"a {op.mask} mask array (the op has one)" if masked
+                                           else "no mask (the op has none)")
+            pm = ptr(mask) if masked else 0
+            if (pq | pk | pv) & 15 or (po | pl) & 3 or pm & 1:  # TMA needs 16-byte aligned bases (as flash_mma's loads do)
+                raise LaunchError(f"{name}: q, k and v must be 16-byte aligned, out 4-byte, a mask 2-byte (pass packed arrays)",
                                   backend="cuda")
             key = (pq, pk, pv)
             held: tuple[Any, ...] = ()  # per-call scratch (graph capture), kept until the launch is queued
@@ -509,14 +560,21 @@ class FlashAttentionWgmma(CudaVariant):
                         memo.clear()
                     hit = memo[key] = build(pq, pk, pv)
                 packed, slots = hit
-                slots[0].value, slots[1].value = po, pl
+                slots[0].value, slots[1].value, slots[5].value = po, pl, pm
                 s = stream()
                 try:
                     with device():  # makes dev current only when it is not
+                        if to_bits is not None:
+                            # the boolean mask as bits, in a buffer of the call (stream-ordered, graph-aware)
+                            mbuf = scratch(adapter, out, mwords * mrows)
+                            held = (*held, mbuf)
+                            slots[5].value = ptr(mbuf)
+                            to_bits(s, (pm, slots[5].value))
                         if n_tail:
                             if capturing(s):
-                                held = (scratch(adapter, out, n_tail, zeroed=True), scratch(adapter, out, part_floats))
-                                pflags, pws = ptr(held[0]), ptr(held[1])
+                                bufs = (scratch(adapter, out, n_tail, zeroed=True), scratch(adapter, out, part_floats))
+                                held = (*held, *bufs)
+                                pflags, pws = ptr(bufs[0]), ptr(bufs[1])
                             else:
                                 pflags, pws = split_scratch(adapter, out, dev, s, n_tail, part_floats)
                             slots[2].value, slots[3].value, slots[4].value = pws, pws + lse_off, pflags
@@ -533,6 +591,13 @@ class FlashAttentionWgmma(CudaVariant):
         launch = _bound(self, op, config, profile, args.adapter)
         launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.arrays.get("lse"),
                args.out)
+
+
+@functools.lru_cache(maxsize=8)
+def _mask_bits_kernel(dev: int) -> compiler.Kernel:
+    """The boolean-mask bit packer (``flash_wgmma.render_mask_bits``) on device ``dev``."""
+    return compiler.load(flash_wgmma.render_mask_bits(), flash_wgmma.MASK_BITS_NAME, "sm_90a", smem=0,
+                         threads=flash_wgmma.MASK_BITS_THREADS)
 
 
 ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]
