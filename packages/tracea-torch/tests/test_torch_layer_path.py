@@ -500,6 +500,29 @@ def test_cpu_bf16_depthwise_conv_is_computed_in_fp32():
 
 
 @pytest.mark.arbiter
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cpu_16bit_conv_judged_to_pytorch_is_computed_in_fp32(monkeypatch, dtype):
+    """A 16-bit conv on the CPU that the arbiter gives to PyTorch runs PyTorch's side as every CPU
+    fallback does -- fp32, rounded once -- not ``F.conv2d`` in 16 bits from the layer (no lean memo), and
+    that is also the side the arbiter timed: ``F.conv2d`` never sees a 16-bit input."""
+    from tracea_torch import arbiter
+
+    monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (fa(), fb(), 2.0e-3, 1.0e-3)[2:])  # PyTorch faster
+    seen = []
+    real = F.conv2d
+    monkeypatch.setattr(F, "conv2d", lambda x, *a, **k: seen.append(x.dtype) or real(x, *a, **k))
+    layer = nn.Conv2d(8, 16, 3, padding=1).to(dtype)
+    tracea_torch.patch_conv2d(layer)
+    x = torch.randn(2, 8, 12, 12).to(dtype)
+    with torch.no_grad():
+        outs = [layer(x) for _ in range(3)]
+        want = real(x.float(), layer.weight.float(), layer.bias.float(), padding=1).to(dtype)
+    assert all(o.dtype == dtype and torch.equal(o, want) for o in outs)
+    assert layer.__dict__["_tracea_memo"].lean == 0
+    assert seen and set(seen) == {torch.float32}
+
+
+@pytest.mark.arbiter
 def test_cpu_depthwise_conv_goes_to_pytorch_without_compiling(monkeypatch):
     """A depthwise conv on the CPU is PyTorch's by the arbiter's standing verdict: nothing is compiled or
     timed, the layer calls F.conv2d itself (lean), counted once; with the arbiter off Tracea serves it."""
