@@ -69,12 +69,13 @@ def _hf_build(transformers: Any, name: str, scale: int) -> tuple[Any, nn.Module,
                                       num_attention_heads=12 // scale, intermediate_size=3072 // scale,
                                       attn_implementation="sdpa")
         return cfg, transformers.BertModel(cfg), [(8, 256 // scale)]
-    if name == "llama":
+    if name in ("llama", "llama_pad"):  # llama_pad: a left-padded batch with its attention_mask (HF's 4-D mask)
         cfg = transformers.LlamaConfig(hidden_size=2048 // scale, intermediate_size=5632 // scale,
                                        num_hidden_layers=4, num_attention_heads=16 // scale,
                                        num_key_value_heads=4 // scale, vocab_size=32000 // scale,
                                        attn_implementation="sdpa")
-        return cfg, transformers.LlamaForCausalLM(cfg), [(1, 1024 // scale), (4, 1)]
+        shapes = [(4, 1024 // scale)] if name == "llama_pad" else [(1, 1024 // scale), (4, 1)]
+        return cfg, transformers.LlamaForCausalLM(cfg), shapes
     if name == "qwen2":  # GQA with biased q/k/v projections
         cfg = transformers.Qwen2Config(hidden_size=1536 // scale, intermediate_size=8960 // scale,
                                        num_hidden_layers=4, num_attention_heads=12 // scale,
@@ -96,14 +97,15 @@ def _hf_build(transformers: Any, name: str, scale: int) -> tuple[Any, nn.Module,
                                      num_attention_heads=12 // scale, intermediate_size=3072 // scale,
                                      attn_implementation="sdpa")
         return cfg, transformers.ViTModel(cfg, add_pooling_layer=False), [(16 // scale, 197), (1, 197)]
-    raise ValueError(f"unknown hf model {name}: bert, llama, qwen2, mistral, gpt2, vit")
+    raise ValueError(f"unknown hf model {name}: bert, llama, llama_pad, qwen2, mistral, gpt2, vit")
 
 
 def hf_cases(names: str, device: torch.device, cpu_dtypes: str = "float32") -> Iterator[tuple[str, nn.Module,
                                                                                             Callable[[], Any]]]:
     """(name, model, make_input) for small Hugging Face models built from configs (SDPA attention):
     a BERT-style encoder at batch 8 x 256 tokens, a Llama-style decoder (GQA) at 1 x 1024 (prefill) and
-    4 x 1 token (no KV cache), and, by name, Qwen2 (biased projections), Mistral (sliding window), GPT-2
+    4 x 1 token (no KV cache), and, by name, a left-padded Llama batch of 4 x 1024 with its attention_mask
+    (``llama_pad``: HF's 4-D boolean mask), Qwen2 (biased projections), Mistral (sliding window), GPT-2
     (Conv1D projections) and the HF ViT; smaller (a quarter of the width) on the CPU, in each of ``cpu_dtypes``."""
     try:
         import transformers
@@ -127,6 +129,12 @@ def hf_cases(names: str, device: torch.device, cpu_dtypes: str = "float32") -> I
                     yield f"hf vit {batch}x{seq} {str(dtype)[6:]}", typed, (lambda px=px: (px,))
                     continue
                 ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+                if name.endswith("_pad"):  # sequence i left-padded by i * seq / (2 * batch) tokens
+                    keep = torch.arange(seq, device=device)[None, :] >= torch.tensor(
+                        [i * seq // (2 * batch) for i in range(batch)], device=device)[:, None]
+                    yield (f"hf {name} {batch}x{seq} {str(dtype)[6:]}", typed,
+                           (lambda ids=ids, keep=keep: (ids, keep.long())))
+                    continue
                 yield (f"hf {name} {batch}x{seq} {str(dtype)[6:]}", typed,
                        (lambda ids=ids: (ids,)))
 
@@ -213,7 +221,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--timm", default=TIMM_DEFAULT, help="comma-separated timm model names ('' for none)")
     p.add_argument("--cpu-dtypes", default="float32", help="dtypes of the timm and Hugging Face cases on the CPU (e.g. float32,bfloat16)")
-    p.add_argument("--hf", default=HF_DEFAULT, help="bert,llama,qwen2,mistral,gpt2,vit ('' for none)")
+    p.add_argument("--hf", default=HF_DEFAULT, help="bert,llama,llama_pad,qwen2,mistral,gpt2,vit ('' for none)")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--only", default="", help="run only the cases whose name contains this substring")
     p.add_argument("--no-attention", action="store_true", help="patch conv2d and linear only")
