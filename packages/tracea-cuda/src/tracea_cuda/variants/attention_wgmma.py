@@ -256,8 +256,7 @@ class FlashAttentionWgmma(CudaVariant):
     def masked_heroes(self, op: AttentionOp, profile: DeviceProfile) -> list[PipelineConfig]:
         """Configs for a masked op (past ``SHORT_KV`` keys). A boolean mask is read as bits (a word per 32
         keys and row: 8 registers at 128 keys), so the unmasked long heroes' 128x128 tiles lead; an additive
-        one as 16-bit pairs (``tile_n / 4`` registers, and twice the bits' traffic per key again in the L2),
-        where 192x64 leads at D64 (three warpgroups keep more loads in flight; 192x64 spills at D128).
+        one as 16-bit pairs (``tile_n / 4`` registers, 16 times the bits' L2 traffic), where 192x64 leads at D64 (three warpgroups keep more loads in flight; 192x64 spills at D128).
         Non-causal: a persistent grid with the tail split first (it also cuts every item where a few items
         meet long keys: a prefill chunk over a KV cache); causal: persistent, dealing balanced pairs of
         blocks (``lpt``)."""
@@ -479,7 +478,9 @@ class FlashAttentionWgmma(CudaVariant):
         With ``tail`` (and items past the last whole wave) the tail pieces' fp32 partials and the tail
         items' arrival counts (left at zero by every launch) come from the stream's split scratch
         (:func:`~tracea_cuda.launcher.split_scratch`), inside CUDA graph capture from buffers of the call
-        (the counts zeroed). Nothing is synchronised at launch, so captured CUDA graphs replay it."""
+        (the counts zeroed). A boolean mask is packed into bits first (``tracea_mask_bits``, one launch on the
+        same stream) in a buffer of the call from the framework's allocator. Nothing is synchronised at
+        launch, so captured CUDA graphs replay it."""
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
         launcher.refuse_if_capturing(stream(), self.name)
