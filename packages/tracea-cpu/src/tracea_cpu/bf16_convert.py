@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from .bf16 import bf16_operand, bias_f32, f32_operand, host_bf16, widened_bias
 from .f16 import CpuGemmF16Variant, widening_seconds
 from .host_load import thread_picker
 from .isa import AVX2, AVX512, Isa
-from .variant_base import CpuVariant, _check_rc, _host, _ptr, _requested_threads
+from .variant_base import CpuVariant, _host, _ptr, _requested_threads
 from .variants import CpuConv2dVariant
 
 #: Share of the fp32 blocked GEMM's speed the widening packers leave (they convert every element of A and
@@ -65,47 +65,33 @@ class CpuGemmBf16ConvertVariant(CpuGemmF16Variant):
         byte_time = op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)
         return max(flop_time, byte_time) + widening_seconds(op, profile) + 15e-6
 
-    def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
-        assert isinstance(op, GemmOp)
-        fn, geo = self.prepare(op, config, profile)
+    label = "bf16 gemm"
+
+    def _picker(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Callable[[], int]:
+        """The thread count of each call, capped by the host's load where the config allows
+        (:func:`~tracea_cpu.host_load.thread_picker`)."""
+        return thread_picker(self.threads(op, config, profile), _requested_threads(config))
+
+    def _bias_arg(self, op: GemmOp, adapter: Any) -> Callable[[Any], tuple[Any, int]]:
+        """The bias arrives in the output dtype and the epilogue runs in fp32: a bf16 one widened into a new
+        array (the holder), an fp32 one read in place."""
+        if op.out_dtype is DType.BF16:
+            def widened(bias: Any) -> tuple[Any, int]:
+                b32 = widened_bias(adapter, bias)
+                return b32, b32.ctypes.data
+
+            return widened
         ptr = adapter.data_ptr
-        pick = thread_picker(self.threads(op, config, profile), _requested_threads(config))
-        head, mid, tail = geo[:4], geo[4:6], geo[6:8]
-        out_b16, blocks = geo[8], geo[9:]
-        if not op.epilogue.has_bias:
-            def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-                rc = fn(*head, ptr(a), *mid, ptr(b), *tail, ptr(out), out_b16, None, *blocks, pick())
-                if rc:
-                    _check_rc(rc, "bf16 gemm")
+        return lambda bias: (bias, ptr(bias))
 
-            launch.pointer_only = True  # type: ignore[attr-defined]
-            return launch
-        widen = op.out_dtype is DType.BF16  # the bias arrives in the output dtype; the epilogue runs in fp32
-
-        def launch_bias(a: Any, b: Any, bias: Any, out: Any) -> None:
-            # the fp32 bias must outlive the kernel call: held in a local until the call returns
-            b32 = widened_bias(adapter, bias) if widen else bias
-            rc = fn(*head, ptr(a), *mid, ptr(b), *tail, ptr(out), out_b16,
-                    b32.ctypes.data if widen else ptr(b32), *blocks, pick())
-            if rc:
-                _check_rc(rc, "bf16 gemm")
-
-        launch_bias.pointer_only = True  # type: ignore[attr-defined]
-        return launch_bias
-
-    def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
-        assert isinstance(op, GemmOp)
-        fn, geo = self.prepare(op, config, profile)
+    def _run_operands(self, op: GemmOp, args: OpArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         bt, m, n, k = op.batch, op.m, op.n, op.k
         # every (address, owner) pair keeps its owner referenced until the kernel has returned
         a, a_owner = bf16_operand(args, "a", (bt, m, k))
         b, b_owner = bf16_operand(args, "b", (bt, k, n))
-        out, out_owner = (bf16_operand if geo[8] else f32_operand)(args, "out", (bt, m, n))
+        out, out_owner = (f32_operand if op.out_dtype is DType.F32 else bf16_operand)(args, "out", (bt, m, n))
         bias_arr = bias_f32(args, n) if op.epilogue.has_bias else None
-        rc = fn(*geo[:4], a, *geo[4:6], b, *geo[6:8], out, geo[8], _ptr(bias_arr), *geo[9:],
-                self.threads(op, config, profile))
-        del a_owner, b_owner, out_owner, bias_arr
-        _check_rc(rc, "bf16 gemm")
+        return (a, b, out, _ptr(bias_arr)), (a_owner, b_owner, out_owner, bias_arr)
 
 
 class CpuConv2dBf16ConvertVariant(CpuConv2dVariant):

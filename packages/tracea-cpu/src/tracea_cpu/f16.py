@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -106,29 +106,61 @@ class CpuGemmF16Variant(CpuVariant):
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
         return _f16_plan(self, op, config)
 
+    #: the kernel named in launch errors
+    label = "fp16 gemm"
+
+    def _picker(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Callable[[], int]:
+        """The thread count of each call: the variant's, fixed."""
+        nth = self.threads(op, config, profile)
+        return lambda: nth
+
+    def _bias_arg(self, op: GemmOp, adapter: Any) -> Callable[[Any], tuple[Any, int]]:
+        """``bias -> (holder, fp32 address)`` for a launch: fp16 widened into a new array (the holder, kept
+        until the kernel returned), fp32 as a contiguous copy or the array itself."""
+        def arg(bias: Any) -> tuple[Any, int]:
+            b32 = _bias32(adapter, bias)
+            return b32, b32.ctypes.data
+
+        return arg
+
+    def _run_operands(self, op: GemmOp, args: OpArgs) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """``((a, b, out, bias) addresses, their owners)`` for ``run`` (hold the owners until the kernel
+        returned)."""
+        a, b, out, b32 = host_operands(op, args)
+        return (a.ctypes.data, b.ctypes.data, out.ctypes.data, None if b32 is None else b32.ctypes.data), (a, b, out, b32)
+
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, GemmOp)
         fn, geo = self.prepare(op, config, profile)
-        ptr, nth, has_bias = adapter.data_ptr, self.threads(op, config, profile), op.epilogue.has_bias
+        ptr, pick, label = adapter.data_ptr, self._picker(op, config, profile), self.label
+        head, mid, tail, out16, blocks = geo[:4], geo[4:6], geo[6:8], geo[8], geo[9:]
+        if not op.epilogue.has_bias:
+            def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+                rc = fn(*head, ptr(a), *mid, ptr(b), *tail, ptr(out), out16, None, *blocks, pick())
+                if rc:
+                    _check_rc(rc, label)
 
-        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-            b32 = _bias32(adapter, bias) if has_bias else None
-            rc = fn(*geo[:4], ptr(a), *geo[4:6], ptr(b), *geo[6:8], ptr(out), geo[8],
-                    None if b32 is None else b32.ctypes.data, *geo[9:], nth)
-            del b32  # alive until the kernel returned
+            launch.pointer_only = True  # type: ignore[attr-defined]
+            return launch
+        bias_arg = self._bias_arg(op, adapter)
+
+        def launch_bias(a: Any, b: Any, bias: Any, out: Any) -> None:
+            held, pb = bias_arg(bias)  # the fp32 bias must outlive the kernel call: held until it returned
+            rc = fn(*head, ptr(a), *mid, ptr(b), *tail, ptr(out), out16, pb, *blocks, pick())
+            del held
             if rc:
-                _check_rc(rc, "fp16 gemm")
+                _check_rc(rc, label)
 
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        launch_bias.pointer_only = True  # type: ignore[attr-defined]
+        return launch_bias
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)
         fn, geo = self.prepare(op, config, profile)
-        a, b, out, b32 = host_operands(op, args)
-        rc = fn(*geo[:4], a.ctypes.data, *geo[4:6], b.ctypes.data, *geo[6:8], out.ctypes.data, geo[8],  # type: ignore[union-attr]
-                None if b32 is None else b32.ctypes.data, *geo[9:], self.threads(op, config, profile))
-        _check_rc(rc, "fp16 gemm")
+        (a, b, out, bias), owners = self._run_operands(op, args)
+        rc = fn(*geo[:4], a, *geo[4:6], b, *geo[6:8], out, geo[8], bias, *geo[9:], self.threads(op, config, profile))
+        del owners  # referenced until the kernel returned
+        _check_rc(rc, self.label)
 
 
 def host_operands(op: GemmOp, args: OpArgs) -> tuple[Any, Any, Any, np.ndarray | None]:
