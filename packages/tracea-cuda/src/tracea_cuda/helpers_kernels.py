@@ -1,6 +1,7 @@
-"""The small helper kernels the GEMM/conv variants launch beside their main kernel (transposes, the
-3xTF32 split, the split-K reduction), loaded once per (kind, arguments, device) and then a dict lookup:
-rendering and hashing a source costs more than a small conv's whole launch."""
+"""The small helper kernels the GEMM/conv/attention variants launch beside their main kernel (transposes,
+the 3xTF32 split, the split-K reduction, a boolean attention mask's bit packing), loaded once per (kind,
+arguments, device) and then a dict lookup: rendering and hashing a source costs more than a small conv's
+whole launch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tracea.dtypes import DType
 from tracea.ir.epilogue import Epilogue
 
 from . import compiler, toolkit
-from .emit import pad, split, splitk, transpose
+from .emit import flash_wgmma, pad, split, splitk, transpose
 
 
 def _device() -> int:
@@ -60,3 +61,15 @@ def _reducer(dtype_out: DType, bias_dtype: DType, epilogue: Epilogue, splits: in
              dev: int) -> compiler.Kernel:
     src = splitk.render(dtype_out, bias_dtype, epilogue, splits, nchw_pq)
     return compiler.load(src, splitk.KERNEL_NAME, arch, smem=0, threads=256)
+
+
+def mask_bits() -> compiler.Kernel:
+    """The boolean-mask bit packer of the Hopper attention kernel (``flash_wgmma.render_mask_bits``) on the
+    current device."""
+    return _mask_bits(_device())
+
+
+@functools.lru_cache(maxsize=8)
+def _mask_bits(dev: int) -> compiler.Kernel:
+    return compiler.load(flash_wgmma.render_mask_bits(), flash_wgmma.MASK_BITS_NAME, "sm_90a", smem=0,
+                         threads=flash_wgmma.MASK_BITS_THREADS)

@@ -38,7 +38,6 @@ heroes lead with it). With ``tail`` and fewer items than SMs x ``ctas`` the grid
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 from typing import Any
 
@@ -52,7 +51,7 @@ from tracea.ir.ops import AttentionOp, LayerType
 from tracea.semantic.config import PipelineConfig, Validity
 from tracea.semantic.search_space import SearchSpace
 
-from .. import compiler, launcher, tma, toolkit
+from .. import compiler, helpers_kernels, launcher, tma, toolkit
 from ..emit import flash_wgmma
 from ..emit.flash_wgmma import FlashWgmmaSpec
 from .attention import _MASKS, _as_laid_out, _bound, scale_reasons, strides_fit
@@ -512,7 +511,7 @@ class FlashAttentionWgmma(CudaVariant):
         if bits:
             warps = mrows * -(-mwords // 32)
             with toolkit.cupy().cuda.Device(dev):
-                bk = _mask_bits_kernel(dev)
+                bk = helpers_kernels.mask_bits()
             to_bits = launcher.FastLaunch(bk.function, (-(-warps // 8), 1, 1), flash_wgmma.MASK_BITS_THREADS, 0,
                                           launcher.ParamBlock.from_args(
                                               lambda p: (u64(p["m"]), u64(p["bits"]), np.int32(mrows),
@@ -592,13 +591,6 @@ class FlashAttentionWgmma(CudaVariant):
         launch = _bound(self, op, config, profile, args.adapter)
         launch(args.arrays["q"], args.arrays["k"], args.arrays["v"], args.arrays.get("mask"), args.arrays.get("lse"),
                args.out)
-
-
-@functools.lru_cache(maxsize=8)
-def _mask_bits_kernel(dev: int) -> compiler.Kernel:
-    """The boolean-mask bit packer (``flash_wgmma.render_mask_bits``) on device ``dev``."""
-    return compiler.load(flash_wgmma.render_mask_bits(), flash_wgmma.MASK_BITS_NAME, "sm_90a", smem=0,
-                         threads=flash_wgmma.MASK_BITS_THREADS)
 
 
 ATTENTION_WGMMA_VARIANTS = [FlashAttentionWgmma]
