@@ -350,15 +350,21 @@ def gqa(quick: bool) -> list[dict]:
     shapes = [(b, s, "packed") for b, s in GQA_SHAPES] + [(4, 1024, "bshd")]
     for b, s, kind in shapes:
         q, k, v = _laid_out(kind, b, 32, 8, s, 128, torch.bfloat16)
-        ours = lambda q=q, k=k, v=v: tracea.ops.attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
-        theirs = lambda q=q, k=k, v=v: TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
-        row = _pair_row("gqa", ours, theirs, _flops(b, 32, s, s, 128, True),
-                        dict(layout=kind, b=b, h=32, kvh=8, s=s, d=128, causal=True))
-        run = _runner_of(q, k, v, None, True, True)
-        row["variant"] = (run.variant or "fallback") if run is not None else "?"
-        rows.append(row)
-        print(_fmt(row), flush=True)
+        rows.append(_sdpa_row("gqa", q, k, v, dict(is_causal=True), _flops(b, 32, s, s, 128, True),
+                              dict(layout=kind, b=b, h=32, kvh=8, s=s, d=128, causal=True)))
     return rows
+
+
+def _sdpa_row(part: str, q, k, v, kw: dict, flops: float, extra: dict) -> dict:  # noqa: ANN001
+    """One row: ``tracea.ops.attention`` against PyTorch's SDPA with the same keyword arguments (GQA
+    enabled) through :func:`_pair_row`, the variant that served it, printed."""
+    kw = dict(kw, enable_gqa=True)
+    row = _pair_row(part, lambda: tracea.ops.attention(q, k, v, **kw), lambda: TORCH_SDPA(q, k, v, **kw), flops,
+                    extra)
+    run = _runner_of(q, k, v, kw.get("attn_mask"), kw.get("is_causal", False), True)
+    row["variant"] = (run.variant or f"fallback: {run.reason}") if run is not None else "?"
+    print(_fmt(row), flush=True)
+    return row
 
 
 CHUNKED_SHAPES = [  # (B, q_len, kv_len): a prefill chunk over a KV cache, GQA 32/8, D128, bf16
@@ -381,18 +387,11 @@ def chunked(quick: bool) -> list[dict]:
         k, v = (torch.randn(b, 8, skv, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         lower_right = torch.ones(sq, skv, dtype=torch.bool, device="cuda").tril(skv - sq)
         for how in ("top-left", "none", "bottom-right"):
-            kw = dict(is_causal=how == "top-left", enable_gqa=True,
-                      attn_mask=lower_right if how == "bottom-right" else None)
-            ours = lambda q=q, k=k, v=v, kw=kw: tracea.ops.attention(q, k, v, **kw)  # noqa: E731
-            theirs = lambda q=q, k=k, v=v, kw=kw: TORCH_SDPA(q, k, v, **kw)  # noqa: E731
+            kw = dict(is_causal=how == "top-left", attn_mask=lower_right if how == "bottom-right" else None)
             pairs = (sq * (sq + 1) // 2 if how == "top-left" else
                      sq * skv - sq * (sq - 1) // 2 if how == "bottom-right" else sq * skv)
-            row = _pair_row("chunked", ours, theirs, 4.0 * b * 32 * pairs * 128,
-                            dict(b=b, h=32, kvh=8, sq=sq, kv=skv, d=128, causal=how))
-            run = _runner_of(q, k, v, kw["attn_mask"], kw["is_causal"], True)
-            row["variant"] = (run.variant or f"fallback: {run.reason}") if run is not None else "?"
-            rows.append(row)
-            print(_fmt(row), flush=True)
+            rows.append(_sdpa_row("chunked", q, k, v, kw, 4.0 * b * 32 * pairs * 128,
+                                  dict(b=b, h=32, kvh=8, sq=sq, kv=skv, d=128, causal=how)))
     return rows
 
 
@@ -417,14 +416,8 @@ def masked(quick: bool) -> list[dict]:
         keep = keep.contiguous()
         mask = keep if kind == "bool" else torch.zeros(b, 1, s, s, dtype=torch.bfloat16, device="cuda").masked_fill(
             ~keep, torch.finfo(torch.bfloat16).min)
-        ours = lambda q=q, k=k, v=v, m=mask: tracea.ops.attention(q, k, v, m, enable_gqa=True)  # noqa: E731
-        theirs = lambda q=q, k=k, v=v, m=mask: TORCH_SDPA(q, k, v, m, enable_gqa=True)  # noqa: E731
-        row = _pair_row("masked", ours, theirs, _flops(b, h, s, s, d, False),
-                        dict(b=b, h=h, kvh=kvh, s=s, d=d, mask=kind, causal=causal))
-        run = _runner_of(q, k, v, mask, False, True)
-        row["variant"] = (run.variant or f"fallback: {run.reason}") if run is not None else "?"
-        rows.append(row)
-        print(_fmt(row), flush=True)
+        rows.append(_sdpa_row("masked", q, k, v, dict(attn_mask=mask), _flops(b, h, s, s, d, False),
+                              dict(b=b, h=h, kvh=kvh, s=s, d=d, mask=kind, causal=causal)))
     return rows
 
 
