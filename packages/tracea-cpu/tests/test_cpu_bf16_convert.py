@@ -15,7 +15,7 @@ from tracea.ir.ops import GemmOp
 from tracea.testing import nonfinite_mismatch
 from tracea_cpu.bf16_convert import CpuGemmBf16ConvertVariant
 from tracea_cpu.isa import AVX2, AVX512
-from tracea_cpu.testing import HAVE_CC, PROFILE, config, epilogue_ref, rel_err
+from tracea_cpu.testing import HAVE_CC, PROFILE, config, epilogue_ref, rel_err, run_bf16_gemm
 
 torch = pytest.importorskip("torch")
 TorchAdapter = pytest.importorskip("tracea_torch.adapter", reason="bf16 inputs come as torch tensors").TorchAdapter
@@ -39,28 +39,10 @@ def _variants() -> list:
 VARIANTS = _variants()
 
 
-def case(v, m, n, k, *, batch=1, ta=False, tb=True, epi="none", out="float32", cfg=None, seed=0, nonfinite=0,
-         bias_dtype="float32"):
-    g = torch.Generator().manual_seed(seed)
-    op = GemmOp(m, n, k, batch=batch, trans_a=ta, trans_b=tb, epilogue=epi, dtype_a="bf16", dtype_b="bf16",
-                dtype_out=out)
-    a = torch.randn(batch, *((k, m) if ta else (m, k)), generator=g).bfloat16()
-    b = torch.randn(batch, *((n, k) if tb else (k, n)), generator=g).bfloat16()
-    if nonfinite:
-        rng = np.random.default_rng(seed)
-        for t, count in ((a, nonfinite), (b, 1)):
-            flat = t.view(-1)
-            for i in rng.choice(flat.numel(), size=min(count, flat.numel()), replace=False):
-                flat[int(i)] = float(rng.choice([np.nan, np.inf, -np.inf]))
-    bias = torch.randn(n, generator=g).to(getattr(torch, bias_dtype)) if op.epilogue.has_bias else None
-    res = torch.full((batch, m, n), float("nan"), dtype=torch.bfloat16 if out == "bf16" else torch.float32)
+def case(v, m, n, k, *, tb=True, cfg=None, **kw):
+    """(output as float64, float64 reference) of a bf16 GEMM through ``v`` (the 64^3 op's first hero by default)."""
     cfg = cfg or v.hero_configs(GemmOp(64, 64, 64, dtype_a="bf16", dtype_b="bf16"), PROFILE)[0]
-    v.run(op, cfg, OpArgs({"a": a, "b": b, "bias": bias}, res, TorchAdapter()), PROFILE)
-    a64, b64 = a.double().numpy(), b.double().numpy()
-    a64 = a64.transpose(0, 2, 1) if ta else a64
-    b64 = b64.transpose(0, 2, 1) if tb else b64
-    with np.errstate(invalid="ignore", over="ignore"):
-        ref = epilogue_ref(a64 @ b64, op.epilogue.steps, None if bias is None else bias.double().numpy(), axis=2)
+    res, ref = run_bf16_gemm(v, m, n, k, tb=tb, cfg=cfg, **kw)
     return res.double().numpy(), ref
 
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tracea.doctor.variant import OpArgs
-from tracea.ir.ops import GemmOp
 from tracea_cpu.bf16 import CpuGemmBf16Variant
 from tracea_cpu.spaces import BF16_HEROES
-from tracea_cpu.testing import HAVE_CC, PROFILE, config, epilogue_ref, rel_err
+from tracea_cpu.testing import HAVE_CC, PROFILE, config, rel_err, run_bf16_gemm
 
 torch = pytest.importorskip("torch")
 TorchAdapter = pytest.importorskip("tracea_torch.adapter", reason="bf16 inputs come as torch tensors").TorchAdapter
@@ -25,21 +23,10 @@ SHAPES = [(1, 1, 1), (7, 7, 7), (1, 33, 129), (33, 1, 7), (17, 33, 65), (33, 129
           (2, 97, 3), (13, 61, 1), (64, 64, 64), (6, 64, 2)]
 
 
-def bf16_case(m, n, k, *, batch=1, ta=False, tb=False, epi="none", out="float32", cfg=None, seed=0,
-              bias_dtype="float32", ret_out=False):
-    g = torch.Generator().manual_seed(seed)
-    op = GemmOp(m, n, k, batch=batch, trans_a=ta, trans_b=tb, epilogue=epi, dtype_a="bf16", dtype_b="bf16",
-                dtype_out=out)
-    a = torch.randn(batch, *((k, m) if ta else (m, k)), generator=g).bfloat16()
-    b = torch.randn(batch, *((n, k) if tb else (k, n)), generator=g).bfloat16()
-    bias = torch.randn(n, generator=g).to(getattr(torch, bias_dtype)) if op.epilogue.has_bias else None
-    res = torch.full((batch, m, n), float("nan"), dtype=getattr(torch, "bfloat16" if out == "bf16" else out))
-    cfg = cfg or VARIANT.hero_configs(op, PROFILE)[0]
-    VARIANT.run(op, cfg, OpArgs({"a": a, "b": b, "bias": bias}, res, TorchAdapter()), PROFILE)
-    a64, b64 = a.double().numpy(), b.double().numpy()
-    a64 = a64.transpose(0, 2, 1) if ta else a64
-    b64 = b64.transpose(0, 2, 1) if tb else b64
-    ref = epilogue_ref(a64 @ b64, op.epilogue.steps, None if bias is None else bias.double().numpy(), axis=2)
+def bf16_case(m, n, k, *, ret_out=False, **kw):
+    """Relative error (and with ``ret_out`` the output) of a bf16 GEMM through the AVX512_BF16 variant
+    (:func:`~tracea_cpu.testing.run_bf16_gemm`)."""
+    res, ref = run_bf16_gemm(VARIANT, m, n, k, **kw)
     err = rel_err(res.float().numpy(), ref)
     return (err, res) if ret_out else err
 

@@ -1,5 +1,6 @@
 """Helpers for testing and benchmarking the CPU backend: float64 NumPy references (GEMM epilogues,
-conv2d, attention), NaN-poisoned outputs, ISA selection and a direct variant runner."""
+conv2d, attention), NaN-poisoned outputs, ISA selection, a direct variant runner and a bf16 GEMM case
+on torch tensors."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 from tracea import reference, testing
 from tracea.doctor.host_plugin import host_profile
 from tracea.doctor.variant import OpArgs
+from tracea.dtypes import DType
 from tracea.ir.epilogue import Epilogue
 from tracea.runtime.arrays import NumpyAdapter
 from tracea.semantic import PipelineConfig
@@ -98,3 +100,38 @@ def gemm_error(variant, op, cfg: PipelineConfig, seed: int = 0) -> float:
     scale = np.abs(a64) @ np.abs(b64)
     excess = np.abs(out - ref) / (op.k * np.finfo(np.float32).eps * scale + 1e-30)
     return 0.0 if excess.max() <= 1.0 else float(excess.max())
+
+
+def run_bf16_gemm(variant, m: int, n: int, k: int, *, batch: int = 1, ta: bool = False, tb: bool = False,
+                  epi: str = "none", out: str = "float32", cfg: PipelineConfig | None = None, seed: int = 0,
+                  bias_dtype: str = "float32", nonfinite: int = 0) -> tuple:
+    """Run a bf16 GEMM variant (``variant.run``) on fresh random bf16 torch tensors -- ``nonfinite`` NaN /
+    +-Inf values placed in A and one in B -- into a NaN-filled output of ``out`` ("float32" or "bf16"), with
+    a bias of ``bias_dtype`` where the epilogue has one; ``cfg`` None: the op's first hero. Returns (the
+    output tensor, the float64 reference of the bf16 inputs)."""
+    import torch  # noqa: PLC0415 - bf16 operands come as torch tensors
+
+    from tracea.ir.ops import GemmOp  # noqa: PLC0415
+    from tracea_torch.adapter import TorchAdapter  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(seed)
+    op = GemmOp(m, n, k, batch=batch, trans_a=ta, trans_b=tb, epilogue=Epilogue.parse(epi), dtype_a=DType.BF16,
+                dtype_b=DType.BF16, dtype_out=DType.BF16 if out == "bf16" else DType.F32)
+    a = torch.randn(batch, *((k, m) if ta else (m, k)), generator=g).bfloat16()
+    b = torch.randn(batch, *((n, k) if tb else (k, n)), generator=g).bfloat16()
+    if nonfinite:
+        rng = np.random.default_rng(seed)
+        for t, count in ((a, nonfinite), (b, 1)):
+            flat = t.view(-1)
+            for i in rng.choice(flat.numel(), size=min(count, flat.numel()), replace=False):
+                flat[int(i)] = float(rng.choice([np.nan, np.inf, -np.inf]))
+    bias = torch.randn(n, generator=g).to(getattr(torch, bias_dtype)) if op.epilogue.has_bias else None
+    res = torch.full((batch, m, n), float("nan"), dtype=torch.bfloat16 if out == "bf16" else torch.float32)
+    variant.run(op, cfg or variant.hero_configs(op, PROFILE)[0],
+                OpArgs({"a": a, "b": b, "bias": bias}, res, TorchAdapter()), PROFILE)
+    a64, b64 = a.double().numpy(), b.double().numpy()
+    a64 = a64.transpose(0, 2, 1) if ta else a64
+    b64 = b64.transpose(0, 2, 1) if tb else b64
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = epilogue_ref(a64 @ b64, op.epilogue.steps, None if bias is None else bias.double().numpy(), axis=2)
+    return res, ref
