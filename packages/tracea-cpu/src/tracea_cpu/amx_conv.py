@@ -25,7 +25,7 @@ from tracea.semantic.config import VALID, Validity
 
 from . import kernels
 from .amx import AMX_EFFICIENCY, amx_bf16_reasons, amx_peak_gflops, amx_permission
-from .bf16 import bf16_operand, f32_operand
+from .bf16 import bf16_operand, f32_operand, widened_bias
 from .emit.amx_conv import PARAMS, check_conv_tile
 from .isa import AMX_BF16
 from .host_load import thread_picker
@@ -169,8 +169,7 @@ def _bias_f32(adapter: Any, bias: Any) -> np.ndarray:
     until the kernel has returned)."""
     dtype = adapter.info(bias).dtype
     if dtype is DType.BF16:
-        bits = adapter.host_bits(bias)
-        return (np.ascontiguousarray(bits).astype(np.uint32) << 16).view(np.float32).reshape(-1)
+        return widened_bias(adapter, bias).reshape(-1)
     if dtype is DType.F32:
         return np.ascontiguousarray(adapter.to_numpy(bias), dtype=np.float32).reshape(-1)
     raise DTypeError("bias", dtype.value, "float32 or bfloat16")
