@@ -64,10 +64,9 @@ V's and the kernel ran at half its unmasked speed (H100, 4x32/8x2048 D128: 917 v
 thread reads the mask of its own S fragment -- two rows, per tile ``BN / 32`` words (bits) or ``BN / 4``
 pairs of adjacent keys (additive: ``mask_pair``, one 32-bit load per pair where seq_kv is even and the
 mask 4-byte aligned, else two 16-bit loads; nothing past seq_kv) -- straight from global memory into
-registers, issued for the first tile after its score GEMM and
-for each next tile as soon as the softmax has applied the current one's, so they travel for a whole tile;
-the softmax applies them. Additive values are divided by ``scale`` and added
-to the raw score (the row max is taken on raw scores and scaled once). The mask rows of a block's query
+registers, issued for the first tile after its score GEMM and for each next tile as soon as the softmax has
+applied the current one's, so they travel for a whole tile; the softmax applies them. Additive values are
+divided by ``scale`` and added to the raw score (the row max is taken on raw scores and scaled once). The mask rows of a block's query
 heads (GQA packing) come from ``row / Sq`` and ``row % Sq`` like the rows themselves.
 
 ``strided`` (``AttentionOp.strides``): q, k and v through 4-D tensor maps (d, seq, head, batch) with the
@@ -193,16 +192,15 @@ static __device__ __forceinline__ float ex2(float x) {
 // MASK: the mask values of keys c and c + 1 of mask row r (low, high half); 0 past n (those keys are hidden
 // by the seq_kv bound anyway). vec: one 32-bit load (seq_kv even, the mask 4-byte aligned: c is even)
 static __device__ __forceinline__ u32 mask_pair(const u16* r, int c, int n, bool vec) {
-    u32 lo = 0, hi = 0;
     if (vec) {
-        if (c < n) asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(lo) : "l"(r + c));
-        return lo;
+        u32 pair = 0;
+        if (c < n) asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(pair) : "l"(r + c));
+        return pair;
     }
     unsigned short a = 0, b = 0;
     if (c < n) asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(a) : "l"(r + c));
     if (c + 1 < n) asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(b) : "l"(r + c + 1));
-    hi = b;
-    return (u32)a | (hi << 16);
+    return (u32)a | ((u32)b << 16);
 }
 static __device__ __forceinline__ u32 pack2(float lo, float hi) {
     u32 r; asm("cvt.rn." CVT_KIND "x2.f32 %0, %2, %1;" : "=r"(r) : "f"(lo), "f"(hi)); return r;
@@ -500,7 +498,8 @@ extern "C" __global__ void __launch_bounds__(NT, CTAS) KERNEL(
                     s[i] = fmaf(mv, minv, s[i]);                                                     \
                 }                                                                                    \
             }
-// the mask values of key tile T for this thread's two rows, issued while the tile's score GEMM runs
+// the mask values of key tile T for this thread's two rows (the first tile's issued while its score GEMM
+// runs, each next one a tile ahead by MASK_NEXT)
 #define MASK_LOAD(T)                                                                                 \
         {                                                                                            \
             const int c0 = (T) * BN + 2 * t4;                                                        \
