@@ -111,8 +111,13 @@ def threads_now(nth: int) -> int:
 def thread_picker(nth: int, requested: int) -> Callable[[], int]:
     """What a launcher calls before each kernel call for its thread count: :func:`threads_now` of
     ``nth`` when the config's ``requested`` count (0: automatic) allows capping (:func:`adaptive`, read
-    once here), else always ``nth``."""
+    once here), else always ``nth`` (that picker's ``fixed`` attribute holds it)."""
     if nth > 1 and adaptive(requested):
         cap = _FREE.cap
         return lambda: cap(nth)
-    return lambda: nth
+
+    def fixed() -> int:
+        return nth
+
+    fixed.fixed = nth  # type: ignore[attr-defined]  # launchers may write it once instead of per call
+    return fixed

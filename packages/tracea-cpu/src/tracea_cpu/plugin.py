@@ -10,6 +10,7 @@ from __future__ import annotations
 from tracea.plugins import BackendInfo, hookimpl
 
 from ._version import __version__
+from .launch_shim import status as launch_status
 from .omp_env import apply_spin_default
 from .toolchain import OPENMP_FLAG, cache_dir, compiler_or_reason
 
@@ -26,7 +27,7 @@ def tracea_backend_info() -> BackendInfo:
     return BackendInfo(name="cpu", version=__version__, package="tracea-cpu", available=True,
                        details={"compiler": cc.path, "compiler_version": cc.version,
                                 "openmp": "yes" if cc.openmp else "no (single-threaded kernels)",
-                                "cache_dir": str(cache_dir())})
+                                "launch_shim": launch_status(), "cache_dir": str(cache_dir())})
 
 
 @hookimpl

@@ -18,6 +18,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from tracea.errors import BackendError, CompilationError
 from tracea.fileio import publish
@@ -28,6 +29,7 @@ from .omp_env import apply_spin_default
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
               "-Wall", "-Wno-unused-function", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
 OPENMP_FLAG = "-fopenmp"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def compiler_or_reason() -> tuple[Compiler | None, str]:
 
 
 _load_lock = threading.Lock()
-_loaded: dict[str, ctypes.CDLL] = {}
+_loaded: dict[str, Any] = {}  # digest -> what its loader returned
 _building: dict[str, threading.Lock] = {}  # one per object being compiled: different objects compile at once
 
 
@@ -119,35 +121,46 @@ def build(source: str, flags: tuple[str, ...], name: str = "kernel") -> ctypes.C
     :raises CompilationError: the compiler failed; ``log`` holds its output.
     :raises BackendError: no compiler, or the object cannot be loaded.
     """
+    def load(target: Path) -> ctypes.CDLL:
+        apply_spin_default()  # before the first kernel loads libgomp (see omp_env)
+        try:
+            return ctypes.CDLL(str(target))
+        except OSError as exc:
+            raise BackendError(f"cannot load compiled kernel {target}: {exc}", backend="cpu") from None
+
+    return build_with(source, flags, name, load)
+
+
+def build_with(source: str, flags: tuple[str, ...], name: str, load: Callable[[Path], T],
+               openmp: bool = True) -> T:
+    """:func:`build` with another loader: compile ``source`` (disk-cached; OpenMP added when ``openmp``
+    and the compiler has it) and return ``load(path)`` of the shared object, memoised per object (a
+    Python extension module, for example)."""
     try:
         cc = find_compiler()
     except CompilerMissing as exc:
         raise BackendError(str(exc), backend="cpu") from None
-    all_flags = BASE_FLAGS + tuple(flags) + ((OPENMP_FLAG,) if cc.openmp else ())
+    all_flags = BASE_FLAGS + tuple(flags) + ((OPENMP_FLAG,) if openmp and cc.openmp else ())
     digest = hashlib.sha256("\0".join((source, " ".join(all_flags), cc.identity())).encode()).hexdigest()[:24]
     with _load_lock:
         lib = _loaded.get(digest)
         if lib is not None:
-            return lib
+            return lib  # type: ignore[no-any-return]
         building = _building.setdefault(digest, threading.Lock())
     with building:  # (threads building other objects compile meanwhile: the compiler runs outside the GIL)
         with _load_lock:
             lib = _loaded.get(digest)
             if lib is not None:
-                return lib
+                return lib  # type: ignore[no-any-return]
         directory = cache_dir()
         target = directory / f"{name}-{digest}.so"
         if not target.exists():
             _compile(cc, source, all_flags, directory, target)
         with _load_lock:
-            apply_spin_default()  # before the first kernel loads libgomp (see omp_env)
-            try:
-                lib = ctypes.CDLL(str(target))
-            except OSError as exc:
-                raise BackendError(f"cannot load compiled kernel {target}: {exc}", backend="cpu") from None
+            lib = load(target)
             _loaded[digest] = lib
             _building.pop(digest, None)
-        return lib
+        return lib  # type: ignore[no-any-return]
 
 
 def _compile(cc: Compiler, source: str, flags: tuple[str, ...], directory: Path, target: Path) -> None:

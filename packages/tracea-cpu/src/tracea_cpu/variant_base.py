@@ -3,6 +3,7 @@ validation of blocked-kernel configs, and the checked host views and return code
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Any, Callable
 
@@ -15,7 +16,7 @@ from tracea.ir.ops import Op
 from tracea.semantic import PipelineConfig
 from tracea.semantic.config import VALID, Validity
 
-from . import kernels, spaces
+from . import kernels, launch_shim, spaces
 from .host_load import thread_picker
 from .isa import Isa
 from .toolchain import compiler_or_reason
@@ -136,10 +137,13 @@ def pointer_launcher(fn: Callable[..., int], params: Any, slot: int, config: Pip
     count picked for this call (:func:`~tracea_cpu.host_load.thread_picker`) into ``params[slot]`` (the
     launcher's own parameter block) and calls ``fn(params, a, b, out, bias)`` -- ``fn(params, a, b, bias,
     out)`` with ``bias_before_out`` -- on the arrays' data pointers; a non-zero status raises LaunchError
-    naming ``what``."""
+    naming ``what``. The call goes through the compiled launch shim when it is available
+    (:mod:`tracea_cpu.launch_shim`; NumPy arrays are then passed as they are), else through ctypes."""
     pick, ptr = thread_picker(params[slot], _requested_threads(config)), adapter.data_ptr
-
-    if bias_before_out:
+    shim = launch_shim.entry_point(fn)
+    if shim is not None:
+        launch = _shim_launcher(shim, fn, params, slot, pick, adapter, has_bias, what, bias_before_out)
+    elif bias_before_out:
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
             params[slot] = pick()
             rc = fn(params, ptr(a), ptr(b), ptr(bias) if has_bias else None, ptr(out))
@@ -153,4 +157,51 @@ def pointer_launcher(fn: Callable[..., int], params: Any, slot: int, config: Pip
                 _check_rc(rc, what)
 
     launch.pointer_only = True  # type: ignore[attr-defined]
+    return launch
+
+
+def _shim_launcher(shim: tuple[Callable[..., int], int], fn: Callable[..., int], params: Any, slot: int,
+                   pick: Callable[[], int], adapter: Any, has_bias: bool, what: str,
+                   bias_before_out: bool) -> Callable[..., None]:
+    """:func:`pointer_launcher`'s launch through the shim. NumPy arrays go in as they are (the shim reads
+    their data pointers), other arrays as ``adapter.data_ptr`` addresses; an object the shim does not
+    take (TypeError) is launched through ctypes instead. A thread count that cannot change is written
+    into the parameter block once, here."""
+    call5, entry = shim
+    block, ptr = ctypes.addressof(params), adapter.data_ptr
+    fixed = getattr(pick, "fixed", None)
+    moving = fixed is None
+    if not moving:
+        params[slot] = fixed
+
+    def ctypes_call(a: Any, b: Any, bias: Any, out: Any) -> int:
+        params[slot] = pick()
+        c = ptr(bias) if has_bias else None
+        return fn(params, ptr(a), ptr(b), c, ptr(out)) if bias_before_out else fn(params, ptr(a), ptr(b), ptr(out), c)
+
+    if getattr(adapter, "name", None) == "numpy":  # arrays as they are
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            if moving:
+                params[slot] = pick()
+            try:
+                if bias_before_out:
+                    rc = call5(entry, block, a, b, bias if has_bias else None, out)
+                else:
+                    rc = call5(entry, block, a, b, out, bias if has_bias else None)
+            except TypeError:  # not an ndarray after all
+                rc = ctypes_call(a, b, bias, out)
+            if rc:
+                _check_rc(rc, what)
+    else:
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            if moving:
+                params[slot] = pick()
+            if bias_before_out:
+                rc = call5(entry, block, ptr(a), ptr(b), ptr(bias) if has_bias else None, ptr(out))
+            else:
+                rc = call5(entry, block, ptr(a), ptr(b), ptr(out), ptr(bias) if has_bias else None)
+            if rc:
+                _check_rc(rc, what)
+
+    launch.keepalive = (params, fn)  # type: ignore[attr-defined]  # the block and library the entry lives in
     return launch
