@@ -91,3 +91,56 @@ def test_disk_cache_hit_in_second_process(tmp_path):
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert first.stdout.split() == ["1", "0"], first.stdout + first.stderr
     assert second.stdout.split() == ["0", "1"], second.stdout + second.stderr
+
+
+def test_concurrent_loads_share_one_module(tmp_path, monkeypatch):
+    """Threads that miss the memory cache at once (the arbiter's build workers) all get the module kept
+    there: launchers hold raw function handles, and a module no one kept is unloaded when its Kernel is
+    dropped (its launches then failed with CUDA_ERROR_INVALID_HANDLE)."""
+    import gc
+    import threading
+    import uuid
+
+    import cupy as cp
+
+    monkeypatch.setenv("TRACEA_CUDA_CACHE_DIR", str(tmp_path))
+    token = uuid.uuid4().hex[:8]  # a source no earlier test loaded
+    src = ('extern "C" __global__ void tr_fill_%s(float* p, int n) {\n'
+           '    int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] = 7.0f; }\n' % token)
+    name = f"tr_fill_{token}"
+    arch = f"sm_{cp.cuda.Device().compute_capability}"
+    workers = 4
+    barrier = threading.Barrier(workers)
+    real = compiler._nvrtc_cubin
+
+    def compile_together(*args):  # every thread compiles before any stores: all of them missed
+        out = real(*args)
+        barrier.wait(timeout=120)
+        return out
+
+    monkeypatch.setattr(compiler, "_nvrtc_cubin", compile_together)
+    dev = cp.cuda.runtime.getDevice()
+    got: list = [None] * workers
+
+    def load(i):
+        cp.cuda.Device(dev).use()
+        got[i] = compiler.load(src, name, arch, smem=0, threads=32)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(k is got[0] for k in got), "every thread must get the kept kernel"
+    handles = [int(k.function.ptr) for k in got]
+    got.clear()
+    gc.collect()
+    out = cp.zeros(100, dtype=cp.float32)
+    p_val, n_val = np.array([out.data.ptr], dtype=np.uint64), np.array([100], dtype=np.int32)
+    params = np.array([p_val.ctypes.data, n_val.ctypes.data], dtype=np.uint64)  # void *kernelParams[]
+    for h in handles:  # every handle handed out still names a loaded function
+        assert cp.cuda.driver.funcGetAttribute(0, h) > 0  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+        out.fill(0)
+        cp.cuda.driver.launchKernel(h, 4, 1, 1, 32, 1, 1, 0, 0, params.ctypes.data, 0)
+        cp.cuda.runtime.deviceSynchronize()
+        assert float(out.sum()) == 700.0

@@ -157,5 +157,8 @@ def load(source: str, name: str, arch: str, *, smem: int, threads: int) -> Kerne
     kernel = Kernel(function, key, smem, threads)
     kernel.module = module  # type: ignore[attr-defined]  # keep the module alive with the function
     with _LOCK:
-        _MEMORY[mem_key] = kernel
-    return kernel
+        # Two threads that missed at once (the arbiter's worker threads compile alternatives beside the
+        # caller) each loaded a module: every caller gets the one kept here. Launchers hold raw function
+        # handles, and a module only its caller held is unloaded once that Kernel is dropped -- its
+        # launches then failed with CUDA_ERROR_INVALID_HANDLE (H100, a patched fp32 conv's 3xTF32 split).
+        return _MEMORY.setdefault(mem_key, kernel)

@@ -170,6 +170,7 @@ class FastLaunch:
     (by role index) and calls ``cuLaunchKernel``. A lock keeps threads from interleaving the two."""
 
     def __init__(self, function: Any, grid: tuple[int, int, int], block: int, smem: int, params: ParamBlock) -> None:
+        self.function = function  # (it keeps its module loaded: the handle below stays valid)
         self.fptr = int(function.ptr)
         self.grid, self.block, self.smem, self.params = grid, block, smem, params
         self._lock = threading.Lock()
