@@ -148,3 +148,47 @@ def test_compile_on_cuda():
 def test_decisions_for_the_record():
     op = tracea.Conv2dOp(8, 64, 56, 56, 64, 3, 3, padding=(1, 1), layout="NHWC", dtype="float16")
     print(tracea.get_doctor().explain(op, "cuda:0"))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 3e-3), (torch.bfloat16, 2e-2), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("view", ["token_mixing", "row_slice", "transposed_2d"])
+def test_linear_on_strided_cuda_input_is_served_after_a_packing_copy(monkeypatch, dtype, tol, view):
+    """A linear whose input is a strided view (MLP-Mixer's token MLP on x.transpose(1, 2), LeViT's flattened
+    map, BERT's pooler row slice, a 2-D transposed tensor) runs a Tracea kernel on a packed copy of x
+    (not a "non-contiguous input" fallback); x is untouched, and the call captures in a CUDA graph."""
+    monkeypatch.setenv("TRACEA_ARBITER", "0")
+    torch.manual_seed(0)
+    if view == "token_mixing":
+        h = torch.randn(3, 40, 49, device=DEV, dtype=dtype)  # (B, C, N): the layer mixes N
+        x, layer = h.transpose(1, 2), nn.Linear(40, 24)
+    elif view == "row_slice":
+        h = torch.randn(5, 7, 64, device=DEV, dtype=dtype)
+        x, layer = h[:, 0], nn.Linear(64, 33)
+    else:
+        h = torch.randn(96, 37, device=DEV, dtype=dtype)
+        x, layer = h.t(), nn.Linear(96, 40)
+    assert not x.is_contiguous()
+    layer = layer.to(DEV, dtype)
+    tracea_torch.patch_linear(layer)
+    keep = h.clone()
+    with torch.no_grad():
+        want = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+        fallbacks.reset()
+        outs = [layer(x) for _ in range(3)]
+        assert fallbacks.total(contains="non-contiguous") == 0, fallbacks.counts()
+        assert all(o.dtype == dtype and o.shape == want.shape and o.is_contiguous() for o in outs)
+        assert max(_rel(o, want) for o in outs) < tol
+        assert torch.equal(h, keep)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            layer(x)
+            with torch.cuda.graph(g, stream=s):
+                y = layer(x)
+        torch.cuda.current_stream().wait_stream(s)
+        h.copy_(torch.randn_like(h))
+        g.replay()
+        torch.cuda.synchronize()
+        want = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+        assert _rel(y, want) < tol

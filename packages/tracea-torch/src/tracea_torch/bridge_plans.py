@@ -322,8 +322,7 @@ def linear_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
 def _linear_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: str | None, dtype: DType) -> GemmOp:
     if x.dim() < 1 or w.dim() != 2 or x.shape[-1] != w.shape[1]:
         raise Fallback("shapes do not match x @ w.T")
-    if not x.is_contiguous() and x.is_cuda:
-        raise Fallback("non-contiguous input")  # (the CPU copies it: _linear_run_packed)
+    # (a non-contiguous x is copied to packed memory per call: _linear_run_packed)
     # w (n, k) is used transposed without a copy: the GEMM reads B stored n x k.
     trans_b = w.is_contiguous()
     if not trans_b and not w.t().is_contiguous():
@@ -362,10 +361,13 @@ def _linear_run(op: GemmOp, launch: Callable[..., None], x_sample: torch.Tensor)
 
 
 def _linear_run_packed(op: GemmOp, launch: Callable[..., None], x_sample: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """:func:`_linear_run`, with a non-contiguous CPU ``x`` (a row slice such as BERT's pooler input
-    ``hidden[:, 0]``, a transposed view) copied to packed memory first: one pass over x, which the arbiter's
-    timing includes (before, such calls always went to PyTorch, whose bf16 linears run 15-20 GFLOP/s on
-    CPUs without AVX512_BF16)."""
+    """:func:`_linear_run`, with a non-contiguous ``x`` (a row slice such as BERT's pooler input
+    ``hidden[:, 0]``, a transposed view such as MLP-Mixer's token MLP input or LeViT's flattened feature
+    map) copied to packed memory first: one pass over x, which the arbiter's timing includes. ``F.linear``
+    copies such an x too (its ``reshape`` to 2-D), except a 2-D transposed one, which cuBLAS reads as it
+    is: there the arbiter's verdict goes to PyTorch when the copy costs more than Tracea's kernel gains.
+    (Before, such calls always went to PyTorch: on the CPU, whose bf16 linears run 15-20 GFLOP/s without
+    AVX512_BF16; on CUDA, as a "non-contiguous input" fallback.)"""
     if x_sample.is_contiguous():
         return _linear_run(op, launch, x_sample)
     run = _linear_run(op, launch, x_sample.contiguous())
