@@ -5,7 +5,7 @@ and micro-kernels; calls alternate at random between Tracea and NumPy (``a @ b``
 split by what ran before (T: Tracea, N: NumPy).
 
     source scripts/srcenv.sh
-    python benchmarks/cpu/probes/gemm_phases.py [--sizes 512,768] [--tile 14x32] [--mc 112] [--kc 512]
+    python benchmarks/cpu/probes/gemm_phases.py [--sizes 512,768,512x4096x4096] [--tile 14x32] [--mc 112] [--kc 512]
         [--threads 2] [--cflags="-DX=1;-DX=2"] [--variants "mc:kc:cflags,..."] [--isa avx2]
 
 ``--variants``: several (mc, kc, extra compiler flags) settings timed in the same process, interleaved
@@ -69,14 +69,16 @@ def main() -> None:
     libs = {name: lib for name, (_, _, lib) in settings.items()}
     buf = np.zeros((64, 8))
     print(f"load {os.getloadavg()}, {isa_name}, tile {mr}x{nr} mc {ns.mc} kc {ns.kc}, {ns.threads} threads")
-    for s in (int(v) for v in ns.sizes.split(",")):
-        rng = np.random.default_rng(s)
-        a, b = rng.standard_normal((s, s), dtype=np.float32), rng.standard_normal((s, s), dtype=np.float32)
-        c = np.empty((s, s), np.float32)
+    for size in ns.sizes.split(","):
+        m, n, k = (int(v) for v in size.split("x")) if "x" in size else (int(size),) * 3
+        rng = np.random.default_rng(m + n + k)
+        a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+        c = np.empty((m, n), np.float32)
 
-        def tracea_call(name: str, s: int = s, a: np.ndarray = a, b: np.ndarray = b, c: np.ndarray = c) -> None:
+        def tracea_call(name: str, m: int = m, n: int = n, k: int = k, a: np.ndarray = a, b: np.ndarray = b,
+                        c: np.ndarray = c) -> None:
             mc, kc, lib = settings[name]
-            rc = lib.tr_gemm(1, s, s, s, a.ctypes.data, s, 1, 0, b.ctypes.data, s, 1, 0, c.ctypes.data, s, 0, None,
+            rc = lib.tr_gemm(1, m, n, k, a.ctypes.data, k, 1, 0, b.ctypes.data, n, 1, 0, c.ctypes.data, n, 0, None,
                              mc, ns.nc, kc, ns.threads)
             assert rc == 0
 
@@ -87,7 +89,7 @@ def main() -> None:
         walls: dict[tuple[str, str], list[float]] = {}
         phases: dict[tuple[str, str], list[np.ndarray]] = {}
         prev = "N"
-        random.seed(s)
+        random.seed(m + n + k)
         for _ in range(ns.calls):
             name = random.choice(names)
             t = time.perf_counter()
@@ -102,10 +104,10 @@ def main() -> None:
                 libs[name].tr_probe_read(buf.ctypes.data)
                 phases.setdefault(key, []).append(buf[: ns.threads].copy())
             prev = name
-        print(f"{s}^3 (load {os.getloadavg()[0]:.1f})")
+        print(f"{m}x{n}x{k} (load {os.getloadavg()[0]:.1f})")
         for (before, name), ws in sorted(walls.items()):
             wall = statistics.median(ws)
-            line = f"  {name or 'tracea':>16} after {before}: {wall * 1e6:7.0f} us {2 * s ** 3 / wall / 1e9:5.0f} GFLOP/s"
+            line = f"  {name or 'tracea':>16} after {before}: {wall * 1e6:7.0f} us {2 * m * n * k / wall / 1e9:5.0f} GFLOP/s"
             if name != "N":
                 ph = np.median(np.stack(phases[(before, name)]), axis=0) / 1e3  # us, per thread x phase
                 line += "  " + " | ".join(f"t{t}: " + " ".join(f"{p} {ph[t, i]:5.0f}" for i, p in enumerate(PHASES))

@@ -76,7 +76,7 @@ def main() -> int:
             if not v.validate_config(op, cfg, prof):
                 continue
             launch = v.bind(op, cfg, prof, adapter)
-            fns[f"{c['mr']}x{c['nr']} mc{c['mc']} kc{c['kc']}"] = lambda launch=launch: launch(a, b, None, out)
+            fns[f"{c['mr']}x{c['nr']} mc{c['mc']} nc{c['nc']} kc{c['kc']}"] = lambda launch=launch: launch(a, b, None, out)
         for f in fns.values():
             f()
         times = {k: [] for k in fns}

@@ -1,7 +1,8 @@
 """The column-split fp32 GEMM driver (``tr_drive_cols``, route ``cols``) against float64 on odd shapes, on
-both of its A paths: the packed A shared by the threads (packed once, tile rows handed out from a counter,
-used when it fits the per-core L2 budget) and a private A block per thread (larger A). The path is forced
-by telling the library another L2 size (``tr_set_caches``), restored afterwards. Shapes cover K cut into
+both L2 settings that chose its A path (``tr_set_caches``, restored afterwards): a packed A shared by the
+threads (packed once, tile rows handed out from a counter) when it fits the per-core L2 budget, else a
+private A block per thread. With the default unit stealing (``TR_COLS_STEAL``: a thread done with its
+columns takes pieces of the others') A is always shared, so both settings must give the same results. Shapes cover K cut into
 several equal blocks (not multiples of 8), N blocks smaller than a thread's columns (several ``jc`` steps),
 M and N edges, transposed operands, batches, the fused epilogue, more threads than cores, and NaN / Inf."""
 

@@ -371,6 +371,12 @@ void tr_set_caches(long l1d, long l2) {
 #ifndef TR_COLS_SHARE_A
 #define TR_COLS_SHARE_A 12  /* eighths of the L2 */
 #endif
+#ifndef TR_COLS_STEAL
+#define TR_COLS_STEAL 1
+#endif
+#ifndef TR_COLS_UNITS
+#define TR_COLS_UNITS 4  /* pieces per thread's range when TR_COLS_STEAL */
+#endif
 /* The blocked GEMM with the columns shared out instead of the row blocks: each thread owns a contiguous
    range of NR panels and runs the NC / KC / MC loops over it with its own B block and A block, so no
    block is shared and no thread waits for another until the end. Taken when every thread gets at least
@@ -399,15 +405,24 @@ __attribute__((noinline)) static int tr_drive_cols(long M, long N, long K, const
        packed long before, from L3, instead of right after packing them). */
     long ntile = (M + MR - 1) / MR, nkb = (K + kc - 1) / kc;
     size_t ashared = (size_t)ntile * MR * kc * nkb;
-    int share = nth > 1 && (double)ashared * sizeof(float) <= (double)tr_l2_bytes * TR_COLS_SHARE_A / 8;
+    /* Units (TR_COLS_STEAL): each thread's range is cut into TR_COLS_UNITS pieces, claimed from a counter
+       per range; a thread done with its own range takes the pieces left in the others'. A thread sharing
+       its core (another library's spinning pool: OpenBLAS's workers busy-wait ~0.1 s after each NumPy
+       call) then no longer holds the call back: 1024^3 on the 2-core Zen 3 VM right after a NumPy 512^2
+       matmul took 2.3x its time alone with fixed ranges. Pieces of one range reuse no A block, so A is
+       then always shared (packed once). */
+    int steal = TR_COLS_STEAL && nth > 1;
+    int share = nth > 1 && (steal || (double)ashared * sizeof(float) <= (double)tr_l2_bytes * TR_COLS_SHARE_A / 8);
     size_t each = TR_ROUNDUP((size_t)nc * kc, 16) + (share ? 0 : TR_ROUNDUP((size_t)mc * kc, 16));
-    size_t extra = share ? TR_ROUNDUP(ashared, 16) + TR_ROUNDUP((size_t)ntile, 16) : 0;
+    size_t extra = (share ? TR_ROUNDUP(ashared, 16) + TR_ROUNDUP((size_t)ntile, 16) : 0) + TR_ROUNDUP((size_t)nth * 2, 16);
     int owned;
     float *ws = tr_ws_get((size_t)nth * each + extra + 32, &owned);
     if (!ws) return 1;
     float *abig = ws + (size_t)nth * each;
     int *ready = (int *)(abig + TR_ROUNDUP(ashared, 16));
+    long *claimed = (long *)(abig + (share ? TR_ROUNDUP(ashared, 16) + TR_ROUNDUP((size_t)ntile, 16) : 0));
     if (share) memset(ready, 0, sizeof(int) * (size_t)ntile);
+    memset(claimed, 0, sizeof(long) * (size_t)nth);
     long next = 0;
     long t_call = tr_now_ns();
     int done = 0;
@@ -418,8 +433,13 @@ __attribute__((noinline)) static int tr_drive_cols(long M, long N, long K, const
         TR_PROBE_FROM(t_call);
         TR_PROBE_LAP(0, tid);
         float *bbuf = ws + (size_t)tid * each, *abuf = bbuf + TR_ROUNDUP((size_t)nc * kc, 16);
-        long j0 = TR_MIN(N, npan * tid / T * NR), j1 = TR_MIN(N, npan * (tid + 1) / T * NR);
-        for (long jc = j0; jc < j1; jc += nc) {
+        long units = steal ? TR_COLS_UNITS : 1;
+        for (int o = 0; o < (steal ? T : 1); o++) {
+          int owner = (tid + o) % T;
+          long p0 = npan * owner / T, p1 = npan * (owner + 1) / T;
+          for (long u; (u = __atomic_fetch_add(&claimed[owner], 1, __ATOMIC_RELAXED)) < units;) {
+          long j0 = TR_MIN(N, (p0 + (p1 - p0) * u / units) * NR), j1 = TR_MIN(N, (p0 + (p1 - p0) * (u + 1) / units) * NR);
+          for (long jc = j0; jc < j1; jc += nc) {
             long ncur = TR_MIN(nc, j1 - jc), np = (ncur + NR - 1) / NR;
             for (long pc = 0; pc < K; pc += kc) {
                 long kcur = TR_MIN(kc, K - pc), kcp = TR_ROUNDUP(kcur, KU), kb = pc / kc;
@@ -464,6 +484,8 @@ __attribute__((noinline)) static int tr_drive_cols(long M, long N, long K, const
                     TR_PROBE_LAP(2, tid);
                 }
             }
+          }
+          }
         }
         tr_join(&done, T, tid, t_call);
     }
