@@ -3,7 +3,9 @@ untuned, fp32) vs NumPy ``a @ b`` at 512-2048, and ``tracea.ops.conv2d`` vs ``to
 on ResNet-50's 3x3 layers at batch 1 and 8 (NCHW NumPy arrays / torch CPU tensors); ``--only bf16``:
 ``tracea.ops.matmul(x, W.T, bias)`` and a patched ``nn.Linear`` (``tracea_torch.patch_linear``, arbiter on)
 vs ``F.linear`` on torch CPU bf16 tensors (``--bf16-shapes``; tokens x out x in), and ``tracea.ops.conv2d`` vs
-``F.conv2d`` on the ``--conv-layers`` at batch 1 in bf16, NCHW and channels_last.
+``F.conv2d`` on the ``--conv-layers`` at batch 1 in bf16, NCHW and channels_last; ``--only interference``:
+fp32 1024^3 ``tracea.ops.matmul`` vs NumPy alone and with NumPy + torch matmuls between calls, as users mix
+them (OpenBLAS's default thread timeout; issue 17's "within 10%" check).
 
     source scripts/srcenv.sh
     OMP_WAIT_POLICY=passive python benchmarks/cpu/bench_user_cpu.py [--rounds 30] [--only gemm,conv] [--json out.json]
@@ -26,7 +28,13 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before NumPy loads OpenBLAS (see bench_cpu.py)
+_USER_ENV = dict(os.environ)
+
+# before NumPy loads OpenBLAS (see bench_cpu.py); not for the interference section, which measures what a
+# user gets (OpenBLAS's workers busy-wait ~0.1 s after each call by default)
+_ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv[:-1] else ""
+if _ONLY != "interference":
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 if "--threads" in sys.argv[:-1]:  # thread counts of the BLAS pools are read when NumPy loads
     _t = sys.argv[sys.argv.index("--threads") + 1]
     for _v in ("TRACEA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -47,6 +55,52 @@ from tracea.doctor.host_plugin import host_profile
 from tracea.tuning.cache import TuningCache, set_cache
 
 RESNET_3X3 = [(64, 56), (128, 28), (256, 14), (512, 7)]
+
+
+def interference_rows(n: int, runs: int = 5) -> list[dict]:
+    """Issue 17's interference check for fp32: ``tracea.ops.matmul`` n^3 against NumPy ``a @ b``, each timed
+    alone (back to back) and with a NumPy and a torch 512^2 fp32 matmul before every timed call; ratio =
+    NumPy time / Tracea time per run, and how far the interleaved ratio moves from the alone one (target:
+    within 10%, median over ``runs``). Runs without ``OPENBLAS_THREAD_TIMEOUT`` unless the caller set it."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    an, bn = rng.standard_normal((512, 512), dtype=np.float32), rng.standard_normal((512, 512), dtype=np.float32)
+    at, bt = torch.from_numpy(an.copy()), torch.from_numpy(bn.copy())
+    ours, theirs = (lambda: tracea.ops.matmul(a, b)), (lambda: a @ b)
+    others = [lambda: an @ bn, lambda: at @ bt]
+
+    def block(fn, before, reps: int = 15) -> float:
+        fn()
+        ts = []
+        for _ in range(reps):
+            for o in before:
+                o()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
+
+    block(theirs, []), block(ours, [])  # the first parallel calls of a process run slow
+    print(f"interference: fp32 {n}^3 tracea.ops.matmul vs NumPy, alone and with NumPy + torch 512^2 matmuls "
+          f"before each call (OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', '(unset)')}, "
+          f"torch {torch.get_num_threads()} threads)")
+    alone, mixed, times = [], [], []
+    for _ in range(runs):
+        ta, na = block(ours, []), block(theirs, [])
+        tm, nm = block(ours, others), block(theirs, others)
+        alone.append(na / ta)
+        mixed.append(nm / tm)
+        times.append((ta, tm, na, nm))
+        print(f"  tracea alone {ta * 1e3:6.1f} ms  interleaved {tm * 1e3:6.1f} ms   numpy alone {na * 1e3:6.1f} ms  "
+              f"interleaved {nm * 1e3:6.1f} ms", flush=True)
+    dev = [abs(m / a_ - 1) for a_, m in zip(alone, mixed)]
+    print("  ratio alone       " + " ".join(f"{r:5.2f}x" for r in alone))
+    print("  ratio interleaved " + " ".join(f"{r:5.2f}x" for r in mixed))
+    print(f"  median |interleaved / alone - 1| = {100 * statistics.median(dev):.1f}% (target <= 10%)", flush=True)
+    return [dict(case=f"interference fp32 {n}^3", alone=alone, interleaved=mixed, times_s=times,
+                 median_deviation=statistics.median(dev))]
 
 
 def interleaved(ours, theirs, rounds: int) -> tuple[float, float]:
@@ -98,6 +152,8 @@ def _sections_apart(args: argparse.Namespace) -> int | None:
         env = {**os.environ, "_TRACEA_BENCH_CHILD": "1"}
         if sec == "gemm":
             env.setdefault("TRACEA_OMP_SPIN", "short")
+        if sec == "interference" and "OPENBLAS_THREAD_TIMEOUT" not in _USER_ENV:
+            env.pop("OPENBLAS_THREAD_TIMEOUT", None)
         rc = max(rc, subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=env).returncode)
     if args.json:
         merged: dict = {}
@@ -177,7 +233,7 @@ def main() -> int:
     apart = _sections_apart(args)
     if apart is not None:
         return apart
-    if {"conv", "bf16"} & set(args.only.split(",")):
+    if {"conv", "bf16", "interference"} & set(args.only.split(",")):
         import torch  # noqa: F401 - before Tracea's first kernel: torch owns the OpenMP runtime (see above)
     set_cache(TuningCache(os.path.join(tempfile.mkdtemp(), "empty_cache.json")))
     prof = host_profile()
@@ -230,6 +286,8 @@ def main() -> int:
                       f"  ratio {rows[-1]['ratio']:.2f}x  err {err:.1e}  [{d.variant.name} {d.config.key}]", flush=True)
     if "bf16" in only:
         rows += bf16_rows(args)
+    if "interference" in only:
+        rows += interference_rows(1024)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": prof.to_dict(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
