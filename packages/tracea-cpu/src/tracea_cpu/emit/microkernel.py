@@ -17,6 +17,17 @@ from ..isa import Isa
 #: measured on the 2-core Intel Xeon (AVX-512, 14x32 tile, 2048^3, one thread, kc 512-1024), distance 8
 #: ran 157-165 GFLOP/s against 146-155 without; 16 and more gained less.
 PREFETCH_K = 8
+#: Per ISA where measured otherwise. AVX2 (2-core AMD EPYC Zen 3 VM, 4x24 tile, kc 512, two threads,
+#: ``benchmarks/cpu/probes/gemm_phases.py --cflags`` A/B in one process): without the prefetches 512^3
+#: 1.94-2.01 vs 2.12-2.13 ms, 768^3 6.67-6.93 vs 7.17-7.55, 1024^3 14.98-15.54 vs 16.22-16.31, 2048 x
+#: 1024 x 4096 122 vs 130 ms, 512 x 4096 x 4096 122 vs 126 ms: the hardware prefetchers follow the
+#: panels, and the extra load-port instructions (20 per 8 k steps) only cost. Distance 16 was slower still.
+PREFETCH_K_BY_ISA = {"avx2": 0}
+
+
+def prefetch_k(isa: Isa) -> int:
+    """The default prefetch distance of ``isa``'s packed micro-kernel (see :data:`PREFETCH_K`)."""
+    return PREFETCH_K_BY_ISA.get(isa.name, PREFETCH_K)
 
 
 def microkernel_c(isa: Isa, mr: int, nr: int, ku: int) -> str:
@@ -29,7 +40,8 @@ def _packed_kernel(isa: Isa, mr: int, nr: int, ku: int) -> str:
     nv = nr // isa.width
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
     lines = [f"#define MR {mr}", f"#define NR {nr}", f"#define KU {ku}", f"#define NV {nv}",
-             f"#ifndef TR_PF_B\n#define TR_PF_B {PREFETCH_K}\n#endif", f"#ifndef TR_PF_A\n#define TR_PF_A {PREFETCH_K}\n#endif"]
+             f"#ifndef TR_PF_B\n#define TR_PF_B {prefetch_k(isa)}\n#endif",
+             f"#ifndef TR_PF_A\n#define TR_PF_A {prefetch_k(isa)}\n#endif"]
     lines.append("static void tr_ukernel(long kcp, const float *restrict a, const float *restrict b,\n"
                  "                       float *restrict c, long ldc, int mr, int nr, int first, int last,\n"
                  "                       const float *bias, int bias_row) {")
