@@ -102,3 +102,35 @@ def test_cols_driver_nonfinite(shared, l2_bytes):
     out = _run(lib, m, n, k, False, False, 1, 112, 4096, 512, 2, a, b, bias)
     ref = _ref(m, n, k, False, False, 1, a, b, bias, "bias+silu")
     assert nonfinite_mismatch(out, ref) is None
+
+
+@pytest.mark.parametrize("flags", [("-DTR_COLS_UNITS=1",), ("-DTR_COLS_UNITS=7",), ("-DTR_COLS_STEAL=0",)],
+                         ids=["one-piece", "seven-pieces", "fixed-ranges"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])))
+def test_cols_driver_variants_match_float64(flags, shape):
+    """The column driver compiled with other piece counts (one piece a range: stealing whole ranges only;
+    seven: pieces of zero or one panel on the narrow shapes) and with the fixed ranges of ``TR_COLS_STEAL=0``
+    (the A/B baseline of the probes)."""
+    from tracea.ir.epilogue import Epilogue
+    from tracea_cpu.emit.blocked import blocked_source
+    from tracea_cpu.isa import ISA_BY_NAME
+    from tracea_cpu.toolchain import build
+
+    m, n, k, ta, tb, batch, mc, nc, kc, threads = shape
+    isa = ISA_BY_NAME[ISAS[0]]
+    tile = TILES[isa.name][0]
+    epi = "bias+relu" if (m + n) % 2 else "none"
+    lib = build(blocked_source(isa, tile[0], tile[1], Epilogue.parse(epi)), tuple(isa.cflags) + flags,
+                f"test-cols-{isa.name}")
+    lib.tr_gemm.argtypes = kernels.GEMM_ARGTYPES
+    lib.tr_gemm.restype = ctypes.c_int
+    lib.tr_gemm_route.argtypes = [ctypes.c_long] * 5 + [ctypes.c_int]
+    kernels.set_caches(lib)
+    assert kernels.GEMM_ROUTES[lib.tr_gemm_route(m, n, k, 1 if tb else n, k if tb else 1, threads)] == "cols"
+    rng = np.random.default_rng(m + n * k)
+    a, b = rand(rng, batch, *((k, m) if ta else (m, k))), rand(rng, batch, *((n, k) if tb else (k, n)))
+    bias = rand(rng, n) if "bias" in epi else None
+    for _ in range(3):  # (which thread takes which piece changes from call to call)
+        out = _run(lib, m, n, k, ta, tb, batch, mc, nc, kc, threads, a, b, bias)
+        ref = _ref(m, n, k, ta, tb, batch, a, b, bias, epi)
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-6, flags
