@@ -160,5 +160,5 @@ def load(source: str, name: str, arch: str, *, smem: int, threads: int) -> Kerne
         # Two threads that missed at once (the arbiter's worker threads compile alternatives beside the
         # caller) each loaded a module: every caller gets the one kept here. Launchers hold raw function
         # handles, and a module only its caller held is unloaded once that Kernel is dropped -- its
-        # launches then failed with CUDA_ERROR_INVALID_HANDLE (H100, a patched fp32 conv's 3xTF32 split).
+        # launches then failed with CUDA_ERROR_INVALID_HANDLE (H100, the pre-pass kernel of a patched fp32 conv).
         return _MEMORY.setdefault(mem_key, kernel)
