@@ -27,7 +27,7 @@ needs_shim = pytest.mark.skipif(bool(HEADERS), reason=f"no Python headers: {HEAD
 
 
 @pytest.fixture
-def fresh_shim(monkeypatch):
+def fresh_shim():
     """The shim's state forgotten for the test (and restored after it)."""
     saved = dict(launch_shim._state)
     launch_shim._state.clear()

@@ -32,6 +32,11 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}  # "module" once built, "reason" once it failed or is off
 
 
+def _switched_off() -> bool:
+    """``TRACEA_CPU_SHIM`` set to 0 / off / no / false."""
+    return os.environ.get("TRACEA_CPU_SHIM", "1").strip().lower() in ("0", "off", "no", "false")
+
+
 def _includes() -> tuple[str, ...]:
     """``-I`` flags for Python's headers, or raise OSError naming what is missing."""
     paths = sysconfig.get_paths()
@@ -67,7 +72,7 @@ def module() -> Any | None:
     with _lock:
         if "module" in _state or "reason" in _state:
             return _state.get("module")
-        if os.environ.get("TRACEA_CPU_SHIM", "1").strip().lower() in ("0", "off", "no", "false"):
+        if _switched_off():
             _state["reason"] = "off (TRACEA_CPU_SHIM=0)"
             return None
         if sys.implementation.name != "cpython":
@@ -88,7 +93,7 @@ def status() -> str:
         return "in use"
     if "reason" in _state:
         return str(_state["reason"])
-    if os.environ.get("TRACEA_CPU_SHIM", "1").strip().lower() in ("0", "off", "no", "false"):
+    if _switched_off():
         return "off (TRACEA_CPU_SHIM=0)"
     try:
         _includes()

@@ -140,10 +140,8 @@ def pointer_launcher(fn: Callable[..., int], params: Any, slot: int, config: Pip
     naming ``what``. The call goes through the compiled launch shim when it is available
     (:mod:`tracea_cpu.launch_shim`; NumPy arrays are then passed as they are), else through ctypes."""
     pick, ptr = thread_picker(params[slot], _requested_threads(config)), adapter.data_ptr
-    shim = launch_shim.entry_point(fn)
-    if shim is not None:
-        launch = _shim_launcher(shim, fn, params, slot, pick, adapter, has_bias, what, bias_before_out)
-    elif bias_before_out:
+
+    if bias_before_out:
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
             params[slot] = pick()
             rc = fn(params, ptr(a), ptr(b), ptr(bias) if has_bias else None, ptr(out))
@@ -156,28 +154,26 @@ def pointer_launcher(fn: Callable[..., int], params: Any, slot: int, config: Pip
             if rc:
                 _check_rc(rc, what)
 
+    shim = launch_shim.entry_point(fn)
+    if shim is not None:
+        launch = _shim_launcher(shim, launch, params, slot, pick, adapter, has_bias, what, bias_before_out)
     launch.pointer_only = True  # type: ignore[attr-defined]
     return launch
 
 
-def _shim_launcher(shim: tuple[Callable[..., int], int], fn: Callable[..., int], params: Any, slot: int,
-                   pick: Callable[[], int], adapter: Any, has_bias: bool, what: str,
+def _shim_launcher(shim: tuple[Callable[..., int], int], through_ctypes: Callable[..., None], params: Any,
+                   slot: int, pick: Callable[[], int], adapter: Any, has_bias: bool, what: str,
                    bias_before_out: bool) -> Callable[..., None]:
     """:func:`pointer_launcher`'s launch through the shim. NumPy arrays go in as they are (the shim reads
     their data pointers), other arrays as ``adapter.data_ptr`` addresses; an object the shim does not
-    take (TypeError) is launched through ctypes instead. A thread count that cannot change is written
-    into the parameter block once, here."""
+    take (TypeError) is launched by ``through_ctypes`` (the ctypes launch) instead. A thread count that
+    cannot change is written into the parameter block once, here."""
     call5, entry = shim
     block, ptr = ctypes.addressof(params), adapter.data_ptr
     fixed = getattr(pick, "fixed", None)
     moving = fixed is None
     if not moving:
         params[slot] = fixed
-
-    def ctypes_call(a: Any, b: Any, bias: Any, out: Any) -> int:
-        params[slot] = pick()
-        c = ptr(bias) if has_bias else None
-        return fn(params, ptr(a), ptr(b), c, ptr(out)) if bias_before_out else fn(params, ptr(a), ptr(b), ptr(out), c)
 
     if getattr(adapter, "name", None) == "numpy":  # arrays as they are
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
@@ -189,7 +185,8 @@ def _shim_launcher(shim: tuple[Callable[..., int], int], fn: Callable[..., int],
                 else:
                     rc = call5(entry, block, a, b, out, bias if has_bias else None)
             except TypeError:  # not an ndarray after all
-                rc = ctypes_call(a, b, bias, out)
+                through_ctypes(a, b, bias, out)
+                return
             if rc:
                 _check_rc(rc, what)
     else:
@@ -203,5 +200,5 @@ def _shim_launcher(shim: tuple[Callable[..., int], int], fn: Callable[..., int],
             if rc:
                 _check_rc(rc, what)
 
-    launch.keepalive = (params, fn)  # type: ignore[attr-defined]  # the block and library the entry lives in
+    launch.keepalive = (params, through_ctypes)  # type: ignore[attr-defined]  # the block, the entry's library
     return launch
