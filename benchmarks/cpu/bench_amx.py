@@ -61,6 +61,9 @@ from tracea_cpu.amx import CpuGemmAmxVariant, amx_permission  # noqa: E402
 from tracea_cpu.bf16 import CpuGemmBf16Variant  # noqa: E402
 from tracea_torch.adapter import TorchAdapter  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from interference import check  # noqa: E402
+
 PROFILE = host_profile()
 
 
@@ -240,33 +243,9 @@ def bench_interference(n: int, rows: list, runs: int = 5) -> None:
     b = torch.randn(n, n).bfloat16()
     an, bn = np.random.rand(512, 512).astype(np.float32), np.random.rand(512, 512).astype(np.float32)
     at, bt = torch.from_numpy(an.copy()), torch.from_numpy(bn.copy())
-    ours, theirs = (lambda: tracea.ops.matmul(a, b)), (lambda: torch.matmul(a, b))
-
-    def block(fn, others, reps=15):
-        fn()
-        ts = []
-        for _ in range(reps):
-            for o in others:
-                o()
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
-
-    # one untimed pair of blocks first: the first parallel calls of a fresh process run 10-25 ms instead of
-    # ~1 ms on the 2-core VM, and the 16-core host's first block showed 0.47x against 1.16-1.24x after
-    block(theirs, [])
-    block(ours, [])
-    alone, mixed = [], []
-    for _ in range(runs):
-        alone.append(block(theirs, []) / block(ours, []))
-        others = [lambda: an @ bn, lambda: at @ bt]
-        mixed.append(block(theirs, others) / block(ours, others))
-    dev = [abs(m / a - 1) for a, m in zip(alone, mixed)]
-    print("  alone       " + " ".join(f"{r:5.2f}x" for r in alone))
-    print("  interleaved " + " ".join(f"{r:5.2f}x" for r in mixed))
-    print(f"  median |interleaved/alone - 1| = {100 * statistics.median(dev):.1f}% (target <= 10%)")
-    rows.append(dict(kind="interference", n=n, alone=alone, interleaved=mixed))
+    res = check(lambda: tracea.ops.matmul(a, b), lambda: torch.matmul(a, b), [lambda: an @ bn, lambda: at @ bt],
+                "torch", runs=runs)
+    rows.append(dict(kind="interference", n=n, **res))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,9 @@ from tracea.doctor import get_doctor
 from tracea.doctor.host_plugin import host_profile
 from tracea.tuning.cache import TuningCache, set_cache
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from interference import check  # noqa: E402
+
 RESNET_3X3 = [(64, 56), (128, 28), (256, 14), (512, 7)]
 
 
@@ -68,39 +71,12 @@ def interference_rows(n: int, runs: int = 5) -> list[dict]:
     a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
     an, bn = rng.standard_normal((512, 512), dtype=np.float32), rng.standard_normal((512, 512), dtype=np.float32)
     at, bt = torch.from_numpy(an.copy()), torch.from_numpy(bn.copy())
-    ours, theirs = (lambda: tracea.ops.matmul(a, b)), (lambda: a @ b)
-    others = [lambda: an @ bn, lambda: at @ bt]
-
-    def block(fn, before, reps: int = 15) -> float:
-        fn()
-        ts = []
-        for _ in range(reps):
-            for o in before:
-                o()
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
-
-    block(theirs, []), block(ours, [])  # the first parallel calls of a process run slow
     print(f"interference: fp32 {n}^3 tracea.ops.matmul vs NumPy, alone and with NumPy + torch 512^2 matmuls "
           f"before each call (OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', '(unset)')}, "
           f"torch {torch.get_num_threads()} threads)")
-    alone, mixed, times = [], [], []
-    for _ in range(runs):
-        ta, na = block(ours, []), block(theirs, [])
-        tm, nm = block(ours, others), block(theirs, others)
-        alone.append(na / ta)
-        mixed.append(nm / tm)
-        times.append((ta, tm, na, nm))
-        print(f"  tracea alone {ta * 1e3:6.1f} ms  interleaved {tm * 1e3:6.1f} ms   numpy alone {na * 1e3:6.1f} ms  "
-              f"interleaved {nm * 1e3:6.1f} ms", flush=True)
-    dev = [abs(m / a_ - 1) for a_, m in zip(alone, mixed)]
-    print("  ratio alone       " + " ".join(f"{r:5.2f}x" for r in alone))
-    print("  ratio interleaved " + " ".join(f"{r:5.2f}x" for r in mixed))
-    print(f"  median |interleaved / alone - 1| = {100 * statistics.median(dev):.1f}% (target <= 10%)", flush=True)
-    return [dict(case=f"interference fp32 {n}^3", alone=alone, interleaved=mixed, times_s=times,
-                 median_deviation=statistics.median(dev))]
+    res = check(lambda: tracea.ops.matmul(a, b), lambda: a @ b, [lambda: an @ bn, lambda: at @ bt], "numpy",
+                runs=runs)
+    return [dict(case=f"interference fp32 {n}^3", **res)]
 
 
 def interleaved(ours, theirs, rounds: int) -> tuple[float, float]:
