@@ -62,6 +62,10 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   rc=$(( rc || $? )); grep -E "ratio|sum of" "$OUT/layers.log"
   python benchmarks/user_path/bench_shapes.py --json "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.log" | tail -70
   rc=$(( rc || $? ))
+  # few-row GEMMs (17-112 tokens) with the weights streamed from memory: default and wgmma_fewrows configs
+  python benchmarks/cuda/probe_fewrows.py --ms 24,64,96 --shapes 4096x4096,11008x4096,1024x8192 \
+    --json "$OUT/fewrows.json" 2>&1 | tee "$OUT/fewrows.log" | cut -c1-160
+  rc=$(( rc || $? ))
   # models no test uses (timm CNNs/ViTs, HF BERT/Llama; conv, linear and SDPA patched)
   python benchmarks/user_path/bench_zoo.py --device cuda --json "$OUT/zoo.json" 2>&1 | tee "$OUT/zoo.log" | tail -25
   rc=$(( rc || $? ))

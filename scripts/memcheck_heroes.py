@@ -29,7 +29,8 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
     for (m, n, k, b, ta, tb) in ((129, 200, 72, 1, False, False), (64, 256, 256, 2, True, True),
                                  (333, 97, 264, 1, False, True), (512, 512, 512, 1, False, False),
                                  (3, 1000, 333, 1, False, True), (1, 4096, 1024, 1, False, True),
-                                 (13, 520, 264, 1, False, True), (130, 300, 8192, 1, False, True)):
+                                 (13, 520, 264, 1, False, True), (130, 300, 8192, 1, False, True),
+                                 (40, 777, 336, 1, False, True), (100, 136, 2056, 1, False, True)):  # few rows
         GEMMS.append(GemmOp(m, n, k, batch=b, trans_a=ta, trans_b=tb, dtype_a=dt, dtype_b=dt, fp32_precision=prec,
                             epilogue="bias+gelu"))
 CONVS = []
@@ -68,7 +69,10 @@ HARVEST += [GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="b
             GemmOp(256, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x80
             GemmOp(1000, 1000, 1000, dtype_a="float16", dtype_b="float16"),  # 128x64 (MN-major B),
             GemmOp(128, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x32 and
-            GemmOp(128, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")]  # 128x48 (one row tile)
+            GemmOp(128, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x48 (one row tile)
+            GemmOp(32, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # few-row heroes:
+            GemmOp(64, 11008, 4096, trans_b=True, dtype_a="float16", dtype_b="float16"),  # ping-pong, whole,
+            GemmOp(48, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")]  # split
 HARVEST += [Conv2dOp(32, c, hw, hw, c, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias+relu")
             for dt, prec in (("float16", "highest"), ("float32", "high"), ("float32", "highest"))
             for layout in ("nhwc", "nchw") for c, hw in ((64, 56), (256, 14), (512, 7))]

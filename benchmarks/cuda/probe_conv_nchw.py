@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
                 except tracea.TraceaError as exc:
                     line[name] = f"refused ({type(exc).__name__})"
                     continue
-                t, a = paired(ours, theirs, rounds=5)
+                t, a, _ = paired(ours, theirs, rounds=5)
                 line[name] = round(a / t, 2)
                 rows.append({"batch": batch, "layer": [c, k, h, r, s], "path": name, "tracea_s": t, "torch_s": a})
             print(f"b{batch} {c}->{k} {r}x{r}/{s} @{h}^2: " + "  ".join(f"{n} {v}" for n, v in line.items()),

@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
         theirs = lambda: F.conv2d(x, w, b, stride=s, padding=pad)  # noqa: E731, B023
         ref = F.conv2d(x.double(), w.double(), b.double(), stride=s, padding=pad)
         err = float((ours().double() - ref).norm() / ref.norm())
-        t, a = paired(ours, theirs)
+        t, a, _ = paired(ours, theirs)
         gt, ga = graph_time(ours), graph_time(theirs)
         row = {"layer": f"{label} b{n} {str(dt)[6:]}{' CL' if cl else ''}", "variant": chosen.variant.name,
                "config": chosen.config.key if chosen.config is not None else "", "user_s": t, "torch_user_s": a,
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
         if prev is not None:
             old = lambda: tracea.ops.conv2d(x, w, b, stride=s, padding=pad,  # noqa: E731, B023
                                             variant=prev[0], config=prev[1])  # noqa: B023
-            tp, _ = paired(old, theirs)
+            tp, _, _ = paired(old, theirs)
             row.update(prev_variant=prev[0], prev_config=prev[1].key, prev_user_s=tp, prev_graph_s=graph_time(old))
         rows.append(row)
         line = (f"{row['layer']:<44} {chosen.variant.name[12:]:<12} user {t * 1e6:7.1f} us vs torch {a * 1e6:7.1f} "

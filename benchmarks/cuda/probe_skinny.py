@@ -121,7 +121,7 @@ def main(argv: list[str]) -> int:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = x.double() @ w.double().t()
-        t_def, t_torch = paired(lambda x=x, w=w: tracea.ops.matmul(x, w.t()), lambda x=x, w=w: x @ w.t())
+        t_def, t_torch, _ = paired(lambda x=x, w=w: tracea.ops.matmul(x, w.t()), lambda x=x, w=w: x @ w.t())
         t_torch_g = graph_time(lambda x=x, w=w: x @ w.t())
         t_def_g = graph_time(lambda x=x, w=w: tracea.ops.matmul(x, w.t()))
         decision = tracea.get_doctor().decide(GemmOp(m, n, k, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),

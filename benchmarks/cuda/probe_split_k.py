@@ -41,7 +41,7 @@ def probe(m: int, n: int, k: int, dtype: torch.dtype, splits: list[int], sweep: 
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     ref = x @ w.t()
     t_torch_g = graph_time(lambda: x @ w.t())
-    t_def, t_torch = paired(lambda: tracea.ops.matmul(x, w.t()), lambda: x @ w.t())
+    t_def, t_torch, _ = paired(lambda: tracea.ops.matmul(x, w.t()), lambda: x @ w.t())
     t_def_g = graph_time(lambda: tracea.ops.matmul(x, w.t()))
     variant = "cuda.gemm.wgmma_tf32" if dtype == torch.float32 else "cuda.gemm.wgmma"
     row: dict[str, Any] = {"m": m, "n": n, "k": k, "dtype": str(dtype)[6:], "torch_s": t_torch,
@@ -72,7 +72,7 @@ def probe(m: int, n: int, k: int, dtype: torch.dtype, splits: list[int], sweep: 
         row["configs"][key] = {"s": t, "err": err}
     best = min(row["configs"].items(), key=lambda kv: kv[1]["s"])
     row["best"] = best[0]
-    t_best, t_torch2 = paired(lambda: tracea.ops.matmul(x, w.t(), variant=variant, config=configs[best[0]]),
+    t_best, t_torch2, _ = paired(lambda: tracea.ops.matmul(x, w.t(), variant=variant, config=configs[best[0]]),
                               lambda: x @ w.t())
     row["best_user_s"], row["torch2_s"] = t_best, t_torch2
     cf = "  ".join(f"{key} {t_torch_g / v['s']:4.2f}" for key, v in row["configs"].items())

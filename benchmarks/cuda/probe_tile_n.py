@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
         wt = w if mn else w.t()
         ref = x @ wt
         t_torch = graph_time(lambda x=x, wt=wt: x @ wt)
-        t_user, t_torch_user = paired(lambda x=x, wt=wt: tracea.ops.matmul(x, wt), lambda x=x, wt=wt: x @ wt)
+        t_user, t_torch_user, _ = paired(lambda x=x, wt=wt: tracea.ops.matmul(x, wt), lambda x=x, wt=wt: x @ wt)
         row: dict[str, Any] = {"shape": s, "torch_s": t_torch, "user_s": t_user, "torch_user_s": t_torch_user,
                                "configs": {}}
         for label, cfg in cs.items():

@@ -3,6 +3,7 @@ untuned op) on the shape families of :mod:`shapes`, plus PyTorch's time on the s
 the performance-model data file (one device call).
 
     source scripts/srcenv.sh && python benchmarks/model/collect_cuda.py --out $OUT/sm_90.json [--budget 200]
+        [--ms 32,64,96]
 
 Kernels are compiled first, in parallel worker processes (NVRTC, into the on-disk module cache), so
 the timed phase never waits on a compiler. Tracea's times come from ``tracea_cuda.measure.measure``
@@ -109,6 +110,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=200.0, help="seconds for the whole run")
     ap.add_argument("--limit", type=int, default=0, help="at most this many cases (0: all)")
+    ap.add_argument("--ms", default="", help="only the GEMM cases of these M (e.g. 32,64,96: a refresh that "
+                                             "pack_data.py --merge adds to a shipped file)")
     args = ap.parse_args()
     t0 = time.time()
     os.environ.setdefault("TRACEA_CUDA_CACHE_DIR", "/tmp/tracea-model-cubins")
@@ -123,6 +126,9 @@ def main() -> int:
     doctor = get_doctor()
     variants = all_variants()
     cases = [(f, p, op) for f, p, op in shapes.gemm_cases() + shapes.conv_cases()]
+    if args.ms:
+        ms = {int(v) for v in args.ms.split(",")}
+        cases = [(f, p, op) for f, p, op in cases if op.kind.value == "gemm" and op.m in ms]
     random.Random(0).shuffle(cases)
     if args.limit:
         cases = cases[:args.limit]

@@ -25,7 +25,7 @@ LLM = {
 HELD_OUT = {"llama13b", "qwen7b", "phi2", "odd-b", "batched-b", "square-b", "vgg", "densenet", "resnet-strided"}
 
 PREFILL_M = (512, 4096)
-DECODE_M = (1, 16, 128)
+DECODE_M = (1, 16, 32, 64, 96, 128)
 #: (family, label, C, H=W, K, R, stride, padding)
 CONVS = [
     ("resnet", "3x3 64@56", 64, 56, 64, 3, 1, 1), ("resnet", "3x3 128@28", 128, 28, 128, 3, 1, 1),

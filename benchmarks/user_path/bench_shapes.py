@@ -248,7 +248,7 @@ def main(argv: list[str]) -> int:
     rows: list = []
     if "decode" in groups:
         print("\n[decode] x @ W.T, few tokens")
-        gemm_group(rows, "decode", [1, 4, 16, 128], torch.bfloat16, bw)
+        gemm_group(rows, "decode", [1, 4, 16, 32, 64, 128], torch.bfloat16, bw)
     if "prefill" in groups:
         print("\n[prefill] x @ W.T, many tokens")
         gemm_group(rows, "prefill", [512, 2048], torch.bfloat16, bw)

@@ -12,7 +12,7 @@ BERT / Llama configs), the forward is timed eager and patched four ways, round-r
 The gap between ``layers`` and ``layers direct`` is the checks' share of the forward (cold caches inside
 a model make them cost several times what a single layer timed alone shows).
 
-    python benchmarks/user_path/memo_cost.py --device cuda [--models resnet,decoder] [--hf bert,llama]
+    python benchmarks/user_path/memo_cost.py --device cuda [--models resnet,decoder] [--hf bert,llama] [--timm levit_128]
 """
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--models", default="resnet,decoder", help="bench_user_path cases ('' for none)")
     p.add_argument("--hf", default="bert,llama", help="bench_zoo Hugging Face cases ('' for none)")
+    p.add_argument("--timm", default="", help="timm model names (bench_user_path's timm cases)")
+    p.add_argument("--timm-fp32-batch", type=int, default=8, help="batch of the timm float32 cases")
     p.add_argument("--only", default="", help="substring a case name must contain")
     p.add_argument("--rounds", type=int, default=9)
     args = p.parse_args(argv)
@@ -118,8 +120,8 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(0)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"machine: {where}, torch {torch.__version__}; ratio = eager time / this way's time")
-    ns = argparse.Namespace(models=args.models, timm="")
-    cases = [(n, m, (x,)) for n, m, x in model_cases(device, ns)] if args.models else []
+    ns = argparse.Namespace(models=args.models, timm=args.timm, timm_fp32_batch=args.timm_fp32_batch)
+    cases = [(n, m, (x,)) for n, m, x in model_cases(device, ns)] if args.models or args.timm else []
     cases += [(n, m, make()) for n, m, make in hf_cases(args.hf, device)]
     for name, model, call_args in cases:
         if args.only in name:

@@ -69,6 +69,27 @@ def test_features():
     assert wave_factor(GemmOp(128 * 10, 128 * 10, 64), split, 132) == pytest.approx(132 / 100)  # 100 tiles: 1 piece
 
 
+def test_wave_quantization_weighs_compute_bound_ops_only():
+    """The partial-wave factor scales compute-bound GEMMs whole, weight-streaming ones not at all, and
+    tiny (latency-bound) ones whole; the roofline estimate applies it that way on GPUs only."""
+    from tracea.perfmodel.model import roofline_estimate, wave_weight
+
+    gpu = DeviceProfile(Device("cuda", 0), "g", arch="sm_90a", compute_capability=(9, 0), compute_units=132,
+                        warp_size=32, peak_gflops={"bfloat16": 989e3}, bandwidth_gbs=3350.0)
+    bf = dict(dtype_a="bfloat16", dtype_b="bfloat16")
+    assert wave_weight(GemmOp(8192, 8192, 8192, **bf), gpu) == 1.0               # compute-bound
+    assert wave_weight(GemmOp(64, 4096, 4096, trans_b=True, **bf), gpu) == 0.0  # streams 32 MB of weight
+    assert wave_weight(GemmOp(239, 236, 225, **bf), gpu) == 1.0                 # under 1 us of memory
+    mid = wave_weight(GemmOp(512, 4096, 4096, trans_b=True, **bf), gpu)
+    assert 0.0 < mid < 1.0
+    cfg = PipelineConfig(tile_m=128, tile_n=128)
+    v = _V("pm.roof", 1.0)
+    decode, big = GemmOp(64, 4096, 4096, trans_b=True, **bf), GemmOp(128 * 10, 128, 8192, **bf)
+    assert roofline_estimate(v, decode, gpu, cfg) == pytest.approx(v.estimate_seconds(decode, gpu, cfg))
+    assert roofline_estimate(v, big, gpu, cfg) > v.estimate_seconds(big, gpu, cfg)
+    assert roofline_estimate(v, big, _profile(), cfg) == pytest.approx(v.estimate_seconds(big, _profile(), cfg))
+
+
 class _V(KernelVariant):
     """A roofline variant (efficiency set per instance)."""
 

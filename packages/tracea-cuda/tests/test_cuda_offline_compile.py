@@ -44,6 +44,13 @@ OPS = {
                                epilogue="bias+gelu"),  # 128x160 fill hero (hopper_tiles)
                         GemmOp(128, 5120, 5120, trans_b=True, dtype_a="float16", dtype_b="float16",
                                dtype_out="float32", epilogue="bias")],  # 128x48 fill hero, one row tile
+    "cuda.gemm.wgmma_fewrows": [
+        GemmOp(32, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # split 4
+        GemmOp(64, 11008, 4096, trans_b=True, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
+        GemmOp(17, 1000, 336, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", dtype_out="float32",
+               epilogue="bias+silu"),
+        GemmOp(112, 1024, 8192, trans_b=True, dtype_a="float16", dtype_b="float16", dtype_out="bfloat16",
+               epilogue="relu")],
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
                           GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="bfloat16",
                                  dtype_b="bfloat16", epilogue="bias+silu")],

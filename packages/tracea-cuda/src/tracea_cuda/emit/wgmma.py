@@ -26,7 +26,7 @@ from tracea.ir.epilogue import Epilogue
 from . import im2col
 from .common import PRELUDE, ctype, epilogue_function, load_expr, pair_epilogue_function, store_expr
 from .operands import StoreMap
-from .wgmma_epilogues import DEFER_CHUNK, DIRECT, STAGED, STASH, TRANSPOSED, deferred_split
+from .wgmma_epilogues import DEFER_CHUNK, DIRECT, STAGED, STASH, TRANSPOSED, TRANSPOSED_ROWS, deferred_split
 from .wgmma_stream_k import SK_FIXUP, SK_UNIT, SPLIT_FIXUP, SPLIT_UNIT
 
 KERNEL_NAME = "tracea_wgmma_kernel"
@@ -101,8 +101,6 @@ class WgmmaSpec:
             problems.append("the wgmma kernel serves float16/bfloat16 (and float32 as TF32) inputs")
         if self.dtype_in.storage is DType.F32 and not self.b_kmajor:
             problems.append("TF32 wgmma reads B K-major only (swap the operands for C^T, or transpose B first)")
-        if self.out_cm and not self.a_regs:
-            problems.append("a column-major C is served with a register-fed (MN-major fp32) A")
         if (self.a_regs or self.out_cm) and (self.smem_epilogue or self.store is not None or self.conv is not None):
             problems.append("a register-fed A and a column-major C use the direct GEMM epilogue (smem_epilogue=False)")
         if self.schedule not in ("coop", "pingpong"):
@@ -428,7 +426,9 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         defer_step = (f"            if (pend > 0) {{ defer_chunk(stash, pC, prow, pn0, M, N, {nchunk} - pend, lane); --pend; }}"
                       f"  // under the wgmma group in flight\n")
         defer_tail = f"    while (pend > 0) {{ defer_chunk(stash, pC, prow, pn0, M, N, {nchunk} - pend, lane); --pend; }}\n"
-    if spec.out_cm:
+    if spec.out_cm and not spec.a_regs:  # fragment-order rows: one store per value
+        epilogue_code = TRANSPOSED_ROWS.format(**locals())
+    elif spec.out_cm:
         if out_size == 4:
             pair = 'asm volatile("st.global.v2.f32 [%0], {%1,%2};" :: "l"(p), "f"(v0), "f"(v1) : "memory");'
         else:

@@ -1,5 +1,5 @@
 """CUDA C++ templates of the Hopper GEMM's epilogues (rendered by :mod:`.wgmma`): the column-major
-store of a swapped product, the staged row-major store, the direct store, and the deferred epilogue (a
+stores of a swapped product (register-fed A: row pairs; smem-fed A: single values), the staged row-major store, the direct store, and the deferred epilogue (a
 tile's values stashed in shared memory, the activation and the stores run under the next tile's MMA)."""
 
 from __future__ import annotations
@@ -23,6 +23,26 @@ TRANSPOSED = """        // Epilogue, column-major C (ldc = M): fragment rows g a
                     {cm_store}
                 }}
         }}
+"""
+
+TRANSPOSED_ROWS = """        // Epilogue, column-major C (ldc = M), accumulator rows in fragment order (smem-fed A): a thread holds
+        // rows g and g + 8, so each value is its own store; 8 lanes (g) write 8 adjacent m of one column.
+        #pragma unroll
+        for (int sub = 0; sub < {subs}; ++sub)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+                const int row = m0 + {lrow};
+                const float b0 = bias_at(bias, row < M ? row : 0);
+                #pragma unroll
+                for (int j2 = 0; j2 < {bn8}; ++j2)
+                    #pragma unroll
+                    for (int e = 0; e < 2; ++e) {{
+                        const int col = n0 + j2 * 8 + 2 * t4 + e;
+                        if (col >= N || row >= M) continue;
+                        const float v0 = apply_epilogue_b({accn}[sub][4 * j2 + 2 * h + e], b0);
+                        Cb[(long long)col * M + row] = {c0};
+                    }}
+            }}
 """
 
 STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem staging (padded rows, conflict-free)

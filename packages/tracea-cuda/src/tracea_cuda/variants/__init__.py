@@ -13,8 +13,9 @@ def all_variants() -> list:
     from .gemv import GEMV_VARIANTS  # noqa: PLC0415
     from .hopper import HOPPER_VARIANTS  # noqa: PLC0415
     from .hopper_conv import HOPPER_CONV_VARIANTS  # noqa: PLC0415
+    from .hopper_fewrows import FEWROWS_VARIANTS  # noqa: PLC0415
     from .pointwise import POINTWISE_VARIANTS  # noqa: PLC0415
     from .skinny import SKINNY_VARIANTS  # noqa: PLC0415
 
-    return [cls() for cls in GEMV_VARIANTS + SKINNY_VARIANTS + HOPPER_VARIANTS + GEMM_VARIANTS + HOPPER_CONV_VARIANTS
+    return [cls() for cls in GEMV_VARIANTS + SKINNY_VARIANTS + FEWROWS_VARIANTS + HOPPER_VARIANTS + GEMM_VARIANTS + HOPPER_CONV_VARIANTS
             + POINTWISE_VARIANTS + DEPTHWISE_VARIANTS + CONV_VARIANTS + ATTENTION_DECODE_VARIANTS + ATTENTION_WGMMA_VARIANTS + ATTENTION_VARIANTS]
