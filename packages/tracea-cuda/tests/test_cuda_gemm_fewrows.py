@@ -1,4 +1,4 @@
-"""``cuda.gemm.wgmma_fewrows`` (x @ W.T of 17-112 rows computed as C^T = W x^T on Hopper): what it serves and
+"""``cuda.gemm.wgmma_fewrows`` (x @ W.T of 17-127 rows computed as C^T = W x^T on Hopper): what it serves and
 declines, its heroes on an H100 profile, the rendered store, then GPU runs against a float64 reference over
 odd shapes, dtypes, epilogues and output dtypes, NaN / Inf propagation, the bound path and CUDA-graph replay."""
 
@@ -62,7 +62,8 @@ def test_kernel_op_swaps_the_operands_and_stores_c_transposed():
 @pytest.mark.parametrize("m,n,k,first", [(17, 4096, 4096, "pingpong"), (32, 2048, 2048, "pingpong"),
                                          (64, 11008, 4096, "whole"), (48, 1024, 8192, "split"),
                                          (112, 8192, 8192, "pingpong"), (96, 13824, 5120, "whole"),
-                                         (20, 1000, 336, "pingpong"), (24, 768, 3072, "pingpong")])
+                                         (20, 1000, 336, "pingpong"), (24, 768, 3072, "pingpong"),
+                                         (127, 4096, 4096, "pingpong")])
 def test_heroes_are_valid_and_follow_the_wave_rule(m, n, k, first):
     """64-row ping-pong tiles where they fit one wave, 128-row tiles where they do not, a K split first only
     where the 128-row tiles leave most SMs idle over a long K (W1024x8192: 8 tiles on 132 SMs)."""
@@ -93,7 +94,7 @@ _hopper = T.require_hopper
 gpu = T.gpu_test
 
 SHAPES = [(17, 1000, 336), (24, 4096, 4096), (32, 200, 4104), (40, 1024, 8192), (64, 11008, 512), (77, 130, 2056),
-          (96, 4096, 1032), (112, 520, 4096)]
+          (96, 4096, 1032), (112, 520, 4096), (127, 777, 1032)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

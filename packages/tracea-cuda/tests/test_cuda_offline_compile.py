@@ -49,6 +49,7 @@ OPS = {
         GemmOp(64, 11008, 4096, trans_b=True, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
         GemmOp(17, 1000, 336, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", dtype_out="float32",
                epilogue="bias+silu"),
+        GemmOp(120, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias"),  # 128 cols
         GemmOp(112, 1024, 8192, trans_b=True, dtype_a="float16", dtype_b="float16", dtype_out="bfloat16",
                epilogue="relu")],
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),

@@ -118,7 +118,7 @@ def test_few_tile_gemms_take_the_split_k_hero_and_decode_keeps_its_variants(monk
     1.9-2.6x faster than the mma.sync default it replaced on an H100); whole 128-row tiles over at most one
     128x64 tile per SM take 128x64 tiles (H200 and H100 alike), or narrower ones that fill the SMs where those
     are not split (``hopper_tiles``: 128x32 at N4096 K4096, 128x96 at N11008); M <= 16 keeps GEMV / skinny.
-    (17-112 rows: ``cuda.gemm.wgmma_fewrows``, see test_cuda_gemm_fewrows.py.)"""
+    (17-127 rows: ``cuda.gemm.wgmma_fewrows``, see test_cuda_gemm_fewrows.py.)"""
     from dataclasses import replace as dc_replace
 
     expected = {(512, 1024, 8192): (128, 4), (128, 4096, 4096): (32, None), (128, 1024, 8192): (64, 8),

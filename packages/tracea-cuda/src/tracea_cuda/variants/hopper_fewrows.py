@@ -1,10 +1,10 @@
-"""``cuda.gemm.wgmma_fewrows``: 16-bit GEMMs of a few rows (17-112 tokens: batched decode, small-batch
+"""``cuda.gemm.wgmma_fewrows``: 16-bit GEMMs of a few rows (17-127 tokens: batched decode, small-batch
 ``nn.Linear``) against an (N, K) weight on Hopper, computed as C^T = W x^T.
 
 wgmma's M side is 64 rows at least, so a 32-row ``x @ W.T`` on the row-major kernel fills half of every
 tile with rows that do not exist, and its tiles along N are few (H100, weights streamed from memory:
 0.26-0.66x cuBLAS at 24-64 rows). Swapped, the weight's rows fill wgmma's M side (128-row tiles, all of
-them real) and the tokens its N side (one tile of 32-112 columns), in 64-row ping-pong tiles where they
+them real) and the tokens its N side (one tile of 32-128 columns), in 64-row ping-pong tiles where they
 fit one wave, 128-row tiles where they do not, K split only where the 128-row tiles leave most SMs idle;
 the kernel stores C^T column-major, i.e. C row-major. Every byte the
 producer loads from memory is then the weight's (the tokens' tile comes from L2).
@@ -27,9 +27,11 @@ from .base import FLOAT_IO
 from .hopper import WgmmaGemm, _hero
 from .skinny import SERVED_ROWS
 
-#: most rows (tokens) served: 17-96 rows measured at or above the 128-row Hopper GEMM, 128 rows below its
-#: narrow-tile hero (H100, probe_fewrows.py: W4096x4096 0.82x against 0.93x, W5120x5120 0.85x / 0.93x)
-MAX_ROWS = 112
+#: most rows (tokens) served: 17-127 rows measured at or above the 128-row Hopper GEMM on most weights (H100,
+#: probe_fewrows.py, 113-127 rows: W4096x4096 0.78-0.81x against 0.65-0.67x, W2048x2048 0.64-0.66x against
+#: 0.48x, W11008x4096 0.97x against 1.00-1.02x); 128 rows below its narrow-tile hero (W4096x4096 0.82x against
+#: 0.93x, W5120x5120 0.85x / 0.93x). The tokens' tile is rounded up to 16 columns (128 at most).
+MAX_ROWS = 127
 #: shared memory the hero's stage ring may take (bytes): room is left for the epilogue and barriers
 RING_BYTES = 192 * 1024
 #: at least this many 64-wide k-tiles per K slice (a shorter slice does not fill the pipeline)
@@ -52,7 +54,7 @@ def stages_for(bn: int) -> int:
 
 class WgmmaFewRows(WgmmaGemm):
     name = "cuda.gemm.wgmma_fewrows"
-    description = ("few-row (17-112) f16/bf16 GEMM against an (N, K) weight for Hopper, computed as C^T = W x^T: "
+    description = ("few-row (17-127) f16/bf16 GEMM against an (N, K) weight for Hopper, computed as C^T = W x^T: "
                    "the weight's rows on wgmma's 64-row side, the tokens on its N side (K split across CTAs where the "
                    "weight's tiles are few), C stored transposed (row-major C); TMA + wgmma, sm_90a")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F16, DType.BF16}),
@@ -97,7 +99,7 @@ class WgmmaFewRows(WgmmaGemm):
         # most SMs idle over a long K (W1024x8192: 8 tiles, 6-8 slices 0.63-0.69x, unsplit or ping-pong
         # lower; W768x3072: ping-pong 0.63-0.75x, 6 slices 0.54-0.61x). The split costs elsewhere (W4096x4096:
         # 4 slices 0.71x against 0.86x unsplit): its pieces wait for each other.
-        bn = min(MAX_ROWS, -(-op.m // 16) * 16)
+        bn = min(128, -(-op.m // 16) * 16)  # the tokens rounded up to wgmma N steps of 16
         st = stages_for(bn)
         sms = max(profile.compute_units, 1)
         pingpong = _hero(bn, st, schedule="pingpong", bm=64, cluster=1, smem_epilogue=False)
@@ -113,8 +115,8 @@ class WgmmaFewRows(WgmmaGemm):
         return heroes
 
     def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
-        bn = min(MAX_ROWS, -(-op.m // 16) * 16)
-        return (SearchSpace().tile_m([64, 128]).tile_n(sorted({bn, min(MAX_ROWS, bn + 16)})).tile_k([BK])
+        bn = min(128, -(-op.m // 16) * 16)  # the tokens rounded up to wgmma N steps of 16
+        return (SearchSpace().tile_m([64, 128]).tile_n(sorted({bn, min(128, bn + 16)})).tile_k([BK])
                 .stages([4, 5, 6, 7, 8]).warps([12]).swizzles([SwizzleMode.XOR8])
                 .barrier_modes([BarrierMode.PRODUCER_CONSUMER]).param("group_m", [8])
                 .param("schedule", ["coop", "pingpong"]).param("smem_epilogue", [False]).param("cluster", [1])
