@@ -53,6 +53,11 @@ def stages_for(bn: int) -> int:
 
 
 class WgmmaFewRows(WgmmaGemm):
+    """The Hopper GEMM (:class:`~tracea_cuda.variants.hopper.WgmmaGemm`) on the swapped product of a few-row
+    ``x @ W.T``: :meth:`kernel_op` exchanges M and N, :meth:`operands` hands the kernel W as A and x as B, and
+    the spec stores C^T column-major (the row-major C the caller asked for). Declines 16 rows and fewer (the
+    weight-streaming kernels' range), batches, other transposes and K not a multiple of 8."""
+
     name = "cuda.gemm.wgmma_fewrows"
     description = ("few-row (17-127) f16/bf16 GEMM against an (N, K) weight for Hopper, computed as C^T = W x^T: "
                    "the weight's rows on wgmma's 64-row side, the tokens on its N side (K split across CTAs where the "
