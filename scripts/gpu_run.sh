@@ -62,7 +62,7 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   rc=$(( rc || $? )); grep -E "ratio|sum of" "$OUT/layers.log"
   python benchmarks/user_path/bench_shapes.py --json "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.log" | tail -70
   rc=$(( rc || $? ))
-  # few-row GEMMs (17-112 tokens) with the weights streamed from memory: default and wgmma_fewrows configs
+  # few-row GEMMs (17-127 tokens) with the weights streamed from memory: default and wgmma_fewrows configs
   python benchmarks/cuda/probe_fewrows.py --ms 24,64,96 --shapes 4096x4096,11008x4096,1024x8192 \
     --json "$OUT/fewrows.json" 2>&1 | tee "$OUT/fewrows.log" | cut -c1-160
   rc=$(( rc || $? ))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import itertools
 import sys
 from typing import Any, Callable
 
@@ -26,10 +26,10 @@ import tracea
 from tracea.ir.ops import GemmOp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "user_path"))
-from bench_shapes import copy_bandwidth, paired  # noqa: E402
+from bench_shapes import copy_bandwidth, graph_time, paired  # noqa: E402
 
 from tracea_cuda.variants.hopper import _hero  # noqa: E402
-from tracea_cuda.variants.hopper_fewrows import WgmmaFewRows, stages_for  # noqa: E402
+from tracea_cuda.variants.hopper_fewrows import WgmmaFewRows, stages_for, token_tile  # noqa: E402
 
 SHAPES = ["4096x4096", "11008x4096", "4096x11008", "1024x8192", "8192x8192", "5120x5120", "13824x5120",
           "2048x2048", "28672x8192"]
@@ -37,30 +37,16 @@ VARIANT = WgmmaFewRows.name
 
 
 def rotating_graph_time(fn: Callable[[torch.Tensor], Any], weights: list[torch.Tensor], reps: int = 5) -> float:
-    """Device seconds per call of ``fn(w)`` over ``weights`` in turn (two rounds captured in one graph)."""
+    """Device seconds per call of ``fn(w)`` over ``weights`` in turn (two rounds captured in one graph,
+    ``bench_shapes.graph_time``); every weight is called once first, outside the capture."""
     for w in weights:
         fn(w)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    calls = 2 * len(weights) if len(weights) > 1 else 20
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(weights[i % len(weights)])
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3 / calls)
-    return statistics.median(times)
+    turn = itertools.cycle(weights)
+    return graph_time(lambda: fn(next(turn)), calls=2 * len(weights) if len(weights) > 1 else 20, reps=reps)
 
 
 def configs(m: int, n: int, k: int) -> dict[str, Any]:
-    bn = -(-m // 16) * 16
+    bn = token_tile(GemmOp(m, n, k))
     out = {f"s{s}": _hero(bn, stages_for(bn), cluster=1, split_k=s, smem_epilogue=False)
            for s in (1, 2, 3, 4, 6, 8, 12, 16)}
     out["pp64"] = _hero(bn, stages_for(bn), schedule="pingpong", bm=64, cluster=1, smem_epilogue=False)

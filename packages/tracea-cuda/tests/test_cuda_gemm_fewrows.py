@@ -127,7 +127,7 @@ def test_fewrows_propagates_nan_and_inf(dt):
 
     import tracea
 
-    _hopper()
+    profile = _hopper()
     dtype = getattr(torch, dt)
     x = torch.randn(40, 4096, device="cuda", dtype=dtype)
     w = torch.randn(1000, 4096, device="cuda", dtype=dtype)
@@ -135,7 +135,7 @@ def test_fewrows_propagates_nan_and_inf(dt):
     x[7, 10] = float("inf")        # row 7: +inf where w > 0, -inf where w < 0 (first K slice)
     w[5, 2100] = float("-inf")     # column 5: +-inf / NaN (middle slice)
     ref = (x.double() @ w.double().t()).to(dtype)
-    for config in V.hero_configs(_op(40, 1000, 4096, dt), T.require_hopper()):
+    for config in V.hero_configs(_op(40, 1000, 4096, dt), profile):
         out = tracea.ops.matmul(x, w.t(), variant=V.name, config=config)
         assert torch.equal(torch.isnan(out), torch.isnan(ref)), config.key
         assert torch.equal(torch.isinf(out) & (out > 0), torch.isinf(ref) & (ref > 0))
@@ -169,14 +169,7 @@ def test_fewrows_default_path_bound_calls_and_cuda_graph_replay():
     assert torch.equal(x, x0) and torch.equal(w, w0)
     for _ in range(3):
         assert torch.equal(call(), eager)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = call()
+    g, out = T.capture(call)
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         g.replay()

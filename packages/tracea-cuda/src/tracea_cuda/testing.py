@@ -61,6 +61,22 @@ def require_hopper() -> Any:
     return profile
 
 
+def capture(fn: Any) -> tuple[Any, Any]:
+    """``fn`` warmed up once on a side stream (as torch documents for capture), then captured into a CUDA
+    graph: (graph, the output tensor the graph writes)."""
+    import torch  # noqa: PLC0415 - test helper
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
 def fake_profile(gpu: str):
     """A :class:`~tracea.doctor.profile.DeviceProfile` of an ``"H100"`` or ``"A100"`` (data-sheet figures),
     for Doctor and hero tests that must not depend on the GPU present."""

@@ -105,9 +105,15 @@ def wave_factor(op: Op, config: PipelineConfig | None, units: int) -> float:
     return math.ceil(waves) / waves if waves > 0 else 1.0
 
 
-def roofline_seconds(op: Op, profile: Any, dtype: str | None = None) -> float:
-    """max(FLOPs / peak, bytes / bandwidth) at 100% efficiency (the plain roofline, for reports)."""
+def roofline_times(op: Op, profile: Any, dtype: str | None = None) -> tuple[float, float]:
+    """(FLOPs / peak, bytes / bandwidth) of ``op`` at 100% efficiency: the plain roofline's compute and
+    memory times (20 GB/s where the profile has no bandwidth)."""
     dt = dtype or (op.dtypes[0].value if op.dtypes else "float32")
     peak = float(profile.peak(dt)) * 1e9
     bw = float(profile.bandwidth_gbs or 20.0) * 1e9
-    return max(op.flops / max(peak, 1.0), op.min_bytes / bw)
+    return op.flops / max(peak, 1.0), op.min_bytes / bw
+
+
+def roofline_seconds(op: Op, profile: Any, dtype: str | None = None) -> float:
+    """max(FLOPs / peak, bytes / bandwidth) at 100% efficiency (the plain roofline, for reports)."""
+    return max(roofline_times(op, profile, dtype))

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .data import Observation
-from .features import group_key, shape_vector, wave_factor
+from .features import group_key, roofline_times, shape_vector, wave_factor
 
 #: neighbours farther than this (in log2-shape units) are not "near"
 RADIUS = 1.5
@@ -111,9 +111,7 @@ def wave_weight(op: Any, profile: Any) -> float:
     rises from 0 to 1 as the compute share c = compute time / (compute + memory time) of the plain
     roofline goes from 1/4 to 3/4; ops whose memory time is under :data:`STREAMING_MIN_S` keep 1."""
     try:
-        dt = op.dtypes[0].value if op.dtypes else "float32"
-        flop_t = float(op.flops) / max(float(profile.peak(dt)) * 1e9, 1.0)
-        mem_t = float(op.min_bytes) / max(float(profile.bandwidth_gbs or 0.0) * 1e9, 1.0)
+        flop_t, mem_t = roofline_times(op, profile)
     except Exception:  # noqa: BLE001 - an op or profile without the figures: the whole factor
         return 1.0
     if mem_t < STREAMING_MIN_S:

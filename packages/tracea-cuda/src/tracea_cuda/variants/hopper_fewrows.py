@@ -47,6 +47,11 @@ def slices(n: int, k: int, sms: int, max_slices: int = 16) -> int:
     return max(1, min(max_slices, sms // max(tiles, 1), -(-k // BK) // MIN_SLICE_KTILES))
 
 
+def token_tile(op: GemmOp) -> int:
+    """The kernel's tile_n: the tokens (``op.m``) rounded up to wgmma's N steps of 16, 128 at most."""
+    return min(128, -(-op.m // 16) * 16)
+
+
 def stages_for(bn: int) -> int:
     """Deepest ring (at most 8 stages) of 128 x 64 weight and bn x 64 token tiles within :data:`RING_BYTES`."""
     return max(2, min(8, RING_BYTES // ((128 + bn) * BK * 2)))
@@ -104,7 +109,7 @@ class WgmmaFewRows(WgmmaGemm):
         # most SMs idle over a long K (W1024x8192: 8 tiles, 6-8 slices 0.63-0.69x, unsplit or ping-pong
         # lower; W768x3072: ping-pong 0.63-0.75x, 6 slices 0.54-0.61x). The split costs elsewhere (W4096x4096:
         # 4 slices 0.71x against 0.86x unsplit): its pieces wait for each other.
-        bn = min(128, -(-op.m // 16) * 16)  # the tokens rounded up to wgmma N steps of 16
+        bn = token_tile(op)
         st = stages_for(bn)
         sms = max(profile.compute_units, 1)
         pingpong = _hero(bn, st, schedule="pingpong", bm=64, cluster=1, smem_epilogue=False)
@@ -120,7 +125,7 @@ class WgmmaFewRows(WgmmaGemm):
         return heroes
 
     def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:
-        bn = min(128, -(-op.m // 16) * 16)  # the tokens rounded up to wgmma N steps of 16
+        bn = token_tile(op)
         return (SearchSpace().tile_m([64, 128]).tile_n(sorted({bn, min(128, bn + 16)})).tile_k([BK])
                 .stages([4, 5, 6, 7, 8]).warps([12]).swizzles([SwizzleMode.XOR8])
                 .barrier_modes([BarrierMode.PRODUCER_CONSUMER]).param("group_m", [8])
