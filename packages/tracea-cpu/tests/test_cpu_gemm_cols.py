@@ -134,3 +134,24 @@ def test_cols_driver_variants_match_float64(flags, shape):
         out = _run(lib, m, n, k, ta, tb, batch, mc, nc, kc, threads, a, b, bias)
         ref = _ref(m, n, k, ta, tb, batch, a, b, bias, epi)
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-6, flags
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_cols_route_few_panels_small_a(isa, l2_bytes):
+    """Fewer than ``TR_COLS_MIN_PANELS`` panels a thread: the column driver while the packed A fits
+    ``TR_COLS_FEW_A`` L2s (every thread reads all of it), the packed driver otherwise; results match
+    float64 either way (on more threads than cores, panels a thread between one and two)."""
+    tile = TILES[isa][0]
+    lib = _lib(isa, tile, "bias+relu")
+    threads, nr = 4, tile[1]
+    m, n, k = 6 * tile[0] + 5, 5 * nr + 3, 300  # 6 panels for 4 threads
+    rng = np.random.default_rng(n + k)
+    a, b, bias = rand(rng, 1, m, k), rand(rng, 1, k, n), rand(rng, n)
+    ref = _ref(m, n, k, False, False, 1, a, b, bias, "bias+relu")
+    for l2, route in ((1 << 40, "cols"), (m * k * 4 // 8 - 1, "packed")):  # (TR_COLS_FEW_A = 8 L2s)
+        l2_bytes(lib, l2)
+        assert kernels.GEMM_ROUTES[lib.tr_gemm_route(m, n, k, n, 1, threads)] == route
+        out = _run(lib, m, n, k, False, False, 1, 112, 4096, 512, threads, a, b, bias)
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-6, route
+    l2_bytes(lib, 1 << 40)
+    assert kernels.GEMM_ROUTES[lib.tr_gemm_route(m, nr * (threads - 1), k, n, 1, threads)] == "packed"  # < a panel each

@@ -374,6 +374,9 @@ void tr_set_caches(long l1d, long l2) {
 #ifndef TR_COLS_STEAL
 #define TR_COLS_STEAL 1
 #endif
+#ifndef TR_COLS_FEW_A
+#define TR_COLS_FEW_A 8  /* the column driver below TR_COLS_MIN_PANELS panels a thread: A within this many L2s */
+#endif
 #ifndef TR_COLS_UNITS
 #define TR_COLS_UNITS 4  /* pieces per thread's range when TR_COLS_STEAL */
 #endif
@@ -458,10 +461,12 @@ __attribute__((noinline)) static int tr_drive_cols(long M, long N, long K, const
                             for (int spin = 0; !__atomic_load_n(&ready[r], __ATOMIC_ACQUIRE); spin++) {
                                 long q = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
                                 if (q < ntile) {
+                                    TR_PROBE_LAP(3, tid);
                                     for (long b = 0; b < nkb; b++)
                                         tr_pack_a_dense(A, q * MR, TR_MIN(MR, M - q * MR), b * kc, TR_MIN(kc, K - b * kc),
                                                         abig + ((size_t)b * ntile + q) * MR * kc);
                                     __atomic_store_n(&ready[q], 1, __ATOMIC_RELEASE);
+                                    TR_PROBE_LAP(6, tid);
                                 } else {
                                     tr_cpu_relax();
                                     if (spin > 4096) sched_yield();
@@ -506,7 +511,17 @@ int tr_gemm_route(long M, long N, long K, long rsb, long csb, int nth) {
     /* Few rows against transposed weights (measured at M x 4096 x 4096, 6x64 tile: M = 1 / 8 / 32:
        9.0 / 9.5 / 12.8 ms -> see docs/backends/cpu.md) take the per-thread-panel driver. */
     if (TR_ROWS_DRIVER && M <= TR_ROWS_MAXM && csb != 1 && (N + NR - 1) / NR >= 2 * T) return 1;
-    if (TR_COLS_DRIVER && T > 1 && (N + NR - 1) / NR >= (long)TR_COLS_MIN_PANELS * T && M >= 2 * MR) return 4;
+    if (TR_COLS_DRIVER && T > 1 && M >= 2 * MR) {
+        long npan = (N + NR - 1) / NR;
+        if (npan >= (long)TR_COLS_MIN_PANELS * T) return 4;
+        /* Fewer panels, but one a thread and a small A (every thread reads all of the shared packed A):
+           the column driver still beats the packed one, whose row blocks then split over the panels
+           (each piece packing its A block again) with a barrier per K block. 16-core Xeon (AVX-512,
+           2 MiB L2), 16 threads, 512^3 / 768^3 / 1024^3 / 1536^3 vs NumPy: 0.98 / 0.95 / 1.35 / 0.95x
+           against 0.76 / 0.83 / 1.19 / 0.83x on one machine, 1.01-1.04 / 0.93-1.00 / 1.05 / 1.01-1.03x
+           against 0.95 / 1.00 / 1.02 / 1.00x on another (docs/backends/cpu.md). */
+        if (npan >= T && (double)M * K * sizeof(float) <= (double)tr_l2_bytes * TR_COLS_FEW_A) return 4;
+    }
     return 0;
 }
 

@@ -57,7 +57,8 @@ static inline void tr_join(int *done, int T, int tid, long t_call) {
 /* Phase timers for probes (benchmarks/cpu/probes): compiled only with -DTR_PROBE. Per thread,
    nanoseconds in phase 0 input copy (conv) / start after the call (GEMM, tr_drive_cols), 1 B-panel
    packing, 2 micro-kernels, 3 transposed NCHW store (conv) / A packing (GEMM), 4 (thread 0) the whole
-   parallel region, 5 start after the call (conv). */
+   parallel region, 5 start after the call (conv), 6 shared-A row packing (GEMM, tr_drive_cols; the
+   waits for other threads' rows stay in 3). */
 #ifdef TR_PROBE
 static double tr_probe_ns[64][8];
 static inline long tr_probe_now(void) { return tr_now_ns(); }
