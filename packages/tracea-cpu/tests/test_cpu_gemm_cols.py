@@ -139,12 +139,13 @@ def test_cols_driver_variants_match_float64(flags, shape):
 @pytest.mark.parametrize("isa", ISAS)
 def test_cols_route_few_panels_small_a(isa, l2_bytes):
     """Fewer than ``TR_COLS_MIN_PANELS`` panels a thread: the column driver while the packed A fits
-    ``TR_COLS_FEW_A`` L2s (every thread reads all of it), the packed driver otherwise; results match
-    float64 either way (on more threads than cores, panels a thread between one and two)."""
+    ``TR_COLS_FEW_A`` L2s (every thread reads all of it) on ``TR_COLS_FEW_T`` threads or more, the packed
+    driver otherwise; results match float64 either way (on more threads than cores, panels a thread
+    between one and two)."""
     tile = TILES[isa][0]
     lib = _lib(isa, tile, "bias+relu")
-    threads, nr = 4, tile[1]
-    m, n, k = 6 * tile[0] + 5, 5 * nr + 3, 300  # 6 panels for 4 threads
+    threads, nr = 8, tile[1]
+    m, n, k = 6 * tile[0] + 5, 9 * nr + 3, 300  # 10 panels for 8 threads
     rng = np.random.default_rng(n + k)
     a, b, bias = rand(rng, 1, m, k), rand(rng, 1, k, n), rand(rng, n)
     ref = _ref(m, n, k, False, False, 1, a, b, bias, "bias+relu")
@@ -155,3 +156,4 @@ def test_cols_route_few_panels_small_a(isa, l2_bytes):
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-6, route
     l2_bytes(lib, 1 << 40)
     assert kernels.GEMM_ROUTES[lib.tr_gemm_route(m, nr * (threads - 1), k, n, 1, threads)] == "packed"  # < a panel each
+    assert kernels.GEMM_ROUTES[lib.tr_gemm_route(m, 3 * nr, k, n, 1, 2)] == "packed"  # 2 threads: 1.5 panels each

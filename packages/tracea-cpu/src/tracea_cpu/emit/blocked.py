@@ -377,6 +377,9 @@ void tr_set_caches(long l1d, long l2) {
 #ifndef TR_COLS_FEW_A
 #define TR_COLS_FEW_A 8  /* the column driver below TR_COLS_MIN_PANELS panels a thread: A within this many L2s */
 #endif
+#ifndef TR_COLS_FEW_T
+#define TR_COLS_FEW_T 8  /* ... and from this many threads (measured at 16: faster; at 2: even) */
+#endif
 #ifndef TR_COLS_UNITS
 #define TR_COLS_UNITS 4  /* pieces per thread's range when TR_COLS_STEAL */
 #endif
@@ -514,13 +517,16 @@ int tr_gemm_route(long M, long N, long K, long rsb, long csb, int nth) {
     if (TR_COLS_DRIVER && T > 1 && M >= 2 * MR) {
         long npan = (N + NR - 1) / NR;
         if (npan >= (long)TR_COLS_MIN_PANELS * T) return 4;
-        /* Fewer panels, but one a thread and a small A (every thread reads all of the shared packed A):
-           the column driver still beats the packed one, whose row blocks then split over the panels
-           (each piece packing its A block again) with a barrier per K block. 16-core Xeon (AVX-512,
-           2 MiB L2), 16 threads, 512^3 / 768^3 / 1024^3 / 1536^3 vs NumPy: 0.98 / 0.95 / 1.35 / 0.95x
-           against 0.76 / 0.83 / 1.19 / 0.83x on one machine, 1.01-1.04 / 0.93-1.00 / 1.05 / 1.01-1.03x
-           against 0.95 / 1.00 / 1.02 / 1.00x on another (docs/backends/cpu.md). */
-        if (npan >= T && (double)M * K * sizeof(float) <= (double)tr_l2_bytes * TR_COLS_FEW_A) return 4;
+        /* Many threads (TR_COLS_FEW_T), fewer panels, but one a thread and a small A (every thread reads
+           all of the shared packed A): the column driver still beats the packed one, whose row blocks
+           then split over up to T panel ranges (each piece packing its A block again) with a barrier
+           per K block. 16-core Xeon (AVX-512, 2 MiB L2), 16 threads, 512^3 / 768^3 / 1024^3 / 1536^3
+           vs NumPy: 0.98 / 0.95 / 1.35 / 0.95x against 0.76 / 0.83 / 1.19 / 0.83x on one machine,
+           1.01-1.04 / 0.93-1.00 / 1.05 / 1.01-1.03x against 0.95 / 1.00 / 1.02 / 1.00x on another. On
+           two threads (Zen 3, 3-4 panels each) the two measured within noise, and the packed driver's
+           pieces pack each A block at most twice there (docs/backends/cpu.md). */
+        if (T >= TR_COLS_FEW_T && npan >= T && (double)M * K * sizeof(float) <= (double)tr_l2_bytes * TR_COLS_FEW_A)
+            return 4;
     }
     return 0;
 }
