@@ -25,7 +25,10 @@ SHAPES = [(1, 8, 2, 1, 1000, 128, False, None), (2, 4, 1, 3, 333, 64, True, None
           # ... with a partial last wave (tail pieces of one and of several key tiles) on 132 SMs
           (4, 8, 8, 600, 333, 128, False, None), (1, 43, 43, 600, 1000, 64, False, None),
           # flash_mma's mask tiles over several blocks and key tiles: plain loads (seq_kv % 8 != 0), cp.async
-          (2, 4, 2, 130, 300, 128, False, "bool"), (1, 4, 1, 200, 264, 64, True, "additive")]
+          (2, 4, 2, 130, 300, 128, False, "bool"), (1, 4, 1, 200, 264, 64, True, "additive"),
+          # head dim 32 (flash_mma only): Swin windows with a mask, a causal 197-token ViT, split-KV decode
+          (3, 3, 3, 49, 49, 32, False, "additive"), (1, 2, 2, 197, 197, 32, True, None),
+          (2, 4, 2, 1, 250, 32, False, None)]
 
 
 def main() -> int:

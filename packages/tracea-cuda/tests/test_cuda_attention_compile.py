@@ -531,10 +531,10 @@ def test_strided_kernels_compile_without_spills():
         spec = w.spec(op, w.hero_configs(op, H100)[0])
         res = compile_report(flash_wgmma.render(spec), "sm_90a")[flash_wgmma.KERNEL_NAME]
         assert spec.strided and res.spill_stores == 0 and res.spill_loads == 0
-    # flash_mma's first heroes (d64 two m-tiles; d128), masked (per-key loads at seq 197) or not, with the
-    # log-sum-exp, and a split-KV decode kernel
+    # flash_mma's first heroes (d32 and d64 two m-tiles; d128), masked (per-key loads at seq 197) or not,
+    # with the log-sum-exp, and a split-KV decode kernel
     specs = [flash_attn.FlashSpec(DType.BF16, 128, 16, 64, False, 0, 8, strided=True)]
-    for d in (64, 128):
+    for d in (32, 64, 128):
         for mask in (None, "additive", "bool"):
             op = dataclasses.replace(_strided_op(d=d), mask=mask, mask_shape=(4, 1) if mask else None, lse=True)
             specs.append(V.spec(op, V.hero_configs(op, H100)[0], None, H100))
@@ -544,3 +544,19 @@ def test_strided_kernels_compile_without_spills():
         assert res.spill_stores == 0 and res.spill_loads == 0, spec
     combine = compile_report(flash_attn.render_combine(spec), "sm_90a")[flash_attn.COMBINE_NAME]
     assert combine.spill_stores == 0
+
+
+def test_flash_mma_head_dim_32_and_many_windows():
+    """Head dim 32 is served over at most 256 keys (Swin / PVT / TinyViT); a batch of thousands of windows (Swin: B x 64 windows of
+    7x7) fits grid z with split-KV chunks capped to batch x chunks <= 65535; past 65535 sequences, declined."""
+    from tracea_cuda.variants.base import hero
+
+    op = AttentionOp(2048, 3, 49, 49, 32, dtype="float16")
+    assert V.extra_checks(op, H100) == []
+    spec = V.spec(op, hero(64, 64, 32, 2, 4, mt=1, splits=64), None, H100)
+    assert spec.head_dim == 32 and spec.splits == 65535 // 2048 and op.batch * spec.splits <= 65535
+    assert V.spec(op, V.hero_configs(op, H100)[0], None, H100).splits == 1  # a full grid: no split
+    assert any("grid" in r for r in V.extra_checks(AttentionOp(70000, 1, 49, 49, 32, dtype="float16"), H100))
+    assert any("head_dim" in r for r in V.extra_checks(AttentionOp(2, 3, 49, 49, 48, dtype="float16"), H100))
+    assert V.extra_checks(AttentionOp(2, 3, 3136, 256, 32, dtype="float16"), H100) == []
+    assert any("PyTorch" in r for r in V.extra_checks(AttentionOp(2, 3, 257, 257, 32, dtype="float16"), H100))

@@ -53,7 +53,7 @@ def _layout(kind: str, b: int, h: int, kvh: int, sq: int, skv: int, d: int, dt: 
 CASES = [  # (layout, B, H, KVH, Sq, Skv, D)
     ("vit", 4, 6, 6, 197, 197, 64), ("bshd", 2, 12, 12, 77, 77, 64), ("bshd", 1, 16, 16, 1024, 1024, 128),
     ("bshd", 2, 8, 2, 200, 333, 128), ("bshd", 3, 4, 1, 1, 1, 64), ("slice", 2, 8, 4, 129, 300, 64),
-    ("slice", 1, 4, 4, 513, 5, 128),
+    ("slice", 1, 4, 4, 513, 5, 128), ("vit", 8, 3, 3, 49, 49, 32), ("bshd", 2, 2, 2, 3136, 49, 32),
 ]
 
 
@@ -70,6 +70,8 @@ def test_strided_operands_match_float64(variant, dt, causal, case):
     import tracea
 
     kind, *dims = case
+    if variant == WGMMA and dims[-1] == 32:
+        pytest.skip("cuda.attention.wgmma serves head dims 64 and 128")
     q, k, v = _layout(kind, *dims, dt, sum(dims) + causal)
     ref = _ref(q, k, v, causal=causal)
     for call in range(2):  # the first call builds the plan, the second runs it

@@ -4,7 +4,9 @@ One CTA computes ``BM`` query rows of one (batch, kv head) against every visible
 time: K and V tiles stream through shared memory with ``cp.async`` into two buffers (the next tile loads
 while the current one is computed), fragments come from ``ldmatrix`` (V transposed by ``ldmatrix.trans``)
 on an XOR-swizzled layout (16-byte chunk ``c`` of row ``r`` stored at chunk ``c ^ (r & 7)``: conflict-free
-for ``ldmatrix`` and for the 16-byte ``cp.async`` stores). Each warp owns 16 query rows: S = Q K^T
+for ``ldmatrix`` and for the 16-byte ``cp.async`` stores; head dim 32, four chunks a row, two rows a
+128-byte line: chunk ``c ^ ((r >> 1) & 3)``, so the 8 rows one ``ldmatrix`` reads still fall on 8
+distinct 16-byte bank groups). Each warp owns 16 query rows: S = Q K^T
 accumulates in registers, the online softmax (running max ``m`` and sum ``l`` per row, in base-2 units
 with the scale folded into one multiply) rescales the output accumulator, and P goes from the S
 accumulators straight into the A fragments of P V (the m16n8 accumulator layout of two adjacent key
@@ -53,6 +55,8 @@ KERNEL_NAME = "tracea_flash_fwd"
 COMBINE_NAME = "tracea_flash_combine"
 LOG2E = 1.4426950408889634
 MASK_PAD = 8  # u16 elements after each mask tile row: 16 bytes keep cp.async aligned and the quads' reads conflict-free
+#: head dims the kernel is built for (32: four 16-byte chunks a row, see the swizzle above)
+HEAD_DIMS = (32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class FlashSpec:
     """What one compiled flash-attention kernel is fixed to."""
 
     dtype: DType  # F16 or BF16 (q, k, v, out, mask)
-    head_dim: int  # 64 or 128
+    head_dim: int  # 32, 64 or 128
     bm: int  # query rows per CTA (16 per warp)
     bn: int  # keys per tile
     causal: bool
@@ -94,8 +98,8 @@ class FlashSpec:
     def check(self) -> None:
         if self.dtype not in (DType.F16, DType.BF16):
             raise UnsupportedConfigError(f"flash attention runs float16 / bfloat16, not {self.dtype.value}")
-        if self.head_dim not in (64, 128):
-            raise UnsupportedConfigError(f"head_dim={self.head_dim}: the flash kernel is built for 64 and 128")
+        if self.head_dim not in HEAD_DIMS:
+            raise UnsupportedConfigError(f"head_dim={self.head_dim}: the flash kernel is built for 32, 64 and 128")
         if self.mt not in (1, 2) or self.bm % (16 * self.mt) or not 1 <= self.warps <= 8:
             raise UnsupportedConfigError(f"bm={self.bm} must be 16 x mt={self.mt} x (1..8 warps)")
         if self.bn not in (32, 64, 128):
@@ -141,7 +145,11 @@ BODY = r"""
 #define CHUNKS (D / 8)
 
 static __device__ __forceinline__ u32 swz(int r, int c) {  // element offset of (row r, column c)
+#if CHUNKS >= 8
     return (u32)(r * D + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7));
+#else  // D 32: rows r and r + 1 share a 128-byte line (bank groups 4 (r & 1) + chunk)
+    return (u32)(r * D + ((((c >> 3) ^ ((r >> 1) & 3))) << 3) + (c & 7));
+#endif
 }
 static __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_KIND "." MMA_KIND ".f32 "

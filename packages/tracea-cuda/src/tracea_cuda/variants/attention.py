@@ -1,5 +1,5 @@
 """Attention variant: the flash-attention forward (``emit/flash_attn.py``) on ``mma.sync`` (sm_80+),
-float16 / bfloat16, head dims 64 and 128, causal or not, GQA / MQA, seq_q != seq_kv, ``scale``, boolean
+float16 / bfloat16, head dims 32, 64 and 128, causal or not, GQA / MQA, seq_q != seq_kv, ``scale``, boolean
 and additive masks, and a split-KV path (partials + a combine kernel) that fills the GPU when the query
 rows alone cannot (one-token decode over a long KV cache).
 
@@ -40,6 +40,12 @@ from .base import CudaVariant, hero, u64
 
 _MASKS = {None: 0, "bool": 1, "additive": 2}
 MAX_SPLITS = 64
+#: head dim 32 is served over at most this many keys. H100, fp16, CUDA graphs, the default hero vs
+#: ``F.scaled_dot_product_attention``: 49 keys (Swin / PVT / TinyViT windows and reduced keys) 1.61-2.49x,
+#: 196-197 keys 1.00-1.08x, 1024 keys 0.76x (its best config 0.88x): the short-sequence kernel only
+D32_MAX_KV = 256
+#: grid z holds batch x split-KV chunks (Swin's windows make a batch of B x 64 at 7x7: 2048 at batch 32)
+GRID_Z = 65535
 
 
 def scale_reasons(op: AttentionOp) -> list[str]:
@@ -83,10 +89,13 @@ class FlashAttention(CudaVariant):
 
     def extra_checks(self, op: AttentionOp, profile: DeviceProfile) -> list[str]:
         reasons = scale_reasons(op)
-        if op.head_dim not in (64, 128):
-            reasons.append(f"head_dim={op.head_dim} not served (64 and 128; others need another register budget)")
+        if op.head_dim not in flash_attn.HEAD_DIMS:
+            reasons.append(f"head_dim={op.head_dim} not served (32, 64 and 128; others need another register budget)")
+        elif op.head_dim == 32 and op.seq_kv > D32_MAX_KV:
+            reasons.append(f"head_dim=32 over seq_kv={op.seq_kv} > {D32_MAX_KV} keys: PyTorch's kernel measured faster "
+                           "(H100, 1024 keys: 0.76x)")
         kvh = int(op.kv_heads or op.heads)
-        if kvh > 65535 or op.batch * MAX_SPLITS > 65535 and op.batch > 65535 // MAX_SPLITS:
+        if kvh > 65535 or op.batch > GRID_Z:  # (split-KV chunks are capped to fit batch x chunks in grid z)
             reasons.append("batch or kv heads exceed the grid limits")
         elems = op.batch * op.heads * op.seq_q * op.head_dim
         if max(elems, op.batch * kvh * op.seq_kv * op.head_dim) >= 2**31 or op.seq_q * op.seq_kv >= 2**31:
@@ -103,7 +112,7 @@ class FlashAttention(CudaVariant):
             sms = profile.compute_units if profile is not None and profile.compute_units > 1 else 132
             splits = auto_splits(op, config.tile_m, config.tile_n, sms)
         return FlashSpec(op.dtype.storage, op.head_dim, config.tile_m, config.tile_n, op.causal, _MASKS[op.mask],
-                         min(splits, MAX_SPLITS), mt, op.lse,
+                         max(1, min(splits, MAX_SPLITS, GRID_Z // max(op.batch, 1))), mt, op.lse,
                          mask_ring=bool(config.get("mask_ring", True)) and op.seq_kv % 8 == 0,
                          strided=self.takes_strides(op))
 
