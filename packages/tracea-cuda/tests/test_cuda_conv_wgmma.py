@@ -267,3 +267,43 @@ def test_wgmma_conv_padded_stem_bound_path_and_graph(dt):
     for out in outs + [captured]:
         assert T.rel_err(out, ref) <= tol, T.rel_err(out, ref)
     assert torch.equal(captured, outs[-1])
+
+
+def _tf32_rna(x):
+    """x rounded to TF32 as ``cvt.rna.tf32.f32`` does (nearest, ties away from zero; finite inputs)."""
+    import torch
+
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def test_wgmma_conv_nchw_fp32_operands_rounded_to_tf32():
+    """fp32 NCHW on the Hopper conv (TF32 allowed) reads x and w through the channels-last pre-pass, which
+    rounds them to TF32 (the tensor cores would truncate): the output matches float64 on the rounded
+    operands to fp32-accumulation level, through the run path and the bound one (``tracea.ops.conv2d``),
+    eager and replayed from a CUDA graph; the inputs are not changed."""
+    import torch
+    import torch.nn.functional as F
+
+    import tracea
+
+    profile = _hopper()
+    for n, c, hw, k, r, st in ((4, 64, 28, 64, 3, 1), (2, 96, 13, 40, 5, 2), (3, 32, 9, 72, 1, 1)):
+        op = Conv2dOp(n, c, hw, hw, k, r, r, stride=st, padding=r // 2, layout="nchw", dtype="float32",
+                      fp32_precision="high")
+        t = T.conv_inputs(op, seed=n + c)
+        x0, w0 = t["x"].clone(), t["w"].clone()
+        exact = F.conv2d(x0.double(), w0.double(), stride=st, padding=r // 2)
+        rounded = F.conv2d(_tf32_rna(x0).double(), _tf32_rna(w0).double(), stride=st, padding=r // 2)
+        VARIANT.run(op, VARIANT.hero_configs(op, profile)[0], T.op_args(t), profile)
+        assert T.rel_err(t["out"], rounded) < 2e-5, (op.describe(), T.rel_err(t["out"], rounded))
+        assert T.rel_err(t["out"], exact) > T.rel_err(t["out"], rounded)  # (it is the rounded operands' product)
+        outs = [tracea.ops.conv2d(t["x"], t["w"], stride=st, padding=r // 2, variant=VARIANT.name) for _ in range(2)]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = tracea.ops.conv2d(t["x"], t["w"], stride=st, padding=r // 2, variant=VARIANT.name)
+        graph.replay()
+        torch.cuda.synchronize()
+        for out in (*outs, captured):
+            assert T.rel_err(out, rounded) < 2e-5, op.describe()
+        assert torch.equal(t["x"], x0) and torch.equal(t["w"], w0)

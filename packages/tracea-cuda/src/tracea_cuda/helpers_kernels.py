@@ -18,16 +18,17 @@ def _device() -> int:
     return int(toolkit.cupy().cuda.runtime.getDevice())
 
 
-def transposer(dtype: DType, arch: str, pair: bool = False) -> compiler.Kernel:
+def transposer(dtype: DType, arch: str, pair: bool = False, round_tf32: bool = False) -> compiler.Kernel:
     """The batched 2-D transpose for ``dtype`` on the current device (``pair``: two transposes in one
-    launch, see :func:`launcher.pair_launch`)."""
-    return _transposer(dtype, arch, _device(), pair)
+    launch, see :func:`launcher.pair_launch`; ``round_tf32``: values written rounded to TF32, for a Hopper
+    TF32 kernel, see :func:`emit.transpose.render`)."""
+    return _transposer(dtype, arch, _device(), pair, round_tf32)
 
 
 @functools.lru_cache(maxsize=64)
-def _transposer(dtype: DType, arch: str, dev: int, pair: bool) -> compiler.Kernel:
+def _transposer(dtype: DType, arch: str, dev: int, pair: bool, round_tf32: bool = False) -> compiler.Kernel:
     name = transpose.PAIR_NAME if pair else transpose.KERNEL_NAME
-    return compiler.load(transpose.render(dtype), name, arch, smem=0, threads=256)
+    return compiler.load(transpose.render(dtype, round_tf32), name, arch, smem=0, threads=256)
 
 
 def padder(dtype: DType, arch: str) -> compiler.Kernel:

@@ -18,16 +18,27 @@ NARROW = 32
 NARROW_ROWS = 128
 
 
-def render(dtype: DType) -> str:
+def render(dtype: DType, round_tf32: bool = False) -> str:
     """The single transpose (``KERNEL_NAME``: grid (C/32, R/32, batch)) and the pair (``PAIR_NAME``: two
     transposes in one launch -- an NCHW activation and its KCRS weight -- over a 1-D grid of both jobs'
     tiles, so a call pays one launch instead of two). In the pair, a job with rows shorter than
     ``NARROW`` (C < 32) runs in blocks of ``NARROW_ROWS`` whole rows, grid (R/128, 1, batch): the block
     reads its rows as one contiguous run and writes each of its C output rows as one contiguous run of
     128 (a 3x3 weight's 9-element rows in 32x32 tiles kept 23 of 32 lanes idle, in 8192 tiny blocks at
-    512x512 channels)."""
+    512x512 channels).
+
+    ``round_tf32`` (float32 only): the values are written rounded to TF32 (``cvt.rna.tf32.f32``, nearest, ties
+    away), for a Hopper TF32 kernel reading them: its tensor cores truncate fp32 operands read from shared
+    memory, so a rounding copy halves the per-product error and removes truncation's bias (a model's
+    output error grows with that bias layer after layer)."""
     t = ctype(dtype)
-    return f"""
+    if round_tf32 and dtype is not DType.F32:
+        raise ValueError("round_tf32 applies to float32 operands")
+    # (a rounded value is a float32 with its low 13 bits zero; NaN and Inf stay NaN and Inf)
+    rnd = ("static __device__ __forceinline__ float tr_val(float v) {\n"
+           "    unsigned r; asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(r) : \"f\"(v)); return __uint_as_float(r);\n}"
+           if round_tf32 else f"static __device__ __forceinline__ {t} tr_val({t} v) {{ return v; }}")
+    return rnd + f"""
 static __device__ __forceinline__ void tracea_transpose_tile(const {t}* __restrict__ in, {t}* __restrict__ out,
                                                              int R, int C, int bx, int by, int bz) {{
     // in: [batch][R][C] -> out: [batch][C][R]
@@ -39,7 +50,7 @@ static __device__ __forceinline__ void tracea_transpose_tile(const {t}* __restri
     #pragma unroll
     for (int i = ty; i < 32; i += 8) {{
         const int r = r0 + i, c = c0 + tx;
-        if (r < R && c < C) tile[i][tx] = in[(long long)r * C + c];
+        if (r < R && c < C) tile[i][tx] = tr_val(in[(long long)r * C + c]);
     }}
     __syncthreads();
     #pragma unroll
@@ -56,7 +67,7 @@ static __device__ __forceinline__ void tracea_transpose_rows(const {t}* __restri
     in += off; out += off;
     const int r0 = bx * {NARROW_ROWS}, nr = min({NARROW_ROWS}, R - r0), n = nr * C;
     const {t}* src = in + (long long)r0 * C;
-    for (int i = threadIdx.x; i < n; i += 256) rows[i] = src[i];
+    for (int i = threadIdx.x; i < n; i += 256) rows[i] = tr_val(src[i]);
     __syncthreads();
     for (int i = threadIdx.x; i < {NARROW_ROWS} * C; i += 256) {{
         const int c = i / {NARROW_ROWS}, r = i - c * {NARROW_ROWS};

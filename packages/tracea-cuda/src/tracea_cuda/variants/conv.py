@@ -22,21 +22,24 @@ from ..arrays import data_ptr, device_index, launch_stream
 from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, scratch_buffer, tile_shape, u64
 
 
-def to_channels_last(op: Conv2dOp, px: int, pw: int, args: Any, stream: Any, arch: str) -> tuple[Any, Any]:
+def to_channels_last(op: Conv2dOp, px: int, pw: int, args: Any, stream: Any, arch: str,
+                     round_tf32: bool = False) -> tuple[Any, Any]:
     """:func:`channels_last_prepass` for the ``run`` paths: NCHW x and KCRS w transposed into NHWC /
     KRSC scratch buffers (see :func:`~.base.scratch_buffer`) by one launch on ``stream``, so they are ordered
     before the conv that reads them. The caller keeps the returned buffers referenced until the conv is
     enqueued."""
-    (sx, sw), fl = channels_last_prepass(op, arch)
+    (sx, sw), fl = channels_last_prepass(op, arch, round_tf32)
     x_t, w_t = scratch_buffer(args, sx), scratch_buffer(args, sw)
     fl(int(stream.ptr), (px, data_ptr(x_t, "x"), pw, data_ptr(w_t, "w")))
     return x_t, w_t
 
 
-def channels_last_prepass(op: Conv2dOp, arch: str) -> tuple[tuple[int, int], launcher.FastLaunch]:
+def channels_last_prepass(op: Conv2dOp, arch: str, round_tf32: bool = False) -> tuple[tuple[int, int],
+                                                                                       launcher.FastLaunch]:
     """The bound form of :func:`to_channels_last`: the scratch sizes of x (NHWC) and w (KRSC) and one
-    launch transposing both (``launcher.pair_launch``; load it on the op's device)."""
-    tk = helpers_kernels.transposer(op.dtype, arch, pair=True)
+    launch transposing both (``launcher.pair_launch``; load it on the op's device; ``round_tf32``: the
+    copies rounded to TF32 for a Hopper TF32 kernel)."""
+    tk = helpers_kernels.transposer(op.dtype, arch, pair=True, round_tf32=round_tf32)
     hw, rs = op.h * op.w, op.r * op.s
 
     def job(batch: int, inner: int) -> tuple[tuple[int, int, int], tuple[int, int]]:

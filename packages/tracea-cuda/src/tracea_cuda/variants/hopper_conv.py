@@ -218,7 +218,7 @@ class WgmmaConv(WgmmaGemm):
             return data_ptr(x_p, "x"), data_ptr(w_p, "w")
         if op.layout is not Layout.NCHW:
             return ptrs["x"], ptrs["w"]
-        x_t, w_t = to_channels_last(op, ptrs["x"], ptrs["w"], args, stream, "sm_90a")
+        x_t, w_t = to_channels_last(op, ptrs["x"], ptrs["w"], args, stream, "sm_90a", rounds_tf32(op))
         ptrs.setdefault("_keep", []).extend((x_t, w_t))  # alive until the conv reading them is enqueued
         return data_ptr(x_t, "x"), data_ptr(w_t, "w")
 
@@ -241,13 +241,14 @@ class WgmmaConv(WgmmaGemm):
         kop = self.kernel_op(op)
         inner = _PreparedInputs().bind(kop, config, profile, adapter)  # type: ignore[arg-type]
         with toolkit.cupy().cuda.Device(dev):
-            sizes, prepass = (channel_pad_prepass(op, kop, "sm_90a") if pad else channels_last_prepass(op, "sm_90a"))
+            sizes, prepass = (channel_pad_prepass(op, kop, "sm_90a") if pad
+                              else channels_last_prepass(op, "sm_90a", rounds_tf32(op)))
         return launcher.with_prepasses(adapter, dev, stream, sizes, op.dtype, prepass, inner)
 
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:
         self.prepare(op, config, profile)  # type: ignore[arg-type]
         if op.layout is Layout.NCHW:
-            helpers_kernels.transposer(op.dtype, "sm_90a", pair=True)
+            helpers_kernels.transposer(op.dtype, "sm_90a", pair=True, round_tf32=rounds_tf32(op))
         if can_pad(op):
             helpers_kernels.padder(op.dtype, "sm_90a")
 
@@ -266,6 +267,12 @@ class WgmmaConv(WgmmaGemm):
             w_map, ctypes.c_uint64(px), *sk, ctypes.c_uint64(ptrs["out"]),
             ctypes.c_uint64(ptrs.get("bias") or ptrs["out"]),
             ctypes.c_int32(m), ctypes.c_int32(n), ctypes.c_int32(k), ctypes.c_int32(1)])
+
+
+def rounds_tf32(op: Conv2dOp) -> bool:
+    """Whether the NCHW pre-pass writes x and w rounded to TF32 (float32: this kernel's TF32 tensor cores
+    would truncate them; rounded first, the products carry round-to-nearest error, as cuDNN's do)."""
+    return op.dtype.storage is DType.F32
 
 
 class _PreparedInputs(WgmmaConv):
