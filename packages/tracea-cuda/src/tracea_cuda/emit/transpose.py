@@ -34,7 +34,8 @@ def render(dtype: DType, round_tf32: bool = False) -> str:
     t = ctype(dtype)
     if round_tf32 and dtype is not DType.F32:
         raise ValueError("round_tf32 applies to float32 operands")
-    # (a rounded value is a float32 with its low 13 bits zero; NaN and Inf stay NaN and Inf)
+    # (a rounded value is a float32 with its low 13 bits zero; NaN and Inf stay NaN and Inf -- test_cuda_nan_inf's
+    # NCHW fp32 wgmma conv case -- and a finite value above the largest TF32 one, ~3.401e38, becomes Inf)
     rnd = ("static __device__ __forceinline__ float tr_val(float v) {\n"
            "    unsigned r; asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(r) : \"f\"(v)); return __uint_as_float(r);\n}"
            if round_tf32 else f"static __device__ __forceinline__ {t} tr_val({t} v) {{ return v; }}")
