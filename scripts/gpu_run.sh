@@ -73,6 +73,13 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   python benchmarks/user_path/bench_zoo.py --device cuda --timm "${FOLD_MODELS:-resnet50,efficientnet_b0}" --hf "" \
     --no-fold --json "$OUT/zoo_nofold.json" 2>&1 | tee "$OUT/zoo_nofold.log" | tail -8
   rc=$(( rc || $? ))
+  # head-dim-32 window attention models (Swin-style windows, PVT's reduced keys, TinyViT's masks)
+  python benchmarks/user_path/bench_zoo.py --device cuda --timm "${D32_MODELS:-pvt_v2_b0,tiny_vit_5m_224}" --hf "" \
+    --json "$OUT/zoo_d32.json" 2>&1 | tee "$OUT/zoo_d32.log" | tail -10
+  rc=$(( rc || $? ))
+  # fp32 accuracy with TF32 allowed: the network and each patched conv vs float64, beside cuDNN's
+  python benchmarks/user_path/tf32_error.py --model "${TF32_MODEL:-inception_v3}" 2>&1 | tee "$OUT/tf32.log" | tail -12
+  rc=$(( rc || $? ))
   # 16-bit NCHW convs (a model not converted to channels_last): per layer and patched models
   python benchmarks/user_path/bench_nchw16.py --models "${NCHW16_MODELS:-resnet50}" 2>&1 | tee "$OUT/nchw16.log" | tail -16
   rc=$(( rc || $? ))
