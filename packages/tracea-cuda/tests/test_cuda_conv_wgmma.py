@@ -269,14 +269,6 @@ def test_wgmma_conv_padded_stem_bound_path_and_graph(dt):
     assert torch.equal(captured, outs[-1])
 
 
-def _tf32_rna(x):
-    """x rounded to TF32 as ``cvt.rna.tf32.f32`` does (nearest, ties away from zero; finite inputs)."""
-    import torch
-
-    bits = x.contiguous().view(torch.int32)
-    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
 def test_wgmma_conv_nchw_fp32_operands_rounded_to_tf32():
     """fp32 NCHW on the Hopper conv (TF32 allowed) reads x and w through the channels-last pre-pass, which
     rounds them to TF32 (the tensor cores would truncate): the output matches float64 on the rounded
@@ -294,7 +286,7 @@ def test_wgmma_conv_nchw_fp32_operands_rounded_to_tf32():
         t = T.conv_inputs(op, seed=n + c)
         x0, w0 = t["x"].clone(), t["w"].clone()
         exact = F.conv2d(x0.double(), w0.double(), stride=st, padding=r // 2)
-        rounded = F.conv2d(_tf32_rna(x0).double(), _tf32_rna(w0).double(), stride=st, padding=r // 2)
+        rounded = F.conv2d(T.tf32_rna(x0).double(), T.tf32_rna(w0).double(), stride=st, padding=r // 2)
         VARIANT.run(op, VARIANT.hero_configs(op, profile)[0], T.op_args(t), profile)
         assert T.rel_err(t["out"], rounded) < 2e-5, (op.describe(), T.rel_err(t["out"], rounded))
         assert T.rel_err(t["out"], exact) > T.rel_err(t["out"], rounded)  # (it is the rounded operands' product)

@@ -20,6 +20,7 @@ from tracea.ir.ops import Conv2dOp, GemmOp
 from tracea_cuda.device import isa_flags
 from tracea_cuda.emit import gemv, mma, split, splitk, wgmma
 from tracea_cuda.offline import GENCODE, bundle, compile_report, nvcc_path
+from tracea_cuda.testing import tf32_rna
 from tracea_cuda.variants import all_variants
 
 VARIANTS = {v.name: v for v in all_variants()}
@@ -94,16 +95,6 @@ def test_split3_sends_nonfinite_values_whole_to_the_third_segment():
     assert "o[2 * K] = finite ? big : x;" in src and "0x7f800000u" in src
 
 
-def _tf32_rna(x):
-    """cvt.rna.tf32.f32 on float32 values: 10 mantissa bits, round half away from zero; NaN/Inf kept."""
-    import numpy as np
-
-    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    finite = np.isfinite(x)
-    rounded = ((bits + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
-    return np.where(finite, rounded, x).astype(np.float32)
-
-
 def test_mma_3xtf32_split_keeps_ieee_products_of_special_values():
     """The register split of the mma.sync 3xTF32 path (emit/mma.py: tf32_rest, tf32_finite), emulated in
     float32 on every pair of special and ordinary values: the three products sum to a*b's class (NaN, the
@@ -119,9 +110,9 @@ def test_mma_3xtf32_split_keeps_ieee_products_of_special_values():
     a, b = (v.ravel() for v in np.meshgrid(vals, vals))
     with np.errstate(invalid="ignore", over="ignore"):
         def parts(x):
-            big = _tf32_rna(x)
+            big = tf32_rna(x)
             rest = x - big
-            small = _tf32_rna(np.where(np.isnan(rest), np.float32(0), rest))
+            small = tf32_rna(np.where(np.isnan(rest), np.float32(0), rest))
             return big, small, np.where(np.isfinite(big), big, np.float32(0))
         ab, as_, af = parts(a)
         bb, bs, bf = parts(b)

@@ -14,6 +14,7 @@ from torch import nn
 
 import tracea
 import tracea_torch
+from tracea_cuda.testing import capture as _capture  # warm-up on a side stream, then the graph capture
 from tracea_torch import fallbacks
 
 pytestmark = [pytest.mark.cuda, pytest.mark.torch,
@@ -24,19 +25,6 @@ DEV = "cuda"
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
-
-
-def _capture(fn):
-    """Warm up on a side stream (as torch documents), capture ``fn`` into a graph, return (graph, output)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
 
 
 def _hopper() -> bool:

@@ -77,6 +77,34 @@ def capture(fn: Any) -> tuple[Any, Any]:
     return g, out
 
 
+def assert_replays_match(fn: Any, x: Any, replays: int = 2) -> None:
+    """Capture ``fn`` (:func:`capture`), then ``replays`` times: fresh random values into its input ``x`` in
+    place, replay, and assert the graph's output equals an eager ``fn()`` on the same inputs, bit for bit."""
+    import torch  # noqa: PLC0415 - test helper
+
+    g, out = capture(fn)
+    for _ in range(replays):
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fn()), "replay differs from an eager call on the same inputs"
+
+
+def tf32_rna(x: Any) -> Any:
+    """``cvt.rna.tf32.f32`` emulated on float32 values (a NumPy array, or a torch tensor on any device): 10
+    mantissa bits, round half away from zero; NaN and Inf kept. Returns the same kind of array."""
+    import numpy as np  # noqa: PLC0415 - test helper
+
+    if hasattr(x, "detach"):  # torch: round on the host, back to x's device
+        import torch  # noqa: PLC0415
+
+        return torch.from_numpy(tf32_rna(x.detach().cpu().numpy())).to(x.device)
+    x = np.asarray(x, np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+    return np.where(np.isfinite(x), rounded, x).astype(np.float32)
+
+
 def fake_profile(gpu: str):
     """A :class:`~tracea.doctor.profile.DeviceProfile` of an ``"H100"`` or ``"A100"`` (data-sheet figures),
     for Doctor and hero tests that must not depend on the GPU present."""
