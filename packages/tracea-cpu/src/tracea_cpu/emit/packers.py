@@ -15,12 +15,9 @@ typedef struct { const float *p; long rs, cs; } tr_dense;
 static void tr_pack_a_dense(const void *vctx, long i0, long mr, long p0, long kc, float *dst) {
     const tr_dense *x = (const tr_dense *)vctx;
     long kcp = TR_ROUNDUP(kc, KU);
-#ifndef TR_PACK_A_VEC
-#define TR_PACK_A_VEC 1
-#endif
-    if (x->cs == 1 && TR_PACK_A_VEC) {
+    if (x->cs == 1) {
         /* Row by row (each source row read in one sequential run), whole KU runs copied with a constant
-           size (one vector move each): 2.5-3x faster than the run-by-run copy with a variable length */
+           size (one vector move each): 2.5-3x faster than a run-by-run copy with a variable length */
         long full = kc / KU * KU;
         for (int i = 0; i < MR; i++) {
             float *d = dst + i * KU;
@@ -36,19 +33,6 @@ static void tr_pack_a_dense(const void *vctx, long i0, long mr, long p0, long kc
                 }
             }
             for (; t < kcp; t += KU) memset(d + t * MR, 0, KU * sizeof(float));
-        }
-    } else if (x->cs == 1) {
-        for (long t = 0; t < kcp; t += KU) {
-            long ku = TR_MIN(KU, kc - t);
-            for (int i = 0; i < MR; i++) {
-                float *d = dst + t * MR + i * KU;
-                long u = 0;
-                if (i < mr) {
-                    const float *s = x->p + (i0 + i) * x->rs + p0 + t;
-                    for (; u < ku; u++) d[u] = s[u];
-                }
-                for (; u < KU; u++) d[u] = 0.0f;
-            }
         }
     } else {
         for (long t = 0; t < kcp; t += KU)
