@@ -60,23 +60,32 @@ from interference import check  # noqa: E402
 RESNET_3X3 = [(64, 56), (128, 28), (256, 14), (512, 7)]
 
 
-def interference_rows(n: int, runs: int = 5) -> list[dict]:
+def interference_rows(n: int, runs: int = 5, with_torch: bool = True) -> list[dict]:
     """Issue 17's interference check for fp32: ``tracea.ops.matmul`` n^3 against NumPy ``a @ b``, each timed
     alone (back to back) and with a NumPy and a torch 512^2 fp32 matmul before every timed call; ratio =
     NumPy time / Tracea time per run, and how far the interleaved ratio moves from the alone one (target:
-    within 10%, median over ``runs``). Runs without ``OPENBLAS_THREAD_TIMEOUT`` unless the caller set it."""
-    import torch
-
+    within 10%, median over ``runs``). Runs without ``OPENBLAS_THREAD_TIMEOUT`` unless the caller set it.
+    ``with_torch=False`` (``--interference-others numpy``): NumPy's matmul only, torch never imported (a
+    NumPy program)."""
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
     an, bn = rng.standard_normal((512, 512), dtype=np.float32), rng.standard_normal((512, 512), dtype=np.float32)
-    at, bt = torch.from_numpy(an.copy()), torch.from_numpy(bn.copy())
-    print(f"interference: fp32 {n}^3 tracea.ops.matmul vs NumPy, alone and with NumPy + torch 512^2 matmuls "
-          f"before each call (OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', '(unset)')}, "
-          f"torch {torch.get_num_threads()} threads)")
-    res = check(lambda: tracea.ops.matmul(a, b), lambda: a @ b, [lambda: an @ bn, lambda: at @ bt], "numpy",
-                runs=runs)
-    return [dict(case=f"interference fp32 {n}^3", **res)]
+    others = [lambda: an @ bn]
+    threads = ""
+    if with_torch:
+        import torch
+
+        at, bt = torch.from_numpy(an.copy()), torch.from_numpy(bn.copy())
+        others.append(lambda: at @ bt)
+        threads = f", torch {torch.get_num_threads()} threads"
+    from tracea_cpu.pool import status as pool_status
+
+    print(f"interference: fp32 {n}^3 tracea.ops.matmul vs NumPy, alone and with NumPy{' + torch' * with_torch} "
+          f"512^2 matmuls before each call (OPENBLAS_THREAD_TIMEOUT="
+          f"{os.environ.get('OPENBLAS_THREAD_TIMEOUT', '(unset)')}{threads}; worker pool: {pool_status()})")
+    res = check(lambda: tracea.ops.matmul(a, b), lambda: a @ b, others, "numpy", runs=runs)
+    with_what = "numpy+torch" if with_torch else "numpy"
+    return [dict(case=f"interference fp32 {n}^3 ({with_what})", **res)]
 
 
 def interleaved(ours, theirs, rounds: int) -> tuple[float, float]:
@@ -198,6 +207,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--only", default="gemm,conv")
     ap.add_argument("--json", default="")
+    ap.add_argument("--interference-others", default="numpy,torch", choices=["numpy,torch", "numpy"],
+                    help="the calls made before each timed call in --only interference (numpy: torch not imported)")
     ap.add_argument("--threads", type=int, default=0, help="threads for every library (default: every core)")
     ap.add_argument("--gemm-shapes", default="512,768,1024,1536,2048,512x4096x4096,2048x1024x4096")
     ap.add_argument("--conv-layers", default=",".join(f"{c}@{hw}" for c, hw in RESNET_3X3),
@@ -209,7 +220,8 @@ def main() -> int:
     apart = _sections_apart(args)
     if apart is not None:
         return apart
-    if {"conv", "bf16", "interference"} & set(args.only.split(",")):
+    torch_first = {"conv", "bf16"} | ({"interference"} if args.interference_others != "numpy" else set())
+    if torch_first & set(args.only.split(",")):
         import torch  # noqa: F401 - before Tracea's first kernel: torch owns the OpenMP runtime (see above)
     set_cache(TuningCache(os.path.join(tempfile.mkdtemp(), "empty_cache.json")))
     prof = host_profile()
@@ -263,7 +275,7 @@ def main() -> int:
     if "bf16" in only:
         rows += bf16_rows(args)
     if "interference" in only:
-        rows += interference_rows(1024)
+        rows += interference_rows(1024, with_torch=args.interference_others != "numpy")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": prof.to_dict(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),

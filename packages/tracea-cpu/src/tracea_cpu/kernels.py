@@ -15,6 +15,7 @@ from .emit.amx import amx_gemm_source
 from .emit.attention import attention_source
 from .emit.bf16 import bf16_gemm_source
 from .emit.blocked import blocked_source
+from . import pool
 from .isa import AMX_BF16, AVX512_BF16, ISA_BY_NAME, Isa
 from .toolchain import build
 
@@ -45,6 +46,7 @@ def blocked_library(isa_name: str, mr: int, nr: int, epilogue_key: str) -> ctype
     lib.tr_conv2d_call.argtypes = [_P, _P, _P, _P, _P]
     lib.tr_conv2d_call.restype = _I
     set_caches(lib)
+    pool.attach(lib)  # the column driver's workers (None: OpenMP regions; tracea_cpu.pool)
     return lib
 
 

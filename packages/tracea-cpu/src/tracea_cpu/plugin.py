@@ -12,6 +12,7 @@ from tracea.plugins import BackendInfo, hookimpl
 from ._version import __version__
 from .launch_shim import status as launch_status
 from .omp_env import apply_spin_default
+from .pool import status as pool_status
 from .toolchain import OPENMP_FLAG, cache_dir, compiler_or_reason
 
 # The Doctor loads this plugin before tracea-torch's (which imports torch and with it libgomp): set the
@@ -27,7 +28,8 @@ def tracea_backend_info() -> BackendInfo:
     return BackendInfo(name="cpu", version=__version__, package="tracea-cpu", available=True,
                        details={"compiler": cc.path, "compiler_version": cc.version,
                                 "openmp": "yes" if cc.openmp else "no (single-threaded kernels)",
-                                "launch_shim": launch_status(), "cache_dir": str(cache_dir())})
+                                "launch_shim": launch_status(), "worker_pool": pool_status(),
+                                "cache_dir": str(cache_dir())})
 
 
 @hookimpl

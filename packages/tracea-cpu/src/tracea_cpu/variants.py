@@ -13,7 +13,7 @@ from tracea.ir.ops import Conv2dOp, GemmOp, LayerType, Layout, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import Validity
 
-from . import kernels, spaces
+from . import kernels, pool, spaces
 from .amx import CpuGemmAmxVariant
 from .amx_conv import CpuConv2dAmxVariant
 from .f16 import f16_variants
@@ -184,6 +184,7 @@ def _blocked_plan(variant: "CpuVariant", op: Op, config: PipelineConfig) -> tupl
     """Validated config -> (compiled library, mc, nc, kc), memoised so a call costs one dict lookup."""
     _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
     lib = kernels.blocked_library(variant.isa.name, int(config.get("mr")), int(config.get("nr")), op.epilogue.key)  # type: ignore[attr-defined]
+    pool.sync()  # (TRACEA_CPU_POOL changed since the libraries loaded)
     return lib, int(config.get("mc")), int(config.get("nc")), int(config.get("kc"))
 
 

@@ -22,6 +22,7 @@ from .microkernel import microkernel_c
 from .nchw import NCHW
 from .nchw_direct import nchw_direct_source
 from .packers import PACKERS
+from .pool import POOL_CLIENT
 
 DRIVER = r"""
 #ifndef TR_SBUF
@@ -383,6 +384,96 @@ void tr_set_caches(long l1d, long l2) {
 #ifndef TR_COLS_UNITS
 #define TR_COLS_UNITS 4  /* pieces per thread's range when TR_COLS_STEAL */
 #endif
+/* One call of the column driver, shared by its participants (tr_cols_part). */
+typedef struct {
+    long M, N, K;
+    const tr_dense *A, *B;
+    float *c;
+    long ldc;
+    const float *bias;
+    long mc, nc, kc, npan, ntile, nkb;
+    size_t each;
+    int steal, share;
+    float *ws, *abig;
+    int *ready;    /* tile rows of the shared A packed */
+    long *claimed; /* pieces claimed per range */
+    long next;     /* next tile row of the shared A to pack */
+    long t_call;
+    int done;      /* participants done (tr_join) */
+} tr_cols_job;
+
+/* Participant `tid` of `T`: its own column range's pieces, then (stealing) the pieces left in the others'.
+   Returns only when no piece is left unclaimed, so the pool's caller may close the job on return. */
+static void tr_cols_part(void *arg, int tid, int T) {
+    tr_cols_job *jb = (tr_cols_job *)arg;
+    long M = jb->M, N = jb->N, K = jb->K, mc = jb->mc, nc = jb->nc, kc = jb->kc, npan = jb->npan, ntile = jb->ntile,
+         nkb = jb->nkb, ldc = jb->ldc;
+    const tr_dense *A = jb->A, *B = jb->B;
+    float *c = jb->c, *abig = jb->abig;
+    const float *bias = jb->bias;
+    int steal = jb->steal, share = jb->share, *ready = jb->ready;
+    long *claimed = jb->claimed;
+    TR_PROBE_FROM(jb->t_call);
+    TR_PROBE_LAP(0, tid);
+    float *bbuf = jb->ws + (size_t)tid * jb->each, *abuf = bbuf + TR_ROUNDUP((size_t)nc * kc, 16);
+    long units = steal ? TR_COLS_UNITS : 1;
+    for (int o = 0; o < (steal ? T : 1); o++) {
+      int owner = (tid + o) % T;
+      long p0 = npan * owner / T, p1 = npan * (owner + 1) / T;
+      for (long u; (u = __atomic_fetch_add(&claimed[owner], 1, __ATOMIC_RELAXED)) < units;) {
+      long j0 = TR_MIN(N, (p0 + (p1 - p0) * u / units) * NR), j1 = TR_MIN(N, (p0 + (p1 - p0) * (u + 1) / units) * NR);
+      for (long jc = j0; jc < j1; jc += nc) {
+        long ncur = TR_MIN(nc, j1 - jc), np = (ncur + NR - 1) / NR;
+        for (long pc = 0; pc < K; pc += kc) {
+            long kcur = TR_MIN(kc, K - pc), kcp = TR_ROUNDUP(kcur, KU), kb = pc / kc;
+            int first = pc == 0, last = pc + kcur >= K;
+            for (long p = 0; p < np; p++)
+                tr_pack_b_dense(B, jc + p * NR, TR_MIN(NR, ncur - p * NR), pc, kcur, bbuf + p * NR * kcp);
+            TR_PROBE_LAP(1, tid);
+            for (long ic = 0; ic < M; ic += mc) {
+                long mcur = TR_MIN(mc, M - ic), nmp = (mcur + MR - 1) / MR;
+                const float *ablk = abuf;
+                long astep = MR * kcp;
+                if (share) {
+                    ablk = abig + ((size_t)kb * ntile + ic / MR) * MR * kc;
+                    astep = MR * kc;
+                    for (long r = ic / MR; r < ic / MR + nmp; r++)
+                        for (int spin = 0; !__atomic_load_n(&ready[r], __ATOMIC_ACQUIRE); spin++) {
+                            long q = __atomic_fetch_add(&jb->next, 1, __ATOMIC_RELAXED);
+                            if (q < ntile) {
+                                TR_PROBE_LAP(3, tid);
+                                for (long b = 0; b < nkb; b++)
+                                    tr_pack_a_dense(A, q * MR, TR_MIN(MR, M - q * MR), b * kc, TR_MIN(kc, K - b * kc),
+                                                    abig + ((size_t)b * ntile + q) * MR * kc);
+                                __atomic_store_n(&ready[q], 1, __ATOMIC_RELEASE);
+                                TR_PROBE_LAP(6, tid);
+                            } else {
+                                tr_cpu_relax();
+                                if (spin > 4096) sched_yield();
+                            }
+                        }
+                } else {
+                    for (long r = 0; r < nmp; r++)
+                        tr_pack_a_dense(A, ic + r * MR, TR_MIN(MR, mcur - r * MR), pc, kcur, abuf + r * MR * kcp);
+                }
+                TR_PROBE_LAP(3, tid);
+                for (long jr = 0; jr < np; jr++) {
+                    long j = jc + jr * NR;
+                    int nr = (int)TR_MIN(NR, N - j);
+                    for (long r = 0; r < nmp; r++) {
+                        long i = ic + r * MR;
+                        tr_ukernel(kcp, ablk + r * astep, bbuf + jr * NR * kcp, c + i * ldc + j, ldc,
+                                   (int)TR_MIN(MR, M - i), nr, first, last, bias ? bias + j : 0, 0);
+                    }
+                }
+                TR_PROBE_LAP(2, tid);
+            }
+        }
+      }
+      }
+    }
+}
+
 /* The blocked GEMM with the columns shared out instead of the row blocks: each thread owns a contiguous
    range of NR panels and runs the NC / KC / MC loops over it with its own B block and A block, so no
    block is shared and no thread waits for another until the end. Taken when every thread gets at least
@@ -425,77 +516,23 @@ __attribute__((noinline)) static int tr_drive_cols(long M, long N, long K, const
     float *ws = tr_ws_get((size_t)nth * each + extra + 32, &owned);
     if (!ws) return 1;
     float *abig = ws + (size_t)nth * each;
-    int *ready = (int *)(abig + TR_ROUNDUP(ashared, 16));
-    long *claimed = (long *)(abig + (share ? TR_ROUNDUP(ashared, 16) + TR_ROUNDUP((size_t)ntile, 16) : 0));
-    if (share) memset(ready, 0, sizeof(int) * (size_t)ntile);
-    memset(claimed, 0, sizeof(long) * (size_t)nth);
-    long next = 0;
-    long t_call = tr_now_ns();
-    int done = 0;
-    TR_PROBE_FROM(t_call);
-    #pragma omp parallel num_threads(nth) if (nth > 1)
-    {
-        int tid = TR_TID(), T = TR_NT();
-        TR_PROBE_FROM(t_call);
-        TR_PROBE_LAP(0, tid);
-        float *bbuf = ws + (size_t)tid * each, *abuf = bbuf + TR_ROUNDUP((size_t)nc * kc, 16);
-        long units = steal ? TR_COLS_UNITS : 1;
-        for (int o = 0; o < (steal ? T : 1); o++) {
-          int owner = (tid + o) % T;
-          long p0 = npan * owner / T, p1 = npan * (owner + 1) / T;
-          for (long u; (u = __atomic_fetch_add(&claimed[owner], 1, __ATOMIC_RELAXED)) < units;) {
-          long j0 = TR_MIN(N, (p0 + (p1 - p0) * u / units) * NR), j1 = TR_MIN(N, (p0 + (p1 - p0) * (u + 1) / units) * NR);
-          for (long jc = j0; jc < j1; jc += nc) {
-            long ncur = TR_MIN(nc, j1 - jc), np = (ncur + NR - 1) / NR;
-            for (long pc = 0; pc < K; pc += kc) {
-                long kcur = TR_MIN(kc, K - pc), kcp = TR_ROUNDUP(kcur, KU), kb = pc / kc;
-                int first = pc == 0, last = pc + kcur >= K;
-                for (long p = 0; p < np; p++)
-                    tr_pack_b_dense(B, jc + p * NR, TR_MIN(NR, ncur - p * NR), pc, kcur, bbuf + p * NR * kcp);
-                TR_PROBE_LAP(1, tid);
-                for (long ic = 0; ic < M; ic += mc) {
-                    long mcur = TR_MIN(mc, M - ic), nmp = (mcur + MR - 1) / MR;
-                    const float *ablk = abuf;
-                    long astep = MR * kcp;
-                    if (share) {
-                        ablk = abig + ((size_t)kb * ntile + ic / MR) * MR * kc;
-                        astep = MR * kc;
-                        for (long r = ic / MR; r < ic / MR + nmp; r++)
-                            for (int spin = 0; !__atomic_load_n(&ready[r], __ATOMIC_ACQUIRE); spin++) {
-                                long q = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-                                if (q < ntile) {
-                                    TR_PROBE_LAP(3, tid);
-                                    for (long b = 0; b < nkb; b++)
-                                        tr_pack_a_dense(A, q * MR, TR_MIN(MR, M - q * MR), b * kc, TR_MIN(kc, K - b * kc),
-                                                        abig + ((size_t)b * ntile + q) * MR * kc);
-                                    __atomic_store_n(&ready[q], 1, __ATOMIC_RELEASE);
-                                    TR_PROBE_LAP(6, tid);
-                                } else {
-                                    tr_cpu_relax();
-                                    if (spin > 4096) sched_yield();
-                                }
-                            }
-                    } else {
-                        for (long r = 0; r < nmp; r++)
-                            tr_pack_a_dense(A, ic + r * MR, TR_MIN(MR, mcur - r * MR), pc, kcur, abuf + r * MR * kcp);
-                    }
-                    TR_PROBE_LAP(3, tid);
-                    for (long jr = 0; jr < np; jr++) {
-                        long j = jc + jr * NR;
-                        int nr = (int)TR_MIN(NR, N - j);
-                        for (long r = 0; r < nmp; r++) {
-                            long i = ic + r * MR;
-                            tr_ukernel(kcp, ablk + r * astep, bbuf + jr * NR * kcp, c + i * ldc + j, ldc,
-                                       (int)TR_MIN(MR, M - i), nr, first, last, bias ? bias + j : 0, 0);
-                        }
-                    }
-                    TR_PROBE_LAP(2, tid);
-                }
-            }
-          }
-          }
+    tr_cols_job job = {M, N, K, A, B, c, ldc, bias, mc, nc, kc, npan, ntile, nkb, each, steal, share, ws, abig,
+                       (int *)(abig + TR_ROUNDUP(ashared, 16)),
+                       (long *)(abig + (share ? TR_ROUNDUP(ashared, 16) + TR_ROUNDUP((size_t)ntile, 16) : 0)),
+                       0, tr_now_ns(), 0};
+    if (share) memset(job.ready, 0, sizeof(int) * (size_t)ntile);
+    memset(job.claimed, 0, sizeof(long) * (size_t)nth);
+    TR_PROBE_FROM(job.t_call);
+    /* Tracea's pool when it is set and free (the call returns once every piece is done, not once every
+       worker has arrived: tracea_cpu/emit/pool.py; with stealing, a participant returns only when no
+       piece is left unclaimed); else an OpenMP region. */
+    if (!steal || tr_pool_try(tr_cols_part, &job, nth)) {  /* (fixed ranges: every thread must run its own) */
+        #pragma omp parallel num_threads(nth) if (nth > 1)
+        {
+            int tid = TR_TID(), T = TR_NT();
+            tr_cols_part(&job, tid, T);
+            tr_join(&job.done, T, tid, job.t_call);
         }
-        tr_join(&done, T, tid, t_call);
     }
     TR_PROBE_LAP(4, 0);
     tr_ws_put(ws, owned);
@@ -558,5 +595,5 @@ def blocked_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue, ku: int = 8) 
     """Complete C source of the GEMM + conv2d library for one ISA, register tile and epilogue."""
     if not isa.fits(mr, nr):
         raise ValueError(f"tile {mr}x{nr} does not fit {isa.name}'s registers")
-    return "\n".join([prologue(isa), epilogue_c(epilogue), microkernel_c(isa, mr, nr, ku), PACKERS, NCHW,
+    return "\n".join([prologue(isa), epilogue_c(epilogue), microkernel_c(isa, mr, nr, ku), PACKERS, POOL_CLIENT, NCHW,
                       gemv_source(isa), DRIVER, nchw_direct_source(isa), CONV, GEMM_CONV_CALLS])
