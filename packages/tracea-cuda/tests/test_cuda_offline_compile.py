@@ -86,6 +86,10 @@ OPS = {
         Conv2dOp(32, 3, 224, 224, 64, 7, 7, stride=2, padding=3, layout="nhwc", dtype="float16",
                  epilogue="bias+relu"),  # RGB stem padded to 8 channels: one (r, s) per 16-byte chunk
         Conv2dOp(8, 16, 56, 56, 64, 3, 3, padding=1, layout="nchw", dtype="float32", fp32_precision="high"),
+        Conv2dOp(32, 40, 28, 28, 40, 3, 3, padding=1, layout="nhwc", dtype="float16",
+                 epilogue="bias+relu"),  # C a multiple of the 16-byte chunk only: K-tiles straddle (r, s)
+        Conv2dOp(1, 1000, 7, 7, 128, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias"),  # + split-K
+        Conv2dOp(8, 160, 14, 14, 160, 3, 3, padding=1, layout="nchw", dtype="float16", epilogue="bias"),
     ],
     "cuda.conv2d.pointwise": [
         Conv2dOp(32, 32, 112, 112, 16, 1, 1, layout="nchw", dtype="float32", fp32_precision="high", epilogue="bias"),

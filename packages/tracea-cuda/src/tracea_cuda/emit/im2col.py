@@ -5,7 +5,8 @@ its first thread loads the weight tile with TMA. No im2col buffer exists in glob
 
 Why it is simple: when C is a multiple of the 128-byte slice (64 16-bit or 32 fp32 channels), a
 K-tile has a single (r, s) and a contiguous channel range, so each tile row is one contiguous
-128-byte run of the input (or all zeros in the padding). Each of the 128 producer threads owns one
+128-byte run of the input (or all zeros in the padding). Other channel counts in whole 16-byte runs
+gather chunk by chunk (each chunk's own (r, s); see :func:`producer`). Each of the 128 producer threads owns one
 16-byte chunk column and ``bm / 16`` rows; their copies arrive on the stage's ``full`` barrier
 through ``cp.async.mbarrier.arrive.noinc`` (the barrier expects 128 such arrivals plus the TMA
 thread's ``expect_tx``). Consumers issue ``fence.proxy.async`` after the wait, since ``cp.async``
@@ -49,17 +50,20 @@ def producer(g: ConvGather, bm: int, bn: int, stages: int, epc: int, split_k: bo
     With ``split_k`` it walks the split-K units (``split_unit``: one (tile, K slice) per CTA) instead of whole
     tiles, gathering only the slice's K-tiles.
 
-    C a multiple of the slice: a K-tile is one (r, s) and a channel range, each row one 128-byte run. C a
-    divisor of the slice (8, 16 or 32 16-bit / 4, 8 or 16 fp32 channels, e.g. an RGB stem padded to 16
-    bytes): each 16-byte chunk of a row is the whole channel run (or a part of it) of its own (r, s), so
-    every producer thread finds the (r, s) of its chunk column; chunks past the last (r, s) are zeros."""
+    C a multiple of the slice: a K-tile is one (r, s) and a channel range, each row one 128-byte run. Any
+    other C in whole 16-byte runs (a multiple of 8 16-bit / 4 fp32 channels: 24, 40, 80, 96, 112, 160 ...,
+    an RGB stem padded to 16 bytes): the K-tile is the slice of the flat (r, s, c) reduction the KRSC
+    weight tile covers too, and each 16-byte chunk of a row lies inside one (r, s) (C being a multiple of
+    the chunk), so every producer thread finds the (r, s) and channel of its chunk column; a tile may
+    straddle two or more (r, s); chunks past the last (r, s) are zeros (and TMA zero-fills the weight
+    tile's columns past R*S*C)."""
     rows = bm // 16
     a_bytes, b_bytes = bm * 128, bn * 128
     bke = 8 * epc                       # reduction elements per 128-byte slice
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
     small = g.c % bke != 0
-    if small and (bke % g.c or g.c % epc or not g.r):
-        raise ValueError(f"C={g.c}: the gather takes C a multiple or a divisor of {bke} in 16-byte chunks")
+    if small and (g.c % epc or not g.r):
+        raise ValueError(f"C={g.c}: the gather takes C in whole 16-byte chunks ({epc} channels)")
     chunk_off = "" if small else f" + chunk * {epc}"
     if small:  # the chunk's own (r, s); zeros past R*S
         k_line = f"const int k0 = kt * {bke} + chunk * {epc}, rs = k0 / {g.c}, c0 = k0 - rs * {g.c};"

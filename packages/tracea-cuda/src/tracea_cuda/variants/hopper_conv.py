@@ -4,9 +4,10 @@ The producer warpgroup gathers the activation tile with ``cp.async`` (see :mod:`
 loads the weight tile with TMA; two consumer warpgroups run ``wgmma``. NHWC f16/bf16 directly;
 fp32 as TF32 (TF32 allowed); NCHW (every dtype: a 16-bit model not converted to channels_last is NCHW)
 through one transpose of x and w to channels-last scratch buffers (the output is stored NCHW by the
-kernel). fp32-accurate (``highest``) convs, channel counts
-that are not a multiple of one 128-byte slice (64 16-bit / 32 fp32 channels, e.g. the RGB stem),
-grouped convs and misaligned pointers are served by ``cuda.conv2d.implicit_mma``.
+kernel). Any channel count in whole 16-byte runs (8 16-bit / 4 fp32 channels: MobileNet / EfficientNet /
+DenseNet widths such as 24, 40, 80, 96, 112, 160 as well as multiples of 64); fp32-accurate (``highest``)
+convs, other channel counts (an RGB stem below 65,536 output rows), grouped convs and misaligned pointers
+are served by ``cuda.conv2d.implicit_mma``.
 """
 
 from __future__ import annotations
@@ -123,10 +124,9 @@ class WgmmaConv(WgmmaGemm):
 
     @classmethod
     def gathers(cls, op: Conv2dOp) -> bool:
-        """Whether the producer gathers ``op``'s channels: C a multiple of the 128-byte slice, or C a divisor
-        of it in whole 16-byte chunks (each chunk then holds its own (r, s))."""
-        bke, epc = cls.slice_channels(op), 16 // op.dtype.storage.itemsize
-        return op.c % bke == 0 or (bke % op.c == 0 and op.c % epc == 0)
+        """Whether the producer gathers ``op``'s channels: C in whole 16-byte chunks (a multiple of the
+        128-byte slice: one (r, s) per K-tile; any other multiple of the chunk: each chunk its own (r, s))."""
+        return op.c % (16 // op.dtype.storage.itemsize) == 0
 
     def extra_checks(self, op: Conv2dOp, profile: DeviceProfile) -> list[str]:
         reasons = []
@@ -136,8 +136,8 @@ class WgmmaConv(WgmmaGemm):
             reasons.append(f"C={op.c} with {m} output rows: the channel-pad pre-pass costs more host time than it "
                            f"saves below {PAD_ROWS} rows; cuda.conv2d.implicit_mma's scalar gathers serve it")
         elif not can_pad(op) and not self.gathers(op):
-            reasons.append(f"C={op.c} is neither a multiple of {bke} channels (one 128-byte run per K-tile) nor a "
-                           f"divisor of it in {epc}-channel (16-byte) runs; cuda.conv2d.implicit_mma serves it")
+            reasons.append(f"C={op.c} is not a multiple of {epc} channels (whole 16-byte runs, which the producer's "
+                           "cp.async copies move); cuda.conv2d.implicit_mma serves it")
         elif op.c % bke and self.kernel_op(op).gemm_mnk[2] < 2 * bke:
             # H200, 32->16 1x1 fp16 NHWC at 112^2 batch 32: 54.6 us here (a half-empty K-tile, 16 of 64
             # columns) against 23.9 us for cuda.conv2d.pointwise and 35 us for implicit_mma
