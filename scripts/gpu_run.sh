@@ -4,7 +4,12 @@
 # in CUDA graphs; the untuned shapes; a zoo of models no test uses), the isolated-kernel benchmark, and
 # the public-ops fuzzer on CUDA tensors.
 # Logs and JSON go to $OUT (default /tmp/tracea-gpu).
-#   scripts/gpu_run.sh [--quick] [--tests-only|--bench-only|--user-only|--fuzz-only] [--pytest-k EXPR] [bench args...]
+#   scripts/gpu_run.sh [--quick] [--tests-only|--bench-only|--user-only|--fuzz-only|--host-cpu-only] [--pytest-k EXPR]
+#                      [bench args...]
+# --host-cpu-only: the CPU backend on the GPU machine's host CPU (a many-core Xeon with AVX-512 and AMX, which
+# development machines may lack): the tracea-cpu tests, the AMX targets, fp32 GEMM / conv against NumPy /
+# torch, the interference checks (with torch, and a NumPy-only program) and the late-worker probe. Not part
+# of the default run (the host's figures need a quiet host: `uptime` is printed first).
 # Carry .whl (`../shared/tools/device-wheels.sh platformdirs`: optuna and its needs for the tuner's tests, and
 # platformdirs, a tracea-core dependency the GPU machine lacks).
 set -o pipefail
@@ -27,6 +32,7 @@ while [ $# -gt 0 ]; do
     --bench-only) mode=bench ;;
     --user-only) mode=user ;;
     --fuzz-only) mode=fuzz ;;
+    --host-cpu-only) mode=hostcpu ;;
     --pytest-k) shift; kexpr="$1" ;;
     *) extra+=("$1") ;;
   esac
@@ -89,6 +95,21 @@ fi
 if [ "$mode" = all ] || [ "$mode" = bench ]; then
   python benchmarks/cuda/bench_cuda.py --json "$OUT/bench.json" $quick "${extra[@]}" 2>&1 | tee "$OUT/bench.log" | tail -60
   rc=$(( rc || $? ))
+fi
+if [ "$mode" = hostcpu ]; then
+  uptime | tee "$OUT/host_cpu.log"
+  xdist=""
+  python -c "import xdist" 2>/dev/null && xdist="-n $(nproc)"
+  python -m pytest packages/tracea-cpu/tests -q -p no:cacheprovider $xdist 2>&1 | tail -5 | tee -a "$OUT/host_cpu.log"
+  rc=$(( rc || $? ))
+  python benchmarks/cpu/bench_amx.py --only gemm,linear,int8 2>&1 | tee -a "$OUT/host_cpu.log" | tail -25
+  python benchmarks/cpu/bench_user_cpu.py --rounds 10 --only gemm,conv 2>&1 | tee -a "$OUT/host_cpu.log" | tail -20
+  for others in numpy,torch numpy; do
+    python benchmarks/cpu/bench_user_cpu.py --rounds 10 --only interference --interference-others "$others" 2>&1 \
+      | tee -a "$OUT/host_cpu.log" | tail -9
+  done
+  python benchmarks/cpu/probes/region_start.py --n 1024 2>&1 | tee -a "$OUT/host_cpu.log" | tail -15
+  uptime | tee -a "$OUT/host_cpu.log"
 fi
 if [ "$mode" = fuzz ] && python -c "import tracea.fuzzing" 2>/dev/null; then
   python -m tracea.fuzzing --device cuda --cases "$fuzz_cases" --jobs 8 --report "$OUT/fuzz.json" \
