@@ -14,9 +14,9 @@ against the OpenMP region it replaces:
   512^2 matmul before each call 4.6-7.6 against 2.0-2.2 (torch's workers spin on every core; the OpenMP
   region reuses them, the pool's threads compete with them); one of Tracea's own OpenMP regions before
   each call 6.4-8.0 against 2.1; right after a NumPy matmul (OpenBLAS's workers spin ~0.1 s) 3.2-6.9
-  against 7.9-11.8; quiet 2.0-2.3 both.
+  against 5.7-11.9; quiet 2.0-2.3 both.
 * ``GOMP_SPINCOUNT=1000`` (Tracea's default when torch is not installed): torch / Tracea-OpenMP before
-  each call 1.9-2.2 both; after NumPy 5.2-7.2 against 5.8-7.9; NumPy and torch before each call 7.3-8.4
+  each call 1.9-2.3 both; after NumPy 5.2-7.2 against 5.8-7.9; NumPy and torch before each call 7.3-8.4
   against 3.3-6.7.
 
 So the late-worker wait it removes is real, but a second set of threads costs as much whenever another
