@@ -51,6 +51,8 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
                   Conv2dOp(2, 32, 12, 12, 16, 1, 1, layout=layout, dtype=dt, fp32_precision=prec),
                   Conv2dOp(2, 16, 9, 11, 40, 3, 3, padding=1, layout=layout, dtype=dt,  # C below one slice
                            fp32_precision=prec, epilogue="bias+relu"),
+                  Conv2dOp(2, 40, 9, 11, 24, 3, 3, padding=1, layout=layout, dtype=dt,  # C in 16-byte runs only:
+                           fp32_precision=prec, epilogue="bias"),  # K-tiles straddle (r, s)
                   Conv2dOp(1, 3, 256, 260, 16, 5, 5, padding=2, layout=layout, dtype=dt,  # padded stem, M >= 65536
                            fp32_precision=prec)]
 
