@@ -4,7 +4,7 @@ and with the calls captured in CUDA graphs; then timm models in NCHW patched wit
 against the same model eager (ratios: PyTorch time / Tracea time).
 
     source scripts/srcenv.sh
-    python benchmarks/user_path/bench_nchw16.py [--models-only] [--models resnet50,convnext_tiny]
+    python benchmarks/user_path/bench_nchw16.py [--models-only] [--models resnet50,convnext_tiny] [--odd-widths]
 
 For the "before" figure, run it again with ``TRACEA_EXCLUDE_VARIANTS=cuda.conv2d.wgmma`` (16-bit NCHW convs
 then go to cuDNN, as before the Hopper conv served them).
@@ -31,13 +31,16 @@ from bench_user_path import graphed, paired  # noqa: E402
 LAYERS = [(64, 56, 64, 3, 1), (64, 56, 256, 1, 1), (256, 56, 64, 1, 1), (128, 28, 128, 3, 1), (128, 56, 128, 3, 2),
           (256, 14, 256, 3, 1), (512, 7, 512, 3, 1), (1024, 14, 256, 1, 1), (256, 14, 1024, 1, 1), (256, 28, 512, 1, 2),
           (2048, 7, 512, 1, 1), (512, 7, 2048, 1, 1)]
+#: (same) odd widths of MobileNet / EfficientNet / DenseNet (channels in 16-byte runs but not multiples of 64)
+ODD_LAYERS = [(40, 28, 40, 3, 1), (96, 28, 96, 3, 1), (160, 14, 160, 3, 1), (24, 56, 24, 3, 1), (672, 14, 112, 1, 1),
+              (160, 7, 960, 1, 1)]
 
 
-def layers(dev: torch.device) -> None:
+def layers(dev: torch.device, odd: bool = False) -> None:
     ratios = []
     for dt in (torch.float16, torch.bfloat16):
         for bsz in (1, 32):
-            for c, hw, k, r, st in LAYERS:
+            for c, hw, k, r, st in LAYERS + (ODD_LAYERS if odd else []):
                 x = torch.randn(bsz, c, hw, hw, device=dev, dtype=dt)
                 w = torch.randn(k, c, r, r, device=dev, dtype=dt) / (c * r * r) ** 0.5
                 b = torch.randn(k, device=dev, dtype=dt)
@@ -81,12 +84,13 @@ def models(names: str, dev: torch.device) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models-only", action="store_true")
+    ap.add_argument("--odd-widths", action="store_true", help="also the odd-width layers (ODD_LAYERS)")
     ap.add_argument("--models", default="resnet50,convnext_tiny,regnety_016,densenet121")
     args = ap.parse_args()
     dev = torch.device("cuda")
     print(f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     if not args.models_only:
-        layers(dev)
+        layers(dev, args.odd_widths)
     models(args.models, dev)
 
 
