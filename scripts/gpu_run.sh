@@ -87,7 +87,7 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   python benchmarks/user_path/tf32_error.py --model "${TF32_MODEL:-inception_v3}" 2>&1 | tee "$OUT/tf32.log" | tail -12
   rc=$(( rc || $? ))
   # 16-bit NCHW convs (a model not converted to channels_last): per layer and patched models
-  python benchmarks/user_path/bench_nchw16.py --models "${NCHW16_MODELS:-resnet50}" 2>&1 | tee "$OUT/nchw16.log" | tail -16
+  python benchmarks/user_path/bench_nchw16.py --odd-widths --models "${NCHW16_MODELS:-resnet50}" 2>&1 | tee "$OUT/nchw16.log" | tail -16
   rc=$(( rc || $? ))
   python benchmarks/cuda/bench_attention.py --quick --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -30
   rc=$(( rc || $? ))
