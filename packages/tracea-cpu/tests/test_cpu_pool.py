@@ -34,10 +34,12 @@ def pool_on(monkeypatch):
     pool.sync()
 
 
+#: the register tile of the libraries these tests load (the ISA's default family tile)
+TILE = {"avx512": (14, 32), "avx2": (6, 16), "neon": (8, 12)}.get(ISAS[0], (4, 4))
+
+
 def _lib() -> ctypes.CDLL:
-    isa = ISAS[0]
-    tile = {"avx512": (14, 32), "avx2": (6, 16), "neon": (8, 12)}.get(isa, (4, 4))
-    return kernels.blocked_library(isa, tile[0], tile[1], "bias")
+    return kernels.blocked_library(ISAS[0], *TILE, "bias")
 
 
 def _gemm(lib, a, b, bias, threads, out=None):
@@ -153,8 +155,8 @@ def test_switch(value, torch_first, expect):
         pytest.importorskip("torch")
     code = (("import torch; " if torch_first else "")
             + "import numpy as np; from tracea_cpu import pool, kernels; from tracea_cpu.testing import ISAS;"
-            "lib = kernels.blocked_library(ISAS[0], *{'avx512': (14, 32), 'avx2': (6, 16)}.get(ISAS[0], (4, 4)),"
-            " 'none'); a = np.ones((40, 64), np.float32); b = np.ones((64, 900), np.float32);"
+            f"lib = kernels.blocked_library(ISAS[0], *{TILE}, 'none');"
+            " a = np.ones((40, 64), np.float32); b = np.ones((64, 900), np.float32);"
             "c = np.zeros((40, 900), np.float32);"
             "rc = lib.tr_gemm(1, 40, 900, 64, a.ctypes.data, 64, 1, 0, b.ctypes.data, 900, 1, 0, c.ctypes.data,"
             " 900, 0, None, 112, 4096, 256, 3); assert rc == 0 and (c == 64).all(); print(pool.status())")

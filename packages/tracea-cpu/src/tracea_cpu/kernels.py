@@ -11,11 +11,11 @@ from typing import Any
 from tracea.errors import InvalidArgumentError, UnsupportedConfigError
 from tracea.ir.epilogue import Epilogue
 
+from . import pool
 from .emit.amx import amx_gemm_source
 from .emit.attention import attention_source
 from .emit.bf16 import bf16_gemm_source
 from .emit.blocked import blocked_source
-from . import pool
 from .isa import AMX_BF16, AVX512_BF16, ISA_BY_NAME, Isa
 from .toolchain import build
 

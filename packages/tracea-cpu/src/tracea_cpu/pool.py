@@ -41,6 +41,8 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}  # "lib" once built, "reason" once it cannot be (platform, build failure)
 _clients: list[ctypes.CDLL] = []  # blocked libraries told about the pool (they live as long as the process)
 _applied: list[int | None] = []  # the address last given to them (empty: none given yet)
+#: why this platform has no pool (None: Linux)
+_PLATFORM = None if sys.platform.startswith("linux") else f"not on {sys.platform} (the pool sleeps on a Linux futex)"
 
 
 def mode() -> str:
@@ -50,11 +52,7 @@ def mode() -> str:
 
 def _why_not() -> str | None:
     """Why the pool is not to be used now (None: it is)."""
-    if mode() == "off":
-        return "off (TRACEA_CPU_POOL=1 turns it on)"
-    if not sys.platform.startswith("linux"):
-        return f"not on {sys.platform} (the pool sleeps on a Linux futex)"
-    return None
+    return "off (TRACEA_CPU_POOL=1 turns it on)" if mode() == "off" else _PLATFORM
 
 
 def _spin_ns() -> int:
@@ -73,8 +71,8 @@ def library() -> ctypes.CDLL | None:
     with _lock:
         if "lib" in _state or "reason" in _state:
             return _state.get("lib")
-        if not sys.platform.startswith("linux"):
-            _state["reason"] = f"not on {sys.platform} (the pool sleeps on a Linux futex)"
+        if _PLATFORM is not None:
+            _state["reason"] = _PLATFORM
             return None
         try:
             lib = build(POOL_SOURCE, ("-pthread",), "pool")
@@ -105,8 +103,8 @@ def attach(lib: ctypes.CDLL) -> None:
     with _lock:
         if all(c is not lib for c in _clients):
             _clients.append(lib)
-    lib.tr_set_pool(entry_point())
     sync()  # (the others too, if the answer changed since they were told)
+    lib.tr_set_pool(_applied[0])
 
 
 def sync() -> None:

@@ -27,12 +27,11 @@ its own OpenMP region as before. A forked child starts with no workers (``pthrea
 
 from __future__ import annotations
 
-POOL_SOURCE = r"""
-#define _GNU_SOURCE
+from .common import HEADER
+
+# Compiled on its own (tracea_cpu.pool), after common.HEADER (tr_now_ns, tr_cpu_relax).
+_POOL_BODY = r"""
 #include <pthread.h>
-#include <stdint.h>
-#include <sched.h>
-#include <time.h>
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
@@ -52,22 +51,11 @@ static uint32_t tp_gen;          /* futex word: the generation of the latest job
 static int tp_sleepers;          /* workers in (or entering) FUTEX_WAIT */
 static uint64_t tp_state;        /* gen << 32 | open << 31 | active << 16 | joined */
 static long tp_spin_ns = 100000;
-static long tp_last_end;         /* tp_now() when the latest job ended */
+static long tp_last_end;         /* tr_now_ns() when the latest job ended */
 static tp_fn_t tp_fn;
 static void *tp_ctx;
 static int tp_nth;
 static pthread_mutex_t tp_grow = PTHREAD_MUTEX_INITIALIZER;
-
-static inline long tp_now(void) {
-    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-static inline void tp_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 /* Wait for a generation other than `seen`: spin until tp_spin_ns after the later of this worker's own
    arrival here and the end of the latest job, and while the job it left is still running (up to
@@ -76,12 +64,12 @@ static inline void tp_relax(void) {
    from the futex wakes up to two more sleepers (a wake tree: the caller makes one cheap call instead of
    waking every worker itself, which on a busy host had it preempted for milliseconds mid-syscall). */
 static uint32_t tp_wait_job(uint32_t seen) {
-    long t0 = tp_now();
+    long t0 = tr_now_ns();
     for (int i = 1;; i++) {
         uint32_t g = __atomic_load_n(&tp_gen, __ATOMIC_ACQUIRE);
         if (g != seen) return g;
-        if (i & 63) { tp_relax(); continue; }
-        long end = __atomic_load_n(&tp_last_end, __ATOMIC_RELAXED), from = end > t0 ? end : t0, now = tp_now();
+        if (i & 63) { tr_cpu_relax(); continue; }
+        long end = __atomic_load_n(&tp_last_end, __ATOMIC_RELAXED), from = end > t0 ? end : t0, now = tr_now_ns();
         if (now - from < __atomic_load_n(&tp_spin_ns, __ATOMIC_RELAXED)) continue;
         if (__atomic_load_n(&tp_busy, __ATOMIC_RELAXED) && now - t0 < TP_TAIL_NS) continue;
         __atomic_add_fetch(&tp_sleepers, 1, __ATOMIC_SEQ_CST);
@@ -94,7 +82,7 @@ static uint32_t tp_wait_job(uint32_t seen) {
                 syscall(SYS_futex, &tp_gen, FUTEX_WAKE_PRIVATE, 2, NULL, NULL, 0);
             return g;
         }
-        t0 = tp_now();
+        t0 = tr_now_ns();
     }
 }
 
@@ -170,10 +158,10 @@ int tr_pool_run(tp_fn_t fn, void *ctx, int nth) {
     fn(ctx, 0, nth);
     __atomic_and_fetch(&tp_state, ~TP_OPEN, __ATOMIC_ACQ_REL);
     for (int i = 1; (__atomic_load_n(&tp_state, __ATOMIC_ACQUIRE) >> 16) & TP_FIELD; i++) {
-        tp_relax();
+        tr_cpu_relax();
         if (i > 4096) sched_yield();
     }
-    __atomic_store_n(&tp_last_end, tp_now(), __ATOMIC_RELAXED);
+    __atomic_store_n(&tp_last_end, tr_now_ns(), __ATOMIC_RELAXED);
     __atomic_store_n(&tp_busy, 0, __ATOMIC_RELEASE);
     return 0;
 }
@@ -184,6 +172,9 @@ void tr_pool_set_spin(long ns) { __atomic_store_n(&tp_spin_ns, ns < 0 ? 0 : ns, 
 /* Threads started so far (for tests and `tracea doctor`). */
 int tr_pool_workers(void) { return __atomic_load_n(&tp_workers, __ATOMIC_ACQUIRE); }
 """
+
+#: C source of the pool library (``#define _GNU_SOURCE`` first: ``syscall`` and the futex constants)
+POOL_SOURCE = "#define _GNU_SOURCE\n" + HEADER + _POOL_BODY
 
 # In every blocked library: the pool's entry point, set by the loader (tr_set_pool); null = OpenMP only.
 POOL_CLIENT = r"""
