@@ -258,7 +258,7 @@ def test_wgmma_conv_odd_channel_counts(layout, dt, c):
             continue  # (16-bit NCHW 1x1: served only inside the measured window; fp32: implicit_mma)
         op = Conv2dOp(n, c, h, w, k, r, s_, stride=st, padding=pad, dilation=dil, layout=layout, dtype=dt,
                       fp32_precision="high", epilogue="bias+relu")
-        if c * r * s_ < 2 * (128 // (4 if dt == "float32" else 2)):
+        if c * r * s_ < 2 * VARIANT.slice_channels(op):
             assert any("two" in reason for reason in VARIANT.check(op, _hopper()))  # (mostly zeros: declined)
             continue
         _check(op)
