@@ -220,7 +220,8 @@ def main() -> int:
     apart = _sections_apart(args)
     if apart is not None:
         return apart
-    torch_first = {"conv", "bf16"} | ({"interference"} if args.interference_others != "numpy" else set())
+    interference_torch = args.interference_others != "numpy"
+    torch_first = {"conv", "bf16"} | ({"interference"} if interference_torch else set())
     if torch_first & set(args.only.split(",")):
         import torch  # noqa: F401 - before Tracea's first kernel: torch owns the OpenMP runtime (see above)
     set_cache(TuningCache(os.path.join(tempfile.mkdtemp(), "empty_cache.json")))
@@ -275,7 +276,7 @@ def main() -> int:
     if "bf16" in only:
         rows += bf16_rows(args)
     if "interference" in only:
-        rows += interference_rows(1024, with_torch=args.interference_others != "numpy")
+        rows += interference_rows(1024, with_torch=interference_torch)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": prof.to_dict(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
