@@ -6,8 +6,9 @@ against the same model eager (ratios: PyTorch time / Tracea time).
     source scripts/srcenv.sh
     python benchmarks/user_path/bench_nchw16.py [--models-only] [--models resnet50,convnext_tiny] [--odd-widths]
 
-For the "before" figure, run it again with ``TRACEA_EXCLUDE_VARIANTS=cuda.conv2d.wgmma`` (16-bit NCHW convs
-then go to cuDNN, as before the Hopper conv served them).
+For the "before" figure, run it again with ``TRACEA_EXCLUDE_VARIANTS=cuda.conv2d.wgmma,cuda.conv2d.wgmma_nchw1x1``
+(16-bit NCHW convs then go to cuDNN, as before the Hopper convs served them; excluding only
+``cuda.conv2d.wgmma_nchw1x1`` sends the 1x1 stride-1 layers to cuDNN, as before 2026-11-27).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ LAYERS = [(64, 56, 64, 3, 1), (64, 56, 256, 1, 1), (256, 56, 64, 1, 1), (128, 28
           (2048, 7, 512, 1, 1), (512, 7, 2048, 1, 1)]
 #: (same) odd widths of MobileNet / EfficientNet / DenseNet (channels in 16-byte runs but not multiples of 64)
 ODD_LAYERS = [(40, 28, 40, 3, 1), (96, 28, 96, 3, 1), (160, 14, 160, 3, 1), (24, 56, 24, 3, 1), (672, 14, 112, 1, 1),
-              (160, 7, 960, 1, 1)]
+              (160, 7, 960, 1, 1), (16, 112, 96, 1, 1), (144, 56, 24, 1, 1), (96, 14, 576, 1, 1), (960, 7, 160, 1, 1)]
 
 
 def layers(dev: torch.device, odd: bool = False) -> None:

@@ -35,18 +35,23 @@ TIMM_DEFAULT = "efficientnet_b0,mobilenetv3_large_100,regnety_016,resnext50_32x4
 HF_DEFAULT = "bert,llama"
 
 
-def timm_cases(names: str, device: torch.device, cpu_dtypes: str = "float32") -> Iterator[tuple[str, nn.Module,
-                                                                                              Callable[[], Any]]]:
-    """(name, model, make_input) for each timm model: fp16 channels-last at batch 32 and 1, fp32 at batch 8
-    on CUDA; batch 2 on the CPU in each of ``cpu_dtypes`` (NCHW)."""
+#: the CUDA configurations of the timm cases (``--gpu-configs``)
+GPU_CONFIGS = "float16-cl-32,float16-cl-1,float32-nchw-8"
+
+
+def timm_cases(names: str, device: torch.device, cpu_dtypes: str = "float32",
+               gpu_configs: str = GPU_CONFIGS) -> Iterator[tuple[str, nn.Module, Callable[[], Any]]]:
+    """(name, model, make_input) for each timm model: on CUDA each of ``gpu_configs`` (``dtype-layout-batch``,
+    e.g. ``float16-cl-32``; default fp16 channels-last at batch 32 and 1, fp32 NCHW at batch 8); batch 2 on the
+    CPU in each of ``cpu_dtypes`` (NCHW)."""
     try:
         import timm
     except ImportError:
         print("  (timm is not installed)")
         return
     cuda = device.type == "cuda"
-    configs = ([(torch.float16, True, 32), (torch.float16, True, 1), (torch.float32, False, 8)] if cuda
-               else [(getattr(torch, d), False, 2) for d in cpu_dtypes.split(",")])
+    configs = ([(getattr(torch, d), lay == "cl", int(b)) for d, lay, b in (c.split("-") for c in gpu_configs.split(","))]
+               if cuda else [(getattr(torch, d), False, 2) for d in cpu_dtypes.split(",")])
     for name in filter(None, names.split(",")):
         try:
             base = timm.create_model(name, pretrained=False).eval()
@@ -220,6 +225,9 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--timm", default=TIMM_DEFAULT, help="comma-separated timm model names ('' for none)")
+    p.add_argument("--gpu-configs", default=GPU_CONFIGS,
+                   help="CUDA timm cases as dtype-layout-batch (layout cl or nchw), e.g. float16-nchw-32 for a 16-bit model "
+                        "not converted to channels_last")
     p.add_argument("--cpu-dtypes", default="float32", help="dtypes of the timm and Hugging Face cases on the CPU (e.g. float32,bfloat16)")
     p.add_argument("--hf", default=HF_DEFAULT, help="bert,llama,llama_pad,qwen2,mistral,gpt2,vit ('' for none)")
     p.add_argument("--no-graphs", action="store_true")
@@ -235,7 +243,7 @@ def main(argv: list[str]) -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"machine: {where}, torch {torch.__version__}; ratio = eager time / patched time")
     rows = []
-    for name, model, make in [*timm_cases(args.timm, device, args.cpu_dtypes), *hf_cases(args.hf, device, args.cpu_dtypes)]:
+    for name, model, make in [*timm_cases(args.timm, device, args.cpu_dtypes, args.gpu_configs), *hf_cases(args.hf, device, args.cpu_dtypes)]:
         if args.only not in name:
             continue
         options = {"fold_batchnorm": not args.no_fold,

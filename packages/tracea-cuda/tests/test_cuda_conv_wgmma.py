@@ -25,7 +25,7 @@ def _hopper():
 
 
 # (n, c, h, w, k, r, s, stride, padding, dilation): odd spatial sizes, M and K_out off the tile grid,
-# strides, asymmetric padding, dilation, non-square kernels, 1x1 (NCHW 16-bit only served from batch 8 with K >= 2C).
+# strides, asymmetric padding, dilation, non-square kernels, 1x1 (NCHW 16-bit: cuda.conv2d.wgmma_nchw1x1's, declined).
 GEOMS = [(2, 64, 9, 9, 72, 3, 3, 1, 1, 1), (3, 128, 7, 7, 40, 3, 3, 1, 1, 1), (1, 64, 17, 15, 128, 5, 3, 2, (2, 1), 1),
          (12, 64, 11, 13, 200, 1, 1, 1, 0, 1), (1, 192, 10, 13, 96, 3, 3, 1, 2, 2), (5, 64, 6, 6, 24, 2, 2, 2, 0, 1),
          (1, 256, 14, 14, 264, 3, 3, 2, 1, 1)]
@@ -59,6 +59,9 @@ def test_wgmma_conv_geometries(mode, geom):
         c = c // 2  # fp32 slices are 32 channels: exercise C = 32 * odd too
     op = Conv2dOp(n, c, h, w, k, r, s, stride=st, padding=pad, dilation=dil, layout=layout, dtype=dt,
                   dtype_out=out, fp32_precision="high", epilogue=epi)
+    if layout == "nchw" and dt != "float32" and (r, s, st, pad) == (1, 1, 1, 0):
+        assert any("wgmma_nchw1x1" in why for why in VARIANT.check(op, _hopper()))
+        return
     heroes = VARIANT.hero_configs(op, _hopper())
     _check(op, heroes[(GEOMS.index(geom) + MODES.index(mode)) % len(heroes)])  # every hero over the grid
 
@@ -95,7 +98,8 @@ def test_wgmma_conv_nchw_16bit_user_path_and_graph(dt):
 
     _hopper()
     tdt = getattr(torch, dt)
-    # (the last two: 1x1 stride-1 inside the served window, a 14^2 and a 7^2 plane -- no 16-byte pixel runs)
+    # (the last two: 1x1 stride-1, served by cuda.conv2d.wgmma_nchw1x1: a 14^2 and a 7^2 plane -- no 16-byte
+    # pixel runs)
     for n, c, hw, k, r, st in ((2, 64, 15, 72, 3, 1), (1, 128, 28, 256, 3, 2), (3, 256, 14, 64, 1, 2),
                                (8, 64, 14, 136, 1, 1), (33, 128, 7, 256, 1, 1)):
         g = torch.Generator(device="cuda").manual_seed(n * c + k)
@@ -150,15 +154,13 @@ def test_wgmma_conv_declines_with_reasons():
     assert VARIANT.check(accurate, profile)
     pointwise = Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype="float32", fp32_precision="high")
     assert any("implicit_mma" in r for r in VARIANT.check(pointwise, profile))
-    # 16-bit NCHW: served through the channels-last transpose; 1x1 stride-1 only inside the measured window
-    # (batch >= 8, K >= 2C, 1568-8192 output pixels), on any plane (7^2 has no 16-byte pixel runs)
+    # 16-bit NCHW: served through the channels-last transpose, but for 1x1 stride-1 convs (any batch, plane or
+    # width: cuda.conv2d.wgmma_nchw1x1 reads x in place)
     for dt in ("float16", "bfloat16"):
         for n, c, hw, k in ((2, 64, 8, 64), (1, 2048, 7, 512), (32, 2048, 7, 512), (32, 1024, 14, 256),
-                            (1, 256, 14, 1024), (32, 128, 28, 512)):
-            assert any("transpose" in r for r in VARIANT.check(
+                            (1, 256, 14, 1024), (32, 128, 28, 512), (8, 256, 14, 1024), (32, 512, 7, 2048)):
+            assert any("wgmma_nchw1x1" in r for r in VARIANT.check(
                 Conv2dOp(n, c, hw, hw, k, 1, 1, layout="nchw", dtype=dt), profile)), (n, c, hw, k)
-        for n, c, hw, k in ((8, 256, 14, 1024), (32, 256, 14, 1024), (32, 512, 7, 2048), (8, 128, 28, 512)):
-            assert not VARIANT.check(Conv2dOp(n, c, hw, hw, k, 1, 1, layout="nchw", dtype=dt), profile), (n, c, hw, k)
         assert not VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 1, 1, stride=2, layout="nchw", dtype=dt), profile)
         assert not VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 3, 3, padding=1, layout="nchw", dtype=dt), profile)
     grouped = Conv2dOp(1, 128, 8, 8, 128, 3, 3, groups=2, layout="nhwc", dtype="float16")
@@ -255,7 +257,7 @@ def test_wgmma_conv_odd_channel_counts(layout, dt, c):
                  (16, 7, 7, 200, 1, 1, 1, 0, 1)):
         n, h, w, k, r, s_, st, pad, dil = geom
         if layout == "nchw" and r == 1:
-            continue  # (16-bit NCHW 1x1: served only inside the measured window; fp32: implicit_mma)
+            continue  # (16-bit NCHW 1x1: cuda.conv2d.wgmma_nchw1x1; fp32: implicit_mma)
         op = Conv2dOp(n, c, h, w, k, r, s_, stride=st, padding=pad, dilation=dil, layout=layout, dtype=dt,
                       fp32_precision="high", epilogue="bias+relu")
         if c * r * s_ < 2 * VARIANT.slice_channels(op):

@@ -141,7 +141,9 @@ CONVS = [("cuda.conv2d.implicit_mma", "nhwc", "float16", "highest", False, NONFI
          ("cuda.conv2d.wgmma", "nhwc", "float16", "high", True, NONFINITE),
          ("cuda.conv2d.wgmma", "nchw", "float32", "high", True, NONFINITE),
          ("cuda.conv2d.pointwise", "nchw", "float32", "high", False, NONFINITE),
-         ("cuda.conv2d.pointwise", "nhwc", "float16", "highest", False, NONFINITE)]
+         ("cuda.conv2d.pointwise", "nhwc", "float16", "highest", False, NONFINITE),
+         ("cuda.conv2d.wgmma_nchw1x1", "nchw", "float16", "highest", True, NONFINITE),
+         ("cuda.conv2d.wgmma_nchw1x1", "nchw", "bfloat16", "highest", True, NONFINITE)]
 
 
 @pytest.mark.parametrize("name,layout,dt,prec,hopper,values", CONVS, ids=lambda x: str(x) if isinstance(x, str) else None)
@@ -151,17 +153,19 @@ def test_conv2d_random_nonfinite(name, layout, dt, prec, hopper, values):
     profile = _profile(hopper)
     variant = VARIANTS[name]
     rng = np.random.default_rng(len(name) + len(layout) + len(dt))
-    # the pointwise variant serves 1x1 convs with few channels
-    c, k, r = (24, 16, 1) if name == "cuda.conv2d.pointwise" else (64, 72, 3)
+    # the pointwise variants serve 1x1 convs (cuda.conv2d.pointwise: with few channels; 9x11 planes take
+    # wgmma_nchw1x1's pitched copy)
+    c, k, r = ((24, 16, 1) if name == "cuda.conv2d.pointwise" else (64, 72, 1) if name.endswith("nchw1x1")
+               else (64, 72, 3))
     for trial, epi in enumerate(EPILOGUES):
         op = Conv2dOp(2, c, 9, 11, k, r, r, padding=r // 2, layout=layout, dtype=dt, fp32_precision=prec,
                       epilogue=epi)
         assert not variant.check(op, profile), variant.check(op, profile)
         configs = variant.hero_configs(op, profile)
-        if name == "cuda.conv2d.wgmma":  # the split-K exchange (fp32 partial sums) too
+        if name in ("cuda.conv2d.wgmma", "cuda.conv2d.wgmma_nchw1x1"):  # the split-K exchange (fp32 sums) too
             from tracea_cuda.variants.hopper import _hero
 
-            configs = configs + [_hero(128, 4, smem_epilogue=layout == "nhwc", split_k=4)]
+            configs = configs + [_hero(128, 4, smem_epilogue=layout == "nhwc" or name.endswith("1x1"), split_k=4)]
         for config in configs:
             t = T.conv_inputs(op, seed=trial)
             targets = [t["x"], t["w"]] + ([t["bias"]] if t["bias"] is not None else [])

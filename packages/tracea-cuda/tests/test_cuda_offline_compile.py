@@ -91,6 +91,14 @@ OPS = {
         Conv2dOp(1, 1000, 7, 7, 128, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias"),  # + split-K
         Conv2dOp(8, 160, 14, 14, 160, 3, 3, padding=1, layout="nchw", dtype="float16", epilogue="bias"),
     ],
+    "cuda.conv2d.wgmma_nchw1x1": [
+        Conv2dOp(32, 256, 56, 56, 64, 1, 1, layout="nchw", dtype="float16", epilogue="bias+relu"),
+        Conv2dOp(32, 960, 7, 7, 160, 1, 1, layout="nchw", dtype="bfloat16", epilogue="bias"),  # pitched x
+        Conv2dOp(1, 512, 14, 14, 2048, 1, 1, layout="nchw", dtype="float16", dtype_out="float32",
+                 epilogue="bias+gelu"),
+        Conv2dOp(1, 960, 7, 7, 160, 1, 1, layout="nchw", dtype="float16", epilogue="bias"),  # few tiles: split-K
+        Conv2dOp(8, 64, 28, 28, 40, 1, 1, layout="nchw", dtype="bfloat16", epilogue="silu"),
+    ],
     "cuda.conv2d.pointwise": [
         Conv2dOp(32, 32, 112, 112, 16, 1, 1, layout="nchw", dtype="float32", fp32_precision="high", epilogue="bias"),
         Conv2dOp(32, 96, 56, 56, 24, 1, 1, layout="nchw", dtype="float32", dtype_out="bfloat16", epilogue="bias+gelu"),

@@ -41,6 +41,16 @@ def _padder(dtype: DType, arch: str, dev: int) -> compiler.Kernel:
     return compiler.load(pad.render(dtype), pad.PAIR_NAME, arch, smem=0, threads=256)
 
 
+def pitcher(arch: str) -> compiler.Kernel:
+    """The 16-bit row pitch copy (:func:`emit.pad.render_pitch`) on the current device."""
+    return _pitcher(arch, _device())
+
+
+@functools.lru_cache(maxsize=16)
+def _pitcher(arch: str, dev: int) -> compiler.Kernel:
+    return compiler.load(pad.render_pitch(DType.F16), pad.PITCH_NAME, arch, smem=0, threads=256)
+
+
 def splitter(arch: str, pair: bool = False) -> compiler.Kernel:
     """The 3xTF32 operand split on the current device (``pair``: both operands in one launch)."""
     return _splitter(arch, _device(), pair)

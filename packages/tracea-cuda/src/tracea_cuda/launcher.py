@@ -261,7 +261,9 @@ def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tup
     scratch buffer -- ``prepass`` (a :func:`pair_launch`) reads x0 and x1 and writes ``sizes[0]`` then
     ``sizes[1]`` elements of ``dtype`` into its two regions -- then runs the pointer form of ``inner``
     (``inner.by_pointer(p0, p1, bias, out)``) on the two regions, all on ``stream()``: two launches per
-    call. The scratch is the stream's kept buffer (:func:`prepass_scratch`) up to
+    call. ``sizes[1] == 0``: only x0 is rewritten (``prepass`` reads x0 and writes region 0) and ``inner``
+    reads x1 in place (it must be 16-byte aligned). The scratch is the stream's kept buffer
+    (:func:`prepass_scratch`) up to
     :func:`prepass_keep_bytes`; larger ones, and every call inside CUDA graph capture, take a buffer from
     the caller's allocator per call (released after the launches; stream order makes reuse safe)."""
     ptr, device = adapter.data_ptr, on_device(dev)
@@ -274,15 +276,17 @@ def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tup
     factory: list[Any] = []
     by_pointer = inner.by_pointer  # type: ignore[attr-defined]
     capturing, lock = is_capturing, _prepass_lock
+    second = sizes[1] > 0
 
     def launch(x0: Any, x1: Any, bias: Any, out: Any) -> None:
         s = stream()
+        p1 = ptr(x1)
         if keep and not capturing(s):
             with lock:
                 with device():
                     t0 = prepass_scratch(adapter, x0, dev, s, nbytes)
-                    prepass(s, (ptr(x0), t0, ptr(x1), t0 + byte_offset))
-                by_pointer(t0, t0 + byte_offset, bias, out)
+                    prepass(s, (ptr(x0), t0, p1, t0 + byte_offset))
+                by_pointer(t0, t0 + byte_offset if second else p1, bias, out)
             return
         if not factory:
             factory.append(adapter.empty_factory((offset + sizes[1],), dtype, x0))
@@ -290,8 +294,8 @@ def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tup
         t0 = ptr(buf)
         t1 = t0 + byte_offset
         with device():
-            prepass(s, (ptr(x0), t0, ptr(x1), t1))
-        by_pointer(t0, t1, bias, out)
+            prepass(s, (ptr(x0), t0, p1, t1))
+        by_pointer(t0, t1 if second else p1, bias, out)
         del buf  # after both launches are queued
 
     launch.pointer_only = True  # type: ignore[attr-defined]

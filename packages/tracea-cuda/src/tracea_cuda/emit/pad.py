@@ -43,3 +43,34 @@ extern "C" __global__ void __launch_bounds__(256) {PAIR_NAME}(
     else tracea_pad_block(out1, in1, rows1, C1, CP1, id - blocks0);
 }}
 """
+
+
+PITCH_NAME = "tracea_pitch_rows"
+
+
+def render_pitch(dtype: DType) -> str:
+    """``PITCH_NAME(in, out, rows, width, pitch)``: ``rows`` rows of ``width`` 16-bit values copied into rows
+    of ``pitch`` >= ``width`` (zeros after the width), so that a TMA map -- whose row strides must be
+    16-byte multiples -- can read them: NCHW planes of 7x7 or 14x14 pixels for the pointwise conv. One
+    thread per output pair (a 4-byte load and store when ``width`` is even and ``in`` 4-byte aligned, else
+    two 2-byte loads), the
+    grid covering ``rows * pitch / 2`` pairs in 256-thread blocks; ``rows * pitch`` < 2^31."""
+    if dtype.storage.itemsize != 2:
+        raise ValueError("the pitch copy serves 16-bit rows")
+    return f"""
+extern "C" __global__ void __launch_bounds__(256) {PITCH_NAME}(
+        const unsigned short* __restrict__ in, unsigned short* __restrict__ out, int rows, int width, int pitch) {{
+    const int pair = blockIdx.x * 256 + threadIdx.x, half = pitch >> 1;
+    if (pair >= rows * half) return;
+    const int r = pair / half, c = 2 * (pair - r * half);
+    const unsigned short* src = in + (long long)r * width + c;
+    unsigned int v;
+    if ((width & 1) == 0 && (reinterpret_cast<unsigned long long>(in) & 3) == 0) {{
+        v = c < width ? __ldg(reinterpret_cast<const unsigned int*>(src)) : 0u;
+    }} else {{
+        const unsigned int lo = c < width ? __ldg(src) : 0u, hi = c + 1 < width ? __ldg(src + 1) : 0u;
+        v = lo | (hi << 16);
+    }}
+    reinterpret_cast<unsigned int*>(out)[pair] = v;
+}}
+"""

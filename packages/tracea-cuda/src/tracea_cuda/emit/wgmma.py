@@ -53,6 +53,7 @@ class WgmmaSpec:
     b_kmajor: bool
     pairs: bool
     vec_store: bool = False
+    narrow_store: int = 0  # staged epilogue without vec_store: rows 8- or 4-byte aligned, 16-byte runs stored in pieces
     bn: int = 256
     stages: int = 4
     group_m: int = 8
@@ -68,6 +69,8 @@ class WgmmaSpec:
     stream_k: bool = False  # the last partial wave's tiles split along K over every CTA (fixup in fp32)
     defer: bool = False  # 16-bit output: the activation and the store of tile j run during tile j+1's mainloop
     split_k: bool = False  # every tile's K cut into slices (count given at launch), partial sums added in-kernel
+    a_bcast: bool = False  # one A for every batch entry (its TMA loads use batch coordinate 0): W @ X[b]
+    row_bias: bool = False  # the bias is a length-M vector added along the rows (bias[row]), not the columns
 
 
     threads = 384
@@ -138,6 +141,11 @@ class WgmmaSpec:
                            or self.dtype_out.storage not in (DType.BF16, DType.F16)):
             problems.append("a deferred epilogue serves coop GEMMs with a 16-bit (bfloat16/float16) output and the "
                             "staged epilogue, without split accumulation")
+        if self.row_bias and (self.out_cm or self.defer or self.a_regs):
+            problems.append("a row bias serves the row-major staged and direct epilogues (no out_cm, defer or "
+                            "register-fed A)")
+        if self.narrow_store not in (0, 4, 8):
+            problems.append(f"narrow_store={self.narrow_store} not in 0/4/8 bytes")
         if self.store is not None and self.store.kind != "rowmajor" and self.smem_epilogue:
             problems.append(f"{self.store.kind} output needs the direct epilogue (smem_epilogue=False)")
         if problems:
@@ -308,6 +316,8 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         b_loads = (f"for (int c = crank; c < {bn // 64}; c += 2) tma_load_3d_mc(sb + c * 8192, &tmB, full, "
                    f"n0 + c * 64, kt * BKE, bz, (unsigned short)3);")
     a_loads, b_loads = a_loads.replace("BKE", str(bk)), b_loads.replace("BKE", str(bk))
+    if spec.a_bcast:  # the batch entries share A: every load reads batch entry 0
+        a_loads = a_loads.replace(", bz)", ", 0)")
     coop = spec.schedule == "coop"
     subs = spec.subs
     first, step = ("0", "1") if coop else ("wg", "2")
@@ -334,6 +344,7 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
         smem_pair = values + ('asm volatile("st.shared.u32 [%0], %1;" :: "r"(smem_u32(e)), '
                               f'"r"((u32){c0} | ((u32){c1} << 16)));')
     bn8, n_cc, cc8, vs = bn // 8, -(-bn // cc_cols), cc_cols // 8, int(spec.vec_store)  # the last pass may be partial
+    ns = 0 if spec.vec_store else spec.narrow_store
     if spec.split_acc:
         master_decl = f"    float acc[{subs}][{regs}];"
         master_zero = (f"        for (int sub = 0; sub < {subs}; ++sub) for (int i = 0; i < {regs}; ++i) acc[sub][i] = 0.0f;")
@@ -378,8 +389,20 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     # their address arithmetic (measured 2.7% of a 4096^3 GEMM). Its global loads are issued at the tile's
     # start (asm volatile keeps them ahead of the mainloop) and stored to shared memory after it, so their
     # latency never delays the tile's first wgmma (+0.2-0.4% with bias+GELU at 4096^3).
-    col_bias = spec.epilogue.has_bias and not spec.out_cm
-    if col_bias:
+    col_bias = spec.epilogue.has_bias and not spec.out_cm and not spec.row_bias
+    bias_rows = bias_h = ""  # the staged epilogue's row bias (per sub-tile: rows g and g + 8 of each warp)
+    if spec.epilogue.has_bias and spec.row_bias:
+        bias_fill = bias_ready = ""
+        if spec.smem_epilogue:
+            bias_pair = ""
+            bias_rows = (f"float rb[2];\n"
+                         f"            #pragma unroll\n"
+                         f"            for (int h = 0; h < 2; ++h) {{ const int r = rbase + g + 8 * h;"
+                         f" rb[h] = {bias_scale!r}f * bias_at(bias, r < M ? r : 0); }}")
+            bias_h = "const float b0 = rb[h], b1 = rb[h];"
+        else:
+            bias_pair = "const float b0 = bias_at(bias, row), b1 = b0;"
+    elif col_bias:
         nb = -(-bn // 128)  # bias values per consumer thread
         f32_bias = spec.bias_dtype.storage is DType.F32
         rtype, ptx, rc = ("float", "f32", "f") if f32_bias else ("u16", "u16", "h")

@@ -50,6 +50,7 @@ STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem
         #pragma unroll
         for (int sub = 0; sub < {subs}; ++sub) {{
             const int rbase = m0 + {rowbase} + warp * 16;
+            {bias_rows}
             #pragma unroll
             for (int cc = 0; cc < {n_cc}; ++cc) {{
                 #pragma unroll
@@ -60,6 +61,7 @@ STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem
                     {bias_pair}
                     #pragma unroll
                     for (int h = 0; h < 2; ++h) {{
+                        {bias_h}
                         {tout}* e = ebuf + (g + 8 * h) * {ld} + jj * 8 + 2 * t4;
                         {smem_pair}
                     }}
@@ -76,6 +78,16 @@ STAGED = """        // Epilogue: accumulators -> epilogue chain -> per-warp smem
                             u32 x0, x1, x2, x3;
                             asm volatile("ld.shared.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(smem_u32(e)));
                             asm volatile("st.global.v4.u32 [%0], {{%1,%2,%3,%4}};" :: "l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
+                        }} else if ({ns} && col + {vec} <= N) {{  // rows 8- or 4-byte aligned: the vector in pieces
+                            u32 x0, x1, x2, x3;
+                            asm volatile("ld.shared.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"(smem_u32(e)));
+                            if ({ns} == 8) {{
+                                asm volatile("st.global.v2.u32 [%0], {{%1,%2}};" :: "l"(p), "r"(x0), "r"(x1) : "memory");
+                                asm volatile("st.global.v2.u32 [%0], {{%1,%2}};" :: "l"(p + {vec} / 2), "r"(x2), "r"(x3) : "memory");
+                            }} else {{
+                                u32* q4 = reinterpret_cast<u32*>(p);
+                                q4[0] = x0; q4[1] = x1; q4[2] = x2; q4[3] = x3;
+                            }}
                         }} else {{
                             #pragma unroll
                             for (int q = 0; q < {vec}; ++q) if (col + q < N) p[q] = e[q];

@@ -113,9 +113,11 @@ class WgmmaGemm(CudaVariant):
             raise UnsupportedConfigError("the wgmma kernel needs tile_k=64 and warps=12 (3 warpgroups)")
         pairs = op.n % 2 == 0 and (ptrs is None or ptrs.get("out", 0) % (2 * op.out_dtype.itemsize) == 0)
         vec_store = op.n % (16 // op.out_dtype.itemsize) == 0 and (ptrs is None or ptrs.get("out", 0) % 16 == 0)
+        row_bytes = op.n * op.out_dtype.itemsize  # rows not in 16-byte runs: 8- or 4-byte pieces where aligned
+        narrow = next((b for b in (8, 4) if row_bytes % b == 0 and (ptrs is None or ptrs.get("out", 0) % b == 0)), 0)
         a_km, b_km = self.kmajor(op)
         return WgmmaSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, a_km, b_km,
-                         pairs, vec_store, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
+                         pairs, vec_store, narrow_store=narrow, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
                          bm=config.tile_m, schedule=str(config.get("schedule") or "coop"),
                          smem_epilogue=bool(config.get("smem_epilogue", True)), cluster=int(config.get("cluster") or 1),
                          stream_k=bool(config.get("stream_k", False)), defer=bool(config.get("defer", False)),
@@ -127,8 +129,9 @@ class WgmmaGemm(CudaVariant):
         b = op.batch
         row = 128 // spec.dtype_in.itemsize  # elements per 128-byte swizzle row (of k, or of m/n when MN-major)
         pa_pitch, pb_pitch = self.pitches(op)
-        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, b), (row, spec.bm, 1), pa_pitch) if spec.a_kmajor else
-                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, b), (row, row, 1), pa_pitch))
+        ab = 1 if spec.a_bcast else b  # one A shared by every batch entry: its loads read entry 0
+        a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, ab), (row, spec.bm, 1), pa_pitch) if spec.a_kmajor else
+                 tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, ab), (row, row, 1), pa_pitch))
         # In a 2-CTA cluster each CTA loads half of the B tile (multicast to both): K-major boxes are halved.
         b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (row, spec.bn // spec.cluster, 1), pb_pitch)
                  if spec.b_kmajor else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (row, row, 1), pb_pitch))

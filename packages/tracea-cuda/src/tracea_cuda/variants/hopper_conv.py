@@ -4,7 +4,7 @@ The producer warpgroup gathers the activation tile with ``cp.async`` (see :mod:`
 loads the weight tile with TMA; two consumer warpgroups run ``wgmma``. NHWC f16/bf16 directly;
 fp32 as TF32 (TF32 allowed); NCHW (every dtype: a 16-bit model not converted to channels_last is NCHW)
 through one transpose of x and w to channels-last scratch buffers (the output is stored NCHW by the
-kernel). Any channel count in whole 16-byte runs (8 16-bit / 4 fp32 channels: MobileNet / EfficientNet /
+kernel) -- but not 16-bit NCHW 1x1 stride-1 convs, which ``cuda.conv2d.wgmma_nchw1x1`` reads in place. Any channel count in whole 16-byte runs (8 16-bit / 4 fp32 channels: MobileNet / EfficientNet /
 DenseNet widths such as 24, 40, 80, 96, 112, 160 as well as multiples of 64); fp32-accurate (``highest``)
 convs, other channel counts (an RGB stem below 65,536 output rows), grouped convs and misaligned pointers
 are served by ``cuda.conv2d.implicit_mma``.
@@ -52,25 +52,6 @@ SPLIT_MIN_K_TILES = 96
 SPLIT_SLICE_K_TILES = 4
 #: most slices (an owning warp adds S - 1 partial row blocks)
 SPLIT_MAX = 16
-
-
-#: 16-bit NCHW 1x1 stride-1 convs are served (through the channels-last transpose of x) only where that
-#: measured faster than cuDNN's NCHW kernel. H100, fp16, `tracea.ops.conv2d` vs `F.conv2d` in CUDA graphs
-#: (2026-11-26): expanding convs on small planes with a batch win -- 256->1024@14^2 b8 / b32 1.16 / 1.23x,
-#: 320->1280@14^2 1.34 / 1.58x, 128->512@28^2 b8 1.10x, 512->2048@7^2 b32 1.04x (cuDNN's NCHW kernels run
-#: 1.2-1.9x its channels-last ones there); the transpose of x (C planes) loses wherever C >= K / 2 (b32
-#: 2048->512@7^2 0.76x, 1024->256@14^2 0.83x, 256->64@56^2 0.40x), at batch 1 (0.51-0.93x: cuDNN's NCHW
-#: kernel is a plain GEMM there) and on large planes (b32 128->512@28^2 0.96x)
-NCHW16_PW_MIN_BATCH = 8
-NCHW16_PW_PIXELS = (1568, 8192)
-
-
-def nchw16_pointwise_pays(op: Conv2dOp) -> bool:
-    """Whether a 16-bit NCHW 1x1 stride-1 conv is inside the window where the transpose path measured faster
-    than cuDNN (see ``NCHW16_PW_PIXELS``)."""
-    pixels = op.n * op.p * op.q
-    return (op.n >= NCHW16_PW_MIN_BATCH and op.k >= 2 * op.c
-            and NCHW16_PW_PIXELS[0] <= pixels <= NCHW16_PW_PIXELS[1])
 
 
 def conv_split_hero(op: Conv2dOp, profile: DeviceProfile, smem_epilogue: bool) -> list[PipelineConfig]:
@@ -147,11 +128,12 @@ class WgmmaConv(WgmmaGemm):
             reasons.append("NCHW 1x1 stride-1 conv: cuda.conv2d.implicit_mma reads its 16-byte pixel runs "
                            "directly, without this variant's channels-last transpose (measured 2.7x faster on "
                            "an H200 at 256->64@56)")
-        elif operands.pointwise_nchw(op) and op.dtype.storage is not DType.F32 and not nchw16_pointwise_pays(op):
-            reasons.append(f"16-bit NCHW 1x1 stride-1 conv outside the measured window (batch >= "
-                           f"{NCHW16_PW_MIN_BATCH}, K >= 2C, {NCHW16_PW_PIXELS[0]}-{NCHW16_PW_PIXELS[1]} output "
-                           "pixels): the channels-last transpose of x costs more than cuDNN's NCHW kernel loses "
-                           "(H100: 256->64@56^2 batch 32 fp16 113 us against 47 us); PyTorch serves it")
+        elif operands.pointwise_nchw(op) and op.dtype.storage is not DType.F32:
+            # H100, fp16 in CUDA graphs: the transpose path ran 0.40-0.96x cuDNN outside a narrow window (b32
+            # 256->64@56^2 113 us against 47 us); cuda.conv2d.wgmma_nchw1x1 1.06-5.0x on ResNet-50 / MobileNetV2
+            # layers, and as fast or faster inside that window (b8 128->512@28^2 7.6 us against 15.1 us)
+            reasons.append("16-bit NCHW 1x1 stride-1 conv: cuda.conv2d.wgmma_nchw1x1 reads x in place as a batched "
+                           "GEMM, without this variant's channels-last transpose of x")
         if max(op.n * max(op.c, epc) * op.h * op.w, m + 256, op.n * op.k * op.p * op.q) >= 2**31 - 2**20:
             reasons.append("tensor larger than the 32-bit index range")
         return reasons
@@ -165,7 +147,9 @@ class WgmmaConv(WgmmaGemm):
         nchw = op.layout is Layout.NCHW
         pairs = op.k % 2 == 0 and aligned(ptrs, "out", 2 * osize)
         vec_store = op.k % (16 // osize) == 0 and aligned(ptrs, "out")
+        narrow = next((b for b in (8, 4) if op.k * osize % b == 0 and aligned(ptrs, "out", b)), 0)
         return WgmmaSpec(op.dtype.storage, op.out_dtype, bias_dtype, op.epilogue, True, True, pairs, vec_store,
+                         narrow_store=narrow,
                          bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
                          bm=config.tile_m, schedule=str(config.get("schedule") or "coop"),
                          smem_epilogue=bool(config.get("smem_epilogue", True)) and not nchw,
