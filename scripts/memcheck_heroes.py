@@ -54,7 +54,10 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
                   Conv2dOp(2, 40, 9, 11, 24, 3, 3, padding=1, layout=layout, dtype=dt,  # C in 16-byte runs only:
                            fp32_precision=prec, epilogue="bias"),  # K-tiles straddle (r, s)
                   Conv2dOp(1, 3, 256, 260, 16, 5, 5, padding=2, layout=layout, dtype=dt,  # padded stem, M >= 65536
-                           fp32_precision=prec)]
+                           fp32_precision=prec),
+                  Conv2dOp(3, 64, 7, 7, 72, 1, 1, layout=layout, dtype=dt, fp32_precision=prec,  # 1x1 on planes
+                           epilogue="bias+relu"),  # whose NCHW rows need a pitched copy (wgmma_nchw1x1)
+                  Conv2dOp(2, 48, 10, 7, 40, 1, 1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias")]
 
 
 # Big shapes only to collect the heroes the Doctor proposes there (bigger tiles, clusters, stream-K, the
@@ -82,6 +85,8 @@ HARVEST += [Conv2dOp(1, 512, 7, 7, 512, 3, 3, padding=1, layout=layout, dtype=dt
             for dt, layout in (("float16", "nhwc"), ("float32", "nchw"), ("float32", "nhwc"))]  # split-K heroes
 HARVEST += [Conv2dOp(n, 32, 112, 112, 16, 1, 1, layout=layout, dtype=dt, fp32_precision="high")
             for n in (1, 32) for dt, layout in (("float16", "nhwc"), ("float32", "nchw"))]  # pointwise heroes
+HARVEST += [Conv2dOp(n, c, hw, hw, k, 1, 1, layout="nchw", dtype="bfloat16", epilogue="bias")  # wgmma_nchw1x1
+            for n in (1, 32) for c, hw, k in ((64, 56, 256), (1024, 14, 256), (2048, 7, 512), (144, 56, 24))]
 
 
 def plan(variant, profile, per_config: int = 2) -> list:
