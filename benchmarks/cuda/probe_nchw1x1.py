@@ -6,6 +6,8 @@ default decision against ``F.conv2d``, eager and in CUDA graphs (20-call blocks,
     python benchmarks/cuda/probe_nchw1x1.py [--batches 1,8,32] [--dtype float16]
 
 ``--sweep`` times every hero config of ``cuda.conv2d.wgmma_nchw1x1`` (and a few more) per layer instead.
+``--channels-last`` times the same layers in channels_last memory: ``cuda.conv2d.wgmma``,
+``cuda.conv2d.implicit_mma`` and the default decision against cuDNN, in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -80,16 +82,45 @@ def layer(n: int, c: int, k: int, h: int, dt: torch.dtype, sweep: bool) -> None:
           f"cuDNN {gt * 1e6:6.1f} us in graphs)  err {err:.1e}  pick {pick}{both}", flush=True)
 
 
+def layer_cl(n: int, c: int, k: int, h: int, dt: torch.dtype) -> None:
+    dev = torch.device("cuda")
+    d = get_doctor()
+    cl = torch.channels_last
+    x = torch.randn(n, c, h, h, device=dev, dtype=dt).contiguous(memory_format=cl)
+    w = (torch.randn(k, c, 1, 1, device=dev, dtype=dt) / c ** 0.5).contiguous(memory_format=cl)
+    b = torch.randn(k, device=dev, dtype=dt)
+    ref = F.relu(F.conv2d(x.double(), w.double(), b.double()))
+    op = Conv2dOp(n, c, h, h, k, 1, 1, dtype=str(dt)[6:], layout="nhwc", epilogue="bias+relu")
+    pick = d.decide(op, "cuda").variant.name.replace("cuda.conv2d.", "")
+    gt = graphed(lambda: F.relu(F.conv2d(x, w, b)))
+    cols = []
+    for name in ("cuda.conv2d.wgmma", "cuda.conv2d.implicit_mma", None):
+        f = lambda name=name: tracea.ops.conv2d(x, w, b, activation="relu", variant=name)  # noqa: E731
+        try:
+            err = float((f().double() - ref).norm() / ref.norm())
+            t1, t2 = paired(graphed(f), gt, 20, 7, dev)
+        except Exception as exc:  # noqa: BLE001 - a variant that declines the layer
+            cols.append(f"{type(exc).__name__}")
+            continue
+        label = (name or f"default [{pick}]").replace("cuda.conv2d.", "")
+        cols.append(f"{label} {t2 / t1:5.2f}x ({t1 * 1e6:6.1f} us, err {err:.0e})")
+    print(f"CL b{n:2} {c:4}->{k:4} @{h:3}: graphs vs cuDNN: " + "  ".join(cols), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--sweep", action="store_true", help="time the variant's configs per layer instead")
+    ap.add_argument("--channels-last", action="store_true", help="channels_last layers: wgmma, implicit_mma, default")
     args = ap.parse_args()
     print(f"machine: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for n in map(int, args.batches.split(",")):
         for c, k, h in R50 + MBV2:
-            layer(n, c, k, h, getattr(torch, args.dtype), args.sweep)
+            if args.channels_last:
+                layer_cl(n, c, k, h, getattr(torch, args.dtype))
+            else:
+                layer(n, c, k, h, getattr(torch, args.dtype), args.sweep)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ untuned op) on the shape families of :mod:`shapes`, plus PyTorch's time on the s
 the performance-model data file (one device call).
 
     source scripts/srcenv.sh && python benchmarks/model/collect_cuda.py --out $OUT/sm_90.json [--budget 200]
-        [--ms 32,64,96]
+        [--ms 32,64,96] [--convs 1x1]
 
 Kernels are compiled first, in parallel worker processes (NVRTC, into the on-disk module cache), so
 the timed phase never waits on a compiler. Tracea's times come from ``tracea_cuda.measure.measure``
@@ -112,6 +112,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0, help="at most this many cases (0: all)")
     ap.add_argument("--ms", default="", help="only the GEMM cases of these M (e.g. 32,64,96: a refresh that "
                                              "pack_data.py --merge adds to a shipped file)")
+    ap.add_argument("--convs", choices=("all", "1x1"), default="",
+                    help="only conv cases (1x1: only the 1x1 stride-1 ones), e.g. a refresh merged into a shipped file")
     args = ap.parse_args()
     t0 = time.time()
     os.environ.setdefault("TRACEA_CUDA_CACHE_DIR", "/tmp/tracea-model-cubins")
@@ -129,6 +131,9 @@ def main() -> int:
     if args.ms:
         ms = {int(v) for v in args.ms.split(",")}
         cases = [(f, p, op) for f, p, op in cases if op.kind.value == "gemm" and op.m in ms]
+    if args.convs:
+        cases = [(f, p, op) for f, p, op in cases if op.kind.value == "conv2d"
+                 and (args.convs == "all" or ((op.r, op.s) == (1, 1) and tuple(op.stride) == (1, 1)))]
     random.Random(0).shuffle(cases)
     if args.limit:
         cases = cases[:args.limit]

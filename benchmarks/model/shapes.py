@@ -36,6 +36,12 @@ CONVS = [
     ("unet", "3x3 64@128", 64, 128, 64, 3, 1, 1), ("unet", "3x3 128->256@32", 128, 32, 256, 3, 1, 1),
     ("vgg", "3x3 64->128@112", 64, 112, 128, 3, 1, 1), ("vgg", "3x3 256@56", 256, 56, 256, 3, 1, 1),
     ("densenet", "3x3 128->32@56", 128, 56, 32, 3, 1, 1), ("densenet", "1x1 256->128@28", 256, 28, 128, 1, 1, 0),
+    # late-stage 1x1 layers with many input channels (2026-11-27: nothing measured within reach of them sent
+    # batch-1 channels_last ResNet-50 1x1 layers to implicit_mma at 0.51-1.06x cuDNN, wgmma ran 0.95-1.44x)
+    ("resnet", "1x1 512->128@28", 512, 28, 128, 1, 1, 0), ("resnet", "1x1 1024->256@14", 1024, 14, 256, 1, 1, 0),
+    ("resnet", "1x1 2048->512@7", 2048, 7, 512, 1, 1, 0), ("resnet", "1x1 512->2048@7", 512, 7, 2048, 1, 1, 0),
+    ("mobilenet", "1x1 960->160@7", 960, 7, 160, 1, 1, 0), ("mobilenet", "1x1 672->112@14", 672, 14, 112, 1, 1, 0),
+    ("densenet", "1x1 1024->128@14", 1024, 14, 128, 1, 1, 0),
     ("resnet-strided", "3x3/2 128@56", 128, 56, 128, 3, 2, 1), ("resnet-strided", "3x3/2 256@28", 256, 28, 256, 3, 2, 1),
 ]
 GEMM_PRECISIONS = {"bf16": dict(dtype_a="bfloat16", dtype_b="bfloat16"),
