@@ -42,7 +42,7 @@ def layer(n: int, c: int, k: int, h: int, dt: torch.dtype, sweep: bool) -> None:
     w = torch.randn(k, c, 1, 1, device=dev, dtype=dt) / c ** 0.5
     b = torch.randn(k, device=dev, dtype=dt)
     ref = F.relu(F.conv2d(x.double(), w.double(), b.double()))
-    op = Conv2dOp(n, c, h, h, k, 1, 1, dtype=str(dt)[6:], layout="nchw", epilogue="bias+relu")
+    op = Conv2dOp(n, c, h, h, k, 1, 1, dtype=str(dt)[6:], layout="nchw", epilogue="bias+relu", fp32_precision="high")
     theirs = lambda: F.relu(F.conv2d(x, w, b))  # noqa: E731
     if sweep:
         from tracea_cuda.variants.hopper import _hero

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tracea.dtypes import DType
 from tracea.ir.ops import Conv2dOp
 
 from tracea_cuda import testing as T
@@ -32,7 +33,8 @@ def _hopper():
 GEOMS = [(2, 64, 8, 8, 72), (3, 128, 7, 7, 40), (1, 64, 14, 14, 200), (5, 96, 11, 13, 24), (4, 256, 28, 28, 64),
          (1, 960, 7, 7, 160), (33, 32, 5, 3, 16), (2, 8, 16, 16, 520), (2, 24, 56, 56, 144), (2, 64, 10, 7, 48)]
 MODES = [("float16", "bias+relu", None), ("bfloat16", "bias+gelu", None), ("float16", "bias+gelu", None),
-         ("bfloat16", "silu", "float32"), ("float16", "bias", "bfloat16"), ("bfloat16", None, None)]
+         ("bfloat16", "silu", "float32"), ("float16", "bias", "bfloat16"), ("bfloat16", None, None),
+         ("float32", "bias+relu", None), ("float32", "bias+silu", "bfloat16"), ("float32", None, None)]
 
 
 def _check(op: Conv2dOp, configs) -> None:
@@ -54,7 +56,7 @@ def _check(op: Conv2dOp, configs) -> None:
 def test_nchw1x1_geometries(mode, geom):
     dt, epi, out = mode
     n, c, h, w, k = geom
-    op = Conv2dOp(n, c, h, w, k, 1, 1, layout="nchw", dtype=dt, dtype_out=out, epilogue=epi)
+    op = Conv2dOp(n, c, h, w, k, 1, 1, layout="nchw", dtype=dt, dtype_out=out, epilogue=epi, fp32_precision="high")
     heroes = VARIANT.hero_configs(op, _hopper())
     i = (GEOMS.index(geom) + MODES.index(mode)) % len(heroes)
     _check(op, [heroes[0]] + ([heroes[i]] if i else []))  # the default, and every hero over the grid
@@ -75,11 +77,13 @@ def test_nchw1x1_search_space_corners(params):
 def test_nchw1x1_declines_with_reasons():
     profile = _hopper()
     for op, words in ((Conv2dOp(2, 20, 8, 8, 64, 1, 1, layout="nchw", dtype="float16"), "multiple of 8"),
+                      (Conv2dOp(2, 18, 8, 8, 64, 1, 1, layout="nchw", dtype="float32", fp32_precision="high"),
+                       "multiple of 4"),
                       (Conv2dOp(2, 64, 8, 8, 64, 3, 3, padding=1, layout="nchw", dtype="float16"), "1x1"),
                       (Conv2dOp(2, 64, 8, 8, 64, 1, 1, stride=2, layout="nchw", dtype="float16"), "1x1"),
                       (Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nhwc", dtype="float16"), "1x1")):
         assert any(words in r for r in VARIANT.check(op, profile)), VARIANT.check(op, profile)
-    assert VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype="float32"), profile)
+    assert VARIANT.check(Conv2dOp(2, 64, 8, 8, 64, 1, 1, layout="nchw", dtype="float32"), profile)  # fp32-exact
 
 
 @pytest.mark.parametrize("hw", [8, 7, 14])
@@ -145,3 +149,32 @@ def test_nchw1x1_default_user_path_and_graph(dt):
                                                                           T.rel_err(out, ref))
         assert torch.equal(captured, outs[-1])
         assert torch.equal(x, x_before)  # the pitched copy is scratch: x is never written
+
+
+def test_nchw1x1_float32_tf32_user_path_and_graph():
+    """float32 with TF32 allowed (what ``F.conv2d`` does by default on CUDA) through ``tracea.ops.conv2d`` with
+    this variant forced (computed transposed: x as the register-fed MN-major A, the column-major output): planes
+    read in place and through the pitched copy, repeated and replayed from a CUDA graph, against float64."""
+    import torch
+    import torch.nn.functional as F
+
+    import tracea
+
+    _hopper()
+    for n, c, hw, k in ((1, 1024, 14, 256), (8, 192, 28, 64), (3, 960, 7, 160), (2, 64, 11, 40)):
+        g = torch.Generator(device="cuda").manual_seed(n * c + k)
+        x = torch.randn(n, c, hw, hw, device="cuda", generator=g)
+        w = torch.randn(k, c, 1, 1, device="cuda", generator=g) / c ** 0.5
+        b = torch.randn(k, device="cuda", generator=g)
+        ref = F.relu(F.conv2d(x.double(), w.double(), b.double()))
+        with torch.backends.cudnn.flags(allow_tf32=True):
+            outs = [tracea.ops.conv2d(x, w, b, activation="relu", variant=NAME) for _ in range(2)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = tracea.ops.conv2d(x, w, b, activation="relu", variant=NAME)
+            graph.replay()
+        torch.cuda.synchronize()
+        tol = T.tolerance("tf32", DType.F32)
+        for out in outs + [captured]:
+            assert T.rel_err(out, ref) <= tol, ((n, c, hw, k), T.rel_err(out, ref))
+        assert torch.equal(captured, outs[-1])

@@ -98,6 +98,10 @@ OPS = {
                  epilogue="bias+gelu"),
         Conv2dOp(1, 960, 7, 7, 160, 1, 1, layout="nchw", dtype="float16", epilogue="bias"),  # few tiles: split-K
         Conv2dOp(8, 64, 28, 28, 40, 1, 1, layout="nchw", dtype="bfloat16", epilogue="silu"),
+        Conv2dOp(32, 256, 28, 28, 128, 1, 1, layout="nchw", dtype="float32", fp32_precision="high",
+                 epilogue="bias+relu"),  # TF32: transposed, register-fed A, column-major C
+        Conv2dOp(1, 1024, 7, 7, 256, 1, 1, layout="nchw", dtype="float32", fp32_precision="high",
+                 dtype_out="bfloat16", epilogue="bias+gelu"),
     ],
     "cuda.conv2d.pointwise": [
         Conv2dOp(32, 32, 112, 112, 16, 1, 1, layout="nchw", dtype="float32", fp32_precision="high", epilogue="bias"),

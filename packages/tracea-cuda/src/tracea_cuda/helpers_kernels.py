@@ -41,14 +41,16 @@ def _padder(dtype: DType, arch: str, dev: int) -> compiler.Kernel:
     return compiler.load(pad.render(dtype), pad.PAIR_NAME, arch, smem=0, threads=256)
 
 
-def pitcher(arch: str) -> compiler.Kernel:
-    """The 16-bit row pitch copy (:func:`emit.pad.render_pitch`) on the current device."""
-    return _pitcher(arch, _device())
+def pitcher(arch: str, itemsize: int = 2) -> compiler.Kernel:
+    """The row pitch copy of 16-bit (``itemsize`` 2) or 32-bit values (:func:`emit.pad.render_pitch`) on the
+    current device."""
+    return _pitcher(arch, _device(), itemsize)
 
 
 @functools.lru_cache(maxsize=16)
-def _pitcher(arch: str, dev: int) -> compiler.Kernel:
-    return compiler.load(pad.render_pitch(DType.F16), pad.PITCH_NAME, arch, smem=0, threads=256)
+def _pitcher(arch: str, dev: int, itemsize: int) -> compiler.Kernel:
+    dtype = DType.F32 if itemsize == 4 else DType.F16
+    return compiler.load(pad.render_pitch(dtype), pad.PITCH_NAME, arch, smem=0, threads=256)
 
 
 def splitter(arch: str, pair: bool = False) -> compiler.Kernel:

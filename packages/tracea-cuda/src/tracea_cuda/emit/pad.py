@@ -49,14 +49,24 @@ PITCH_NAME = "tracea_pitch_rows"
 
 
 def render_pitch(dtype: DType) -> str:
-    """``PITCH_NAME(in, out, rows, width, pitch)``: ``rows`` rows of ``width`` 16-bit values copied into rows
-    of ``pitch`` >= ``width`` (zeros after the width), so that a TMA map -- whose row strides must be
-    16-byte multiples -- can read them: NCHW planes of 7x7 or 14x14 pixels for the pointwise conv. One
-    thread per output pair (a 4-byte load and store when ``width`` is even and ``in`` 4-byte aligned, else
-    two 2-byte loads), the
-    grid covering ``rows * pitch / 2`` pairs in 256-thread blocks; ``rows * pitch`` < 2^31."""
+    """``PITCH_NAME(in, out, rows, width, pitch)``: ``rows`` rows of ``width`` values copied into rows of
+    ``pitch`` >= ``width`` (zeros after the width), so that a TMA map -- whose row strides must be 16-byte
+    multiples -- can read them: NCHW planes of 7x7 or 14x14 pixels for the pointwise conv; ``rows * pitch`` <
+    2^31. 16-bit values: one thread per output pair (a 4-byte load and store when ``width`` is even and ``in``
+    4-byte aligned, else two 2-byte loads), the grid covering ``rows * pitch / 2`` pairs in 256-thread blocks;
+    32-bit values: one thread per output value, the grid covering ``rows * pitch``."""
+    if dtype.storage.itemsize == 4:
+        return f"""
+extern "C" __global__ void __launch_bounds__(256) {PITCH_NAME}(
+        const unsigned int* __restrict__ in, unsigned int* __restrict__ out, int rows, int width, int pitch) {{
+    const int i = blockIdx.x * 256 + threadIdx.x;
+    if (i >= rows * pitch) return;
+    const int r = i / pitch, c = i - r * pitch;
+    out[i] = c < width ? __ldg(in + (long long)r * width + c) : 0u;
+}}
+"""
     if dtype.storage.itemsize != 2:
-        raise ValueError("the pitch copy serves 16-bit rows")
+        raise ValueError("the pitch copy serves 16- and 32-bit rows")
     return f"""
 extern "C" __global__ void __launch_bounds__(256) {PITCH_NAME}(
         const unsigned short* __restrict__ in, unsigned short* __restrict__ out, int rows, int width, int pitch) {{

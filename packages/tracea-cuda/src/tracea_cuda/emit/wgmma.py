@@ -71,6 +71,8 @@ class WgmmaSpec:
     split_k: bool = False  # every tile's K cut into slices (count given at launch), partial sums added in-kernel
     a_bcast: bool = False  # one A for every batch entry (its TMA loads use batch coordinate 0): W @ X[b]
     row_bias: bool = False  # the bias is a length-M vector added along the rows (bias[row]), not the columns
+    b_bcast: bool = False  # one B for every batch entry (its TMA loads use batch coordinate 0): X[b] @ W
+    cm_bias_cols: bool = False  # out_cm with a register-fed A: the bias along C's columns (else along its rows)
 
 
     threads = 384
@@ -146,6 +148,8 @@ class WgmmaSpec:
                             "register-fed A)")
         if self.narrow_store not in (0, 4, 8):
             problems.append(f"narrow_store={self.narrow_store} not in 0/4/8 bytes")
+        if self.cm_bias_cols and not (self.out_cm and self.a_regs):
+            problems.append("cm_bias_cols serves the column-major epilogue of a register-fed A")
         if self.store is not None and self.store.kind != "rowmajor" and self.smem_epilogue:
             problems.append(f"{self.store.kind} output needs the direct epilogue (smem_epilogue=False)")
         if problems:
@@ -318,6 +322,8 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     a_loads, b_loads = a_loads.replace("BKE", str(bk)), b_loads.replace("BKE", str(bk))
     if spec.a_bcast:  # the batch entries share A: every load reads batch entry 0
         a_loads = a_loads.replace(", bz)", ", 0)")
+    if spec.b_bcast:  # likewise B
+        b_loads = b_loads.replace(", bz)", ", 0)").replace(", bz, (unsigned short)3)", ", 0, (unsigned short)3)")
     coop = spec.schedule == "coop"
     subs = spec.subs
     first, step = ("0", "1") if coop else ("wg", "2")
@@ -458,6 +464,12 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
             pair = f"*reinterpret_cast<u32*>(p) = (u32){c0} | ((u32){c1} << 16);"
         cm_store = (f"if ({int(spec.pairs)} && row + 1 < M) {{ {pair} }} else {{ p[0] = {c0}; "
                     f"if (row + 1 < M) p[1] = {c1}; }}")
+        if spec.cm_bias_cols:
+            cm_bias_rows, cm_bias_col = "", "const float b0 = bias_at(bias, col), b1 = b0;"
+        else:
+            cm_bias_rows = ("const float b0 = bias_at(bias, row < M ? row : 0), "
+                            "b1 = bias_at(bias, row + 1 < M ? row + 1 : 0);")
+            cm_bias_col = ""
         epilogue_code = TRANSPOSED.format(**locals())
     elif spec.defer:
         epilogue_code = STASH.format(**locals())

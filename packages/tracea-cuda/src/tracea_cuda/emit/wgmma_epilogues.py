@@ -10,13 +10,14 @@ TRANSPOSED = """        // Epilogue, column-major C (ldc = M): fragment rows g a
         #pragma unroll
         for (int sub = 0; sub < {subs}; ++sub) {{
             const int h = 0, row = m0 + {lrow};
-            const float b0 = bias_at(bias, row < M ? row : 0), b1 = bias_at(bias, row + 1 < M ? row + 1 : 0);
+            {cm_bias_rows}
             #pragma unroll
             for (int j2 = 0; j2 < {bn8}; ++j2)
                 #pragma unroll
                 for (int e = 0; e < 2; ++e) {{
                     const int col = n0 + j2 * 8 + 2 * t4 + e;
                     if (col >= N || row >= M) continue;
+                    {cm_bias_col}
                     const float v0 = apply_epilogue_b({accn}[sub][4 * j2 + e], b0);
                     const float v1 = apply_epilogue_b({accn}[sub][4 * j2 + 2 + e], b1);
                     {tout}* p = Cb + (long long)col * M + row;

@@ -133,8 +133,9 @@ class WgmmaGemm(CudaVariant):
         a_map = (tma.tiled_map(pa, spec.dtype_in, (op.k, op.m, ab), (row, spec.bm, 1), pa_pitch) if spec.a_kmajor else
                  tma.tiled_map(pa, spec.dtype_in, (op.m, op.k, ab), (row, row, 1), pa_pitch))
         # In a 2-CTA cluster each CTA loads half of the B tile (multicast to both): K-major boxes are halved.
-        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, b), (row, spec.bn // spec.cluster, 1), pb_pitch)
-                 if spec.b_kmajor else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, b), (row, row, 1), pb_pitch))
+        bb = 1 if spec.b_bcast else b
+        b_map = (tma.tiled_map(pb, spec.dtype_in, (op.k, op.n, bb), (row, spec.bn // spec.cluster, 1), pb_pitch)
+                 if spec.b_kmajor else tma.tiled_map(pb, spec.dtype_in, (op.n, op.k, bb), (row, row, 1), pb_pitch))
         cm = spec.cluster
         tiles = self._tiles(op, spec)  # clusters' tiles
         resident = resident_sms(profile) if cm == 1 else tma.max_active_clusters(

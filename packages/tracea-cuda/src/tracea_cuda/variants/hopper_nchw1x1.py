@@ -1,4 +1,4 @@
-"""Hopper 1x1 conv on 16-bit NCHW tensors as a batched GEMM with a shared weight: ``out[n] = W @ x[n]``.
+"""Hopper 1x1 conv on NCHW tensors as a batched GEMM with a shared weight: ``out[n] = W @ x[n]``.
 
 A 1x1 stride-1 unpadded NCHW conv is, per image, the GEMM of the weight (K x C, row-major: K-major A)
 and the image's channel planes (C x H*W, pixels contiguous: an MN-major B, which 16-bit wgmma reads
@@ -8,6 +8,12 @@ place -- batch = images, A's TMA loads all read batch entry 0 (``a_bcast``), the
 on NCHW input, and what kept it to a narrow window of such convs). TMA needs 16-byte row strides: planes
 whose pixel count is not a multiple of 8 (7x7, 14x14) are first copied into rows of a padded pitch by one
 small launch (:func:`tracea_cuda.emit.pad.render_pitch`).
+
+float32 (TF32 allowed): TF32 wgmma reads a shared-memory B K-major only, so the kernel computes the
+transposed product per image, ``out[n]^T = x[n]^T @ W^T``: A = x[n] stored (C, H*W), MN-major, fed to
+wgmma from registers; B = the weight stored (K, C), K-major, shared by every image (``b_bcast``); C^T
+stored column-major is the NCHW plane (``out_cm``), the bias along C^T's columns (``cm_bias_cols``).
+Planes whose pixel count is not a multiple of 4 take the pitched copy.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import numpy as np
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
-from tracea.dtypes import DType
+from tracea.dtypes import DType, Fp32Precision
 from tracea.ir.ops import Conv2dOp, GemmOp, LayerType
 from tracea.semantic.config import PipelineConfig
 from tracea.semantic.search_space import SearchSpace
@@ -31,8 +37,9 @@ from ..emit.wgmma import WgmmaSpec
 from .base import FLOAT_IO, scratch_buffer
 from .hopper import WgmmaGemm, _hero
 
-#: elements of one 16-byte run (16-bit)
-RUN = 8
+def run_of(op: Conv2dOp) -> int:
+    """Elements of one 16-byte run of ``op``'s dtype (8 16-bit, 4 fp32)."""
+    return 16 // op.dtype.storage.itemsize
 
 
 #: (tile_m, tile_n, schedule, stages) of the heroes, largest first (a tile of 128x256 elements only over two
@@ -44,17 +51,25 @@ TILES = ((128, 256, "coop", 4), (128, 128, "coop", 6), (64, 256, "pingpong", 4),
 def pitch_of(op: Conv2dOp) -> int | None:
     """Elements per row of the pitched copy of x (pixels rounded up to a 16-byte run), or None when the
     planes' rows are 16-byte multiples already and x is read in place."""
-    hw = op.p * op.q
-    return None if hw % RUN == 0 else -(-hw // RUN) * RUN
+    hw, run = op.p * op.q, run_of(op)
+    return None if hw % run == 0 else -(-hw // run) * run
+
+
+def transposed(op: Any) -> bool:
+    """Whether the kernel computes out[n]^T = x[n]^T @ W^T (float32 on TF32 wgmma; see the module docstring)."""
+    return op.dtype.storage is DType.F32 if isinstance(op, Conv2dOp) else op.dtype_a.storage is DType.F32
 
 
 class WgmmaNchw1x1Conv(WgmmaGemm):
     name = "cuda.conv2d.wgmma_nchw1x1"
-    description = ("16-bit NCHW 1x1 stride-1 conv for Hopper as a batched GEMM out[n] = W @ x[n] on the wgmma "
-                   "kernel: weight shared by every image, x's pixel rows read MN-major in place (planes of a "
-                   "pixel count not a multiple of 8 copied to padded rows first), bias along the output channels")
-    requirements = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D, dtypes=frozenset({DType.F16, DType.BF16}),
-                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0), groups=False)
+    description = ("NCHW 1x1 stride-1 conv for Hopper as a batched GEMM out[n] = W @ x[n] on the wgmma kernel (f16/"
+                   "bf16; f32 as TF32, computed transposed): weight shared by every image, x's pixel rows read "
+                   "MN-major in place (planes of a pixel count not in 16-byte runs copied to padded rows first), "
+                   "bias along the output channels")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D,
+                                dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
+                                isa=("wgmma", "tma"), min_compute_capability=(9, 0), groups=False,
+                                fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}))
     efficiency = 0.75
     priority = 20
     pads_rows = False  # x's pitched copy is this variant's own (pitch_of); W's rows are whole runs (checked)
@@ -64,7 +79,12 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
     @staticmethod
     def gemm(op: Conv2dOp) -> GemmOp:
         """The per-image GEMM the kernel runs: M = output channels, N = pixels, K = input channels, batch =
-        images (A = the weight, shared; B = x[n] stored (K, N))."""
+        images (A = the weight, shared; B = x[n] stored (K, N)); float32: its transpose, M = pixels, N = output
+        channels (A = x[n] stored (K, M), B = the weight stored (N, K), shared)."""
+        if transposed(op):
+            return GemmOp(m=op.p * op.q, n=op.k, k=op.c, batch=op.n, trans_a=True, trans_b=True, dtype_a=op.dtype,
+                          dtype_b=op.dtype, dtype_out=op.out_dtype, epilogue=op.epilogue,
+                          fp32_precision=op.fp32_precision)
         return GemmOp(m=op.k, n=op.p * op.q, k=op.c, batch=op.n, dtype_a=op.dtype, dtype_b=op.dtype,
                       dtype_out=op.out_dtype, epilogue=op.epilogue)
 
@@ -75,9 +95,9 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
         reasons = []
         if not operands.pointwise_nchw(op):
             reasons.append("not an NCHW 1x1 stride-1 unpadded conv")
-        if op.c % RUN:
-            reasons.append(f"C={op.c} is not a multiple of {RUN}: the weight's rows are not whole 16-byte runs, "
-                           "which its TMA map needs")
+        if op.c % run_of(op):
+            reasons.append(f"C={op.c} is not a multiple of {run_of(op)}: the weight's rows are not whole 16-byte "
+                           "runs, which its TMA map needs")
         hw = op.p * op.q
         if max(op.k, hw, op.c) >= 2**31 - 256 or op.n * op.c * (pitch_of(op) or hw) >= 2**31:
             reasons.append("tensor larger than the 32-bit index range")
@@ -91,24 +111,30 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
             t += 2 * op.n * op.c * op.h * op.w * op.dtype.storage.itemsize / (max(profile.bandwidth_gbs, 1.0) * 1e9)
         return t
 
-    def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
-        return True, False
-
     def pitches(self, op: Any) -> tuple[int | None, int | None]:
-        """(A = W, B = x) row pitches of what the kernel reads: x's pitched copy where its rows need one."""
-        if isinstance(op, GemmOp):
-            return None, (None if op.n % RUN == 0 else -(-op.n // RUN) * RUN)
-        return None, pitch_of(op)
+        """(A, B) row pitches of what the kernel reads: x's pitched copy where its rows need one (x is B, or
+        A for float32)."""
+        gop = self.kernel_op(op)
+        vec = 16 // gop.dtype_a.storage.itemsize
+        rows = (gop.m if gop.trans_a else gop.k, gop.k if gop.trans_b else gop.n)
+        return tuple(None if r % vec == 0 else -(-r // vec) * vec for r in rows)  # type: ignore[return-value]
 
     def spec(self, op: Any, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:  # type: ignore[override]
-        return replace(super().spec(self.kernel_op(op), config, ptrs), a_bcast=True, row_bias=True)
+        gop = self.kernel_op(op)
+        base = super().spec(gop, config, ptrs)
+        if not transposed(gop):
+            return replace(base, a_bcast=True, row_bias=True)
+        pairs = gop.m % 2 == 0 and (ptrs is None or ptrs.get("out", 0) % 8 == 0)  # adjacent pixels: one 8-byte store
+        return replace(base, b_bcast=True, out_cm=True, cm_bias_cols=True, pairs=pairs, vec_store=False, narrow_store=0)
 
     def operands(self, op: Any, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:  # type: ignore[override]
-        return ptrs["w"], ptrs["x"]  # A = the weight, B = x (or its pitched copy)
+        # A = the weight, B = x (or its pitched copy); float32: A = x, B = the weight
+        return (ptrs["x"], ptrs["w"]) if transposed(op) else (ptrs["w"], ptrs["x"])
 
     def search_space(self, op: Conv2dOp, profile: DeviceProfile) -> SearchSpace:  # type: ignore[override]
         space = super().search_space(op, profile)  # type: ignore[arg-type]
-        return space.param("cluster", [1]).param("stream_k", [False]).param("defer", [False])
+        space = space.param("cluster", [1]).param("stream_k", [False]).param("defer", [False])
+        return space.param("smem_epilogue", [False]) if transposed(op) else space
 
     def hero_configs(self, op: Conv2dOp, profile: DeviceProfile) -> list[PipelineConfig]:  # type: ignore[override]
         """The largest tile of :data:`TILES` whose count fills the SMs (the smallest when none does), then the
@@ -126,9 +152,10 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
         first = next((i for i, (t, (bm, bn, _, _)) in enumerate(zip(counts, tiles))
                       if t >= (2 * ctas if bm * bn >= 128 * 256 else ctas / 3)), len(tiles) - 1)
         order = sorted(range(len(tiles)), key=lambda i: (abs(i - first), -i))  # nearest sizes, smaller first
-        out = [_hero(bn, st, bm=bm, schedule=sched) for bm, bn, sched, st in (tiles[i] for i in order)]
+        epi = not transposed(op)  # float32: the column-major epilogue of a register-fed A
+        out = [_hero(bn, st, bm=bm, schedule=sched, smem_epilogue=epi) for bm, bn, sched, st in (tiles[i] for i in order)]
         if -(-gop.k // 64) >= 16:
-            out.append(_hero(64 if gop.n <= 64 else 128, 6, split_k=2))
+            out.append(_hero(64 if gop.n <= 64 else 128, 6, split_k=2, smem_epilogue=epi))
         return [c for c in out if self.validate_config(op, c, profile)]  # type: ignore[arg-type]
 
     def fast_launch_ok(self, op: Any, config: PipelineConfig) -> bool:
@@ -161,7 +188,7 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
 
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:  # type: ignore[override]
         self.prepare(op, config, profile)  # type: ignore[arg-type]
-        helpers_kernels.pitcher("sm_90a")
+        helpers_kernels.pitcher("sm_90a", op.dtype.storage.itemsize)
 
     def run(self, op: Conv2dOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:  # type: ignore[override]
         """x copied into aligned (and, where needed, padded) rows when it is misaligned or its rows need a
@@ -174,7 +201,7 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
             stream = launch_stream(args)
             if pitch is not None or px % 16:
                 p = pitch or op.p * op.q
-                buf = scratch_buffer(args, -(-op.n * op.c * p // 2))
+                buf = scratch_buffer(args, -(-op.n * op.c * p * op.dtype.storage.itemsize // 4))
                 _pitch_launch(op, p)(stream.ptr, (px, data_ptr(buf, "x")))
                 arrays["x"] = buf
             if pw % 16:
@@ -188,9 +215,10 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
 def _pitch_launch(op: Conv2dOp, pitch: int) -> launcher.FastLaunch:
     """One launch copying x's N*C rows of P*Q pixels into rows of ``pitch`` (load it on the op's device);
     pointers by role: src0, dst0."""
-    kernel = helpers_kernels.pitcher("sm_90a")
+    item = op.dtype.storage.itemsize
+    kernel = helpers_kernels.pitcher("sm_90a", item)
     rows, width = op.n * op.c, op.p * op.q
-    blocks = -(-rows * pitch // 2 // 256)
+    blocks = -(-rows * pitch // (4 // item) // 256)  # 16-bit: one thread per pair; 32-bit: per value
 
     def args(p: dict[str, int]) -> tuple:
         return (np.uint64(p["src0"]), np.uint64(p["dst0"]), np.int32(rows), np.int32(width), np.int32(pitch))
