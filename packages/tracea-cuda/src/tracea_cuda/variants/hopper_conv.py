@@ -125,9 +125,9 @@ class WgmmaConv(WgmmaGemm):
             reasons.append(f"C*R*S={op.c * op.r * op.s} is less than two {bke}-channel K-tiles: most of each "
                            "K-tile would be zeros; cuda.conv2d.pointwise / implicit_mma serve it")
         if operands.pixels_contiguous(op) and op.dtype.storage is DType.F32:
-            reasons.append("NCHW 1x1 stride-1 conv: cuda.conv2d.implicit_mma reads its 16-byte pixel runs "
-                           "directly, without this variant's channels-last transpose (measured 2.7x faster on "
-                           "an H200 at 256->64@56)")
+            reasons.append("NCHW 1x1 stride-1 conv: cuda.conv2d.wgmma_nchw1x1 (TF32) and cuda.conv2d.implicit_mma read "
+                           "its 16-byte pixel runs directly, without this variant's channels-last transpose (implicit_mma "
+                           "measured 2.7x faster on an H200 at 256->64@56)")
         elif operands.pointwise_nchw(op) and op.dtype.storage is not DType.F32:
             # H100, fp16 in CUDA graphs: the transpose path ran 0.40-0.96x cuDNN outside a narrow window (b32
             # 256->64@56^2 113 us against 47 us); cuda.conv2d.wgmma_nchw1x1 1.06-5.0x on ResNet-50 / MobileNetV2
