@@ -90,6 +90,31 @@ def test_wave_quantization_weighs_compute_bound_ops_only():
     assert roofline_estimate(v, big, _profile(), cfg) == pytest.approx(v.estimate_seconds(big, _profile(), cfg))
 
 
+def test_wave_quantization_stretches_compute_not_the_launch_cost():
+    """A latency-bound op of few tiles: idle SMs stretch its compute time, not the fixed launch cost or the
+    memory time -- two variants of one efficiency whose tiles differ 4x in count estimate within their
+    compute times of each other (the factor once multiplied the whole estimate: 0.19 vs 0.09 ms for a
+    10 us batch-1 conv, ranked by tile count alone)."""
+    from tracea.perfmodel.features import roofline_times, wave_factor
+    from tracea.perfmodel.model import roofline_estimate
+
+    gpu = DeviceProfile(Device("cuda", 0), "g", arch="sm_90a", compute_capability=(9, 0), compute_units=132,
+                        warp_size=32, peak_gflops={"bfloat16": 989e3}, bandwidth_gbs=3350.0)
+    op = GemmOp(49, 512, 2048, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")  # 1x1 conv, 7x7 plane, b1
+    v = _V("pm.roof", 0.5)
+    plain = v.estimate_seconds(op, gpu)
+    compute = roofline_times(op, gpu)[0] / 0.5
+    for tile in ((64, 64), (128, 256)):
+        cfg = PipelineConfig(tile_m=tile[0], tile_n=tile[1])
+        f = wave_factor(op, cfg, 132)
+        assert f > 10
+        assert roofline_estimate(v, op, gpu, cfg) == pytest.approx(plain + (f - 1) * compute)
+    cfgs = [PipelineConfig(tile_m=t[0], tile_n=t[1]) for t in ((64, 64), (128, 256))]
+    small, large = (roofline_estimate(v, op, gpu, c) for c in cfgs)
+    tiles_ratio = wave_factor(op, cfgs[1], 132) / wave_factor(op, cfgs[0], 132)  # 4: what the old form gave
+    assert large / small < 0.6 * tiles_ratio
+
+
 class _V(KernelVariant):
     """A roofline variant (efficiency set per instance)."""
 

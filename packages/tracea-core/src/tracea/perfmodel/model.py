@@ -90,14 +90,28 @@ STREAMING_MIN_S = 1e-6
 
 
 def roofline_estimate(variant: Any, op: Any, profile: Any, config: Any = None) -> float:
-    """The variant's own estimate (its roofline with its efficiency), times the wave quantization of
-    ``config`` on GPUs (for variants that are ``wave_quantized``), weighted by :func:`wave_weight`."""
+    """The variant's own estimate (its roofline with its efficiency) plus the wave quantization of
+    ``config`` on GPUs (for variants that are ``wave_quantized``), weighted by :func:`wave_weight`: the
+    idle SMs of a partial last wave cost (factor - 1) times the variant's compute time (FLOPs over the
+    peak at its efficiency), never its fixed launch cost or memory time. (Until 2026-11-27 the factor
+    multiplied the whole estimate: a batch-1 1x1 conv of 4 tiles read 33 x (5 us launch + compute), one of
+    8 tiles 16.5 x, and the Doctor ranked variants by tile count alone where no measured shape was near.)"""
     base = float(variant.estimate_seconds(op, profile, config))
     if int(getattr(profile, "warp_size", 1) or 1) > 1 and getattr(variant, "wave_quantized", True):
         f = wave_factor(op, config, int(profile.compute_units or 0))
         if f != 1.0:
-            base *= 1.0 + (f - 1.0) * wave_weight(op, profile)
+            base += (f - 1.0) * wave_weight(op, profile) * min(base, compute_seconds(variant, op, profile))
     return base
+
+
+def compute_seconds(variant: Any, op: Any, profile: Any) -> float:
+    """``op``'s FLOPs over the profile's peak for its dtype at the variant's ``efficiency`` (the part of an
+    estimate that idle SMs stretch); the whole estimate where the op or profile has no such figures."""
+    try:
+        flop_t, _ = roofline_times(op, profile)
+    except Exception:  # noqa: BLE001
+        return math.inf
+    return flop_t / max(float(getattr(variant, "efficiency", 1.0) or 1.0), 1e-6)
 
 
 def wave_weight(op: Any, profile: Any) -> float:
