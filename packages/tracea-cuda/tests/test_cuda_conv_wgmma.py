@@ -37,17 +37,8 @@ MODES = [("nhwc", "float16", "bias+relu", None), ("nhwc", "bfloat16", "bias+gelu
 
 def _check(op: Conv2dOp, config=None) -> None:
     profile = _hopper()
-    assert not VARIANT.check(op, profile), VARIANT.check(op, profile)
     configs = [config] if config else VARIANT.hero_configs(op, profile)
-    t = T.conv_inputs(op)
-    ref = T.conv_reference(op, t)
-    tol = T.tolerance(math_mode(op.dtype, op.fp32_precision), op.out_dtype)
-    for c in configs:
-        assert VARIANT.validate_config(op, c, profile), c.key
-        t["out"].fill_(float("nan"))
-        VARIANT.run(op, c, T.op_args(t), profile)
-        err = T.rel_err(t["out"], ref)
-        assert err <= tol, f"{op.describe()} {c.key}: rel err {err:.3g} > {tol}"
+    T.check_conv_configs(VARIANT, op, configs, T.tolerance(math_mode(op.dtype, op.fp32_precision), op.out_dtype))
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(x for x in m if x))

@@ -275,3 +275,18 @@ def check_gemm_configs(variant: Any, op: GemmOp, configs: list, tol: float, seed
         variant.run(op, config, op_args(t), profile)
         err = rel_err(t["out"], ref)
         assert err <= tol, (config.key, err)
+
+
+def check_conv_configs(variant: Any, op: Conv2dOp, configs: list, tol: float) -> None:
+    """:func:`check_gemm_configs` for a conv: ``variant`` must accept ``op``; each config runs on one set of fresh
+    inputs (output NaN-poisoned first) within ``tol`` of the float64 reference."""
+    profile = gpu_profile()
+    assert not variant.check(op, profile), variant.check(op, profile)
+    t = conv_inputs(op)
+    ref = conv_reference(op, t)
+    for config in configs:
+        assert variant.validate_config(op, config, profile), config.key
+        t["out"].fill_(float("nan"))
+        variant.run(op, config, op_args(t), profile)
+        err = rel_err(t["out"], ref)
+        assert err <= tol, f"{op.describe()} {config.key}: rel err {err:.3g} > {tol}"

@@ -54,6 +54,13 @@ SPLIT_SLICE_K_TILES = 4
 SPLIT_MAX = 16
 
 
+#: what the Hopper conv variants take: f16 / bf16, fp32 as TF32 (``high`` / ``medium``), no groups, sm_90a
+HOPPER_CONV_REQUIREMENTS = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D,
+                                        dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
+                                        isa=("wgmma", "tma"), min_compute_capability=(9, 0), groups=False,
+                                        fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}))
+
+
 def conv_split_hero(op: Conv2dOp, profile: DeviceProfile, smem_epilogue: bool) -> list[PipelineConfig]:
     """The split-K hero (coop 128 x ``bn``, ``split_k`` slices) for a conv whose output tiles fill less than
     half of the SMs with a long reduction (batch-1 / small-spatial layers: 512->512 3x3 at 7^2, batch 1,
@@ -79,10 +86,7 @@ class WgmmaConv(WgmmaGemm):
     description = ("conv2d implicit GEMM for Hopper: cp.async im2col gather + TMA weights into 128B-swizzled "
                    "stages, wgmma consumers, persistent grid, fused epilogue; NHWC f16/bf16, f32 as TF32 (NCHW via "
                    "a channels-last transpose)")
-    requirements = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D,
-                                dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
-                                isa=("wgmma", "tma"), min_compute_capability=(9, 0), groups=False,
-                                fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}))
+    requirements = HOPPER_CONV_REQUIREMENTS
     efficiency = 0.75
     priority = 20
     roles = ("x", "w")

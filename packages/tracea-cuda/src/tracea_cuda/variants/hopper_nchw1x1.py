@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from tracea.doctor.profile import DeviceProfile
-from tracea.doctor.variant import OpArgs, Requirements
-from tracea.dtypes import DType, Fp32Precision
-from tracea.ir.ops import Conv2dOp, GemmOp, LayerType
+from tracea.doctor.variant import OpArgs
+from tracea.dtypes import DType
+from tracea.ir.ops import Conv2dOp, GemmOp
 from tracea.semantic.config import PipelineConfig
 from tracea.semantic.search_space import SearchSpace
 
@@ -34,8 +34,9 @@ from .. import helpers_kernels, launcher, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
 from ..emit import operands
 from ..emit.wgmma import WgmmaSpec
-from .base import FLOAT_IO, scratch_buffer
+from .base import scratch_buffer
 from .hopper import WgmmaGemm, _hero
+from .hopper_conv import HOPPER_CONV_REQUIREMENTS
 
 def run_of(op: Conv2dOp) -> int:
     """Elements of one 16-byte run of ``op``'s dtype (8 16-bit, 4 fp32)."""
@@ -66,10 +67,7 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
                    "bf16; f32 as TF32, computed transposed): weight shared by every image, x's pixel rows read "
                    "MN-major in place (planes of a pixel count not in 16-byte runs copied to padded rows first), "
                    "bias along the output channels")
-    requirements = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D,
-                                dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
-                                isa=("wgmma", "tma"), min_compute_capability=(9, 0), groups=False,
-                                fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}))
+    requirements = HOPPER_CONV_REQUIREMENTS
     efficiency = 0.75
     priority = 20
     pads_rows = False  # x's pitched copy is this variant's own (pitch_of); W's rows are whole runs (checked)
