@@ -43,3 +43,40 @@ def test_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no_such_name"):
         tracea_torch.no_such_name  # noqa: B018
     assert "patch_conv2d" in dir(tracea_torch)
+
+
+def test_numpy_calls_while_another_thread_imports_torch():
+    """A NumPy call while torch is still being imported (``sys.modules`` already holds the partially
+    initialized module, without ``torch.Tensor``): the adapters' "is this a torch tensor?" must not raise
+    (it did, AttributeError, when the tuning cache's concurrency fuzz ran a tuner that imported torch in one
+    thread beside ``tracea.ops.matmul`` in another). Deterministic form: a stand-in module marked as
+    initializing sits in ``sys.modules``; then the real race, calls on a thread for the whole import."""
+    code = ("import sys, types, importlib.machinery, threading, numpy as np, tracea, tracea.ops\n"
+            "from tracea.runtime.arrays import imported\n"
+            "from tracea.plugins.manager import get_plugin_manager\n"
+            "assert 'torch' in [n for n, _ in get_plugin_manager().list_name_plugin()]  # plugins loaded first\n"
+            "a = np.ones((16, 24), np.float32); b = np.ones((24, 8), np.float32)\n"
+            "fake = types.ModuleType('torch'); fake.__spec__ = importlib.machinery.ModuleSpec('torch', None)\n"
+            "fake.__spec__._initializing = True; sys.modules['torch'] = fake\n"
+            "assert imported('torch') is None\n"
+            "assert (tracea.ops.matmul(a, b) == 24).all() and (tracea.ops.matmul(b.T.copy(), a.T.copy()) == 24).all()\n"
+            "from tracea.tuning.inputs import pick_adapter\n"
+            "from tracea.ir.device import Device\n"
+            "from tracea.dtypes import DType\n"
+            "from tracea.runtime.arrays import builtin_adapters\n"
+            "adapters = [x for r in get_plugin_manager().hook.tracea_array_adapters()\n"
+            "            for x in (r if isinstance(r, (list, tuple)) else [r])] + list(builtin_adapters())\n"
+            "assert pick_adapter(adapters, Device('cpu', 0), (DType.F32,)).name == 'numpy'  # tuning: NumPy inputs\n"
+            "del sys.modules['torch']\n"
+            "errors, done = [], threading.Event()\n"
+            "def calls():\n"
+            "    while not done.is_set():\n"
+            "        try:\n"
+            "            assert (tracea.ops.matmul(a, b) == 24).all()\n"
+            "        except Exception as exc:\n"
+            "            errors.append(repr(exc)); return\n"
+            "t = threading.Thread(target=calls); t.start()\n"
+            "import torch\n"
+            "done.set(); t.join()\n"
+            "print(errors or 'ok', imported('torch') is torch)")
+    assert _run(code) == "ok True"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import sys
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from tracea.errors import DTypeError, InvalidArgumentError, LayoutError, TraceaE
 from tracea.ir.ops import GemmOp, LayerType, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import Validity
+from tracea.runtime.arrays import imported
 
 from . import kernels, spaces
 from .isa import AVX512_BF16
@@ -61,7 +61,7 @@ def _tensor_ptr(obj: Any, dtype_name: str, size: int) -> int | None:
     """Fast path for torch CPU tensors (NumPy views cost microseconds per call): the data address of
     a contiguous CPU tensor of torch dtype ``dtype_name`` and ``size`` elements, else None (take the
     checked path)."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is None or not isinstance(obj, torch.Tensor):
         return None
     if obj.dtype is getattr(torch, dtype_name) and obj.device.type == "cpu" and obj.is_contiguous() \

@@ -26,13 +26,13 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tracea.errors import DTypeError, InvalidArgumentError, LaunchError, LayoutError, ShapeError
+from tracea.runtime.arrays import imported
 
 from . import kernels
 from .host_load import threads_now
@@ -86,7 +86,7 @@ class Int8Weight:
 
 def _host_f32(obj: Any, name: str) -> tuple[np.ndarray, bool]:
     """A float32 NumPy view (or copy) of a NumPy array or torch CPU tensor; whether it was torch."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         if obj.device.type != "cpu":
             raise InvalidArgumentError(name, obj, "a CPU tensor")
@@ -218,7 +218,7 @@ def linear_int8(x: Any, weight: Int8Weight, bias: Any = None, *, threads: int = 
 def _torch_fast(x: Any, bias: Any, k: int, n: int) -> tuple[Any, tuple[int, ...], int] | None:
     """(torch, leading shape, rows) when x and bias are torch CPU float32 tensors, contiguous and of the
     right shapes (bias None or (N,)), else None (the checked path takes the call and raises as due)."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is None or not isinstance(x, torch.Tensor):
         return None
     if x.dtype is not torch.float32 or x.device.type != "cpu" or x.dim() < 1 or x.shape[-1] != k \

@@ -20,12 +20,12 @@ out; a new version of a tensor replaces the old one's entry.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
+from tracea.runtime.arrays import imported
 
 CACHE_ENTRIES = 32
 CACHE_BYTES = 512 << 20
@@ -57,7 +57,7 @@ class PanelCache:
         writes them), packed now at the second sighting of the unchanged tensor. Hold ``panels`` until the
         kernel reading them has returned (another thread may evict the entry). None at a first sighting,
         when ``w`` is no torch tensor or when caching is off: the caller packs itself."""
-        torch = sys.modules.get("torch")
+        torch = imported("torch")
         if torch is None or not isinstance(w, torch.Tensor) or os.environ.get("TRACEA_CPU_WEIGHT_CACHE") == "0":
             return None
         key = (geometry, w_ptr, tuple(w.shape), w.stride(), w._version)

@@ -20,13 +20,13 @@ CUDA-graph safety (``torch.cuda.graph`` / ``make_graphed_callables`` / CuPy grap
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tracea.errors import CaptureError, LaunchError
+from tracea.runtime.arrays import imported
 
 from . import toolkit
 
@@ -59,13 +59,13 @@ def is_capturing(stream_ptr: int) -> bool:
             return int(query(stream_ptr)) != 0
         except Exception:  # noqa: BLE001 - an unknown stream handle: ask torch below
             pass
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def capturing_now() -> bool:
     """Whether the current stream of torch or CuPy is capturing (for code that does not know its stream)."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return True
     cp = toolkit.cupy()

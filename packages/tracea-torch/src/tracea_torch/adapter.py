@@ -19,6 +19,7 @@ from tracea.dtypes import DType
 from tracea.errors import DTypeError, UnsupportedDeviceError
 from tracea.ir.device import Device
 from tracea.runtime.arrays import ArrayAdapter, ArrayInfo
+from tracea.runtime.arrays import imported
 
 # Tracea dtype -> torch dtype attribute name.
 _TORCH_DTYPE_NAMES = {DType.F64: "float64", DType.F32: "float32", DType.TF32: "float32",
@@ -134,6 +135,7 @@ class TorchAdapter(ArrayAdapter):
     name = "torch"
     priority = 100
     device_kinds = ("cpu", "cuda")
+    framework = "torch"
     #: torch tensors are logically NCHW whatever their memory format; channels_last selects NHWC kernels.
     logical_nchw = True
 
@@ -173,7 +175,7 @@ class TorchAdapter(ArrayAdapter):
 
     def owns(self, obj: Any) -> bool:
         # A tensor can only exist once torch is imported, so never import it here.
-        torch = sys.modules.get("torch")
+        torch = imported("torch")
         return torch is not None and isinstance(obj, torch.Tensor) and _causal_bias(obj) is None
 
     def structured_mask(self, obj: Any, like: Any) -> tuple[str, int, int, Any] | None:

@@ -8,17 +8,18 @@ torch; a missing torch makes the integration unavailable with the reason, never 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from typing import Any
 
 from tracea.plugins import BackendInfo, hookimpl
+from tracea.runtime.arrays import imported
 
 from ._version import __version__
 
 
 def _torch_version() -> str | None:
-    if "torch" in sys.modules:
-        return str(sys.modules["torch"].__version__)
+    torch = imported("torch")
+    if torch is not None:
+        return str(torch.__version__)
     if importlib.util.find_spec("torch") is None:
         return None
     try:
@@ -63,7 +64,7 @@ def tracea_fallback_run(op: Any, arrays: dict, out: Any, reason: str) -> Any:
     the user passed them (logically NCHW, untransposed); the result is a fresh tensor that dispatch
     returns or copies into the user's ``out`` (``out`` here may be a physical-layout kernel buffer,
     so it is not written)."""
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is None:
         return None
     tensors = [a for a in arrays.values() if a is not None]

@@ -10,6 +10,7 @@ but not run.
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -25,6 +26,18 @@ _addressof, _byte_at = ctypes.addressof, ctypes.c_byte.from_buffer
 # DLPack device type codes (dlpack.h) -> Tracea device kinds.
 DLPACK_DEVICE_KINDS = {1: "cpu", 2: "cuda", 3: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm",
                        13: "cuda"}
+
+
+def imported(name: str) -> Any:
+    """``sys.modules[name]`` once its import has finished, else None -- never importing it. While another
+    thread is still importing a framework (torch's import takes seconds), ``sys.modules`` already holds the
+    partially initialized module, whose attributes (``torch.Tensor``) do not exist yet: a call that only asks
+    "is this a torch tensor?" would raise AttributeError (seen: a tuning thread importing torch while another
+    ran ``tracea.ops.matmul`` on NumPy arrays). No object can be a tensor of a module still initializing."""
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,9 @@ class ArrayAdapter:
     priority: int = 0
     #: device kinds this adapter can allocate on (``from_numpy``); the tuner uses it to build inputs.
     device_kinds: tuple[str, ...] = ()
+    #: the module whose import allocating needs (``"torch"``), or None: the tuner takes another adapter of
+    #: the device while that module is not imported yet (see :func:`tracea.tuning.inputs.pick_adapter`)
+    framework: str | None = None
 
     def owns(self, obj: Any) -> bool:
         """True when this adapter handles ``obj``'s type. Must not import a framework to decide."""

@@ -240,7 +240,7 @@ class AutoTuner:
         from ..runtime.arrays import builtin_adapters
 
         adapters.extend(builtin_adapters())
-        adapter = pick_adapter(adapters, profile.device)
+        adapter = pick_adapter(adapters, profile.device, op.dtypes)
         caches = dict(profile.caches or {})
         big = max(caches.values()) if caches else 0
         inputs = InputSets(op, profile.device, adapter, seed=0 if self.seed is None else self.seed,

@@ -13,6 +13,7 @@ from ..dtypes import DType, Fp32Precision
 from ..errors import DTypeError, UnsupportedDeviceError
 from ..ir.device import Device
 from ..ir.ops import AttentionOp, Conv2dOp, GemmOp, Op
+from ..runtime.arrays import imported
 
 #: relative-error bound (||out - ref|| / ||ref||) a candidate must meet, by compute type. Looser than
 #: the kernel tests' bounds: the tuner rejects broken configs, it does not certify accuracy.
@@ -157,13 +158,23 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     return diff / denom if denom > 0 else diff
 
 
-def pick_adapter(adapters: Sequence[Any], device: Device) -> Any:
-    """The highest-priority adapter that can allocate on ``device``'s kind."""
-    for a in sorted(adapters, key=lambda a: -getattr(a, "priority", 0)):
-        if device.kind in tuple(getattr(a, "device_kinds", ()) or ()):
-            return a
-    raise UnsupportedDeviceError(f"no array adapter can allocate tuning inputs on {device}; install the "
-                                 f"backend package that serves {device.kind} devices")
+def pick_adapter(adapters: Sequence[Any], device: Device, dtypes: Sequence[DType] = ()) -> Any:
+    """The highest-priority adapter that can allocate on ``device``'s kind -- but not one whose framework is
+    not imported yet (``ArrayAdapter.framework``) while another adapter of the device stores every one of
+    ``dtypes`` natively: tuning a NumPy program's op on the CPU must not import torch (seconds and hundreds of
+    MB, and its OpenMP runtime; a tuning thread importing it also raced another thread's ``tracea.ops`` call).
+    bfloat16 without a NumPy dtype for it still takes the framework adapter."""
+    able = [a for a in sorted(adapters, key=lambda a: -getattr(a, "priority", 0))
+            if device.kind in tuple(getattr(a, "device_kinds", ()) or ())]
+    if not able:
+        raise UnsupportedDeviceError(f"no array adapter can allocate tuning inputs on {device}; install the "
+                                     f"backend package that serves {device.kind} devices")
+    if not any(carried(d) for d in dtypes):
+        for a in able:
+            framework = getattr(a, "framework", None)
+            if framework is None or imported(framework) is not None:
+                return a
+    return able[0]
 
 
 class InputSets:
