@@ -1,7 +1,9 @@
 """Channel padding: rows of C values copied into rows of CP >= C values, zeros after the C-th (bit
 patterns: +0.0 in every float format). It brings small-channel NHWC activations and KRSC weights (RGB
 stems, C = 3) to the 16-byte channel runs the vectorised conv gathers read; the extra zero channels add
-nothing to any product."""
+nothing to any product. The same copy with a coalesced layout (:func:`render_pitch`) brings NCHW planes whose
+pixel rows are not 16-byte multiples (7x7, 14x14) to the row pitch a TMA map needs (the pointwise conv of
+``variants.hopper_nchw1x1``)."""
 
 from __future__ import annotations
 
