@@ -163,13 +163,14 @@ def pick_adapter(adapters: Sequence[Any], device: Device, dtypes: Sequence[DType
     not imported yet (``ArrayAdapter.framework``) while another adapter of the device stores every one of
     ``dtypes`` natively: tuning a NumPy program's op on the CPU must not import torch (seconds and hundreds of
     MB, and its OpenMP runtime; a tuning thread importing it also raced another thread's ``tracea.ops`` call).
-    bfloat16 without a NumPy dtype for it still takes the framework adapter."""
+    bfloat16 without a NumPy dtype for it still takes the framework adapter. CPU devices only for now: GPU
+    tuning keeps the priority order (a CuPy-only tuning path was not measured when this rule came in)."""
     able = [a for a in sorted(adapters, key=lambda a: -getattr(a, "priority", 0))
             if device.kind in tuple(getattr(a, "device_kinds", ()) or ())]
     if not able:
         raise UnsupportedDeviceError(f"no array adapter can allocate tuning inputs on {device}; install the "
                                      f"backend package that serves {device.kind} devices")
-    if not any(carried(d) for d in dtypes):
+    if device.kind == "cpu" and not any(carried(d) for d in dtypes):
         for a in able:
             framework = getattr(a, "framework", None)
             if framework is None or imported(framework) is not None:
