@@ -25,6 +25,7 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
+
 from tracea.runtime.arrays import imported
 
 CACHE_ENTRIES = 32

@@ -41,15 +41,13 @@ def _padder(dtype: DType, arch: str, dev: int) -> compiler.Kernel:
     return compiler.load(pad.render(dtype), pad.PAIR_NAME, arch, smem=0, threads=256)
 
 
-def pitcher(arch: str, itemsize: int = 2) -> compiler.Kernel:
-    """The row pitch copy of 16-bit (``itemsize`` 2) or 32-bit values (:func:`emit.pad.render_pitch`) on the
-    current device."""
-    return _pitcher(arch, _device(), itemsize)
+def pitcher(dtype: DType, arch: str) -> compiler.Kernel:
+    """The row pitch copy (:func:`emit.pad.render_pitch`) for ``dtype`` on the current device."""
+    return _pitcher(dtype.storage, arch, _device())
 
 
 @functools.lru_cache(maxsize=16)
-def _pitcher(arch: str, dev: int, itemsize: int) -> compiler.Kernel:
-    dtype = DType.F32 if itemsize == 4 else DType.F16
+def _pitcher(dtype: DType, arch: str, dev: int) -> compiler.Kernel:
     return compiler.load(pad.render_pitch(dtype), pad.PITCH_NAME, arch, smem=0, threads=256)
 
 

@@ -266,24 +266,19 @@ def tolerance(math_mode: str, out: DType) -> float:
 def check_gemm_configs(variant: Any, op: GemmOp, configs: list, tol: float, seed: int = 0) -> None:
     """Run ``op`` with each config on one set of fresh inputs (output NaN-poisoned before every run) and
     assert each is valid and within ``tol`` of the float64 reference."""
-    profile = gpu_profile()
     t = gemm_inputs(op, seed=seed)
-    ref = gemm_reference(op, t)
-    for config in configs:
-        assert variant.validate_config(op, config, profile), config.key
-        t["out"].fill_(float("nan"))
-        variant.run(op, config, op_args(t), profile)
-        err = rel_err(t["out"], ref)
-        assert err <= tol, (config.key, err)
+    _check_configs(variant, op, configs, tol, t, gemm_reference(op, t))
 
 
 def check_conv_configs(variant: Any, op: Conv2dOp, configs: list, tol: float) -> None:
-    """:func:`check_gemm_configs` for a conv: ``variant`` must accept ``op``; each config runs on one set of fresh
-    inputs (output NaN-poisoned first) within ``tol`` of the float64 reference."""
-    profile = gpu_profile()
-    assert not variant.check(op, profile), variant.check(op, profile)
+    """:func:`check_gemm_configs` for a conv; ``variant`` must accept ``op`` first."""
+    assert not variant.check(op, gpu_profile()), variant.check(op, gpu_profile())
     t = conv_inputs(op)
-    ref = conv_reference(op, t)
+    _check_configs(variant, op, configs, tol, t, conv_reference(op, t))
+
+
+def _check_configs(variant: Any, op: Any, configs: list, tol: float, t: dict, ref: Any) -> None:
+    profile = gpu_profile()
     for config in configs:
         assert variant.validate_config(op, config, profile), config.key
         t["out"].fill_(float("nan"))

@@ -298,32 +298,30 @@ def render(spec: WgmmaSpec, name: str = KERNEL_NAME) -> str:
     # A tile in smem: K-major = [bm rows][bk k] (one TMA box); MN-major = boxes of [bk k][mnb m] (128 B rows).
     mnb, box_bytes = bk, 128 * bk  # an MN-major box row is the same 128 bytes: bk elements of m (or n)
     sub_bytes = 64 // mnb * box_bytes  # a 64-row sub-tile of an MN-major tile
+    # batch coordinate of each operand's loads: the tile's batch entry, or 0 for an operand shared by all
+    a_batch, b_batch = ("0" if spec.a_bcast else "bz"), ("0" if spec.b_bcast else "bz")
     if spec.a_kmajor:
-        a_loads = "tma_load_3d(sa, &tmA, full, kt * BKE, m0, bz);"
+        a_loads = f"tma_load_3d(sa, &tmA, full, kt * BKE, m0, {a_batch});"
         a_desc = "smem_desc(a_s + ROWOFF * 128 + kk * 32, 16, 1024)"
     else:
         a_loads = (f"for (int c = 0; c < {bm // mnb}; ++c) tma_load_3d(sa + c * {box_bytes}, &tmA, full, "
-                   f"m0 + c * {mnb}, kt * BKE, bz);")
+                   f"m0 + c * {mnb}, kt * BKE, {a_batch});")
         a_desc = "smem_desc(a_s + ROWOFF * 128 + kk * 2048, 8192, 1024)"
     if spec.b_kmajor:
-        b_loads = "tma_load_3d(sb, &tmB, full, kt * BKE, n0, bz);"
+        b_loads = f"tma_load_3d(sb, &tmB, full, kt * BKE, n0, {b_batch});"
         b_desc = "smem_desc(b_s + kk * 32, 16, 1024)"
     else:
         b_loads = (f"for (int c = 0; c < {bn // mnb}; ++c) tma_load_3d(sb + c * {box_bytes}, &tmB, full, "
-                   f"n0 + c * {mnb}, kt * BKE, bz);")
+                   f"n0 + c * {mnb}, kt * BKE, {b_batch});")
         b_desc = "smem_desc(b_s + kk * 2048, 8192, 1024)"
     regs = bn // 2
     if spec.cluster == 2 and spec.b_kmajor:  # each CTA multicasts its half of B to both
-        b_loads = (f"tma_load_3d_mc(sb + crank * {bn // 2 * 128}, &tmB, full, kt * BKE, n0 + crank * {bn // 2}, bz, "
+        b_loads = (f"tma_load_3d_mc(sb + crank * {bn // 2 * 128}, &tmB, full, kt * BKE, n0 + crank * {bn // 2}, {b_batch}, "
                    f"(unsigned short)3);")
     elif spec.cluster == 2:
         b_loads = (f"for (int c = crank; c < {bn // 64}; c += 2) tma_load_3d_mc(sb + c * 8192, &tmB, full, "
-                   f"n0 + c * 64, kt * BKE, bz, (unsigned short)3);")
+                   f"n0 + c * 64, kt * BKE, {b_batch}, (unsigned short)3);")
     a_loads, b_loads = a_loads.replace("BKE", str(bk)), b_loads.replace("BKE", str(bk))
-    if spec.a_bcast:  # the batch entries share A: every load reads batch entry 0
-        a_loads = a_loads.replace(", bz)", ", 0)")
-    if spec.b_bcast:  # likewise B
-        b_loads = b_loads.replace(", bz)", ", 0)").replace(", bz, (unsigned short)3)", ", 0, (unsigned short)3)")
     coop = spec.schedule == "coop"
     subs = spec.subs
     first, step = ("0", "1") if coop else ("wg", "2")

@@ -75,6 +75,12 @@ def narrow_split_slices(op: GemmOp, ctas: int) -> int:
     return max(1, min(ctas // tiles, op.k // 4096))
 
 
+def narrow_store(row_bytes: int, ptrs: dict | None) -> int:
+    """``WgmmaSpec.narrow_store`` for output rows of ``row_bytes``: 8 or 4 where every row and the output
+    base are aligned to it (the staged epilogue then stores 16-byte runs in such pieces), else 0."""
+    return next((b for b in (8, 4) if row_bytes % b == 0 and (ptrs is None or ptrs.get("out", 0) % b == 0)), 0)
+
+
 def wave_efficiency(tiles: int, ctas: int) -> float:
     """Share of the SM-slots of a grid's waves that ``tiles`` fill (1.0: whole waves)."""
     return tiles / (-(-tiles // ctas) * ctas) if tiles and ctas else 1.0
@@ -113,8 +119,7 @@ class WgmmaGemm(CudaVariant):
             raise UnsupportedConfigError("the wgmma kernel needs tile_k=64 and warps=12 (3 warpgroups)")
         pairs = op.n % 2 == 0 and (ptrs is None or ptrs.get("out", 0) % (2 * op.out_dtype.itemsize) == 0)
         vec_store = op.n % (16 // op.out_dtype.itemsize) == 0 and (ptrs is None or ptrs.get("out", 0) % 16 == 0)
-        row_bytes = op.n * op.out_dtype.itemsize  # rows not in 16-byte runs: 8- or 4-byte pieces where aligned
-        narrow = next((b for b in (8, 4) if row_bytes % b == 0 and (ptrs is None or ptrs.get("out", 0) % b == 0)), 0)
+        narrow = narrow_store(op.n * op.out_dtype.itemsize, ptrs)
         a_km, b_km = self.kmajor(op)
         return WgmmaSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, a_km, b_km,
                          pairs, vec_store, narrow_store=narrow, bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),

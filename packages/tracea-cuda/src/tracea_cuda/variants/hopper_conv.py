@@ -32,7 +32,7 @@ from ..emit.wgmma import WgmmaSpec
 from .base import FLOAT_IO, aligned
 from .conv import (PAD_FIRST_ROWS, ImplicitGemmConv, can_pad, channel_pad_prepass, channels_last_prepass,
                    pad_channels, to_channels_last)
-from .hopper import WgmmaGemm, _hero
+from .hopper import WgmmaGemm, _hero, narrow_store
 
 
 #: output rows from which an NHWC conv with fewer channels than one 16-byte run (RGB stems) is served, its x
@@ -151,9 +151,8 @@ class WgmmaConv(WgmmaGemm):
         nchw = op.layout is Layout.NCHW
         pairs = op.k % 2 == 0 and aligned(ptrs, "out", 2 * osize)
         vec_store = op.k % (16 // osize) == 0 and aligned(ptrs, "out")
-        narrow = next((b for b in (8, 4) if op.k * osize % b == 0 and aligned(ptrs, "out", b)), 0)
         return WgmmaSpec(op.dtype.storage, op.out_dtype, bias_dtype, op.epilogue, True, True, pairs, vec_store,
-                         narrow_store=narrow,
+                         narrow_store=narrow_store(op.k * osize, ptrs),
                          bn=config.tile_n, stages=config.stages, group_m=int(config.get("group_m") or 8),
                          bm=config.tile_m, schedule=str(config.get("schedule") or "coop"),
                          smem_epilogue=bool(config.get("smem_epilogue", True)) and not nchw,

@@ -186,7 +186,7 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
 
     def preload(self, op: Conv2dOp, config: PipelineConfig, profile: DeviceProfile) -> None:  # type: ignore[override]
         self.prepare(op, config, profile)  # type: ignore[arg-type]
-        helpers_kernels.pitcher("sm_90a", op.dtype.storage.itemsize)
+        helpers_kernels.pitcher(op.dtype, "sm_90a")
 
     def run(self, op: Conv2dOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:  # type: ignore[override]
         """x copied into aligned (and, where needed, padded) rows when it is misaligned or its rows need a
@@ -214,7 +214,7 @@ def _pitch_launch(op: Conv2dOp, pitch: int) -> launcher.FastLaunch:
     """One launch copying x's N*C rows of P*Q pixels into rows of ``pitch`` (load it on the op's device);
     pointers by role: src0, dst0."""
     item = op.dtype.storage.itemsize
-    kernel = helpers_kernels.pitcher("sm_90a", item)
+    kernel = helpers_kernels.pitcher(op.dtype, "sm_90a")
     rows, width = op.n * op.c, op.p * op.q
     blocks = -(-rows * pitch // (4 // item) // 256)  # 16-bit: one thread per pair; 32-bit: per value
 
