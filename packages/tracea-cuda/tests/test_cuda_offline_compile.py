@@ -75,6 +75,14 @@ OPS = {
         GemmOp(4, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias"),  # few blocks
         GemmOp(12, 1024, 8192, trans_b=True, dtype_a="float16", dtype_b="float16", epilogue="bias+relu"),
     ],
+    "cuda.gemm.skinny_tf32": [  # 3xTF32 (fp32-exact) over 1-4 A fragments and every row class's heroes; TF32
+        GemmOp(8, 4096, 25088, trans_b=True, epilogue="bias"),
+        GemmOp(16, 11008, 4096, trans_b=True, epilogue="bias+gelu"),
+        GemmOp(24, 1000, 336, trans_b=True, dtype_out="bfloat16", epilogue="silu"),
+        GemmOp(64, 1024, 8192, trans_b=True, epilogue="bias+relu"),
+        GemmOp(40, 768, 768, trans_b=True),
+        GemmOp(12, 4096, 4096, trans_b=True, fp32_precision="high", epilogue="bias"),
+    ],
     "cuda.conv2d.wgmma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),
         Conv2dOp(32, 512, 7, 7, 512, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),
@@ -172,7 +180,7 @@ def _sources(arch: str) -> dict[str, str]:
                 continue  # e.g. wgmma on sm_80
             render = (flash_wgmma.render if variant.name == "cuda.attention.wgmma"
                       else wgmma.render if ".wgmma" in variant.name else _gemv_render if variant.name == "cuda.gemm.gemv"
-                      else skinny.render if variant.name == "cuda.gemm.skinny_mma"
+                      else skinny.render if variant.name.startswith("cuda.gemm.skinny")
                       else flash_attn.render if variant.name == "cuda.attention.flash_mma"
                       else flash_decode.render if variant.name == "cuda.attention.decode"
                       else pointwise.render if variant.name == "cuda.conv2d.pointwise"

@@ -30,6 +30,10 @@ class CupyAdapter(ArrayAdapter):
     priority = 50
     device_kinds = ("cuda",)
 
+    def stores(self, dtype: DType) -> bool:
+        """CuPy allocates the NumPy dtypes but not bfloat16 or the fp8 formats (no ``ml_dtypes`` support)."""
+        return dtype in (DType.F64, DType.F32, DType.TF32, DType.F16, DType.INT8, DType.INT32)
+
     def owns(self, obj: Any) -> bool:
         return _module(obj) == "cupy" and type(obj).__name__ == "ndarray"
 

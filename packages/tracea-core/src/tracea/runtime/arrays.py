@@ -88,6 +88,11 @@ class ArrayAdapter:
     #: the device while that module is not imported yet (see :func:`tracea.tuning.inputs.pick_adapter`)
     framework: str | None = None
 
+    def stores(self, dtype: DType) -> bool:
+        """Whether :meth:`from_numpy` / :meth:`empty` hold ``dtype`` natively (the tuner builds its inputs
+        with an adapter that does; default: NumPy has the dtype -- bfloat16 only with ``ml_dtypes``)."""
+        return dtype.numpy is not None
+
     def owns(self, obj: Any) -> bool:
         """True when this adapter handles ``obj``'s type. Must not import a framework to decide."""
         raise NotImplementedError

@@ -161,20 +161,22 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 def pick_adapter(adapters: Sequence[Any], device: Device, dtypes: Sequence[DType] = ()) -> Any:
     """The highest-priority adapter that can allocate on ``device``'s kind -- but not one whose framework is
     not imported yet (``ArrayAdapter.framework``) while another adapter of the device stores every one of
-    ``dtypes`` natively: tuning a NumPy program's op on the CPU must not import torch (seconds and hundreds of
-    MB, and its OpenMP runtime; a tuning thread importing it also raced another thread's ``tracea.ops`` call).
-    bfloat16 without a NumPy dtype for it still takes the framework adapter. CPU devices only for now: GPU
-    tuning keeps the priority order (a CuPy-only tuning path was not measured when this rule came in)."""
+    ``dtypes`` natively (``ArrayAdapter.stores``): tuning a NumPy or CuPy program's op must not import torch
+    (seconds and hundreds of MB, its OpenMP runtime and CUDA context; a tuning thread importing it also raced
+    another thread's ``tracea.ops`` call). bfloat16, which neither NumPy without ``ml_dtypes`` nor CuPy
+    stores, still takes the framework adapter."""
     able = [a for a in sorted(adapters, key=lambda a: -getattr(a, "priority", 0))
             if device.kind in tuple(getattr(a, "device_kinds", ()) or ())]
     if not able:
         raise UnsupportedDeviceError(f"no array adapter can allocate tuning inputs on {device}; install the "
                                      f"backend package that serves {device.kind} devices")
-    if device.kind == "cpu" and not any(carried(d) for d in dtypes):
-        for a in able:
-            framework = getattr(a, "framework", None)
-            if framework is None or imported(framework) is not None:
-                return a
+    for a in able:
+        framework = getattr(a, "framework", None)
+        if framework is not None and imported(framework) is None:
+            continue  # its framework is not loaded: take it only when no other adapter can
+        stores = getattr(a, "stores", None)
+        if framework is not None or stores is None or all(stores(d) for d in dtypes):
+            return a
     return able[0]
 
 

@@ -345,7 +345,7 @@ static __device__ __forceinline__ void mma_step(float* d, const u32* a, const u3
 """
 
 
-_TF32_CORE = r"""
+TF32_CORE = r"""
 static __device__ __forceinline__ void mma_tf32(float* d, const u32* a, const u32* b) {
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -358,7 +358,7 @@ static __device__ __forceinline__ void mma_tf32(float* d, const u32* a, const u3
 # a zero small part times an Inf big part is NaN. So the small parts of non-finite values are 0, and the
 # two correction products only see finite operands (a non-finite big part is 0 there): a NaN or +-Inf
 # reaches the sum through ab*bb alone, which gives the IEEE product.
-_TF32_REST = r"""
+TF32_REST = r"""
 static __device__ __forceinline__ u32 tf32_rest(float x, u32 big) {
     const float r = x - __uint_as_float(big);
     return f32_to_tf32(r == r ? r : 0.0f);
@@ -371,7 +371,7 @@ static __device__ __forceinline__ u32 tf32_finite(u32 big) {
 _MMA = {
     "f16": _mma16("f16"),
     "bf16": _mma16("bf16"),
-    "tf32": _TF32_CORE + r"""
+    "tf32": TF32_CORE + r"""
 static __device__ __forceinline__ void mma_step(float* d, const float* a, const float* b) {
     u32 ar[4], br[2];
     #pragma unroll
@@ -380,7 +380,7 @@ static __device__ __forceinline__ void mma_step(float* d, const float* a, const 
     mma_tf32(d, ar, br);
 }
 """,
-    "3xtf32": _TF32_CORE + _TF32_REST + r"""
+    "3xtf32": TF32_CORE + TF32_REST + r"""
 static __device__ __forceinline__ void mma_step(float* d, const float* a, const float* b) {
     u32 ab[4], as[4], bb[2], bs[2];
     #pragma unroll

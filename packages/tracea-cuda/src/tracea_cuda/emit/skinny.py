@@ -12,6 +12,15 @@ fragments are assigned to match what each lane loaded (each 16-byte vector of la
 slots 2t, 2t+1, 2t+8, 2t+9 of two mmas: its first four k one, its last four the next). ``KW`` warps of a block split K and reduce their partial tiles through shared memory, then apply
 the fused epilogue. Rows of A past M and k past K are zero-filled. 16-bit inputs, fp32 accumulation.
 
+float32 inputs (``math`` ``tf32`` or ``3xtf32``) run the same loop on ``mma.sync.m16n8k8`` TF32: a 16-byte
+vector holds 4 consecutive k, which feed slots t and t+4 of two mmas (first pair one, last pair the next:
+the register pattern of the 16-bit kernel); ``3xtf32`` splits each operand in registers into a TF32 big part
+and the TF32 rounding of its remainder and accumulates small x big + big x small + big x big (fp32-level
+accuracy, ``fp32_precision="highest"``; each chunk into a fresh partial tile added with FADD, since Tensor
+Core accumulation truncates), with the non-finite handling of :mod:`tracea_cuda.emit.mma`. The
+weight is still read once: no split pass through memory, which is what made the tiled 3xTF32 GEMMs
+0.17-0.65x cuBLAS on 8-32-row products.
+
 Options: ``coalesced`` assigns k so that a quad reads 64 contiguous bytes per instruction instead;
 ``prefetch`` issues the next chunk's loads before this chunk's mma (two register buffers: each warp keeps
 a chunk in flight while it computes); ``half`` (M <= 8) compiles out rows 8-15 of the A fragment;
@@ -31,6 +40,7 @@ from tracea.errors import UnsupportedConfigError
 from tracea.ir.epilogue import Epilogue
 
 from .common import PRELUDE, ctype, epilogue_function, store_expr
+from .mma import TF32_CORE, TF32_REST
 
 KERNEL_NAME = "tracea_skinny_mma"
 MAX_ROWS = 64
@@ -54,6 +64,12 @@ class SkinnySpec:
     half: bool = False  # M <= 8: rows 8-15 of the one A fragment are absent (zero registers, no loads)
     wide_regs: bool = False  # __launch_bounds__(threads, 1): registers for one block per SM (no spills at kw=16)
     wn: int = 1  # groups of KW warps per block, each on its own 8 * NB rows, sharing A's K slices through L1
+    math: str = ""  # float32 inputs: "tf32" (one TF32 product) or "3xtf32" (split, fp32-level accuracy)
+
+    @property
+    def epv(self) -> int:
+        """Elements per 16-byte vector (8 16-bit values, 4 floats)."""
+        return 16 // self.dtype_in.itemsize
 
     @property
     def rows(self) -> int:
@@ -69,8 +85,11 @@ class SkinnySpec:
         return 4 * self.kw * self.wn * self.mf * self.nb * 128  # every warp's partial tile, fp32
 
     def check(self) -> None:
-        if self.dtype_in not in (DType.F16, DType.BF16):
-            raise UnsupportedConfigError(f"the skinny mma kernel reads 16-bit inputs, not {self.dtype_in.value}")
+        if self.dtype_in not in (DType.F16, DType.BF16, DType.F32):
+            raise UnsupportedConfigError(f"the skinny mma kernel reads 16-bit or float32 inputs, not {self.dtype_in.value}")
+        if (self.dtype_in is DType.F32) != (self.math in ("tf32", "3xtf32")):
+            raise UnsupportedConfigError(f"math={self.math!r} for {self.dtype_in.value} inputs (float32 takes tf32 or "
+                                         "3xtf32, 16-bit inputs none)")
         if not 1 <= self.mf <= MAX_ROWS // 16:
             raise UnsupportedConfigError(f"A fragments mf={self.mf} outside 1..{MAX_ROWS // 16}")
         if self.nb not in (1, 2, 4):
@@ -95,6 +114,33 @@ class SkinnySpec:
 def _loader(spec: SkinnySpec) -> str:
     """``load8(row, k, K, ok)``: 8 consecutive 16-bit values of one row as a uint4, zero where ``!ok`` or
     past K; ``nc`` loads of the weight bypass L1 (read once), A loads are cached (every warp reads A)."""
+    if spec.dtype_in is DType.F32:
+        if spec.vec:
+            return r"""
+static __device__ __forceinline__ uint4 load8_b(const float* row, int k, int K, bool ok) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (ok && k < K)
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(row + k));
+    return v;
+}
+static __device__ __forceinline__ uint4 load8_a(const float* row, int k, int K, bool ok) {
+    return (ok && k < K) ? __ldg(reinterpret_cast<const uint4*>(row + k)) : make_uint4(0u, 0u, 0u, 0u);
+}
+"""
+        return r"""
+static __device__ __forceinline__ uint4 load8_any(const float* row, int k, int K, bool ok) {
+    u32 w[4] = {0u, 0u, 0u, 0u};
+    if (ok) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (k + i < K) w[i] = __float_as_uint(__ldg(row + k + i));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+#define load8_b load8_any
+#define load8_a load8_any
+"""
     if spec.vec:
         return r"""
 static __device__ __forceinline__ uint4 load8_b(const u16* row, int k, int K, bool ok) {
@@ -125,17 +171,20 @@ static __device__ __forceinline__ uint4 load8_any(const u16* row, int k, int K, 
 
 def _chunk_loader(spec: SkinnySpec) -> str:
     """``load_chunk(...)``: the weight and A vectors of chunk ``c`` (zeros where ``!live``). Coalesced: lane
-    t's vector u starts at k = 32 * UNROLL * c + 32 * u + 8 * t, so the four lanes of a quad read 64
-    contiguous bytes of a row per instruction (whole 32-byte sectors, each requested once); else at
-    ``8 * (UNROLL * t + u)`` (a lane's vectors adjacent, each instruction reading half of four sectors)."""
-    koff = "32 * u + 8 * t" if spec.coalesced else "8 * (UNROLL * t + u)"
+    t's vector u starts at k = CHUNK * c + 4E * u + E * t (E elements per 16-byte vector, CHUNK = 4E * UNROLL),
+    so the four lanes of a quad read 64 contiguous bytes of a row per instruction (whole 32-byte sectors, each
+    requested once); else at ``E * (UNROLL * t + u)`` (a lane's vectors adjacent, each instruction reading
+    half of four sectors)."""
+    e = spec.epv
+    koff = f"{4 * e} * u + {e} * t" if spec.coalesced else f"{e} * (UNROLL * t + u)"
+    tin = ctype(spec.dtype_in)
     return f"""
 static __device__ __forceinline__ void load_chunk(uint4 (&bv)[UNROLL][NB], uint4 (&av)[UNROLL][MF][2],
-        const u16* const (&brow)[NB], const bool (&bok)[NB], const u16* const (&arow)[MF][2],
+        const {tin}* const (&brow)[NB], const bool (&bok)[NB], const {tin}* const (&arow)[MF][2],
         const bool (&aok)[MF][2], int c, bool live, int K, int t) {{
     #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {{
-        const int k = 32 * UNROLL * c + {koff};
+        const int k = CHUNK * c + {koff};
         #pragma unroll
         for (int j = 0; j < NB; ++j) bv[u][j] = load8_b(brow[j], k, K, live && bok[j]);
         #pragma unroll
@@ -189,11 +238,103 @@ def _block_reduce(spec: SkinnySpec) -> str:
             "        const long long n = nblk + 8 * NB * gr + 8 * j + 2 * (ln & 3) + (r & 1);")
 
 
+def _mma(spec: SkinnySpec) -> str:
+    """``mma_pair(d, a0, a1, a2, a3, b0, b1)``: one 16-byte vector's k pair(s) of A rows g / g+8 and weight row g
+    into the m16n8 accumulator ``d`` -- an m16n8k16 mma on 16-bit inputs, one TF32 m16n8k8 mma on float32 bit
+    patterns; for ``3xtf32`` ``split4`` instead (the chunk loop, :func:`_chunk_math`, issues the three mmas)."""
+    if spec.dtype_in is not DType.F32:
+        kind = "bf16" if spec.dtype_in is DType.BF16 else "f16"
+        return f"""
+static __device__ __forceinline__ void mma_pair(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, "
+                 "{{%8,%9}}, {{%0,%1,%2,%3}};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}}
+"""
+    if spec.math == "3xtf32":
+        return TF32_CORE + TF32_REST + r"""
+// x = big + small in TF32 (big: rna rounding; small: the remainder rounded, 0 for non-finite x), and big
+// with non-finite values zeroed for the correction products (see tracea_cuda.emit.mma)
+static __device__ __forceinline__ void split4(uint4 v, u32 (&big)[4], u32 (&small)[4], u32 (&fin)[4]) {
+    const float x[4] = {__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w)};
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        big[e] = f32_to_tf32(x[e]); small[e] = tf32_rest(x[e], big[e]); fin[e] = tf32_finite(big[e]);
+    }
+}
+"""
+    return TF32_CORE + r"""
+static __device__ __forceinline__ void mma_pair(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    const u32 a[4] = {f32_to_tf32(__uint_as_float(a0)), f32_to_tf32(__uint_as_float(a1)),
+                      f32_to_tf32(__uint_as_float(a2)), f32_to_tf32(__uint_as_float(a3))};
+    const u32 b[2] = {f32_to_tf32(__uint_as_float(b0)), f32_to_tf32(__uint_as_float(b1))};
+    mma_tf32(d, a, b);
+}
+"""
+
+
+def _chunk_math(spec: SkinnySpec) -> str:
+    """The mma of one loaded chunk (``av`` / ``bv``) into ``acc``. 3xTF32 splits each vector once (A per
+    fragment row, the weight per block row) and accumulates the chunk in a fresh partial tile added to
+    ``acc`` with FADD: Tensor Core accumulation truncates, which over a warp's K slice (hundreds of k)
+    left 1e-5-4e-5 relative error on an H100 (K = 4096-25088) instead of fp32's ~1e-6."""
+    if spec.math != "3xtf32":
+        return """        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            #pragma unroll
+            for (int i = 0; i < MF; ++i)
+                #pragma unroll
+                for (int j = 0; j < NB; ++j) {
+                    mma_pair(acc[i][j], av[u][i][0].x, av[u][i][1].x, av[u][i][0].y, av[u][i][1].y,
+                             bv[u][j].x, bv[u][j].y);
+                    mma_pair(acc[i][j], av[u][i][0].z, av[u][i][1].z, av[u][i][0].w, av[u][i][1].w,
+                             bv[u][j].z, bv[u][j].w);
+                }"""
+    return """        float part[MF][NB][4];
+        #pragma unroll
+        for (int i = 0; i < MF; ++i)
+            #pragma unroll
+            for (int j = 0; j < NB; ++j)
+                #pragma unroll
+                for (int r = 0; r < 4; ++r) part[i][j][r] = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            u32 bb[NB][4], bs[NB][4], bf[NB][4];
+            #pragma unroll
+            for (int j = 0; j < NB; ++j) split4(bv[u][j], bb[j], bs[j], bf[j]);
+            #pragma unroll
+            for (int i = 0; i < MF; ++i) {
+                u32 ab[2][4], as[2][4], af[2][4];  // rows g and g + 8, k0 .. k0 + 3
+                split4(av[u][i][0], ab[0], as[0], af[0]);
+                split4(av[u][i][1], ab[1], as[1], af[1]);
+                #pragma unroll
+                for (int j = 0; j < NB; ++j)
+                    #pragma unroll
+                    for (int p = 0; p < 4; p += 2) {  // k pair (k0, k0 + 1), then (k0 + 2, k0 + 3)
+                        const u32 a_s[4] = {as[0][p], as[1][p], as[0][p + 1], as[1][p + 1]};
+                        const u32 a_f[4] = {af[0][p], af[1][p], af[0][p + 1], af[1][p + 1]};
+                        const u32 a_b[4] = {ab[0][p], ab[1][p], ab[0][p + 1], ab[1][p + 1]};
+                        const u32 b_f[2] = {bf[j][p], bf[j][p + 1]}, b_s[2] = {bs[j][p], bs[j][p + 1]};
+                        const u32 b_b[2] = {bb[j][p], bb[j][p + 1]};
+                        mma_tf32(part[i][j], a_s, b_f);
+                        mma_tf32(part[i][j], a_f, b_s);
+                        mma_tf32(part[i][j], a_b, b_b);
+                    }
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < MF; ++i)
+            #pragma unroll
+            for (int j = 0; j < NB; ++j)
+                #pragma unroll
+                for (int r = 0; r < 4; ++r) acc[i][j][r] += part[i][j][r];"""
+
+
 def render(spec: SkinnySpec, name: str = KERNEL_NAME) -> str:
     """Complete CUDA source of the skinny-GEMM kernel for ``spec``, with entry point ``name``."""
     spec.check()
-    tout, tb = ctype(spec.dtype_out), ctype(spec.bias_dtype)
-    kind = "bf16" if spec.dtype_in is DType.BF16 else "f16"
+    tin, tout, tb = ctype(spec.dtype_in), ctype(spec.dtype_out), ctype(spec.bias_dtype)
     return f"""{PRELUDE}
 #define MF {spec.mf}
 #define NB {spec.nb}
@@ -202,23 +343,18 @@ def render(spec: SkinnySpec, name: str = KERNEL_NAME) -> str:
 #define UNROLL {spec.unroll}
 #define PREFETCH {int(spec.prefetch)}
 #define HALF {int(spec.half)}
+#define CHUNK {4 * spec.epv * spec.unroll}
 {epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
 {_loader(spec)}
-static __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, "
-                 "{{%8,%9}}, {{%0,%1,%2,%3}};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}}
+{_mma(spec)}
 
 {_chunk_loader(spec)}
 extern "C" __global__ void __launch_bounds__({"32 * KW" if spec.wn == 1 else "32 * KW * WN"}{", 1" if spec.wide_regs else ""}) {name}(
-        const u16* __restrict__ A, const u16* __restrict__ B, {tout}* __restrict__ C,
+        const {tin}* __restrict__ A, const {tin}* __restrict__ B, {tout}* __restrict__ C,
         const {tb}* __restrict__ bias, int M, int N, int K) {{
 {_block_head(spec)}
-    // K in chunks of 32 * UNROLL (which k each lane loads: load_chunk); a warp takes a contiguous run of
-    // chunks
-    const int chunks = (K + 32 * UNROLL - 1) / (32 * UNROLL);
+    // K in chunks of CHUNK (which k each lane loads: load_chunk); a warp takes a contiguous run of chunks
+    const int chunks = (K + CHUNK - 1) / CHUNK;
     const int per = (chunks + KW - 1) / KW;
     const int c_begin = warp * per, c_end = min(chunks, c_begin + per);
     float acc[MF][NB][4];
@@ -228,7 +364,7 @@ extern "C" __global__ void __launch_bounds__({"32 * KW" if spec.wn == 1 else "32
         for (int j = 0; j < NB; ++j)
             #pragma unroll
             for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
-    const u16* brow[NB];
+    const {tin}* brow[NB];
     bool bok[NB];
     #pragma unroll
     for (int j = 0; j < NB; ++j) {{
@@ -236,7 +372,7 @@ extern "C" __global__ void __launch_bounds__({"32 * KW" if spec.wn == 1 else "32
         bok[j] = n < N;
         brow[j] = B + (bok[j] ? n : 0) * (long long)K;
     }}
-    const u16* arow[MF][2];
+    const {tin}* arow[MF][2];
     bool aok[MF][2];
     #pragma unroll
     for (int i = 0; i < MF; ++i)
@@ -258,17 +394,7 @@ extern "C" __global__ void __launch_bounds__({"32 * KW" if spec.wn == 1 else "32
 #else
         load_chunk(bv, av, brow, bok, arow, aok, c, true, K, t);
 #endif
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            #pragma unroll
-            for (int i = 0; i < MF; ++i)
-                #pragma unroll
-                for (int j = 0; j < NB; ++j) {{
-                    mma16816(acc[i][j], av[u][i][0].x, av[u][i][1].x, av[u][i][0].y, av[u][i][1].y,
-                             bv[u][j].x, bv[u][j].y);
-                    mma16816(acc[i][j], av[u][i][0].z, av[u][i][1].z, av[u][i][0].w, av[u][i][1].w,
-                             bv[u][j].z, bv[u][j].w);
-                }}
+{_chunk_math(spec)}
 #if PREFETCH
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {{

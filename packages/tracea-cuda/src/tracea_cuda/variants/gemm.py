@@ -45,6 +45,25 @@ class MmaGemmBase(CudaVariant):
             store=operands.StoreMap("rowmajor", op.n % 2 == 0 and aligned(ptrs, "out", 2 * out_item)),
             **tile_shape(config))
 
+    def estimate_seconds(self, op: GemmOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        """The roofline of what the tiles run: every tile computes all its rows and columns (M = 8 in a 64-row
+        tile is 8x the FLOPs), and a grid of fewer tiles than SMs streams memory from that share of them (a
+        cp.async pipeline per tile: H100, fp32-exact x8-16 @ W.T against 4096-11008-row weights ran 0.19-0.43x
+        cuBLAS on 64-172 tiles where the plain roofline had ranked this variant first). Without a config's
+        tile (data rows that lack it) the plain roofline."""
+        tm, tn = (int(getattr(config, "tile_m", 0) or 0), int(getattr(config, "tile_n", 0) or 0)) if config else (0, 0)
+        if tm <= 0 or tn <= 0:
+            return super().estimate_seconds(op, profile, config)
+        mode = math_mode(op.dtype_a.storage, op.fp32_precision)
+        dtype = {"f16": "float16", "bf16": "bfloat16", "tf32": "tf32", "3xtf32": "tf32"}[mode]
+        factor = 3.0 if mode == "3xtf32" else 1.0
+        rows, cols = -(-op.m // tm), -(-op.n // tn)
+        flops = 2.0 * rows * tm * cols * tn * op.k * op.batch * factor
+        flop_t = flops / (profile.peak(dtype) * 1e9 * max(self.efficiency, 1e-6))
+        busy = min(1.0, rows * cols * op.batch / max(profile.compute_units, 1))
+        mem_t = op.min_bytes / (max(profile.bandwidth_gbs, 1.0) * 1e9 * busy)
+        return max(flop_t, mem_t) + 5e-6
+
     def grid(self, op: GemmOp, spec: MmaSpec) -> tuple[int, int, int]:
         tiles = -(-op.m // spec.bm) * -(-op.n // spec.bn)
         return (tiles, 1, op.batch)
@@ -99,6 +118,15 @@ class MmaGemmTf32(MmaGemmBase):
                                 fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}))
     efficiency = 0.25  # of the TF32 peak (measured ~0.27x cuBLAS TF32 at 4096^3 on an H100)
     priority = 10
+
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        from .skinny import skinny_tf32_serves  # noqa: PLC0415
+
+        reasons = super().extra_checks(op, profile)
+        if skinny_tf32_serves(op, profile):
+            reasons.append(f"M={op.m} rows against an (N, K) weight: cuda.gemm.skinny_tf32 serves it (H100, x5-8 @ "
+                           "W11008x4096.T: this kernel 0.83x cuBLAS TF32, the skinny one 1.00x)")
+        return reasons
 
     def heroes(self, profile: DeviceProfile) -> list[PipelineConfig]:
         return [hero(128, 128, 32, 3, 8, warp_m=2), hero(128, 128, 16, 4, 8, warp_m=2),

@@ -599,7 +599,12 @@ class WgmmaGemmTf32(WgmmaGemm):
                         _hero(256, 4, 16, cluster=1, stream_k=True)]
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        from .skinny import skinny_tf32_serves  # noqa: PLC0415
+
         reasons = super().extra_checks(op, profile)
+        if skinny_tf32_serves(op, profile):
+            reasons.append(f"M={op.m} rows against an (N, K) weight: cuda.gemm.skinny_tf32 serves it (H100, x8 @ W.T: "
+                           "this kernel 0.13-0.36x cuBLAS TF32, the skinny one 0.99-1.18x)")
         if self.transposes_b(op) and op.k % 4:
             reasons.append(f"K={op.k} is not a multiple of 4: the (N, K) copy of B would have rows TMA cannot "
                            "address (16-byte strides)")
@@ -674,6 +679,13 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
             reasons.append(f"K={op.k} is not a multiple of 4: the split operands' rows (3K floats) would not be "
                            "16-byte aligned for TMA")
         return reasons
+
+    def estimate_seconds(self, op: GemmOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        """The roofline plus the split pass's traffic: A and B are read, written three times as wide and read
+        again by the GEMM (7x their bytes), which dominates few-row products against a weight (H100,
+        fp32-exact x8 @ W4096x4096.T: 0.19x cuBLAS where the plain roofline had ranked it first)."""
+        split = 6 * (op.m + op.n) * op.k * op.batch * 4 / (max(profile.bandwidth_gbs, 1.0) * 1e9)
+        return super().estimate_seconds(op, profile, config) + split
 
     def split_op(self, op: GemmOp) -> GemmOp:
         """The TF32 GEMM the split operands feed: K' = 3K, both operands K-major."""

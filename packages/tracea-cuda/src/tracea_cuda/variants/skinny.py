@@ -1,18 +1,19 @@
 """``cuda.gemm.skinny_mma``: few-row 16-bit GEMMs against an (N, K) weight (LLM decode with several
 tokens, small-batch ``nn.Linear``) on Tensor Cores, the weight streamed once from global memory into
-``mma.sync`` fragments; see :mod:`tracea_cuda.emit.skinny`."""
+``mma.sync`` fragments; ``cuda.gemm.skinny_tf32``: the same kernel on float32 (TF32, or the 3xTF32 split in
+registers for fp32 accuracy); see :mod:`tracea_cuda.emit.skinny`."""
 
 from __future__ import annotations
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import Requirements
-from tracea.dtypes import DType
+from tracea.dtypes import DType, Fp32Precision
 from tracea.ir.ops import GemmOp, LayerType
 from tracea.semantic.config import PipelineConfig
 from tracea.semantic.search_space import SearchSpace
 
 from ..emit.skinny import KERNEL_NAME, SkinnySpec, render
-from .base import FLOAT_IO, aligned
+from .base import FLOAT_IO, aligned, math_mode
 from .gemv import WeightStreamingGemm, flag_param, int_param
 
 #: fraction of the measured copy bandwidth the kernel is expected to reach on large weights
@@ -25,6 +26,14 @@ SERVED_ROWS = 16
 #: on fewer rows the skinny kernel's K split across warps keeps more loads in flight (W1024x8192: 1.34x
 #: cuBLAS against 0.52x for the GEMV, W4096x11008 1.05x / 0.99x, W5120x5120 0.90x / 0.88x)
 GEMV_ROWS_PER_SM = 48
+#: float32 rows served by cuda.gemm.skinny_tf32 with the 3xTF32 split (the kernel's bound): on an H100, fp32-exact
+#: x @ W.T against 768x768-11008x4096 weights ran 0.93-5.1x cuBLAS at M = 5-64 (the tiled 3xTF32 GEMMs 0.17-0.65x)
+F32_SERVED_ROWS = 64
+#: rows served with one TF32 product (TF32 allowed): 0.94-2.3x cuBLAS TF32 at M = 5-16 on the same weights,
+#: but 0.50-0.80x at M = 32-64 on weights of 4096 rows and more, where cuda.gemm.wgmma_tf32 ran 0.79-1.07x
+TF32_SERVED_ROWS = 16
+#: share of the TF32 Tensor Core peak the float32 skinny kernel's mma.sync reaches (its estimate's compute part)
+F32_MMA_SHARE = 0.35
 #: memory bandwidth (GB/s) from which the skinny heroes measured on an H200 come first
 HIGH_BANDWIDTH_GBS = 4000.0
 #: registers per thread of the prefetching (nb=1, kw=8, unroll=2) kernel on whole A fragments (ptxas, sm_90):
@@ -79,14 +88,16 @@ class SkinnyMmaGemm(WeightStreamingGemm):
         return weight / (bw * BANDWIDTH_SHARE) + a_reads / (10 * bw) + 4e-6
 
     def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> SkinnySpec:
-        vec = op.k % 8 == 0 and aligned(ptrs, "a") and aligned(ptrs, "b")
         bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
         mf = -(-op.m // 16)
-        return SkinnySpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, mf,
+        dt = op.dtype_a.storage
+        vec = op.k % (16 // dt.itemsize) == 0 and aligned(ptrs, "a") and aligned(ptrs, "b")
+        return SkinnySpec(dt, op.out_dtype, bias_dtype, op.epilogue, mf,
                           int_param(config, "nb", 2), int_param(config, "kw", 4), int_param(config, "unroll", 2), vec,
                           coalesced=flag_param(config, "coalesced", False), prefetch=flag_param(config, "prefetch", False),
                           half=op.m <= 8, wide_regs=flag_param(config, "wide_regs", False),
-                          wn=int_param(config, "wn", 1))
+                          wn=int_param(config, "wn", 1),
+                          math="" if dt is not DType.F32 else math_mode(dt, op.fp32_precision))
 
     def grid(self, op: GemmOp, spec: SkinnySpec) -> tuple[int, int, int]:  # type: ignore[override]
         return (-(-op.n // spec.rows), 1, 1)
@@ -143,4 +154,74 @@ class SkinnyMmaGemm(WeightStreamingGemm):
                 if mf * nb <= 8 and mf * nb * un <= (8 if pf else 16)]
 
 
-SKINNY_VARIANTS = [SkinnyMmaGemm]
+
+class SkinnyTf32Gemm(SkinnyMmaGemm):
+    """The skinny kernel on float32: one TF32 product where TF32 is allowed, else the 3xTF32 split in
+    registers (fp32-level accuracy, what ``x @ W.T`` of an fp32 ``nn.Linear`` needs by default). The tiled
+    3xTF32 GEMMs split both operands through memory or run 128-row tiles: on an H100, fp32-exact
+    x(8-32) @ W.T against 1000-11008-row weights they ran 0.17-0.65x cuBLAS (`.hx` probe, 2026-11-27)."""
+
+    name = "cuda.gemm.skinny_tf32"
+    description = ("few-row float32 GEMM (M <= 64) against an (N, K) weight on mma.sync TF32: the weight "
+                   "streamed once into fragments, split into 3xTF32 parts in registers for fp32 accuracy "
+                   "(one TF32 product where TF32 is allowed), K split across warps, fused epilogue")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
+                                out_dtypes=FLOAT_IO, min_compute_capability=(8, 0), batched=False,
+                                max_dims={"m": F32_SERVED_ROWS})
+    priority = 24
+
+    def row_reasons(self, op: GemmOp) -> list[str]:
+        if op.k % 4:
+            return [f"K={op.k} is not a multiple of 4: rows of 16-byte loads (the tiled variants serve it)"]
+        if op.fp32_precision is not Fp32Precision.HIGHEST and op.m > TF32_SERVED_ROWS:
+            return [f"M={op.m} rows with TF32 allowed: the tiled TF32 variants serve more than {TF32_SERVED_ROWS} "
+                    "(one TF32 product leaves the skinny kernel short of the weight stream's bandwidth there)"]
+        return []
+
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        return WeightStreamingGemm.extra_checks(self, op, profile)
+
+    def estimate_seconds(self, op: GemmOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
+        """The streaming estimate, or the Tensor Core time of the padded rows (16 per fragment, three products
+        for 3xTF32, mma.sync at :data:`F32_MMA_SHARE` of the TF32 peak) where that is longer."""
+        stream = super().estimate_seconds(op, profile, config)
+        rows = 8 if op.m <= 8 else 16 * -(-op.m // 16)
+        products = 3.0 if op.fp32_precision is Fp32Precision.HIGHEST else 1.0
+        mma = 2.0 * rows * op.n * op.k * products / (max(profile.peak("tf32"), 1.0) * 1e9 * F32_MMA_SHARE)
+        return max(stream, mma + 4e-6)
+
+    def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:
+        # H100 (2.95 TB/s copy), benchmarks/cuda/probe_skinny.py --dtype float32 (3xTF32) over 5 weights
+        # (768x768 to 11008x4096) at M = 5-64, kernel time, share of each shape's best config (geomean /
+        # worst): 16-warp blocks led every row class -- M <= 8 (nb=1, u=2, adjacent k) 0.88 / 0.84; M 9-16
+        # (nb=2, u=4, coalesced) 0.89 / 0.78; M 17-32 (nb=2, u=2, coalesced) 0.80 / 0.75; M 33-64 (nb=2, u=1,
+        # coalesced) 0.93 / 0.82. The prefetching loop did not help (the split's ALU work hides the loads).
+        if op.m <= 8:
+            heroes = [(1, 16, 2, False), (1, 16, 2, True), (1, 16, 4, True), (2, 16, 4, True)]
+        elif op.m <= 16:
+            heroes = [(2, 16, 4, True), (1, 16, 2, False), (1, 16, 2, True), (2, 16, 2, False)]
+        elif op.m <= 32:
+            heroes = [(2, 16, 2, True), (2, 16, 1, False), (2, 16, 1, True), (1, 16, 2, True)]
+        elif op.m <= 48:
+            heroes = [(2, 16, 1, True), (2, 8, 1, True), (1, 16, 2, True)]
+        else:  # four A fragments: (nb=2, kw=16) spills at 128 registers (ptxas, sm_90a); 8-warp blocks get 255
+            heroes = [(2, 8, 1, True), (1, 16, 2, True), (1, 8, 2, True)]
+        mf = -(-op.m // 16)
+        return [PipelineConfig(warps=kw, params=(("nb", nb), ("kw", kw), ("unroll", un), ("coalesced", co),
+                                                 ("prefetch", False), ("wide_regs", kw == 16)))
+                for nb, kw, un, co in heroes if mf * nb * un <= 8]  # more spills at 512 threads (ptxas, sm_80)
+
+
+
+def skinny_tf32_serves(op: GemmOp, profile: DeviceProfile) -> bool:
+    """Whether ``cuda.gemm.skinny_tf32`` takes ``op`` with one TF32 product (the tiled TF32 GEMMs decline those
+    few-row products: H100, x8 @ W.T against 1024-4096-row weights, wgmma_tf32 ran 0.13-0.36x cuBLAS TF32 and
+    mma_tf32 0.83x on 11008 rows, the skinny kernel 0.99-1.18x; the estimates had ranked them first)."""
+    return (op.dtype_a.storage is DType.F32 and op.fp32_precision is not Fp32Precision.HIGHEST
+            and not _SKINNY_TF32.requirements.check(op, profile) and not _SKINNY_TF32.extra_checks(op, profile))
+
+
+_SKINNY_TF32 = SkinnyTf32Gemm()
+
+
+SKINNY_VARIANTS = [SkinnyMmaGemm, SkinnyTf32Gemm]
