@@ -83,6 +83,7 @@ OPS = {
         GemmOp(40, 768, 768, trans_b=True),
         GemmOp(12, 4096, 4096, trans_b=True, fp32_precision="high", epilogue="bias"),
     ],
+    "cuda.conv2d.pooled_gemm": [],  # runs the GEMM variants' kernels (compiled through their own cases)
     "cuda.conv2d.wgmma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),
         Conv2dOp(32, 512, 7, 7, 512, 3, 3, padding=1, layout="nhwc", dtype="float16", epilogue="bias+relu"),

@@ -20,6 +20,7 @@ from ..emit.mma import MmaSpec
 from .. import helpers_kernels, launcher, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
 from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, scratch_buffer, tile_shape, u64
+from .pooled import pooled_reasons
 
 
 def to_channels_last(op: Conv2dOp, px: int, pw: int, args: Any, stream: Any, arch: str,
@@ -102,7 +103,7 @@ class ImplicitGemmConv(CudaVariant):
     priority = 10
 
     def extra_checks(self, op: Conv2dOp, profile: DeviceProfile) -> list[str]:
-        reasons = []
+        reasons = pooled_reasons(op, profile)
         m, n, k = op.gemm_mnk
         if m * k > 2**31 or op.n * op.c * op.h * op.w > 2**31:
             reasons.append("tensor larger than the 32-bit index range")

@@ -33,6 +33,7 @@ from .base import FLOAT_IO, aligned
 from .conv import (PAD_FIRST_ROWS, ImplicitGemmConv, can_pad, channel_pad_prepass, channels_last_prepass,
                    pad_channels, to_channels_last)
 from .hopper import WgmmaGemm, _hero, narrow_store
+from .pooled import pooled_reasons
 
 
 #: output rows from which an NHWC conv with fewer channels than one 16-byte run (RGB stems) is served, its x
@@ -114,7 +115,7 @@ class WgmmaConv(WgmmaGemm):
         return op.c % (16 // op.dtype.storage.itemsize) == 0
 
     def extra_checks(self, op: Conv2dOp, profile: DeviceProfile) -> list[str]:
-        reasons = []
+        reasons = pooled_reasons(op, profile)
         bke, epc = self.slice_channels(op), 16 // op.dtype.storage.itemsize
         m, _, _ = op.gemm_mnk
         if can_pad(op) and m < PAD_ROWS:

@@ -37,6 +37,7 @@ from ..emit.wgmma import WgmmaSpec
 from .base import scratch_buffer
 from .hopper import WgmmaGemm, _hero
 from .hopper_conv import HOPPER_CONV_REQUIREMENTS
+from .pooled import pooled_reasons
 
 def run_of(op: Conv2dOp) -> int:
     """Elements of one 16-byte run of ``op``'s dtype (8 16-bit, 4 fp32)."""
@@ -90,7 +91,7 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
         return op if isinstance(op, GemmOp) else self.gemm(op)
 
     def extra_checks(self, op: Conv2dOp, profile: DeviceProfile) -> list[str]:  # type: ignore[override]
-        reasons = []
+        reasons = pooled_reasons(op, profile)
         if not operands.pointwise_nchw(op):
             reasons.append("not an NCHW 1x1 stride-1 unpadded conv")
         if op.c % run_of(op):

@@ -18,6 +18,7 @@ from .. import compiler, toolkit
 from ..emit.pointwise import KERNEL_NAME, SMEM_LIMIT, THREADS, PointwiseSpec, render
 from .base import FLOAT_IO, CudaVariant, aligned, u64
 from .gemv import int_param
+from .pooled import pooled_reasons
 
 #: most FLOPs per byte moved that the variant serves: below the CUDA cores' balance point (an H200's fp32 FMA
 #: peak over its bandwidth is ~14 FLOP/B) the layer is bound by memory there too; above, the Tensor Core
@@ -47,7 +48,7 @@ class PointwiseConv(CudaVariant):
     priority = 15
 
     def extra_checks(self, op: Conv2dOp, profile: DeviceProfile) -> list[str]:
-        reasons = []
+        reasons = pooled_reasons(op, profile)
         if (op.r, op.s) != (1, 1) or tuple(op.stride) != (1, 1) or tuple(op.padding) != (0, 0):
             reasons.append("not a 1x1 stride-1 unpadded conv")
         if op.layout is Layout.NCHW and op.dtype.storage is not DType.F32:
