@@ -142,6 +142,15 @@ class MmaGemm3xTf32(MmaGemmBase):
     efficiency = 0.3  # of the TF32 peak over 3x the FLOPs (measured ~1.0x cuBLAS SGEMM on an H200)
     priority = 10
 
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        from .rows_kn import rows_kn_serves  # noqa: PLC0415
+
+        reasons = super().extra_checks(op, profile)
+        if rows_kn_serves(op, profile):
+            reasons.append(f"M={op.m} rows against a (K, N) row-major B: cuda.gemm.rows_kn serves it (H100, x8 @ "
+                           "B(4096x4096): this kernel 0.31x cuBLAS SGEMM, rows_kn 1.25x)")
+        return reasons
+
     def heroes(self, profile: DeviceProfile) -> list[PipelineConfig]:
         # 128x64 on 8 warps (not 4): the IEEE-safe split holds more fragment registers, and the 4-warp tile
         # spilled (ptxas, sm_80 and sm_90a); 8 warps keep it at ~167 registers, no spills.
