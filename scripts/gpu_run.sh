@@ -83,6 +83,11 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   python benchmarks/user_path/bench_zoo.py --device cuda --timm "${D32_MODELS:-pvt_v2_b0,tiny_vit_5m_224}" --hf "" \
     --json "$OUT/zoo_d32.json" 2>&1 | tee "$OUT/zoo_d32.log" | tail -10
   rc=$(( rc || $? ))
+  # pooled 1x1 heads (VGG's ConvMlp, MobileNetV3 conv_head, SE blocks: cuda.conv2d.pooled_gemm) and fp32 few-row
+  # classifier linears (skinny_tf32) at small batches
+  python benchmarks/user_path/bench_zoo.py --device cuda --timm "${POOLED_MODELS:-vgg11_bn,mobilenetv3_large_100}" \
+    --hf "" --gpu-configs float32-nchw-8,float16-cl-1 --json "$OUT/zoo_pooled.json" 2>&1 | tee "$OUT/zoo_pooled.log" | tail -10
+  rc=$(( rc || $? ))
   # fp32 accuracy with TF32 allowed: the network and each patched conv vs float64, beside cuDNN's
   python benchmarks/user_path/tf32_error.py --model "${TF32_MODEL:-inception_v3}" 2>&1 | tee "$OUT/tf32.log" | tail -12
   rc=$(( rc || $? ))

@@ -30,7 +30,8 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
                                  (333, 97, 264, 1, False, True), (512, 512, 512, 1, False, False),
                                  (3, 1000, 333, 1, False, True), (1, 4096, 1024, 1, False, True),
                                  (13, 520, 264, 1, False, True), (130, 300, 8192, 1, False, True),
-                                 (40, 777, 336, 1, False, True), (100, 136, 2056, 1, False, True)):  # few rows
+                                 (40, 777, 336, 1, False, True), (100, 136, 2056, 1, False, True),  # few rows
+                                 (5, 301, 1030, 1, False, False), (16, 2052, 700, 1, False, False)):  # (K, N) B
         GEMMS.append(GemmOp(m, n, k, batch=b, trans_a=ta, trans_b=tb, dtype_a=dt, dtype_b=dt, fp32_precision=prec,
                             epilogue="bias+gelu"))
 CONVS = []
@@ -57,7 +58,9 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
                            fp32_precision=prec),
                   Conv2dOp(3, 64, 7, 7, 72, 1, 1, layout=layout, dtype=dt, fp32_precision=prec,  # 1x1 on planes
                            epilogue="bias+relu"),  # whose NCHW rows need a pitched copy (wgmma_nchw1x1)
-                  Conv2dOp(2, 48, 10, 7, 40, 1, 1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias")]
+                  Conv2dOp(2, 48, 10, 7, 40, 1, 1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias"),
+                  Conv2dOp(6, 96, 1, 1, 40, 1, 1, layout=layout, dtype=dt, fp32_precision=prec,  # pooled head:
+                           epilogue="bias+relu")]  # pooled_gemm on the GEMM variants
 
 
 # Big shapes only to collect the heroes the Doctor proposes there (bigger tiles, clusters, stream-K, the
@@ -77,7 +80,8 @@ HARVEST += [GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="b
             GemmOp(128, 5120, 5120, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # 128x48 (one row tile)
             GemmOp(32, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # few-row heroes:
             GemmOp(64, 11008, 4096, trans_b=True, dtype_a="float16", dtype_b="float16"),  # ping-pong, whole,
-            GemmOp(48, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16")]  # split
+            GemmOp(48, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # split
+            GemmOp(24, 4096, 4096, trans_b=True), GemmOp(64, 4096, 4096, trans_b=True)]  # skinny_tf32 row classes
 HARVEST += [Conv2dOp(32, c, hw, hw, c, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias+relu")
             for dt, prec in (("float16", "highest"), ("float32", "high"), ("float32", "highest"))
             for layout in ("nhwc", "nchw") for c, hw in ((64, 56), (256, 14), (512, 7))]

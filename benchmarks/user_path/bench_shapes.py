@@ -9,7 +9,9 @@ Groups: ``decode`` (``x @ W.T``, M = 1 / 4 / 16 / 128 tokens, projections of 7B 
 also reports the weight bandwidth against a measured device-to-device copy, eager (``bw%``: host time
 included, which bounds small weights on a slow host) and with the calls captured in a CUDA graph
 (``graph bw%``, ``graph ratio``: the kernels alone)), ``prefill`` (M = 512 / 2048
-on the same projections), ``odd`` (odd sizes), ``bmm`` (batched), ``conv`` (conv layers of several CNN
+on the same projections), ``fp32`` (float32 few-row products as PyTorch computes them by default, exact:
+``x @ W.T`` at 1-64 rows and ``x @ B`` with B (K, N) row-major at 1-16 rows, with graph ratios and bandwidth),
+``odd`` (odd sizes), ``bmm`` (batched), ``conv`` (conv layers of several CNN
 families at batch 1 and 32, channels_last fp16 and NCHW fp32; also runs ``grouped``), ``grouped`` (depthwise
 and grouped layers of EfficientNet, MobileNetV2, ConvNeXt, ResNeXt and RegNet, same batches and dtypes,
 with the variant that served each row). Ratios are PyTorch time / Tracea time.
@@ -128,6 +130,26 @@ def gemm_group(rows: list, group: str, ms: list[int], dtype: torch.dtype, bw: fl
                        rel(tracea.ops.matmul(x, w.t()), x @ w.t()), **extra)
 
 
+def fp32_rows_group(rows: list, bw: float) -> None:
+    """float32 few-row products as PyTorch runs them by default (exact fp32: ``allow_tf32`` off): ``x @ W.T`` of an
+    ``nn.Linear`` weight at 1-64 rows and ``x @ B`` of a (K, N) row-major matrix at 1-16 rows, with the graph
+    ratio (kernels alone) and the share of the copy bandwidth reading the weight once."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for n, k in ((4096, 4096), (11008, 4096), (1024, 8192), (768, 768)):
+        w = torch.randn(n, k, device="cuda") / k ** 0.5
+        b = w.t().contiguous()  # (K, N) row-major
+        for m in (1, 8, 16, 32, 64):
+            x = torch.randn(m, k, device="cuda")
+            for what, ours, theirs in ((f"x{m} @ W{n}x{k}.T", lambda: tracea.ops.matmul(x, w.t()), lambda: x @ w.t()),
+                                       (f"x{m} @ B{k}x{n}", lambda: tracea.ops.matmul(x, b), lambda: x @ b)):
+                if "@ B" in what and m > 16:
+                    continue
+                times = paired(ours, theirs)
+                dev_t, dev_a = graph_time(ours), graph_time(theirs)
+                report(rows, "fp32", f"{what} fp32", times, rel(ours(), theirs()),
+                       **{"graph ratio": f"{dev_a / dev_t:.2f}x", "graph bw%": f"{100 * n * k * 4 / dev_t / bw:.0f}"})
+
+
 def odd_group(rows: list) -> None:
     for (m, n, k) in [(3000, 5000, 777), (1000, 1000, 1000), (4097, 4095, 1023), (257, 12345, 4096),
                       (96, 96, 96)]:
@@ -239,7 +261,7 @@ def summary(label: str, rows: list) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--groups", default="decode,prefill,odd,bmm,conv,grouped")
+    p.add_argument("--groups", default="decode,prefill,fp32,odd,bmm,conv,grouped")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     groups = set(args.groups.split(","))
@@ -254,6 +276,9 @@ def main(argv: list[str]) -> int:
     if "prefill" in groups:
         print("\n[prefill] x @ W.T, many tokens")
         gemm_group(rows, "prefill", [512, 2048], torch.bfloat16, bw)
+    if "fp32" in groups:
+        print("\n[fp32] x @ W.T and x @ B, few rows, fp32 exact")
+        fp32_rows_group(rows, bw)
     if "odd" in groups:
         print("\n[odd] odd sizes, fp32 modes")
         odd_group(rows)

@@ -90,7 +90,7 @@ class PooledGemmConv(CudaVariant):
                    "variant that fits the product (few-row kernels stream the weight once)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D,
                                 dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
-                                min_compute_capability=(7, 0))
+                                min_compute_capability=(7, 0), groups=False)
     tiled = False
     wave_quantized = False  # the GEMM variant's estimate is used as is
     priority = 30
