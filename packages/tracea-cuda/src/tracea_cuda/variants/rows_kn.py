@@ -22,6 +22,8 @@ from .base import FLOAT_IO, CudaVariant, aligned, u64
 
 #: fraction of the device bandwidth the estimate assumes for the stream of B (and the workspace's traffic)
 BANDWIDTH_SHARE = 0.75
+#: B of at least this many bytes makes the tiled 3xTF32 GEMMs decline fp32-exact products rows_kn serves
+STREAMED_BYTES = 1 << 20
 #: blocks wanted per SM (K slices are added until the grid has this many)
 BLOCKS_PER_SM = 8
 
@@ -194,11 +196,13 @@ class RowsKnGemm(CudaVariant):
 
 
 def rows_kn_serves(op: GemmOp, profile: DeviceProfile) -> bool:
-    """Whether ``cuda.gemm.rows_kn`` takes an fp32-exact ``op`` (the tiled 3xTF32 GEMMs decline those: H100,
-    x8 @ B(4096x4096) fp32, mma_3xtf32 ran 0.31x cuBLAS, rows_kn 1.25x, and the estimates were within a few %)."""
+    """Whether ``cuda.gemm.rows_kn`` takes an fp32-exact ``op`` whose B is worth streaming (1 MiB and more; the
+    tiled 3xTF32 GEMMs decline those: H100, x8 @ B(4096x4096) fp32, mma_3xtf32 ran 0.31x cuBLAS, rows_kn 1.25x,
+    and the estimates were within a few %; smaller products are left to the estimates)."""
     from tracea.dtypes import Fp32Precision  # noqa: PLC0415
 
     return (op.dtype_a.storage is DType.F32 and op.fp32_precision is Fp32Precision.HIGHEST
+            and op.n * op.k * 4 >= STREAMED_BYTES
             and not _ROWS_KN.requirements.check(op, profile) and not _ROWS_KN.extra_checks(op, profile))
 
 
