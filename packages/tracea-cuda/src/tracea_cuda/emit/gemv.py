@@ -55,7 +55,7 @@ class GemvSpec:
             raise UnsupportedConfigError(f"vector width {self.vec} is not 1 or 16 bytes")
 
 
-def _vec_load(dtype: DType, vec: int) -> str:
+def vec_load(dtype: DType, vec: int) -> str:
     """``load_vec(p, out)``: ``vec`` consecutive values at ``p`` as floats (16-byte non-allocating load)."""
     if vec == 1:
         return (f"static __device__ __forceinline__ void load_vec(const {ctype(dtype)}* p, float* out) "
@@ -104,7 +104,7 @@ def render(spec: GemvSpec) -> str:
 #define VEC {spec.vec}
 #define WARPS {WARPS}
 {epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
-{_vec_load(spec.dtype_in, spec.vec)}
+{vec_load(spec.dtype_in, spec.vec)}
 {_a_load(spec.dtype_in, spec.vec)}
 extern "C" __global__ void __launch_bounds__(32 * WARPS) {KERNEL_NAME}(
         const {tin}* __restrict__ A, const {tin}* __restrict__ B, {tout}* __restrict__ C,

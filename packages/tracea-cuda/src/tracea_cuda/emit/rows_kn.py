@@ -20,6 +20,7 @@ from tracea.errors import UnsupportedConfigError
 from tracea.ir.epilogue import Epilogue
 
 from .common import PRELUDE, ctype, epilogue_function, load_expr, store_expr
+from .gemv import vec_load as gemv_vec_load
 
 KERNEL_NAME = "tracea_rows_kn"
 MAX_ROWS = 16
@@ -58,16 +59,10 @@ class RowsKnSpec:
 
 
 def _load_b(spec: RowsKnSpec) -> str:
-    """``load_b(p, out)``: ``VEC`` consecutive values of a row of B as floats (non-allocating: read once)."""
-    t = ctype(spec.dtype_in)
-    if spec.vec == 1:
-        return (f"static __device__ __forceinline__ void load_b(const {t}* p, float* out) "
-                f"{{ out[0] = {load_expr(spec.dtype_in, '__ldg(p)')}; }}\n")
-    if spec.dtype_in is DType.F32:
-        return ("static __device__ __forceinline__ void load_b(const float* p, float* out) {\n"
-                "    float4 v; asm volatile(\"ld.global.nc.L1::no_allocate.v4.f32 {%0,%1,%2,%3}, [%4];\"\n"
-                "        : \"=f\"(v.x), \"=f\"(v.y), \"=f\"(v.z), \"=f\"(v.w) : \"l\"(p));\n"
-                "    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;\n}\n")
+    """``load_b(p, out)``: ``VEC`` consecutive values of a row of B as floats (non-allocating: read once) -- the
+    GEMV kernel's loads for float32 and single elements, 8 bytes (4 values) for 16-bit vectors."""
+    if spec.vec == 1 or spec.dtype_in is DType.F32:
+        return gemv_vec_load(spec.dtype_in, spec.vec) + "#define load_b load_vec\n"
     cvt = "bf16_to_f32" if spec.dtype_in is DType.BF16 else "f16_to_f32"
     return ("static __device__ __forceinline__ void load_b(const u16* p, float* out) {\n"
             "    u32 r0, r1; asm volatile(\"ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\"\n"

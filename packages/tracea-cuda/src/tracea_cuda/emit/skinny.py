@@ -112,58 +112,35 @@ class SkinnySpec:
 
 
 def _loader(spec: SkinnySpec) -> str:
-    """``load8(row, k, K, ok)``: 8 consecutive 16-bit values of one row as a uint4, zero where ``!ok`` or
-    past K; ``nc`` loads of the weight bypass L1 (read once), A loads are cached (every warp reads A)."""
-    if spec.dtype_in is DType.F32:
-        if spec.vec:
-            return r"""
-static __device__ __forceinline__ uint4 load8_b(const float* row, int k, int K, bool ok) {
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (ok && k < K)
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(row + k));
-    return v;
-}
-static __device__ __forceinline__ uint4 load8_a(const float* row, int k, int K, bool ok) {
-    return (ok && k < K) ? __ldg(reinterpret_cast<const uint4*>(row + k)) : make_uint4(0u, 0u, 0u, 0u);
-}
-"""
-        return r"""
-static __device__ __forceinline__ uint4 load8_any(const float* row, int k, int K, bool ok) {
-    u32 w[4] = {0u, 0u, 0u, 0u};
-    if (ok) {
-        #pragma unroll
-        for (int i = 0; i < 4; ++i)
-            if (k + i < K) w[i] = __float_as_uint(__ldg(row + k + i));
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-#define load8_b load8_any
-#define load8_a load8_any
-"""
+    """``load8_b / load8_a(row, k, K, ok)``: one 16-byte vector of a row (8 16-bit values or 4 floats) as a uint4,
+    zero where ``!ok`` or past K; ``nc`` loads of the weight bypass L1 (read once), A loads are cached (every
+    warp reads A). Without 16-byte alignment (``vec`` off) element loads packed the same way."""
+    tin = ctype(spec.dtype_in)
     if spec.vec:
-        return r"""
-static __device__ __forceinline__ uint4 load8_b(const u16* row, int k, int K, bool ok) {
+        return f"""
+static __device__ __forceinline__ uint4 load8_b(const {tin}* row, int k, int K, bool ok) {{
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (ok && k < K)
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {{%0,%1,%2,%3}}, [%4];"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(row + k));
     return v;
-}
-static __device__ __forceinline__ uint4 load8_a(const u16* row, int k, int K, bool ok) {
+}}
+static __device__ __forceinline__ uint4 load8_a(const {tin}* row, int k, int K, bool ok) {{
     return (ok && k < K) ? __ldg(reinterpret_cast<const uint4*>(row + k)) : make_uint4(0u, 0u, 0u, 0u);
-}
+}}
 """
-    return r"""
-static __device__ __forceinline__ uint4 load8_any(const u16* row, int k, int K, bool ok) {
-    u32 w[4] = {0u, 0u, 0u, 0u};
-    if (ok) {
+    pack = ("w[i] = __float_as_uint(__ldg(row + k + i))" if spec.dtype_in is DType.F32
+            else "w[i >> 1] |= (u32)__ldg(row + k + i) << (16 * (i & 1))")
+    return f"""
+static __device__ __forceinline__ uint4 load8_any(const {tin}* row, int k, int K, bool ok) {{
+    u32 w[4] = {{0u, 0u, 0u, 0u}};
+    if (ok) {{
         #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            if (k + i < K) w[i >> 1] |= (u32)__ldg(row + k + i) << (16 * (i & 1));
-    }
+        for (int i = 0; i < {spec.epv}; ++i)
+            if (k + i < K) {pack};
+    }}
     return make_uint4(w[0], w[1], w[2], w[3]);
-}
+}}
 #define load8_b load8_any
 #define load8_a load8_any
 """

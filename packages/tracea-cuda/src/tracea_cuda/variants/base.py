@@ -30,6 +30,11 @@ def math_mode(dtype: DType, precision: Fp32Precision) -> str:
     return "3xtf32" if precision is Fp32Precision.HIGHEST else "tf32"
 
 
+def served_by(condition: bool, reason: str) -> list[str]:
+    """``[reason]`` when another variant serves the op better (the routing rules between variants), else []."""
+    return [reason] if condition else []
+
+
 def default_warp_m(config: PipelineConfig) -> int:
     """Warps along M when the config does not say: the split giving the squarest warp tile."""
     best, best_score = 1, None

@@ -13,7 +13,7 @@ from tracea.semantic.search_space import SearchSpace
 
 from ..emit import operands
 from ..emit.mma import MmaSpec
-from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, tile_shape, u64
+from .base import FLOAT_IO, CudaVariant, aligned, hero, math_mode, served_by, tile_shape, u64
 
 INT32_MAX = 2**31 - 1
 
@@ -122,11 +122,9 @@ class MmaGemmTf32(MmaGemmBase):
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         from .skinny import skinny_tf32_serves  # noqa: PLC0415
 
-        reasons = super().extra_checks(op, profile)
-        if skinny_tf32_serves(op, profile):
-            reasons.append(f"M={op.m} rows against an (N, K) weight: cuda.gemm.skinny_tf32 serves it (H100, x5-8 @ "
-                           "W11008x4096.T: this kernel 0.83x cuBLAS TF32, the skinny one 1.00x)")
-        return reasons
+        return super().extra_checks(op, profile) + served_by(
+            skinny_tf32_serves(op, profile), f"M={op.m} rows against an (N, K) weight: cuda.gemm.skinny_tf32 serves "
+            "it (H100, x5-8 @ W11008x4096.T: this kernel 0.83x cuBLAS TF32, the skinny one 1.00x)")
 
     def heroes(self, profile: DeviceProfile) -> list[PipelineConfig]:
         return [hero(128, 128, 32, 3, 8, warp_m=2), hero(128, 128, 16, 4, 8, warp_m=2),
@@ -145,11 +143,9 @@ class MmaGemm3xTf32(MmaGemmBase):
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         from .rows_kn import rows_kn_serves  # noqa: PLC0415
 
-        reasons = super().extra_checks(op, profile)
-        if rows_kn_serves(op, profile):
-            reasons.append(f"M={op.m} rows against a (K, N) row-major B: cuda.gemm.rows_kn serves it (H100, x8 @ "
-                           "B(4096x4096): this kernel 0.31x cuBLAS SGEMM, rows_kn 1.25x)")
-        return reasons
+        return super().extra_checks(op, profile) + served_by(
+            rows_kn_serves(op, profile), f"M={op.m} rows against a (K, N) row-major B: cuda.gemm.rows_kn serves it "
+            "(H100, x8 @ B(4096x4096): this kernel 0.31x cuBLAS SGEMM, rows_kn 1.25x)")
 
     def heroes(self, profile: DeviceProfile) -> list[PipelineConfig]:
         # 128x64 on 8 warps (not 4): the IEEE-safe split holds more fragment registers, and the 4-warp tile

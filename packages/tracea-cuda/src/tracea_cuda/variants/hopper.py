@@ -20,7 +20,7 @@ from ..arrays import data_ptr, device_index, launch_stream
 from ..device import resident_sms
 from ..emit.wgmma import KERNEL_NAME, WgmmaSpec, render
 from . import hopper_tiles
-from .base import FLOAT_IO, CudaVariant, scratch_buffer
+from .base import FLOAT_IO, CudaVariant, scratch_buffer, served_by
 from .gemm import MmaGemm16
 
 
@@ -601,10 +601,9 @@ class WgmmaGemmTf32(WgmmaGemm):
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         from .skinny import skinny_tf32_serves  # noqa: PLC0415
 
-        reasons = super().extra_checks(op, profile)
-        if skinny_tf32_serves(op, profile):
-            reasons.append(f"M={op.m} rows against an (N, K) weight: cuda.gemm.skinny_tf32 serves it (H100, x8 @ W.T: "
-                           "this kernel 0.13-0.36x cuBLAS TF32, the skinny one 0.99-1.18x)")
+        reasons = super().extra_checks(op, profile) + served_by(
+            skinny_tf32_serves(op, profile), f"M={op.m} rows against an (N, K) weight: cuda.gemm.skinny_tf32 serves "
+            "it (H100, x8 @ W.T: this kernel 0.13-0.36x cuBLAS TF32, the skinny one 0.99-1.18x)")
         if self.transposes_b(op) and op.k % 4:
             reasons.append(f"K={op.k} is not a multiple of 4: the (N, K) copy of B would have rows TMA cannot "
                            "address (16-byte strides)")
@@ -676,10 +675,9 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         from .rows_kn import rows_kn_serves  # noqa: PLC0415
 
-        reasons = WgmmaGemm.extra_checks(self, op, profile)
-        if rows_kn_serves(op, profile):
-            reasons.append(f"M={op.m} rows against a (K, N) row-major B: cuda.gemm.rows_kn serves it (H100, x @ "
-                           "B(8192x1024) fp32: this kernel 0.05-0.10x cuBLAS SGEMM, rows_kn 0.66-1.21x)")
+        reasons = WgmmaGemm.extra_checks(self, op, profile) + served_by(
+            rows_kn_serves(op, profile), f"M={op.m} rows against a (K, N) row-major B: cuda.gemm.rows_kn serves it "
+            "(H100, x @ B(8192x1024) fp32: this kernel 0.05-0.10x cuBLAS SGEMM, rows_kn 0.66-1.21x)")
         if op.k % 4:
             reasons.append(f"K={op.k} is not a multiple of 4: the split operands' rows (3K floats) would not be "
                            "16-byte aligned for TMA")
