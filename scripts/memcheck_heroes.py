@@ -31,7 +31,8 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
                                  (3, 1000, 333, 1, False, True), (1, 4096, 1024, 1, False, True),
                                  (13, 520, 264, 1, False, True), (130, 300, 8192, 1, False, True),
                                  (40, 777, 336, 1, False, True), (100, 136, 2056, 1, False, True),  # few rows
-                                 (5, 301, 1030, 1, False, False), (16, 2052, 700, 1, False, False)):  # (K, N) B
+                                 (5, 301, 1030, 1, False, False), (16, 2052, 700, 1, False, False),  # (K, N) B
+                                 (24, 520, 264, 1, False, False)):
         GEMMS.append(GemmOp(m, n, k, batch=b, trans_a=ta, trans_b=tb, dtype_a=dt, dtype_b=dt, fp32_precision=prec,
                             epilogue="bias+gelu"))
 CONVS = []

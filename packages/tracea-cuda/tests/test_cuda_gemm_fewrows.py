@@ -30,8 +30,8 @@ def _op(m: int, n: int, k: int, dt: str = "bfloat16", **kw) -> GemmOp:
 
 @pytest.mark.parametrize("op,why", [
     (_op(16, 4096, 4096), "skinny_mma"),
-    (GemmOp(32, 4096, 4096, dtype_a="bfloat16", dtype_b="bfloat16"), "W stored (N, K)"),
-    (GemmOp(32, 4096, 4096, trans_a=True, trans_b=True, dtype_a="float16", dtype_b="float16"), "W stored (N, K)"),
+    (GemmOp(32, 4100, 4096, dtype_a="bfloat16", dtype_b="bfloat16"), "N=4100 not a multiple of 8"),
+    (GemmOp(32, 4096, 4096, trans_a=True, trans_b=True, dtype_a="float16", dtype_b="float16"), "x (M, K) row-major"),
     (_op(32, 4096, 4100), "multiple of 8"),
 ])
 def test_declines_what_it_does_not_serve_with_a_reason(op, why, usable):
@@ -118,6 +118,35 @@ def test_fewrows_matches_reference(shape, dt, epilogue, out_dtype):
             V.run(op, config, T.op_args(t), profile)
             err = T.rel_err(t["out"], ref)
             assert err <= tol, (config.key, err)
+
+
+def test_kernel_op_of_a_kn_b_reads_it_mn_major(usable):
+    """x @ B with B stored (K, N): B becomes the kernel's MN-major A (any row count: no 16-bit weight-streaming
+    kernel reads that layout)."""
+    op = GemmOp(8, 4096, 1024, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias")
+    assert not V.check(op, H100)
+    kop = V.kernel_op(op)
+    assert (kop.m, kop.n, kop.k, kop.trans_a, kop.trans_b) == (4096, 8, 1024, True, True)
+    spec = V.spec(op, V.hero_configs(op, H100)[0], None)
+    assert spec.out_cm and not spec.a_kmajor and spec.b_kmajor
+
+
+@pytest.mark.parametrize("shape", [(1, 4096, 1024), (5, 1000, 336), (16, 1024, 8192), (17, 520, 4104), (40, 2048, 2048),
+                                   (127, 776, 1032)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dt,epilogue", [("bfloat16", "bias+gelu"), ("float16", "none")])
+@gpu
+def test_fewrows_kn_b_matches_reference(shape, dt, epilogue):
+    profile = _hopper()
+    m, n, k = shape
+    op = GemmOp(m, n, k, dtype_a=dt, dtype_b=dt, epilogue=epilogue)
+    assert not V.check(op, profile), V.check(op, profile)
+    t = T.gemm_inputs(op, seed=m + n)
+    ref = T.gemm_reference(op, t)
+    tol = T.tolerance({"bfloat16": "bf16", "float16": "f16"}[dt], op.out_dtype)
+    for config in V.hero_configs(op, profile):
+        t["out"].fill_(float("nan"))
+        V.run(op, config, T.op_args(t), profile)
+        assert T.rel_err(t["out"], ref) <= tol, config.key
 
 
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])

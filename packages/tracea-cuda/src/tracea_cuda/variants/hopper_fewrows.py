@@ -60,8 +60,10 @@ def stages_for(bn: int) -> int:
 class WgmmaFewRows(WgmmaGemm):
     """The Hopper GEMM (:class:`~tracea_cuda.variants.hopper.WgmmaGemm`) on the swapped product of a few-row
     ``x @ W.T``: :meth:`kernel_op` exchanges M and N, :meth:`operands` hands the kernel W as A and x as B, and
-    the spec stores C^T column-major (the row-major C the caller asked for). Declines 16 rows and fewer (the
-    weight-streaming kernels' range), batches, other transposes and K not a multiple of 8."""
+    the spec stores C^T column-major (the row-major C the caller asked for). ``x @ B`` with B stored (K, N)
+    row-major runs the same way with B read MN-major (any row count up to 127: no weight-streaming kernel of
+    16-bit rows reads that layout faster). Declines 16 rows and fewer against an (N, K) weight (the
+    weight-streaming kernels' range), batches, a transposed x and K (or a (K, N) B's N) not a multiple of 8."""
 
     name = "cuda.gemm.wgmma_fewrows"
     description = ("few-row (17-127) f16/bf16 GEMM against an (N, K) weight for Hopper, computed as C^T = W x^T: "
@@ -75,22 +77,24 @@ class WgmmaFewRows(WgmmaGemm):
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         reasons = super().extra_checks(op, profile)
-        if op.m <= SERVED_ROWS:
+        if op.m <= SERVED_ROWS and op.trans_b:
             reasons.append(f"M={op.m} <= {SERVED_ROWS}: the few-row weight-streaming kernels serve it "
                            "(cuda.gemm.skinny_mma, cuda.gemm.gemv)")
-        if not op.trans_b or op.trans_a:
-            reasons.append("serves x @ W.T with x (M, K) and W stored (N, K), both K-major (the weight becomes "
-                           "the kernel's A)")
+        if op.trans_a:
+            reasons.append("serves x @ W.T / x @ B with x (M, K) row-major (the weight becomes the kernel's A)")
         if op.k % 8:
             reasons.append(f"K={op.k} is not a multiple of 8: rows TMA cannot address")
+        if not op.trans_b and op.n % 8:
+            reasons.append(f"B stored (K, N) with N={op.n} not a multiple of 8: rows TMA cannot address")
         return reasons
 
     def kernel_op(self, op: GemmOp) -> GemmOp:
-        """The GEMM as the kernel sees it: the weight (N, K) as A, the tokens (M, K) as a K-major B."""
-        return replace(op, m=op.n, n=op.m, trans_a=False, trans_b=True)
+        """The GEMM as the kernel sees it: the weight as A -- (N, K) K-major, or B stored (K, N) read MN-major
+        (16-bit wgmma transposes it) -- and the tokens (M, K) as a K-major B."""
+        return replace(op, m=op.n, n=op.m, trans_a=not op.trans_b, trans_b=True)
 
     def kmajor(self, op: GemmOp) -> tuple[bool, bool]:
-        return True, True
+        return not op.trans_a, True
 
     def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None) -> WgmmaSpec:
         sp = super().spec(self.kernel_op(op), config, ptrs)
