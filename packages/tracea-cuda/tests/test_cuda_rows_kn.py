@@ -34,7 +34,8 @@ def test_rows_kn_declines_and_slices():
         assert not any("rows_kn" in r for r in v.extra_checks(GemmOp(7, 13, 5), h100)), name  # B too small
     for n, k in ((4096, 4096), (7, 5), (100000, 300), (1000, 100000)):
         count, length = slices(GemmOp(4, n, k), 132)
-        assert length <= 512 and count * length >= k and (count - 1) * length < k, (n, k, count, length)
+        assert length <= 512 and count * length >= k and count & (count - 1) == 0, (n, k, count, length)
+        assert count <= max(256, -(-k // 512) * 2), (n, k, count)
 
 
 def _tol(dt: str, out: str) -> float:

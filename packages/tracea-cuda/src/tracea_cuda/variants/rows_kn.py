@@ -24,6 +24,9 @@ from .base import FLOAT_IO, CudaVariant, aligned, u64
 BANDWIDTH_SHARE = 0.75
 #: B of at least this many bytes makes the tiled 3xTF32 GEMMs decline fp32-exact products rows_kn serves
 STREAMED_BYTES = 1 << 20
+#: K slices at most (unless K needs more of MAX_SLICE rows). H100, fp32 x8 @ B8192x1024 eager: 256 slices 0.92x,
+#: 128 0.75x torch; x1 @ B8192x1024 512 slices 0.60x, 128 0.73x (the serial reduction over 512)
+MAX_SLICES = 256
 #: blocks wanted per SM (K slices are added until the grid has this many)
 BLOCKS_PER_SM = 8
 
@@ -34,14 +37,16 @@ def _rows(m: int) -> int:
 
 def slices(op: GemmOp, sms: int) -> tuple[int, int]:
     """(K slices, slice length): enough slices for ``BLOCKS_PER_SM`` blocks per SM over the column blocks, but
-    not so many that the partial sums (written and read back) exceed half of B's traffic (K / (4M) slices);
-    each slice at most :data:`MAX_SLICE` and at least 16 rows of B long."""
+    not so many that the partial sums (written and read back) exceed half of B's traffic (K / (4M) slices), at
+    most :data:`MAX_SLICES` (the reduction sums a slice per load, serially per output) and rounded up to a power of two, so the reduction kernels (one per
+    slice count) are shared by many shapes; each slice at most :data:`MAX_SLICE` rows of B (slices past K
+    contribute zeros)."""
     col_blocks = -(-op.n // (THREADS * 4))
     want = max(1, -(-BLOCKS_PER_SM * max(sms, 1) // col_blocks))
-    want = min(want, max(1, op.k // (4 * op.m)))
-    n_slices = max(-(-op.k // MAX_SLICE), min(want, -(-op.k // 16)))
-    length = -(-op.k // n_slices)
-    return -(-op.k // length), length
+    want = min(want, max(1, op.k // (4 * op.m)), -(-op.k // 16), MAX_SLICES)
+    need = -(-op.k // MAX_SLICE)
+    count = 1 << (max(want, need) - 1).bit_length()
+    return count, -(-op.k // count)
 
 
 class RowsKnGemm(CudaVariant):
