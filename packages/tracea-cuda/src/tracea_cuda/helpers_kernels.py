@@ -74,6 +74,19 @@ def _reducer(dtype_out: DType, bias_dtype: DType, epilogue: Epilogue, splits: in
     return compiler.load(src, splitk.KERNEL_NAME, arch, smem=0, threads=256)
 
 
+def wide_reducer(dtype_out: DType, bias_dtype: DType, epilogue: Epilogue, splits: int, arch: str) -> compiler.Kernel:
+    """The split-K reduction for many slices over few outputs (:func:`emit.splitk.render_wide`; blocks of 32 x 8
+    threads) on the current device."""
+    return _wide_reducer(dtype_out, bias_dtype, epilogue, splits, arch, _device())
+
+
+@functools.lru_cache(maxsize=64)
+def _wide_reducer(dtype_out: DType, bias_dtype: DType, epilogue: Epilogue, splits: int, arch: str,
+                  dev: int) -> compiler.Kernel:
+    src = splitk.render_wide(dtype_out, bias_dtype, epilogue, splits)
+    return compiler.load(src, splitk.WIDE_NAME, arch, smem=0, threads=32 * splitk.WIDE_GROUPS)
+
+
 def mask_bits() -> compiler.Kernel:
     """The boolean-mask bit packer of the Hopper attention kernel (``flash_wgmma.render_mask_bits``) on the
     current device."""
