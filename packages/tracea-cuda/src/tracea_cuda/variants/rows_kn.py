@@ -95,10 +95,11 @@ class RowsKnGemm(CudaVariant):
         return [PipelineConfig()]
 
     def bind(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:  # type: ignore[override]
-        """Pointer-only launches of the kernel (and of the reduction, with several K slices): the workspace is
-        the stream's split scratch (kept across calls, :func:`tracea_cuda.launcher.split_scratch`), one
-        buffer from the caller's allocator per call inside CUDA graph capture; no per-call Python beyond
-        the pointers (the run path cost ~40 us of host time a call on an H100 host)."""
+        """Pointer-only launches of the kernel (and of the reduction, with several K slices); the workspace is a
+        buffer from the caller's stream-ordered allocator per call (:func:`tracea_cuda.launcher.scratch`), not
+        the stream's shared split scratch: another thread's launch on the same stream could land between the
+        kernel and its reduction and overwrite the partial sums. No other per-call Python beyond the pointers
+        (the run path cost ~40 us of host time a call on an H100 host)."""
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
         launcher.refuse_if_capturing(stream(), self.name)
@@ -127,8 +128,7 @@ class RowsKnGemm(CudaVariant):
                                          launcher.ParamBlock.from_args(
                                              lambda p: (u64(p["ws"]), u64(p["out"]), u64(p["bias"]), np.int32(op.m),
                                                         np.int32(op.n)), ("ws", "out", "bias")))
-        capturing, split_scratch, scratch_ = launcher.is_capturing, launcher.split_scratch, scratch
-        current = toolkit.cupy().cuda.runtime.getDevice
+        scratch_, current = scratch, toolkit.cupy().cuda.runtime.getDevice
 
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
             pa, pb, po = ptr(a), ptr(b), ptr(out)
@@ -141,11 +141,9 @@ class RowsKnGemm(CudaVariant):
             keep = None
             if reduce is None:
                 pw = po
-            elif capturing(s):
+            else:
                 keep = scratch_(adapter, out, ws_floats)  # noqa: F841 - alive until both launches are queued
                 pw = adapter.data_ptr(keep)
-            else:
-                pw = split_scratch(adapter, out, dev, s, 1, ws_floats)[1]
             if current() == dev:
                 fl(s, (pa, pb, po, pbias, pw))
                 if reduce is not None:
