@@ -67,6 +67,11 @@ class CudaVariant(KernelVariant):
         ok, reason = toolkit.status()
         if not ok and profile.device.kind == "cuda":
             return [reason]
+        return self.own_reasons(op, profile)
+
+    def own_reasons(self, op: Op, profile: DeviceProfile) -> list[str]:
+        """The data requirements, then (where they hold) :meth:`extra_checks` -- :meth:`check` without asking
+        whether the toolkit works (the routing rules between variants ask this of another variant)."""
         reasons = super().check(op, profile)
         if not reasons:
             reasons += self.extra_checks(op, profile)
@@ -78,11 +83,16 @@ class CudaVariant(KernelVariant):
     def estimate_seconds(self, op: Op, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         """Roofline on the Tensor Core peak of the math the variant runs (f16, bf16, TF32; 3xTF32 does
         three TF32 products), times :attr:`efficiency`, and on the device bandwidth."""
+        return self.roofline(op, profile)
+
+    def roofline(self, op: Op, profile: DeviceProfile, flops: float | None = None, busy: float = 1.0) -> float:
+        """max(compute, memory) + a launch: ``flops`` (default the op's) on the Tensor Core peak of the variant's
+        math at :attr:`efficiency` (three products for 3xTF32), the op's bytes at ``busy`` x the bandwidth."""
         mode = math_mode(op.dtypes[0].storage, getattr(op, "fp32_precision", Fp32Precision.HIGHEST))
         dtype = {"f16": "float16", "bf16": "bfloat16", "tf32": "tf32", "3xtf32": "tf32"}[mode]
         factor = 3.0 if mode == "3xtf32" else 1.0
-        flop_t = op.flops * factor / (profile.peak(dtype) * 1e9 * max(self.efficiency, 1e-6))
-        return max(flop_t, op.min_bytes / (max(profile.bandwidth_gbs, 1.0) * 1e9)) + 5e-6
+        flop_t = (op.flops if flops is None else flops) * factor / (profile.peak(dtype) * 1e9 * max(self.efficiency, 1e-6))
+        return max(flop_t, op.min_bytes / (max(profile.bandwidth_gbs, 1.0) * 1e9 * busy)) + 5e-6
 
     # -- spec / compile ----------------------------------------------------------------------
     def spec(self, op: Op, config: PipelineConfig, arrays: dict[str, int] | None) -> MmaSpec:

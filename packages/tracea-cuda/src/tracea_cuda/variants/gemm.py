@@ -54,15 +54,9 @@ class MmaGemmBase(CudaVariant):
         tm, tn = (int(getattr(config, "tile_m", 0) or 0), int(getattr(config, "tile_n", 0) or 0)) if config else (0, 0)
         if tm <= 0 or tn <= 0:
             return super().estimate_seconds(op, profile, config)
-        mode = math_mode(op.dtype_a.storage, op.fp32_precision)
-        dtype = {"f16": "float16", "bf16": "bfloat16", "tf32": "tf32", "3xtf32": "tf32"}[mode]
-        factor = 3.0 if mode == "3xtf32" else 1.0
         rows, cols = -(-op.m // tm), -(-op.n // tn)
-        flops = 2.0 * rows * tm * cols * tn * op.k * op.batch * factor
-        flop_t = flops / (profile.peak(dtype) * 1e9 * max(self.efficiency, 1e-6))
-        busy = min(1.0, rows * cols * op.batch / max(profile.compute_units, 1))
-        mem_t = op.min_bytes / (max(profile.bandwidth_gbs, 1.0) * 1e9 * busy)
-        return max(flop_t, mem_t) + 5e-6
+        return self.roofline(op, profile, flops=2.0 * rows * tm * cols * tn * op.k * op.batch,
+                             busy=min(1.0, rows * cols * op.batch / max(profile.compute_units, 1)))
 
     def grid(self, op: GemmOp, spec: MmaSpec) -> tuple[int, int, int]:
         tiles = -(-op.m // spec.bm) * -(-op.n // spec.bn)

@@ -218,7 +218,7 @@ def rows_kn_serves(op: GemmOp, profile: DeviceProfile) -> bool:
 
     return (op.dtype_a.storage is DType.F32 and op.fp32_precision is Fp32Precision.HIGHEST
             and op.n * op.k * 4 >= STREAMED_BYTES
-            and not _ROWS_KN.requirements.check(op, profile) and not _ROWS_KN.extra_checks(op, profile))
+            and not _ROWS_KN.own_reasons(op, profile))
 
 
 _ROWS_KN = RowsKnGemm()

@@ -218,7 +218,7 @@ def skinny_tf32_serves(op: GemmOp, profile: DeviceProfile) -> bool:
     few-row products: H100, x8 @ W.T against 1024-4096-row weights, wgmma_tf32 ran 0.13-0.36x cuBLAS TF32 and
     mma_tf32 0.83x on 11008 rows, the skinny kernel 0.99-1.18x; the estimates had ranked them first)."""
     return (op.dtype_a.storage is DType.F32 and op.fp32_precision is not Fp32Precision.HIGHEST
-            and not _SKINNY_TF32.requirements.check(op, profile) and not _SKINNY_TF32.extra_checks(op, profile))
+            and not _SKINNY_TF32.own_reasons(op, profile))
 
 
 _SKINNY_TF32 = SkinnyTf32Gemm()
