@@ -32,7 +32,7 @@ for dt, prec in (("float16", "highest"), ("bfloat16", "highest"), ("float32", "h
                                  (13, 520, 264, 1, False, True), (130, 300, 8192, 1, False, True),
                                  (40, 777, 336, 1, False, True), (100, 136, 2056, 1, False, True),  # few rows
                                  (5, 301, 1030, 1, False, False), (16, 2052, 700, 1, False, False),  # (K, N) B
-                                 (24, 520, 264, 1, False, False)):
+                                 (24, 520, 264, 1, False, False), (56, 300, 1030, 1, False, True)):
         GEMMS.append(GemmOp(m, n, k, batch=b, trans_a=ta, trans_b=tb, dtype_a=dt, dtype_b=dt, fp32_precision=prec,
                             epilogue="bias+gelu"))
 CONVS = []
@@ -82,7 +82,8 @@ HARVEST += [GemmOp(512, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="b
             GemmOp(32, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # few-row heroes:
             GemmOp(64, 11008, 4096, trans_b=True, dtype_a="float16", dtype_b="float16"),  # ping-pong, whole,
             GemmOp(48, 1024, 8192, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16"),  # split
-            GemmOp(24, 4096, 4096, trans_b=True), GemmOp(64, 4096, 4096, trans_b=True)]  # skinny_tf32 row classes
+            GemmOp(24, 4096, 4096, trans_b=True), GemmOp(64, 4096, 4096, trans_b=True),  # skinny_tf32 row classes
+            GemmOp(40, 4096, 4097, trans_b=True)]  # rows_fma (every tile height, K split, one float per copy)
 HARVEST += [Conv2dOp(32, c, hw, hw, c, 3, 3, padding=1, layout=layout, dtype=dt, fp32_precision=prec, epilogue="bias+relu")
             for dt, prec in (("float16", "highest"), ("float32", "high"), ("float32", "highest"))
             for layout in ("nhwc", "nchw") for c, hw in ((64, 56), (256, 14), (512, 7))]

@@ -10,7 +10,8 @@ from tracea.doctor.profile import DeviceProfile
 from tracea.ir.device import Device
 from tracea.ir.ops import AttentionOp, Conv2dOp, GemmOp
 
-from tracea_cuda.emit import depthwise, flash_attn, flash_decode, flash_wgmma, gemv, mma, pointwise, rows_kn, skinny, wgmma
+from tracea_cuda.emit import (depthwise, flash_attn, flash_decode, flash_wgmma, gemv, mma, pointwise, rows_fma, rows_kn, skinny,
+                              wgmma)
 from tracea_cuda.device import isa_flags
 from tracea_cuda.offline import bundle, compile_report, nvcc_path
 from tracea_cuda.variants import all_variants
@@ -85,6 +86,8 @@ OPS = {
     ],
     "cuda.gemm.rows_kn": [GemmOp(16, 4096, 4096, epilogue="bias+gelu"), GemmOp(3, 1001, 4096, dtype_a="bfloat16",
                                                                              dtype_b="bfloat16", epilogue="bias")],
+    "cuda.gemm.rows_fma": [GemmOp(32, 4096, 4096, trans_b=True, epilogue="bias+gelu"),
+                           GemmOp(64, 1000, 4097, trans_b=True, dtype_out="bfloat16", epilogue="silu")],
     "cuda.conv2d.pooled_gemm": [],  # runs the GEMM variants' kernels (compiled through their own cases)
     "cuda.conv2d.wgmma": [
         Conv2dOp(32, 64, 56, 56, 64, 3, 3, padding=1, layout="nhwc", dtype="bfloat16", epilogue="bias+relu"),
@@ -185,6 +188,7 @@ def _sources(arch: str) -> dict[str, str]:
                       else wgmma.render if ".wgmma" in variant.name else _gemv_render if variant.name == "cuda.gemm.gemv"
                       else skinny.render if variant.name.startswith("cuda.gemm.skinny")
                       else rows_kn.render if variant.name == "cuda.gemm.rows_kn"
+                      else rows_fma.render if variant.name == "cuda.gemm.rows_fma"
                       else flash_attn.render if variant.name == "cuda.attention.flash_mma"
                       else flash_decode.render if variant.name == "cuda.attention.decode"
                       else pointwise.render if variant.name == "cuda.conv2d.pointwise"

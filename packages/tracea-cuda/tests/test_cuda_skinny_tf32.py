@@ -12,6 +12,7 @@ from tracea.ir.ops import GemmOp
 from tracea.semantic.config import PipelineConfig
 
 from tracea_cuda import testing as T
+from tracea_cuda.variants.rows_fma import rows_fma_serves
 from tracea_cuda.variants.skinny import TF32_SERVED_ROWS, SkinnyTf32Gemm
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not T.gpu_available(), reason="needs a CUDA GPU, CuPy and torch")]
@@ -33,6 +34,8 @@ def test_skinny_tf32_matches_reference(precision, m, n, k, epi):
     profile = T.gpu_profile()
     if precision == "high" and m > TF32_SERVED_ROWS:  # declined (the tiled TF32 GEMMs serve it); the kernel runs it
         assert any("tiled TF32" in r for r in V.check(op, profile)), V.check(op, profile)
+    elif rows_fma_serves(op, profile):  # declined (rows_fma serves 17-64 fp32-exact rows); the kernel runs it
+        assert any("rows_fma serves" in r for r in V.check(op, profile)), V.check(op, profile)
     else:
         assert not V.check(op, profile), V.check(op, profile)
     T.check_gemm_configs(V, op, V.hero_configs(op, profile), _tol(precision), seed=m * 31 + n)
@@ -98,9 +101,13 @@ def test_skinny_tf32_nan_inf_propagate_and_unaligned_views():
 def test_doctor_picks_skinny_tf32_for_fp32_few_rows():
     from tracea.doctor.doctor import get_doctor
 
-    for m, precision in ((8, "highest"), (16, "highest"), (32, "highest"), (64, "highest"), (5, "high"), (16, "high")):
-        op = GemmOp(m, 4096, 4096, trans_b=True, epilogue="bias", fp32_precision=precision)  # highest: nn.Linear's default
+    for m, n, k, precision in ((8, 4096, 4096, "highest"), (16, 4096, 4096, "highest"), (32, 768, 768, "highest"),
+                               (48, 3072, 768, "highest"), (5, 4096, 4096, "high"), (16, 4096, 4096, "high")):
+        op = GemmOp(m, n, k, trans_b=True, epilogue="bias", fp32_precision=precision)  # highest: nn.Linear's default
         assert get_doctor().decide(op, "cuda:0").chosen.variant.name == "cuda.gemm.skinny_tf32", op.describe()
+    for m in (17, 32, 64):  # fp32-exact 17-64 rows against a big weight: rows_fma (skinny_tf32 0.36-0.95x cuBLAS)
+        op = GemmOp(m, 4096, 4096, trans_b=True, epilogue="bias")
+        assert get_doctor().decide(op, "cuda:0").chosen.variant.name == "cuda.gemm.rows_fma", op.describe()
     for op, words in ((GemmOp(65, 4096, 4096, trans_b=True), "exceeds 64"),
                       (GemmOp(17, 4096, 4096, trans_b=True, fp32_precision="high"), "tiled TF32 variants serve")):
         rejected = {r.variant: " ".join(r.reasons) for r in get_doctor().decide(op, "cuda:0").rejected}

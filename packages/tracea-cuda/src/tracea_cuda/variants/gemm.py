@@ -135,11 +135,13 @@ class MmaGemm3xTf32(MmaGemmBase):
     priority = 10
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        from .rows_fma import rows_fma_serves  # noqa: PLC0415
         from .rows_kn import rows_kn_serves  # noqa: PLC0415
 
         return super().extra_checks(op, profile) + served_by(
             rows_kn_serves(op, profile), f"M={op.m} rows against a (K, N) row-major B: cuda.gemm.rows_kn serves it "
-            "(H100, x8 @ B(4096x4096): this kernel 0.31x cuBLAS SGEMM, rows_kn 1.25x)")
+            "(H100, x8 @ B(4096x4096): this kernel 0.31x cuBLAS SGEMM, rows_kn 1.25x)") + served_by(
+            rows_fma_serves(op, profile), f"M={op.m} rows against an (N, K) weight: cuda.gemm.rows_fma serves it")
 
     def heroes(self, profile: DeviceProfile) -> list[PipelineConfig]:
         # 128x64 on 8 warps (not 4): the IEEE-safe split holds more fragment registers, and the 4-warp tile

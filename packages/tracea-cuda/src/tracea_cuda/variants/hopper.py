@@ -673,11 +673,13 @@ class WgmmaGemm3xTf32(WgmmaGemmTf32):
             _hero(128, 4, 16, cluster=1).replace(partial_stages=8)]
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        from .rows_fma import rows_fma_serves  # noqa: PLC0415
         from .rows_kn import rows_kn_serves  # noqa: PLC0415
 
         reasons = WgmmaGemm.extra_checks(self, op, profile) + served_by(
             rows_kn_serves(op, profile), f"M={op.m} rows against a (K, N) row-major B: cuda.gemm.rows_kn serves it "
-            "(H100, x @ B(8192x1024) fp32: this kernel 0.05-0.10x cuBLAS SGEMM, rows_kn 0.66-1.21x)")
+            "(H100, x @ B(8192x1024) fp32: this kernel 0.05-0.10x cuBLAS SGEMM, rows_kn 0.66-1.21x)") + served_by(
+            rows_fma_serves(op, profile), f"M={op.m} rows against an (N, K) weight: cuda.gemm.rows_fma serves it")
         if op.k % 4:
             reasons.append(f"K={op.k} is not a multiple of 4: the split operands' rows (3K floats) would not be "
                            "16-byte aligned for TMA")

@@ -13,7 +13,7 @@ from tracea.semantic.config import PipelineConfig
 from tracea.semantic.search_space import SearchSpace
 
 from ..emit.skinny import KERNEL_NAME, SkinnySpec, render
-from .base import FLOAT_IO, aligned, math_mode
+from .base import FLOAT_IO, aligned, math_mode, served_by
 from .gemv import WeightStreamingGemm, flag_param, int_param
 
 #: fraction of the measured copy bandwidth the kernel is expected to reach on large weights
@@ -179,7 +179,12 @@ class SkinnyTf32Gemm(SkinnyMmaGemm):
         return []
 
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
-        return WeightStreamingGemm.extra_checks(self, op, profile)
+        from .rows_fma import rows_fma_serves  # noqa: PLC0415
+
+        return WeightStreamingGemm.extra_checks(self, op, profile) + served_by(
+            rows_fma_serves(op, profile), f"M={op.m} fp32-exact rows against a weight of "
+            f"{op.n * op.k * 4 >> 20} MiB: cuda.gemm.rows_fma serves it (the 3xTF32 split of A in registers is "
+            "issue-bound from 17 rows)")
 
     def estimate_seconds(self, op: GemmOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         """The streaming estimate, or the Tensor Core time of the padded rows (16 per fragment, three products
