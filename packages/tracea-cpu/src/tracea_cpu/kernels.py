@@ -15,6 +15,7 @@ from . import pool
 from .emit.amx import amx_gemm_source
 from .emit.attention import attention_source
 from .emit.bf16 import bf16_gemm_source
+from .emit.bf16_conv import bf16_conv_source
 from .emit.blocked import blocked_source
 from .isa import AMX_BF16, AVX512_BF16, ISA_BY_NAME, Isa
 from .toolchain import build
@@ -77,6 +78,26 @@ def bf16_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
     source = bf16_gemm_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
     lib = build(source, AVX512_BF16.cflags, f"gemm-bf16-{mr}x{nr}")
     return _bind_tb_gemm(lib)
+
+
+@functools.lru_cache(maxsize=64)
+def bf16_conv_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
+    """The AVX512_BF16 implicit-GEMM conv library (``tb_conv`` and the layout transposes ``tb_tr16`` /
+    ``tb_tr32``) for one register tile and epilogue chain (compiled once)."""
+    source = bf16_conv_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
+    lib = build(source, AVX512_BF16.cflags, f"conv-bf16-{mr}x{nr}")
+    lib.tb_conv.argtypes = [_P, _P, _P, _P, _I, _P, _L, _L, _L, _I]
+    lib.tb_conv.restype = _I
+    lib.tb_conv_bwords.argtypes = [_L, _L]
+    lib.tb_conv_bwords.restype = _L
+    lib.tb_conv_pack_w.argtypes = [_P, _L, _L, _P, _I]
+    lib.tb_conv_pack_w.restype = _I
+    lib.tb_conv_ind.argtypes = [_P, _P, _P, _P, _I, _P, _L, _I]
+    lib.tb_conv_ind.restype = _I
+    for name in ("tb_tr16", "tb_tr32"):
+        getattr(lib, name).argtypes = [_P, _P, _L, _L, _L, _I]
+        getattr(lib, name).restype = _I
+    return lib
 
 
 @functools.lru_cache(maxsize=64)

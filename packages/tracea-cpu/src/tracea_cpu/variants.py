@@ -190,9 +190,10 @@ def _blocked_plan(variant: "CpuVariant", op: Op, config: PipelineConfig) -> tupl
 
 def all_variants() -> list[CpuVariant]:
     """Every CPU variant, for every ISA (the Doctor filters by the host's flags)."""
+    from .bf16_conv import bf16_conv_variants  # noqa: PLC0415
     from .bf16_convert import bf16_convert_variants  # (it subclasses CpuConv2dVariant: imported here)
 
     out: list[CpuVariant] = []
     for isa in ALL_ISAS:
         out += [CpuGemmVariant(isa), CpuConv2dVariant(isa), CpuAttentionVariant(isa)]
-    return out + [CpuGemmBf16Variant(), CpuGemmAmxVariant(), CpuConv2dAmxVariant(), CpuGemmF16AmxVariant()] + f16_variants() + bf16_convert_variants() + skinny_variants()
+    return out + [CpuGemmBf16Variant(), CpuGemmAmxVariant(), CpuConv2dAmxVariant(), CpuGemmF16AmxVariant()] + f16_variants() + bf16_conv_variants() + bf16_convert_variants() + skinny_variants()

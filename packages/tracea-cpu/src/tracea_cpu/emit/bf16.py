@@ -100,8 +100,12 @@ EDGE_STORE = r"""
     }"""
 
 DENSE = r"""
-/* Dense bf16 operand X(i, k) = p[i*rs + k*cs] (A) or X(k, j) = p[k*rs + j*cs] (B). */
-typedef struct { const bf16 *p; long rs, cs; } tb_dense;
+/* Implicit-GEMM geometry of a conv's A (emit/bf16_conv.py): A(i, k) with i = (n, p, q) and k = (r, s, c) read
+   from an NHWC input. */
+typedef struct tb_geom { long H, W, C, P, Q, R, S, sh, sw, ph, pw, dh, dw; } tb_geom;
+/* Dense bf16 operand X(i, k) = p[i*rs + k*cs] (A) or X(k, j) = p[k*rs + j*cs] (B); with g set, a conv's A
+   (p: the NHWC input). */
+typedef struct { const bf16 *p; long rs, cs; const tb_geom *g; } tb_dense;
 
 static inline long tb_pairs(long kc) { return TR_ROUNDUP((kc + 1) / 2, KU); }
 """
@@ -109,7 +113,13 @@ static inline long tb_pairs(long kc) { return TR_ROUNDUP((kc + 1) / 2, KU); }
 PACK_A = r"""
 /* A micro-panel: rows [i0, i0+mr), k in [p0, p0+kc) -> dst[t*MR + i] = (A(i, 2t), A(i, 2t+1)),
    zero padded to MR rows and tb_pairs(kc) pairs. */
+#ifdef TB_CONV
+static void tb_pack_a_conv(const tb_dense *x, long i0, long mr, long p0, long kc, uint32_t *dst);
+#endif
 static void tb_pack_a(const tb_dense *x, long i0, long mr, long p0, long kc, uint32_t *dst) {
+#ifdef TB_CONV
+    if (x->g) { tb_pack_a_conv(x, i0, mr, p0, kc, dst); return; }
+#endif
     long kp = tb_pairs(kc), full = kc / 2;
     if (mr < MR || full < kp) memset(dst, 0, sizeof(uint32_t) * kp * MR);
     if (x->cs == 1) {
