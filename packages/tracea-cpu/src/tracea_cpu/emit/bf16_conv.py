@@ -223,29 +223,25 @@ def conv_microkernel_c(mr: int, nr: int, ku: int) -> str:
     lines.append("        long t = 0;")
     lines.append(f"        for (; t + {ku} <= cp; t += {ku}, b += {ku * nr}) {{")
     for u in range(ku):
-        lines.append("            {")
-        for v in range(nv):
-            lines.append(f"            __m512i b{v} = _mm512_loadu_si512(b + {u * nr + v * 16});")
-        for i in range(mr):
-            lines.append(f"            {{ __m512i ai = _mm512_set1_epi32((int)a{i}[t + {u}]);")
-            for v in range(nv):
-                lines.append(f"              {acc[i][v]} = BDOT({acc[i][v]}, b{v}, ai);")
-            lines.append("            }")
-        lines.append("            }")
+        lines += ["            {"] + _pair_step(acc, f"{u * nr} + ", f"t + {u}") + ["            }"]
     lines.append("        }")
     lines.append(f"        for (; t < cp; t++, b += {nr}) {{")
-    for v in range(nv):
-        lines.append(f"            __m512i b{v} = _mm512_loadu_si512(b + {v * 16});")
-    for i in range(mr):
-        lines.append(f"            {{ __m512i ai = _mm512_set1_epi32((int)a{i}[t]);")
-        for v in range(nv):
-            lines.append(f"              {acc[i][v]} = BDOT({acc[i][v]}, b{v}, ai);")
-        lines.append("            }")
+    lines += _pair_step(acc, "", "t")
     lines.append("        }")
     lines.append("    }")
     lines += _store(mr, nr, acc)
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _pair_step(acc: list[list[str]], b_off: str, t: str) -> list[str]:
+    """One k pair of the conv micro-kernel: the B vectors at ``b + b_off``, each row's word ``a<i>[t]`` broadcast."""
+    out = [f"            __m512i b{v} = _mm512_loadu_si512(b + {b_off}{v * 16});" for v in range(len(acc[0]))]
+    for i, row in enumerate(acc):
+        out.append(f"            {{ __m512i ai = _mm512_set1_epi32((int)a{i}[{t}]);")
+        out += [f"              {name} = BDOT({name}, b{v}, ai);" for v, name in enumerate(row)]
+        out.append("            }")
+    return out
 
 def bf16_conv_source(isa: Isa, mr: int, nr: int, epilogue: Epilogue, ku: int = 4) -> str:
     """Complete C source of the bf16 conv library (the GEMM library's kernel, packers and drivers, with
