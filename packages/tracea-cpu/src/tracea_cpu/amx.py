@@ -117,6 +117,8 @@ def amx_peak_gflops(profile: DeviceProfile) -> float:
 class CpuGemmAmxVariant(CpuGemmBf16Variant):
     """The blocked bf16 GEMM with an AMX ``tdpbf16ps`` micro-kernel (MR x NR blocks of 16 x 16 tiles)."""
 
+    offers_direct = False  # the AMX kernels keep their own B handling
+
     def __init__(self) -> None:
         super().__init__()
         self.isa = AMX_BF16

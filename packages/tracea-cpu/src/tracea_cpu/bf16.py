@@ -148,13 +148,28 @@ class CpuGemmBf16Variant(CpuVariant):
         flop_time = op.flops / (2 * profile.peak("float32") * 1e9 * BF16_EFFICIENCY)
         return max(flop_time, op.min_bytes / ((profile.bandwidth_gbs or 20.0) * 1e9)) + 15e-6
 
+    #: whether the variant offers the direct form (:mod:`tracea_cpu.bf16_direct`, config param ``direct``)
+    offers_direct = True
+
+    def _direct(self, op: Op) -> bool:
+        from .bf16_direct import direct_ok  # noqa: PLC0415
+
+        return self.offers_direct and isinstance(op, GemmOp) and direct_ok(op)
+
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
-        return spaces.bf16_space(self.isa, profile)
+        space = spaces.bf16_space(self.isa, profile)
+        return space.param("direct", [1, 0]) if self._direct(op) else space
 
     def hero_configs(self, op: Op, profile: DeviceProfile) -> list[PipelineConfig]:
-        return spaces.bf16_heroes(op)
+        heroes = spaces.bf16_heroes(op)
+        if not self._direct(op):
+            return heroes
+        # the direct form first (x @ W.T: A read in place, the weight's VNNI panels kept), then the blocked ones
+        return [h.with_params(direct=1) for h in heroes[:2]] + heroes
 
     def validate_config(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Validity:
+        if config.get("direct", 0) and not self._direct(op):
+            return Validity(False, "direct=1 needs x @ W.T of one batch entry with an even K (and no AMX variant)")
         return _validate_blocked(self.isa, config)
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
@@ -173,8 +188,10 @@ class CpuGemmBf16Variant(CpuVariant):
 
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, GemmOp)
-        fn, call, ref = self.prepare(op, config, profile)
         ptr, pick = adapter.data_ptr, thread_picker(self.threads(op, config, profile), _requested_threads(config))
+        if config.get("direct", 0) and self._direct(op):
+            return self._bind_direct(op, config, adapter, pick)
+        fn, call, ref = self.prepare(op, config, profile)
         if not op.epilogue.has_bias:
             def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
                 rc = fn(ref, ptr(a), ptr(b), ptr(out), None, pick())
@@ -195,8 +212,37 @@ class CpuGemmBf16Variant(CpuVariant):
         launch_bias.pointer_only = True  # type: ignore[attr-defined]
         return launch_bias
 
+    def _bind_direct(self, op: GemmOp, config: PipelineConfig, adapter: Any, pick: Any) -> Any:
+        """The pointer-only launcher of the direct form."""
+        from .bf16_direct import direct_launcher  # noqa: PLC0415
+
+        _require(self.validate_config(op, config, None), self.name, config)  # type: ignore[arg-type]
+        run = direct_launcher(op, int(config.get("mr")), int(config.get("nr")), int(config.get("mc")))
+        ptr, has_bias, widen = adapter.data_ptr, op.epilogue.has_bias, op.out_dtype is DType.BF16
+
+        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+            b32 = None  # the fp32 bias: held until the kernel has returned
+            if has_bias:
+                b32 = widened_bias(adapter, bias) if widen else np.ascontiguousarray(adapter.to_numpy(bias), np.float32)
+            run(ptr(a), b, ptr(b), 0 if b32 is None else b32.ctypes.data, ptr(out), pick())
+
+        launch.pointer_only = True  # type: ignore[attr-defined]
+        return launch
+
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)
+        if config.get("direct", 0) and self._direct(op):
+            from .bf16_direct import direct_launcher  # noqa: PLC0415
+
+            _require(self.validate_config(op, config, profile), self.name, config)
+            a, a_owner = bf16_operand(args, "a", (op.m, op.k))
+            b, b_owner = bf16_operand(args, "b", (op.k, op.n))
+            out, out_owner = (bf16_operand if op.out_dtype is DType.BF16 else f32_operand)(args, "out", (op.m, op.n))
+            bias_arr = bias_f32(args, op.n) if op.epilogue.has_bias else None
+            direct_launcher(op, int(config.get("mr")), int(config.get("nr")), int(config.get("mc")))(
+                a, None, b, 0 if bias_arr is None else int(bias_arr.ctypes.data), out, self.threads(op, config, profile))
+            del a_owner, b_owner, out_owner, bias_arr  # alive until here, after the kernel returned
+            return
         fn, call, ref = self.prepare(op, config, profile)
         bt, m, n, k = op.batch, op.m, op.n, op.k
         # Every (address, owner) pair keeps its owner referenced in this frame until the kernel has
