@@ -100,6 +100,18 @@ def test_conv2d_indirect_and_packed_paths(indirect, layout):
         assert conv_case(BEST, case, layout, epi="bias+relu", cfg=cfg) < 1e-5, case
 
 
+@pytest.mark.parametrize("isa", [i for i in ("avx512", "avx2") if i in ISAS])
+def test_conv2d_packed_nchw_stride_two_rows(isa):
+    """NCHW packed im2col (indirect=0) at stride 2: the even-column gather (16 at a time from two vectors on
+    AVX-512) on rows wide enough for it, odd and even widths, padding 0-3 (spans clipped at both ends), stems."""
+    h = GEMM_HEROES[isa][0]
+    cfg = config(**h, threads=0, indirect=0)
+    for case in [(1, 3, 40, 112, 16, 7, 7, 2, 3, 1, 1), (2, 3, 9, 67, 8, 7, 7, 2, 3, 1, 1),
+                 (1, 5, 6, 130, 9, 3, 3, 2, 0, 1, 1), (1, 4, 5, 97, 6, 3, 3, 2, 1, 1, 1),
+                 (1, 2, 4, 65, 3, 5, 5, (1, 2), (2, 2), 1, 1), (1, 3, 8, 33, 4, 3, 3, 2, 2, 2, 1)]:
+        assert conv_case(isa, case, "nchw", epi="bias+relu", cfg=cfg) < 1e-5, case
+
+
 def test_conv2d_algorithm_choice_and_validation():
     from tracea_cpu.testing import PROFILE
     variant = CpuConv2dVariant(ISA_BY_NAME[BEST])
