@@ -214,20 +214,11 @@ class CpuGemmBf16Variant(CpuVariant):
 
     def _bind_direct(self, op: GemmOp, config: PipelineConfig, adapter: Any, pick: Any) -> Any:
         """The pointer-only launcher of the direct form."""
-        from .bf16_direct import direct_launcher  # noqa: PLC0415
+        from .bf16_direct import direct_launcher, pointer_launcher  # noqa: PLC0415
 
         _require(self.validate_config(op, config, None), self.name, config)  # type: ignore[arg-type]
         run = direct_launcher(op, int(config.get("mr")), int(config.get("nr")), int(config.get("mc")))
-        ptr, has_bias, widen = adapter.data_ptr, op.epilogue.has_bias, op.out_dtype is DType.BF16
-
-        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-            b32 = None  # the fp32 bias: held until the kernel has returned
-            if has_bias:
-                b32 = widened_bias(adapter, bias) if widen else np.ascontiguousarray(adapter.to_numpy(bias), np.float32)
-            run(ptr(a), b, ptr(b), 0 if b32 is None else b32.ctypes.data, ptr(out), pick())
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        return pointer_launcher(run, adapter, op.epilogue.has_bias, op.out_dtype is DType.BF16, pick)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +28,8 @@ from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import Validity
 
 from . import kernels, spaces
-from .bf16 import BF16_EFFICIENCY, bias_f32, host_bf16, widened_bias
+from .bf16 import BF16_EFFICIENCY, bias_f32, host_bf16
+from .bf16_direct import Runner, pointer_launcher
 from .host_load import thread_picker
 from .isa import AVX512_BF16
 from .panel_cache import PANELS
@@ -93,7 +94,7 @@ class CpuConv2dBf16Variant(CpuVariant):
         assert isinstance(op, Conv2dOp)
         return kernels.bf16_conv_library(int(config.get("mr")), int(config.get("nr")), op.epilogue.key)
 
-    def _computer(self, op: Conv2dOp, config: PipelineConfig) -> Callable[[int, Any, int, int, int, int], None]:
+    def _computer(self, op: Conv2dOp, config: PipelineConfig) -> Runner:
         """``compute(x, w_obj, w, bias32, out, nth)`` on data addresses in the op's memory order (``w_obj``: the
         weight object, for the layout cache; ``bias32``: an fp32 bias address or 0)."""
         lib = self.prepare(op, config, None)  # type: ignore[arg-type]
@@ -102,18 +103,9 @@ class CpuConv2dBf16Variant(CpuVariant):
 
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, Conv2dOp)
-        compute, ptr = self._computer(op, config), adapter.data_ptr
         pick = thread_picker(self.threads(op, config, profile), _requested_threads(config))
-        out_b16, has_bias = op.out_dtype is DType.BF16, op.epilogue.has_bias
-
-        def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
-            b32 = None
-            if has_bias:  # the bias arrives in the output dtype; the epilogue runs in fp32 (held until return)
-                b32 = widened_bias(adapter, bias) if out_b16 else np.ascontiguousarray(adapter.to_numpy(bias), np.float32)
-            compute(ptr(x), w, ptr(w), 0 if b32 is None else b32.ctypes.data, ptr(out), pick())
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        return pointer_launcher(self._computer(op, config), adapter, op.epilogue.has_bias,
+                                op.out_dtype is DType.BF16, pick)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, Conv2dOp)
@@ -146,8 +138,7 @@ def _scratch(slot: int, n: int, dtype: Any) -> np.ndarray:
     return buf[skip:skip + nbytes].view(dtype)
 
 
-def _compute(lib: Any, op: Conv2dOp, mc: int, nc: int, kc: int, direct: bool,
-             nr: int) -> Callable[[int, Any, int, int, int, int], None]:
+def _compute(lib: Any, op: Conv2dOp, mc: int, nc: int, kc: int, direct: bool, nr: int) -> Runner:
     geo = (ctypes.c_long * 15)(op.n, op.h, op.w, op.c, op.k, op.p, op.q, op.r, op.s, *op.stride, *op.padding,
                                *op.dilation)
     nchw, rs = op.layout is Layout.NCHW, op.r * op.s

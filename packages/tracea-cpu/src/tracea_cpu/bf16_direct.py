@@ -22,6 +22,10 @@ from . import kernels
 from .panel_cache import PANELS
 from .variant_base import _check_rc
 
+#: a kernel entry on addresses: ``run(x, w_obj, w, bias32, out, nth)`` (``w_obj``: the weight object, for the panel
+#: cache; ``bias32``: an fp32 bias address or 0)
+Runner = Callable[[int, Any, int, int, int, int], None]
+
 
 def direct_ok(op: GemmOp) -> bool:
     """Whether the direct form computes ``op``: A (M, K) row-major, B an (N, K) weight (``trans_b``), one batch
@@ -29,7 +33,7 @@ def direct_ok(op: GemmOp) -> bool:
     return op.trans_b and not op.trans_a and op.batch == 1 and op.k % 2 == 0 and op.k > 0
 
 
-def direct_launcher(op: GemmOp, mr: int, nr: int, mb: int) -> Callable[[int, Any, int, int, int, int], None]:
+def direct_launcher(op: GemmOp, mr: int, nr: int, mb: int) -> Runner:
     """``launch(a, b_obj, b, bias32, out, nth)`` on data addresses (``b_obj``: the weight object, for the panel
     cache; ``bias32``: an fp32 bias address or 0)."""
     lib = kernels.bf16_conv_library(mr, nr, op.epilogue.key)
@@ -51,4 +55,21 @@ def direct_launcher(op: GemmOp, mr: int, nr: int, mb: int) -> Callable[[int, Any
         del held  # the panels: alive until the kernel has returned
         _check_rc(rc, "bf16 gemm (direct)")
 
+    return launch
+
+
+def pointer_launcher(run: Runner, adapter: Any, has_bias: bool, widen: bool, pick: Callable[[], int]) -> Any:
+    """The pointer-only launcher ``launch(x, w, bias, out)`` of ``run``: the bias (in the output dtype) as fp32 for
+    the epilogue -- a bf16 one widened (``widen``) -- held until the kernel has returned."""
+    from .bf16 import widened_bias  # noqa: PLC0415
+
+    ptr = adapter.data_ptr
+
+    def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
+        b32 = None
+        if has_bias:
+            b32 = widened_bias(adapter, bias) if widen else np.ascontiguousarray(adapter.to_numpy(bias), np.float32)
+        run(ptr(x), w, ptr(w), 0 if b32 is None else b32.ctypes.data, ptr(out), pick())
+
+    launch.pointer_only = True  # type: ignore[attr-defined]
     return launch
