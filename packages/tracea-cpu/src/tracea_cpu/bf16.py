@@ -212,26 +212,30 @@ class CpuGemmBf16Variant(CpuVariant):
         launch_bias.pointer_only = True  # type: ignore[attr-defined]
         return launch_bias
 
-    def _bind_direct(self, op: GemmOp, config: PipelineConfig, adapter: Any, pick: Any) -> Any:
-        """The pointer-only launcher of the direct form."""
-        from .bf16_direct import direct_launcher, pointer_launcher  # noqa: PLC0415
+    def _direct_runner(self, op: GemmOp, config: PipelineConfig) -> Any:
+        """The direct form's kernel entry on addresses (:func:`tracea_cpu.bf16_direct.direct_launcher`), the config
+        checked first."""
+        from .bf16_direct import direct_launcher  # noqa: PLC0415
 
         _require(self.validate_config(op, config, None), self.name, config)  # type: ignore[arg-type]
-        run = direct_launcher(op, int(config.get("mr")), int(config.get("nr")), int(config.get("mc")))
-        return pointer_launcher(run, adapter, op.epilogue.has_bias, op.out_dtype is DType.BF16, pick)
+        return direct_launcher(op, int(config.get("mr")), int(config.get("nr")), int(config.get("mc")))
+
+    def _bind_direct(self, op: GemmOp, config: PipelineConfig, adapter: Any, pick: Any) -> Any:
+        """The pointer-only launcher of the direct form."""
+        from .bf16_direct import pointer_launcher  # noqa: PLC0415
+
+        return pointer_launcher(self._direct_runner(op, config), adapter, op.epilogue.has_bias,
+                                op.out_dtype is DType.BF16, pick)
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, GemmOp)
         if config.get("direct", 0) and self._direct(op):
-            from .bf16_direct import direct_launcher  # noqa: PLC0415
-
-            _require(self.validate_config(op, config, profile), self.name, config)
+            run = self._direct_runner(op, config)
             a, a_owner = bf16_operand(args, "a", (op.m, op.k))
             b, b_owner = bf16_operand(args, "b", (op.k, op.n))
             out, out_owner = (bf16_operand if op.out_dtype is DType.BF16 else f32_operand)(args, "out", (op.m, op.n))
             bias_arr = bias_f32(args, op.n) if op.epilogue.has_bias else None
-            direct_launcher(op, int(config.get("mr")), int(config.get("nr")), int(config.get("mc")))(
-                a, None, b, 0 if bias_arr is None else int(bias_arr.ctypes.data), out, self.threads(op, config, profile))
+            run(a, None, b, 0 if bias_arr is None else int(bias_arr.ctypes.data), out, self.threads(op, config, profile))
             del a_owner, b_owner, out_owner, bias_arr  # alive until here, after the kernel returned
             return
         fn, call, ref = self.prepare(op, config, profile)

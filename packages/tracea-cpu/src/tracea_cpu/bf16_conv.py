@@ -29,10 +29,9 @@ from tracea.semantic.config import Validity
 
 from . import kernels, spaces
 from .bf16 import BF16_EFFICIENCY, bias_f32, host_bf16
-from .bf16_direct import Runner, pointer_launcher
+from .bf16_direct import Runner, kept_panels, pointer_launcher
 from .host_load import thread_picker
 from .isa import AVX512_BF16
-from .panel_cache import PANELS
 from .variant_base import CpuVariant, _check_rc, _host, _ptr, _requested_threads, _validate_blocked
 
 #: share of the bf16 GEMM's speed the conv keeps (2-core Zen 4 VM, 3x3 ResNet layers: the direct kernel 408-451
@@ -154,16 +153,16 @@ def _compute(lib: Any, op: Conv2dOp, mc: int, nc: int, kc: int, direct: bool, nr
     relayout = nchw and rs > 1  # KCRS -> KRSC first
 
     def pack_weights(w: int, addr: int, nth: int) -> None:
-        src, tmp = w, None
+        if not direct:  # KCRS -> KRSC straight into the kept buffer
+            tr16(w, addr, op.k, op.c, rs, nth)
+            return
+        tmp = None
         if relayout:
             tmp = np.empty(nw, np.uint16)
             tr16(w, tmp.ctypes.data, op.k, op.c, rs, nth)
-            src = tmp.ctypes.data
-        if direct:
-            lib.tb_conv_pack_w(src, op.k, kk, addr, nth)
-        elif tmp is not None:
-            ctypes.memmove(addr, src, 2 * nw)
-        del tmp
+            w = tmp.ctypes.data
+        lib.tb_conv_pack_w(w, op.k, kk, addr, nth)
+        del tmp  # alive until the packer has returned
 
     def compute(x: int, w_obj: Any, w: int, bias32: int, out: int, nth: int) -> None:
         held: list[Any] = []  # scratch arrays: alive until the kernels have returned
@@ -174,15 +173,8 @@ def _compute(lib: Any, op: Conv2dOp, mc: int, nc: int, kc: int, direct: bool, nr
             x = xs.ctypes.data
         if direct or relayout:  # packed / relaid-out weights, kept per unchanged torch weight
             src = w
-            cached = PANELS.panels(geometry, w_obj, w, words, lambda addr: pack_weights(src, addr, nth))
-            if cached is None:
-                buf = np.empty(max(words, 16), np.uint32)
-                pack_weights(w, buf.ctypes.data, nth)
-                held.append(buf)
-                w = buf.ctypes.data
-            else:
-                held.append(cached[0])
-                w = cached[1]
+            holder, w = kept_panels(geometry, w_obj, src, words, lambda addr: pack_weights(src, addr, nth))
+            held.append(holder)
         target = out
         if nchw:
             os_ = _scratch(1, no, out_np)

@@ -33,6 +33,18 @@ def direct_ok(op: GemmOp) -> bool:
     return op.trans_b and not op.trans_a and op.batch == 1 and op.k % 2 == 0 and op.k > 0
 
 
+def kept_panels(geometry: tuple, w_obj: Any, w: int, words: int, pack: Callable[[int], Any]) -> tuple[Any, int]:
+    """``(holder, address)`` of weight ``w``'s panels (``words`` uint32 words that ``pack(address)`` writes): kept per
+    unchanged torch weight (:data:`~tracea_cpu.panel_cache.PANELS`), else packed now into a new buffer. Hold
+    ``holder`` until the kernel reading the panels has returned."""
+    cached = PANELS.panels(geometry, w_obj, w, words, pack)
+    if cached is not None:
+        return cached
+    buf = np.empty(max(words, 16), np.uint32)
+    pack(buf.ctypes.data)
+    return buf, buf.ctypes.data
+
+
 def direct_launcher(op: GemmOp, mr: int, nr: int, mb: int) -> Runner:
     """``launch(a, b_obj, b, bias32, out, nth)`` on data addresses (``b_obj``: the weight object, for the panel
     cache; ``bias32``: an fp32 bias address or 0)."""
@@ -44,13 +56,7 @@ def direct_launcher(op: GemmOp, mr: int, nr: int, mb: int) -> Runner:
     pack, run = lib.tb_conv_pack_w, lib.tb_conv_ind
 
     def launch(a: int, b_obj: Any, b: int, bias32: int, out: int, nth: int) -> None:
-        cached = PANELS.panels(geometry, b_obj, b, words, lambda addr: pack(b, op.n, op.k, addr, nth))
-        if cached is None:
-            held = np.empty(max(words, 16), np.uint32)
-            pack(b, op.n, op.k, held.ctypes.data, nth)
-            wp = held.ctypes.data
-        else:
-            held, wp = cached
+        held, wp = kept_panels(geometry, b_obj, b, words, lambda addr: pack(b, op.n, op.k, addr, nth))
         rc = run(geo, a, wp, out, out_b16, bias32 or None, mb, nth)
         del held  # the panels: alive until the kernel has returned
         _check_rc(rc, "bf16 gemm (direct)")

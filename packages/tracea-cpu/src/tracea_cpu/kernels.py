@@ -82,8 +82,9 @@ def bf16_gemm_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
 
 @functools.lru_cache(maxsize=64)
 def bf16_conv_library(mr: int, nr: int, epilogue_key: str) -> ctypes.CDLL:
-    """The AVX512_BF16 implicit-GEMM conv library (``tb_conv`` and the layout transposes ``tb_tr16`` /
-    ``tb_tr32``) for one register tile and epilogue chain (compiled once)."""
+    """The AVX512_BF16 conv library for one register tile and epilogue chain (compiled once): the implicit GEMM
+    ``tb_conv``, the direct kernel ``tb_conv_ind`` with its weight packer (``tb_conv_pack_w``, ``tb_conv_bwords``)
+    and the layout transposes ``tb_tr16`` / ``tb_tr32``."""
     source = bf16_conv_source(ISA_BY_NAME["avx512"], mr, nr, Epilogue.parse(epilogue_key))
     lib = build(source, AVX512_BF16.cflags, f"conv-bf16-{mr}x{nr}")
     lib.tb_conv.argtypes = [_P, _P, _P, _P, _I, _P, _L, _L, _L, _I]

@@ -20,18 +20,34 @@ from .bf16 import BF16_LAYER, DRIVER, PACKERS, _store, microkernel_c
 from .common import epilogue_c, prologue
 
 CONV = r"""
+/* geo (N, H, W, C, K, P, Q, R, S, stride h / w, padding h / w, dilation h / w) -> the input's geometry. */
+static tb_geom tb_geom_of(const long *geo) {
+    tb_geom g = {geo[1], geo[2], geo[3], geo[5], geo[6], geo[7], geo[8], geo[9], geo[10], geo[11], geo[12],
+                 geo[13], geo[14]};
+    return g;
+}
+
+/* Output pixel pix (over all images): the input position of its tap (0, 0) (may lie in the padding) and the
+   base of its image in the NHWC input x. */
+static inline const bf16 *tb_origin(const tb_geom *g, const bf16 *x, long pix, long *h0, long *w0) {
+    long pq = g->P * g->Q, n = pix / pq, rem = pix - n * pq, p = rem / g->Q, q = rem - p * g->Q;
+    *h0 = p * g->sh - g->ph;
+    *w0 = q * g->sw - g->pw;
+    return x + n * g->H * g->W * g->C;
+}
+
+static inline int tb_inside(const tb_geom *g, long hh, long ww) { return hh >= 0 && hh < g->H && ww >= 0 && ww < g->W; }
+
 /* A micro-panel of an implicit-GEMM conv: pixels [i0, i0+mr), k in [p0, p0+kc) with k = (r*S + s)*C + c. p0 is
    even and C is even, so each k pair is one 32-bit word of one pixel's channel run. */
 static void tb_pack_a_conv(const tb_dense *x, long i0, long mr, long p0, long kc, uint32_t *dst) {
     const tb_geom *g = x->g;
-    long kp = tb_pairs(kc), pq = g->P * g->Q, kend = p0 + kc;
+    long kp = tb_pairs(kc), kend = p0 + kc;
     long h0[MR], w0[MR];
     const bf16 *img[MR];
     for (int i = 0; i < MR; i++) {
-        long pix = i0 + (i < mr ? i : 0), n = pix / pq, rem = pix - n * pq, p = rem / g->Q, q = rem - p * g->Q;
-        h0[i] = i < mr ? p * g->sh - g->ph : -(1L << 40);  /* rows past mr: never inside the image */
-        w0[i] = q * g->sw - g->pw;
-        img[i] = x->p + n * g->H * g->W * g->C;
+        img[i] = tb_origin(g, x->p, i0 + (i < mr ? i : 0), &h0[i], &w0[i]);
+        if (i >= mr) h0[i] = -(1L << 40);  /* rows past mr: never inside the image */
     }
     /* run by run (one tap's channels), all MR rows per k pair: the panel is written contiguously */
     for (long k = p0; k < kend;) {
@@ -40,7 +56,7 @@ static void tb_pack_a_conv(const tb_dense *x, long i0, long mr, long p0, long kc
         const bf16 *src[MR];
         for (int i = 0; i < MR; i++) {
             long hh = h0[i] + r * g->dh, ww = w0[i] + s * g->dw;
-            src[i] = (hh >= 0 && hh < g->H && ww >= 0 && ww < g->W) ? img[i] + (hh * g->W + ww) * g->C + c : 0;
+            src[i] = tb_inside(g, hh, ww) ? img[i] + (hh * g->W + ww) * g->C + c : 0;
         }
         uint32_t *dd = dst + ((k - p0) >> 1) * MR;
         for (long u = 0; u < pairs; u++, dd += MR)
@@ -137,10 +153,10 @@ int tb_conv_pack_w(const bf16 *w, long kout, long k, uint32_t *dst, int nth) {
    partial sums), panel by panel so a panel stays in cache while the pixel tiles stream past it. */
 int tb_conv_ind(const long *geo, const bf16 *x, const uint32_t *wp, void *out, int out_bf16, const float *bias,
                 long mb, int nth) {
-    long N = geo[0], H = geo[1], W = geo[2], C = geo[3], KO = geo[4], P = geo[5], Q = geo[6], R = geo[7], S = geo[8];
-    long sh = geo[9], sw = geo[10], ph = geo[11], pw = geo[12], dh = geo[13], dw = geo[14];
+    tb_geom g = tb_geom_of(geo);
+    long W = g.W, C = g.C, KO = geo[4], R = g.R, S = g.S;
     if (C & 1) return 2;
-    long M = N * P * Q, taps = R * S, cp = C / 2, npan = (KO + NR - 1) / NR, words = taps * cp * NR;
+    long M = geo[0] * g.P * g.Q, taps = R * S, cp = C / 2, npan = (KO + NR - 1) / NR, words = taps * cp * NR;
     long ntile = (M + MR - 1) / MR, mbt = TR_MAX(1, mb / MR), nmb = (ntile + mbt - 1) / mbt;
     uint32_t *zero = (uint32_t *)calloc((size_t)cp + 16, sizeof(uint32_t));
     if (!zero) return 1;
@@ -158,13 +174,12 @@ int tb_conv_ind(const long *geo, const bf16 *x, const uint32_t *wp, void *out, i
                 long i0 = tile * MR;
                 int mr = (int)TR_MIN(MR, M - i0);
                 for (int i = 0; i < MR; i++) {
-                    long pix = i0 + (i < mr ? i : 0), n = pix / (P * Q), rem = pix - n * P * Q, p = rem / Q, q = rem - p * Q;
-                    long h0 = p * sh - ph, w0 = q * sw - pw;
-                    const bf16 *img = x + n * H * W * C;
+                    long h0, w0;
+                    const bf16 *img = tb_origin(&g, x, i0 + (i < mr ? i : 0), &h0, &w0);
                     for (long r = 0; r < R; r++)
                         for (long s = 0; s < S; s++) {
-                            long hh = h0 + r * dh, ww = w0 + s * dw;
-                            int ok = i < mr && hh >= 0 && hh < H && ww >= 0 && ww < W;
+                            long hh = h0 + r * g.dh, ww = w0 + s * g.dw;
+                            int ok = i < mr && tb_inside(&g, hh, ww);
                             rp[(r * S + s) * MR + i] = ok ? (const uint32_t *)(img + (hh * W + ww) * C) : zero;
                         }
                 }
@@ -185,8 +200,7 @@ int tb_conv_ind(const long *geo, const bf16 *x, const uint32_t *wp, void *out, i
 int tb_conv(const long *geo, const bf16 *x, const bf16 *w, void *out, int out_bf16, const float *bias,
             long mc, long nc, long kc, int nth) {
     if (geo[3] & 1) return 2;
-    tb_geom g = {geo[1], geo[2], geo[3], geo[5], geo[6], geo[7], geo[8], geo[9], geo[10], geo[11], geo[12],
-                 geo[13], geo[14]};
+    tb_geom g = tb_geom_of(geo);
     long M = geo[0] * geo[5] * geo[6], N = geo[4], K = geo[7] * geo[8] * geo[3];
     tb_dense A = {x, 0, 0, &g}, B = {w, 1, K, 0};
     long kcb = TR_MIN(TR_ROUNDUP(TR_MAX(kc, 2 * KU), 2 * KU), TR_ROUNDUP(K, 2 * KU));

@@ -189,11 +189,7 @@ class CudaVariant(KernelVariant):
 
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile, stream: Any = None) -> None:
         cp = toolkit.cupy()
-        ptrs: dict[str, Any] = {name: data_ptr(arr, name) for name, arr in args.arrays.items() if arr is not None}
-        ptrs["out"] = data_ptr(args.out, "out")
-        bias = args.arrays.get("bias")
-        if bias is not None:
-            ptrs["bias_dtype"] = DType.parse(bias.dtype, arg="bias").value
+        ptrs = run_pointers(args)
         dev = device_index(args.out)
         # Fast path: the launch plan depends on the op, the config, the device, the bias dtype and
         # which pointers are 16-byte aligned; rendering and hashing happen only on a miss.
@@ -211,6 +207,17 @@ class CudaVariant(KernelVariant):
                 self._plans[key] = plan
             kernel, grid = plan
             kernel.launch(grid, self.kernel_args(op, ptrs), stream if stream is not None else launch_stream(args))
+
+
+def run_pointers(args: OpArgs) -> dict[str, Any]:
+    """The device addresses of a call's arrays by role, ``"out"``'s, and ``"bias_dtype"`` (the bias's dtype name)
+    where a bias is given: what :meth:`CudaVariant.spec` and the kernel arguments of a ``run`` read."""
+    ptrs: dict[str, Any] = {name: data_ptr(arr, name) for name, arr in args.arrays.items() if arr is not None}
+    ptrs["out"] = data_ptr(args.out, "out")
+    bias = args.arrays.get("bias")
+    if bias is not None:
+        ptrs["bias_dtype"] = DType.parse(bias.dtype, arg="bias").value
+    return ptrs
 
 
 def scratch_buffer(args: OpArgs, n: int, zeroed: bool = False) -> Any:

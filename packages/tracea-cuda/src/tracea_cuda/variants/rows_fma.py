@@ -18,7 +18,7 @@ from tracea.semantic.search_space import SearchSpace
 from .. import compiler, launcher, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
 from ..emit.rows_fma import BK, BN, KERNEL_NAME, MAX_ROWS, THREADS, RowsFmaSpec, render
-from .base import FLOAT_IO, CudaVariant, aligned, u64
+from .base import FLOAT_IO, CudaVariant, aligned, run_pointers, u64
 from .gemv import int_param
 
 #: share of the fp32 FFMA peak the estimate assumes (the inner loop is 3 shared-memory loads per 32 FFMA at
@@ -36,6 +36,14 @@ MIN_ROWS = 17
 #: (32 MiB) up, M 17-32: rows_fma 1.00-1.29x, skinny_tf32 0.70-0.92x)
 SMALL_WEIGHT = 16 << 20
 SMALL_WEIGHT_ROWS = 48
+
+
+def zeroed_layout(n_tiles: int, ws_floats: int) -> tuple[int, int]:
+    """(floats, byte offset of the partial tiles) of a zeroed buffer of a call's own (CUDA graph capture, the run
+    path): the tiles' arrival counters, padded to 64 words (the partial tiles start 256-byte aligned), then the
+    partial tiles."""
+    counters = 64 * -(-n_tiles // 64)
+    return counters + ws_floats, 4 * counters
 
 
 def tiles(op: GemmOp, bm: int) -> tuple[int, int]:
@@ -140,6 +148,7 @@ class RowsFmaGemm(CudaVariant):
         bm = self._bm(op, config)
         ws_floats = n_tiles * n_slices * bm * BN if split else 0
         flag_words = n_tiles if split else 0
+        own_floats, ws_offset = zeroed_layout(n_tiles, ws_floats)
         roles = ("a", "b", "out", "bias", "ws", "flags")
         args = lambda p: (u64(p["a"]), u64(p["b"]), u64(p["out"]), u64(p["bias"]), u64(p["ws"]),  # noqa: E731
                           u64(p["flags"]), np.int32(op.m), np.int32(op.n), np.int32(op.k), np.int32(length))
@@ -168,9 +177,9 @@ class RowsFmaGemm(CudaVariant):
             if not split:
                 pw = pf = po
             elif capturing(s):
-                keep = scratch(adapter, out, flag_words + ws_floats + 64, zeroed=True)  # noqa: F841 - until queued
+                keep = scratch(adapter, out, own_floats, zeroed=True)  # noqa: F841 - alive until queued
                 pf = ptr(keep)
-                pw = pf + 4 * (-(-flag_words // 64) * 64)  # the partial tiles 256-byte aligned after the counters
+                pw = pf + ws_offset
             else:
                 pf, pw = split_scratch(adapter, out, dev, s, flag_words, ws_floats)
             if current() == dev:
@@ -197,11 +206,7 @@ class RowsFmaGemm(CudaVariant):
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile,  # type: ignore[override]
             stream: Any = None) -> None:
         cp = toolkit.cupy()
-        ptrs = {r: data_ptr(a, r) for r, a in args.arrays.items() if a is not None}
-        ptrs["out"] = data_ptr(args.out, "out")
-        bias = args.arrays.get("bias")
-        bias_dtype = DType.parse(bias.dtype, arg="bias") if bias is not None else op.out_dtype
-        ptrs["bias_dtype"] = bias_dtype.value  # type: ignore[assignment]
+        ptrs = run_pointers(args)
         dev = device_index(args.out)
         n_slices, length, grid, n_tiles = self._launch_shape(op, config, profile)
         bm = self._bm(op, config)
@@ -212,10 +217,10 @@ class RowsFmaGemm(CudaVariant):
             pw = pf = ptrs["out"]
             ws = None
             if n_slices > 1:  # a zeroed buffer of this call's own: counters, then the partial tiles
-                ws = launcher.scratch(args.adapter, args.out, 64 * -(-n_tiles // 64) + n_tiles * n_slices * bm * BN,
-                                      zeroed=True)
+                floats, ws_offset = zeroed_layout(n_tiles, n_tiles * n_slices * bm * BN)
+                ws = launcher.scratch(args.adapter, args.out, floats, zeroed=True)
                 pf = data_ptr(ws, "ws")
-                pw = pf + 4 * 64 * -(-n_tiles // 64)
+                pw = pf + ws_offset
             kernel.launch(grid, (u64(ptrs["a"]), u64(ptrs["b"]), u64(ptrs["out"]), u64(pb), u64(pw), u64(pf),
                                  np.int32(op.m), np.int32(op.n), np.int32(op.k), np.int32(length)), stream)
 

@@ -18,7 +18,7 @@ from .. import compiler, helpers_kernels, launcher, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
 from ..emit.rows_kn import KERNEL_NAME, MAX_ROWS, MAX_SLICE, THREADS, RowsKnSpec, render
 from ..launcher import scratch
-from .base import FLOAT_IO, CudaVariant, aligned, u64
+from .base import FLOAT_IO, CudaVariant, aligned, run_pointers, u64
 
 #: fraction of the device bandwidth the estimate assumes for the stream of B (and the workspace's traffic)
 BANDWIDTH_SHARE = 0.75
@@ -187,11 +187,8 @@ class RowsKnGemm(CudaVariant):
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile,  # type: ignore[override]
             stream: Any = None) -> None:
         cp = toolkit.cupy()
-        ptrs = {r: data_ptr(a, r) for r, a in args.arrays.items() if a is not None}
-        ptrs["out"] = data_ptr(args.out, "out")
-        bias = args.arrays.get("bias")
-        bias_dtype = DType.parse(bias.dtype, arg="bias") if bias is not None else op.out_dtype
-        ptrs["bias_dtype"] = bias_dtype.value  # type: ignore[assignment]
+        ptrs = run_pointers(args)
+        bias_dtype = DType.parse(ptrs.get("bias_dtype", op.out_dtype.value))
         dev = device_index(args.out)
         n_slices, length = slices(op, profile.compute_units)
         arch = toolkit.arch_name(profile.compute_capability or (8, 0))
