@@ -82,8 +82,12 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
     :returns: the output, (N, K, P, Q) for NCHW or (N, P, Q, K) for NHWC.
     """
     try:
-        key: Any = ("conv2d", signature(x), signature(w), signature(b), signature(out), stride, padding, dilation,
-                    groups, layout, epilogue, activation, out_dtype, fp32_precision, variant, config, state(x))
+        try:  # (as matmul: no frame per signature in the common case)
+            sx, sw, sb, so = _SIGS[type(x)](x), _SIGS[type(w)](w), _SIGS[type(b)](b), _SIGS[type(out)](out)
+        except KeyError:
+            sx, sw, sb, so = signature(x), signature(w), signature(b), signature(out)
+        key: Any = ("conv2d", sx, sw, sb, so, stride, padding, dilation, groups, layout, epilogue, activation,
+                    out_dtype, fp32_precision, variant, config, state(x))
         plan = lookup(key)
     except (Uncacheable, TypeError):
         key = plan = None

@@ -39,6 +39,22 @@ def torch_dtype(dtype: DType) -> Any:
     return found
 
 
+def _packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides of ``shape`` as ``torch.empty`` gives them."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a 4-D ``(N, C, H, W)`` channels_last tensor as ``torch.empty`` gives them."""
+    n, c, h, w = shape
+    c_, w_, h_ = 1, max(c, 1), max(c, 1) * max(w, 1)
+    return (h_ * max(h, 1), c_, h_, w_)
+
+
 _TO_TORCH: dict[Any, Any] = {}
 _INT_VIEWS: dict[Any, Any] = {}  # torch.dtype -> (same-size torch int dtype, NumPy unsigned dtype)
 
@@ -197,9 +213,17 @@ class TorchAdapter(ArrayAdapter):
         return obj.contiguous()
 
     def empty_factory(self, shape: Sequence[int], dtype: DType, like: Any) -> Any:
+        """Cheapest first (a CUDA host, per call: ``empty_like`` 1.7 us, ``new_empty`` 2.7 us,
+        ``torch.empty(shape, dtype=, device=)`` 3.2 us): ``torch.empty_like`` where the result has
+        ``like``'s shape, dtype and packed row-major strides (a same-shape conv, a square linear); else
+        ``new_empty`` (the device, and the dtype where it is ``like``'s, come from the call's tensor)."""
         import torch
 
         shape, tdt, dev, empty = tuple(int(s) for s in shape), torch_dtype(dtype), like.device, torch.empty
+        if isinstance(like, torch.Tensor) and like.dtype is tdt:
+            if tuple(like.shape) == shape and like.stride() == _packed_strides(shape):
+                return torch.empty_like
+            return lambda obj: obj.new_empty(shape)
         if dev.type == "cpu":
             return lambda obj: empty(shape, dtype=tdt)
         return lambda obj: empty(shape, dtype=tdt, device=dev)
@@ -215,6 +239,9 @@ class TorchAdapter(ArrayAdapter):
             return None
         shape, tdt, dev, empty, cl = (tuple(int(s) for s in shape), torch_dtype(dtype), like.device, torch.empty,
                                       torch.channels_last)
+        if (isinstance(like, torch.Tensor) and like.dtype is tdt and tuple(like.shape) == shape
+                and like.stride() == _channels_last_strides(shape)):
+            return torch.empty_like  # (keeps the channels_last strides; see empty_factory)
         return lambda obj: empty(shape, dtype=tdt, device=dev, memory_format=cl)
 
     def reshape(self, obj: Any, shape: Sequence[int]) -> Any:

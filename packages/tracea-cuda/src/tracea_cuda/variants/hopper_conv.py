@@ -82,6 +82,28 @@ def conv_split_hero(op: Conv2dOp, profile: DeviceProfile, smem_epilogue: bool) -
     return [_hero(best[1], 4, smem_epilogue=smem_epilogue, split_k=best[2])]
 
 
+#: relative throughput of the hero tiles of :func:`few_wave_cost` ((tile_m, tile_n, schedule) -> share of the
+#: 128x128 coop tile's work per unit time), fitted to the device time of the four tiles on 49 fp16 NHWC convs
+#: whose 128x128 grid is under two waves (ResNet-50 3x3 / 1x1 layers and DenseNet / MobileNet / EfficientNet
+#: widths 48-320, batch 1 / 8 / 32; H100, CUDA graphs, ``.hx``-style probe of stop 42): the rule's choice
+#: averaged 1.009x the best tile's time (worst 1.11x), the fixed order it replaced (64x128 ping-pong first)
+#: 1.13x (worst 1.74x: 160->160 3x3 at 14^2 batch 32, 26.2 us against 15.6 us for 128x128)
+FEW_WAVE_SHARE = {(128, 128, "coop"): 1.0, (64, 128, "pingpong"): 0.55, (128, 64, "coop"): 0.45,
+                  (64, 64, "pingpong"): 0.42}
+
+
+def few_wave_cost(m: int, n: int, config: PipelineConfig, ctas: int) -> float:
+    """Modelled time of a hero tile on a conv's implicit GEMM (``m`` x ``n``) of less than two 128x128 waves:
+    the busiest CTA's share of the output (its tiles, ``ceil(tiles / ctas)``, times the tile's area) over the
+    tile's relative throughput (:data:`FEW_WAVE_SHARE`; the reduction length is the same for every tile). A
+    128x128 tile wins when its grid is one wave that narrower tiles would make two (b32 160->160 at 14^2:
+    98 tiles); narrower tiles win where they put more SMs to work within the same number of rounds."""
+    bm, bn = config.tile_m, config.tile_n
+    share = FEW_WAVE_SHARE.get((bm, bn, str(config.get("schedule") or "coop")), 0.4)
+    tiles = -(-m // bm) * -(-n // bn)
+    return -(-tiles // max(ctas, 1)) * bm * bn / share
+
+
 class WgmmaConv(WgmmaGemm):
     name = "cuda.conv2d.wgmma"
     description = ("conv2d implicit GEMM for Hopper: cp.async im2col gather + TMA weights into 128B-swizzled "
@@ -195,7 +217,8 @@ class WgmmaConv(WgmmaGemm):
             # n32 128->128 3x3 at 112^2 ran 219 TF/s with it first, 570 (coop) / 604 (ping-pong) with
             # 128-wide tiles, paired on an H200.
             return (wide if n >= 256 else [wide[1], wide[2], wide[0]]) + narrow[:1]
-        return split + [narrow[1], _hero(128, 6, smem_epilogue=epi), narrow[0], wide[0]]
+        few = [_hero(128, 6, smem_epilogue=epi), narrow[1], narrow[0], narrow[2]]
+        return split + sorted(few, key=lambda c: few_wave_cost(m, n, c, resident_sms(profile))) + [wide[0]]
 
     def operands(self, op: Conv2dOp, args: OpArgs, ptrs: dict, stream: Any) -> tuple[int, int]:
         """Device pointers of x and w as the kernel reads them: NCHW x and KCRS w are transposed to
