@@ -35,6 +35,7 @@ class GemvSpec:
     mr: int  # A rows (compile-time bound; M <= mr)
     npw: int  # B rows per warp
     vec: int  # elements per load (16 bytes), or 1 for unaligned operands
+    ks: int = 1  # warps of a block per row group, each on an interleaved share of K (summed in shared memory)
 
     @property
     def threads(self) -> int:
@@ -53,6 +54,11 @@ class GemvSpec:
             raise UnsupportedConfigError(f"mr={self.mr} x npw={self.npw}: too many accumulators per lane (spills)")
         if self.vec not in (1, 16 // self.dtype_in.storage.itemsize):
             raise UnsupportedConfigError(f"vector width {self.vec} is not 1 or 16 bytes")
+        if self.ks not in (1, 2, 4, 8):
+            raise UnsupportedConfigError(f"GEMV K parts ks={self.ks} not in 1, 2, 4, 8")
+        if self.ks > 1 and self.mr * self.npw > 4:
+            raise UnsupportedConfigError(f"K parts with mr={self.mr} x npw={self.npw}: more than 4 accumulators a lane "
+                                         "(ptxas spills the part sums)")
 
 
 def vec_load(dtype: DType, vec: int) -> str:
@@ -103,15 +109,19 @@ def render(spec: GemvSpec) -> str:
 #define NPW {spec.npw}
 #define VEC {spec.vec}
 #define WARPS {WARPS}
+#define KS {spec.ks}
 {epilogue_function(spec.epilogue, spec.bias_dtype, spec.dtype_out)}
 {vec_load(spec.dtype_in, spec.vec)}
 {_a_load(spec.dtype_in, spec.vec)}
 extern "C" __global__ void __launch_bounds__(32 * WARPS) {KERNEL_NAME}(
         const {tin}* __restrict__ A, const {tin}* __restrict__ B, {tout}* __restrict__ C,
         const {tb}* __restrict__ bias, int M, int N, int K) {{
-    const int lane = threadIdx.x & 31;
-    const long long n0 = ((long long)blockIdx.x * WARPS + (threadIdx.x >> 5)) * NPW;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % KS;
+    // KS warps share NPW rows, each streaming an interleaved share of K (KS = 1: a warp per row group)
+    const long long n0 = ((long long)blockIdx.x * (WARPS / KS) + warp / KS) * NPW;
+#if KS == 1
     if (n0 >= N) return;
+#endif
     float acc[MR][NPW];
     #pragma unroll
     for (int m = 0; m < MR; ++m)
@@ -123,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) {KERNEL_NAME}(
     // Unrolled so that several 16-byte loads per lane are in flight (non-volatile loads: the compiler
     // hoists them ahead of the FMAs); the stream is latency-bound otherwise.
     #pragma unroll {max(1, 4 // spec.npw)}
-    for (int k = lane * VEC; k < K; k += 32 * VEC) {{
+    for (int k = (part * 32 + lane) * VEC; k < (n0 < N ? K : 0); k += KS * 32 * VEC) {{
         float b[NPW][VEC];
         #pragma unroll
         for (int j = 0; j < NPW; ++j) load_vec(brow[j] + k, b[j]);
@@ -145,6 +155,26 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) {KERNEL_NAME}(
         for (int j = 0; j < NPW; ++j)
             #pragma unroll
             for (int s = 16; s > 0; s >>= 1) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], s);
+#if KS > 1
+    // the row group's K parts, summed in part order (the result does not depend on timing)
+    __shared__ float parts[WARPS][MR * NPW];
+    #pragma unroll
+    for (int m = 0; m < MR; ++m)
+        #pragma unroll
+        for (int j = 0; j < NPW; ++j)
+            if (lane == m * NPW + j) parts[warp][m * NPW + j] = acc[m][j];
+    __syncthreads();
+    if (part != 0 || n0 >= N) return;
+    #pragma unroll
+    for (int m = 0; m < MR; ++m)
+        #pragma unroll
+        for (int j = 0; j < NPW; ++j) {{
+            float total = parts[warp][m * NPW + j];
+            #pragma unroll
+            for (int p = 1; p < KS; ++p) total += parts[warp + p][m * NPW + j];
+            acc[m][j] = total;
+        }}
+#endif
     #pragma unroll
     for (int m = 0; m < MR; ++m)
         #pragma unroll
