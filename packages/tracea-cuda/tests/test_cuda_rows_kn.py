@@ -32,10 +32,15 @@ def test_rows_kn_declines_and_slices():
         assert not any("rows_kn" in r for r in v.extra_checks(GemmOp(8, 4096, 4096, trans_b=True), h100)), name
         assert not any("rows_kn" in r for r in v.extra_checks(GemmOp(17, 4096, 4096), h100)), name
         assert not any("rows_kn" in r for r in v.extra_checks(GemmOp(7, 13, 5), h100)), name  # B too small
-    for n, k in ((4096, 4096), (7, 5), (100000, 300), (1000, 100000)):
+    for n, k in ((4096, 4096), (7, 5), (100000, 300), (1000, 100000), (768, 768), (1024, 8192)):
         count, length = slices(GemmOp(4, n, k), 132)
-        assert length <= 512 and count * length >= k and count & (count - 1) == 0, (n, k, count, length)
-        assert count <= max(256, -(-k // 512) * 2), (n, k, count)
+        assert length <= 512 and count * length >= k > (count - 1) * length, (n, k, count, length)
+        assert count <= max(256, -(-k // 512)), (n, k, count)
+    # one wave of resident blocks over the 128-column blocks, at least eight rows of B a warp, partials under half of
+    # B's bytes, at most 32 by default; the config param overrides the rule
+    assert slices(GemmOp(1, 768, 768), 132)[0] == 12 and slices(GemmOp(1, 1024, 8192), 132)[0] == 32
+    assert slices(GemmOp(16, 4096, 4096), 132)[0] == 8 and slices(GemmOp(1, 100000, 300), 132)[0] == 1
+    assert slices(GemmOp(1, 768, 768), 132, 48)[0] == 48 and slices(GemmOp(1, 8192, 8192), 132, 1)[0] == 16
 
 
 def _tol(dt: str, out: str) -> float:
@@ -92,3 +97,43 @@ def test_rows_kn_user_path_unaligned_and_nan_inf():
     torch.cuda.synchronize()
     ref = x.double() @ b.double()
     assert float((static.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@needs_gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,n,k", [(1, 768, 768), (16, 768, 768), (1, 1024, 8192), (3, 130, 4099)])
+def test_rows_kn_split_scratch_repeated_calls_streams_and_graphs(m, n, k):
+    """One launch a call: the partial tiles and counters in the stream's split scratch, reused call after call (the
+    kernel re-zeroes its counters), on two streams, interleaved with other shapes, and replayed from a CUDA graph
+    (a zeroed buffer of the capture's own)."""
+    import torch
+
+    import tracea
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n)
+    b = torch.randn(k, n, device="cuda", generator=gen)
+    other_b = torch.randn(k, n + 4, device="cuda", generator=gen)
+    for rep in range(3):
+        x = torch.randn(m, k, device="cuda", generator=gen)
+        out = tracea.ops.matmul(x, b, variant="cuda.gemm.rows_kn")
+        other = tracea.ops.matmul(x, other_b, variant="cuda.gemm.rows_kn")  # same scratch, other tiles
+        ref = x.double() @ b.double()
+        assert float((out.double() - ref).norm() / ref.norm()) < 1e-6, rep
+        assert float((other.double() - x.double() @ other_b.double()).norm()) / float(ref.norm()) < 1e-5
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        y = tracea.ops.matmul(x, b, variant="cuda.gemm.rows_kn")
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(y, tracea.ops.matmul(x, b, variant="cuda.gemm.rows_kn"))  # bitwise: a fixed summation order
+    static_x = x.clone()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = tracea.ops.matmul(static_x, b, variant="cuda.gemm.rows_kn")
+    for _ in range(2):
+        static_x.copy_(torch.randn(m, k, device="cuda", generator=gen))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = static_x.double() @ b.double()
+        assert float((static_y.double() - ref).norm() / ref.norm()) < 1e-6

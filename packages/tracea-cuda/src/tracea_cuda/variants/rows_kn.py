@@ -14,47 +14,65 @@ from tracea.ir.ops import GemmOp, LayerType
 from tracea.semantic.config import PipelineConfig
 from tracea.semantic.search_space import SearchSpace
 
-from .. import compiler, helpers_kernels, launcher, toolkit
+from .. import compiler, launcher, toolkit
 from ..arrays import data_ptr, device_index, launch_stream
-from ..emit.rows_kn import KERNEL_NAME, MAX_ROWS, MAX_SLICE, THREADS, RowsKnSpec, render
-from ..launcher import scratch
+from ..emit.rows_kn import KERNEL_NAME, MAX_ROWS, MAX_SLICE, THREADS, WARPS, RowsKnSpec, render
 from .base import FLOAT_IO, CudaVariant, aligned, run_pointers, u64
+from .rows_fma import zeroed_layout
 
 #: fraction of the device bandwidth the estimate assumes for the stream of B (and the workspace's traffic)
 BANDWIDTH_SHARE = 0.75
 #: B of at least this many bytes makes the tiled 3xTF32 GEMMs decline fp32-exact products rows_kn serves
 STREAMED_BYTES = 1 << 20
-#: K slices at most (unless K needs more of MAX_SLICE rows). H100, fp32 x8 @ B8192x1024 eager: 256 slices 0.92x,
-#: 128 0.75x torch; x1 @ B8192x1024 512 slices 0.60x, 128 0.73x (the serial reduction over 512)
+#: K slices at most (the last slice of a column block sums them, WARPS at a time)
 MAX_SLICES = 256
-#: from this many K slices the reduction runs 8 slice groups per output (helpers_kernels.wide_reducer)
-WIDE_FROM = 32
-#: blocks wanted per SM (K slices are added until the grid has this many)
-BLOCKS_PER_SM = 8
+#: K slices at most in the default rule (config param ``slices`` goes to MAX_SLICES). H100, B cycled through HBM,
+#: kernel time vs cuBLAS by slices: x1 @ B8192x1024 99 slices 0.91x, 32 1.01x; x8 @ B768x768 24 0.80x, 8-12 0.81-0.92x
+RULE_MAX_SLICES = 32
+#: columns of C a block covers with 16-byte loads (32 lanes x 4); unaligned B takes 32
+COLS = 128
 
 
 def _rows(m: int) -> int:
     return next(r for r in (1, 2, 4, 8, 16) if r >= m)
 
 
-def slices(op: GemmOp, sms: int) -> tuple[int, int]:
-    """(K slices, slice length): enough slices for ``BLOCKS_PER_SM`` blocks per SM over the column blocks, but
-    not so many that the partial sums (written and read back) exceed half of B's traffic (K / (4M) slices), at
-    most :data:`MAX_SLICES` (the reduction sums a slice per load, serially per output) and rounded up to a power of two, so the reduction kernels (one per
-    slice count) are shared by many shapes; each slice at most :data:`MAX_SLICE` rows of B (slices past K
-    contribute zeros)."""
-    col_blocks = -(-op.n // (THREADS * 4))
-    want = max(1, -(-BLOCKS_PER_SM * max(sms, 1) // col_blocks))
-    want = min(want, max(1, op.k // (4 * op.m)), -(-op.k // 16), MAX_SLICES)
-    need = -(-op.k // MAX_SLICE)
-    count = 1 << (max(want, need) - 1).bit_length()
-    return count, -(-op.k // count)
+#: resident blocks per SM of the 16-byte-load kernel by row bound (ptxas, sm_90a: 40 / 48 / 72 / 100-116 / 128
+#: registers a thread at 256 threads); the element-load kernel takes 32-40 registers (6 blocks)
+RESIDENT = {1: 6, 2: 5, 4: 3, 8: 2, 16: 2}
+
+
+def slices(op: GemmOp, sms: int, count: int | None = None) -> tuple[int, int]:
+    """(K slices, slice length): ``count`` when given (config param ``slices``), else as many slices as keep the grid
+    of 128-column blocks within one wave of resident blocks (:data:`RESIDENT`), but not so many that the partial
+    sums (written and read back) exceed half of B's traffic (K / (4M) slices), that a warp gets under eight rows of
+    B a slice, or more than :data:`RULE_MAX_SLICES`; each slice at most :data:`MAX_SLICE` rows of B."""
+    col_blocks = -(-op.n // COLS)
+    if count is None:
+        want = max(1, RESIDENT[_rows(op.m)] * max(sms, 1) // col_blocks)
+        count = min(want, max(1, op.k // (4 * op.m)), max(1, op.k // (8 * WARPS)), RULE_MAX_SLICES)
+    count = max(1, min(int(count), op.k, MAX_SLICES))
+    count = max(count, -(-op.k // MAX_SLICE))
+    length = -(-op.k // count)
+    return -(-op.k // length), length
+
+
+def config_slices(config: PipelineConfig | None) -> int | None:
+    """The config's ``slices`` param (None: the rule of :func:`slices`)."""
+    value = config.get("slices") if config is not None else None
+    return None if value is None else int(value)
+
+
+def tile_shape(op: GemmOp, spec: RowsKnSpec) -> tuple[int, int]:
+    """(column blocks, floats of one partial tile) of ``spec``'s launch."""
+    return -(-op.n // spec.cols), spec.mr * spec.cols
 
 
 class RowsKnGemm(CudaVariant):
     name = "cuda.gemm.rows_kn"
     description = ("few-row GEMM (M <= 16) against a B stored (K, N) row-major: coalesced row streams of B, A's "
-                   "slice in shared memory, exact fp32 FMA, K split across blocks with an ordered fp32 reduction")
+                   "slice in shared memory, exact fp32 FMA, K split across blocks and summed in a fixed order by the "
+                   "last slice of each column block (one launch)")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM,
                                 dtypes=frozenset({DType.F16, DType.BF16, DType.F32}), out_dtypes=FLOAT_IO,
                                 min_compute_capability=(7, 0), batched=False, max_dims={"m": MAX_ROWS})
@@ -75,85 +93,82 @@ class RowsKnGemm(CudaVariant):
 
     def estimate_seconds(self, op: GemmOp, profile: DeviceProfile,  # type: ignore[override]
                          config: PipelineConfig | None = None) -> float:
-        """B once at :data:`BANDWIDTH_SHARE` of the bandwidth, the partial sums written and read back, and the
-        two launches."""
+        """B once at :data:`BANDWIDTH_SHARE` of the bandwidth, the partial sums written and read back, a launch and
+        (with several K slices) the last slices' reductions."""
         bw = max(profile.bandwidth_gbs, 1.0) * 1e9
-        n_slices, _ = slices(op, profile.compute_units)
+        n_slices, _ = slices(op, profile.compute_units, config_slices(config))
         ws = 2 * 4 * op.m * op.n * n_slices if n_slices > 1 else 0
-        return (op.n * op.k * op.dtype_b.itemsize + ws) / (bw * BANDWIDTH_SHARE) + (8e-6 if n_slices > 1 else 4e-6)
+        return (op.n * op.k * op.dtype_b.itemsize + ws) / (bw * BANDWIDTH_SHARE) + (5e-6 if n_slices > 1 else 4e-6)
 
-    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None, partial: bool = True) -> RowsKnSpec:  # type: ignore[override]
+    def spec(self, op: GemmOp, config: PipelineConfig, ptrs: dict | None, split: bool = True) -> RowsKnSpec:  # type: ignore[override]
         item = op.dtype_b.storage.itemsize
         vec = 4 if op.n % 4 == 0 and aligned(ptrs, "b", 4 * item) else 1
         bias_dtype = DType.parse(ptrs["bias_dtype"]) if ptrs and "bias_dtype" in ptrs else op.out_dtype
-        return RowsKnSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, _rows(op.m), vec, partial)
+        return RowsKnSpec(op.dtype_a.storage, op.out_dtype, bias_dtype, op.epilogue, _rows(op.m), vec, split)
 
     def search_space(self, op: GemmOp, profile: DeviceProfile) -> SearchSpace:  # type: ignore[override]
-        return SearchSpace()
+        return SearchSpace().param("slices", [1, 2, 4, 8, 16, 32, 64, 128])
 
     def hero_configs(self, op: GemmOp, profile: DeviceProfile) -> list[PipelineConfig]:  # type: ignore[override]
         return [PipelineConfig()]
 
     def bind(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:  # type: ignore[override]
-        """Pointer-only launches of the kernel (and of the reduction, with several K slices); the workspace is a
-        buffer from the caller's stream-ordered allocator per call (:func:`tracea_cuda.launcher.scratch`), not
-        the stream's shared split scratch: another thread's launch on the same stream could land between the
-        kernel and its reduction and overwrite the partial sums. No other per-call Python beyond the pointers
-        (the run path cost ~40 us of host time a call on an H100 host)."""
+        """One pointer-only launch a call. With several K slices the partial tiles and the column blocks' arrival
+        counters live in the stream's split scratch (:func:`tracea_cuda.launcher.split_scratch`: one launch, so
+        stream order alone keeps two calls apart, and the kernel leaves the counters at zero); inside CUDA graph
+        capture a zeroed buffer of the call's own (a captured graph may replay on another stream). No other
+        per-call Python beyond the pointers (the run path cost ~40 us of host time a call on an H100 host)."""
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
         launcher.refuse_if_capturing(stream(), self.name)
         ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
-        n_slices, length = slices(op, profile.compute_units)
-        arch = toolkit.arch_name(profile.compute_capability or (8, 0))
-        ws_floats = n_slices * op.m * op.n if n_slices > 1 else 0
-        roles = ("a", "b", "out", "bias", "ws")
+        n_slices, length = slices(op, profile.compute_units, config_slices(config))
+        split = n_slices > 1
+        roles = ("a", "b", "out", "bias", "ws", "flags")
         args = lambda p: (u64(p["a"]), u64(p["b"]), u64(p["out"]), u64(p["bias"]), u64(p["ws"]),  # noqa: E731
-                          np.int32(op.m), np.int32(op.n), np.int32(op.k), np.int32(length))
-        mains: dict[int, launcher.FastLaunch] = {}
+                          u64(p["flags"]), np.int32(op.m), np.int32(op.n), np.int32(op.k), np.int32(length))
+        # (counters, partial floats, own zeroed buffer's floats and partials' byte offset) per B alignment
+        mains: dict[int, tuple[launcher.FastLaunch, int, int, int, int]] = {}
 
-        def main_for(b_mod: int) -> launcher.FastLaunch:
-            spec = self.spec(op, config, {"b": b_mod}, partial=n_slices > 1)
+        def main_for(b_mod: int) -> tuple[launcher.FastLaunch, int, int, int, int]:
+            spec = self.spec(op, config, {"b": b_mod}, split=split)
+            blocks, tile = tile_shape(op, spec)
             with device():
                 kernel = self._load(spec, profile)
-            return launcher.FastLaunch(kernel.function, (-(-op.n // (THREADS * spec.vec)), n_slices, 1), THREADS, 0,
-                                       launcher.ParamBlock.from_args(args, roles))
+            fl = launcher.FastLaunch(kernel.function, (blocks, n_slices, 1), THREADS, 0,
+                                     launcher.ParamBlock.from_args(args, roles))
+            ws_floats = blocks * n_slices * tile if split else 0
+            return (fl, blocks if split else 0, ws_floats, *zeroed_layout(blocks, ws_floats))
 
         mains[0] = main_for(0)
-        reduce = None
-        if n_slices > 1:
-            with device():
-                rk, grid = self._reducer(op, op.out_dtype, n_slices, arch)
-            reduce = launcher.FastLaunch(rk.function, grid, rk.threads, 0,
-                                         launcher.ParamBlock.from_args(
-                                             lambda p: (u64(p["ws"]), u64(p["out"]), u64(p["bias"]), np.int32(op.m),
-                                                        np.int32(op.n)), ("ws", "out", "bias")))
-        scratch_, current = scratch, toolkit.cupy().cuda.runtime.getDevice
+        capturing, split_scratch, scratch = launcher.is_capturing, launcher.split_scratch, launcher.scratch
+        current = toolkit.cupy().cuda.runtime.getDevice
 
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
             pa, pb, po = ptr(a), ptr(b), ptr(out)
             pbias = po if bias is None else ptr(bias)
             s = stream()
-            fl = mains.get(pb & 15)
-            if fl is None:  # a view of other alignment: element loads (compiled once, not while capturing)
+            entry = mains.get(pb & 15)
+            if entry is None:  # a view of other alignment: element loads (compiled once, not while capturing)
                 launcher.refuse_if_capturing(s, name)
-                fl = mains[pb & 15] = main_for(pb & 15)
+                entry = mains[pb & 15] = main_for(pb & 15)
+            fl, flag_words, ws_floats, own_floats, ws_offset = entry
             keep = None
-            if reduce is None:
-                pw = po
+            if not split:
+                pw = pf = po
+            elif capturing(s):
+                keep = scratch(adapter, out, own_floats, zeroed=True)  # noqa: F841 - alive until queued
+                pf = ptr(keep)
+                pw = pf + ws_offset
             else:
-                keep = scratch_(adapter, out, ws_floats)  # noqa: F841 - alive until both launches are queued
-                pw = adapter.data_ptr(keep)
+                pf, pw = split_scratch(adapter, out, dev, s, flag_words, ws_floats)
             if current() == dev:
-                fl(s, (pa, pb, po, pbias, pw))
-                if reduce is not None:
-                    reduce(s, (pw, po, pbias))
+                fl(s, (pa, pb, po, pbias, pw, pf))
             else:
                 with device():
-                    fl(s, (pa, pb, po, pbias, pw))
-                    if reduce is not None:
-                        reduce(s, (pw, po, pbias))
+                    fl(s, (pa, pb, po, pbias, pw, pf))
 
+        launch.pointer_only = True  # type: ignore[attr-defined]
         return launch
 
     def _load(self, spec: RowsKnSpec, profile: DeviceProfile) -> compiler.Kernel:
@@ -162,49 +177,34 @@ class RowsKnGemm(CudaVariant):
 
     def prepare(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Any:  # type: ignore[override]
         with toolkit.cupy().cuda.Device(profile.device.index):
-            n_slices, _ = slices(op, profile.compute_units)
-            return self._load(self.spec(op, config, None, partial=n_slices > 1), profile)
-
-    @staticmethod
-    def _reducer(op: GemmOp, bias_dtype: DType, n_slices: int, arch: str) -> tuple[compiler.Kernel, tuple[int, int, int]]:
-        """The reduction of ``n_slices`` partial tiles and its grid: from :data:`WIDE_FROM` slices the wide form
-        (a block of 32 outputs x 8 slice groups; H100, x1 @ B8192x1024 fp32 summed 256-512 slices per output
-        on 1024 threads otherwise), else one thread per output."""
-        if n_slices >= WIDE_FROM:
-            rk = helpers_kernels.wide_reducer(op.out_dtype, bias_dtype, op.epilogue, n_slices, arch)
-            return rk, (-(-(op.m * op.n) // 32), 1, 1)
-        rk = helpers_kernels.reducer(op.out_dtype, bias_dtype, op.epilogue, n_slices, 0, arch)
-        return rk, (-(-(op.m * op.n) // 256), 1, 1)
+            n_slices, _ = slices(op, profile.compute_units, config_slices(config))
+            return self._load(self.spec(op, config, None, split=n_slices > 1), profile)
 
     def preload(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> None:  # type: ignore[override]
         self.prepare(op, config, profile)
-        n_slices, _ = slices(op, profile.compute_units)
-        if n_slices > 1:
-            arch = toolkit.arch_name(profile.compute_capability or (8, 0))
-            with toolkit.cupy().cuda.Device(profile.device.index):
-                self._reducer(op, op.out_dtype, n_slices, arch)
 
     def run(self, op: GemmOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile,  # type: ignore[override]
             stream: Any = None) -> None:
         cp = toolkit.cupy()
         ptrs = run_pointers(args)
-        bias_dtype = DType.parse(ptrs.get("bias_dtype", op.out_dtype.value))
         dev = device_index(args.out)
-        n_slices, length = slices(op, profile.compute_units)
-        arch = toolkit.arch_name(profile.compute_capability or (8, 0))
+        n_slices, length = slices(op, profile.compute_units, config_slices(config))
         with cp.cuda.Device(dev):
             stream = stream if stream is not None else launch_stream(args)
-            spec = self.spec(op, config, ptrs, partial=n_slices > 1)
+            spec = self.spec(op, config, ptrs, split=n_slices > 1)
             kernel = self._load(spec, profile)
+            blocks, tile = tile_shape(op, spec)
             pb = ptrs.get("bias", ptrs["out"])
-            ws = scratch(args.adapter, args.out, n_slices * op.m * op.n) if n_slices > 1 else None
-            pw = data_ptr(ws, "ws") if ws is not None else ptrs["out"]
-            grid = (-(-op.n // (THREADS * spec.vec)), n_slices, 1)
-            kernel.launch(grid, (u64(ptrs["a"]), u64(ptrs["b"]), u64(ptrs["out"]), u64(pb), u64(pw), np.int32(op.m),
-                                 np.int32(op.n), np.int32(op.k), np.int32(length)), stream)
-            if ws is not None:
-                rk, grid = self._reducer(op, bias_dtype, n_slices, arch)
-                rk.launch(grid, (u64(pw), u64(ptrs["out"]), u64(pb), np.int32(op.m), np.int32(op.n)), stream)
+            pw = pf = ptrs["out"]
+            ws = None
+            if n_slices > 1:  # a zeroed buffer of this call's own: counters, then the partial tiles
+                floats, ws_offset = zeroed_layout(blocks, blocks * n_slices * tile)
+                ws = launcher.scratch(args.adapter, args.out, floats, zeroed=True)
+                pf = data_ptr(ws, "ws")
+                pw = pf + ws_offset
+            kernel.launch((blocks, n_slices, 1), (u64(ptrs["a"]), u64(ptrs["b"]), u64(ptrs["out"]), u64(pb), u64(pw),
+                                                  u64(pf), np.int32(op.m), np.int32(op.n), np.int32(op.k),
+                                                  np.int32(length)), stream)
 
 
 def rows_kn_serves(op: GemmOp, profile: DeviceProfile) -> bool:
