@@ -25,8 +25,10 @@ SHAPES = [(1, 1, 1, 1), (7, 13, 5, 1), (64, 64, 64, 1), (127, 129, 65, 1), (200,
 def _check(op: GemmOp, config=None, seed: int = 0) -> float:
     variant = VARIANTS[MODES[(op.dtype_a.value, op.fp32_precision.value)]]
     profile = T.gpu_profile()
-    # fp32-exact few-row products against an (N, K) weight are routed to rows_fma; the tiled kernel still runs them
-    assert not [r for r in variant.check(op, profile) if "rows_fma serves" not in r], variant.check(op, profile)
+    # few-row products against an (N, K) weight are routed to rows_fma (fp32-exact) or wgmma_fewrows_tf32 (TF32 on
+    # Hopper); the tiled kernel still runs them
+    routed = ("rows_fma serves", "wgmma_fewrows_tf32 serves")
+    assert not [r for r in variant.check(op, profile) if not any(x in r for x in routed)], variant.check(op, profile)
     config = config or variant.hero_configs(op, profile)[0]
     t = T.gemm_inputs(op, seed)
     variant.run(op, config, T.op_args(t), profile)

@@ -53,6 +53,10 @@ OPS = {
         GemmOp(120, 4096, 4096, trans_b=True, dtype_a="bfloat16", dtype_b="bfloat16", epilogue="bias"),  # 128 cols
         GemmOp(112, 1024, 8192, trans_b=True, dtype_a="float16", dtype_b="float16", dtype_out="bfloat16",
                epilogue="relu")],
+    "cuda.gemm.wgmma_fewrows_tf32": [
+        GemmOp(32, 4096, 4096, trans_b=True, fp32_precision="high", epilogue="bias+gelu"),
+        GemmOp(48, 1024, 8192, trans_b=True, fp32_precision="high", dtype_out="bfloat16"),  # split-K first
+        GemmOp(127, 777, 1032, trans_b=True, fp32_precision="medium", epilogue="bias")],
     "cuda.gemm.mma_f16": [GemmOp(4096, 4096, 4096, dtype_a="float16", dtype_b="float16", epilogue="bias+gelu"),
                           GemmOp(512, 384, 256, batch=2, trans_a=True, trans_b=True, dtype_a="bfloat16",
                                  dtype_b="bfloat16", epilogue="bias+silu")],

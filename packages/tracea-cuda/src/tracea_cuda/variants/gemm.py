@@ -116,9 +116,14 @@ class MmaGemmTf32(MmaGemmBase):
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         from .skinny import skinny_tf32_serves  # noqa: PLC0415
 
+        from .hopper_fewrows import fewrows_tf32_serves  # noqa: PLC0415
+
         return super().extra_checks(op, profile) + served_by(
             skinny_tf32_serves(op, profile), f"M={op.m} rows against an (N, K) weight: cuda.gemm.skinny_tf32 serves "
-            "it (H100, x5-8 @ W11008x4096.T: this kernel 0.83x cuBLAS TF32, the skinny one 1.00x)")
+            "it (H100, x5-8 @ W11008x4096.T: this kernel 0.83x cuBLAS TF32, the skinny one 1.00x)") + served_by(
+            fewrows_tf32_serves(op, profile), f"M={op.m} rows against an (N, K) weight on Hopper: "
+            "cuda.gemm.wgmma_fewrows_tf32 serves it (H200, 17-64 rows: this kernel 0.16-0.78x cuBLAS TF32, that one "
+            "0.78-1.36x)")
 
     def heroes(self, profile: DeviceProfile) -> list[PipelineConfig]:
         return [hero(128, 128, 32, 3, 8, warp_m=2), hero(128, 128, 16, 4, 8, warp_m=2),

@@ -601,9 +601,14 @@ class WgmmaGemmTf32(WgmmaGemm):
     def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
         from .skinny import skinny_tf32_serves  # noqa: PLC0415
 
+        from .hopper_fewrows import fewrows_tf32_serves  # noqa: PLC0415
+
         reasons = super().extra_checks(op, profile) + served_by(
             skinny_tf32_serves(op, profile), f"M={op.m} rows against an (N, K) weight: cuda.gemm.skinny_tf32 serves "
-            "it (H100, x8 @ W.T: this kernel 0.13-0.36x cuBLAS TF32, the skinny one 0.99-1.18x)")
+            "it (H100, x8 @ W.T: this kernel 0.13-0.36x cuBLAS TF32, the skinny one 0.99-1.18x)") + served_by(
+            fewrows_tf32_serves(op, profile), f"M={op.m} rows against an (N, K) "
+            "weight: cuda.gemm.wgmma_fewrows_tf32 serves it (H200, 17-64 rows: this kernel 0.10-0.94x cuBLAS TF32, "
+            "that one 0.78-1.36x)")
         if self.transposes_b(op) and op.k % 4:
             reasons.append(f"K={op.k} is not a multiple of 4: the (N, K) copy of B would have rows TMA cannot "
                            "address (16-byte strides)")

@@ -17,7 +17,7 @@ from typing import Any
 
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
-from tracea.dtypes import DType
+from tracea.dtypes import DType, Fp32Precision
 from tracea.ir.ops import GemmOp, LayerType
 from tracea.semantic.config import BarrierMode, PipelineConfig, SwizzleMode
 from tracea.semantic.search_space import SearchSpace
@@ -138,4 +138,51 @@ class WgmmaFewRows(WgmmaGemm):
                 .where(lambda c: bool(self.validate_config(op, c, profile)) or "invalid"))
 
 
-FEWROWS_VARIANTS = [WgmmaFewRows]
+
+class WgmmaFewRowsTf32(WgmmaFewRows):
+    """:class:`WgmmaFewRows` for float32 with TF32 allowed (``fp32_precision`` high / medium): the swapped product
+    C^T = W x^T on TF32 wgmma, whose shared-memory operands must be K-major -- the weight (N, K) and the tokens
+    (M, K) both are. ``x @ B`` with B stored (K, N) is declined (an MN-major weight; ``cuda.gemm.wgmma_tf32`` swaps
+    that product itself), and 16 rows and fewer (``cuda.gemm.skinny_tf32`` streams those)."""
+
+    name = "cuda.gemm.wgmma_fewrows_tf32"
+    description = ("few-row (17-127) float32 GEMM with TF32 allowed against an (N, K) weight for Hopper, computed as "
+                   "C^T = W x^T on TF32 wgmma: the weight's rows on wgmma's 64-row side, the tokens on its N side, C "
+                   "stored transposed (row-major C); TMA + wgmma, sm_90a")
+    requirements = Requirements(device_kind="cuda", op_kind=LayerType.GEMM, dtypes=frozenset({DType.F32}),
+                                out_dtypes=FLOAT_IO, isa=("wgmma", "tma"), min_compute_capability=(9, 0),
+                                batched=False, max_dims={"m": MAX_ROWS},
+                                fp32_precisions=frozenset({Fp32Precision.HIGH, Fp32Precision.MEDIUM}))
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .gemm import MmaGemmTf32  # noqa: PLC0415
+
+        self._fallback = MmaGemmTf32()  # type: ignore[assignment]
+
+    def extra_checks(self, op: GemmOp, profile: DeviceProfile) -> list[str]:
+        reasons = super().extra_checks(op, profile)
+        if not op.trans_b:
+            reasons.append("B stored (K, N): TF32 wgmma reads K-major operands only (cuda.gemm.wgmma_tf32 swaps "
+                           "x @ B itself, rows_kn streams it)")
+        return reasons
+
+
+#: rows up to which the tiled TF32 GEMMs give way to cuda.gemm.wgmma_fewrows_tf32 (measured there; 65-127 rows are
+#: left to the estimates)
+TF32_ROUTED_ROWS = 64
+
+
+def fewrows_tf32_serves(op: GemmOp, profile: DeviceProfile) -> bool:
+    """Whether ``cuda.gemm.wgmma_fewrows_tf32`` takes ``op`` where the tiled TF32 GEMMs decline it (17-64 rows). H200,
+    weights cycled through HBM, CUDA graphs vs cuBLAS TF32 over 8 weights (768x768 to 4096x25088) at 17-64 rows: this
+    kernel 0.78-1.36x, ``wgmma_tf32`` 0.10-0.94x, ``mma_tf32`` 0.16-0.78x (the estimates tie: both are bandwidth
+    rooflines)."""
+    return (op.dtype_a.storage is DType.F32 and op.fp32_precision is not Fp32Precision.HIGHEST
+            and op.m <= TF32_ROUTED_ROWS and not _FEWROWS_TF32.own_reasons(op, profile))
+
+
+_FEWROWS_TF32 = WgmmaFewRowsTf32()
+
+
+FEWROWS_VARIANTS = [WgmmaFewRows, WgmmaFewRowsTf32]
