@@ -13,7 +13,8 @@ tracea time; above 1: faster than cuBLAS).
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
+import sys
 from typing import Any, Callable
 
 import torch
@@ -21,6 +22,9 @@ import torch
 import tracea.ops
 from tracea.ir.ops import GemmOp
 from tracea.semantic.config import PipelineConfig
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "user_path"))
+from bench_shapes import graph_time as shapes_graph_time  # noqa: E402
 
 GEMV_SHAPES = [(1, 1024, 8192), (1, 512, 8192), (1, 2048, 8192), (1, 256, 4096), (1, 768, 768), (1, 3072, 768),
                (1, 4096, 4096), (1, 11008, 4096), (1, 8192, 1024), (4, 1024, 8192), (4, 768, 3072), (4, 4096, 14336)]
@@ -30,25 +34,8 @@ ROWS_KN_SHAPES = [(1, 768, 768), (8, 768, 768), (16, 768, 768), (1, 1024, 8192),
 
 
 def graph_time(fns: list[Callable[[], Any]], reps: int = 5) -> float:
-    """Device us per call of ``fns`` captured in one CUDA graph (median of ``reps`` replays)."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / len(fns))
-    return statistics.median(times)
+    """Device us per call of ``fns``, all captured in one CUDA graph (:func:`bench_shapes.graph_time`)."""
+    return shapes_graph_time(lambda: [f() for f in fns], calls=1, reps=reps) * 1e6 / len(fns)
 
 
 def copies_of(shape: tuple[int, int], dtype: torch.dtype) -> list[torch.Tensor]:

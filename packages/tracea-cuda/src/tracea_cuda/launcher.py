@@ -122,6 +122,32 @@ def split_scratch(adapter: Any, like: Any, dev: int, stream_ptr: int, flag_words
     return entry[0], entry[1]
 
 
+def reducing_split_buffers(adapter: Any, out: Any, dev: int, stream_ptr: int, sizes: tuple[int, int, int, int],
+                           ptr: Callable[[Any], int]) -> tuple[int, int, Any]:
+    """(partials address, counters address, a buffer to keep alive until the launch is queued) for a one-launch
+    split-K kernel whose last piece of a tile reduces and re-zeroes its counter. ``sizes`` = (counter words, partial
+    floats, floats of a buffer of the call's own, byte offset of its partials): outside capture the stream's split
+    scratch (:func:`split_scratch`), inside CUDA graph capture a zeroed buffer of the call's own (a captured graph
+    may replay on another stream), counters first."""
+    flag_words, ws_floats, own_floats, ws_offset = sizes
+    if is_capturing(stream_ptr):
+        keep = scratch(adapter, out, own_floats, zeroed=True)
+        flags = ptr(keep)
+        return flags + ws_offset, flags, keep
+    flags, ws = split_scratch(adapter, out, dev, stream_ptr, flag_words, ws_floats)
+    return ws, flags, None
+
+
+def launch_on(dev: int, device: Callable[[], Any], current: Callable[[], int], fl: "FastLaunch", stream_ptr: int,
+              ptrs: Sequence[int]) -> None:
+    """``fl(stream_ptr, ptrs)`` with device ``dev`` current (switched only when another device is)."""
+    if current() == dev:
+        fl(stream_ptr, ptrs)
+    else:
+        with device():
+            fl(stream_ptr, ptrs)
+
+
 def to_ctypes(value: Any) -> Any:
     """A kernel argument as a ctypes value (NumPy scalars from ``kernel_args``, ints, ctypes values)."""
     if isinstance(value, (ctypes._SimpleCData, ctypes.Structure)):

@@ -161,7 +161,8 @@ class RowsFmaGemm(CudaVariant):
             return launcher.FastLaunch(kernel.function, grid, THREADS, 0, launcher.ParamBlock.from_args(args, roles))
 
         fls[0] = fl_for(0)
-        capturing, split_scratch, scratch = launcher.is_capturing, launcher.split_scratch, launcher.scratch
+        buffers, launch_on = launcher.reducing_split_buffers, launcher.launch_on
+        sizes = (flag_words, ws_floats, own_floats, ws_offset)
         current = toolkit.cupy().cuda.runtime.getDevice
 
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
@@ -173,20 +174,9 @@ class RowsFmaGemm(CudaVariant):
             if fl is None:  # an operand not 16-byte aligned: one float per copy (compiled once, not while capturing)
                 launcher.refuse_if_capturing(s, name)
                 fl = fls[mod] = fl_for(mod)
-            keep = None
-            if not split:
-                pw = pf = po
-            elif capturing(s):
-                keep = scratch(adapter, out, own_floats, zeroed=True)  # noqa: F841 - alive until queued
-                pf = ptr(keep)
-                pw = pf + ws_offset
-            else:
-                pf, pw = split_scratch(adapter, out, dev, s, flag_words, ws_floats)
-            if current() == dev:
-                fl(s, (pa, pb, po, pbias, pw, pf))
-            else:
-                with device():
-                    fl(s, (pa, pb, po, pbias, pw, pf))
+            pw, pf, keep = buffers(adapter, out, dev, s, sizes, ptr) if split else (po, po, None)
+            launch_on(dev, device, current, fl, s, (pa, pb, po, pbias, pw, pf))
+            del keep  # (alive until the launch is queued)
 
         launch.pointer_only = True  # type: ignore[attr-defined]
         return launch

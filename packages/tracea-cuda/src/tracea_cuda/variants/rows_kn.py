@@ -127,10 +127,11 @@ class RowsKnGemm(CudaVariant):
         roles = ("a", "b", "out", "bias", "ws", "flags")
         args = lambda p: (u64(p["a"]), u64(p["b"]), u64(p["out"]), u64(p["bias"]), u64(p["ws"]),  # noqa: E731
                           u64(p["flags"]), np.int32(op.m), np.int32(op.n), np.int32(op.k), np.int32(length))
-        # (counters, partial floats, own zeroed buffer's floats and partials' byte offset) per B alignment
-        mains: dict[int, tuple[launcher.FastLaunch, int, int, int, int]] = {}
+        # the launch and its buffers' sizes (counters, partial floats, own zeroed buffer's floats, partials' byte
+        # offset there) per B alignment
+        mains: dict[int, tuple[launcher.FastLaunch, tuple[int, int, int, int]]] = {}
 
-        def main_for(b_mod: int) -> tuple[launcher.FastLaunch, int, int, int, int]:
+        def main_for(b_mod: int) -> tuple[launcher.FastLaunch, tuple[int, int, int, int]]:
             spec = self.spec(op, config, {"b": b_mod}, split=split)
             blocks, tile = tile_shape(op, spec)
             with device():
@@ -138,10 +139,10 @@ class RowsKnGemm(CudaVariant):
             fl = launcher.FastLaunch(kernel.function, (blocks, n_slices, 1), THREADS, 0,
                                      launcher.ParamBlock.from_args(args, roles))
             ws_floats = blocks * n_slices * tile if split else 0
-            return (fl, blocks if split else 0, ws_floats, *zeroed_layout(blocks, ws_floats))
+            return fl, (blocks if split else 0, ws_floats, *zeroed_layout(blocks, ws_floats))
 
         mains[0] = main_for(0)
-        capturing, split_scratch, scratch = launcher.is_capturing, launcher.split_scratch, launcher.scratch
+        buffers, launch_on = launcher.reducing_split_buffers, launcher.launch_on
         current = toolkit.cupy().cuda.runtime.getDevice
 
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
@@ -152,21 +153,10 @@ class RowsKnGemm(CudaVariant):
             if entry is None:  # a view of other alignment: element loads (compiled once, not while capturing)
                 launcher.refuse_if_capturing(s, name)
                 entry = mains[pb & 15] = main_for(pb & 15)
-            fl, flag_words, ws_floats, own_floats, ws_offset = entry
-            keep = None
-            if not split:
-                pw = pf = po
-            elif capturing(s):
-                keep = scratch(adapter, out, own_floats, zeroed=True)  # noqa: F841 - alive until queued
-                pf = ptr(keep)
-                pw = pf + ws_offset
-            else:
-                pf, pw = split_scratch(adapter, out, dev, s, flag_words, ws_floats)
-            if current() == dev:
-                fl(s, (pa, pb, po, pbias, pw, pf))
-            else:
-                with device():
-                    fl(s, (pa, pb, po, pbias, pw, pf))
+            fl, sizes = entry
+            pw, pf, keep = buffers(adapter, out, dev, s, sizes, ptr) if split else (po, po, None)
+            launch_on(dev, device, current, fl, s, (pa, pb, po, pbias, pw, pf))
+            del keep  # (alive until the launch is queued)
 
         launch.pointer_only = True  # type: ignore[attr-defined]
         return launch
