@@ -178,3 +178,40 @@ def test_attention_on_tensors_and_its_sdpa_fallback(reference_backend, monkeypat
     finally:
         monkeypatch.delenv("TRACEA_EXCLUDE_VARIANTS")
         tracea.get_doctor().invalidate()
+
+
+def test_output_factories_allocate_what_torch_empty_would():
+    """``empty_factory`` / ``channels_last_factory`` take ``torch.empty_like`` (same shape, dtype and packed strides
+    as the call's tensor) or ``Tensor.new_empty`` instead of ``torch.empty(shape, dtype=, device=)``: the result
+    has ``torch.empty``'s strides, dtype and device, is a plain tensor that does not require grad, and no input's
+    memory (a transposed view, a strided or zero-size tensor, another dtype, a Parameter) changes that."""
+    from tracea.dtypes import DType
+
+    from tracea_torch.adapter import TorchAdapter
+
+    ad = TorchAdapter()
+    cases = [
+        (torch.randn(2, 8, 5, 5), (2, 8, 5, 5), DType.F32),  # same shape: empty_like
+        (torch.randn(2, 8, 5, 5), (2, 16, 3, 3), DType.F32),  # new_empty
+        (torch.randn(6, 4).t(), (4, 6), DType.F32),  # transposed view of the output's shape: not empty_like
+        (torch.randn(4, 6)[:, ::2], (4, 3), DType.F32),  # strided view
+        (torch.randn(3, 5), (3, 5), DType.BF16),  # another dtype
+        (torch.nn.Parameter(torch.randn(7, 7)), (7, 7), DType.F32),  # a Parameter that requires grad
+        (torch.randn(0, 3), (0, 3), DType.F32),
+        (torch.randn(1, 1, 1, 1), (1, 1, 1, 1), DType.F16),
+        (torch.randn(2, 8, 5, 5).contiguous(memory_format=torch.channels_last), (2, 8, 5, 5), DType.F32),  # packed out
+    ]
+    for like, shape, dtype in cases:
+        make = ad.empty_factory(shape, dtype, like)
+        for obj in (like, like.detach().clone() if like.is_contiguous() else like):
+            got = make(obj)
+            want = torch.empty(shape, dtype=got.dtype, device=like.device)
+            assert type(got) is torch.Tensor and not got.requires_grad, (shape, dtype)
+            assert got.shape == want.shape and got.stride() == want.stride() and got.dtype == want.dtype, (shape, dtype)
+            assert got.device == like.device and got.data_ptr() != obj.data_ptr() or got.numel() == 0
+    cl = torch.randn(2, 8, 5, 5).contiguous(memory_format=torch.channels_last)
+    for like, shape in ((cl, (2, 8, 5, 5)), (cl, (2, 4, 3, 3)), (torch.randn(2, 8, 5, 5), (2, 8, 5, 5)),
+                        (torch.randn(1, 8, 1, 1).contiguous(memory_format=torch.channels_last), (1, 8, 1, 1))):
+        got = ad.channels_last_factory(shape, DType.F32, like)(like)
+        want = torch.empty(shape, memory_format=torch.channels_last)
+        assert got.shape == want.shape and got.stride() == want.stride(), (like.stride(), shape)
