@@ -112,6 +112,30 @@ def test_conv2d_packed_nchw_stride_two_rows(isa):
         assert conv_case(isa, case, "nchw", epi="bias+relu", cfg=cfg) < 1e-5, case
 
 
+def test_packed_stem_hero_takes_one_m_block_and_matches_reference():
+    """The packed NCHW hero of a conv with few output channels against many pixels (stems) covers all of M with one
+    M block (``spaces.whole_m_block``: the threads split B's panels), and computes the reference at stride 1 / 2,
+    with M not a multiple of the tile (20, 64 -> mc 24 / 66 with 6-row tiles), on 1 and 2 threads; convs with many
+    output channels or few pixels keep the table's mc."""
+    from tracea_cpu.testing import PROFILE
+    variant = CpuConv2dVariant(ISA_BY_NAME[BEST])
+    stem = Conv2dOp(1, 3, 112, 112, 64, 7, 7, stride=2, padding=3)
+    packed = next(h for h in variant.hero_configs(stem, PROFILE) if h.get("indirect") == 0)
+    assert packed.get("mc") >= 64 and packed.get("mc") % packed.get("mr") == 0
+    table_mc = GEMM_HEROES[BEST][0]["mc"]
+    for op in (Conv2dOp(1, 3, 8, 8, 64, 3, 3, padding=1), Conv2dOp(1, 3, 112, 112, 512, 7, 7, stride=2, padding=3)):
+        h = next(h for h in variant.hero_configs(op, PROFILE) if h.get("indirect") == 0)
+        assert h.get("mc") == table_mc, op.describe()
+    for case in [(1, 3, 41, 37, 64, 7, 7, 2, 3, 1, 1), (2, 3, 30, 30, 20, 3, 3, 1, 1, 1, 1), (1, 4, 33, 35, 64, 3, 3, 1, 1, 1, 1)]:
+        n, c, h, w, k, r, s, st, pad, dil, g = case
+        op = Conv2dOp(n, c, h, w, k, r, s, stride=st, padding=pad)
+        hero = next(x for x in variant.hero_configs(op, PROFILE) if x.get("indirect") == 0)
+        assert hero.get("mc") >= k, (case, hero.key)
+        for threads in (1, 2):
+            cfg = hero.with_params(threads=threads)
+            assert conv_case(BEST, case, "nchw", epi="bias+relu", cfg=cfg) < 1e-5, (case, threads)
+
+
 def test_conv2d_algorithm_choice_and_validation():
     from tracea_cpu.testing import PROFILE
     variant = CpuConv2dVariant(ISA_BY_NAME[BEST])

@@ -120,7 +120,7 @@ class CpuConv2dVariant(CpuVariant):
         heroes = spaces.blocked_heroes(self.isa, op)
         if not isinstance(op, Conv2dOp):
             return heroes
-        packed = [h.with_params(indirect=0) for h in heroes[:1]]
+        packed = [spaces.whole_m_block(h.with_params(indirect=0), op) for h in heroes[:1]]
         # Weights-stationary: deep K blocks (the weights are read in place; only the KC x NR im2col panels
         # are packed) mean fewer passes over C and fewer barriers (measured +8% on ResNet-50 512@7^2).
         stationary = [h.with_params(indirect=2, kc=max(h.get("kc"), spaces.STATIONARY_KC), nc=min(h.get("nc"), 2048))
