@@ -57,6 +57,10 @@ if [ "$mode" = all ] || [ "$mode" = tests ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 30 python scripts/memcheck_heroes.py \
     --json "$OUT/memcheck.json" > "$OUT/memcheck.log" 2>&1
   rc=$(( rc || $? )); grep -v '^ok' "$OUT/memcheck.log" | tail -8
+  # shared-memory races in the kernels whose warps meet in shared memory (rows_kn's tree, gemv's K parts)
+  compute-sanitizer --tool racecheck --error-exitcode 9 python scripts/memcheck_heroes.py --bound \
+    --variant cuda.gemm.rows_kn --variant cuda.gemm.gemv > "$OUT/racecheck.log" 2>&1
+  rc=$(( rc || $? )); tail -2 "$OUT/racecheck.log"
 fi
 if [ "$mode" = all ] || [ "$mode" = user ]; then
   python benchmarks/user_path/bench_user_path.py --device cuda --verdicts --json "$OUT/user_path.json" \
@@ -71,6 +75,15 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   # few-row GEMMs (17-127 tokens) with the weights streamed from memory: default and wgmma_fewrows configs
   python benchmarks/cuda/probe_fewrows.py --ms 24,64,96 --shapes 4096x4096,11008x4096,1024x8192 \
     --json "$OUT/fewrows.json" 2>&1 | tee "$OUT/fewrows.log" | cut -c1-160
+  rc=$(( rc || $? ))
+  # the rules behind the default decisions, against the anchor with the operands streamed from memory: the Hopper
+  # conv's tile order under two waves, gemv's K parts and rows_kn's slices, TF32 few-row x @ W.T
+  python benchmarks/cuda/probe_conv_tiles.py --batches 8,32 --json "$OUT/conv_tiles.json" 2>&1 \
+    | tee "$OUT/conv_tiles.log" | tail -3
+  rc=$(( rc || $? ))
+  python benchmarks/cuda/probe_streamed_rows.py 2>&1 | tee "$OUT/streamed_rows.log" | cut -c1-160
+  rc=$(( rc || $? ))
+  python benchmarks/cuda/probe_tf32_rows.py 2>&1 | tee "$OUT/tf32_rows.log" | cut -c1-160
   rc=$(( rc || $? ))
   # models no test uses (timm CNNs/ViTs, HF BERT/Llama; conv, linear and SDPA patched)
   python benchmarks/user_path/bench_zoo.py --device cuda --json "$OUT/zoo.json" 2>&1 | tee "$OUT/zoo.log" | tail -25
