@@ -13,13 +13,13 @@ import pytest
 from tracea.doctor.variant import OpArgs
 from tracea.errors import BackendError, TraceaError
 from tracea.ir.ops import Conv2dOp
-from tracea.testing import inject_nonfinite, nonfinite_mismatch
+from tracea.testing import nonfinite_mismatch
 from tracea_cpu import amx as amx_mod
 from tracea_cpu import amx_conv as conv_mod
 from tracea_cpu.amx import amx_permission
 from tracea_cpu.amx_conv import CONV_TILES, CpuConv2dAmxVariant
 from tracea_cpu.panel_cache import PANELS
-from tracea_cpu.testing import AMX_PROFILE, HAVE_CC, PROFILE, config, epilogue_ref
+from tracea_cpu.testing import AMX_PROFILE, HAVE_CC, PROFILE, bf16_tol, config, max_rel, run_bf16_conv
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -49,42 +49,10 @@ SHAPES = [(1, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1), (2, 3, 9, 11, 5, 3, 3, 1, 1, 1,
           (1, 24, 4, 4, 18, 3, 3, 1, 1, 1, 3), (2, 3, 9, 9, 4, 3, 3, 1, 1, 1, 1), (1, 50, 33, 2, 33, 1, 2, 1, (0, 1), 1, 1)]
 
 
-def _pair(v):
-    return v if isinstance(v, tuple) else (v, v)
-
-
-def conv_case(shape, *, layout="NCHW", out="float32", epi="none", cfg=None, seed=0, bias_dtype="float32",
-              nonfinite=0):
-    n, c, h, w, k, r, s, st, pd, dl, g = shape
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, c, h, w, generator=gen).bfloat16()
-    wt = torch.randn(k, c // g, r, s, generator=gen).bfloat16()
-    if nonfinite:
-        rng = np.random.default_rng(seed)
-        inject_nonfinite(rng, x, nonfinite)
-        inject_nonfinite(rng, wt, 1)
-    op = Conv2dOp(n, c, h, w, k, r, s, stride=_pair(st), padding=_pair(pd), dilation=_pair(dl), groups=g,
-                  layout=layout, dtype="bf16", dtype_out=out, epilogue=epi)
-    bias = torch.randn(k, generator=gen).to(getattr(torch, bias_dtype)) if op.epilogue.has_bias else None
-    ref = F.conv2d(x.double(), wt.double(), None, _pair(st), _pair(pd), _pair(dl), g)
-    ref = epilogue_ref(ref.numpy(), op.epilogue.steps, None if bias is None else bias.double().numpy(), axis=1)
-    xk, wk = (x, wt) if layout == "NCHW" else (x.permute(0, 2, 3, 1).contiguous(), wt.permute(0, 2, 3, 1).contiguous())
-    res = torch.full(op.out_shape, float("nan"), dtype=torch.bfloat16 if out == "bf16" else torch.float32)
-    cfg = cfg or VARIANT.hero_configs(op, PROFILE)[0]
-    VARIANT.run(op, cfg, OpArgs({"x": xk, "w": wk, "bias": bias}, res, TorchAdapter()), PROFILE)
-    got = res.double().numpy()
-    if layout == "NHWC":
-        got = got.transpose(0, 3, 1, 2)
-    return got, ref
-
-
-def rel(got, ref):
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
-
-
-def _tol(out: str) -> float:
-    # fp32 accumulation of exact bf16 products (the reference is float64); bf16 output: one rounding
-    return 2e-5 if out == "float32" else 8e-3
+def conv_case(shape, **kw):
+    """(output, float64 reference) of the variant on ``shape`` (see :func:`tracea_cpu.testing.run_bf16_conv`); the
+    bias float32 unless ``bias_dtype`` says otherwise."""
+    return run_bf16_conv(VARIANT, shape, **{"bias_dtype": "float32", **kw})
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -93,7 +61,7 @@ def _tol(out: str) -> float:
 @amx
 def test_shapes_against_float64(shape, layout, out):
     got, ref = conv_case(shape, layout=layout, out=out, seed=hash((shape, layout, out)) % 1000)
-    assert rel(got, ref) < _tol(out), (shape, layout, out, rel(got, ref))
+    assert max_rel(got, ref) < bf16_tol(out), (shape, layout, out, max_rel(got, ref))
 
 
 @pytest.mark.parametrize("epi", ["bias", "relu", "bias+relu", "bias+gelu", "bias+gelu_erf", "silu", "bias+silu"])
@@ -104,7 +72,7 @@ def test_epilogues(epi, layout):
         for out in ("float32", "bf16"):
             got, ref = conv_case(shape, layout=layout, out=out, epi=epi, seed=7, bias_dtype="bfloat16" if out == "bf16"
                                  else "float32")
-            assert rel(got, ref) < _tol(out) * 2, (epi, shape, out)
+            assert max_rel(got, ref) < bf16_tol(out) * 2, (epi, shape, out)
 
 
 @pytest.mark.parametrize("tile", CONV_TILES)
@@ -117,7 +85,7 @@ def test_tile_blocks_weight_runs_and_k_chunks(tile, wblk, kst, mbg):
     for shape in (SHAPES[0], SHAPES[2], SHAPES[3], SHAPES[10]):
         for layout in ("NCHW", "NHWC"):
             got, ref = conv_case(shape, layout=layout, cfg=cfg, seed=3)
-            assert rel(got, ref) < _tol("float32"), (tile, wblk, shape, layout)
+            assert max_rel(got, ref) < bf16_tol("float32"), (tile, wblk, shape, layout)
 
 
 @amx
@@ -164,14 +132,14 @@ def test_kept_panels_follow_in_place_updates():
         w.mul_(-2)
     ref = F.conv2d(x.double(), w.double(), None, 1, 1).numpy()
     for _ in range(3):
-        assert rel(run().double().numpy(), ref) < 2e-5
+        assert max_rel(run().double().numpy(), ref) < 2e-5
     assert len(PANELS) == 1  # the stale entry of the same tensor went
     w2 = w.clone()
     with torch.no_grad():
         w2[0].zero_()
     ref2 = F.conv2d(x.double(), w2.double(), None, 1, 1).numpy()
     VARIANT.run(op, cfg, OpArgs({"x": x, "w": w2, "bias": None}, res, TorchAdapter()), PROFILE)
-    assert rel(res.double().numpy(), ref2) < 2e-5
+    assert max_rel(res.double().numpy(), ref2) < 2e-5
 
 
 @amx
@@ -179,7 +147,7 @@ def test_cache_off_packs_per_call(monkeypatch):
     monkeypatch.setenv("TRACEA_CPU_WEIGHT_CACHE", "0")
     PANELS.clear()
     got, ref = conv_case(SHAPES[0], seed=9)
-    assert rel(got, ref) < 2e-5 and len(PANELS) == 0
+    assert max_rel(got, ref) < 2e-5 and len(PANELS) == 0
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -200,7 +168,7 @@ def test_user_path_picks_amx_and_matches(channels_last):
     assert dict(fallbacks.counts()) == before, "fell back to torch"
     ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), 1, 1))
     assert y.dtype is torch.bfloat16 and y.shape == ref.shape
-    assert rel(y.double().numpy(), ref.numpy()) < 8e-3
+    assert max_rel(y.double().numpy(), ref.numpy()) < 8e-3
     assert torch.equal(x, x0) and torch.equal(w, w0)
     from tracea.doctor.doctor import get_doctor
 

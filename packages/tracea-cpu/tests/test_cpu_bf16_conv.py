@@ -10,12 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracea.doctor.variant import OpArgs
 from tracea.ir.ops import Conv2dOp
-from tracea.testing import inject_nonfinite, nonfinite_mismatch
+from tracea.testing import nonfinite_mismatch
 from tracea_cpu.bf16_conv import HEROES, CpuConv2dBf16Variant
 from tracea_cpu.panel_cache import PANELS
-from tracea_cpu.testing import HAVE_CC, PROFILE, config, epilogue_ref
+from tracea_cpu.testing import HAVE_CC, PROFILE, bf16_tol, config, max_rel, run_bf16_conv
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -33,45 +32,9 @@ SHAPES = [(1, 64, 14, 14, 64, 3, 3, 1, 1, 1), (2, 4, 9, 11, 5, 3, 3, 1, 1, 1), (
           (1, 4, 12, 12, 8, 9, 9, 1, 4, 1)]  # 81 taps: the direct kernel's run pointers on the heap
 
 
-def _pair(v):
-    return v if isinstance(v, tuple) else (v, v)
-
-
-def conv_case(shape, *, layout="NCHW", out="float32", epi="none", cfg=None, seed=0, nonfinite=0):
-    n, c, h, w, k, r, s, st, pd, dl = shape
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, c, h, w, generator=gen).bfloat16()
-    wt = torch.randn(k, c, r, s, generator=gen).bfloat16()
-    if nonfinite:
-        rng = np.random.default_rng(seed)
-        inject_nonfinite(rng, x, nonfinite)
-        inject_nonfinite(rng, wt, 1)
-    op = Conv2dOp(n, c, h, w, k, r, s, stride=_pair(st), padding=_pair(pd), dilation=_pair(dl), layout=layout,
-                  dtype="bf16", dtype_out=out, epilogue=epi)
-    bias = (torch.randn(k, generator=gen).to(torch.bfloat16 if out == "bf16" else torch.float32)
-            if op.epilogue.has_bias else None)
-    ref = F.conv2d(x.double(), wt.double(), None, _pair(st), _pair(pd), _pair(dl))
-    ref = epilogue_ref(ref.numpy(), op.epilogue.steps, None if bias is None else bias.double().numpy(), axis=1)
-    xk, wk = (x, wt) if layout == "NCHW" else (x.permute(0, 2, 3, 1).contiguous(), wt.permute(0, 2, 3, 1).contiguous())
-    x0, w0 = xk.clone(), wk.clone()
-    res = torch.full(op.out_shape, float("nan"), dtype=torch.bfloat16 if out == "bf16" else torch.float32)
-    cfg = cfg or VARIANT.hero_configs(op, PROFILE)[0]
-    VARIANT.run(op, cfg, OpArgs({"x": xk, "w": wk, "bias": bias}, res, TorchAdapter()), PROFILE)
-    assert torch.equal(xk, x0) or nonfinite and torch.equal(xk.isnan(), x0.isnan())  # inputs untouched
-    assert torch.equal(wk.nan_to_num(), w0.nan_to_num())
-    got = res.double().numpy()
-    if layout == "NHWC":
-        got = got.transpose(0, 3, 1, 2)
-    return got, ref
-
-
-def rel(got, ref):
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
-
-
-def _tol(out: str) -> float:
-    # fp32 accumulation of exact bf16 products (the reference is float64); bf16 output: one rounding
-    return 2e-5 if out == "float32" else 8e-3
+def conv_case(shape, **kw):
+    """(output, float64 reference) of the variant on ``shape`` (see :func:`tracea_cpu.testing.run_bf16_conv`)."""
+    return run_bf16_conv(VARIANT, shape, **kw)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -79,7 +42,7 @@ def _tol(out: str) -> float:
 @pytest.mark.parametrize("out", ["float32", "bf16"])
 def test_shapes_against_float64(shape, layout, out):
     got, ref = conv_case(shape, layout=layout, out=out, seed=hash((shape, layout, out)) % 1000)
-    assert rel(got, ref) < _tol(out), (shape, layout, out, rel(got, ref))
+    assert max_rel(got, ref) < bf16_tol(out), (shape, layout, out, max_rel(got, ref))
 
 
 @pytest.mark.parametrize("epi", ["bias", "relu", "bias+relu", "bias+gelu", "silu", "bias+silu"])
@@ -88,7 +51,7 @@ def test_epilogues(epi, layout):
     for shape in (SHAPES[1], SHAPES[4]):
         for out in ("float32", "bf16"):
             got, ref = conv_case(shape, layout=layout, out=out, epi=epi, seed=7)
-            assert rel(got, ref) < _tol(out) * 2, (epi, shape, out)
+            assert max_rel(got, ref) < bf16_tol(out) * 2, (epi, shape, out)
 
 
 @pytest.mark.parametrize("hero", range(len(HEROES)))
@@ -99,7 +62,7 @@ def test_heroes_and_k_blocks(hero, kc):
     for shape in (SHAPES[0], SHAPES[2], SHAPES[10]):
         for layout, out in (("NCHW", "bf16"), ("NHWC", "float32")):
             got, ref = conv_case(shape, layout=layout, out=out, cfg=cfg, seed=3)
-            assert rel(got, ref) < _tol(out), (hero, kc, shape, layout)
+            assert max_rel(got, ref) < bf16_tol(out), (hero, kc, shape, layout)
 
 
 def test_one_thread_and_two_threads_agree():

@@ -135,3 +135,56 @@ def run_bf16_gemm(variant, m: int, n: int, k: int, *, batch: int = 1, ta: bool =
     with np.errstate(invalid="ignore", over="ignore"):
         ref = epilogue_ref(a64 @ b64, op.epilogue.steps, None if bias is None else bias.double().numpy(), axis=2)
     return res, ref
+
+
+def run_bf16_conv(variant, shape: tuple, *, layout: str = "NCHW", out: str = "float32", epi: str = "none",
+                  cfg: PipelineConfig | None = None, seed: int = 0, bias_dtype: str | None = None,
+                  nonfinite: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Run a bf16 conv2d variant (``variant.run``) on fresh random bf16 torch tensors of ``shape`` = (n, C, H, W, K,
+    R, S, stride, padding, dilation[, groups]) in ``layout`` -- ``nonfinite`` NaN / +-Inf values placed in x and one in
+    w -- into a NaN-filled output of ``out`` ("float32" or "bf16"), with a bias of ``bias_dtype`` (default: the output
+    dtype's storage, float32 for a float32 output) where the epilogue has one; ``cfg`` None: the op's first hero.
+    Asserts the inputs are left as they were. Returns (the output as float64 NCHW, the float64 reference of the bf16
+    inputs)."""
+    import torch  # noqa: PLC0415 - bf16 operands come as torch tensors
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    from tracea.ir.ops import Conv2dOp, Layout  # noqa: PLC0415
+    from tracea_torch.adapter import TorchAdapter  # noqa: PLC0415
+
+    n, c, h, w, k, r, s, st, pd, dl, *rest = shape
+    g = rest[0] if rest else 1
+    pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=gen).bfloat16()
+    wt = torch.randn(k, c // g, r, s, generator=gen).bfloat16()
+    if nonfinite:
+        rng = np.random.default_rng(seed)
+        testing.inject_nonfinite(rng, x, nonfinite)
+        testing.inject_nonfinite(rng, wt, 1)
+    op = Conv2dOp(n, c, h, w, k, r, s, stride=pair(st), padding=pair(pd), dilation=pair(dl), groups=g,
+                  layout=Layout.parse(layout), dtype=DType.BF16, dtype_out=DType.parse(out), epilogue=Epilogue.parse(epi))
+    bias_dtype = bias_dtype or ("bfloat16" if out == "bf16" else "float32")
+    bias = torch.randn(k, generator=gen).to(getattr(torch, bias_dtype)) if op.epilogue.has_bias else None
+    ref = epilogue_ref(F.conv2d(x.double(), wt.double(), None, pair(st), pair(pd), pair(dl), g).numpy(),
+                       op.epilogue.steps, None if bias is None else bias.double().numpy(), axis=1)
+    xk, wk = (x, wt) if layout == "NCHW" else (x.permute(0, 2, 3, 1).contiguous(), wt.permute(0, 2, 3, 1).contiguous())
+    x0, w0 = xk.clone(), wk.clone()
+    res = torch.full(op.out_shape, float("nan"), dtype=torch.bfloat16 if out == "bf16" else torch.float32)
+    variant.run(op, cfg or variant.hero_configs(op, PROFILE)[0], OpArgs({"x": xk, "w": wk, "bias": bias}, res,
+                                                                         TorchAdapter()), PROFILE)
+    assert torch.equal(xk, x0) or nonfinite and torch.equal(xk.isnan(), x0.isnan())  # inputs untouched
+    assert torch.equal(wk.nan_to_num(), w0.nan_to_num())
+    got = res.double().numpy()
+    return (got.transpose(0, 3, 1, 2) if layout == "NHWC" else got), ref
+
+
+def max_rel(got: np.ndarray, ref: np.ndarray) -> float:
+    """Largest absolute difference over the reference's largest magnitude."""
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def bf16_tol(out: str) -> float:
+    """Tolerance of a bf16 conv / GEMM against float64: fp32 accumulation of exact bf16 products; a bf16 output
+    adds one rounding."""
+    return 2e-5 if out == "float32" else 8e-3
