@@ -39,20 +39,11 @@ def torch_dtype(dtype: DType) -> Any:
     return found
 
 
-def _packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major element strides of ``shape`` as ``torch.empty`` gives them."""
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(out))
+def _empty_strides(shape: tuple[int, ...], **kw: Any) -> tuple[int, ...]:
+    """The strides ``torch.empty(shape, **kw)`` gives (a meta tensor: no memory)."""
+    import torch
 
-
-def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Element strides of a 4-D ``(N, C, H, W)`` channels_last tensor as ``torch.empty`` gives them."""
-    n, c, h, w = shape
-    c_, w_, h_ = 1, max(c, 1), max(c, 1) * max(w, 1)
-    return (h_ * max(h, 1), c_, h_, w_)
+    return tuple(torch.empty(shape, device="meta", **kw).stride())
 
 
 _TO_TORCH: dict[Any, Any] = {}
@@ -221,7 +212,7 @@ class TorchAdapter(ArrayAdapter):
 
         shape, tdt, dev, empty = tuple(int(s) for s in shape), torch_dtype(dtype), like.device, torch.empty
         if isinstance(like, torch.Tensor) and like.dtype is tdt:
-            if tuple(like.shape) == shape and like.stride() == _packed_strides(shape):
+            if tuple(like.shape) == shape and like.stride() == _empty_strides(shape):
                 return torch.empty_like
             return lambda obj: obj.new_empty(shape)
         if dev.type == "cpu":
@@ -240,7 +231,7 @@ class TorchAdapter(ArrayAdapter):
         shape, tdt, dev, empty, cl = (tuple(int(s) for s in shape), torch_dtype(dtype), like.device, torch.empty,
                                       torch.channels_last)
         if (isinstance(like, torch.Tensor) and like.dtype is tdt and tuple(like.shape) == shape
-                and like.stride() == _channels_last_strides(shape)):
+                and like.stride() == _empty_strides(shape, memory_format=cl)):
             return torch.empty_like  # (keeps the channels_last strides; see empty_factory)
         return lambda obj: empty(shape, dtype=tdt, device=dev, memory_format=cl)
 
