@@ -99,7 +99,8 @@ def k_parts(op: GemmOp) -> int:
     16-byte load a lane (8 at most), except on tall weights (:data:`TALL_ROWS`) over a short K (<= 8 loads a lane).
     A warp per row left narrow weights with too few loads in flight: H100, weights cycled through HBM, CUDA graphs
     vs cuBLAS, fp32 x1 @ W(N, K).T at N 256-2048, K 4096-8192 0.57-0.97x -> 1.09-1.37x, x4 0.42-0.98x ->
-    1.66-3.05x, bf16 x1 0.52-0.87x -> 1.06-2.04x; tall / short-K weights 1.06-1.34x either way (stop 42 probe)."""
+    1.66-3.05x, bf16 x1 0.52-0.87x -> 1.06-2.04x; tall / short-K weights 1.06-1.34x either way
+    (``benchmarks/cuda/probe_streamed_rows.py --kernel gemv``)."""
     epv = 16 // op.dtype_a.storage.itemsize
     loads = op.k // (32 * epv)  # 16-byte loads a lane over the whole K
     if loads < 2 or (op.n >= TALL_ROWS and loads <= 8):

@@ -85,7 +85,7 @@ def conv_split_hero(op: Conv2dOp, profile: DeviceProfile, smem_epilogue: bool) -
 #: relative throughput of the hero tiles of :func:`few_wave_cost` ((tile_m, tile_n, schedule) -> share of the
 #: 128x128 coop tile's work per unit time), fitted to the device time of the four tiles on 49 fp16 NHWC convs
 #: whose 128x128 grid is under two waves (ResNet-50 3x3 / 1x1 layers and DenseNet / MobileNet / EfficientNet
-#: widths 48-320, batch 1 / 8 / 32; H100, CUDA graphs, ``.hx``-style probe of stop 42): the rule's choice
+#: widths 48-320, batch 1 / 8 / 32; H100, CUDA graphs, ``benchmarks/cuda/probe_conv_tiles.py``): the rule's choice
 #: averaged 1.009x the best tile's time (worst 1.11x), the fixed order it replaced (64x128 ping-pong first)
 #: 1.13x (worst 1.74x: 160->160 3x3 at 14^2 batch 32, 26.2 us against 15.6 us for 128x128)
 FEW_WAVE_SHARE = {(128, 128, "coop"): 1.0, (64, 128, "pingpong"): 0.55, (128, 64, "coop"): 0.45,
