@@ -8,7 +8,7 @@ of the best (x, w and the output once). At the end, every config shape's geometr
 best time, best first.
 
     python benchmarks/cuda/probe_depthwise.py [--families resnext,regnet] [--batches 1,8,32]
-        [--dtypes float16,float32] [--sample 12] [--space "threads=128,256 cv=4,8,16 ppt=2,4 vec=8,4"]
+        [--dtypes float16,float32] [--sample 12] [--space "threads=128,256 cv=4,8,16 ppt=2,4 vec=8,4 rows=2,4 kpt=4,8"]
         [--json out.json]
 
 ``--sample`` caps the search-space points probed per layer (an even spread; the heroes always run);
@@ -58,7 +58,7 @@ def grid_configs(text: str, op: Conv2dOp, variant: DepthwiseConv, profile) -> li
         return []
     axes = [(name, [int(v) for v in vals.split(",")]) for name, vals in (part.split("=") for part in text.split())]
     nchw = op.layout.name == "NCHW"
-    axes = [(n, vs) for n, vs in axes if (n in ("threads", "rows")) == nchw or n == "threads"]
+    axes = [(n, vs) for n, vs in axes if (n in ("threads", "rows", "kpt")) == nchw or n == "threads"]
     out = []
     for combo in itertools.product(*(vs for _, vs in axes)):
         cfg = PipelineConfig(params=tuple(zip((n for n, _ in axes), combo)))

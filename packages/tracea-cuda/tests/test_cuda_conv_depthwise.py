@@ -167,25 +167,36 @@ def test_heroes_follow_the_h100_probe():
     assert first(dw(32, 96, 112, 112, 3, stride=2, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 2}
     small = first(dw(1, 768, 7, 7, 7))
     assert small["threads"] == 64 and small["ppt"] == 1 and small["cv"] < 8
-    # NCHW small grids: fewer rows first (b1 probe), more threads for wide groups
+    # NCHW small grids: fewer rows first (b1 probe)
     assert first(dw(1, 768, 7, 7, 7, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 1}
     assert first(dw(1, 480, 14, 14, 3, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 2}
-    assert first(grouped(1, 256, 28, 28, 32, layout="nchw", dtype="float32")) == {"threads": 128, "rows": 2}
-    assert first(grouped(1, 512, 14, 14, 32, layout="nchw", dtype="float32"))["rows"] == 1
+    # NCHW groups of 4+ input channels: one row, 64-thread blocks, as many of the group's output channels per
+    # thread as leave 256 threads per SM (132 SMs), up to 16
+    nchw = dict(layout="nchw", dtype="float32")
+    assert first(grouped(1, 256, 28, 28, 32, **nchw)) == {"threads": 64, "rows": 1, "kpt": 4}  # 200k outputs
+    assert first(grouped(8, 256, 28, 28, 32, **nchw)) == {"threads": 64, "rows": 1, "kpt": 8}  # capped by K/g
+    assert first(grouped(32, 512, 14, 14, 32, **nchw)) == {"threads": 64, "rows": 1, "kpt": 16}
+    assert first(grouped(1, 512, 14, 14, 32, **nchw)) == {"threads": 64, "rows": 1, "kpt": 2}
+    assert first(grouped(1, 152, 14, 14, 19, **nchw)) == {"threads": 64, "rows": 1}  # 30k outputs: one each
+    assert first(grouped(32, 32, 56, 56, 16, **nchw)) == {"threads": 128, "rows": 4}  # 2 per group: as depthwise
+    assert [dict(c.params) for c in VARIANT.hero_configs(grouped(8, 56, 28, 28, 7, **nchw), H100)] == [
+        {"threads": 64, "rows": 1, "kpt": 8}, {"threads": 64, "rows": 1, "kpt": 4}]
 
 
 def test_declines_wide_groups_where_cudnn_measured_faster(monkeypatch):
-    """8+ input channels per group in fp32 (NCHW or NHWC) and 9+ in 16-bit NHWC are left to PyTorch from
-    DECLINE_MACS multiply-adds, with a reason; 8 per group in 16-bit NHWC, fewer channels and small layers
-    stay; the switch turns the decline off."""
+    """8+ input channels per group in fp32 NHWC and 9+ in NCHW and 16-bit NHWC are left to PyTorch from
+    DECLINE_MACS multiply-adds, with a reason; 8 per group in NCHW and 16-bit NHWC, fewer channels and small
+    layers stay; the switch turns the decline off."""
     from tracea_cuda.variants import depthwise as dwmod
 
     def why(op) -> str:
         return " ".join(_reasons(op))
 
-    big8_f32 = grouped(32, 256, 28, 28, 32, layout="nchw", dtype="float32")  # ResNeXt stage 2, 51M MACs
+    big8_f32 = grouped(32, 256, 28, 28, 32, layout="nhwc", dtype="float32")  # ResNeXt stage 2, 51M MACs
     assert "cuDNN" in why(big8_f32) and "8 input channels per group" in why(big8_f32)
-    assert "cuDNN" in why(grouped(8, 256, 28, 28, 32, layout="nhwc", dtype="float32"))
+    assert not why(grouped(32, 256, 28, 28, 32, layout="nchw", dtype="float32"))  # NCHW kpt: 1.24x cuDNN
+    big16_nchw = grouped(8, 512, 14, 14, 32, layout="nchw", dtype="float32")  # 12.8M MACs: 0.89x
+    assert "16 input channels per group" in why(big16_nchw)
     assert "16 input channels per group" in why(grouped(32, 512, 14, 14, 32))  # fp16 NHWC, 16 per group
     assert "cuDNN" in why(grouped(8, 224, 28, 28, 14, dtype="bfloat16"))
     assert not why(grouped(32, 256, 28, 28, 32))  # fp16 NHWC, 8 per group: 1.25x cuDNN at b32
@@ -218,6 +229,11 @@ def test_config_validation_reasons():
     assert "NHWC" in why(nchw, ppt=2)
     assert "ppt=3" in why(nhwc, ppt=3)
     assert "rows=3" in why(nchw, rows=3)
+    assert "NCHW" in why(nhwc, kpt=2)
+    wide = grouped(1, 64, 14, 14, 8, layout="nchw", dtype="float32")  # 8 output channels per group
+    assert "kpt=3" in why(wide, kpt=3) and "kpt=16" in why(wide, kpt=16)
+    assert "accumulators" in why(wide, kpt=8, rows=8)
+    assert VARIANT.validate_config(wide, PipelineConfig(params=(("kpt", 8), ("rows", 4))), H100)
     assert "threads=1000" in why(nchw, threads=1000)
     assert "at most 1024" in why(nhwc, threads=2048, cv=1)
     assert "accumulators" in why(nhwc, ppt=8)  # 8 x 8 channels
@@ -291,8 +307,8 @@ def test_torch_bridge_routes_grouped_convs_to_the_variant(monkeypatch):
     with pytest.raises(choice.Fallback, match="channels per group"):
         choice.choose(wide, cuda)
     # a wide-group layer cuDNN measured faster on: PyTorch serves it, counted with the variant's reason
-    big = bridge_plans._conv_op(torch.randn(32, 256, 28, 28), torch.randn(256, 8, 3, 3), None, (1, 1), (1, 1), (1, 1),
-                                32, None, DType.F32)
+    big = bridge_plans._conv_op(torch.randn(32, 512, 14, 14), torch.randn(512, 16, 3, 3), None, (1, 1), (1, 1),
+                                (1, 1), 32, None, DType.F32)
     with pytest.raises(choice.Fallback, match="cuDNN's grouped kernels measured faster"):
         choice.choose(big, cuda)
 
@@ -468,7 +484,11 @@ def test_host_emulated_search_corners_and_misaligned_views(tmp_path):
              (_geom_op(HOST_GEOMS[8], HOST_MODES[1]), (("ppt", 1), ("cv", 32), ("vec", 2))),
              (_geom_op(HOST_GEOMS[10], HOST_MODES[2]), (("ppt", 8), ("cv", 1), ("vec", 4), ("threads", 32))),
              (_geom_op(HOST_GEOMS[4], HOST_MODES[3]), (("rows", 8), ("threads", 32))),
-             (_geom_op(HOST_GEOMS[2], HOST_MODES[4]), (("rows", 4), ("threads", 64)))]
+             (_geom_op(HOST_GEOMS[2], HOST_MODES[4]), (("rows", 4), ("threads", 64))),
+             # NCHW wide groups, several output channels per thread: a whole 16-channel group, a 2-channel one
+             (_geom_op(HOST_GEOMS[10], HOST_MODES[3]), (("rows", 2), ("kpt", 16), ("threads", 32))),
+             (_geom_op(HOST_GEOMS[14], HOST_MODES[4]), (("rows", 8), ("kpt", 2), ("threads", 64))),
+             (_geom_op(HOST_GEOMS[9], HOST_MODES[3]), (("rows", 1), ("kpt", 4), ("threads", 128)))]
     for op, params in cases:
         config = PipelineConfig(params=params)
         assert VARIANT.validate_config(op, config, H100), params

@@ -17,7 +17,7 @@ from typing import Any
 
 from .runtime import plan_attention, plan_conv_compat, plan_ops
 from .runtime.dispatch import Quarantined
-from .runtime.plans import _SIGS, Uncacheable, lookup, signature, state
+from .runtime.plans import _SIGS, _STATES, Uncacheable, lookup, signature, state
 from .semantic.config import PipelineConfig
 
 
@@ -39,10 +39,11 @@ def matmul(a: Any, b: Any, *, bias: Any = None, epilogue: Any = None, activation
     try:
         try:  # the signatures without a frame each in the common case (see plans.signature)
             sa, sb, sc, so = _SIGS[type(a)](a), _SIGS[type(b)](b), _SIGS[type(bias)](bias), _SIGS[type(out)](out)
+            st = _STATES[type(a)]()
         except KeyError:
             sa, sb, sc, so = signature(a), signature(b), signature(bias), signature(out)
-        key: Any = ("matmul", sa, sb, sc, so, epilogue, activation, out_dtype, fp32_precision, variant, config,
-                    state(a))
+            st = state(a)
+        key: Any = ("matmul", sa, sb, sc, so, epilogue, activation, out_dtype, fp32_precision, variant, config, st)
         plan = lookup(key)
     except (Uncacheable, TypeError):  # an array kind without a signature, an unhashable argument
         key = plan = None
@@ -84,10 +85,12 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
     try:
         try:  # (as matmul: no frame per signature in the common case)
             sx, sw, sb, so = _SIGS[type(x)](x), _SIGS[type(w)](w), _SIGS[type(b)](b), _SIGS[type(out)](out)
+            st = _STATES[type(x)]()
         except KeyError:
             sx, sw, sb, so = signature(x), signature(w), signature(b), signature(out)
+            st = state(x)
         key: Any = ("conv2d", sx, sw, sb, so, stride, padding, dilation, groups, layout, epilogue, activation,
-                    out_dtype, fp32_precision, variant, config, state(x))
+                    out_dtype, fp32_precision, variant, config, st)
         plan = lookup(key)
     except (Uncacheable, TypeError):
         key = plan = None

@@ -20,6 +20,7 @@ CUDA-graph safety (``torch.cuda.graph`` / ``make_graphed_callables`` / CuPy grap
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from typing import Any, Callable, Sequence
 
@@ -44,7 +45,7 @@ def stream_getter(adapter: Any, dev: int) -> Callable[[], int]:
 
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         if raw is not None:
-            return lambda: raw(dev)
+            return functools.partial(raw, dev)  # (no Python frame per call)
         return lambda: int(torch.cuda.current_stream(dev).cuda_stream)
     cp = toolkit.cupy()
     return lambda: int(cp.cuda.get_current_stream().ptr)
@@ -136,6 +137,22 @@ def reducing_split_buffers(adapter: Any, out: Any, dev: int, stream_ptr: int, si
         return flags + ws_offset, flags, keep
     flags, ws = split_scratch(adapter, out, dev, stream_ptr, flag_words, ws_floats)
     return ws, flags, None
+
+
+def pointer_getter(adapter: Any) -> Callable[[Any], int]:
+    """The function a launcher reads its arrays' addresses with: the array type's own (C) method where the
+    adapter names one (``raw_data_ptr``: no adapter frame per pointer), else ``adapter.data_ptr``."""
+    return getattr(adapter, "raw_data_ptr", None) or adapter.data_ptr
+
+
+@functools.lru_cache(maxsize=1)
+def single_device() -> bool:
+    """Whether the process sees one CUDA device (then it is always the current one: launchers skip the
+    ``cudaGetDevice`` check)."""
+    try:
+        return int(toolkit.cupy().cuda.runtime.getDeviceCount()) == 1
+    except Exception:  # noqa: BLE001 - unknown: check on every launch
+        return False
 
 
 def launch_on(dev: int, device: Callable[[], Any], current: Callable[[], int], fl: "FastLaunch", stream_ptr: int,
@@ -292,7 +309,7 @@ def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tup
     (:func:`prepass_scratch`) up to
     :func:`prepass_keep_bytes`; larger ones, and every call inside CUDA graph capture, take a buffer from
     the caller's allocator per call (released after the launches; stream order makes reuse safe)."""
-    ptr, device = adapter.data_ptr, on_device(dev)
+    ptr, device = pointer_getter(adapter), on_device(dev)
     itemsize = dtype.itemsize
     align = max(1, SCRATCH_ALIGN // itemsize)
     offset = -(-sizes[0] // align) * align

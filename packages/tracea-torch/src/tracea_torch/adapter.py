@@ -319,6 +319,14 @@ class TorchAdapter(ArrayAdapter):
     def data_ptr(self, obj: Any) -> int:
         return obj.data_ptr()
 
+    @property
+    def raw_data_ptr(self) -> Any:
+        """``torch.Tensor.data_ptr`` itself: what :meth:`data_ptr` returns, without this adapter's frame
+        (launchers read four pointers per call)."""
+        import torch
+
+        return torch.Tensor.data_ptr
+
     def signature(self, obj: Any) -> Any:
         return obj.shape, obj.stride(), obj.dtype, obj.device
 

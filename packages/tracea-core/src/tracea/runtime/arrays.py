@@ -223,6 +223,10 @@ class ArrayAdapter:
         a, b = self.memory_span(out), self.memory_span(other)
         return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
 
+    #: optional: a function ``f(obj) -> int`` returning what :meth:`data_ptr` does without the adapter's frame
+    #: (the array type's own method), for launchers' hot paths; None: they call :meth:`data_ptr`
+    raw_data_ptr: Callable[[Any], int] | None = None
+
     def data_ptr(self, obj: Any) -> int:
         """The address of ``obj``'s first element (host memory for host arrays, device memory for
         device arrays), for launchers; called on every call."""

@@ -9,7 +9,7 @@ lets a framework integration compute it instead; that is counted in :mod:`tracea
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from ..doctor.decision import Decision
 from ..doctor import recommend
@@ -74,19 +74,25 @@ def bind(variant: KernelVariant, op: Op, config: PipelineConfig, profile: Device
     if getattr(op, "strides", None) is not None and not variant.takes_strides(op):
         launch = attention_strides.packing_launcher(launch, op, adapter)  # it reads packed arrays only
 
+    def failed(exc: Exception) -> NoReturn:
+        """Raise what a failure ``exc`` of the bound launch becomes (quarantining the variant for ``op``)."""
+        if isinstance(exc, TraceaError):
+            if quarantine_failures and isinstance(exc, BackendError) and not isinstance(exc, CaptureError):
+                raise quarantine(variant, op, exc, doctor) from exc
+            raise exc
+        err = _wrap(exc, variant, op, config)  # one hierarchy for callers
+        if quarantine_failures:
+            raise quarantine(variant, op, err, doctor) from exc
+        raise err from exc
+
     def guarded(*arrays: Any) -> None:
         try:
             launch(*arrays)
-        except TraceaError as exc:
-            if quarantine_failures and isinstance(exc, BackendError) and not isinstance(exc, CaptureError):
-                raise quarantine(variant, op, exc, doctor) from exc
-            raise
-        except Exception as exc:  # noqa: BLE001 - one hierarchy for callers
-            err = _wrap(exc, variant, op, config)
-            if quarantine_failures:
-                raise quarantine(variant, op, err, doctor) from exc
-            raise err from exc
+        except Exception as exc:  # noqa: BLE001
+            failed(exc)
 
+    # a plan's hot path may call ``raw`` itself and hand its exceptions to ``failed`` (one frame less)
+    guarded.raw, guarded.failed = launch, failed  # type: ignore[attr-defined]
     guarded.pointer_only = getattr(launch, "pointer_only", False)  # type: ignore[attr-defined]
     return guarded
 

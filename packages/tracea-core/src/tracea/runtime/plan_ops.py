@@ -56,6 +56,17 @@ def _view(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return view
 
 
+def _unguarded(launch: Any) -> tuple[Callable[..., None], Callable[[Exception], Any]]:
+    """(the launch without :func:`dispatch.bind`'s guard frame, the guard's failure handler): a hot plan
+    calls the first and hands its exceptions to the second, which raises what the guard would have."""
+    raw, failed = getattr(launch, "raw", None), getattr(launch, "failed", None)
+    if raw is None or failed is None:
+        def reraise(exc: Exception) -> Any:
+            raise exc
+        return launch, reraise
+    return raw, failed
+
+
 def _lean(prep: Callable[[Any], Any] | None, launch: Any) -> Callable[[Any], Any] | None:
     """``prep``, or None when it only builds a view and the launcher reads data pointers alone."""
     if prep is not None and getattr(prep, "is_view", False) and getattr(launch, "pointer_only", False):
@@ -220,9 +231,14 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
     elif lean and U is None and all(p is None for p in (_lean(q, launch) for q in preps)):
         # the common case in one frame: packed (or pointer-only) operands and no out= (the signature
         # includes out, so this plan only ever sees out=None)
+        raw, failed = _unguarded(launch)
+
         def plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
             target = new_out(x)
-            launch(x, y, z, target)
+            try:
+                raw(x, y, z, target)
+            except Exception as exc:  # noqa: BLE001 - failed() raises what the guarded launch would
+                failed(exc)
             return target
 
         def first_call() -> Any:
@@ -392,9 +408,14 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
         # the common case in one frame: a pointer-only launcher on arrays whose memory the kernel reads as
         # they are (NCHW packed, or torch channels_last x and w for the NHWC kernels), no out=, a bias of
         # the output dtype: no views built, the output allocated in its final layout
+        raw, failed = _unguarded(launch)
+
         def plan(xx: Any, ww: Any, bb: Any, user_out: Any) -> Any:
             target = lean(xx)
-            launch(xx, ww, bb, target)
+            try:
+                raw(xx, ww, bb, target)
+            except Exception as exc:  # noqa: BLE001 - failed() raises what the guarded launch would
+                failed(exc)
             return target
 
         def first_call() -> Any:

@@ -27,11 +27,13 @@ neighbours share loads; otherwise each tap loads its column (L1 hits). Rows outs
 columns outside it read as zeros (zero padding). Past the register budget, the taps of a row are a rolled loop
 instead (one column live at a time: unrolled, ptxas hoisted every load of the row and spilled).
 
-**NCHW** (any dtype; float32 is what PyTorch models use). One thread owns one output column q and ``rows``
-consecutive output rows of one (image, output channel) plane; consecutive threads take consecutive q, so a
-warp's loads are coalesced along W. For each of its cg input planes it walks the distinct input rows its
-outputs need (shared between vertically neighbouring outputs at stride 1) and the S taps of each, reading the
-weights ``w[k][ci][r][s]`` through the read-only cache (one address per plane: broadcasts).
+**NCHW** (any dtype; float32 is what PyTorch models use). One thread owns one output column q, ``rows``
+consecutive output rows and ``kpt`` consecutive output channels of one group (``kg % kpt == 0``) of one
+image; consecutive threads take consecutive q, so a warp's loads are coalesced along W. For each of its cg
+input planes it walks the distinct input rows its outputs need (shared between vertically neighbouring
+outputs at stride 1) and the S taps of each, each input value loaded once for its ``kpt`` channels (wide
+groups: the ``kg`` output channels of a group read the same cg planes, so ``kpt > 1`` divides those loads),
+reading the weights ``w[k][ci][r][s]`` through the read-only cache (one address per plane: broadcasts).
 
 Both accumulate in float32 with ``fmaf`` (fp32-accurate whatever ``fp32_precision`` allows), then apply the
 fused epilogue (:func:`~tracea_cuda.emit.common.epilogue_function`: bias, ReLU / GELU / SiLU, NaN kept) and
@@ -87,7 +89,8 @@ class DepthwiseSpec:
     :param vec: NHWC output channels per thread; ``vin`` input channels per load (``vin * itemsize`` bytes);
         ``vec_out``: the thread's channels are stored as 16-byte (or narrower) vectors; ``ppt`` output pixels
         per thread along Q; ``tc`` channel vectors x ``tp`` pixel units per block.
-    :param rows: NCHW output rows per thread; ``nchw_threads`` threads per block.
+    :param rows: NCHW output rows per thread; ``kpt`` NCHW output channels per thread (within one group);
+        ``nchw_threads`` threads per block.
     """
 
     dtype_in: DType
@@ -105,6 +108,7 @@ class DepthwiseSpec:
     tc: int = 1
     tp: int = 128
     rows: int = 1
+    kpt: int = 1
     nchw_threads: int = 128
 
     smem_bytes = 0  # the weight slice is static shared memory
@@ -134,7 +138,7 @@ class DepthwiseSpec:
         """NHWC: pixel units (``ppt`` outputs along Q) over the batch; NCHW: threads over the output."""
         n, k = self.geom[0], self.geom[4]
         if self.nchw:
-            return n * k * -(-self.p // self.rows) * self.q
+            return n * (k // self.kpt) * -(-self.p // self.rows) * self.q
         return n * self.p * -(-self.q // self.ppt)
 
     @property
@@ -168,6 +172,10 @@ class DepthwiseSpec:
         if self.nchw:
             if self.rows not in (1, 2, 4, 8):
                 problems.append(f"rows={self.rows}: 1, 2, 4 or 8 output rows per thread")
+            if self.kpt < 1 or self.kg % self.kpt:
+                problems.append(f"kpt={self.kpt}: output channels per thread must divide the {self.kg} of a group")
+            elif self.kpt * self.rows > MAX_ACC:
+                problems.append(f"kpt x rows = {self.kpt * self.rows} accumulators per thread (at most {MAX_ACC})")
             if self.nchw_threads not in (32, 64, 128, 256, 512):
                 problems.append(f"threads={self.nchw_threads}: 32 .. 512, a power of two")
             if self.grid()[0] >= 2**31:
@@ -377,8 +385,8 @@ extern "C" __global__ void __launch_bounds__({spec.threads}, {_min_blocks(spec.t
 def _nchw_kernel(spec: DepthwiseSpec, name: str) -> str:
     n, c, h, w, k, r, s, sh, sw, ph, pw, dh, dw = spec.geom
     p, q = spec.p, spec.q
-    cg, kg, rows = spec.cg, spec.kg, spec.rows
-    pb = -(-p // rows)
+    cg, kg, rows, kpt = spec.cg, spec.kg, spec.rows, spec.kpt
+    pb, kb = -(-p // rows), k // kpt
     it = _index_type(spec)
     tin, tout, tb = ctype(spec.dtype_in), ctype(spec.dtype_out), ctype(spec.bias_dtype)
     wload = (lambda e: load_expr(spec.dtype_in, f"__ldg({e})"))
@@ -390,12 +398,15 @@ def _nchw_kernel(spec: DepthwiseSpec, name: str) -> str:
         for t_s in range(s):
             body.append(f"    {{ const int col = w0 + {t_s * dw};")
             body.append(f"      const float xv = (unsigned)col < {w}u ? {load_expr(spec.dtype_in, '__ldg(xr + col)')} : 0.0f;")
-            for i, t_r in pairs:
-                body.append(f"      acc[{i}] = fmaf(xv, {wload(f'wc + {t_r * s + t_s}')}, acc[{i}]);")
+            for j in range(kpt):
+                for i, t_r in pairs:
+                    body.append(f"      acc[{j * rows + i}] = fmaf(xv, {wload(f'wc + {j * cg * r * s + t_r * s + t_s}')}, "
+                                f"acc[{j * rows + i}]);")
             body.append("    }")
         body.append("}")
     inner = "\n        ".join(body)
-    unroll = "#pragma unroll 1" if cg > 4 else "#pragma unroll"
+    unroll = "#pragma unroll 1" if cg * kpt > 4 else "#pragma unroll"
+    store = store_expr(spec.dtype_out, f"apply_epilogue_b(acc[j * {rows} + i], b)")
     return f"""
 extern "C" __global__ void __launch_bounds__({spec.nchw_threads}, {_min_blocks(spec.nchw_threads)}) {name}(
         const {tin}* __restrict__ X, const {tin}* __restrict__ Wt, {tout}* __restrict__ Y,
@@ -406,25 +417,28 @@ extern "C" __global__ void __launch_bounds__({spec.nchw_threads}, {_min_blocks(s
     {it} t = idx / {q};
     const int p0 = (int)(t % {pb}) * {rows};
     t /= {pb};
-    const int k = (int)(t % {k});
-    const long long img = (long long)(t / {k});
+    const int k = (int)(t % {kb}) * {kpt};
+    const long long img = (long long)(t / {kb});
     const int h0 = p0 * {sh} - {ph}, w0 = q * {sw} - {pw};
     const {tin}* xn = X + (img * {c} + (k / {kg}) * {cg}) * {h * w}LL;
     const {tin}* wk = Wt + (long long)k * {cg * r * s};
-    float acc[{rows}];
+    float acc[{kpt * rows}];
     #pragma unroll
-    for (int i = 0; i < {rows}; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < {kpt * rows}; ++i) acc[i] = 0.0f;
     {unroll}
     for (int ci = 0; ci < {cg}; ++ci) {{
         const {tin}* xc = xn + (long long)ci * {h * w};
         const {tin}* wc = wk + ci * {r * s};
         {inner}
     }}
-    const float b = bias_at(bias, k);
-    {tout}* yp = Y + ((img * {k} + k) * {p} + p0) * {q}LL + q;
     #pragma unroll
-    for (int i = 0; i < {rows}; ++i)
-        if (p0 + i < {p}) yp[(long long)i * {q}] = {store_expr(spec.dtype_out, 'apply_epilogue_b(acc[i], b)')};
+    for (int j = 0; j < {kpt}; ++j) {{
+        const float b = bias_at(bias, k + j);
+        {tout}* yp = Y + ((img * {k} + k + j) * {p} + p0) * {q}LL + q;
+        #pragma unroll
+        for (int i = 0; i < {rows}; ++i)
+            if (p0 + i < {p}) yp[(long long)i * {q}] = {store};
+    }}
 }}
 """
 
@@ -436,7 +450,7 @@ def render(spec: DepthwiseSpec, name: str = KERNEL_NAME) -> str:
     n, c, h, w, k, r, s = spec.geom[:7]
     head = (f"// Tracea depthwise/grouped conv: {'NCHW' if spec.nchw else 'NHWC'} {spec.dtype_in.value}->"
             f"{spec.dtype_out.value} n{n} {c}->{k} {h}x{w} k{r}x{s} cg={spec.cg} kg={spec.kg} "
-            + (f"rows={spec.rows}" if spec.nchw else
+            + (f"rows={spec.rows} kpt={spec.kpt}" if spec.nchw else
                f"vec={spec.vec} vin={spec.vin} ppt={spec.ppt} block={spec.tc}x{spec.tp}"
                f"{' row-cached' if spec.row_cached() else ''}"))
     kernel = _nchw_kernel(spec, name) if spec.nchw else _nhwc_kernel(spec, name)

@@ -196,7 +196,7 @@ class FlashAttention(CudaVariant):
             fc = launcher.FastLaunch(combine.function, (-(-total_rows // 8), 1, 1), 256, 0, launcher.ParamBlock.from_args(
                 lambda p: (u64(p["part"]), u64(p["plse"]), u64(p["out"]), u64(p["lse"]), np.int32(total_rows),
                            *cextra), croles))
-        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
+        ptr, device, name = launcher.pointer_getter(adapter), launcher.on_device(dev), self.name
         scratch, splits, needs_mask = launcher.scratch, spec.splits, op.mask is not None
 
         def launch(q: Any, k: Any, v: Any, mask: Any, *rest: Any) -> None:

@@ -158,7 +158,7 @@ class FlashDecode(CudaVariant):
         fl = launcher.FastLaunch(main.function, grid, spec.threads, spec.smem_bytes,
                                  launcher.ParamBlock.from_args(main_args, roles))
         total_rows = op.batch * op.heads * op.seq_q
-        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
+        ptr, device, name = launcher.pointer_getter(adapter), launcher.on_device(dev), self.name
         scratch, splits, needs_mask = launcher.scratch, spec.splits, op.mask is not None
         capturing = launcher.is_capturing
         counters: dict[int, Any] = {}  # stream handle -> int32 arrival counts (zero between launches)

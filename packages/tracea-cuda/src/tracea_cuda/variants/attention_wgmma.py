@@ -519,7 +519,7 @@ class FlashAttentionWgmma(CudaVariant):
         memo: dict[tuple[int, int, int], tuple[tma.Packed, list[ctypes.c_uint64]]] = {}
         lock = threading.Lock()
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
-        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
+        ptr, device, name = launcher.pointer_getter(adapter), launcher.on_device(dev), self.name
         capturing, split_scratch, scratch = launcher.is_capturing, launcher.split_scratch, launcher.scratch
         masked = op.mask is not None
 

@@ -142,7 +142,7 @@ class CudaVariant(KernelVariant):
         launcher.refuse_if_capturing(stream(), self.name)
         if not self.fast_launch_ok(op, config):
             return self._bind_run(op, config, profile, adapter)
-        ptr, device = adapter.data_ptr, launcher.on_device(dev)
+        ptr, device = launcher.pointer_getter(adapter), launcher.on_device(dev)
         roles = (op.roles[0], op.roles[1], "out", "bias")
         builds: dict[tuple[int, ...], launcher.FastLaunch] = {}
 
@@ -158,6 +158,7 @@ class CudaVariant(KernelVariant):
         name = self.name
 
         current = toolkit.cupy().cuda.runtime.getDevice
+        single = launcher.single_device()
 
         def launch(x0: Any, x1: Any, bias: Any, out: Any) -> None:
             po = ptr(out)
@@ -167,7 +168,7 @@ class CudaVariant(KernelVariant):
             if fl is None:  # misaligned views: another compiled variant of the kernel
                 launcher.refuse_if_capturing(s, name)
                 fl = builds[launcher.align_key(ptrs)] = build(launcher.align_key(ptrs))
-            if current() == dev:
+            if single or current() == dev:
                 fl(s, ptrs)
             else:
                 with device():

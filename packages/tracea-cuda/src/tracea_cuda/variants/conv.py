@@ -164,7 +164,7 @@ class ImplicitGemmConv(CudaVariant):
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
         launcher.refuse_if_capturing(stream(), self.name)
-        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
+        ptr, device, name = launcher.pointer_getter(adapter), launcher.on_device(dev), self.name
         roles = ("x", "w", "out", "bias")
         builds: dict[tuple[int, int], launcher.FastLaunch] = {}
 

@@ -33,12 +33,33 @@ VECS = (8, 4, 2, 1)
 #: input channels per group from which a group counts as wide (8+ FMAs per output and tap)
 WIDE_GROUP = 8
 #: multiply-adds (N*P*Q*K*C/groups) from which cuDNN's grouped kernels beat this one on wide groups (H100
-#: probe, graph-replayed device time, best of the probed configs: fp32 NCHW with 8 or 16 channels per group
-#: 0.42-0.90x from 7.6M multiply-adds, 1.2-2.5x up to 2.8M; fp16 NHWC with 16 per group 0.57-0.72x from
-#: 12.8M, 1.4x at 1.6M, while 8 per group stays 1.2-2.4x at every size probed)
+#: probe, graph-replayed device time, best of the probed configs: fp16 NHWC with 16 per group 0.57-0.72x from
+#: 12.8M, 1.4x at 1.6M, while 8 per group stays 1.2-2.4x at every size probed; fp32 NCHW, with several output
+#: channels per thread (``kpt``), 1.24-1.51x cuDNN with 8 per group at 11-51M, 16 per group 0.89x at 12.8M and
+#: 0.73x at 51M, 1.27x at 1.6M; fp32 NHWC was probed before ``kpt``: 8+ per group measured slower)
 DECLINE_MACS = 4_000_000
 #: the probe turns the decline off to time the declined shapes
 DECLINE_WIDE_GROUPS = True
+
+
+#: NCHW: input channels per group from which a thread computes several output channels of its group (each
+#: input value loaded once for them: ``kpt``), one output row each
+NCHW_SHARED_INPUT = 4
+#: NCHW wide groups: the most output channels per thread keep at least this many threads per SM (H100 probe,
+#: ``probe_depthwise.py --families resnext,regnet --batches 1,8,32 --dtypes float32``, 15 fp32 layers with
+#: 4 / 8 / 16 channels per group: this rule at 64-thread blocks is 0.976x the best probed config on average,
+#: worst 0.92x; the earlier one-channel threads were 0.39-0.83x cuDNN on the layers then declined)
+NCHW_THREADS_PER_SM = 256
+
+
+def nchw_channels_per_thread(op: Conv2dOp, units: int) -> int:
+    """NCHW ``kpt``: the largest power of two up to 16 dividing K/groups that leaves
+    :data:`NCHW_THREADS_PER_SM` threads (one output row and ``kpt`` channels each) per SM."""
+    _, kg = per_group(op)
+    outputs, kpt = op.n * op.k * op.p * op.q, 1
+    while kpt < 16 and kg % (2 * kpt) == 0 and outputs // (2 * kpt) >= NCHW_THREADS_PER_SM * units:
+        kpt *= 2
+    return kpt
 
 
 def per_group(op: Conv2dOp) -> tuple[int, int]:
@@ -91,12 +112,12 @@ class DepthwiseConv(CudaVariant):
 
     @staticmethod
     def _cudnn_faster(op: Conv2dOp, cg: int) -> list[str]:
-        """The wide-group shapes cuDNN serves faster (see :data:`DECLINE_MACS`): fp32 (or NCHW) with 8+
-        input channels per group, 16-bit NHWC with more than 8, from :data:`DECLINE_MACS` multiply-adds."""
+        """The wide-group shapes cuDNN serves faster (see :data:`DECLINE_MACS`): fp32 NHWC with 8+ input
+        channels per group, NCHW and 16-bit NHWC with more than 8, from :data:`DECLINE_MACS` multiply-adds."""
         macs = op.n * op.p * op.q * op.k * cg
         if not DECLINE_WIDE_GROUPS or macs < DECLINE_MACS or cg < WIDE_GROUP:
             return []
-        if cg == WIDE_GROUP and op.layout is Layout.NHWC and op.dtype.storage is not DType.F32:
+        if cg == WIDE_GROUP and (op.layout is Layout.NCHW or op.dtype.storage is not DType.F32):
             return []
         return [f"{cg} input channels per group over {macs / 1e6:.1f}M multiply-adds "
                 f"({'NCHW' if op.layout is Layout.NCHW else 'NHWC'} {op.dtype.storage.value}): cuDNN's grouped "
@@ -119,10 +140,12 @@ class DepthwiseConv(CudaVariant):
         if op.layout is Layout.NCHW:
             for name in ("cv", "ppt", "vec"):
                 if config.get(name) is not None:
-                    raise UnsupportedConfigError(f"param {name} is for NHWC; NCHW takes threads and rows")
-            return replace(base, rows=int_param(config, "rows", 1), nchw_threads=threads)
-        if config.get("rows") is not None:
-            raise UnsupportedConfigError("param rows is for NCHW; NHWC takes threads, cv, ppt and vec")
+                    raise UnsupportedConfigError(f"param {name} is for NHWC; NCHW takes threads, rows and kpt")
+            return replace(base, rows=int_param(config, "rows", 1), kpt=int_param(config, "kpt", 1),
+                           nchw_threads=threads)
+        for name in ("rows", "kpt"):
+            if config.get(name) is not None:
+                raise UnsupportedConfigError(f"param {name} is for NCHW; NHWC takes threads, cv, ppt and vec")
         vec = max_vec(op, int_param(config, "vec", 8))
         isz, osz = op.dtype.storage.itemsize, op.out_dtype.itemsize
         nw = cg if kg % vec == 0 else vec // kg * cg
@@ -151,7 +174,7 @@ class DepthwiseConv(CudaVariant):
     def search_space(self, op: Conv2dOp, profile: DeviceProfile) -> SearchSpace:
         space = SearchSpace().param("threads", [64, 128, 256])
         if op.layout is Layout.NCHW:
-            space = space.param("rows", [1, 2, 4, 8])
+            space = space.param("rows", [1, 2, 4, 8]).param("kpt", [1, 2, 4, 8, 16])
         else:
             space = (space.param("cv", [1, 2, 4, 8, 16, 32]).param("ppt", [1, 2, 4])
                      .param("vec", sorted({max_vec(op, v) for v in VECS}, reverse=True)))
@@ -173,7 +196,11 @@ class DepthwiseConv(CudaVariant):
         # blocks wanted: two per SM, more where each output costs 8+ FMAs per tap (wide groups)
         units = max(int(profile.compute_units or 1), 1)
         want = 2 * units * max(1, cg // 4)  # NCHW blocks of 128
-        if op.layout is Layout.NCHW:
+        if op.layout is Layout.NCHW and cg >= NCHW_SHARED_INPUT:
+            kpt = nchw_channels_per_thread(op, units)
+            first = self._nchw(64, 1, kpt)
+            alt = self._nchw(64, 1, kpt // 2 if kpt > 1 else 1)
+        elif op.layout is Layout.NCHW:
             rows = (4 if op.stride[0] == 1 else 2) if op.r >= 3 and op.p >= 4 else 1
             threads = 128
             while self._blocks(op, self._nchw(threads, rows)) < want:
@@ -219,8 +246,8 @@ class DepthwiseConv(CudaVariant):
         return PipelineConfig(params=(("threads", threads), ("cv", cv), ("ppt", ppt), ("vec", vec)))
 
     @staticmethod
-    def _nchw(threads: int, rows: int) -> PipelineConfig:
-        return PipelineConfig(params=(("threads", threads), ("rows", rows)))
+    def _nchw(threads: int, rows: int, kpt: int = 1) -> PipelineConfig:
+        return PipelineConfig(params=(("threads", threads), ("rows", rows)) + ((("kpt", kpt),) if kpt > 1 else ()))
 
     def _blocks(self, op: Conv2dOp, config: PipelineConfig) -> int:
         try:

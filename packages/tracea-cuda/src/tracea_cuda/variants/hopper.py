@@ -383,7 +383,7 @@ class WgmmaGemm(CudaVariant):
         launcher.refuse_if_capturing(stream(), self.name)
         if not self.fast_launch_ok(op, config):
             return self._bind_run(op, config, profile, adapter)
-        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
+        ptr, device, name = launcher.pointer_getter(adapter), launcher.on_device(dev), self.name
         r0, r1 = self.roles
         mapped = [i for i, r in enumerate((r0, r1)) if r in self.mapped_roles]
         m0, m1 = 0 in mapped, 1 in mapped

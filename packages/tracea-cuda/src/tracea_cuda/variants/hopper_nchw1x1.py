@@ -174,7 +174,7 @@ class WgmmaNchw1x1Conv(WgmmaGemm):
         with toolkit.cupy().cuda.Device(dev):
             copy = _pitch_launch(op, pitch)
         pre = launcher.with_prepasses(adapter, dev, stream, (op.n * op.c * pitch, 0), op.dtype, copy, inner)
-        ptr = adapter.data_ptr
+        ptr = launcher.pointer_getter(adapter)
 
         def launch(x: Any, w: Any, bias: Any, out: Any) -> None:
             if ptr(w) & 15:

@@ -142,7 +142,7 @@ class RowsFmaGemm(CudaVariant):
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
         launcher.refuse_if_capturing(stream(), self.name)
-        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
+        ptr, device, name = launcher.pointer_getter(adapter), launcher.on_device(dev), self.name
         n_slices, length, grid, n_tiles = self._launch_shape(op, config, profile)
         split = n_slices > 1
         bm = self._bm(op, config)

@@ -121,7 +121,7 @@ class RowsKnGemm(CudaVariant):
         dev = profile.device.index
         stream = launcher.stream_getter(adapter, dev)
         launcher.refuse_if_capturing(stream(), self.name)
-        ptr, device, name = adapter.data_ptr, launcher.on_device(dev), self.name
+        ptr, device, name = launcher.pointer_getter(adapter), launcher.on_device(dev), self.name
         n_slices, length = slices(op, profile.compute_units, config_slices(config))
         split = n_slices > 1
         roles = ("a", "b", "out", "bias", "ws", "flags")
