@@ -86,3 +86,53 @@ def test_a_failing_cached_winner_is_removed_from_the_cache(broken, rng):
         out = ops.matmul(a, b)
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
     assert not [e for e in get_cache().entries() if e.variant == "broken.gemm"]
+
+
+class _LaterBroken(_Broken):
+    """Binds a pointer-only launcher (the plan's one-frame hot path) that computes its first call and raises on
+    later ones: the failure happens inside a stored plan, not on the first call."""
+
+    name = "laterbroken.gemm"
+
+    def bind(self, op, config, profile, adapter):  # noqa: ANN001, ANN201
+        def launch(a, b, bias, out):  # noqa: ANN001, ANN202
+            type(self).runs += 1
+            if type(self).runs > 1:
+                raise RuntimeError("kernel exploded later")
+            np.matmul(a, b, out=out)
+
+        launch.pointer_only = True
+        return launch
+
+
+def test_a_stored_plan_whose_launch_fails_quarantines_and_reruns(tmp_path, rng):
+    """The lean plan calls the bound launch without the guard's frame; its failure still quarantines the variant
+    (warned), this call is decided again and served by the next candidate, and later calls use that one."""
+    set_cache(TuningCache(tmp_path / "cache.json"))
+    pm = create_plugin_manager()
+
+    class _Plugin2:
+        @hookimpl
+        def tracea_register_variants(self):  # noqa: ANN201
+            return [_LaterBroken()]
+
+    pm.register_plugin(_Plugin2(), "laterbroken", "test")
+    set_plugin_manager(pm)
+    _LaterBroken.runs = 0
+    from tracea.runtime import dispatch
+
+    dispatch._warned.clear()
+    try:
+        a = rng.standard_normal((9, 7), dtype=np.float32)
+        b = rng.standard_normal((7, 5), dtype=np.float32)
+        ref = a.astype(np.float64) @ b
+        np.testing.assert_allclose(ops.matmul(a, b), ref, rtol=1e-5, atol=1e-5)  # served by the bound launch
+        assert _LaterBroken.runs == 1
+        with pytest.warns(RuntimeWarning, match="laterbroken.gemm failed"):
+            out = ops.matmul(a, b)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ops.matmul(a, b), ref, rtol=1e-5, atol=1e-5)
+        assert _LaterBroken.runs == 2  # quarantined: not tried again
+    finally:
+        set_plugin_manager(None)
+        set_cache(None)
