@@ -72,8 +72,8 @@ ROW_HEROES: dict[str, list[dict[str, int]]] = {
 # Output widths up to which the row-aligned indirect conv heroes go first, per CPU family (default 14,
 # measured on AMD). Intel AVX-512: 7x32 rows first at 28^2 as well -- ResNet 128@28^2 NCHW at batch 1 / 8
 # 2.86x / 0.99x torch against 1.68x / 0.96x for the 6x64 default, interleaved, under load 11-13 (noisy).
-# AMD Zen 4 (2-core EPYC VM, 2026-11-27, quiet, .hx probe interleaved with torch 2.13 CPU, 15 rounds, three
-# runs): 128@28^2 NCHW 7x32 kc2304 at batch 1 / 8 1.01-1.07x / 1.18-1.36x torch against 0.91-0.93x /
+# AMD Zen 4 (2-core EPYC VM, 2026-11-27, quiet; both configs forced through tracea.ops.conv2d's config=,
+# interleaved with torch 2.13 CPU in one process, 15 rounds, three runs): 128@28^2 NCHW 7x32 kc2304 at batch 1 / 8 1.01-1.07x / 1.18-1.36x torch against 0.91-0.93x /
 # 1.07-1.22x for the 6x64 kc1024 default.
 ROW_FIRST_MAX_Q: dict[str, int] = {"intel-avx512": 28, "amd-zen4-avx512": 28}
 # K block of the weights-stationary conv heroes (the whole K of ResNet-50's 512-channel 3x3 layers).

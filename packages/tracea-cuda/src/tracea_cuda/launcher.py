@@ -139,6 +139,41 @@ def reducing_split_buffers(adapter: Any, out: Any, dev: int, stream_ptr: int, si
     return ws, flags, None
 
 
+def split_k_launcher(adapter: Any, dev: int, name: str, split: bool,
+                     build: Callable[[int], tuple["FastLaunch", tuple[int, int, int, int]]],
+                     align_class: Callable[[int, int], int]) -> Callable[..., None]:
+    """A pointer-only ``launch(a, b, bias, out)`` of a one-launch kernel with arguments ``(a, b, out, bias, ws,
+    flags)`` that, when ``split``, sums its K slices itself through :func:`reducing_split_buffers` (``rows_kn``,
+    ``rows_fma``). ``build(cls)`` gives the kernel's launch and its buffer sizes for the operands' alignment class
+    ``align_class(pa, pb)`` (class 0 is built now; another is compiled on its first call, never inside capture)."""
+    stream, ptr, device = stream_getter(adapter, dev), pointer_getter(adapter), on_device(dev)
+    refuse_if_capturing(stream(), name)
+    current, single = toolkit.cupy().cuda.runtime.getDevice, single_device()
+    entries = {0: build(0)}
+    buffers = reducing_split_buffers
+
+    def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
+        pa, pb, po = ptr(a), ptr(b), ptr(out)
+        pbias = po if bias is None else ptr(bias)
+        s = stream()
+        cls = align_class(pa, pb)
+        entry = entries.get(cls)
+        if entry is None:  # operands of another alignment: another compiled kernel (not while capturing)
+            refuse_if_capturing(s, name)
+            entry = entries[cls] = build(cls)
+        fl, sizes = entry
+        pw, pf, keep = buffers(adapter, out, dev, s, sizes, ptr) if split else (po, po, None)
+        if single or current() == dev:
+            fl(s, (pa, pb, po, pbias, pw, pf))
+        else:
+            with device():
+                fl(s, (pa, pb, po, pbias, pw, pf))
+        del keep  # (alive until the launch is queued)
+
+    launch.pointer_only = True  # type: ignore[attr-defined]
+    return launch
+
+
 def pointer_getter(adapter: Any) -> Callable[[Any], int]:
     """The function a launcher reads its arrays' addresses with: the array type's own (C) method where the
     adapter names one (``raw_data_ptr``: no adapter frame per pointer), else ``adapter.data_ptr``."""
@@ -153,16 +188,6 @@ def single_device() -> bool:
         return int(toolkit.cupy().cuda.runtime.getDeviceCount()) == 1
     except Exception:  # noqa: BLE001 - unknown: check on every launch
         return False
-
-
-def launch_on(dev: int, device: Callable[[], Any], current: Callable[[], int], fl: "FastLaunch", stream_ptr: int,
-              ptrs: Sequence[int]) -> None:
-    """``fl(stream_ptr, ptrs)`` with device ``dev`` current (switched only when another device is)."""
-    if current() == dev:
-        fl(stream_ptr, ptrs)
-    else:
-        with device():
-            fl(stream_ptr, ptrs)
 
 
 def to_ctypes(value: Any) -> Any:

@@ -139,47 +139,26 @@ class RowsFmaGemm(CudaVariant):
         live in the stream's split scratch (:func:`tracea_cuda.launcher.split_scratch`: one launch, so stream
         order alone keeps two calls apart, and the kernel leaves the counters at zero); inside CUDA graph capture a
         zeroed buffer of the call's own (a captured graph may replay on another stream)."""
-        dev = profile.device.index
-        stream = launcher.stream_getter(adapter, dev)
-        launcher.refuse_if_capturing(stream(), self.name)
-        ptr, device, name = launcher.pointer_getter(adapter), launcher.on_device(dev), self.name
+        device = launcher.on_device(profile.device.index)
         n_slices, length, grid, n_tiles = self._launch_shape(op, config, profile)
         split = n_slices > 1
         bm = self._bm(op, config)
         ws_floats = n_tiles * n_slices * bm * BN if split else 0
-        flag_words = n_tiles if split else 0
-        own_floats, ws_offset = zeroed_layout(n_tiles, ws_floats)
+        sizes = (n_tiles if split else 0, ws_floats, *zeroed_layout(n_tiles, ws_floats))
         roles = ("a", "b", "out", "bias", "ws", "flags")
         args = lambda p: (u64(p["a"]), u64(p["b"]), u64(p["out"]), u64(p["bias"]), u64(p["ws"]),  # noqa: E731
                           u64(p["flags"]), np.int32(op.m), np.int32(op.n), np.int32(op.k), np.int32(length))
-        fls: dict[int, launcher.FastLaunch] = {}
 
-        def fl_for(mod: int) -> launcher.FastLaunch:
+        def fl_for(mod: int) -> tuple[launcher.FastLaunch, tuple[int, int, int, int]]:
             spec = self.spec(op, config, {"a": mod, "b": mod}, split=split)
             with device():
                 kernel = self._load(spec, profile)
-            return launcher.FastLaunch(kernel.function, grid, THREADS, 0, launcher.ParamBlock.from_args(args, roles))
+            return launcher.FastLaunch(kernel.function, grid, THREADS, 0,
+                                       launcher.ParamBlock.from_args(args, roles)), sizes
 
-        fls[0] = fl_for(0)
-        buffers, launch_on = launcher.reducing_split_buffers, launcher.launch_on
-        sizes = (flag_words, ws_floats, own_floats, ws_offset)
-        current = toolkit.cupy().cuda.runtime.getDevice
-
-        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-            pa, pb, po = ptr(a), ptr(b), ptr(out)
-            pbias = po if bias is None else ptr(bias)
-            s = stream()
-            mod = 0 if not (pa | pb) & 15 else 4
-            fl = fls.get(mod)
-            if fl is None:  # an operand not 16-byte aligned: one float per copy (compiled once, not while capturing)
-                launcher.refuse_if_capturing(s, name)
-                fl = fls[mod] = fl_for(mod)
-            pw, pf, keep = buffers(adapter, out, dev, s, sizes, ptr) if split else (po, po, None)
-            launch_on(dev, device, current, fl, s, (pa, pb, po, pbias, pw, pf))
-            del keep  # (alive until the launch is queued)
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        # an operand not 16-byte aligned: one float per copy (class 4)
+        return launcher.split_k_launcher(adapter, profile.device.index, self.name, split, fl_for,
+                                         lambda pa, pb: 0 if not (pa | pb) & 15 else 4)
 
     def _load(self, spec: RowsFmaSpec, profile: DeviceProfile) -> compiler.Kernel:
         arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))

@@ -118,20 +118,16 @@ class RowsKnGemm(CudaVariant):
         stream order alone keeps two calls apart, and the kernel leaves the counters at zero); inside CUDA graph
         capture a zeroed buffer of the call's own (a captured graph may replay on another stream). No other
         per-call Python beyond the pointers (the run path cost ~40 us of host time a call on an H100 host)."""
-        dev = profile.device.index
-        stream = launcher.stream_getter(adapter, dev)
-        launcher.refuse_if_capturing(stream(), self.name)
-        ptr, device, name = launcher.pointer_getter(adapter), launcher.on_device(dev), self.name
+        device = launcher.on_device(profile.device.index)
         n_slices, length = slices(op, profile.compute_units, config_slices(config))
         split = n_slices > 1
         roles = ("a", "b", "out", "bias", "ws", "flags")
         args = lambda p: (u64(p["a"]), u64(p["b"]), u64(p["out"]), u64(p["bias"]), u64(p["ws"]),  # noqa: E731
                           u64(p["flags"]), np.int32(op.m), np.int32(op.n), np.int32(op.k), np.int32(length))
-        # the launch and its buffers' sizes (counters, partial floats, own zeroed buffer's floats, partials' byte
-        # offset there) per B alignment
-        mains: dict[int, tuple[launcher.FastLaunch, tuple[int, int, int, int]]] = {}
 
         def main_for(b_mod: int) -> tuple[launcher.FastLaunch, tuple[int, int, int, int]]:
+            """The launch for B's alignment class and its buffers' sizes (counters, partial floats, own zeroed
+            buffer's floats, the partials' byte offset there)."""
             spec = self.spec(op, config, {"b": b_mod}, split=split)
             blocks, tile = tile_shape(op, spec)
             with device():
@@ -141,25 +137,9 @@ class RowsKnGemm(CudaVariant):
             ws_floats = blocks * n_slices * tile if split else 0
             return fl, (blocks if split else 0, ws_floats, *zeroed_layout(blocks, ws_floats))
 
-        mains[0] = main_for(0)
-        buffers, launch_on = launcher.reducing_split_buffers, launcher.launch_on
-        current = toolkit.cupy().cuda.runtime.getDevice
-
-        def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
-            pa, pb, po = ptr(a), ptr(b), ptr(out)
-            pbias = po if bias is None else ptr(bias)
-            s = stream()
-            entry = mains.get(pb & 15)
-            if entry is None:  # a view of other alignment: element loads (compiled once, not while capturing)
-                launcher.refuse_if_capturing(s, name)
-                entry = mains[pb & 15] = main_for(pb & 15)
-            fl, sizes = entry
-            pw, pf, keep = buffers(adapter, out, dev, s, sizes, ptr) if split else (po, po, None)
-            launch_on(dev, device, current, fl, s, (pa, pb, po, pbias, pw, pf))
-            del keep  # (alive until the launch is queued)
-
-        launch.pointer_only = True  # type: ignore[attr-defined]
-        return launch
+        # only B's alignment matters (a view of another one: element loads)
+        return launcher.split_k_launcher(adapter, profile.device.index, self.name, split, main_for,
+                                         lambda pa, pb: pb & 15)
 
     def _load(self, spec: RowsKnSpec, profile: DeviceProfile) -> compiler.Kernel:
         arch = toolkit.arch_name(profile.compute_capability or toolkit.compute_capability(profile.device.index))

@@ -159,7 +159,8 @@ class SkinnyTf32Gemm(SkinnyMmaGemm):
     """The skinny kernel on float32: one TF32 product where TF32 is allowed, else the 3xTF32 split in
     registers (fp32-level accuracy, what ``x @ W.T`` of an fp32 ``nn.Linear`` needs by default). The tiled
     3xTF32 GEMMs split both operands through memory or run 128-row tiles: on an H100, fp32-exact
-    x(8-32) @ W.T against 1000-11008-row weights they ran 0.17-0.65x cuBLAS (`.hx` probe, 2026-11-27)."""
+    x(8-32) @ W.T against 1000-11008-row weights they ran 0.17-0.65x cuBLAS (H100, 2026-11-27: the user path's
+    ``bench_shapes.py --groups fp32`` rows before this variant served them)."""
 
     name = "cuda.gemm.skinny_tf32"
     description = ("few-row float32 GEMM (M <= 64) against an (N, K) weight on mma.sync TF32: the weight "
