@@ -210,6 +210,7 @@ GROUPED_CONVS = {  # family: (C, H, R, stride, groups); K = C (depthwise: groups
     "convnext dw": [(96, 56, 7, 1, 96), (384, 14, 7, 1, 384), (768, 7, 7, 1, 768)],
     "resnext 32x4d grouped": [(128, 56, 3, 1, 32), (256, 28, 3, 1, 32), (512, 14, 3, 1, 32)],
     "regnetx grouped": [(56, 28, 3, 1, 7), (152, 14, 3, 1, 19)],
+    "regnetx-016 grouped": [(168, 28, 3, 1, 7), (408, 14, 3, 1, 17), (912, 7, 3, 1, 38)],  # 24 per group
 }
 
 

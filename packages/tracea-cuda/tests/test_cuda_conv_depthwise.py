@@ -1,4 +1,4 @@
-"""Tests of ``cuda.conv2d.depthwise`` (depthwise / grouped conv2d with <= 16 channels per group).
+"""Tests of ``cuda.conv2d.depthwise`` (depthwise / grouped conv2d with <= 16 channels per group, 64 in NCHW).
 
 Without a GPU: what it accepts and declines (with reasons) and that the dense conv variants still decline
 ``groups > 1``; the Doctor's choice on a fake H100 / A100; config validation, heroes and the search space;
@@ -74,9 +74,16 @@ def test_accepts_depthwise_and_grouped_and_declines_with_reasons():
     assert not _reasons(dw(3, 17, 15, 15, 3, mult=2, layout="nchw", dtype="float16"))  # 16-bit NCHW too
     assert any("groups=1" in r for r in _reasons(Conv2dOp(1, 32, 8, 8, 32, 3, 3, padding=1, layout="nhwc",
                                                          dtype="float16")))
-    assert any("32 input / 32 output channels per group" in r
-               for r in _reasons(grouped(1, 1024, 7, 7, 32)))  # ResNeXt stage 4: C/groups = 32
-    assert any("channels per group" in r for r in _reasons(grouped(1, 16, 7, 7, 16, k=512)))  # kg = 32
+    assert any("65 input / 65 output channels per group" in r for r in _reasons(grouped(1, 1040, 7, 7, 16)))
+    assert any("channels per group" in r for r in _reasons(grouped(1, 16, 7, 7, 16, k=1280)))  # kg = 80
+    # up to 64 channels per group (RegNetX-1.6GF's 24, at any batch); 80 is declined
+    nchw = dict(layout="nchw", dtype="float32")
+    assert not _reasons(grouped(1, 168, 28, 28, 7, **nchw)) and not _reasons(grouped(1, 912, 7, 7, 38, **nchw))
+    assert not _reasons(grouped(8, 168, 28, 28, 7, **nchw)) and not _reasons(grouped(32, 408, 14, 14, 17))
+    # ... but NCHW past 32M multiply-adds goes to cuDNN (b32: 0.62-0.77x device time)
+    assert "cuDNN" in " ".join(_reasons(grouped(32, 168, 28, 28, 7, **nchw)))
+    assert not _reasons(grouped(1, 256, 7, 7, 4, **nchw))  # 64 per group, 0.8M multiply-adds
+    assert any("80 input / 80 output channels per group" in r for r in _reasons(grouped(1, 160, 7, 7, 2, **nchw)))
     assert any("at most 7x7" in r for r in _reasons(dw(1, 64, 32, 32, 9)))
     assert any("compute capability" in r for r in _reasons(dw(1, 64, 32, 32, 3),
                                                            dataclass_replace(A100, compute_capability=(6, 1))))
@@ -113,7 +120,7 @@ def test_doctor_picks_depthwise_for_grouped_ops_untuned(monkeypatch, profile):
     d = doc.decide(dense, "cuda:0", use_cache=False)
     assert d.variant.name != NAME
     assert any(r.variant == NAME and any("groups=1" in x for x in r.reasons) for r in d.rejected)
-    wide = grouped(1, 1024, 7, 7, 32)  # 32 channels per group: no CUDA variant (the reference oracle at most)
+    wide = grouped(1, 1040, 7, 7, 16)  # 65 channels per group: no CUDA variant (the reference oracle at most)
     try:
         d = doc.decide(wide, "cuda:0", use_cache=False)
     except NoVariantError as exc:
@@ -302,8 +309,8 @@ def test_torch_bridge_routes_grouped_convs_to_the_variant(monkeypatch):
         assert seen == {"x": True, "w": True}, (dt, fmt, groups, seen)  # zero-copy: no views, no weight copy
         assert out.is_contiguous(memory_format=fmt) and tuple(out.shape) == (2, c, op.p, op.q)
         torch.testing.assert_close(out, F.conv2d(x, w, b, stride, r // 2, 1, groups))
-    wide = bridge_plans._conv_op(torch.randn(1, 64, 8, 8), torch.randn(64, 32, 3, 3), None, (1, 1), (1, 1), (1, 1), 2,
-                                 None, DType.F32)
+    wide = bridge_plans._conv_op(torch.randn(1, 160, 8, 8), torch.randn(160, 80, 3, 3), None, (1, 1), (1, 1), (1, 1),
+                                 2, None, DType.F32)
     with pytest.raises(choice.Fallback, match="channels per group"):
         choice.choose(wide, cuda)
     # a wide-group layer cuDNN measured faster on: PyTorch serves it, counted with the variant's reason
@@ -322,7 +329,10 @@ def _compile_specs():
     out = []
     for op in MODEL_OPS + [dw(3, 17, 15, 15, 3, mult=2, layout="nchw", dtype="float16", dtype_out="float32"),
                            dw(1, 32, 15, 15, 3, padding=2, dilation=2, dtype="float32"),
-                           grouped(2, 48, 14, 14, 3, r=5, dtype="bfloat16", epilogue="gelu_erf")]:
+                           grouped(2, 48, 14, 14, 3, r=5, dtype="bfloat16", epilogue="gelu_erf"),
+                           grouped(1, 168, 28, 28, 7, layout="nchw", dtype="float32", epilogue="bias+relu"),
+                           grouped(8, 256, 7, 7, 4, layout="nchw", dtype="float32"),  # 24 / 64 per group
+                           grouped(1, 168, 28, 28, 7, epilogue="bias+relu"), grouped(2, 1024, 7, 7, 32)]:
         for c in VARIANT.hero_configs(op, H100):
             out.append(VARIANT.spec(op, c, None))
         if op.layout is Layout.NHWC:
@@ -451,6 +461,9 @@ HOST_GEOMS = [(1, 3, 3, 7, 7, 3, 3, 1, 1, 1, 3), (3, 17, 17, 15, 14, 3, 3, 1, 1,
               (2, 64, 128, 7, 9, 3, 3, 1, 0, 1, 8), (1, 48, 48, 6, 7, 3, 5, 1, (1, 2), 1, 3),
               (1, 48, 144, 5, 5, 3, 3, 1, 1, 1, 48), (1, 32, 64, 9, 9, 3, 3, 1, 1, 1, 32),
               (2, 64, 32, 7, 7, 3, 3, 1, 1, 1, 16)]
+# 17-64 channels per group (RegNetX-style 24, 48; 64)
+WIDE_GEOMS = [(1, 72, 72, 9, 9, 3, 3, 1, 1, 1, 3), (2, 96, 96, 7, 6, 3, 3, 2, 1, 1, 2),
+                   (1, 128, 128, 5, 5, 3, 3, 1, 1, 1, 2), (1, 48, 96, 6, 6, 5, 5, 1, 2, 1, 2)]
 HOST_MODES = [("nhwc", "float16", None, "bias+silu"), ("nhwc", "bfloat16", None, "bias+relu"),
               ("nhwc", "float32", None, "bias"), ("nchw", "float32", None, "bias+gelu"),
               ("nchw", "bfloat16", "float32", "none"), ("nhwc", "float16", "float32", "gelu_erf")]
@@ -474,6 +487,28 @@ def test_host_emulated_kernels_against_float64(geom, tmp_path):
         x, w, b, _ = _host_inputs(op, seed=i)
         ref = _reference(op, x, w, b)
         for config in VARIANT.hero_configs(op, H100):
+            err = _rel(_host_run(op, config, tmp_path, x, w, b), ref)
+            assert err <= _tol(op), (op.describe(), config.key, err)
+
+
+@needs_cxx
+@pytest.mark.parametrize("geom", WIDE_GEOMS, ids=lambda g: "g" + "_".join(map(str, g)))
+def test_host_emulated_wide_groups(geom, tmp_path):
+    """Groups of 24-64 channels, two modes each (cycling through HOST_MODES: NHWC and NCHW), the heroes; NCHW
+    also a spread of kpt / rows."""
+    i = WIDE_GEOMS.index(geom)
+    for mode in (HOST_MODES[i % len(HOST_MODES)], HOST_MODES[(i + 3) % len(HOST_MODES)]):
+        op = _geom_op(geom, mode)
+        assert not _reasons(op), _reasons(op)
+        x, w, b, _ = _host_inputs(op, seed=i)
+        ref = _reference(op, x, w, b)
+        configs = VARIANT.hero_configs(op, H100)
+        assert configs, op.describe()
+        if op.layout is Layout.NCHW:
+            configs += [PipelineConfig(params=(("rows", 2), ("kpt", 8), ("threads", 64))),
+                        PipelineConfig(params=(("rows", 1), ("threads", 32)))]
+        for config in configs:
+            assert VARIANT.validate_config(op, config, H100), config
             err = _rel(_host_run(op, config, tmp_path, x, w, b), ref)
             assert err <= _tol(op), (op.describe(), config.key, err)
 
@@ -552,6 +587,20 @@ def test_depthwise_against_float64(geom, mode):
     assert not VARIANT.check(op, profile), VARIANT.check(op, profile)
     for i, config in enumerate(VARIANT.hero_configs(op, profile)):
         _gpu_check(op, config, seed=i)
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("geom", WIDE_GEOMS + [(2, 168, 168, 28, 28, 3, 3, 1, 1, 1, 7),
+                                               (1, 912, 912, 7, 7, 3, 3, 1, 1, 1, 38),
+                                               (2, 1024, 1024, 7, 7, 3, 3, 1, 1, 1, 32)],
+                         ids=lambda g: "g" + "_".join(map(str, g)))
+def test_depthwise_wide_groups_on_gpu(geom):
+    for mode in (HOST_MODES[0], HOST_MODES[3], GPU_MODES[6], GPU_MODES[7]):
+        op = _geom_op(geom, mode)
+        profile = T.gpu_profile()
+        for i, config in enumerate(VARIANT.hero_configs(op, profile)):
+            _gpu_check(op, config, seed=i)
 
 
 @pytest.mark.cuda

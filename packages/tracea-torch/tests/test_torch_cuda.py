@@ -101,7 +101,7 @@ def test_runs_on_torch_current_stream():
 
 
 def test_grouped_conv_served_on_cuda(monkeypatch):
-    """Depthwise and grouped convs with <= 16 channels per group run on ``cuda.conv2d.depthwise`` (arbiter
+    """Depthwise and grouped convs with <= 64 channels per group run on ``cuda.conv2d.depthwise`` (arbiter
     off: no verdict may route them to PyTorch); wider groups fall back, counted with the Doctor's reason."""
     monkeypatch.setenv("TRACEA_ARBITER", "0")
     fallbacks.reset()
@@ -111,8 +111,8 @@ def test_grouped_conv_served_on_cuda(monkeypatch):
     out = tracea_torch.ops.conv2d(x, w, None, groups=4)
     torch.testing.assert_close(out, F.conv2d(x, w, groups=4), rtol=1e-5, atol=1e-5)
     assert fallbacks.total("conv2d") == 0, fallbacks.counts()
-    x = torch.randn(2, 64, 9, 9, device=DEV)
-    w = torch.randn(64, 32, 3, 3, device=DEV)
+    x = torch.randn(2, 160, 9, 9, device=DEV)  # 80 channels per group (the variant serves up to 64)
+    w = torch.randn(160, 80, 3, 3, device=DEV)
     out = tracea_torch.ops.conv2d(x, w, None, groups=2)
     torch.testing.assert_close(out, F.conv2d(x, w, groups=2), rtol=1e-5, atol=1e-4)
     print("grouped conv on cuda:", fallbacks.counts())

@@ -1,5 +1,5 @@
 """Emitter for depthwise and grouped conv2d with few channels per group (``groups > 1``, C/groups and
-K/groups at most 16: MobileNet / EfficientNet / ConvNeXt depthwise layers, ResNeXt / RegNet grouped 3x3s) as
+K/groups at most 64: MobileNet / EfficientNet / ConvNeXt depthwise layers, ResNeXt / RegNet grouped 3x3s) as
 a direct kernel on the CUDA cores. Such layers move far more bytes than they compute (a 3x3 depthwise conv
 does 18 FLOPs per output element), so the kernel is built to stream x and the output once and keep the
 re-reads of neighbouring taps in L1 / L2.
@@ -60,13 +60,17 @@ ROW_CACHE_FLOATS = 64
 MAX_ACC = 32
 #: largest kernel extent (R or S) served: the tap loops are unrolled
 MAX_KERNEL = 7
-#: most input / output channels per group served
-MAX_PER_GROUP = 16
+#: NHWC: widest input window read with scalar loads at the usual register budget (see ``_nhwc_kernel``)
+MAX_WINDOW_SCALAR = 16
+#: most input / output channels per group served (NHWC: the block's weight slice, in shared memory, bounds it
+#: further for large kernels; NCHW: the planes are a rolled loop, a thread's ``kpt`` channels read each input
+#: value once)
+MAX_PER_GROUP = 64
 
-def _min_blocks(threads: int) -> int:
-    """``__launch_bounds__``' blocks per SM: 512 threads resident, so ptxas may use up to 128 registers (left
+def _min_blocks(threads: int, resident: int = 512) -> int:
+    """``__launch_bounds__``' blocks per SM: ``resident`` threads (512: ptxas may use up to 128 registers; left
     to itself it capped 256-thread blocks at 64 and spilled)."""
-    return max(1, 512 // threads)
+    return max(1, resident // threads)
 
 
 def _index_type(spec: "DepthwiseSpec") -> str:
@@ -316,6 +320,9 @@ def _nhwc_kernel(spec: DepthwiseSpec, name: str) -> str:
             lines.append("}")
         lines.append("}")
     row_body = "\n            ".join(lines)
+    # a window wider than 16 channels read one element at a time (a misaligned view): 256 resident threads, so
+    # ptxas may keep its loads in registers (at 128 registers a 24-channel window spilled ~100 bytes)
+    resident = 256 if nw > MAX_WINDOW_SCALAR and vin == 1 else 512
 
     osz = spec.dtype_out.storage.itemsize
     if spec.vec_out and vec * osz >= 4:
@@ -326,7 +333,7 @@ def _nhwc_kernel(spec: DepthwiseSpec, name: str) -> str:
     stores = " ".join(st)
 
     return f"""
-extern "C" __global__ void __launch_bounds__({spec.threads}, {_min_blocks(spec.threads)}) {name}(
+extern "C" __global__ void __launch_bounds__({spec.threads}, {_min_blocks(spec.threads, resident)}) {name}(
         const {tin}* __restrict__ X, const {tin}* __restrict__ Wt, {tout}* __restrict__ Y,
         const {tb}* __restrict__ bias) {{
     __shared__ __align__(16) float ws[{spec.smem_floats}];  // ws[(r*S + s)*cg + ci][k - kb0]

@@ -1,5 +1,5 @@
 """``cuda.conv2d.depthwise``: depthwise and grouped convolutions with few channels per group (``groups > 1``,
-C/groups and K/groups at most 16) as a direct, memory-bound kernel on the CUDA cores; see
+C/groups and K/groups at most 64) as a direct, memory-bound kernel on the CUDA cores; see
 :mod:`tracea_cuda.emit.depthwise`. The dense conv variants (implicit GEMM, wgmma, pointwise) decline every
 ``groups > 1`` op, so this is what serves EfficientNet / MobileNet / ConvNeXt depthwise layers and ResNeXt /
 RegNet grouped 3x3s on CUDA."""
@@ -40,6 +40,13 @@ WIDE_GROUP = 8
 DECLINE_MACS = 4_000_000
 #: the probe turns the decline off to time the declined shapes
 DECLINE_WIDE_GROUPS = True
+#: channels per group where cuDNN has fast grouped kernels (ResNeXt's widths: 16 measured above; 32 and 64 kept
+#: with cuDNN from DECLINE_MACS, unmeasured). Other widths: RegNetX-1.6GF's 24 per group (H100 probe, device time)
+#: ran 2.3-7.4x cuDNN in 16-bit NHWC at batch 1 / 8 / 32 (served at every size), NCHW fp32 0.81-1.7x at batch 1,
+#: 1.18-4.35x at batch 8 (8.6-25M multiply-adds) and 0.62-0.77x at batch 32 (34-101M): see NCHW_WIDE_DECLINE_MACS
+CUDNN_GROUP_WIDTHS = frozenset({16, 32, 64})
+#: NCHW groups of more than 16 channels outside :data:`CUDNN_GROUP_WIDTHS` go to cuDNN from this many multiply-adds
+NCHW_WIDE_DECLINE_MACS = 32_000_000
 
 
 #: NCHW: input channels per group from which a thread computes several output channels of its group (each
@@ -80,7 +87,7 @@ def max_vec(op: Conv2dOp, cap: int = 8) -> int:
 class DepthwiseConv(CudaVariant):
     name = "cuda.conv2d.depthwise"
     tiled = False  # configs are plain parameters: the spec checks them
-    description = ("depthwise / grouped conv2d (groups > 1, <= 16 channels per group) as a direct kernel on the "
+    description = ("depthwise / grouped conv2d (groups > 1, <= 64 channels per group) as a direct kernel on the "
                    "CUDA cores: NHWC f16/bf16/f32 (channel vectors per thread), NCHW (threads along W); any "
                    "kernel up to 7x7, stride, padding, dilation; fp32 accumulation, fused epilogue")
     requirements = Requirements(device_kind="cuda", op_kind=LayerType.CONV2D,
@@ -112,12 +119,15 @@ class DepthwiseConv(CudaVariant):
 
     @staticmethod
     def _cudnn_faster(op: Conv2dOp, cg: int) -> list[str]:
-        """The wide-group shapes cuDNN serves faster (see :data:`DECLINE_MACS`): fp32 NHWC with 8+ input
-        channels per group, NCHW and 16-bit NHWC with more than 8, from :data:`DECLINE_MACS` multiply-adds."""
+        """The wide-group shapes cuDNN serves faster (see :data:`DECLINE_MACS`), from :data:`DECLINE_MACS`
+        multiply-adds: fp32 NHWC with 8+ input channels per group; NCHW and 16-bit NHWC with cuDNN's widths
+        (:data:`CUDNN_GROUP_WIDTHS`); NCHW with other widths above 16 from :data:`NCHW_WIDE_DECLINE_MACS`."""
         macs = op.n * op.p * op.q * op.k * cg
         if not DECLINE_WIDE_GROUPS or macs < DECLINE_MACS or cg < WIDE_GROUP:
             return []
-        if cg == WIDE_GROUP and (op.layout is Layout.NCHW or op.dtype.storage is not DType.F32):
+        fp32_nhwc = op.layout is Layout.NHWC and op.dtype.storage is DType.F32
+        nchw_wide = op.layout is Layout.NCHW and cg > 16 and macs >= NCHW_WIDE_DECLINE_MACS
+        if not fp32_nhwc and not nchw_wide and cg not in CUDNN_GROUP_WIDTHS:
             return []
         return [f"{cg} input channels per group over {macs / 1e6:.1f}M multiply-adds "
                 f"({'NCHW' if op.layout is Layout.NCHW else 'NHWC'} {op.dtype.storage.value}): cuDNN's grouped "
