@@ -136,3 +136,62 @@ def test_a_stored_plan_whose_launch_fails_quarantines_and_reruns(tmp_path, rng):
     finally:
         set_plugin_manager(None)
         set_cache(None)
+
+
+class _BrokenAttention(KernelVariant):
+    """An attention variant whose bound launch always fails (as a CUDA one refusing misaligned views does)."""
+
+    name = "broken.attention"
+    backend = "broken"
+    description = "raises at run time"
+    priority = 10_000
+    efficiency = 1e6
+    requirements = Requirements("cpu", LayerType.ATTENTION, dtypes=frozenset({DType.F32}))
+
+    def hero_configs(self, op, profile):  # noqa: ANN001
+        return [PipelineConfig(warps=1)]
+
+    def takes_strides(self, op):  # noqa: ANN001
+        return True
+
+    def bind(self, op, config, profile, adapter):  # noqa: ANN001, ANN201
+        def launch(*arrays):  # noqa: ANN002, ANN202
+            from tracea.errors import LaunchError
+
+            raise LaunchError("broken.attention: q, k, v and out must be 16-byte aligned", backend="cpu")
+
+        launch.pointer_only = True
+        return launch
+
+
+def test_attention_whose_first_launch_fails_runs_the_next_candidate(tmp_path, rng):
+    """GPU fuzz finding (seed 4343, cases 7314 / 9767): the first call of an attention signature whose chosen
+    variant failed at run time raised the internal Quarantined signal to the user (``plan_attention.attention``
+    had lost its retry wrapper). Now the call is decided again and served by the next candidate."""
+    set_cache(TuningCache(tmp_path / "cache.json"))
+    pm = create_plugin_manager()
+
+    class _Plugin3:
+        @hookimpl
+        def tracea_register_variants(self):  # noqa: ANN201
+            return [_BrokenAttention()]
+
+    pm.register_plugin(_Plugin3(), "brokenattn", "test")
+    set_plugin_manager(pm)
+    from tracea.runtime import dispatch
+
+    dispatch._warned.clear()
+    try:
+        q = rng.standard_normal((2, 5, 4, 16), dtype=np.float32).transpose(0, 2, 1, 3)  # strided (BSHD memory)
+        k = rng.standard_normal((2, 4, 7, 16), dtype=np.float32)
+        v = rng.standard_normal((2, 4, 7, 16), dtype=np.float32)
+        s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k) / 4.0
+        p = np.exp(s - s.max(-1, keepdims=True))
+        ref = np.einsum("bhqk,bhkd->bhqd", p / p.sum(-1, keepdims=True), v)
+        with pytest.warns(RuntimeWarning, match="broken.attention failed"):
+            out = ops.attention(q, k, v)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(ops.attention(q, k, v), ref, rtol=1e-4, atol=1e-5)
+    finally:
+        set_plugin_manager(None)
+        set_cache(None)

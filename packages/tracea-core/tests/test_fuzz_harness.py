@@ -297,3 +297,35 @@ def test_attention_reference_accepts_float32_weight_underflow():
     ref = compute("attention", {"q": q, "k": k, "v": v}, {"scale": 1.0 / np.sqrt(2), "causal": False})
     assert np.isinf(ref.ref[0, 0, 0, 0])
     assert any(np.isnan(alt[0, 0, 0, 0]) for alt in ref.alts)
+
+
+def test_torch_cuda_conv_is_judged_at_cudnn_tf32_precision(monkeypatch):
+    """torch float32 convs follow ``torch.backends.cudnn.allow_tf32`` on CUDA (TF32 by default), as ``F.conv2d``
+    does: the oracle judges them at that precision unless the call names ``fp32_precision``; other torch calls
+    at ``torch.get_float32_matmul_precision()``, NumPy fp32-accurate (the GPU fuzz run of seed 4343 flagged 245
+    TF32-level conv results against an fp32 bound)."""
+    torch = pytest.importorskip("torch")
+    from tracea.fuzzing import worker
+
+    class _Obj:
+        is_cuda = True
+
+    def built(kind: str) -> arrays.Built:
+        b = arrays.Built.__new__(arrays.Built)
+        b.kind, b.obj = kind, _Obj()
+        return b
+
+    conv = cases.Case.__new__(cases.Case)
+    conv.op, conv.kwargs, conv.model = "conv2d", {}, {"precision": "highest"}
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert worker._framework_precision(conv, [built("torch")]) == "high"
+    assert worker._framework_precision(conv, [built("numpy")]) == "highest"
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert worker._framework_precision(conv, [built("torch")]) == "highest"
+    named = cases.Case.__new__(cases.Case)
+    named.op, named.kwargs, named.model = "conv2d", {"fp32_precision": "highest"}, {"precision": "highest"}
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert worker._framework_precision(named, [built("torch")]) == "highest"
+    mm = cases.Case.__new__(cases.Case)
+    mm.op, mm.kwargs, mm.model = "matmul", {}, {"precision": "highest"}
+    assert worker._framework_precision(mm, [built("torch")]) == torch.get_float32_matmul_precision()

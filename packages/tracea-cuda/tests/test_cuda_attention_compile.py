@@ -560,3 +560,24 @@ def test_flash_mma_head_dim_32_and_many_windows():
     assert any("head_dim" in r for r in V.extra_checks(AttentionOp(2, 3, 49, 49, 48, dtype="float16"), H100))
     assert V.extra_checks(AttentionOp(2, 3, 3136, 256, 32, dtype="float16"), H100) == []
     assert any("PyTorch" in r for r in V.extra_checks(AttentionOp(2, 3, 257, 257, 32, dtype="float16"), H100))
+
+
+def test_strides_fit_refuses_broadcast_dimensions():
+    """Strided operands are read in place unless a dimension of more than one element is broadcast (stride 0:
+    an expanded view) -- those get packed copies (GPU fuzz finding, seed 4343 case 4174: an expanded q read in
+    place came out wrong on cuda.attention.wgmma). Size-1 dimensions carry stride 0 by convention and pass."""
+    from tracea.ir.ops import AttentionOp
+    from tracea_cuda.variants.attention import strides_fit
+
+    bshd = (100 * 8 * 64, 64, 8 * 64)
+    kv = (150 * 2 * 64, 64, 2 * 64)
+    assert strides_fit(AttentionOp(2, 8, 100, 150, 64, kv_heads=2, dtype="bfloat16", strides=bshd + kv + kv + bshd))
+    expanded_q = (100 * 64, 0, 64)  # heads broadcast
+    assert not strides_fit(AttentionOp(2, 8, 100, 150, 64, kv_heads=2, dtype="bfloat16",
+                                       strides=expanded_q + kv + kv + bshd))
+    shared_k = (0, 64, 2 * 64)  # the batch broadcast
+    assert not strides_fit(AttentionOp(2, 8, 100, 150, 64, kv_heads=2, dtype="bfloat16",
+                                       strides=bshd + shared_k + kv + bshd))
+    one = (0, 64, 8 * 64)  # batch of one: its stride is never used
+    assert strides_fit(AttentionOp(1, 8, 100, 150, 64, kv_heads=2, dtype="bfloat16",
+                                   strides=one + (0, 64, 2 * 64) * 2 + one))

@@ -598,8 +598,8 @@ def _conv2d(g: _G, case: Case) -> None:
     dtype = _dtype(g, case, kind)
     n = g.pick([1, 1, 1, 2, 2, 3, 4]) if not g.chance(0.01) else 0
     groups_mode = g.weighted({"one": 0.72, "grouped": 0.13, "depthwise": 0.1, "bad": 0.05})
-    cg = g.pick([1, 2, 3, 4, 5, 7, 8, 16, 3, 1])
-    kg = g.pick([1, 2, 3, 4, 5, 6, 8, 16, 13])
+    cg = g.pick([1, 2, 3, 4, 5, 7, 8, 16, 3, 1, 24])  # (24, 32: RegNet / ResNeXt group widths)
+    kg = g.pick([1, 2, 3, 4, 5, 6, 8, 16, 13, 32])
     groups = 1
     if groups_mode == "grouped":
         groups = g.pick([2, 3, 4])

@@ -182,13 +182,30 @@ def _check_result(case: Case, built: dict[str, Built], result: Any, events: list
         verdict.add("wrong", "complex result")
         return
     in_dtype = case.dtype if case.dtype in FLOAT_DTYPES else "float64"
-    ctx = {"op": case.op, "model": case.model, "out_dtype": out_dtype if out_dtype in FLOAT_DTYPES else "float64",
+    model = dict(case.model, precision=_framework_precision(case, inputs)) if "precision" in case.model else case.model
+    ctx = {"op": case.op, "model": model, "out_dtype": out_dtype if out_dtype in FLOAT_DTYPES else "float64",
            "in_dtype": in_dtype, "backend": backend_of(events), "variants": [e["variant"] for e in events],
            "steps": case.model.get("steps", []),
            "nonfinite_inputs": any(b.values is not None and b.values.dtype.kind == "f" and not np.isfinite(b.values).all()
                                    for n, b in built.items() if n != "out"),
            "seq_kv": int(built["k"].values.shape[-2]) if "k" in built and built["k"].values is not None else 0}
     compare(ctx, got, ref, verdict, tolerate)
+
+
+def _framework_precision(case: Case, inputs: list[Built]) -> str:
+    """The float32 precision the call computes at: ``fp32_precision=`` when given (the model's), else what
+    torch tensors follow as the framework does (see ``tracea.ops``): ``F.conv2d`` on CUDA TF32 while
+    ``torch.backends.cudnn.allow_tf32`` is set (torch's default), other products
+    ``torch.get_float32_matmul_precision()``; NumPy / CuPy arrays fp32-accurate."""
+    given = case.model.get("precision", "highest")
+    if "fp32_precision" in case.kwargs or not inputs or inputs[0].kind != "torch":
+        return given
+    import torch
+
+    obj = inputs[0].obj
+    if case.op == "conv2d" and getattr(obj, "is_cuda", False):
+        return "high" if torch.backends.cudnn.allow_tf32 else "highest"
+    return str(torch.get_float32_matmul_precision())
 
 
 def _shares(a: Any, b: Any) -> bool:

@@ -123,7 +123,6 @@ def _flag(name: str, value: Any) -> bool:
     return bool(value)
 
 
-@retrying
 def _structured(adapter: Any, attn_mask: Any, causal: bool, sq: int, sk: int, Q: Any) -> tuple[Any, bool]:
     """``(attn_mask, causal)`` with a mask object that describes a causal mask (torch's ``CausalBias``,
     :meth:`~tracea.runtime.arrays.ArrayAdapter.structured_mask`) replaced: upper-left alignment is
@@ -140,6 +139,7 @@ def _structured(adapter: Any, attn_mask: Any, causal: bool, sq: int, sk: int, Q:
     return mask, causal
 
 
+@retrying
 def attention(key: Any, q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: Any, causal: Any, scale: Any,
               enable_gqa: Any, out: Any, variant: str | None, config: Any, return_lse: Any = False) -> Any:
     """The full path of ``tracea.ops.attention`` (see its docstring for the arguments)."""

@@ -233,9 +233,15 @@ class FlashAttention(CudaVariant):
 
 def strides_fit(op: AttentionOp) -> bool:
     """Whether ``op`` has strided operands the CUDA attention kernels read as they are: q / k / v strides
-    16-byte multiples (TMA and ``cp.async`` rows), the output's 4-byte ones (32-bit stores)."""
+    16-byte multiples (TMA and ``cp.async`` rows), the output's 4-byte ones (32-bit stores), and no dimension
+    of more than one element broadcast (stride 0: an expanded view, which the fuzzer found read wrongly)."""
     st = op.strides
     if st is None:
+        return False
+    kvh = op.kv_heads or op.heads
+    sizes = (op.batch, op.heads, op.seq_q, op.batch, kvh, op.seq_kv, op.batch, kvh, op.seq_kv,
+             op.batch, op.heads, op.seq_q)
+    if any(x <= 0 and n > 1 for x, n in zip(st, sizes)):  # a broadcast (expanded) dimension: packed copies
         return False
     item = op.dtype.itemsize
     return all(x * item % 16 == 0 for x in st[:9]) and all(x * item % 4 == 0 for x in st[9:])
