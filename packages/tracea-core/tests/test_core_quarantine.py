@@ -3,6 +3,8 @@ candidate runs (warned once); a cached winner that fails is removed from the tun
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -88,6 +90,29 @@ def test_a_failing_cached_winner_is_removed_from_the_cache(broken, rng):
     assert not [e for e in get_cache().entries() if e.variant == "broken.gemm"]
 
 
+@contextlib.contextmanager
+def _serving(tmp_path, *variants):  # noqa: ANN001, ANN202
+    """A fresh tuning cache and a plugin manager registering ``variants`` (the warnings re-armed) for the block."""
+    set_cache(TuningCache(tmp_path / "cache.json"))
+    pm = create_plugin_manager()
+
+    class _Plugin:
+        @hookimpl
+        def tracea_register_variants(self):  # noqa: ANN201
+            return list(variants)
+
+    pm.register_plugin(_Plugin(), "serving", "test")
+    set_plugin_manager(pm)
+    from tracea.runtime import dispatch
+
+    dispatch._warned.clear()
+    try:
+        yield
+    finally:
+        set_plugin_manager(None)
+        set_cache(None)
+
+
 class _LaterBroken(_Broken):
     """Binds a pointer-only launcher (the plan's one-frame hot path) that computes its first call and raises on
     later ones: the failure happens inside a stored plan, not on the first call."""
@@ -108,21 +133,8 @@ class _LaterBroken(_Broken):
 def test_a_stored_plan_whose_launch_fails_quarantines_and_reruns(tmp_path, rng):
     """The lean plan calls the bound launch without the guard's frame; its failure still quarantines the variant
     (warned), this call is decided again and served by the next candidate, and later calls use that one."""
-    set_cache(TuningCache(tmp_path / "cache.json"))
-    pm = create_plugin_manager()
-
-    class _Plugin2:
-        @hookimpl
-        def tracea_register_variants(self):  # noqa: ANN201
-            return [_LaterBroken()]
-
-    pm.register_plugin(_Plugin2(), "laterbroken", "test")
-    set_plugin_manager(pm)
     _LaterBroken.runs = 0
-    from tracea.runtime import dispatch
-
-    dispatch._warned.clear()
-    try:
+    with _serving(tmp_path, _LaterBroken()):
         a = rng.standard_normal((9, 7), dtype=np.float32)
         b = rng.standard_normal((7, 5), dtype=np.float32)
         ref = a.astype(np.float64) @ b
@@ -133,9 +145,6 @@ def test_a_stored_plan_whose_launch_fails_quarantines_and_reruns(tmp_path, rng):
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(ops.matmul(a, b), ref, rtol=1e-5, atol=1e-5)
         assert _LaterBroken.runs == 2  # quarantined: not tried again
-    finally:
-        set_plugin_manager(None)
-        set_cache(None)
 
 
 class _BrokenAttention(KernelVariant):
@@ -168,20 +177,7 @@ def test_attention_whose_first_launch_fails_runs_the_next_candidate(tmp_path, rn
     """GPU fuzz finding (seed 4343, cases 7314 / 9767): the first call of an attention signature whose chosen
     variant failed at run time raised the internal Quarantined signal to the user (``plan_attention.attention``
     had lost its retry wrapper). Now the call is decided again and served by the next candidate."""
-    set_cache(TuningCache(tmp_path / "cache.json"))
-    pm = create_plugin_manager()
-
-    class _Plugin3:
-        @hookimpl
-        def tracea_register_variants(self):  # noqa: ANN201
-            return [_BrokenAttention()]
-
-    pm.register_plugin(_Plugin3(), "brokenattn", "test")
-    set_plugin_manager(pm)
-    from tracea.runtime import dispatch
-
-    dispatch._warned.clear()
-    try:
+    with _serving(tmp_path, _BrokenAttention()):
         q = rng.standard_normal((2, 5, 4, 16), dtype=np.float32).transpose(0, 2, 1, 3)  # strided (BSHD memory)
         k = rng.standard_normal((2, 4, 7, 16), dtype=np.float32)
         v = rng.standard_normal((2, 4, 7, 16), dtype=np.float32)
@@ -192,6 +188,3 @@ def test_attention_whose_first_launch_fails_runs_the_next_candidate(tmp_path, rn
             out = ops.attention(q, k, v)
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(ops.attention(q, k, v), ref, rtol=1e-4, atol=1e-5)
-    finally:
-        set_plugin_manager(None)
-        set_cache(None)

@@ -477,26 +477,12 @@ def _geom_op(geom, mode) -> Conv2dOp:
 
 
 @needs_cxx
-@pytest.mark.parametrize("geom", HOST_GEOMS, ids=lambda g: "g" + "_".join(map(str, g)))
+@pytest.mark.parametrize("geom", HOST_GEOMS + WIDE_GEOMS, ids=lambda g: "g" + "_".join(map(str, g)))
 def test_host_emulated_kernels_against_float64(geom, tmp_path):
-    """Every geometry in two modes (cycling through HOST_MODES), each hero: the rendered CUDA run on the host."""
-    i = HOST_GEOMS.index(geom)
-    for mode in (HOST_MODES[i % len(HOST_MODES)], HOST_MODES[(i + 3) % len(HOST_MODES)]):
-        op = _geom_op(geom, mode)
-        assert not _reasons(op), _reasons(op)
-        x, w, b, _ = _host_inputs(op, seed=i)
-        ref = _reference(op, x, w, b)
-        for config in VARIANT.hero_configs(op, H100):
-            err = _rel(_host_run(op, config, tmp_path, x, w, b), ref)
-            assert err <= _tol(op), (op.describe(), config.key, err)
-
-
-@needs_cxx
-@pytest.mark.parametrize("geom", WIDE_GEOMS, ids=lambda g: "g" + "_".join(map(str, g)))
-def test_host_emulated_wide_groups(geom, tmp_path):
-    """Groups of 24-64 channels, two modes each (cycling through HOST_MODES: NHWC and NCHW), the heroes; NCHW
-    also a spread of kpt / rows."""
-    i = WIDE_GEOMS.index(geom)
+    """Every geometry in two modes (cycling through HOST_MODES), each hero: the rendered CUDA run on the host.
+    Groups of 24-64 channels in NCHW also run a spread of kpt / rows."""
+    geoms = HOST_GEOMS + WIDE_GEOMS
+    i = geoms.index(geom)
     for mode in (HOST_MODES[i % len(HOST_MODES)], HOST_MODES[(i + 3) % len(HOST_MODES)]):
         op = _geom_op(geom, mode)
         assert not _reasons(op), _reasons(op)
@@ -504,7 +490,7 @@ def test_host_emulated_wide_groups(geom, tmp_path):
         ref = _reference(op, x, w, b)
         configs = VARIANT.hero_configs(op, H100)
         assert configs, op.describe()
-        if op.layout is Layout.NCHW:
+        if geom in WIDE_GEOMS and op.layout is Layout.NCHW:
             configs += [PipelineConfig(params=(("rows", 2), ("kpt", 8), ("threads", 64))),
                         PipelineConfig(params=(("rows", 1), ("threads", 32)))]
         for config in configs:
