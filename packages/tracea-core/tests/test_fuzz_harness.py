@@ -299,7 +299,7 @@ def test_attention_reference_accepts_float32_weight_underflow():
     assert any(np.isnan(alt[0, 0, 0, 0]) for alt in ref.alts)
 
 
-def test_torch_cuda_conv_is_judged_at_cudnn_tf32_precision(monkeypatch):
+def test_torch_cuda_conv_is_judged_at_cudnn_tf32_precision():
     """torch float32 convs follow ``torch.backends.cudnn.allow_tf32`` on CUDA (TF32 by default), as ``F.conv2d``
     does: the oracle judges them at that precision unless the call names ``fp32_precision``; other torch calls
     at ``torch.get_float32_matmul_precision()``, NumPy fp32-accurate (the GPU fuzz run of seed 4343 flagged 245
@@ -317,15 +317,15 @@ def test_torch_cuda_conv_is_judged_at_cudnn_tf32_precision(monkeypatch):
 
     conv = cases.Case.__new__(cases.Case)
     conv.op, conv.kwargs, conv.model = "conv2d", {}, {"precision": "highest"}
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    assert worker._framework_precision(conv, [built("torch")]) == "high"
-    assert worker._framework_precision(conv, [built("numpy")]) == "highest"
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    assert worker._framework_precision(conv, [built("torch")]) == "highest"
     named = cases.Case.__new__(cases.Case)
     named.op, named.kwargs, named.model = "conv2d", {"fp32_precision": "highest"}, {"precision": "highest"}
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    assert worker._framework_precision(named, [built("torch")]) == "highest"
+    cudnn = torch.backends.cudnn  # (set through flags(): other tests may have frozen the global setters)
+    with cudnn.flags(enabled=cudnn.enabled, allow_tf32=True):
+        assert worker._framework_precision(conv, [built("torch")]) == "high"
+        assert worker._framework_precision(conv, [built("numpy")]) == "highest"
+        assert worker._framework_precision(named, [built("torch")]) == "highest"
+    with cudnn.flags(enabled=cudnn.enabled, allow_tf32=False):
+        assert worker._framework_precision(conv, [built("torch")]) == "highest"
     mm = cases.Case.__new__(cases.Case)
     mm.op, mm.kwargs, mm.model = "matmul", {}, {"precision": "highest"}
     assert worker._framework_precision(mm, [built("torch")]) == torch.get_float32_matmul_precision()
