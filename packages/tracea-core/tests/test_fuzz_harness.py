@@ -307,12 +307,15 @@ def test_torch_cuda_conv_is_judged_at_cudnn_tf32_precision():
     torch = pytest.importorskip("torch")
     from tracea.fuzzing import worker
 
-    class _Obj:
-        is_cuda = True
+    class _CudaLooking(torch.Tensor):  # a torch tensor the adapter takes for a CUDA one (no GPU needed)
+        @property
+        def is_cuda(self) -> bool:  # type: ignore[override]
+            return True
 
     def built(kind: str) -> arrays.Built:
         b = arrays.Built.__new__(arrays.Built)
-        b.kind, b.obj = kind, _Obj()
+        b.kind = kind
+        b.obj = torch.zeros(1).as_subclass(_CudaLooking) if kind == "torch" else np.zeros(1, np.float32)
         return b
 
     conv = cases.Case.__new__(cases.Case)

@@ -193,19 +193,24 @@ def _check_result(case: Case, built: dict[str, Built], result: Any, events: list
 
 
 def _framework_precision(case: Case, inputs: list[Built]) -> str:
-    """The float32 precision the call computes at: ``fp32_precision=`` when given (the model's), else what
-    torch tensors follow as the framework does (see ``tracea.ops``): ``F.conv2d`` on CUDA TF32 while
-    ``torch.backends.cudnn.allow_tf32`` is set (torch's default), other products
-    ``torch.get_float32_matmul_precision()``; NumPy / CuPy arrays fp32-accurate."""
+    """The float32 precision the call computes at: ``fp32_precision=`` when given (the model's), else what the
+    array kind's adapter says its framework computes (torch: ``F.conv2d`` on CUDA at TF32 while
+    ``torch.backends.cudnn.allow_tf32``, other products at ``torch.get_float32_matmul_precision()``; see
+    :meth:`~tracea.runtime.arrays.ArrayAdapter.conv_fp32_precision`), fp32-accurate where it says nothing."""
     given = case.model.get("precision", "highest")
-    if "fp32_precision" in case.kwargs or not inputs or inputs[0].kind != "torch":
+    if "fp32_precision" in case.kwargs or not inputs:
         return given
-    import torch
+    from ..doctor.doctor import get_doctor
+    from ..errors import TraceaError
+    from ..runtime.arrays import find_adapter
 
     obj = inputs[0].obj
-    if case.op == "conv2d" and getattr(obj, "is_cuda", False):
-        return "high" if torch.backends.cudnn.allow_tf32 else "highest"
-    return str(torch.get_float32_matmul_precision())
+    try:
+        adapter = find_adapter(obj, get_doctor().adapters(), "x")
+    except TraceaError:  # an array kind nothing serves: the call is judged on its error, not its values
+        return given
+    found = adapter.conv_fp32_precision(obj) if case.op == "conv2d" else adapter.fp32_precision()
+    return str(found) if found is not None else given
 
 
 def _shares(a: Any, b: Any) -> bool:
