@@ -211,18 +211,23 @@ GROUPED_CONVS = {  # family: (C, H, R, stride, groups); K = C (depthwise: groups
     "resnext 32x4d grouped": [(128, 56, 3, 1, 32), (256, 28, 3, 1, 32), (512, 14, 3, 1, 32)],
     "regnetx grouped": [(56, 28, 3, 1, 7), (152, 14, 3, 1, 19)],
     "regnetx-016 grouped": [(168, 28, 3, 1, 7), (408, 14, 3, 1, 17), (912, 7, 3, 1, 38)],  # 24 per group
+    # RegNetX-4.0GF (40 per group), RegNetX-3.2GF (48), RegNetY-8.0GF (56), RegNetY-4.0GF (64)
+    "regnet wide groups": [(240, 28, 3, 1, 6), (432, 14, 3, 1, 9), (448, 28, 3, 1, 8), (896, 14, 3, 1, 16),
+                           (512, 14, 3, 1, 8), (1088, 7, 3, 1, 17)],
 }
 
 
-def grouped_conv_group(rows: list) -> None:
+def grouped_conv_group(rows: list, families: list[str] | None = None) -> None:
     """Depthwise / grouped conv layers (``cuda.conv2d.depthwise``; before it every one fell back to PyTorch),
     bias fused, b1 and b32, channels_last fp16 and NCHW fp32; each row names the variant the Doctor chose and
     adds the ratio with the calls captured in CUDA graphs (device time only) and Tracea's bytes moved (x, w,
-    out once) per second of device time."""
+    out once) per second of device time. ``families``: substrings of the family names to run (default all)."""
     from tracea.doctor.doctor import get_doctor
     from tracea.ir.ops import Conv2dOp
 
     for family, layers in GROUPED_CONVS.items():
+        if families and not any(f in family for f in families):
+            continue
         for (c, h, r, s, g) in layers:
             for batch in (1, 32):
                 for dtype, cl in ((torch.float16, True), (torch.float32, False)):
@@ -264,6 +269,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", default="decode,prefill,fp32,odd,bmm,conv,grouped")
     p.add_argument("--json", default="")
+    p.add_argument("--families", default="", help="grouped group: comma-separated substrings of the family names")
     args = p.parse_args(argv)
     groups = set(args.groups.split(","))
     torch.manual_seed(0)
@@ -291,7 +297,7 @@ def main(argv: list[str]) -> int:
         conv_group(rows)
     if "conv" in groups or "grouped" in groups:
         print("\n[grouped] depthwise / grouped CNN layers")
-        grouped_conv_group(rows)
+        grouped_conv_group(rows, [f for f in args.families.split(",") if f])
     for group in dict.fromkeys(r["group"] for r in rows):
         summary(f"[{group}]", [r for r in rows if r["group"] == group])
     summary("all", rows)

@@ -191,9 +191,9 @@ def test_heroes_follow_the_h100_probe():
 
 
 def test_declines_wide_groups_where_cudnn_measured_faster(monkeypatch):
-    """8+ input channels per group in fp32 NHWC and 9+ in NCHW and 16-bit NHWC are left to PyTorch from
-    DECLINE_MACS multiply-adds, with a reason; 8 per group in NCHW and 16-bit NHWC, fewer channels and small
-    layers stay; the switch turns the decline off."""
+    """8+ input channels per group in fp32 NHWC, cuDNN's widths (16, 32) and wider groups by their tier are
+    left to PyTorch from a number of multiply-adds, with a reason; 8 per group in NCHW and 16-bit NHWC, fewer
+    channels and small layers stay; the switch turns the decline off."""
     from tracea_cuda.variants import depthwise as dwmod
 
     def why(op) -> str:
@@ -211,6 +211,16 @@ def test_declines_wide_groups_where_cudnn_measured_faster(monkeypatch):
     assert not why(grouped(1, 512, 14, 14, 32, layout="nchw", dtype="float32"))  # 1.6M MACs (b1)
     assert not why(grouped(8, 56, 28, 28, 7, layout="nchw", dtype="float32"))  # RegNet b8: 2.8M
     assert not why(dw(32, 96, 56, 56, 7, layout="nchw", dtype="float32"))  # depthwise: any size
+    # wider groups (RegNetX-3.2GF / 4.0GF 48 / 40, RegNetY-8.0GF / 4.0GF 56 / 64 per group)
+    nchw = dict(layout="nchw", dtype="float32")
+    assert not why(grouped(32, 240, 28, 28, 6)) and not why(grouped(32, 432, 14, 14, 9))  # 16-bit 40 / 48: served
+    assert not why(grouped(1, 448, 28, 28, 8)) and not why(grouped(1, 512, 14, 14, 8))  # 56 / 64 at b1: served
+    assert "56 input channels per group" in why(grouped(32, 896, 14, 14, 16))  # 315M, 0.48x in graphs
+    assert "64 input channels per group" in why(grouped(32, 1088, 7, 7, 17, dtype="bfloat16"))
+    assert not why(grouped(1, 240, 28, 28, 6, **nchw)) and not why(grouped(1, 896, 14, 14, 16, **nchw))
+    assert "cuDNN" in why(grouped(1, 448, 28, 28, 8, **nchw))  # 19.7M: from 16M
+    assert "cuDNN" in why(grouped(1, 512, 14, 14, 8, **nchw))  # 64 per group NCHW: from 4M
+    assert dwmod.DepthwiseConv.decline_macs(grouped(1, 96, 7, 7, 24), 24) is None  # 16-bit NHWC 24: never
     monkeypatch.setattr(dwmod, "DECLINE_WIDE_GROUPS", False)
     assert not why(big8_f32)
 

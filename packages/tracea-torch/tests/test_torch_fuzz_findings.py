@@ -131,3 +131,21 @@ def test_cpu_conv_fallback_avoids_onednn_wrong_shapes(dtype, channels_last):
     assert (got.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
     y = ops.conv2d(x, w, stride=(1, 3), padding=(2, 0))
     assert (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale,causal", [(-1.0, True), (0.0, True), (-1.0, False)])
+def test_cuda_fallback_attention_with_a_non_positive_scale(dtype, scale, causal):
+    """Fuzz cases 4401:2194 / 3150 / 6063: PyTorch's fused CUDA SDPA kernels return NaN for a zero or negative
+    scale in 16-bit; head dims no Tracea kernel takes (33, 63, 7) went there through the fallback."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    g = torch.Generator(device="cuda").manual_seed(2194)
+    for seq_q, seq_kv, d in ((16, 16, 33), (3, 3, 63), (11, 3, 7)):
+        q, k, v = (torch.randn(2, 3, s, d, device="cuda", generator=g).to(dtype) for s in (seq_q, seq_kv, seq_kv))
+        got = ops.attention(q, k, v, causal=causal, scale=scale)
+        want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                                is_causal=causal, scale=scale)
+        assert not got.isnan().any()
+        torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)

@@ -151,8 +151,18 @@ def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             keep = torch.ones(op.seq_q, op.seq_kv, dtype=torch.bool, device=q.device).tril()
             mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
             causal = False
-    out = _TORCH_SDPA(q, k, v, attn_mask=mask, dropout_p=op.dropout_p, is_causal=causal,
-                                         scale=op.scale)
+    if op.scale is not None and not op.scale > 0 and q.is_cuda:
+        # PyTorch's fused CUDA kernels (flash / memory-efficient) return NaN for a zero or negative scale
+        # (found by tracea.fuzzing, fp16 / bf16); its math backend on float32 copies computes it.
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415 - rare path
+
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.float()
+        with sdpa_kernel(SDPBackend.MATH):
+            out = _TORCH_SDPA(q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=op.dropout_p,
+                              is_causal=causal, scale=op.scale)
+        return _cast(out, op.out_dtype)
+    out = _TORCH_SDPA(q, k, v, attn_mask=mask, dropout_p=op.dropout_p, is_causal=causal, scale=op.scale)
     return _cast(out, op.out_dtype)
 
 

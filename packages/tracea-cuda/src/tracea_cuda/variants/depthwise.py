@@ -40,13 +40,21 @@ WIDE_GROUP = 8
 DECLINE_MACS = 4_000_000
 #: the probe turns the decline off to time the declined shapes
 DECLINE_WIDE_GROUPS = True
-#: channels per group where cuDNN has fast grouped kernels (ResNeXt's widths: 16 measured above; 32 and 64 kept
-#: with cuDNN from DECLINE_MACS, unmeasured). Other widths: RegNetX-1.6GF's 24 per group (H100 probe, device time)
-#: ran 2.3-7.4x cuDNN in 16-bit NHWC at batch 1 / 8 / 32 (served at every size), NCHW fp32 0.81-1.7x at batch 1,
-#: 1.18-4.35x at batch 8 (8.6-25M multiply-adds) and 0.62-0.77x at batch 32 (34-101M): see NCHW_WIDE_DECLINE_MACS
-CUDNN_GROUP_WIDTHS = frozenset({16, 32, 64})
-#: NCHW groups of more than 16 channels outside :data:`CUDNN_GROUP_WIDTHS` go to cuDNN from this many multiply-adds
+#: channels per group where cuDNN has fast grouped kernels, from DECLINE_MACS (ResNeXt's widths: 16 measured
+#: above, 32 kept with cuDNN unmeasured). 64 per group only in NCHW (see :data:`WIDEST_DECLINE_MACS`)
+CUDNN_GROUP_WIDTHS = frozenset({16, 32})
+#: NCHW groups of 17-32 channels outside :data:`CUDNN_GROUP_WIDTHS` go to cuDNN from this many multiply-adds
+#: (RegNetX-1.6GF's 24 per group, H200 ``bench_shapes.py`` with the declines off: b1 fp32 2.5-3.7x eager, b32
+#: 0.66-0.77x eager at 34-101M)
 NCHW_WIDE_DECLINE_MACS = 32_000_000
+#: groups of more than 32 channels (RegNetX-3.2GF / 4.0GF's 48 / 40 per group, RegNetY-8.0GF / 4.0GF's 56 /
+#: 64) go to cuDNN from these multiply-adds, by (layout, 16-bit). H200, ``bench_shapes.py --families "regnet
+#: wide"`` with the declines off, eager (graph-replayed) ratios: NCHW fp32 b1 1.56-1.64x (0.79-0.97x) at 4-10M,
+#: 0.95x (0.60x) at 19.7M, b32 0.19-0.39x; 64 per group 0.97-0.98x (0.39-0.44x) at 3.4-6.4M. 16-bit NHWC: 40 and
+#: 48 per group win at every size (1.13-3.0x both ways, served); 56 / 64 per group 5-13x eager at b1 (PyTorch
+#: launches cuDNN per group there: 17-20 us of host time each; graphs 0.74-2.0x), b32 0.38-2.9x eager but
+#: 0.33-0.52x in graphs: from 32M a model's device time decides
+WIDEST_DECLINE_MACS = {("NCHW", 64): DECLINE_MACS, ("NCHW", 33): 16_000_000, ("NHWC", 49): 32_000_000}
 
 
 #: NCHW: input channels per group from which a thread computes several output channels of its group (each
@@ -119,19 +127,30 @@ class DepthwiseConv(CudaVariant):
 
     @staticmethod
     def _cudnn_faster(op: Conv2dOp, cg: int) -> list[str]:
-        """The wide-group shapes cuDNN serves faster (see :data:`DECLINE_MACS`), from :data:`DECLINE_MACS`
-        multiply-adds: fp32 NHWC with 8+ input channels per group; NCHW and 16-bit NHWC with cuDNN's widths
-        (:data:`CUDNN_GROUP_WIDTHS`); NCHW with other widths above 16 from :data:`NCHW_WIDE_DECLINE_MACS`."""
+        """The wide-group shapes cuDNN serves faster, from a number of multiply-adds (N*P*Q*K*C/groups):
+        :data:`DECLINE_MACS` for fp32 NHWC with 8+ input channels per group and for cuDNN's widths
+        (:data:`CUDNN_GROUP_WIDTHS`); NCHW widths 17-32 from :data:`NCHW_WIDE_DECLINE_MACS`; wider groups by
+        :data:`WIDEST_DECLINE_MACS`."""
         macs = op.n * op.p * op.q * op.k * cg
-        if not DECLINE_WIDE_GROUPS or macs < DECLINE_MACS or cg < WIDE_GROUP:
-            return []
-        fp32_nhwc = op.layout is Layout.NHWC and op.dtype.storage is DType.F32
-        nchw_wide = op.layout is Layout.NCHW and cg > 16 and macs >= NCHW_WIDE_DECLINE_MACS
-        if not fp32_nhwc and not nchw_wide and cg not in CUDNN_GROUP_WIDTHS:
+        limit = DepthwiseConv.decline_macs(op, cg)
+        if not DECLINE_WIDE_GROUPS or limit is None or macs < limit:
             return []
         return [f"{cg} input channels per group over {macs / 1e6:.1f}M multiply-adds "
-                f"({'NCHW' if op.layout is Layout.NCHW else 'NHWC'} {op.dtype.storage.value}): cuDNN's grouped "
-                f"kernels measured faster from {DECLINE_MACS / 1e6:.0f}M (PyTorch serves it)"]
+                f"({op.layout.name} {op.dtype.storage.value}): cuDNN's grouped kernels measured faster from "
+                f"{limit / 1e6:.0f}M (PyTorch serves it)"]
+
+    @staticmethod
+    def decline_macs(op: Conv2dOp, cg: int) -> int | None:
+        """The multiply-adds from which a group width goes to cuDNN (None: served at every size)."""
+        layout = op.layout.name
+        if cg < WIDE_GROUP:
+            return None
+        if (layout == "NHWC" and op.dtype.storage is DType.F32) or cg in CUDNN_GROUP_WIDTHS:
+            return DECLINE_MACS
+        if cg > 32:
+            tiers = sorted(((w, m) for (lay, w), m in WIDEST_DECLINE_MACS.items() if lay == layout), reverse=True)
+            return next((m for w, m in tiers if cg >= w), None)
+        return NCHW_WIDE_DECLINE_MACS if layout == "NCHW" and cg > 16 else None
 
     def estimate_seconds(self, op: Conv2dOp, profile: DeviceProfile, config: PipelineConfig | None = None) -> float:
         """Memory-bound roofline: the bytes of x, w and the output (each once) over the device bandwidth,
