@@ -23,18 +23,28 @@ def block(fn: Callable[[], Any], before: list[Callable[[], Any]], reps: int = 15
     return statistics.median(ts)
 
 
+#: seconds of quiet before each "alone" block: the pools the previous block's calls woke (OpenBLAS's workers
+#: spin 2^28 TSC cycles, ~0.1 s, after a call; OpenMP workers up to their spin count) go idle first, so an
+#: "alone" block is not timed inside the others' spin window (on a 16-core host it was: "alone" calls of 8 ms
+#: against 2.2 ms in the first round)
+QUIET_S = 0.5
+
+
 def check(ours: Callable[[], Any], theirs: Callable[[], Any], others: list[Callable[[], Any]], anchor: str,
-          runs: int = 5) -> dict:
-    """``runs`` rounds of four blocks (ours and the anchor alone, then each with ``others`` first); prints
-    each round's times, the ratios (anchor time / ours) alone and interleaved and the median of
-    |interleaved / alone - 1| (target: within 10%); returns them."""
+          runs: int = 5, quiet_s: float = QUIET_S) -> dict:
+    """``runs`` rounds of four blocks (ours and the anchor alone, each after ``quiet_s`` seconds of quiet,
+    then each with ``others`` first); prints each round's times, the ratios (anchor time / ours) alone and
+    interleaved and the median of |interleaved / alone - 1| (target: within 10%); returns them."""
     # one untimed pair of blocks first: the first parallel calls of a fresh process run 10-25 ms instead of
     # ~1 ms on the 2-core VM, and the 16-core host's first block showed 0.47x against 1.16-1.24x after
     block(theirs, [])
     block(ours, [])
     alone, mixed, times = [], [], []
     for _ in range(runs):
-        ta, na = block(ours, []), block(theirs, [])
+        time.sleep(quiet_s)
+        ta = block(ours, [])
+        time.sleep(quiet_s)
+        na = block(theirs, [])
         tm, nm = block(ours, others), block(theirs, others)
         alone.append(na / ta)
         mixed.append(nm / tm)

@@ -348,3 +348,30 @@ def test_cache_changes_without_user_data_do_not_refit(monkeypatch, tmp_path):
                                {"median_s": 1.0, "default_s": SLOW.estimate_seconds(near, prof)}))
     d = doc.decide(GemmOp(302, 300, 300), "cpu")
     assert len(fits) == 2 and "your tuning cache (1 points)" in d.explain()
+
+
+def test_data_of_another_device_of_the_arch_scale_to_this_ones_roofline(tmp_path):
+    """Rows measured on a device with half this one's bandwidth (H100 data on an H200) estimate this device's
+    memory-bound ops at this device's roofline times the measured efficiency, not at the measured seconds;
+    without a recorded profile (or with a bad one) the rows are read against this device's roofline."""
+    from tracea.perfmodel import build
+
+    here = _profile().with_(bandwidth_gbs=40.0, peak_gflops={"float32": 1e9})  # memory-bound GEMMs
+    v = _V("pm.stream", 0.5)
+    op = GemmOp(1, 4096, 4096)
+    rows = [dict(variant=v.name, op=GemmOp(1, n, 4096).to_dict(), seconds=2 * GemmOp(1, n, 4096).min_bytes / 20e9,
+                 family="gemv", split="fit") for n in (2048, 3072, 4096, 6144)]
+    def model(recorded):
+        raw = pack(rows, {"backend": "pm", "arch_key": "cpu-intel-avx512"})
+        if recorded is not None:
+            raw["profile"] = recorded
+        path = tmp_path / "cpu-intel-avx512.json"
+        path.write_text(json.dumps(raw))
+        return build(here, {v.name: v}, [load_file(str(path))])
+    on_slower = model(dict(here.to_dict(), bandwidth_gbs=20.0)).estimate(v, op, here)
+    as_is = model(None).estimate(v, op, here)
+    assert on_slower.method == as_is.method == "knn"
+    assert as_is.seconds == pytest.approx(2 * op.min_bytes / 20e9, rel=0.05)  # the measured seconds
+    assert on_slower.seconds == pytest.approx(as_is.seconds / 2, rel=0.05)  # half: this device streams 2x faster
+    for bad in ({"bandwidth_gbs": -1.0}, {"bandwidth_gbs": "fast", "peak_gflops": {"float32": float("nan")}}, []):
+        assert model(bad).estimate(v, op, here).seconds == pytest.approx(as_is.seconds)

@@ -291,3 +291,17 @@ def test_cuda_attention_declines_non_positive_scales(monkeypatch, scale):
             rejected = {r.variant: r.reasons for r in decision.rejected}
         for name in ("cuda.attention.flash_mma", "cuda.attention.wgmma", "cuda.attention.decode"):
             assert any("positive scale" in r for r in rejected.get(name, [])), (name, rejected.get(name))
+
+
+def test_more_bandwidth_keeps_the_measured_ranking(monkeypatch):
+    """An H200 (an H100's SMs, 4.8 TB/s) reads the H100's sm_90 data as efficiencies: one-row fp32 x @ W.T
+    stays on the GEMV (H200, 2026-11-28, user path: the skinny kernel the seconds-as-is estimate chose ran at
+    45-48% of the copy bandwidth, 0.59-0.69x cuBLAS), and the GEMV's estimate shrinks with the bandwidth."""
+    from dataclasses import replace
+
+    h200 = replace(H100, name="H200 (fake)", bandwidth_gbs=4800.0)
+    for n, k in ((4096, 4096), (11008, 4096), (1024, 8192)):
+        op = GemmOp(1, n, k, trans_b=True)
+        on = {p.name: T.doctor_on(monkeypatch, p).decide(op, "cuda:0", use_cache=False) for p in (H100, h200)}
+        assert {d.variant.name for d in on.values()} == {"cuda.gemm.gemv"}, on["H200 (fake)"].explain()
+        assert on["H200 (fake)"].chosen.estimate_s < 0.8 * on["H100 (fake)"].chosen.estimate_s

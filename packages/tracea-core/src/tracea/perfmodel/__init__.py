@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-from .data import DataFile, Observation, load_file, user_observations
+from .data import DataFile, Observation, load_file, roofline_profile, user_observations
 from .features import arch_key
 from .model import Estimate, Neighbor, PerfModel, roofline_estimate
 
@@ -42,6 +42,7 @@ def build(profile: Any, variants: dict[str, Any], files: Iterable[DataFile], ent
     sources: list[str] = []
     problems: list[str] = []
     others: set[str] = set()
+    measured_on: dict[str, Any] = {}  # a file's rows are residuals against its own device's roofline
     for f in files:
         name = os.path.basename(f.path)
         if not f.ok:
@@ -55,6 +56,7 @@ def build(profile: Any, variants: dict[str, Any], files: Iterable[DataFile], ent
         fitted = sum(1 for o in f.observations if o.split != "heldout")
         sources.append(f"{name} ({fitted} points" + (f", {f.device_name}" if f.device_name else "") + ")")
         obs.extend(f.observations)
+        measured_on[name] = roofline_profile(profile, f.profile)
     if user is None:
         user = user_observations(entries, device_fp) if device_fp else []
     if user:
@@ -62,8 +64,9 @@ def build(profile: Any, variants: dict[str, Any], files: Iterable[DataFile], ent
         obs.extend(user)
     if not sources and others:
         problems.append(f"data exists for {', '.join(sorted(others))} but not for this device's {arch}")
-    return PerfModel.fit(arch, obs, variants, profile, sources, problems)
+    return PerfModel.fit(arch, obs, variants, profile, sources, problems, measured_on)
 
 
 __all__ = ["DataFile", "Estimate", "Neighbor", "Observation", "PerfModel", "arch_key", "build", "enabled",
-           "extra_files", "load_file", "roofline_estimate", "user_observations", "ENV_DATA", "ENV_MODEL"]
+           "extra_files", "load_file", "roofline_estimate", "roofline_profile", "user_observations", "ENV_DATA",
+           "ENV_MODEL"]

@@ -10,6 +10,10 @@ call runs) on many shapes, measured on one architecture::
      "anchor": [[{"kind": "gemm", ...}, 1.9e-05, "llama7b", "fit"], ...],      # optional: torch's times
      "profile": {...}}                                                         # optional: the device
 
+``profile`` (the measuring device's ``DeviceProfile.to_dict()``) lets the model read the times as efficiencies of
+*that* device's roofline: another GPU of the architecture with more bandwidth (an H200 using H100 data) gets
+estimates scaled to its own roofline (:func:`roofline_profile`).
+
 ``split`` is ``"fit"`` or ``"heldout"``: held-out rows (whole shape families) are never fitted; they
 measure the model (``benchmarks/model/eval_model.py``). ``tile`` is the default config's (tile_m,
 tile_n), [0, 0] when it has none.
@@ -141,6 +145,28 @@ def parse(raw: Any, path: str = "<data>") -> DataFile:
     anchor = raw.get("anchor")
     out.anchor_rows = tuple(r for r in anchor if isinstance(r, list) and len(r) >= 2) if isinstance(anchor, list) else ()
     return out
+
+
+def roofline_profile(profile: Any, recorded: Any) -> Any:
+    """``profile`` with the roofline figures (bandwidth, peak FLOP/s per dtype, compute units) of the
+    device a data file was measured on, where its ``profile`` records valid ones; anything else stays
+    ``profile``'s (a file's figures are validated like its rows: a bad value is ignored)."""
+    if not isinstance(recorded, dict) or not hasattr(profile, "with_"):
+        return profile
+    changes: dict[str, Any] = {}
+    bw = recorded.get("bandwidth_gbs")
+    if isinstance(bw, (int, float)) and not isinstance(bw, bool) and _positive(float(bw)):
+        changes["bandwidth_gbs"] = float(bw)
+    peaks = recorded.get("peak_gflops")
+    if isinstance(peaks, dict):
+        good = {str(k): float(v) for k, v in peaks.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and _positive(float(v))}
+        if good:
+            changes["peak_gflops"] = good
+    units = recorded.get("compute_units")
+    if isinstance(units, int) and not isinstance(units, bool) and 0 < units < 1 << 20:
+        changes["compute_units"] = units
+    return profile.with_(**changes) if changes else profile
 
 
 def _positive(v: float) -> bool:

@@ -3,7 +3,8 @@
 For each (variant, op group) the model keeps the measured times of the variant's default config on
 other shapes of this architecture, as residuals against the variant's own roofline estimate
 (``KernelVariant.estimate_seconds``, times the GPU wave quantization of the config):
-``r = ln(measured / roofline)``. An op's estimate is its roofline times ``exp(r̂)`` where ``r̂`` is
+``r = ln(measured / roofline)``, the roofline of the device the time was measured on (a data file's recorded
+profile: H100 data on an H200 keep their efficiency, not their seconds). An op's estimate is its roofline times ``exp(r̂)`` where ``r̂`` is
 
 1. **knn**: the Gaussian-weighted mean residual of the nearest measured shapes within
    :data:`RADIUS` (log2 units: "a factor of 2.8 in one dimension"), shrunk towards the local
@@ -156,8 +157,12 @@ class PerfModel:
 
     @classmethod
     def fit(cls, arch: str, observations: Iterable[Observation], variants: dict[str, Any], profile: Any,
-            sources: list[str] | None = None, problems: list[str] | None = None) -> "PerfModel":
-        """Residual tables of ``observations`` (held-out rows are never fitted) for the variants known here."""
+            sources: list[str] | None = None, problems: list[str] | None = None,
+            measured_on: dict[str, Any] | None = None) -> "PerfModel":
+        """Residual tables of ``observations`` (held-out rows are never fitted) for the variants known here.
+        ``measured_on`` maps an observation's ``source`` to the profile of the device it was measured on (its
+        residual is against that device's roofline); other observations were measured on ``profile``'s."""
+        measured_on = measured_on or {}
         model = cls(arch, sources=list(sources or []), problems=list(problems or []))
         rows: dict[tuple[str, tuple[Any, ...]], list[tuple[np.ndarray, float, float, float, str, str]]] = {}
         unknown: set[str] = set()
@@ -169,7 +174,8 @@ class PerfModel:
                 unknown.add(o.variant)
                 continue
             try:
-                base = roofline_estimate(v, o.op, profile, _TileConfig(o.tile) if o.tile != (0, 0) else None)
+                base = roofline_estimate(v, o.op, measured_on.get(o.source, profile),
+                                         _TileConfig(o.tile) if o.tile != (0, 0) else None)
                 if not (base > 0 and math.isfinite(base)):
                     continue
                 r = math.log(o.seconds / base)
