@@ -55,3 +55,15 @@ def test_not_set_once_a_runtime_is_loaded():
     code = "import torch, os\nfrom tracea_cpu.omp_env import libgomp_loaded\n" \
            "assert libgomp_loaded()\nimport tracea_cpu.plugin\nprint(os.environ.get('GOMP_SPINCOUNT'))"
     assert _run(code) == "None"
+
+
+def test_doctor_advises_on_openblas_spinning(monkeypatch):
+    from tracea_cpu.omp_env import blas_pool_advice
+
+    maps = "7f00-7f01 r-xp 0 0:0 0 /venv/numpy.libs/libscipy_openblas64_-6bb31eeb.so\\n"
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    assert "set OPENBLAS_THREAD_TIMEOUT=4" in blas_pool_advice(maps)
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "4")
+    assert blas_pool_advice(maps) == "OpenBLAS loaded, OPENBLAS_THREAD_TIMEOUT=4"
+    assert blas_pool_advice("7f00-7f01 r-xp 0 0:0 0 /usr/lib/libm.so.6\\n") == "no OpenBLAS loaded"
+    assert isinstance(blas_pool_advice(), str)  # this process's own maps

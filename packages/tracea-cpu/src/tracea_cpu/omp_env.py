@@ -36,6 +36,27 @@ def libgomp_loaded() -> bool | None:
         return None
 
 
+def blas_pool_advice(maps: str | None = None) -> str:
+    """One line for ``tracea doctor``: whether OpenBLAS (NumPy's BLAS) is loaded here and how long its idle
+    workers spin. They busy-wait ~0.1 s after every call unless ``OPENBLAS_THREAD_TIMEOUT`` was set before it
+    loaded, and a Tracea kernel started in that window shares the cores with them (2x on a 16-core host,
+    docs/backends/cpu.md, "Sharing the cores"). Tracea does not change another library's setting itself.
+    ``maps``: the text of ``/proc/self/maps`` (read when None)."""
+    if maps is None:
+        try:
+            with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+                maps = f.read()
+        except OSError:
+            return "unknown (no /proc/self/maps)"
+    if "openblas" not in maps.lower():
+        return "no OpenBLAS loaded"
+    timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+    if timeout:
+        return f"OpenBLAS loaded, OPENBLAS_THREAD_TIMEOUT={timeout}"
+    return ("OpenBLAS loaded, its workers spin ~0.1 s after each call (set OPENBLAS_THREAD_TIMEOUT=4 before "
+            "NumPy loads in programs that interleave NumPy BLAS calls with Tracea's)")
+
+
 def _torch_installed() -> bool:
     """Whether torch is imported or importable in this environment (it would share the runtime)."""
     if "torch" in sys.modules:

@@ -11,7 +11,7 @@ from tracea.plugins import BackendInfo, hookimpl
 
 from ._version import __version__
 from .launch_shim import status as launch_status
-from .omp_env import apply_spin_default
+from .omp_env import apply_spin_default, blas_pool_advice
 from .pool import status as pool_status
 from .toolchain import OPENMP_FLAG, cache_dir, compiler_or_reason
 
@@ -29,6 +29,7 @@ def tracea_backend_info() -> BackendInfo:
                        details={"compiler": cc.path, "compiler_version": cc.version,
                                 "openmp": "yes" if cc.openmp else "no (single-threaded kernels)",
                                 "launch_shim": launch_status(), "worker_pool": pool_status(),
+                                "blas_pool": blas_pool_advice(),
                                 "cache_dir": str(cache_dir())})
 
 
