@@ -375,3 +375,14 @@ def test_data_of_another_device_of_the_arch_scale_to_this_ones_roofline(tmp_path
     assert on_slower.seconds == pytest.approx(as_is.seconds / 2, rel=0.05)  # half: this device streams 2x faster
     for bad in ({"bandwidth_gbs": -1.0}, {"bandwidth_gbs": "fast", "peak_gflops": {"float32": float("nan")}}, []):
         assert model(bad).estimate(v, op, here).seconds == pytest.approx(as_is.seconds)
+    # two files of one name measured on different devices (a user's own on TRACEA_PERF_DATA): each is read
+    # against its own device, whichever comes last
+    (tmp_path / "b").mkdir()
+    files = []
+    for sub, bw in (("", 20.0), ("b", 40.0)):
+        raw = dict(pack(rows, {"backend": "pm", "arch_key": "cpu-intel-avx512"}), profile={"bandwidth_gbs": bw})
+        path = tmp_path / sub / "cpu-intel-avx512.json"
+        path.write_text(json.dumps(raw))
+        files.append(load_file(str(path)))
+    mixed = build(here, {v.name: v}, files).estimate(v, op, here)
+    assert on_slower.seconds < mixed.seconds < as_is.seconds  # between the two readings, not either alone

@@ -13,6 +13,7 @@ Environment: ``TRACEA_PERF_MODEL=0`` turns the model off; ``TRACEA_PERF_DATA`` l
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Iterable
 
 from .data import DataFile, Observation, load_file, roofline_profile, user_observations
@@ -55,7 +56,11 @@ def build(profile: Any, variants: dict[str, Any], files: Iterable[DataFile], ent
             problems.append(f"{name}: {f.skipped_rows} malformed row(s) skipped")
         fitted = sum(1 for o in f.observations if o.split != "heldout")
         sources.append(f"{name} ({fitted} points" + (f", {f.device_name}" if f.device_name else "") + ")")
-        obs.extend(f.observations)
+        rows: Iterable[Observation] = f.observations
+        if name in measured_on:  # two files of one name (yours on TRACEA_PERF_DATA, say): each keeps its device
+            name = str(f.path)
+            rows = [replace(o, source=name) for o in f.observations]
+        obs.extend(rows)
         measured_on[name] = roofline_profile(profile, f.profile)
     if user is None:
         user = user_observations(entries, device_fp) if device_fp else []
