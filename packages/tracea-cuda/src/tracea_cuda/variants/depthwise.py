@@ -48,7 +48,8 @@ CUDNN_GROUP_WIDTHS = frozenset({16, 32})
 #: 0.66-0.77x eager at 34-101M)
 NCHW_WIDE_DECLINE_MACS = 32_000_000
 #: groups of more than 32 channels (RegNetX-3.2GF / 4.0GF's 48 / 40 per group, RegNetY-8.0GF / 4.0GF's 56 /
-#: 64) go to cuDNN from these multiply-adds, by (layout, 16-bit). H200, ``bench_shapes.py --families "regnet
+#: 64) go to cuDNN from these multiply-adds, keyed by (layout, the tier's smallest width; NHWC tiers are 16-bit:
+#: fp32 NHWC goes from DECLINE_MACS). H200, ``bench_shapes.py --families "regnet
 #: wide"`` with the declines off, eager (graph-replayed) ratios: NCHW fp32 b1 1.56-1.64x (0.79-0.97x) at 4-10M,
 #: 0.95x (0.60x) at 19.7M, b32 0.19-0.39x; 64 per group 0.97-0.98x (0.39-0.44x) at 3.4-6.4M. 16-bit NHWC: 40 and
 #: 48 per group win at every size (1.13-3.0x both ways, served); 56 / 64 per group 5-13x eager at b1 (PyTorch
