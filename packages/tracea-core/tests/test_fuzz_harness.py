@@ -299,6 +299,28 @@ def test_attention_reference_accepts_float32_weight_underflow():
     assert any(np.isnan(alt[0, 0, 0, 0]) for alt in ref.alts)
 
 
+def test_attention_reference_accepts_masked_keys_skipped():
+    """Fuzz case 4343:2410: a NaN value at a key the causal mask hides from some queries: the float64
+    reference gives those queries NaN (0 * NaN), kernels that skip masked keys a finite result; both are
+    accepted. Queries that see the key get NaN in every reading."""
+    pytest.importorskip("torch")
+    from tracea.fuzzing.reference import compute
+
+    rng = np.random.default_rng(2410)
+    q, k, v = (rng.standard_normal((2, 3, 4, 5)) for _ in range(3))
+    v[1, 2, 2, 3] = np.nan  # key 2: queries 0 and 1 do not see it
+    ref = compute("attention", {"q": q, "k": k, "v": v}, {"scale": None, "causal": True})
+    assert np.isnan(ref.ref[1, 2, 0, 3]) and np.isnan(ref.ref[1, 2, 1, 3])
+    skipped = ref.alts[-1]
+    masked = v.copy()
+    masked[1, 2, 2, 3] = 0.0
+    for i in (0, 1):  # the key is hidden from these queries: its value does not matter
+        want = compute("attention", {"q": q, "k": k, "v": masked}, {"scale": None, "causal": True}).ref[1, 2, i]
+        np.testing.assert_allclose(skipped[1, 2, i], want, rtol=1e-12)
+    assert np.isnan(skipped[1, 2, 2:, 3]).all() and np.isfinite(np.delete(skipped[1, 2, 2:], 3, axis=-1)).all()
+    assert np.isfinite(np.delete(skipped, 1, axis=0)).all()
+
+
 def test_torch_cuda_conv_is_judged_at_cudnn_tf32_precision():
     """torch float32 convs follow ``torch.backends.cudnn.allow_tf32`` on CUDA (TF32 by default), as ``F.conv2d``
     does: the oracle judges them at that precision unless the call names ``fp32_precision``; other torch calls

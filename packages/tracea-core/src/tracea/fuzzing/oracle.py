@@ -19,7 +19,8 @@ bf16 2^-8; ``mag`` the op on absolute values, see :mod:`.reference`):
   = 1e-6 the error of the kernels' vectorised exp/tanh/erf (1e-12 for float64 inputs). ``K * u`` is
   Higham's deterministic bound; for float32 at K = 4096 it is 2.4e-4 of ``mag``.
 * alternatives that differ only where values are not finite are accepted too (see :mod:`.reference`:
-  activation limits, conv padding taps skipped, IEEE softmax, float32 softmax weights); for calls PyTorch computed (the
+  activation limits, conv padding taps skipped, IEEE softmax, float32 softmax weights, keys the causal
+  mask hides skipped even where their values are NaN / Inf); for calls PyTorch computed (the
   framework fallback) positions where the reference is NaN / Inf are not judged, nor, when an input
   holds NaN / Inf, positions where the result is: PyTorch's CPU kernels disagree among themselves
   there (float16 vs float64 SDPA, oneDNN's channels_last conv skipping padding taps, its bf16 conv

@@ -156,10 +156,40 @@ def attention(values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference
     p32 = torch.softmax(logits.float(), dim=-1)
     p32 = torch.where(p32 < torch.finfo(torch.float32).tiny, torch.zeros_like(p32), p32)
     alt32 = torch.matmul(p32, v.float()).double()
+    # Keys the causal mask hides contribute nothing, even a NaN / Inf value (kernels skip them, as the conv
+    # reference skips padding taps; the reference multiplies their zero weight by it).
+    skipped = _attention_skipping_masked(p, v, mask if model["causal"] else None)
     logit_mag = absl.amax(dim=-1, keepdim=True) if absl.shape[-1] else torch.zeros(absl.shape[:-1] + (1,), dtype=absl.dtype)
     if three:
-        ref, alt, alt32, mag, logit_mag = ref[0], alt[0], alt32[0], mag[0], logit_mag[0]
-    return Reference(ref.numpy(), [alt.numpy(), alt32.numpy()], mag.numpy(), logit_mag.numpy())
+        ref, alt, alt32, skipped, mag, logit_mag = ref[0], alt[0], alt32[0], skipped[0], mag[0], logit_mag[0]
+    return Reference(ref.numpy(), [alt.numpy(), alt32.numpy(), skipped.numpy()], mag.numpy(), logit_mag.numpy())
+
+
+#: non-finite values of v beyond which :func:`_attention_skipping_masked` adds them up no further (the
+#: finite part only: a case with that many reads the other references)
+MAX_NONFINITE_V = 4096
+
+
+def _attention_skipping_masked(p: Any, v: Any, keep: Any) -> Any:
+    """``p @ v`` where a (query, key) pair ``keep`` hides adds nothing even for a NaN / Inf value: finite
+    values through one matmul, each non-finite one added over the queries that see its key."""
+    torch = _torch()
+    finite = torch.isfinite(v)
+    out = torch.matmul(p, torch.where(finite, v, torch.zeros_like(v)))
+    if bool(finite.all()):
+        return out
+    lead = out.shape[:-2]
+    pb, vb = p.expand(*lead, *p.shape[-2:]), v.expand(*lead, *v.shape[-2:])
+    bad = (~torch.isfinite(vb)).nonzero().tolist()
+    if len(bad) > MAX_NONFINITE_V:
+        return out
+    for *at, j, d in bad:
+        rows = tuple(at) + (slice(None),)
+        col = pb[rows + (j,)] * vb[tuple(at) + (j, d)]
+        if keep is not None:
+            col = torch.where(keep[:, j], col, torch.zeros_like(col))
+        out[rows + (d,)] += col
+    return out
 
 
 def compute(op: str, values: dict[str, np.ndarray], model: dict[str, Any]) -> Reference:
