@@ -105,8 +105,20 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
+def served() -> str:
+    """What the call just timed ran: the variant of the plan ``tracea.ops`` stored last, or "pytorch (why)"."""
+    from tracea.runtime import plans
+
+    run = getattr(plans.latest(), "runner", None)
+    if run is None:
+        return "?"
+    return run.variant or f"pytorch ({(run.reason or '')[:60]})"
+
+
 def report(rows: list, group: str, what: str, times: tuple[float, float, float], err: float, **extra: Any) -> None:
     t, a, first = times
+    if "variant" not in extra:
+        extra = {"variant": served(), **extra}
     print(f"  {what:<52} tracea {t * 1e6:9.1f} us  torch {a * 1e6:9.1f} us  ratio {a / t:5.2f}x  err {err:.1e}"
           + "".join(f"  {k} {v}" for k, v in extra.items()) + f"  first call {first * 1e3:.0f} ms", flush=True)
     rows.append({"group": group, "what": what, "tracea_s": t, "torch_s": a, "ratio": a / t, "rel_err": err,

@@ -39,6 +39,16 @@ def test_second_call_reuses_the_plan(rng):
     np.testing.assert_allclose(out, a2.astype(np.float64) @ b2, rtol=1e-5, atol=1e-5)
 
 
+def test_latest_plan_names_what_the_call_ran(rng):
+    assert plans.latest() is None
+    a, b = _ab(rng)
+    ops.matmul(a, b)
+    run = plans.latest().runner
+    assert run.variant == get_doctor().decide(run.op, "cpu:0").variant.name
+    ops.matmul(*_ab(rng, m=5))
+    assert plans.latest().runner.op.m == 5
+
+
 @pytest.mark.parametrize("change", ["shape", "dtype", "transposed", "activation", "bias", "out", "variant"])
 def test_a_different_signature_builds_a_new_plan(rng, change):
     a, b = _ab(rng)

@@ -96,6 +96,13 @@ def generation() -> int:
     return _generation[0]
 
 
+def latest() -> Plan | None:
+    """The plan stored last, or None (for tools: a plan built by ``tracea.ops`` carries ``runner``, whose
+    ``decision`` names the variant and config it runs, or whose ``reason`` says why the framework does)."""
+    with _lock:
+        return next(reversed(_plans.values()), None)
+
+
 def store(key: Any, plan: Plan) -> Plan:
     """Remember ``plan`` for ``key`` (the cache is bounded: it is emptied when full); returns ``plan``."""
     with _lock:
@@ -234,5 +241,5 @@ def _forget_kinds() -> None:
     _STATES.clear()
 
 
-__all__ = ["Plan", "STEERING_ENV", "Uncacheable", "generation", "invalidate", "lookup", "on_invalidate", "signature", "state",
-           "stats", "store"]
+__all__ = ["Plan", "STEERING_ENV", "Uncacheable", "generation", "invalidate", "latest", "lookup", "on_invalidate",
+           "signature", "state", "stats", "store"]
