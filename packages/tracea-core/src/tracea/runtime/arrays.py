@@ -140,10 +140,20 @@ class ArrayAdapter:
         return obj.astype(dtype.numpy)
 
     def direct_fallback(self, op: Any, like: Any) -> Callable[..., Any] | None:
-        """For a signature no Tracea kernel serves: a function ``compute(x, w, bias)`` doing ``op`` with the
-        framework's own call on the arrays as the user passed them (no output given), which the plan cache
-        then calls directly instead of the ``tracea_fallback_run`` hook (fewer frames on a path that competes
-        with the framework's own call); ``like``: the first call's input. None (the default): the hook runs."""
+        """A function ``compute(x, w, bias)`` doing ``op`` with the framework's own call on the arrays as the
+        user passed them (no output given); ``like``: the first call's input. For a conv no Tracea kernel
+        serves the plan cache calls it directly instead of the ``tracea_fallback_run`` hook (fewer frames on a
+        path that competes with the framework's own call); first-use tuning times it against Tracea's choice
+        (:meth:`arbitrate`). None (the default): the hook runs, and first-use tuning has no framework side."""
+        return None
+
+    def arbitrate(self, decision: Any, ours: Callable[..., Any], theirs: Callable[..., Any],
+                  args: tuple) -> tuple[str, str] | None:
+        """First-use tuning's last question (``tracea.set_tuning("first-use")``): time ``ours(*args)`` (the plan
+        Tracea would run for ``decision``) against ``theirs(*args)`` (the framework's own call, from
+        :meth:`direct_fallback`) on the first call's arrays, compare the outputs, and return ``(winner,
+        reason)`` with winner ``"tracea"`` or ``"framework"`` (persisting the verdict is the adapter's
+        business); None (the default): no opinion, Tracea serves."""
         return None
 
     def structured_mask(self, obj: Any, like: Any) -> tuple[str, int, int, Any] | None:

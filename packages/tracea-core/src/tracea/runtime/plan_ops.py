@@ -19,7 +19,7 @@ from ..dtypes import DType, Fp32Precision
 from ..errors import InvalidArgumentError, ShapeError
 from ..ir.epilogue import Epilogue, EpilogueKind
 from ..ir.ops import Conv2dOp, GemmOp, Layout, Op
-from . import dispatch, fallbacks, operands as ops_args, plans
+from . import dispatch, fallbacks, first_use, operands as ops_args, plans
 
 _NONE = object()
 
@@ -122,6 +122,34 @@ def _finish(key: Any, plan: Callable[..., Any], first: Callable[[], Any]) -> Any
     if key is not None:
         plans.store(key, plan)
     return first()
+
+
+def framework_judged(run: dispatch.Runner, adapter: Any, direct: Callable[..., Any] | None, free: bool,
+                     plan: Callable[..., Any], first_call: Callable[[], Any], first: tuple
+                     ) -> tuple[Callable[..., Any], Callable[[], Any]]:
+    """First-use tuning's framework check: with the first-use policy, a Tracea kernel chosen freely and the
+    framework's own call for these arrays (``direct(x, y, z)``, :meth:`ArrayAdapter.direct_fallback`), the
+    adapter times the two on the first call's arrays (``first``) and the faster serves the signature (see
+    :meth:`ArrayAdapter.arbitrate`): ``(plan, first_call)`` as given, or the framework's, counted as a fallback
+    with the verdict's reason. Calls with ``out=`` keep Tracea's plan (``direct`` is None for them)."""
+    if direct is None or run.launch is None or not free or first_use.tuning_mode() != "first-use":
+        return plan, first_call
+    x0, y0, z0 = first
+    if adapter.capturing(x0):
+        return plan, first_call  # nothing can be timed inside a CUDA graph capture
+    verdict = adapter.arbitrate(run.decision, lambda x, y, z: plan(x, y, z, None), direct, (x0, y0, z0))
+    if verdict is None or verdict[0] != "framework":
+        return plan, first_call
+    kind, reason = run.op.kind.value, verdict[1]
+    fallbacks.record(kind, reason)  # the first call (and the warn-once)
+    cell = fallbacks.counter(kind, reason)
+
+    def framework_plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
+        cell[0] += 1
+        return direct(x, y, z)
+
+    framework_plan.runner = dispatch.Runner(run.op, run.decision, None, reason)  # type: ignore[attr-defined]
+    return framework_plan, lambda: direct(x0, y0, z0)
 
 
 def retrying(build: Callable[..., Any]) -> Callable[..., Any]:
@@ -259,6 +287,11 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
             return plan(x0, y0, z0, out0)
 
     plan.runner = run  # type: ignore[attr-defined]  # for tools and tests: what this plan runs
+    direct = None
+    if U is None and preps[2] is None and dtype_out is inputs[0].info.dtype and launch is not None:
+        direct = adapter.direct_fallback(op, x0)
+    plan, first_call = framework_judged(run, adapter, direct, variant is None and config is None, plan, first_call,
+                                        (x0, y0, z0))
     return _finish(key, plan, first_call)
 
 
@@ -381,10 +414,10 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
         return user_out
 
     direct = None
-    if (launch is None and U is None and prep_b is None and dtype_out is X.info.dtype
+    if (U is None and prep_b is None and dtype_out is X.info.dtype
             and (op.epilogue.steps[:1] == (EpilogueKind.BIAS,)) == ("b" in o)):
         direct = adapter.direct_fallback(op, x)  # the framework's own call, e.g. F.conv2d on CUDA tensors
-    if direct is not None:
+    if direct is not None and launch is None:
         # later calls bump a counter cell (no lock, no call: the hot path of a fallback); the first one was
         # counted, and warned about, by the runner's fallback above
         cell = fallbacks.counter(op.kind.value, run.reason or "")
@@ -434,4 +467,6 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
             return deliver(phys0, phys0, out)
 
     plan.runner = run  # type: ignore[attr-defined]
+    plan, first_call = framework_judged(run, adapter, direct, variant is None and config is None, plan, first_call,
+                                        (x, w, b))
     return _finish(key, plan, first_call)
