@@ -27,13 +27,19 @@ SPINCOUNT = "1000"
 _done = False
 
 
-def libgomp_loaded() -> bool | None:
-    """Whether an OpenMP runtime (libgomp) is mapped into this process (None: cannot tell)."""
+def _mapped(name: str) -> bool | None:
+    """Whether a library whose path contains ``name`` (lower case) is mapped into this process (None: cannot
+    tell: no ``/proc/self/maps``)."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            return "libgomp" in f.read()
+            return name in f.read().lower()
     except OSError:
         return None
+
+
+def libgomp_loaded() -> bool | None:
+    """Whether an OpenMP runtime (libgomp) is mapped into this process (None: cannot tell)."""
+    return _mapped("libgomp")
 
 
 _openblas_seen = False
@@ -43,13 +49,11 @@ def _openblas_loaded() -> bool | None:
     """Whether OpenBLAS is mapped into this process (None: cannot tell). Once seen it stays loaded, so
     later calls (the backend info feeds every tuning fingerprint) skip the ~0.4 ms read of the maps."""
     global _openblas_seen
-    if _openblas_seen:
-        return True
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            _openblas_seen = "openblas" in f.read().lower()
-    except OSError:
-        return None
+    if not _openblas_seen:
+        seen = _mapped("openblas")
+        if seen is None:
+            return None
+        _openblas_seen = seen
     return _openblas_seen
 
 

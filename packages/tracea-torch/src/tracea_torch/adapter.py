@@ -147,13 +147,13 @@ class TorchAdapter(ArrayAdapter):
     logical_nchw = True
 
     def direct_fallback(self, op: Any, like: Any) -> Any:
-        """CUDA tensors, conv2d with at most a bias and one activation, float32 at PyTorch's own precision
-        (``highest`` needs cuDNN's TF32 off: the hook does that): ``F.conv2d`` (+ the activation) itself, the
-        call the hook would make (same kernels, same output memory format) without its frames (the hook path
-        rebuilds the op, converts and allocates per call: wide grouped convs left to cuDNN measured 0.29-0.63x
-        PyTorch through it on an H100 host, eager, device time equal)."""
+        """CUDA tensors, conv2d or matmul with at most a bias and one activation, float32 at PyTorch's own
+        precision (a conv at ``highest`` needs cuDNN's TF32 off: the hook does that): ``F.conv2d`` (+ the
+        activation) itself, the call the hook would make (same kernels, same output memory format) without its
+        frames (the hook path rebuilds the op, converts and allocates per call: wide grouped convs left to cuDNN
+        measured 0.29-0.63x PyTorch through it on an H100 host, eager, device time equal); for matmul see
+        :func:`_direct_matmul`."""
         from tracea.dtypes import Fp32Precision
-        from tracea.ir.epilogue import EpilogueKind
         from tracea.ir.ops import Conv2dOp, GemmOp
 
         if isinstance(op, GemmOp) and getattr(like, "is_cuda", False):
@@ -162,15 +162,12 @@ class TorchAdapter(ArrayAdapter):
             return None
         if getattr(op, "fp32_precision", None) is Fp32Precision.HIGHEST and str(like.dtype) == "torch.float32":
             return None
-        from .eager import ACTIVATIONS
-
-        steps = op.epilogue.steps
-        rest = steps[1:] if steps[:1] == (EpilogueKind.BIAS,) else steps
-        if len(rest) > 1 or (rest and rest[0] not in ACTIVATIONS):
+        epilogue = _bias_activation(op)
+        if epilogue is None:
             return None
         import torch.nn.functional as F
 
-        conv, act = F.conv2d, ACTIVATIONS[rest[0]] if rest else None
+        conv, act = F.conv2d, epilogue[1]
         stride, padding, dilation, groups = op.stride, op.padding, op.dilation, op.groups
         if act is None:
             return lambda x, w, bias: conv(x, w, bias, stride, padding, dilation, groups)
@@ -386,20 +383,14 @@ def _direct_matmul(op: Any, like: Any) -> Any:
     """``tracea.ops.matmul``'s call as PyTorch makes it on CUDA tensors (the user's logical operands: ``a``
     (..., m, k), ``b`` (..., k, n), a bias along n, at most one activation after it), or None where PyTorch
     would compute something else (fp32 at another precision than torch's own)."""
-    from tracea.ir.epilogue import EpilogueKind
-
-    from .eager import ACTIVATIONS
-
     if str(like.dtype) == "torch.float32" and op.fp32_precision.value != _matmul_precision():
         return None
-    steps = op.epilogue.steps
-    biased = steps[:1] == (EpilogueKind.BIAS,)
-    rest = steps[1:] if biased else steps
-    if len(rest) > 1 or (rest and rest[0] not in ACTIVATIONS):
+    epilogue = _bias_activation(op)
+    if epilogue is None:
         return None
     import torch
 
-    act = ACTIVATIONS[rest[0]] if rest else None
+    biased, act = epilogue
     if biased and op.batch == 1 and like.dim() == 2:
         mm = lambda a, b, bias: torch.addmm(bias, a, b)  # noqa: E731 - cuBLAS's fused bias
     elif biased:
@@ -408,3 +399,17 @@ def _direct_matmul(op: Any, like: Any) -> Any:
         mm = lambda a, b, bias: torch.matmul(a, b)  # noqa: E731
     return mm if act is None else (lambda a, b, bias: act(mm(a, b, bias)))
 
+
+def _bias_activation(op: Any) -> tuple[bool, Any] | None:
+    """``(biased, activation)`` of an epilogue PyTorch's own call reproduces (an optional bias first, then at
+    most one activation of :data:`tracea_torch.eager.ACTIVATIONS`, None for none); None for any other."""
+    from tracea.ir.epilogue import EpilogueKind
+
+    from .eager import ACTIVATIONS
+
+    steps = op.epilogue.steps
+    biased = steps[:1] == (EpilogueKind.BIAS,)
+    rest = steps[1:] if biased else steps
+    if len(rest) > 1 or (rest and rest[0] not in ACTIVATIONS):
+        return None
+    return biased, ACTIVATIONS[rest[0]] if rest else None

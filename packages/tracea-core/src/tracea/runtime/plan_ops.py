@@ -140,16 +140,24 @@ def framework_judged(run: dispatch.Runner, adapter: Any, direct: Callable[..., A
     verdict = adapter.arbitrate(run.decision, lambda x, y, z: plan(x, y, z, None), direct, (x0, y0, z0))
     if verdict is None or verdict[0] != "framework":
         return plan, first_call
-    kind, reason = run.op.kind.value, verdict[1]
-    fallbacks.record(kind, reason)  # the first call (and the warn-once)
+    reason = verdict[1]
+    fallbacks.record(run.op.kind.value, reason)  # the first call (and the warn-once)
+    framework_plan = _counted(direct, run.op.kind.value, reason)
+    framework_plan.runner = dispatch.Runner(run.op, run.decision, None, reason)  # type: ignore[attr-defined]
+    return framework_plan, lambda: direct(x0, y0, z0)
+
+
+def _counted(direct: Callable[..., Any], kind: str, reason: str) -> Callable[..., Any]:
+    """A plan calling the framework's ``direct(x, y, z)`` and bumping the fallback counter cell of (``kind``,
+    ``reason``) (no lock, no call: a fallback's hot path; the first call is counted with
+    :func:`fallbacks.record`, which also warns once)."""
     cell = fallbacks.counter(kind, reason)
 
-    def framework_plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
+    def plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
         cell[0] += 1
         return direct(x, y, z)
 
-    framework_plan.runner = dispatch.Runner(run.op, run.decision, None, reason)  # type: ignore[attr-defined]
-    return framework_plan, lambda: direct(x0, y0, z0)
+    return plan
 
 
 def retrying(build: Callable[..., Any]) -> Callable[..., Any]:
@@ -418,13 +426,8 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
             and (op.epilogue.steps[:1] == (EpilogueKind.BIAS,)) == ("b" in o)):
         direct = adapter.direct_fallback(op, x)  # the framework's own call, e.g. F.conv2d on CUDA tensors
     if direct is not None and launch is None:
-        # later calls bump a counter cell (no lock, no call: the hot path of a fallback); the first one was
-        # counted, and warned about, by the runner's fallback above
-        cell = fallbacks.counter(op.kind.value, run.reason or "")
-
-        def plan(xx: Any, ww: Any, bb: Any, user_out: Any) -> Any:
-            cell[0] += 1
-            return direct(xx, ww, bb)
+        # the first call was counted, and warned about, by the runner's fallback above
+        plan = _counted(direct, op.kind.value, run.reason or "")
 
         def first_call() -> Any:
             return deliver(result0, phys0, out)
