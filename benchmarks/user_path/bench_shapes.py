@@ -12,7 +12,7 @@ included, which bounds small weights on a slow host) and with the calls captured
 on the same projections), ``fp32`` (float32 few-row products as PyTorch computes them by default, exact:
 ``x @ W.T`` at 1-64 rows and ``x @ B`` with B (K, N) row-major at 1-16 rows, with graph ratios and bandwidth),
 ``odd`` (odd sizes), ``bmm`` (batched), ``conv`` (conv layers of several CNN
-families at batch 1 and 32, channels_last fp16 and NCHW fp32; also runs ``grouped``), ``grouped`` (depthwise
+families at batch 1 and 32, channels_last fp16 and NCHW fp32), ``grouped`` (depthwise
 and grouped layers of EfficientNet, MobileNetV2, ConvNeXt, ResNeXt and RegNet, same batches and dtypes,
 with the variant that served each row). Ratios are PyTorch time / Tracea time.
 Each row also gives Tracea's first call on the new signature (what the user waits for: compilation where
@@ -112,7 +112,22 @@ def served() -> str:
     run = getattr(plans.latest(), "runner", None)
     if run is None:
         return "?"
-    return run.variant or f"pytorch ({(run.reason or '')[:60]})"
+    if not run.variant:
+        return f"pytorch ({(run.reason or '')[:60]})"
+    return run.variant + judged(run.decision)
+
+
+def judged(decision: Any) -> str:
+    """With first-use tuning, the framework check's figures for a signature Tracea kept (its timing said
+    Tracea's kernel was faster: compare with the row's own ratio)."""
+    from tracea_torch import arbiter
+
+    op = decision.op.describe() if decision is not None else None
+    v = next((v for v in arbiter.verdicts() if v.op == op), None)
+    if v is None or v.winner != "tracea":
+        return ""
+    return (f" (judged eager {v.torch_eager_s * 1e6:.1f} vs {v.tracea_eager_s * 1e6:.1f} us, device "
+            f"{v.torch_s * 1e6:.1f} vs {v.tracea_s * 1e6:.1f})")
 
 
 def report(rows: list, group: str, what: str, times: tuple[float, float, float], err: float, **extra: Any) -> None:
@@ -197,8 +212,10 @@ CONVS = {  # family: (C, K, H, R, stride)
 }
 
 
-def conv_group(rows: list) -> None:
+def conv_group(rows: list, families: list[str] | None = None) -> None:
     for family, layers in CONVS.items():
+        if families and not any(f in family for f in families):
+            continue
         for (c, k, h, r, s) in layers:
             for batch in (1, 32):
                 for dtype, cl in ((torch.float16, True), (torch.float32, False)):
@@ -234,7 +251,6 @@ def grouped_conv_group(rows: list, families: list[str] | None = None) -> None:
     bias fused, b1 and b32, channels_last fp16 and NCHW fp32; each row names the variant the Doctor chose and
     adds the ratio with the calls captured in CUDA graphs (device time only) and Tracea's bytes moved (x, w,
     out once) per second of device time. ``families``: substrings of the family names to run (default all)."""
-    from tracea.doctor.doctor import get_doctor
     from tracea.ir.ops import Conv2dOp
 
     for family, layers in GROUPED_CONVS.items():
@@ -252,16 +268,13 @@ def grouped_conv_group(rows: list, families: list[str] | None = None) -> None:
                     op = Conv2dOp(batch, c, h, h, c, r, r, stride=s, padding=pad, groups=g,
                                   layout="nhwc" if cl else "nchw", dtype=str(dtype)[6:], epilogue="bias",
                                   fp32_precision="high" if torch.backends.cudnn.allow_tf32 else "highest")
-                    try:
-                        served = get_doctor().decide(op, "cuda:0").variant.name
-                    except Exception as exc:  # noqa: BLE001 - the row still times the fallback
-                        served = f"pytorch ({type(exc).__name__})"
                     ours = lambda: tracea.ops.conv2d(x, w, bias, stride=s, padding=pad, groups=g)  # noqa: E731
                     theirs = lambda: F.conv2d(x, w, bias, stride=s, padding=pad, groups=g)  # noqa: E731
                     times = paired(ours, theirs)
+                    variant = served()  # before the graph captures store plans of their own
                     dev_t, dev_a = graph_time(ours), graph_time(theirs)  # the kernels alone (no host time)
                     report(rows, "grouped", f"{family} {c} g{g} {r}x{r}/{s} @{h}^2 b{batch} {str(dtype)[6:]}"
-                           f"{' CL' if cl else ''}", times, rel(ours(), theirs()), variant=served,
+                           f"{' CL' if cl else ''}", times, rel(ours(), theirs()), variant=variant,
                            **{"graph ratio": f"{dev_a / dev_t:.2f}x",
                               "GB/s": f"{op.min_bytes / dev_t / 1e9:.0f}"})
 
@@ -281,7 +294,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", default="decode,prefill,fp32,odd,bmm,conv,grouped")
     p.add_argument("--json", default="")
-    p.add_argument("--families", default="", help="grouped group: comma-separated substrings of the family names")
+    p.add_argument("--families", default="", help="conv and grouped groups: comma-separated substrings of the family names")
     args = p.parse_args(argv)
     groups = set(args.groups.split(","))
     torch.manual_seed(0)
@@ -306,8 +319,8 @@ def main(argv: list[str]) -> int:
         bmm_group(rows)
     if "conv" in groups:
         print("\n[conv] CNN layers")
-        conv_group(rows)
-    if "conv" in groups or "grouped" in groups:
+        conv_group(rows, [f for f in args.families.split(",") if f])
+    if "grouped" in groups:
         print("\n[grouped] depthwise / grouped CNN layers")
         grouped_conv_group(rows, [f for f in args.families.split(",") if f])
     for group in dict.fromkeys(r["group"] for r in rows):

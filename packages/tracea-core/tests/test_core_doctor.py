@@ -157,6 +157,33 @@ def test_forced_and_excluded_variants(doctor, monkeypatch):
     assert forced.chosen.source == "forced"
 
 
+def test_framework_faster_declines_stay_candidates_only_for_a_framework_check(doctor, monkeypatch):
+    """A variant whose only reasons are FrameworkFaster (a speed judgement against the framework, not a
+    limit) is rejected, unless the caller will time it against the framework (framework_check=True); a
+    limit among its reasons, or a forced variant, keeps it rejected."""
+    from tracea.doctor import FrameworkFaster
+
+    _no_cache(monkeypatch)
+    fast = doctor.registry.get("t.fast")
+    soft = FrameworkFaster("the framework's kernel measured faster here")
+    monkeypatch.setattr(fast, "check", lambda op, profile: [soft])
+    d = doctor.decide(OP, "cpu")
+    assert d.variant.name == "t.slow" and d.chosen.framework_faster == ""
+    assert next(r for r in d.rejected if r.variant == "t.fast").reasons == [soft]
+    kept = doctor.decide(OP, "cpu", framework_check=True)
+    assert kept is not d and kept.variant.name == "t.fast"  # memoised apart
+    assert kept.chosen.framework_faster == str(soft) and "t.fast" not in {r.variant for r in kept.rejected}
+    assert "kept for the framework check" in kept.explain()
+    assert kept.chosen.to_dict()["framework_faster"] == str(soft)
+    assert doctor.decide(OP, "cpu", variant="t.slow", framework_check=True).variant.name == "t.slow"
+    with pytest.raises(NoVariantError, match="measured faster"):
+        doctor.decide(OP, "cpu", variant="t.fast", framework_check=True)  # forced: the judgement stands
+    monkeypatch.setattr(fast, "check", lambda op, profile: [soft, "k too large"])
+    doctor.invalidate()
+    mixed = doctor.decide(OP, "cpu", framework_check=True)
+    assert mixed.variant.name == "t.slow" and "t.fast" in {r.variant for r in mixed.rejected}
+
+
 def test_unknown_device(doctor):
     with pytest.raises(UnsupportedDeviceError, match="cuda:0.*tracea-cuda"):
         doctor.decide(OP, "cuda:0")

@@ -221,6 +221,11 @@ def test_declines_wide_groups_where_cudnn_measured_faster(monkeypatch):
     assert "cuDNN" in why(grouped(1, 448, 28, 28, 8, **nchw))  # 19.7M: from 16M
     assert "cuDNN" in why(grouped(1, 512, 14, 14, 8, **nchw))  # 64 per group NCHW: from 4M
     assert dwmod.DepthwiseConv.decline_macs(grouped(1, 96, 7, 7, 24), 24) is None  # 16-bit NHWC 24: never
+    # a speed judgement, not a limit: first-use tuning's framework check may time the variant anyway
+    from tracea.doctor import FrameworkFaster
+
+    assert all(isinstance(r, FrameworkFaster) for r in _reasons(big8_f32))
+    assert not any(isinstance(r, FrameworkFaster) for r in _reasons(grouped(1, 96, 7, 7, 1, layout="nchw")))
     monkeypatch.setattr(dwmod, "DECLINE_WIDE_GROUPS", False)
     assert not why(big8_f32)
 

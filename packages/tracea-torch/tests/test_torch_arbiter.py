@@ -240,6 +240,7 @@ def test_gpu_eager_ties_are_decided_by_device_time(monkeypatch, eager, device, w
     difference stands; captured calls go by device time alone."""
     monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: eager)
     monkeypatch.setattr(arbiter, "_device_and_host", lambda fa, fb: (*device, 5e-6, 5e-6))
+    monkeypatch.setattr(arbiter, "_warm_up", lambda fa, fb: None)  # (no GPU to warm)
     x = torch.randn(4, 8)
     v = arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t: t * 2,
                          lambda t: t * 2, (x,))
@@ -262,6 +263,7 @@ def test_gpu_eager_wins_must_pay_for_their_host_time(monkeypatch, eager, device,
     captured calls still go by device time, and the verdict keeps both host times."""
     monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: eager)
     monkeypatch.setattr(arbiter, "_device_and_host", lambda fa, fb: (*device, *host))
+    monkeypatch.setattr(arbiter, "_warm_up", lambda fa, fb: None)  # (no GPU to warm)
     x = torch.randn(4, 8)
     v = arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t: t * 2,
                          lambda t: t * 2, (x,))
@@ -439,6 +441,7 @@ def test_only_layer_weights_are_timed_cold(monkeypatch, cold):
     monkeypatch.setattr(arbiter, "cold_weight_calls", spy)
     monkeypatch.setattr(arbiter, "_paired", lambda fa, fb, timer: (fa(), fb(), (1e-6, 2e-6))[-1])
     monkeypatch.setattr(arbiter, "_device_and_host", lambda fa, fb: (fa(), fb(), (1e-6, 2e-6, 1e-6, 1e-6))[-1])
+    monkeypatch.setattr(arbiter, "_warm_up", lambda fa, fb: None)  # (no GPU to warm)
     x = torch.randn(4, 8)
     arbiter._measure("gemm test", torch.device("cuda"), "cuda.gemm.test", "cfg", lambda t, w: t * 2,
                      lambda t, w: t * 2, (x, x), cold)
@@ -660,3 +663,34 @@ def test_a_split_verdict_says_which_calls_pytorch_serves():
                         "measured", graph_winner="torch", tracea_eager_s=14.5e-6, torch_eager_s=31.1e-6)
     assert v.reason.startswith("arbiter: PyTorch faster in CUDA graphs (device 8.2 vs 10.6 us")
     assert "eager calls run Tracea's (eager 14.5 vs 31.1 us)" in v.reason
+
+
+@pytest.mark.parametrize("arbiter_on", [True, False])
+def test_a_framework_faster_decline_is_judged_by_the_arbiter(restricted_backend, monkeypatch, rel_err, arbiter_on):
+    """A variant that declined only because PyTorch's kernel measured faster on such shapes (FrameworkFaster)
+    stays a candidate for a patched layer while the arbiter is on, and the arbiter's timing decides; with
+    the arbiter off the decline stands and PyTorch serves."""
+    from tracea.doctor import FrameworkFaster
+
+    gemm = restricted_backend.gemm
+    original = gemm.check
+    soft = FrameworkFaster("test: PyTorch's kernel measured faster on such shapes")
+    monkeypatch.setattr(gemm, "check", lambda op, profile: list(original(op, profile)) + [soft])
+    monkeypatch.setenv(arbiter.ENV, "1" if arbiter_on else "0")
+    judged = []
+    real_judge = arbiter.judge
+
+    def judge(decision, *args, **kwargs):
+        judged.append(decision.chosen.framework_faster)
+        return real_judge(decision, *args, **kwargs)
+
+    monkeypatch.setattr(arbiter, "judge", judge)
+    lin, x = _linear(20)
+    with torch.no_grad():
+        out = lin(x)
+    assert rel_err(out, torch.nn.functional.linear(x, lin.weight, lin.bias)) < 1e-5
+    if arbiter_on:
+        assert judged == [str(soft)]  # kept, and timed against PyTorch
+    else:
+        assert not judged and gemm.calls == 0
+        assert fallbacks.total(contains="measured faster") >= 1

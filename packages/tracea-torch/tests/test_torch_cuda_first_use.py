@@ -57,3 +57,30 @@ def test_conv2d_checked_against_cudnn():
     out = ops.conv2d(x, w, b, padding=1)
     ref = torch.nn.functional.conv2d(x.float(), w.float(), b.float(), padding=1)
     _check(out, ref, plans.latest().runner, 1e-2)
+
+
+@pytest.mark.parametrize("batch,dtype", [(2, torch.float16), (1, torch.float32)])
+def test_a_grouped_conv_cudnn_was_measured_faster_on_is_checked_not_declined(batch, dtype):
+    """ResNeXt's 16 channels per group over 4M multiply-adds: ``cuda.conv2d.depthwise`` declines it with a
+    FrameworkFaster reason (cuDNN measured faster), so by default PyTorch serves; with first-use tuning the
+    variant is kept and timed against cuDNN on the call, and the verdict decides."""
+    from tracea.doctor import FrameworkFaster
+
+    cl = dtype == torch.float16
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    x = torch.randn(batch * 16, 512, 14, 14, device="cuda", generator=g).to(dtype).contiguous(memory_format=fmt)
+    w = (torch.randn(512, 16, 3, 3, device="cuda", generator=g) / 12).to(dtype).contiguous(memory_format=fmt)
+    b = torch.randn(512, device="cuda", generator=g).to(dtype)
+    out = ops.conv2d(x, w, b, padding=1, groups=32)
+    ref = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1, groups=32)
+    runner = plans.latest().runner
+    assert runner.decision is not None and runner.decision.variant.name == "cuda.conv2d.depthwise", runner.reason
+    assert runner.decision.chosen.framework_faster  # kept for the check
+    rejected = dict((r.variant, r.reasons) for r in runner.decision.rejected)
+    assert not any(isinstance(r, FrameworkFaster) for r in rejected.get("cuda.conv2d.depthwise", []))
+    _check(out, ref, runner, 1e-2 if cl else 5e-3)
+    tracea.set_tuning(None)
+    plans.invalidate("test")
+    ops.conv2d(x, w, b, padding=1, groups=32)  # default policy: the decline stands
+    assert plans.latest().runner.launch is None and "measured faster" in plans.latest().runner.reason

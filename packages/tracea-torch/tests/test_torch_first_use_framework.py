@@ -111,3 +111,82 @@ def test_direct_matmul_computes_what_ops_matmul_promises():
     assert torch_adapter._direct_matmul(GemmOp(6, 7, 10, fp32_precision=other), a) is None  # not torch's math
     assert torch_adapter._direct_matmul(GemmOp(6, 7, 10, epilogue=Epilogue.of("bias", "relu", "gelu"),
                                                fp32_precision=prec), a) is None
+
+
+def _soften(variant, monkeypatch) -> str:
+    """Make ``variant`` decline every op with a FrameworkFaster reason only (a speed judgement)."""
+    from tracea.doctor import FrameworkFaster
+
+    reason = FrameworkFaster("test: PyTorch's kernel measured faster on such shapes")
+    original = variant.check
+    monkeypatch.setattr(variant, "check", lambda op, profile: list(original(op, profile)) + [reason])
+    return str(reason)
+
+
+def _arbitrate(monkeypatch, verdict):
+    asked = []
+
+    def arbitrate(self, decision, ours, theirs, args):
+        asked.append(decision)
+        return verdict
+
+    monkeypatch.setattr(torch_adapter.TorchAdapter, "arbitrate", arbitrate)
+    return asked
+
+
+def test_a_framework_faster_decline_falls_back_without_the_check(restricted_backend, rel_err, monkeypatch):
+    reason = _soften(restricted_backend.gemm, monkeypatch)
+    x, w, b = _inputs(12)
+    out = ops.matmul(x, w, bias=b)  # default policy: the judgement stands, PyTorch serves
+    assert rel_err(out, torch.addmm(b, x, w)) < 1e-5
+    run = plans.latest().runner
+    assert run.launch is None and reason in run.reason and restricted_backend.gemm.calls == 0
+
+
+def test_first_use_times_a_variant_kept_for_the_framework_check(restricted_backend, rel_err, monkeypatch):
+    reason = _soften(restricted_backend.gemm, monkeypatch)
+    asked = _arbitrate(monkeypatch, ("tracea", "", "tracea"))
+    tracea.set_tuning("first-use")
+    x, w, b = _inputs(14)
+    assert rel_err(ops.matmul(x, w, bias=b), torch.addmm(b, x, w)) < 1e-5
+    run = plans.latest().runner
+    assert run.variant == "testkit.gemm" and run.decision.chosen.framework_faster == reason
+    assert len(asked) == 1 and asked[0].chosen.framework_faster == reason
+    calls = restricted_backend.gemm.calls
+    ops.matmul(torch.randn(5, 14), w, bias=b)
+    assert restricted_backend.gemm.calls == calls + 1  # the check said Tracea: its kernel serves
+
+
+def test_a_kept_variant_without_a_verdict_gives_way_to_the_framework(restricted_backend, rel_err, monkeypatch):
+    reason = _soften(restricted_backend.gemm, monkeypatch)
+    _arbitrate(monkeypatch, None)  # the adapter has no opinion (TRACEA_ARBITER=0, say)
+    tracea.set_tuning("first-use")
+    x, w, b = _inputs(10)
+    assert rel_err(ops.matmul(x, w, bias=b), torch.addmm(b, x, w)) < 1e-5
+    run = plans.latest().runner
+    assert run.launch is None and reason in run.reason
+    calls = restricted_backend.gemm.calls
+    x2 = torch.randn(5, 10)
+    assert rel_err(ops.matmul(x2, w, bias=b), torch.addmm(b, x2, w)) < 1e-5
+    assert restricted_backend.gemm.calls == calls
+
+
+@pytest.mark.parametrize("eager", ["tracea", "framework"])
+def test_captured_calls_follow_the_graph_winner(restricted_backend, rel_err, monkeypatch, eager):
+    """A verdict whose winner in CUDA graphs differs from the eager one: the plan asks on each call whether
+    the stream is capturing (faked here on the CPU) and routes the call to that side's winner."""
+    graph = "framework" if eager == "tracea" else "tracea"
+    _arbitrate(monkeypatch, (eager, "arbiter: test verdict", graph))
+    capturing = [False]
+    monkeypatch.setattr(torch_adapter.TorchAdapter, "capturing", lambda self, obj: capturing[0])
+    tracea.set_tuning("first-use")
+    x, w, b = _inputs(18)
+    assert rel_err(ops.matmul(x, w, bias=b), torch.addmm(b, x, w)) < 1e-5
+    kernel = restricted_backend.gemm
+    for captured in (False, True, False):
+        capturing[0] = captured
+        calls = kernel.calls
+        x2 = torch.randn(5, 18)
+        assert rel_err(ops.matmul(x2, w, bias=b), torch.addmm(b, x2, w)) < 1e-5
+        winner = graph if captured else eager
+        assert kernel.calls == calls + (winner == "tracea"), (captured, winner)

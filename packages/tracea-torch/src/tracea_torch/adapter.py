@@ -173,16 +173,19 @@ class TorchAdapter(ArrayAdapter):
             return lambda x, w, bias: conv(x, w, bias, stride, padding, dilation, groups)
         return lambda x, w, bias: act(conv(x, w, bias, stride, padding, dilation, groups))
 
-    def arbitrate(self, decision: Any, ours: Any, theirs: Any, args: tuple) -> tuple[str, str] | None:
+    def arbitrate(self, decision: Any, ours: Any, theirs: Any, args: tuple) -> tuple[str, ...] | None:
         """First-use tuning's framework check on torch tensors: :func:`tracea_torch.arbiter.judge` (interleaved
         timing, outputs compared, the verdict persisted in the tuning cache like a patched layer's). Eager
-        calls follow its eager winner; ``TRACEA_ARBITER=0`` turns the check off."""
+        calls follow its eager winner, calls captured in CUDA graphs its device-time winner;
+        ``TRACEA_ARBITER=0`` turns the check off."""
         from . import arbiter
 
         if not arbiter.enabled():
             return None
         v = arbiter.judge(decision, args[0].device, ours, theirs, args)
-        return ("tracea", "") if v.winner == "tracea" else ("framework", v.reason)
+        eager = "tracea" if v.winner == "tracea" else "framework"
+        captured = "tracea" if v.captured_winner == "tracea" else "framework"
+        return eager, ("" if eager == captured == "tracea" else v.reason), captured
 
     def allows_fallback_only(self) -> bool:
         # PyTorch's own kernels beat the NumPy oracle by orders of magnitude (see tracea_torch.policy).

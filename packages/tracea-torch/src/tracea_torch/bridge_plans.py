@@ -446,7 +446,8 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
     (:mod:`tracea_torch.second_chance`) when PyTorch's kernel won; ``ahead``: those already built."""
     kernel_plan = _kernel_plan(key, kind, op, extra, run, eager_plan)
     if not arbiter.enabled() or decision.variant.fallback_only:
-        return kernel_plan
+        kept = decision.chosen.framework_faster  # kept only for a verdict that will not come
+        return eager_plan(f"{decision.variant.name}: {kept}") if kept else kernel_plan
     # PyTorch timed as the unpatched layer runs the call; a 16-bit conv on the CPU as PyTorch's side computes it
     # in every plan (eager.conv2d: fp32, which PyTorch runs 10-45x faster there and without oneDNN's bf16 errors)
     wide_cpu = _cpu_16bit_conv(kind, op, device)

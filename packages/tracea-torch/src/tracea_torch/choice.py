@@ -60,11 +60,16 @@ def output_memory_format(x: torch.Tensor) -> torch.memory_format:
 
 def choose(op: Op, device: torch.device) -> Decision:
     """The Doctor's decision for ``op`` here; raise :class:`Fallback` unless a variant tracea-torch may
-    use serves it (the reference oracle only where the policy allows)."""
+    use serves it (the reference oracle only where the policy allows). With the arbiter on, a variant that
+    declined only because PyTorch's kernel measured faster on such shapes
+    (:class:`~tracea.doctor.decision.FrameworkFaster`) stays a candidate: the arbiter times it against
+    PyTorch on the layer's own call before it serves (``Candidate.framework_faster``)."""
     if device.type not in ("cpu", "cuda"):
         raise Fallback(f"device {device.type} not served by Tracea")
+    from . import arbiter
+
     try:
-        decision = get_doctor().decide(op, device_of(device))
+        decision = get_doctor().decide(op, device_of(device), framework_check=arbiter.enabled())
     except (NoVariantError, UnsupportedDeviceError) as exc:
         raise Fallback(fallback_reason(exc)) from None
     if decision.chosen.variant.backend != "reference":

@@ -12,6 +12,19 @@ from .profile import DeviceProfile
 from .variant import KernelVariant
 
 
+class FrameworkFaster(str):
+    """A rejection reason that is a speed judgement, not a limit: the framework's own kernel (cuDNN's grouped
+    convolutions, say) was measured faster than the variant on shapes like this one. The variant can run the
+    op. A caller that times its choice against the framework's call on the call's own arrays (first-use
+    tuning's framework check, :func:`tracea.runtime.plan_ops.framework_judged`) asks the Doctor to keep such
+    a variant as a candidate (``Doctor.decide(..., framework_check=True)``); everywhere else it rejects.
+
+    Variants return it from their checks like any reason string: ``FrameworkFaster("... cuDNN measured
+    faster from 4M multiply-adds")``."""
+
+    __slots__ = ()
+
+
 @dataclass
 class Candidate:
     """An accepted variant with the config it would run and the evidence for its rank.
@@ -30,6 +43,9 @@ class Candidate:
     note: str = ""
     #: how ``estimate_s`` was reached (:class:`tracea.perfmodel.Estimate`), None for a plain roofline
     estimate: Any = None
+    #: the :class:`FrameworkFaster` reasons the variant gave, kept as a candidate only for a framework
+    #: check (``Doctor.decide(..., framework_check=True)``): the framework serves unless timing says otherwise
+    framework_faster: str = ""
 
     @property
     def rank_key(self) -> tuple[int, int, float, int]:
@@ -44,6 +60,8 @@ class Candidate:
         out = {"variant": self.variant.name, "backend": self.variant.backend, "config": self.config.key,
                "source": self.source, "estimate_s": self.estimate_s, "measured_s": self.measured_s,
                "note": self.note}
+        if self.framework_faster:
+            out["framework_faster"] = self.framework_faster
         if self.estimate is not None:
             out["estimate"] = self.estimate.to_dict()
         return out
@@ -106,6 +124,8 @@ class Decision:
         lines.append(f"    because: {why}; ranked first of {len(self.candidates)} accepted")
         if c.note:
             lines.append(f"    note: {c.note}")
+        if c.framework_faster:
+            lines.append(f"    kept for the framework check: {c.framework_faster}")
         for other in self.candidates[1:]:
             t = (f"tuned {other.measured_s * 1e3:.3f} ms" if other.measured_s is not None
                  else other.estimate_text())

@@ -21,7 +21,7 @@ from ..runtime.arrays import ArrayAdapter, builtin_adapters
 from ..semantic.config import PipelineConfig
 from ..semantic.search_space import SearchSpace
 from .cached_config import doctor_entry_problem, warn_ignored
-from .decision import Candidate, Decision, Rejection
+from .decision import Candidate, Decision, FrameworkFaster, Rejection
 from .profile import DeviceProfile
 from .registry import VariantRegistry
 from .variant import KernelVariant, flatten
@@ -185,25 +185,30 @@ class Doctor:
         return "no valid config" + (f" ({'; '.join(reasons[:3])})" if reasons else "")
 
     def decide(self, op: Op, device: Device | str, *, variant: str | None = None,
-               config: PipelineConfig | None = None, use_cache: bool = True) -> Decision:
+               config: PipelineConfig | None = None, use_cache: bool = True,
+               framework_check: bool = False) -> Decision:
         """Rank every variant for ``op`` on ``device``.
 
         :param variant: force this variant name (also ``TRACEA_VARIANT``, a comma-separated list whose
             entry for this op kind applies); rejection reasons still explain a refused force.
         :param config: force this config (validated).
         :param use_cache: consult the tuning cache for measured evidence.
+        :param framework_check: the caller times the chosen variant against the framework's own call before
+            using it: variants whose only reasons are :class:`~tracea.doctor.decision.FrameworkFaster`
+            stay candidates (``Candidate.framework_faster`` holds the reasons). Not with a forced variant.
         :raises NoVariantError: when nothing accepts the op (with every rejection reason).
         """
         device = Device.parse(device)
         forced = variant or self._env_variant(op)
         cache = _tuning_cache() if use_cache else None
+        keep = framework_check and forced is None
         memo_key = (op, device, forced, config, cache, _generation(cache),
-                    os.environ.get("TRACEA_PERF_MODEL"), os.environ.get("TRACEA_PERF_DATA"))
+                    os.environ.get("TRACEA_PERF_MODEL"), os.environ.get("TRACEA_PERF_DATA"), keep)
         with self._lock:
             hit = self._decisions.get(memo_key)
         if hit is not None:
             return hit
-        decision = self._decide(op, device, forced, config, cache)
+        decision = self._decide(op, device, forced, config, cache, keep)
         with self._lock:
             if len(self._decisions) > 4096:
                 self._decisions.clear()
@@ -219,7 +224,7 @@ class Doctor:
         return None
 
     def _decide(self, op: Op, device: Device, forced: str | None, config: PipelineConfig | None,
-                cache: Any) -> Decision:
+                cache: Any, keep_framework_faster: bool = False) -> Decision:
         profile = self.profile_for(device)
         excluded = {n.strip() for n in (os.environ.get(ENV_EXCLUDE) or "").split(",") if n.strip()}
         variants = self.registry.for_kind(op.kind)
@@ -244,6 +249,9 @@ class Doctor:
                 rejected.append(Rejection(v.name, v.backend, [f"quarantined: {why}"]))
                 continue
             reasons = self.check(v, op, profile)
+            soft = ""
+            if reasons and keep_framework_faster and all(isinstance(r, FrameworkFaster) for r in reasons):
+                soft, reasons = "; ".join(reasons), []
             if reasons:
                 rejected.append(Rejection(v.name, v.backend, reasons))
                 continue
@@ -251,6 +259,7 @@ class Doctor:
             if isinstance(cand, str):
                 rejected.append(Rejection(v.name, v.backend, [cand]))
             else:
+                cand.framework_faster = soft
                 candidates.append(cand)
         if not candidates:
             raise NoVariantError(f"no kernel variant can run {op.describe()} on {device}",

@@ -148,12 +148,14 @@ class ArrayAdapter:
         return None
 
     def arbitrate(self, decision: Any, ours: Callable[..., Any], theirs: Callable[..., Any],
-                  args: tuple) -> tuple[str, str] | None:
+                  args: tuple) -> tuple[str, ...] | None:
         """First-use tuning's last question (``tracea.set_tuning("first-use")``): time ``ours(*args)`` (the plan
         Tracea would run for ``decision``) against ``theirs(*args)`` (the framework's own call, from
         :meth:`direct_fallback`) on the first call's arrays, compare the outputs, and return ``(winner,
-        reason)`` with winner ``"tracea"`` or ``"framework"`` (persisting the verdict is the adapter's
-        business); None (the default): no opinion, Tracea serves."""
+        reason)`` with winner ``"tracea"`` or ``"framework"``, or ``(winner, reason, captured_winner)`` where
+        calls captured in CUDA graphs (device time only) have their own winner (persisting the verdict is the
+        adapter's business); None (the default): no opinion, Tracea serves -- unless the Doctor kept the
+        variant only for this check (``Candidate.framework_faster``), then the framework does."""
         return None
 
     def structured_mask(self, obj: Any, like: Any) -> tuple[str, int, int, Any] | None:

@@ -171,7 +171,8 @@ class Runner:
 
 def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], out: Any, *,
            variant: str | None = None, config: PipelineConfig | None = None,
-           doctor: Doctor | None = None, inputs: tuple | None = None) -> tuple[Runner, Any]:
+           doctor: Doctor | None = None, inputs: tuple | None = None,
+           framework_check: bool = False) -> tuple[Runner, Any]:
     """Decide ``op`` and build its :class:`Runner`, trying a fallback on the first call's arrays
     (``user_arrays`` by role as the user passed them, ``out`` the kernel output) where dispatch would.
 
@@ -181,12 +182,15 @@ def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], ou
     nothing serves the op, or only a fallback-only oracle does and the adapter prefers its framework.
     With the first-use tuning policy (:mod:`tracea.runtime.first_use`) and ``inputs`` (the call's packed
     inputs, ``out`` its kernel output), an untuned signature times its top candidates first.
+    ``framework_check``: the caller times the choice against the framework's own call before using it
+    (:func:`tracea.runtime.plan_ops.framework_judged`), so variants that declined only because the framework
+    measured faster stay candidates (``Doctor.decide(..., framework_check=True)``).
     """
     doctor = doctor or get_doctor()
     free = variant is None and config is None
     while True:
         try:
-            decision = doctor.decide(op, device, variant=variant, config=config)
+            decision = doctor.decide(op, device, variant=variant, config=config, framework_check=framework_check)
         except (NoVariantError, UnsupportedDeviceError) as exc:
             if free:
                 reason = fallback_reason(exc)

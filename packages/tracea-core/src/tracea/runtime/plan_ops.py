@@ -124,6 +124,16 @@ def _finish(key: Any, plan: Callable[..., Any], first: Callable[[], Any]) -> Any
     return first()
 
 
+def framework_check(adapter: Any, direct: Callable[..., Any] | None, free: bool, like: Any) -> bool:
+    """Whether first-use tuning's framework check (:func:`framework_judged`) will time this signature's choice
+    against ``direct``, the framework's own call: the first-use policy, a free choice, a direct call, and not
+    inside a CUDA graph capture (nothing can be timed there). The Doctor then also keeps variants that
+    declined only because the framework measured faster (:class:`~tracea.doctor.decision.FrameworkFaster`):
+    the check decides on the call's own arrays."""
+    return (direct is not None and free and first_use.tuning_mode() == "first-use"
+            and not adapter.capturing(like))
+
+
 def framework_judged(run: dispatch.Runner, adapter: Any, direct: Callable[..., Any] | None, free: bool,
                      plan: Callable[..., Any], first_call: Callable[[], Any], first: tuple
                      ) -> tuple[Callable[..., Any], Callable[[], Any]]:
@@ -131,20 +141,42 @@ def framework_judged(run: dispatch.Runner, adapter: Any, direct: Callable[..., A
     framework's own call for these arrays (``direct(x, y, z)``, :meth:`ArrayAdapter.direct_fallback`), the
     adapter times the two on the first call's arrays (``first``) and the faster serves the signature (see
     :meth:`ArrayAdapter.arbitrate`): ``(plan, first_call)`` as given, or the framework's, counted as a fallback
-    with the verdict's reason. Calls with ``out=`` keep Tracea's plan (``direct`` is None for them)."""
-    if direct is None or run.launch is None or not free or first_use.tuning_mode() != "first-use":
+    with the verdict's reason. Where the verdict names another winner for calls captured in CUDA graphs, the
+    plan asks on each call whether its stream is capturing. A variant the Doctor kept only for this check
+    (``Candidate.framework_faster``) gives way to the framework when the adapter has no verdict. Calls with
+    ``out=`` keep Tracea's plan (``direct`` is None for them)."""
+    if run.launch is None or not framework_check(adapter, direct, free, first[0]):
         return plan, first_call
+    assert direct is not None
     x0, y0, z0 = first
-    if adapter.capturing(x0):
-        return plan, first_call  # nothing can be timed inside a CUDA graph capture
     verdict = adapter.arbitrate(run.decision, lambda x, y, z: plan(x, y, z, None), direct, (x0, y0, z0))
-    if verdict is None or verdict[0] != "framework":
+    kept = run.decision.chosen.framework_faster if run.decision is not None else ""
+    if verdict is None:
+        if not kept:
+            return plan, first_call
+        verdict = ("framework", f"{run.decision.variant.name}: {kept}")  # type: ignore[union-attr]
+    eager, reason = verdict[0], verdict[1]
+    captured = verdict[2] if len(verdict) > 2 else eager
+    if eager != "framework" and captured != "framework":
         return plan, first_call
-    reason = verdict[1]
-    fallbacks.record(run.op.kind.value, reason)  # the first call (and the warn-once)
-    framework_plan = _counted(direct, run.op.kind.value, reason)
-    framework_plan.runner = dispatch.Runner(run.op, run.decision, None, reason)  # type: ignore[attr-defined]
-    return framework_plan, lambda: direct(x0, y0, z0)
+    kind = run.op.kind.value
+    theirs = _counted(direct, kind, reason)
+    capturing = adapter.capturing
+    if eager == "framework":
+        fallbacks.record(kind, reason)  # the first call (and the warn-once)
+        if captured == "framework":
+            framework_plan = theirs
+        else:
+            def framework_plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
+                return plan(x, y, z, user_out) if capturing(x) else theirs(x, y, z, user_out)
+        framework_plan.runner = dispatch.Runner(run.op, run.decision, None, reason)  # type: ignore[attr-defined]
+        return framework_plan, lambda: direct(x0, y0, z0)
+
+    def split_plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
+        return theirs(x, y, z, user_out) if capturing(x) else plan(x, y, z, user_out)
+
+    split_plan.runner = run  # type: ignore[attr-defined]
+    return split_plan, first_call
 
 
 def _counted(direct: Callable[..., Any], kind: str, reason: str) -> Callable[..., Any]:
@@ -248,8 +280,12 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
 
     inputs0, target0, kout0 = arg_builder(*preps, tuple(kshape) != tuple(out_shape))(x0, y0, z0, out0)  # type: ignore[call-arg]
     user0 = dict(zip(roles, (x0, y0, inputs0[2] if roles[2] == "bias" else z0)))
+    free = variant is None and config is None
+    direct = None
+    if U is None and preps[2] is None and dtype_out is inputs[0].info.dtype:
+        direct = adapter.direct_fallback(op, x0)  # the framework's own call (first-use's framework check)
     run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor,
-                                   inputs=inputs0)
+                                   inputs=inputs0, framework_check=framework_check(adapter, direct, free, x0))
     launch = run.launch
     lean = launch is not None and getattr(launch, "pointer_only", False)
     kernel_args = arg_builder(*(_lean(p, launch) for p in preps), tuple(kshape) != tuple(out_shape) and not lean)  # type: ignore[arg-type,call-arg]
@@ -295,11 +331,7 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
             return plan(x0, y0, z0, out0)
 
     plan.runner = run  # type: ignore[attr-defined]  # for tools and tests: what this plan runs
-    direct = None
-    if U is None and preps[2] is None and dtype_out is inputs[0].info.dtype and launch is not None:
-        direct = adapter.direct_fallback(op, x0)
-    plan, first_call = framework_judged(run, adapter, direct, variant is None and config is None, plan, first_call,
-                                        (x0, y0, z0))
+    plan, first_call = framework_judged(run, adapter, direct, free, plan, first_call, (x0, y0, z0))
     return _finish(key, plan, first_call)
 
 
@@ -407,8 +439,14 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
                  bb if (bb is None or prep_b is None) else prep_b(bb)), new_out(xx))
 
     inputs0, phys0 = kernel_args(x, w, b)
+    free = variant is None and config is None
+    direct = None
+    if (U is None and prep_b is None and dtype_out is X.info.dtype
+            and (op.epilogue.steps[:1] == (EpilogueKind.BIAS,)) == ("b" in o)):
+        direct = adapter.direct_fallback(op, x)  # the framework's own call, e.g. F.conv2d on CUDA tensors
     run, result0 = dispatch.runner(op, device, adapter, {"x": x, "w": w, "bias": inputs0[2]}, phys0,
-                                   variant=variant, config=config, doctor=doctor, inputs=inputs0)
+                                   variant=variant, config=config, doctor=doctor, inputs=inputs0,
+                                   framework_check=framework_check(adapter, direct, free, x))
     launch = run.launch
     lean = _lean_conv(launch, adapter, X, W, lay, logical, prep_x, prep_w, prep_b, U, op, dtype_out, x)
 
@@ -421,10 +459,6 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
             copy_(user_out, result)
         return user_out
 
-    direct = None
-    if (U is None and prep_b is None and dtype_out is X.info.dtype
-            and (op.epilogue.steps[:1] == (EpilogueKind.BIAS,)) == ("b" in o)):
-        direct = adapter.direct_fallback(op, x)  # the framework's own call, e.g. F.conv2d on CUDA tensors
     if direct is not None and launch is None:
         # the first call was counted, and warned about, by the runner's fallback above
         plan = _counted(direct, op.kind.value, run.reason or "")
@@ -470,6 +504,5 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
             return deliver(phys0, phys0, out)
 
     plan.runner = run  # type: ignore[attr-defined]
-    plan, first_call = framework_judged(run, adapter, direct, variant is None and config is None, plan, first_call,
-                                        (x, w, b))
+    plan, first_call = framework_judged(run, adapter, direct, free, plan, first_call, (x, w, b))
     return _finish(key, plan, first_call)

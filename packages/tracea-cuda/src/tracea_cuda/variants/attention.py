@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tracea.doctor.decision import FrameworkFaster
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
@@ -92,8 +93,8 @@ class FlashAttention(CudaVariant):
         if op.head_dim not in flash_attn.HEAD_DIMS:
             reasons.append(f"head_dim={op.head_dim} not served (32, 64 and 128; others need another register budget)")
         elif op.head_dim == 32 and op.seq_kv > D32_MAX_KV:
-            reasons.append(f"head_dim=32 over seq_kv={op.seq_kv} > {D32_MAX_KV} keys: PyTorch's kernel measured faster "
-                           "(H100, 1024 keys: 0.76x)")
+            reasons.append(FrameworkFaster(f"head_dim=32 over seq_kv={op.seq_kv} > {D32_MAX_KV} keys: PyTorch's "
+                                           "kernel measured faster (H100, 1024 keys: 0.76x)"))
         kvh = int(op.kv_heads or op.heads)
         if kvh > 65535 or op.batch > GRID_Z:  # (split-KV chunks are capped to fit batch x chunks in grid z)
             reasons.append("batch or kv heads exceed the grid limits")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import gcd
 
+from tracea.doctor.decision import FrameworkFaster
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import Requirements
 from tracea.dtypes import DType
@@ -136,9 +137,9 @@ class DepthwiseConv(CudaVariant):
         limit = DepthwiseConv.decline_macs(op, cg)
         if not DECLINE_WIDE_GROUPS or limit is None or macs < limit:
             return []
-        return [f"{cg} input channels per group over {macs / 1e6:.1f}M multiply-adds "
-                f"({op.layout.name} {op.dtype.storage.value}): cuDNN's grouped kernels measured faster from "
-                f"{limit / 1e6:.0f}M (PyTorch serves it)"]
+        return [FrameworkFaster(f"{cg} input channels per group over {macs / 1e6:.1f}M multiply-adds "
+                                f"({op.layout.name} {op.dtype.storage.value}): cuDNN's grouped kernels measured "
+                                f"faster from {limit / 1e6:.0f}M (PyTorch serves it)")]
 
     @staticmethod
     def decline_macs(op: Conv2dOp, cg: int) -> int | None:
