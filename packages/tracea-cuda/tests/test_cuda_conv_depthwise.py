@@ -328,9 +328,14 @@ def test_torch_bridge_routes_grouped_convs_to_the_variant(monkeypatch):
                                  2, None, DType.F32)
     with pytest.raises(choice.Fallback, match="channels per group"):
         choice.choose(wide, cuda)
-    # a wide-group layer cuDNN measured faster on: PyTorch serves it, counted with the variant's reason
+    # a wide-group layer cuDNN measured faster on: with the arbiter on (the default) the variant stays a
+    # candidate for the arbiter's timing; with it off PyTorch serves it, counted with the variant's reason
     big = bridge_plans._conv_op(torch.randn(32, 512, 14, 14), torch.randn(512, 16, 3, 3), None, (1, 1), (1, 1),
                                 (1, 1), 32, None, DType.F32)
+    monkeypatch.delenv("TRACEA_ARBITER", raising=False)
+    kept = choice.choose(big, cuda)
+    assert kept.variant.name == NAME and "cuDNN's grouped kernels measured faster" in kept.chosen.framework_faster
+    monkeypatch.setenv("TRACEA_ARBITER", "0")
     with pytest.raises(choice.Fallback, match="cuDNN's grouped kernels measured faster"):
         choice.choose(big, cuda)
 
