@@ -370,21 +370,27 @@ def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tup
     return launch
 
 
+class _Same:
+    """A context manager doing nothing (``dev`` is already current)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_SAME = _Same()
+
+
 def on_device(dev: int) -> Callable[[], Any]:
-    """A context-manager factory making ``dev`` current only when it is not already (the common case
-    costs one ``cudaGetDevice``)."""
+    """A context-manager factory making ``dev`` current only when it is not already: one ``cudaGetDevice``
+    a call, none in a process that sees one device (:func:`single_device`)."""
+    if single_device():
+        return lambda: _SAME
     cp = toolkit.cupy()
     get = cp.cuda.runtime.getDevice
-
-    class _Same:
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, *exc: Any) -> None:
-            return None
-
-    same = _Same()
-    return lambda: same if get() == dev else cp.cuda.Device(dev)
+    return lambda: _SAME if get() == dev else cp.cuda.Device(dev)
 
 
 def align_key(ptrs: Sequence[int]) -> tuple[int, ...]:

@@ -416,7 +416,7 @@ class WgmmaGemm(CudaVariant):
         specs[0] = kernel_for(0)
         memo: dict[tuple[int, ...], tuple] = {}
         drv_launch = toolkit.cupy().cuda.driver.launchKernel
-        current = toolkit.cupy().cuda.runtime.getDevice
+        current, single = toolkit.cupy().cuda.runtime.getDevice, launcher.single_device()
         lock = threading.Lock()
 
         def build(p: tuple[int, ...], out_mod: int) -> tuple:
@@ -472,7 +472,7 @@ class WgmmaGemm(CudaVariant):
                 for holder, role in slots:
                     holder.value = values[role]
                 try:
-                    if current() == dev:
+                    if single or current() == dev:
                         if zero:
                             memset(pbuf, 0, flag_bytes, s)
                         drv_launch(fptr, gx, gy, gz, threads, 1, 1, smem, s, cargs.address, 0)
