@@ -503,11 +503,12 @@ def test_cpu_bf16_depthwise_conv_is_computed_in_fp32():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cpu_16bit_conv_judged_to_pytorch_is_computed_in_fp32(monkeypatch, dtype):
     """A 16-bit conv on the CPU that the arbiter gives to PyTorch runs PyTorch's side as every CPU
-    fallback does -- fp32, rounded once -- not ``F.conv2d`` in 16 bits from the layer (no lean memo), and
-    that is also the side the arbiter timed: ``F.conv2d`` never sees a 16-bit input."""
+    fallback does -- fp32, rounded once -- where PyTorch's own 16-bit call measured slower
+    (``tracea_torch.cpu16``: here every first side timed is slower), not ``F.conv2d`` in 16 bits from the
+    layer (no lean memo): after the first call (the checks), ``F.conv2d`` never sees a 16-bit input."""
     from tracea_torch import arbiter
 
-    monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (fa(), fb(), 2.0e-3, 1.0e-3)[2:])  # PyTorch faster
+    monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (fa(), fb(), 2.0e-3, 1.0e-3)[2:])  # 2nd faster
     seen = []
     real = F.conv2d
     monkeypatch.setattr(F, "conv2d", lambda x, *a, **k: seen.append(x.dtype) or real(x, *a, **k))
@@ -515,11 +516,36 @@ def test_cpu_16bit_conv_judged_to_pytorch_is_computed_in_fp32(monkeypatch, dtype
     tracea_torch.patch_conv2d(layer)
     x = torch.randn(2, 8, 12, 12).to(dtype)
     with torch.no_grad():
-        outs = [layer(x) for _ in range(3)]
+        outs = [layer(x)]
+        seen.clear()
+        outs += [layer(x) for _ in range(2)]
         want = real(x.float(), layer.weight.float(), layer.bias.float(), padding=1).to(dtype)
     assert all(o.dtype == dtype and torch.equal(o, want) for o in outs)
     assert layer.__dict__["_tracea_memo"].lean == 0
     assert seen and set(seen) == {torch.float32}
+
+
+@pytest.mark.arbiter
+def test_cpu_16bit_conv_judged_to_pytorch_uses_its_16_bit_call_where_faster(monkeypatch):
+    """The same with PyTorch's 16-bit call measured faster than its float32 path (first side timed faster):
+    later calls run ``F.conv2d`` in bfloat16, the unpatched layer's own call."""
+    from tracea_torch import arbiter
+
+    monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (fa(), fb(), 1.0e-3, 2.0e-3)[2:])
+    monkeypatch.setattr(arbiter, "CPU_WIN", 0.0)  # Tracea's kernel never wins the verdict
+    seen = []
+    real = F.conv2d
+    monkeypatch.setattr(F, "conv2d", lambda x, *a, **k: seen.append(x.dtype) or real(x, *a, **k))
+    layer = nn.Conv2d(8, 16, 3, padding=1).to(torch.bfloat16)
+    tracea_torch.patch_conv2d(layer)
+    x = torch.randn(2, 8, 12, 12).to(torch.bfloat16)
+    with torch.no_grad():
+        layer(x)
+        seen.clear()
+        outs = [layer(x) for _ in range(2)]
+        want = real(x, layer.weight, layer.bias, padding=1)
+    assert all(torch.equal(o, want) for o in outs)
+    assert seen and set(seen) == {torch.bfloat16}
 
 
 @pytest.mark.arbiter

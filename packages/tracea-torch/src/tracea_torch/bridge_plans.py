@@ -26,7 +26,7 @@ from tracea.ir.ops import Conv2dOp, GemmOp, Layout
 from tracea.runtime import plans
 from tracea.runtime.dispatch import bind, fallback_reason
 
-from . import arbiter, eager, fallbacks, recording, second_chance
+from . import arbiter, cpu16, eager, fallbacks, recording, second_chance
 from .adapter import stream_capturing, tracea_dtype
 from .choice import SERVED_DTYPES, Fallback, choose, epilogue_for, fp32_precision, output_memory_format, \
     parse_activation
@@ -143,11 +143,14 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
         if x.device.type == "cpu" and op.groups > 1 and op.groups == op.c and arbiter.enabled():
             fallbacks.record("conv2d", CPU_DEPTHWISE)  # (once per signature, as a verdict)
-            # 16-bit: PyTorch's bf16 / fp16 CPU depthwise kernels run 10-45x slower than its fp32 one (2-core
+            # 16-bit: PyTorch's bf16 / fp16 CPU depthwise kernels ran 10-45x slower than its fp32 one (2-core
             # Zen 3 VM, bf16 dw384@14^2 7x7 b2 24.7 vs 0.55 ms), so the plan computes in fp32 (eager.conv2d,
-            # as every CPU conv fallback does) and a patched layer must not call F.conv2d itself
-            return _store(key, _lean(_conv_torch(op, act, conf), "conv2d", op, conf, CPU_DEPTHWISE,
-                                     direct_ok=not _cpu_16bit_conv("conv2d", op, x.device)))
+            # as every CPU conv fallback does) unless PyTorch's 16-bit call measures right and faster here
+            # (tracea_torch.cpu16); a patched layer must not call F.conv2d itself
+            wide = _cpu_16bit_conv("conv2d", op, x.device)
+            compute = _cpu16_side(op, conf, _conv_torch(op, act, conf), (x, w, bias)) if wide else _conv_torch(
+                op, act, conf)
+            return _store(key, _lean(compute, "conv2d", op, conf, CPU_DEPTHWISE, direct_ok=not wide))
         decision = choose(op, x.device)
         via_ops = decision.variant.fallback_only or not _plain_bias(bias, op.k)
         build_run = None if via_ops else _builder(_conv_run, op, decision, w)
@@ -158,7 +161,10 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
     except _NotNow as why:
         return _transient(_conv_eager(op, act, conf, str(why)))
     except Fallback as fb:
-        plan = _conv_eager(op, act, conf, str(fb), lean=x.is_cuda)
+        compute = None
+        if _cpu_16bit_conv("conv2d", op, x.device) and arbiter.enabled():
+            compute = _cpu16_side(op, conf, _conv_torch(op, act, conf), (x, w, bias))
+        plan = _conv_eager(op, act, conf, str(fb), lean=x.is_cuda, compute=compute)
     return _store(key, plan)
 
 
@@ -269,11 +275,12 @@ def _leaned(plan: Callable[..., torch.Tensor], kind: str, reason: str, direct: b
 
 
 def _conv_eager(op: Conv2dOp | None, act: str | None, conf: tuple, reason: str,
-                lean: bool = False) -> Callable[..., torch.Tensor]:
+                lean: bool = False, compute: Callable[..., torch.Tensor] | None = None) -> Callable[..., torch.Tensor]:
     """PyTorch computing a signature no kernel serves (``reason``), each call counted; ``lean``: the
-    signature's tensors are on CUDA, so a patched layer may call ``F.conv2d`` itself (see :func:`_leaned`)."""
+    signature's tensors are on CUDA, so a patched layer may call ``F.conv2d`` itself (see :func:`_leaned`).
+    ``compute``: the CPU computation (default :func:`_conv_torch`; a 16-bit one from :func:`_cpu16_side`)."""
     stride, padding, dilation, groups, activation = conf
-    compute = _conv_torch(op, act, conf)
+    compute = compute or _conv_torch(op, act, conf)
     # CUDA tensors: what the unpatched layer runs (F.conv2d and the activation), ~10-20 us less host time
     # than the reference path per call (H200 host, ConvNeXt's depthwise convs, which no kernel serves:
     # 49 vs 28 us); the CPU keeps eager.conv2d (it steps around a oneDNN error, see there)
@@ -451,6 +458,8 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
     # PyTorch timed as the unpatched layer runs the call; a 16-bit conv on the CPU as PyTorch's side computes it
     # in every plan (eager.conv2d: fp32, which PyTorch runs 10-45x faster there and without oneDNN's bf16 errors)
     wide_cpu = _cpu_16bit_conv(kind, op, device)
+    if wide_cpu and not getattr(torch_run, "cpu16_checked", False):
+        torch_run = _cpu16_side(op, extra, torch_run, args)
     direct = (None if wide_cpu else _torch_direct(kind, op, extra)) or torch_run
     try:
         verdict = arbiter.judge(decision, device, run, direct, args, cold_weights=True)
@@ -527,6 +536,17 @@ def _cpu_16bit_conv(kind: str, op: Any, device: torch.device) -> bool:
     verdict's plan) is ``eager.conv2d`` in fp32 rounded once, never ``F.conv2d`` in 16 bits (its CPU
     kernels run 10-45x slower than fp32 on CPUs without AMX and return wrong values for some shapes)."""
     return kind == "conv2d" and device.type == "cpu" and op is not None and op.dtype in (DType.F16, DType.BF16)
+
+
+def _cpu16_side(op: Any, conf: tuple, fp32: Callable[..., torch.Tensor], args: tuple) -> Callable[..., torch.Tensor]:
+    """PyTorch's side of a 16-bit CPU conv (:func:`_cpu_16bit_conv`): its own 16-bit call (:func:`_torch_direct`)
+    where that measures right and faster on the first call's ``args``, else ``fp32`` (:mod:`tracea_torch.cpu16`)."""
+    compute, _why = cpu16.torch_side(_torch_direct("conv2d", op, conf), fp32, args)
+    try:
+        compute.cpu16_checked = True  # type: ignore[attr-defined]  # (a second chance's verdict reuses it)
+    except AttributeError:  # a builtin: nothing to mark
+        pass
+    return compute
 
 
 def _torch_direct(kind: str, op: Any, extra: tuple) -> Callable[..., torch.Tensor] | None:
