@@ -532,7 +532,7 @@ def test_cpu_16bit_conv_judged_to_pytorch_uses_its_16_bit_call_where_faster(monk
     from tracea_torch import arbiter
 
     monkeypatch.setattr(arbiter, "_cpu_alternating", lambda fa, fb: (fa(), fb(), 1.0e-3, 2.0e-3)[2:])
-    monkeypatch.setattr(arbiter, "CPU_WIN", 0.0)  # Tracea's kernel never wins the verdict
+    monkeypatch.setattr(arbiter, "CPU_WIN_16BIT", 0.0)  # Tracea's kernel never wins the verdict
     seen = []
     real = F.conv2d
     monkeypatch.setattr(F, "conv2d", lambda x, *a, **k: seen.append(x.dtype) or real(x, *a, **k))
