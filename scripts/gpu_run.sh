@@ -72,6 +72,11 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   rc=$(( rc || $? )); grep -E "ratio|sum of" "$OUT/layers.log"
   python benchmarks/user_path/bench_shapes.py --json "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.log" | tail -70
   rc=$(( rc || $? ))
+  # the same shapes with first-use tuning (tuning, then the framework check against PyTorch's own call; a tuning
+  # cache of its own so the default run above is not steered by its entries)
+  TRACEA_TUNING=first-use TRACEA_CACHE_PATH="${TRACEA_CACHE_PATH%.json}-first-use.json" \
+    python benchmarks/user_path/bench_shapes.py --json "$OUT/shapes_first_use.json" > "$OUT/shapes_first_use.log" 2>&1
+  rc=$(( rc || $? )); grep -E "cases: median" "$OUT/shapes_first_use.log"
   # few-row GEMMs (17-127 tokens) with the weights streamed from memory: default and wgmma_fewrows configs
   python benchmarks/cuda/probe_fewrows.py --ms 24,64,96 --shapes 4096x4096,11008x4096,1024x8192 \
     --json "$OUT/fewrows.json" 2>&1 | tee "$OUT/fewrows.log" | cut -c1-160
@@ -87,6 +92,10 @@ if [ "$mode" = all ] || [ "$mode" = user ]; then
   rc=$(( rc || $? ))
   # models no test uses (timm CNNs/ViTs, HF BERT/Llama; conv, linear and SDPA patched)
   python benchmarks/user_path/bench_zoo.py --device cuda --json "$OUT/zoo.json" 2>&1 | tee "$OUT/zoo.log" | tail -25
+  rc=$(( rc || $? ))
+  # grouped / depthwise CNNs (the arbiter times cuda.conv2d.depthwise where it declined for cuDNN: FrameworkFaster)
+  python benchmarks/user_path/bench_zoo.py --device cuda --timm "${GROUPED_MODELS:-regnety_040,resnext50_32x4d}" \
+    --hf "" --json "$OUT/zoo_grouped.json" 2>&1 | tee "$OUT/zoo_grouped.log" | tail -8
   rc=$(( rc || $? ))
   # what BatchNorm folding gives (the same CNNs with the BatchNorms kept apart)
   python benchmarks/user_path/bench_zoo.py --device cuda --timm "${FOLD_MODELS:-resnet50,efficientnet_b0}" --hf "" \
