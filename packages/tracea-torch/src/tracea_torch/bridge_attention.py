@@ -24,7 +24,7 @@ from tracea.runtime import plans
 from tracea.runtime.dispatch import fallback_reason
 from tracea.runtime.plans import _SIGS, Uncacheable, lookup, signature
 
-from . import arbiter, fallbacks
+from . import arbiter, attention_widened, fallbacks
 from .adapter import stream_capturing
 from .bridge_plans import _backend_failure, routed_plan
 
@@ -126,6 +126,7 @@ def sdpa_plan(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: to
         # finding out that no kernel may load now: PyTorch computes this call, nothing is stored
         return _torch_plan(conf, "first call of this signature inside CUDA graph capture (run it once before "
                            "capturing; Hugging Face models build masks only while capturing)", True)
+    reason = "no Tracea plan for these tensors"
     try:
         core_key: Any = ("attention", signature(q), signature(k), signature(v), signature(m), None, 0.0,
                          is_causal, scale, enable_gqa, None, None)
@@ -136,26 +137,31 @@ def sdpa_plan(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: to
     except BackendError as exc:
         return _store(key, _torch_plan(conf, _backend_failure(exc), True))
     except (NoVariantError, UnsupportedDeviceError) as exc:
-        return _store(key, _torch_plan(conf, fallback_reason(exc), True))
+        core, reason = None, fallback_reason(exc)
     except TraceaError as exc:
         return _store(key, _torch_plan(conf, str(exc).splitlines()[0][:200], True))
     except Uncacheable:
         core = None
     run = getattr(core, "runner", None)
-    if run is None or run.launch is None or run.decision is None:
-        reason = getattr(run, "reason", None) or "no Tracea plan for these tensors"
-        return _store(key, _torch_plan(conf, reason, True))
+    decision = getattr(run, "decision", None)
+    if run is None or run.launch is None or decision is None:
+        reason = getattr(run, "reason", None) or reason
+        wide = (attention_widened.build(q, k, v, m, is_causal, scale, enable_gqa)
+                if attention_widened.applies(q) and arbiter.enabled() else None)
+        if wide is None:
+            return _store(key, _torch_plan(conf, reason, True))
+        tracea_run, decision = wide  # 16-bit on the CPU: Tracea's fp32 kernel on widened copies, if judged faster
+    else:
+        def tracea_run(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, mm: torch.Tensor | None) -> torch.Tensor:
+            return core(qq, kk, vv, mm, None)  # type: ignore[misc]
 
-    def tracea_run(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, mm: torch.Tensor | None) -> torch.Tensor:
-        return core(qq, kk, vv, mm, None)  # type: ignore[misc]
+        tracea_run.op = run.op  # type: ignore[attr-defined]
 
     torch_run = _torch_sdpa(0.0, is_causal, scale, enable_gqa)
-
-    tracea_run.op = run.op  # type: ignore[attr-defined]
     if not arbiter.enabled():
         return _store(key, tracea_run)
     try:
-        verdict = arbiter.judge(run.decision, q.device, tracea_run, torch_run, (q, k, v, m))
+        verdict = arbiter.judge(decision, q.device, tracea_run, torch_run, (q, k, v, m))
     except CaptureError as exc:
         return _torch_plan(conf, f"inside CUDA graph capture ({str(exc).splitlines()[0][:160]})", True)
     except BackendError as exc:
