@@ -190,3 +190,17 @@ def test_captured_calls_follow_the_graph_winner(restricted_backend, rel_err, mon
         assert rel_err(ops.matmul(x2, w, bias=b), torch.addmm(b, x2, w)) < 1e-5
         winner = graph if captured else eager
         assert kernel.calls == calls + (winner == "tracea"), (captured, winner)
+
+
+def test_no_framework_check_and_no_kept_variant_for_a_first_call_inside_capture(restricted_backend, rel_err,
+                                                                                 monkeypatch):
+    """A first call made while the stream captures a CUDA graph cannot be timed: no framework check, so the
+    Doctor keeps no FrameworkFaster variant for it either (the decline stands: PyTorch serves)."""
+    reason = _soften(restricted_backend.gemm, monkeypatch)
+    asked = _arbitrate(monkeypatch, ("tracea", "", "tracea"))
+    monkeypatch.setattr(torch_adapter.TorchAdapter, "capturing", lambda self, obj: True)
+    tracea.set_tuning("first-use")
+    x, w, b = _inputs(22)
+    assert rel_err(ops.matmul(x, w, bias=b), torch.addmm(b, x, w)) < 1e-5
+    run = plans.latest().runner
+    assert not asked and run.launch is None and reason in run.reason
