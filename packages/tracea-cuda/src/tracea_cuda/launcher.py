@@ -19,6 +19,7 @@ CUDA-graph safety (``torch.cuda.graph`` / ``make_graphed_callables`` / CuPy grap
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -370,17 +371,8 @@ def with_prepasses(adapter: Any, dev: int, stream: Callable[[], int], sizes: tup
     return launch
 
 
-class _Same:
-    """A context manager doing nothing (``dev`` is already current)."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_SAME = _Same()
+#: the context when ``dev`` is already current: nothing to do (reusable)
+_SAME = contextlib.nullcontext()
 
 
 def on_device(dev: int) -> Callable[[], Any]:

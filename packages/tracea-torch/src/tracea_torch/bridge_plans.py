@@ -147,24 +147,23 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
             # Zen 3 VM, bf16 dw384@14^2 7x7 b2 24.7 vs 0.55 ms), so the plan computes in fp32 (eager.conv2d,
             # as every CPU conv fallback does) unless PyTorch's 16-bit call measures right and faster here
             # (tracea_torch.cpu16); a patched layer must not call F.conv2d itself
-            wide = _cpu_16bit_conv("conv2d", op, x.device)
-            compute = _cpu16_side(op, conf, _conv_torch(op, act, conf), (x, w, bias)) if wide else _conv_torch(
-                op, act, conf)
-            return _store(key, _lean(compute, "conv2d", op, conf, CPU_DEPTHWISE, direct_ok=not wide))
+            return _store(key, _lean(_conv_torch_side(op, act, conf, (x, w, bias), x.device), "conv2d", op, conf,
+                                     CPU_DEPTHWISE, direct_ok=not _cpu_16bit_conv("conv2d", op, x.device)))
         decision = choose(op, x.device)
         via_ops = decision.variant.fallback_only or not _plain_bias(bias, op.k)
         build_run = None if via_ops else _builder(_conv_run, op, decision, w)
         with _ahead(decision, build_run, x.device) as ahead:  # (alternatives compiled meanwhile)
             run = _conv_via_ops(op, act) if via_ops else _conv_run(op, _launcher(decision), w)
-        plan = _arbitrated(key, "conv2d", op, conf, decision, x.device, run, _conv_torch(op, act, conf),
+        # (PyTorch's side is timed only where the arbiter will judge: not for a fallback-only oracle)
+        torch_side = (_conv_torch(op, act, conf) if decision.variant.fallback_only
+                      else _conv_torch_side(op, act, conf, (x, w, bias), x.device))
+        plan = _arbitrated(key, "conv2d", op, conf, decision, x.device, run, torch_side,
                            lambda reason: _conv_eager(op, act, conf, reason), (x, w, bias), build_run, ahead)
     except _NotNow as why:
         return _transient(_conv_eager(op, act, conf, str(why)))
     except Fallback as fb:
-        compute = None
-        if _cpu_16bit_conv("conv2d", op, x.device) and arbiter.enabled():
-            compute = _cpu16_side(op, conf, _conv_torch(op, act, conf), (x, w, bias))
-        plan = _conv_eager(op, act, conf, str(fb), lean=x.is_cuda, compute=compute)
+        plan = _conv_eager(op, act, conf, str(fb), lean=x.is_cuda,
+                           compute=_conv_torch_side(op, act, conf, (x, w, bias), x.device))
     return _store(key, plan)
 
 
@@ -278,7 +277,7 @@ def _conv_eager(op: Conv2dOp | None, act: str | None, conf: tuple, reason: str,
                 lean: bool = False, compute: Callable[..., torch.Tensor] | None = None) -> Callable[..., torch.Tensor]:
     """PyTorch computing a signature no kernel serves (``reason``), each call counted; ``lean``: the
     signature's tensors are on CUDA, so a patched layer may call ``F.conv2d`` itself (see :func:`_leaned`).
-    ``compute``: the CPU computation (default :func:`_conv_torch`; a 16-bit one from :func:`_cpu16_side`)."""
+    ``compute``: the CPU computation (default :func:`_conv_torch`; see :func:`_conv_torch_side`)."""
     stride, padding, dilation, groups, activation = conf
     compute = compute or _conv_torch(op, act, conf)
     # CUDA tensors: what the unpatched layer runs (F.conv2d and the activation), ~10-20 us less host time
@@ -457,9 +456,7 @@ def _arbitrated(key: Any, kind: str, op: Any, extra: tuple, decision: Decision, 
         return eager_plan(f"{decision.variant.name}: {kept}") if kept else kernel_plan
     # PyTorch timed as the unpatched layer runs the call; a 16-bit conv on the CPU as PyTorch's side computes it
     # in every plan (eager.conv2d: fp32, which PyTorch runs 10-45x faster there and without oneDNN's bf16 errors)
-    wide_cpu = _cpu_16bit_conv(kind, op, device)
-    if wide_cpu and not getattr(torch_run, "cpu16_checked", False):
-        torch_run = _cpu16_side(op, extra, torch_run, args)
+    wide_cpu = _cpu_16bit_conv(kind, op, device)  # (torch_run: already tracea_torch.cpu16's choice, if any)
     direct = (None if wide_cpu else _torch_direct(kind, op, extra)) or torch_run
     try:
         verdict = arbiter.judge(decision, device, run, direct, args, cold_weights=True)
@@ -538,15 +535,16 @@ def _cpu_16bit_conv(kind: str, op: Any, device: torch.device) -> bool:
     return kind == "conv2d" and device.type == "cpu" and op is not None and op.dtype in (DType.F16, DType.BF16)
 
 
-def _cpu16_side(op: Any, conf: tuple, fp32: Callable[..., torch.Tensor], args: tuple) -> Callable[..., torch.Tensor]:
-    """PyTorch's side of a 16-bit CPU conv (:func:`_cpu_16bit_conv`): its own 16-bit call (:func:`_torch_direct`)
-    where that measures right and faster on the first call's ``args``, else ``fp32`` (:mod:`tracea_torch.cpu16`)."""
-    compute, _why = cpu16.torch_side(_torch_direct("conv2d", op, conf), fp32, args)
-    try:
-        compute.cpu16_checked = True  # type: ignore[attr-defined]  # (a second chance's verdict reuses it)
-    except AttributeError:  # a builtin: nothing to mark
-        pass
-    return compute
+def _conv_torch_side(op: Conv2dOp | None, act: str | None, conf: tuple, args: tuple,
+                     device: torch.device) -> Callable[..., torch.Tensor]:
+    """PyTorch computing a conv signature (what a fallback runs and what the arbiter times): :func:`_conv_torch`,
+    or for a 16-bit CPU conv (:func:`_cpu_16bit_conv`) with the arbiter on, PyTorch's own 16-bit call
+    (:func:`_torch_direct`) where that measures right and faster on the first call's ``args``
+    (:mod:`tracea_torch.cpu16`)."""
+    fp32 = _conv_torch(op, act, conf)
+    if not (_cpu_16bit_conv("conv2d", op, device) and arbiter.enabled()):
+        return fp32
+    return cpu16.torch_side(_torch_direct("conv2d", op, conf), fp32, args)[0]
 
 
 def _torch_direct(kind: str, op: Any, extra: tuple) -> Callable[..., torch.Tensor] | None:

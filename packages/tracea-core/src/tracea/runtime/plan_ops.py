@@ -134,18 +134,18 @@ def framework_check(adapter: Any, direct: Callable[..., Any] | None, free: bool,
             and not adapter.capturing(like))
 
 
-def framework_judged(run: dispatch.Runner, adapter: Any, direct: Callable[..., Any] | None, free: bool,
+def framework_judged(run: dispatch.Runner, adapter: Any, direct: Callable[..., Any] | None, checked: bool,
                      plan: Callable[..., Any], first_call: Callable[[], Any], first: tuple
                      ) -> tuple[Callable[..., Any], Callable[[], Any]]:
-    """First-use tuning's framework check: with the first-use policy, a Tracea kernel chosen freely and the
-    framework's own call for these arrays (``direct(x, y, z)``, :meth:`ArrayAdapter.direct_fallback`), the
-    adapter times the two on the first call's arrays (``first``) and the faster serves the signature (see
-    :meth:`ArrayAdapter.arbitrate`): ``(plan, first_call)`` as given, or the framework's, counted as a fallback
-    with the verdict's reason. Where the verdict names another winner for calls captured in CUDA graphs, the
-    plan asks on each call whether its stream is capturing. A variant the Doctor kept only for this check
-    (``Candidate.framework_faster``) gives way to the framework when the adapter has no verdict. Calls with
-    ``out=`` keep Tracea's plan (``direct`` is None for them)."""
-    if run.launch is None or not framework_check(adapter, direct, free, first[0]):
+    """First-use tuning's framework check (``checked``: :func:`framework_check` said it runs for this signature):
+    a Tracea kernel and the framework's own call for these arrays (``direct(x, y, z)``,
+    :meth:`ArrayAdapter.direct_fallback`) timed by the adapter on the first call's arrays (``first``), and the
+    faster serves the signature (see :meth:`ArrayAdapter.arbitrate`): ``(plan, first_call)`` as given, or the
+    framework's, counted as a fallback with the verdict's reason. Where the verdict names another winner for
+    calls captured in CUDA graphs, the plan asks on each call whether its stream is capturing. A variant the
+    Doctor kept only for this check (``Candidate.framework_faster``) gives way to the framework when the
+    adapter has no verdict. Calls with ``out=`` keep Tracea's plan (``direct`` is None for them)."""
+    if run.launch is None or not checked:
         return plan, first_call
     assert direct is not None
     x0, y0, z0 = first
@@ -161,22 +161,27 @@ def framework_judged(run: dispatch.Runner, adapter: Any, direct: Callable[..., A
         return plan, first_call
     kind = run.op.kind.value
     theirs = _counted(direct, kind, reason)
-    capturing = adapter.capturing
-    if eager == "framework":
-        fallbacks.record(kind, reason)  # the first call (and the warn-once)
-        if captured == "framework":
-            framework_plan = theirs
-        else:
-            def framework_plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
-                return plan(x, y, z, user_out) if capturing(x) else theirs(x, y, z, user_out)
-        framework_plan.runner = dispatch.Runner(run.op, run.decision, None, reason)  # type: ignore[attr-defined]
-        return framework_plan, lambda: direct(x0, y0, z0)
+    sides = {"framework": theirs, "tracea": plan}
+    routed = _by_capture(sides[eager], sides[captured], adapter.capturing)
+    if eager != "framework":
+        routed.runner = run  # type: ignore[attr-defined]
+        return routed, first_call
+    fallbacks.record(kind, reason)  # the first call (and the warn-once)
+    routed.runner = dispatch.Runner(run.op, run.decision, None, reason)  # type: ignore[attr-defined]
+    return routed, lambda: direct(x0, y0, z0)
 
-    def split_plan(x: Any, y: Any, z: Any, user_out: Any) -> Any:
-        return theirs(x, y, z, user_out) if capturing(x) else plan(x, y, z, user_out)
 
-    split_plan.runner = run  # type: ignore[attr-defined]
-    return split_plan, first_call
+def _by_capture(eager: Callable[..., Any], captured: Callable[..., Any],
+                capturing: Callable[[Any], bool]) -> Callable[..., Any]:
+    """``eager`` itself when both sides are one plan, else a plan calling ``captured`` while ``x``'s stream
+    is capturing a CUDA graph and ``eager`` otherwise."""
+    if eager is captured:
+        return eager
+
+    def routed(x: Any, y: Any, z: Any, user_out: Any) -> Any:
+        return (captured if capturing(x) else eager)(x, y, z, user_out)
+
+    return routed
 
 
 def _counted(direct: Callable[..., Any], kind: str, reason: str) -> Callable[..., Any]:
@@ -280,12 +285,12 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
 
     inputs0, target0, kout0 = arg_builder(*preps, tuple(kshape) != tuple(out_shape))(x0, y0, z0, out0)  # type: ignore[call-arg]
     user0 = dict(zip(roles, (x0, y0, inputs0[2] if roles[2] == "bias" else z0)))
-    free = variant is None and config is None
     direct = None
     if U is None and preps[2] is None and dtype_out is inputs[0].info.dtype:
         direct = adapter.direct_fallback(op, x0)  # the framework's own call (first-use's framework check)
+    checked = framework_check(adapter, direct, variant is None and config is None, x0)
     run, result0 = dispatch.runner(op, device, adapter, user0, kout0, variant=variant, config=config, doctor=doctor,
-                                   inputs=inputs0, framework_check=framework_check(adapter, direct, free, x0))
+                                   inputs=inputs0, framework_check=checked)
     launch = run.launch
     lean = launch is not None and getattr(launch, "pointer_only", False)
     kernel_args = arg_builder(*(_lean(p, launch) for p in preps), tuple(kshape) != tuple(out_shape) and not lean)  # type: ignore[arg-type,call-arg]
@@ -331,7 +336,7 @@ def _packed_out_plan(key: Any, op: Op, device: Any, adapter: Any, preps: tuple, 
             return plan(x0, y0, z0, out0)
 
     plan.runner = run  # type: ignore[attr-defined]  # for tools and tests: what this plan runs
-    plan, first_call = framework_judged(run, adapter, direct, free, plan, first_call, (x0, y0, z0))
+    plan, first_call = framework_judged(run, adapter, direct, checked, plan, first_call, (x0, y0, z0))
     return _finish(key, plan, first_call)
 
 
@@ -439,14 +444,14 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
                  bb if (bb is None or prep_b is None) else prep_b(bb)), new_out(xx))
 
     inputs0, phys0 = kernel_args(x, w, b)
-    free = variant is None and config is None
     direct = None
     if (U is None and prep_b is None and dtype_out is X.info.dtype
             and (op.epilogue.steps[:1] == (EpilogueKind.BIAS,)) == ("b" in o)):
         direct = adapter.direct_fallback(op, x)  # the framework's own call, e.g. F.conv2d on CUDA tensors
+    checked = framework_check(adapter, direct, variant is None and config is None, x)
     run, result0 = dispatch.runner(op, device, adapter, {"x": x, "w": w, "bias": inputs0[2]}, phys0,
                                    variant=variant, config=config, doctor=doctor, inputs=inputs0,
-                                   framework_check=framework_check(adapter, direct, free, x))
+                                   framework_check=checked)
     launch = run.launch
     lean = _lean_conv(launch, adapter, X, W, lay, logical, prep_x, prep_w, prep_b, U, op, dtype_out, x)
 
@@ -504,5 +509,5 @@ def conv2d(key: Any, x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation
             return deliver(phys0, phys0, out)
 
     plan.runner = run  # type: ignore[attr-defined]
-    plan, first_call = framework_judged(run, adapter, direct, free, plan, first_call, (x, w, b))
+    plan, first_call = framework_judged(run, adapter, direct, checked, plan, first_call, (x, w, b))
     return _finish(key, plan, first_call)
