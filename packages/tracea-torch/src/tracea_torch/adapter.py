@@ -10,6 +10,7 @@ Outputs are allocated by torch (:meth:`TorchAdapter.empty`) on the inputs' devic
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Sequence
 
@@ -108,10 +109,11 @@ def tracea_dtype(torch_dtype_: Any) -> DType:
     return found
 
 
+@functools.lru_cache(maxsize=1)
 def stream_capturing() -> Any:
     """torch's cheapest query whether the current CUDA stream is capturing a CUDA graph (a C function of no
     arguments: ``torch._C._cuda_isCurrentStreamCapturing``, or the public wrapper where that is missing);
-    resolve it once and call the result on hot paths."""
+    resolved once (:meth:`TorchAdapter.capturing` asks it on every call of a plan that routes captured calls)."""
     import torch
 
     return getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)

@@ -20,7 +20,7 @@ import torch
 
 from tracea.dtypes import DType
 from tracea.errors import TraceaError
-from tracea.runtime.plans import Uncacheable, lookup, signature
+from tracea.runtime.plans import Uncacheable
 
 WIDENED = (torch.float16, torch.bfloat16)
 
@@ -35,18 +35,16 @@ def build(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | N
     """``(run, decision)``: ``run(q, k, v, mask)`` computing the call through Tracea's float32 kernel, and the
     Doctor's decision for it restated for the 16-bit op (what the arbiter judges and caches); None when no
     Tracea kernel serves the widened call either (the caller keeps PyTorch's SDPA)."""
-    from tracea import ops
+    from .bridge_attention import core_plan  # (it imports this module)
 
     dt = q.dtype
 
-    def widen(t: torch.Tensor | None) -> torch.Tensor | None:
-        return t.float() if t is not None and t.dtype == dt else t  # (a bool mask stays as it is)
+    def widen(t: torch.Tensor) -> torch.Tensor:
+        return t.float() if t.dtype == dt else t  # (a bool mask stays as it is)
 
-    qf, kf, vf, mf = widen(q), widen(k), widen(v), widen(m)
+    qf, kf, vf, mf = widen(q), widen(k), widen(v), None if m is None else widen(m)
     try:
-        ops.attention(qf, kf, vf, mf, 0.0, is_causal, scale, enable_gqa)  # builds (and stores) the fp32 plan
-        core = lookup(("attention", signature(qf), signature(kf), signature(vf), signature(mf), None, 0.0,
-                       is_causal, scale, enable_gqa, None, None))
+        core = core_plan(qf, kf, vf, mf, is_causal, scale, enable_gqa)  # (the fp32 plan, built and stored)
     except (TraceaError, Uncacheable):
         return None
     run = getattr(core, "runner", None)
@@ -56,7 +54,7 @@ def build(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | N
     decision = replace(run.decision, op=replace(run.decision.op, dtype=storage, dtype_out=storage))
 
     def widened(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, mm: torch.Tensor | None) -> torch.Tensor:
-        return core(widen(qq), widen(kk), widen(vv), widen(mm), None).to(dt)  # type: ignore[misc]
+        return core(widen(qq), widen(kk), widen(vv), None if mm is None else widen(mm), None).to(dt)  # type: ignore[misc]
 
     widened.op = decision.op  # type: ignore[attr-defined]
     return widened, decision

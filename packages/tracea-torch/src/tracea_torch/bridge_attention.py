@@ -110,11 +110,21 @@ def _served_gqa(q: torch.Tensor, k: torch.Tensor, enable_gqa: bool) -> bool:
     return enable_gqa or q.dim() < 3 or k.dim() < 3 or q.shape[-3] == k.shape[-3] or 1 in (q.shape[-3], k.shape[-3])
 
 
+def core_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None, is_causal: bool,
+              scale: float | None, enable_gqa: bool) -> Any:
+    """``tracea.ops.attention``'s own plan for these tensors (built and stored by a first call on them, which
+    also computes it), or None; raises what that call raises (and :class:`Uncacheable`)."""
+    from tracea import ops
+
+    core_key: Any = ("attention", signature(q), signature(k), signature(v), signature(m), None, 0.0,
+                     is_causal, scale, enable_gqa, None, None)
+    ops.attention(q, k, v, m, 0.0, is_causal, scale, enable_gqa)
+    return lookup(core_key)
+
+
 def sdpa_plan(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None, dropout_p: float,
               is_causal: bool, scale: float | None, enable_gqa: bool) -> Callable[..., torch.Tensor]:
     """Build (and store under ``key``) the plan of one SDPA call signature."""
-    from tracea import ops
-
     conf = (dropout_p, is_causal, scale, enable_gqa)
     if dropout_p:
         return _store(key, _torch_plan(conf, f"dropout_p={dropout_p:g}: no Tracea kernel applies dropout", True))
@@ -128,10 +138,7 @@ def sdpa_plan(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: to
                            "capturing; Hugging Face models build masks only while capturing)", True)
     reason = "no Tracea plan for these tensors"
     try:
-        core_key: Any = ("attention", signature(q), signature(k), signature(v), signature(m), None, 0.0,
-                         is_causal, scale, enable_gqa, None, None)
-        ops.attention(q, k, v, m, 0.0, is_causal, scale, enable_gqa)  # builds (and stores) the core plan
-        core = lookup(core_key)
+        core = core_plan(q, k, v, m, is_causal, scale, enable_gqa)
     except CaptureError as exc:  # first call inside a CUDA graph capture: PyTorch, this call only
         return _torch_plan(conf, f"inside CUDA graph capture ({str(exc).splitlines()[0][:160]})", True)
     except BackendError as exc:
