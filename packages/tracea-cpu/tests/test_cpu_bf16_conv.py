@@ -88,6 +88,12 @@ def test_declines_groups_and_odd_channels():
     assert not VARIANT.check(Conv2dOp(1, 8, 6, 6, 8, 3, 3, padding=(1, 1), dtype="bf16"), PROFILE)
 
 
+def _amx() -> bool:
+    from tracea_cpu.amx import amx_permission
+
+    return PROFILE.has("amx_tile", "amx_bf16") and amx_permission() is None
+
+
 def test_user_path_picks_it_and_sees_weight_updates():
     import tracea
 
@@ -96,7 +102,8 @@ def test_user_path_picks_it_and_sees_weight_updates():
     w = (torch.randn(24, 32, 3, 3) / 17).bfloat16()
     b = torch.randn(24).bfloat16()
     op = Conv2dOp(2, 32, 10, 10, 24, 3, 3, padding=(1, 1), dtype="bf16", epilogue="bias")
-    assert tracea.get_doctor().decide(op, "cpu").variant.name == VARIANT.name
+    # a CPU with usable AMX tiles gets the AMX conv (which keeps its weight panels in the same cache)
+    assert tracea.get_doctor().decide(op, "cpu").variant.name == ("cpu.conv2d.amxbf16" if _amx() else VARIANT.name)
     for step in range(4):  # the KRSC weights are kept from the second sighting; an in-place update is seen
         if step == 2:
             w.mul_(-1)

@@ -6,12 +6,13 @@ reference's result whatever thread count each call gets."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
 
 import tracea
-from tracea_cpu import host_load
+from tracea_cpu import host_load, kernels
 from tracea_cpu.host_load import FreeCores, adaptive, thread_picker
 from tracea_cpu.testing import HAVE_CC, PROFILE
 
@@ -88,11 +89,12 @@ def test_window_reuses_the_estimate(tmp_path, clock):
 
 
 @pytest.mark.parametrize("others,nth,expected", [(0.0, 2, 2), (0.4, 2, 2), (0.6, 2, 1), (1.0, 2, 1), (2.0, 2, 1),
-                                                 (3.0, 16, 13), (15.7, 16, 1), (0.0, 1, 1)])
+                                                 (3.0, 16, 13), (15.7, 16, 1), (0.0, 1, 1),
+                                                 (0.0, 24, 24), (1.0, 24, 15)])
 def test_cap_rounds_the_free_cores(others, nth, expected, tmp_path):
     free = FreeCores(str(tmp_path / "missing"))
     free.others = lambda: others  # type: ignore[method-assign]
-    free._cpus = 2 if nth <= 2 else 16
+    free._cpus = 2 if nth <= 2 else 16  # 24 threads on 16 cores: torch's count above the host's
     assert free.cap(nth) == expected
 
 
@@ -112,7 +114,7 @@ def test_only_automatic_counts_are_capped(monkeypatch):
     monkeypatch.delenv("TRACEA_NUM_THREADS")
     monkeypatch.setenv("TRACEA_CPU_ADAPT_THREADS", "0")
     assert not adaptive(0)
-    assert thread_picker(4, 0)() == 4
+    assert thread_picker(4, 0)() == host_load.team(4)  # torch's team (or the widest count), uncapped
 
 
 class _Alternating:
@@ -182,3 +184,64 @@ def test_amx_gemm_and_conv_with_changing_thread_counts(alternating):
         got = tracea.ops.conv2d(x, w, padding=1, out_dtype="float32")
         torch.testing.assert_close(got.double(), cref, rtol=1e-5, atol=1e-4)
     assert alternating.calls >= 8 or PROFILE.compute_units == 1  # one core: nothing to cap
+
+
+def test_automatic_counts_follow_torchs_team(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("TRACEA_NUM_THREADS", raising=False)
+    monkeypatch.setenv("TRACEA_CPU_ADAPT_THREADS", "0")
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert host_load.team(2) == 3 and thread_picker(2, 0)() == 3
+        torch.set_num_threads(2)  # read at every call, not when the launcher was bound
+        assert thread_picker(5, 0)() == 2
+        assert thread_picker(1, 0)() == 1 and thread_picker(4, 4)() == 4  # serial calls; a config's own count
+        monkeypatch.setenv("TRACEA_NUM_THREADS", "4")
+        assert thread_picker(4, 0)() == 4
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_without_torch_the_widest_automatic_count_is_the_team(monkeypatch):
+    monkeypatch.setattr(host_load, "imported", lambda name: None)
+    monkeypatch.setattr(host_load, "_widest", 1)
+    assert host_load.team(4) == 4 and host_load.team(2) == 4 and host_load.team(6) == 6
+    monkeypatch.setattr(host_load, "_widest", 10 ** 6)
+    assert host_load.team(2) == kernels.max_threads()
+
+
+def _threads() -> set[int]:
+    """Thread ids of this process now."""
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+@needs_cc
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc/self/task to list threads")
+def test_tracea_calls_between_torch_ops_start_no_threads(monkeypatch):
+    """libgomp ends a pool's surplus threads when a region asks for fewer and starts new ones for the next
+    larger region: Tracea's automatic count (every core) against torch's (one more here) did that at every
+    switch. Now the threads that run the calls are the same ones throughout."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("TRACEA_NUM_THREADS", raising=False)
+    monkeypatch.setenv("TRACEA_CPU_ADAPT_THREADS", "0")
+    gen = torch.Generator().manual_seed(11)
+    a, b = torch.randn(192, 160, generator=gen), torch.randn(160, 224, generator=gen)
+    ref = a.double() @ b.double()
+    big = torch.zeros(1 << 22)  # an elementwise op this large runs on every torch thread
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(PROFILE.compute_units + 1)
+        for _ in range(3):
+            tracea.ops.matmul(a, b)
+            big.add_(1.0)
+        before, seen = _threads(), set()
+        for _ in range(10):
+            big.add_(1.0)
+            seen |= _threads()
+            got = tracea.ops.matmul(a, b)
+            seen |= _threads()
+        assert seen == before, f"{len(seen - before)} threads started, {len(before - seen)} ended"
+    finally:
+        torch.set_num_threads(old)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-3)

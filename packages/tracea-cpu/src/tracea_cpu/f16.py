@@ -24,7 +24,8 @@ from tracea.semantic.config import Validity
 
 from . import kernels, spaces
 from .isa import AVX2, AVX512, Isa
-from .variant_base import CpuVariant, _check_rc, _require, _validate_blocked
+from .host_load import thread_picker
+from .variant_base import CpuVariant, _check_rc, _require, _requested_threads, _validate_blocked
 
 #: Fewer rows of A are declined: widening and packing the whole weight costs more than the GEMM (2-core Zen 3
 #: VM, fp16 x 4096^2 against torch's `F.linear`: 1 / 4 / 8 / 16 rows 0.30 / 0.99 / 1.58 / 1.62x, after the
@@ -110,9 +111,8 @@ class CpuGemmF16Variant(CpuVariant):
     label = "fp16 gemm"
 
     def _picker(self, op: GemmOp, config: PipelineConfig, profile: DeviceProfile) -> Callable[[], int]:
-        """The thread count of each call: the variant's, fixed."""
-        nth = self.threads(op, config, profile)
-        return lambda: nth
+        """The thread count of each call (:func:`~tracea_cpu.host_load.thread_picker`)."""
+        return thread_picker(self.threads(op, config, profile), _requested_threads(config))
 
     def _bias_arg(self, op: GemmOp, adapter: Any) -> Callable[[Any], tuple[Any, int]]:
         """``bias -> (holder, fp32 address)`` for a launch: fp16 widened into a new array (the holder, kept

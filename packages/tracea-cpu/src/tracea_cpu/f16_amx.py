@@ -19,7 +19,8 @@ from . import kernels
 from .amx import AMX_EFFICIENCY, CpuGemmAmxVariant, amx_peak_gflops
 from .f16 import _bias32, host_operands
 from .isa import AMX_BF16
-from .variant_base import _check_rc, _require
+from .host_load import thread_picker
+from .variant_base import _check_rc, _require, _requested_threads
 
 #: extra work of the split: four bf16 products per fp16 product
 SPLIT_FACTOR = 4
@@ -51,11 +52,12 @@ class CpuGemmF16AmxVariant(CpuGemmAmxVariant):
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, GemmOp)
         fn, params = self.prepare(op, config, profile)
-        ptr, nth, has_bias = adapter.data_ptr, self.threads(op, config, profile), op.epilogue.has_bias
+        ptr, has_bias = adapter.data_ptr, op.epilogue.has_bias
+        pick = thread_picker(self.threads(op, config, profile), _requested_threads(config))
 
         def launch(a: Any, b: Any, bias: Any, out: Any) -> None:
             b32 = _bias32(adapter, bias) if has_bias else None
-            rc = fn(params, ptr(a), ptr(b), ptr(out), None if b32 is None else b32.ctypes.data, nth)
+            rc = fn(params, ptr(a), ptr(b), ptr(out), None if b32 is None else b32.ctypes.data, pick())
             del b32  # alive until the kernel returned
             if rc:
                 _check_rc(rc, "fp16 AMX gemm")

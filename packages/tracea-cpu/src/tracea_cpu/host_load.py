@@ -13,6 +13,17 @@ do not count as others). One ``pread`` of ``/proc/stat`` per window; between win
 read. Only calls whose thread count is automatic are capped (config ``threads=0`` and no
 ``TRACEA_NUM_THREADS``); ``TRACEA_CPU_ADAPT_THREADS=0`` turns it off. Where ``/proc/stat`` cannot be
 read (not Linux) nothing is capped.
+
+**One team size** (:func:`team`): libgomp ends the surplus threads of its pool whenever a parallel region
+asks for fewer threads than the previous one, and starts new ones for the next larger region. torch
+shares that runtime (same soname), so a Tracea kernel whose automatic count differs from torch's
+(``torch.set_num_threads`` / ``OMP_NUM_THREADS`` below the core count, or a smaller count picked for a
+small problem) made every switch between a torch op and a Tracea op end and start threads (measured on
+a 16-core Xeon, 12 bf16 MLP blocks patched with ``torch.set_num_threads(8)``: 0.34x eager, thread
+creation per call). Automatic multi-threaded calls therefore run with torch's thread count when torch is
+loaded, and otherwise with the largest automatic count this process has used, so Tracea's own kernels
+keep one team too; a kernel with less work than threads leaves the surplus threads idle. Serial calls
+(one thread) never touch the pool and stay serial.
 """
 
 from __future__ import annotations
@@ -21,6 +32,10 @@ import os
 import threading
 import time
 from typing import Callable
+
+from tracea.runtime.arrays import imported
+
+from .kernels import max_threads
 
 #: shortest window between two ``/proc/stat`` samples, seconds (the kernel counts CPU time in ticks of
 #: 1-10 ms per CPU: shorter windows are too coarse)
@@ -86,15 +101,19 @@ class FreeCores:
             return self._others
 
     def cap(self, nth: int) -> int:
-        """``nth`` capped at the free cores (rounded), at least 1."""
+        """``nth`` capped at the free cores (rounded), at least 1; not capped while the other processes
+        leave every core free (a team larger than the host, asked for through torch's thread count, stays
+        as asked: a smaller one would end and start threads at every switch, see :func:`team`)."""
         others = self.others()
         if others is None or nth <= 1:
             return nth
         cpus = self._cpus or nth
-        return max(1, min(nth, int(cpus - others + 0.5)))
+        free = int(cpus - others + 0.5)
+        return nth if free >= cpus else max(1, min(nth, free))
 
 
 _FREE = FreeCores()
+_LIMIT = max_threads()
 
 
 def adaptive(requested: int) -> bool:
@@ -108,13 +127,40 @@ def threads_now(nth: int) -> int:
     return _FREE.cap(nth)
 
 
+#: the largest automatic thread count used so far in this process (the team when torch is not loaded)
+_widest = 1
+
+
+def team(nth: int) -> int:
+    """The team for an automatic multi-threaded call that would use ``nth`` threads: torch's thread count
+    when torch is loaded (it shares the OpenMP runtime), else the largest automatic count used so far
+    (see the module docstring); at least 1, at most :func:`~tracea_cpu.kernels.max_threads`."""
+    global _widest
+    torch = imported("torch")
+    if torch is not None:
+        try:
+            want = int(torch.get_num_threads())
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            want = nth
+    else:
+        if nth > _widest:
+            _widest = nth
+        want = _widest
+    return max(1, min(want, _LIMIT))
+
+
 def thread_picker(nth: int, requested: int) -> Callable[[], int]:
-    """What a launcher calls before each kernel call for its thread count: :func:`threads_now` of
-    ``nth`` when the config's ``requested`` count (0: automatic) allows capping (:func:`adaptive`, read
-    once here), else always ``nth`` (that picker's ``fixed`` attribute holds it)."""
-    if nth > 1 and adaptive(requested):
-        cap = _FREE.cap
-        return lambda: cap(nth)
+    """What a launcher calls before each kernel call for its thread count. A config's own count
+    (``requested`` > 0), ``TRACEA_NUM_THREADS`` and serial calls (``nth`` <= 1) always get ``nth`` (that
+    picker's ``fixed`` attribute holds it). Other calls get the process's :func:`team` at each call,
+    capped at the cores other processes leave free (:func:`threads_now`) unless
+    ``TRACEA_CPU_ADAPT_THREADS=0``."""
+    env = os.environ
+    if nth > 1 and requested == 0 and not env.get("TRACEA_NUM_THREADS"):
+        if adaptive(requested):
+            cap = _FREE.cap
+            return lambda: cap(team(nth))
+        return lambda: team(nth)
 
     def fixed() -> int:
         return nth

@@ -35,7 +35,7 @@ from tracea.errors import DTypeError, InvalidArgumentError, LaunchError, LayoutE
 from tracea.runtime.arrays import imported
 
 from . import kernels
-from .host_load import threads_now
+from .host_load import thread_picker
 
 #: calls with at most this many rows (tokens) run the AVX512-VNNI kernel; more rows, the AMX one (at
 #: 4096 x 4096 on the 2-core Sapphire Rapids VM, warm, kernels alone: VNNI 400-430 us for 1-4 tokens,
@@ -177,8 +177,9 @@ def reference(x: np.ndarray, weight: Int8Weight, bias: np.ndarray | None) -> np.
 
 def linear_int8(x: Any, weight: Int8Weight, bias: Any = None, *, threads: int = 0) -> Any:
     """``y = dequant(quant(x) @ weight.q^T) + bias`` (see the module doc): x (..., K) float32, NumPy or
-    torch CPU; ``bias`` None or N float32; ``threads`` 0 = ``$TRACEA_NUM_THREADS`` or every core free of
-    other processes' work (see :mod:`.host_load`; ``TRACEA_CPU_ADAPT_THREADS=0``: every core)."""
+    torch CPU; ``bias`` None or N float32; ``threads`` 0 = ``$TRACEA_NUM_THREADS``, else torch's thread count
+    when torch is loaded or every core, capped at the cores free of other processes' work (see
+    :mod:`.host_load`; ``TRACEA_CPU_ADAPT_THREADS=0``: no cap)."""
     if not isinstance(weight, Int8Weight):
         raise InvalidArgumentError("weight", weight, "an Int8Weight from quantize_weight()")
     n, k = weight.shape
@@ -239,11 +240,8 @@ def _run(m: int, n: int, k: int, xp: int, weight: Int8Weight, bp: int | None, yp
     referenced here until the kernel has returned)."""
     amx = _amx_ready() is None
     lib = kernels.int8_linear_library() if amx else kernels.int8_vnni_library()
-    env = os.environ
-    if threads == 0 and not env.get("TRACEA_NUM_THREADS"):
-        nth = _auto_threads()
-        if nth > 1 and env.get("TRACEA_CPU_ADAPT_THREADS") != "0":
-            nth = threads_now(nth)  # the cores other processes leave free (see host_load)
+    if threads == 0 and not os.environ.get("TRACEA_NUM_THREADS"):
+        nth = thread_picker(_auto_threads(), 0)()  # torch's team; the cores other processes leave free
     else:
         nth = kernels.thread_count(threads, _cores())
     qp, sp, rp = weight._addresses

@@ -572,7 +572,9 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, long Dv, f
     a.nqb = (Sq + BQ - 1) / BQ; a.nrb = (a.G * Sq + a.rpi - 1) / a.rpi;
     int tile = a.G * Sq > rows_max;
     long items = tile ? B * H * a.nqb : B * KVH * a.nrb;
-    if (nth > items && items > 0) nth = (int)items;
+    /* fewer items than threads: the surplus threads idle through the loops (one team size for every call,
+       see host_load.py); one item runs serially */
+    if (items <= 1) nth = 1;
     size_t ktn = tile ? (size_t)B * KVH * a.Skp * D : 0, per_thread = TR_WS_THREAD(&a);
     int owned;
     float *ws = tr_ws_get(ktn + (size_t)nth * per_thread + (size_t)B * KVH * 2 + 32, &owned);
