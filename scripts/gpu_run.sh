@@ -8,7 +8,8 @@
 #                      [bench args...]
 # --host-cpu-only: the CPU backend on the GPU machine's host CPU (a many-core Xeon with AVX-512 and AMX, which
 # development machines may lack): the tracea-cpu tests, the AMX targets, fp32 GEMM / conv against NumPy /
-# torch, the interference checks (with torch, and a NumPy-only program) and the late-worker probe. Not part
+# torch, the interference checks (with torch, and a NumPy-only program), the late-worker probe, patched
+# linears between torch ops at two torch thread counts and a CPU zoo (fp32, bf16). Not part
 # of the default run (the host's figures need a quiet host: `uptime` is printed first).
 # Carry .whl (`../shared/tools/device-wheels.sh platformdirs`: optuna and its needs for the tuner's tests, and
 # platformdirs, a tracea-core dependency the GPU machine lacks).
@@ -136,6 +137,12 @@ if [ "$mode" = hostcpu ]; then
       | tee -a "$OUT/host_cpu.log" | tail -9
   done
   python benchmarks/cpu/probes/region_start.py --n 1024 2>&1 | tee -a "$OUT/host_cpu.log" | tail -15
+  # patched linears between torch ops at torch's default and half its threads (one OpenMP team size)
+  python benchmarks/cpu/probes/torch_team.py --threads 0,half 2>&1 | tee -a "$OUT/host_cpu.log" | tail -3
+  # patched models on the host CPU, fp32 and bf16 (AMX): models no test uses
+  python benchmarks/user_path/bench_zoo.py --device cpu --cpu-dtypes float32,bfloat16 --hf "" \
+    --timm "${CPU_ZOO_MODELS:-deit_tiny_patch16_224,mobilevit_xxs,cspdarknet53,resnet50}" 2>&1 \
+    | tee "$OUT/cpu_zoo.log" | grep -E "timm |cases"
   uptime | tee -a "$OUT/host_cpu.log"
 fi
 if [ "$mode" = fuzz ] && python -c "import tracea.fuzzing" 2>/dev/null; then

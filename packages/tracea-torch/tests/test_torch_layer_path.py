@@ -373,6 +373,30 @@ def test_cpu_linear_on_a_strided_input_is_served_after_a_packing_copy(monkeypatc
         assert torch.equal(h, keep)
 
 
+@pytest.mark.parametrize("dt,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_cpu_conv_on_a_channel_slice_is_served_after_a_packing_copy(dt, tol, memory_format):
+    """A CPU conv whose input is a channel slice (CSPNet's and GhostNet's split halves: neither NCHW-contiguous
+    nor channels_last) runs a Tracea kernel on a packed NCHW copy, not a "non-contiguous input" fallback; the
+    output is NCHW-contiguous (the memory-format rule of every conv plan) and x is untouched."""
+    from tracea_torch import fallbacks
+
+    torch.manual_seed(3)
+    layer = nn.Conv2d(12, 10, 3, padding=1).to(dt)
+    tracea_torch.patch_conv2d(layer)
+    h = torch.randn(2, 29, 9, 11).to(dt).contiguous(memory_format=memory_format)
+    x = h[:, 5:17]
+    assert not x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last)
+    keep = h.clone()
+    fallbacks.reset()
+    with torch.no_grad():
+        outs = [layer(x) for _ in range(3)]
+        want = F.conv2d(x.double(), layer.weight.double(), layer.bias.double(), padding=1)
+    assert all(o.dtype == dt and o.is_contiguous() and ((o.double() - want).norm() / want.norm()) < tol for o in outs)
+    assert fallbacks.total(contains="non-contiguous") == 0, fallbacks.counts()
+    assert torch.equal(h, keep)
+
+
 @pytest.mark.parametrize("dtype,layout", [(torch.float16, "NHWC"), (torch.bfloat16, "NHWC"),
                                           (torch.float32, "NCHW")])
 def test_conv_input_contiguous_both_ways_takes_the_layout_kernels_serve(dtype, layout):

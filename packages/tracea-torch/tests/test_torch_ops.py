@@ -96,12 +96,14 @@ def test_conv2d_doctor_rejections_fall_back_with_reason(restricted_backend, rel_
     assert fallbacks.total("conv2d", reason) == 1, fallbacks.counts()
 
 
-def test_conv2d_non_contiguous_input_falls_back(restricted_backend, rel_err):
+def test_conv2d_non_contiguous_input_is_served_on_a_packed_copy(restricted_backend, rel_err):
     x, w, b, kw = _conv_inputs(CONV_CASES[0])
     xs = torch.randn(2, 3, 9, 14)[..., ::2]  # strided view
+    keep = xs.clone()
     out = tracea_torch.ops.conv2d(xs, w, b, **kw)
-    assert rel_err(out, F.conv2d(xs, w, b, **kw)) < 1e-6
-    assert fallbacks.total("conv2d", "non-contiguous input") == 1
+    assert rel_err(out, F.conv2d(xs, w, b, **kw)) < 1e-6 and out.is_contiguous()
+    assert fallbacks.total("conv2d", "non-contiguous") == 0, fallbacks.counts()
+    assert restricted_backend.conv.calls == 1 and torch.equal(xs, keep)
 
 
 def test_bfloat16_falls_back_and_matches_torch(restricted_backend):
