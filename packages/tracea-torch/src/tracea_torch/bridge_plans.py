@@ -230,9 +230,9 @@ def _conv_run(op: Conv2dOp, launch: Callable[..., None], w_sample: torch.Tensor)
 
 
 def _packed_x(run: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``run`` given ``x`` as a packed NCHW copy: for a signature whose input is a view neither
-    NCHW-contiguous nor channels_last (the key holds the strides, so every call of it is such a view).
-    The copy is part of what the arbiter times against PyTorch's call on the view itself."""
+    """``run`` given a packed copy of ``x`` (for a conv, NCHW): for a signature whose input is a view (a
+    conv's neither NCHW-contiguous nor channels_last; the key holds the strides, so every call of it is
+    such a view). The copy is part of what the arbiter times against PyTorch's call on the view itself."""
     def packed(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return run(x.contiguous(), w, bias)
 
@@ -394,12 +394,7 @@ def _linear_run_packed(op: GemmOp, launch: Callable[..., None], x_sample: torch.
     AVX512_BF16; on CUDA, as a "non-contiguous input" fallback.)"""
     if x_sample.is_contiguous():
         return _linear_run(op, launch, x_sample)
-    run = _linear_run(op, launch, x_sample.contiguous())
-
-    def packed(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return run(x.contiguous(), w, bias)
-
-    return packed
+    return _packed_x(_linear_run(op, launch, x_sample.contiguous()))
 
 
 def _linear_via_ops(op: GemmOp, act: str | None) -> Callable[..., torch.Tensor]:
