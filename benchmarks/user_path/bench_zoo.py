@@ -5,7 +5,7 @@ same model eager, interleaved in one run. Per model and configuration it prints 
 time (plans, compilation and the arbiter's timing), the output's error against eager, eager and CUDA-graph
 ratios (eager time / patched time: > 1 means Tracea is faster), and the fallbacks (the three most counted
 reasons under each row) and the arbiter's verdicts on the model's attention signatures (which side serves
-SDPA, with both device times); a failure is printed and the run goes on (any failure is a bug).
+SDPA, with both device times) and the model check's verdict (patched vs unpatched); a failure is printed and the run goes on (any failure is a bug).
 
     source scripts/srcenv.sh
     python benchmarks/user_path/bench_zoo.py --device cuda [--timm a,b] [--hf bert,llama] [--no-graphs]
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tracea_torch  # noqa: E402
 from bench_user_path import graphed, paired  # noqa: E402
-from tracea_torch import arbiter, fallbacks  # noqa: E402
+from tracea_torch import arbiter, fallbacks, model_check  # noqa: E402
 
 TIMM_DEFAULT = "efficientnet_b0,mobilenetv3_large_100,regnety_016,resnext50_32x4d,densenet121,vit_small_patch16_224"
 HF_DEFAULT = "bert,llama"
@@ -180,6 +180,7 @@ def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch
         with torch.no_grad(), tracea_torch.patched(patched_model, attention=attention, **(patch_options or {})):
             fallbacks.reset()
             arbiter.reset()
+            model_check.reset()
             ref = _logits(model(*args))
             sync()
             t0 = time.perf_counter()
@@ -200,6 +201,8 @@ def run_case(name: str, model: nn.Module, make: Callable[[], Any], device: torch
             row["fallbacks"] = sum(counts.values())
             row["fallback_reasons"] = [f"{kind} x{n}: {reason[:90]}" for (kind, reason), n in
                                        sorted(counts.items(), key=lambda kv: -kv[1])[:3]]
+            row["model_verdicts"] = [f"{v.winner} ({v.signature}: patched {v.patched_s * 1e3:.2f} vs unpatched "
+                                     f"{v.eager_s * 1e3:.2f} ms)" for v in model_check.verdicts()]
             row["attention_verdicts"] = [f"{v.winner} ({v.op}: {v.variant} {v.tracea_s * 1e6:.1f} vs PyTorch "
                                          f"{v.torch_s * 1e6:.1f} us device)"
                                          for v in arbiter.verdicts() if v.op.startswith("attention")]
@@ -270,6 +273,8 @@ def main(argv: list[str]) -> int:
             print(f"      fallback {reason}")
         for verdict in row.get("attention_verdicts", []):
             print(f"      SDPA verdict: {verdict}")
+        for verdict in row.get("model_verdicts", []):
+            print(f"      model check: {verdict}")
     ok = [r for r in rows if "ratio" in r]
     if ok:
         ratios = sorted(r["ratio"] for r in ok)

@@ -21,9 +21,10 @@ def total(kind: str | None = None, contains: str = "") -> int:
 
 
 def report() -> str:
-    """The counters as a small table, then the arbiter's verdicts of this process (empty string when
-    nothing fell back and nothing was judged)."""
+    """The counters as a small table, then the arbiter's verdicts of this process and the model check's
+    (:mod:`tracea_torch.model_check`; empty string when nothing fell back and nothing was judged)."""
     from .arbiter import verdicts
+    from .model_check import verdicts as model_verdicts
 
     rows = sorted(counts().items(), key=lambda kv: (-kv[1], kv[0]))
     lines = []
@@ -39,6 +40,12 @@ def report() -> str:
                      else v.note)
             captured = f"; in CUDA graphs {v.captured_winner}" if v.captured_winner != v.winner else ""
             lines.append(f"  {v.winner:<6} {v.op} on {v.device} ({v.variant}; {times}; {v.source}{captured})")
+    models = model_verdicts()
+    if models:
+        lines.append("model check verdicts (patched vs unpatched, median time a call):")
+        for m in models:
+            lines.append(f"  {m.winner:<6} {m.model} ({m.signature}): {m.patched_s * 1e3:.3f} ms vs "
+                         f"{m.eager_s * 1e3:.3f} ms")
     return "\n".join(lines)
 
 

@@ -17,6 +17,8 @@ from torch import Tensor, nn
 from . import ops
 from .bridge import parse_activation
 from . import recording
+from .bridge_plans import _ACT_FNS
+from .model_check import _EAGER, eager_route as _eager_route
 from .bn_fold import _ACT as _BN_ACT, _BN, _CONV as _BN_CONV, _NEXT as _BN_NEXT, folded as _folded, pending as _pending
 from .layer_path import _GEN, _KEY, _WRITES, _conv2d, _is_dynamo_compiling, _linear, conv2d_layer, layer_params, linear_layer
 
@@ -64,6 +66,8 @@ class TraceaConv2d(nn.Conv2d):
         return new
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
+        if _EAGER[0] and _eager_route():  # the model check routed this forward to PyTorch
+            return self._torch_forward(input)
         bn = self.__dict__.get(_BN)
         if bn is not None and not _is_dynamo_compiling():  # a BatchNorm folded into this conv (bn_fold)
             d = self.__dict__
@@ -102,6 +106,22 @@ class TraceaConv2d(nn.Conv2d):
         w, b = layer_params(self)
         return conv2d_layer(self, input, w, b, self.activation)
 
+    def _torch_forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        """What the unpatched layer computes (a folded BatchNorm and the activation after it compute
+        themselves; an activation fused from an ``nn.Sequential`` is applied here)."""
+        d = self.__dict__
+        if d.get(_BN) is not None:
+            hand = _pending()
+            hand.pop(id(d[_BN]), None)
+            if d.get(_BN_NEXT) is not None:
+                hand.pop(id(d[_BN_NEXT]), None)
+        if self.padding_mode != "zeros":  # (as nn.Conv2d._conv_forward, which a global patch replaces)
+            out = F.conv2d(F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode), self.weight,
+                           self.bias, self.stride, 0, self.dilation, self.groups)
+        else:
+            out = F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return out if self.activation is None else _ACT_FNS[self.activation](out)
+
     def extra_repr(self) -> str:
         act = f", activation={self.activation}" if self.activation else ""
         return super().extra_repr() + act
@@ -133,6 +153,11 @@ class TraceaLinear(nn.Linear):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         d = self.__dict__
         nxt = d.get(_BN_NEXT)
+        if _EAGER[0] and _eager_route():  # the model check routed this forward to PyTorch
+            if nxt is not None:
+                _pending().pop(id(nxt), None)  # (it computes the activation itself)
+            out = F.linear(input, self.weight, self.bias)
+            return out if self.activation is None else _ACT_FNS[self.activation](out)
         if (nxt is not None and nxt.__dict__.get(_BN_CONV) is self and not nxt._forward_pre_hooks
                 and not nxt._forward_hooks and not _is_dynamo_compiling()):  # an activation fused in (act_fuse)
             out = linear_layer(self, input, d[_BN_ACT])

@@ -24,6 +24,10 @@ threads calling SDPA meanwhile also get Tracea's: same results). Under ``torch.c
 global patch applies (Dynamo cannot trace the per-model swap; the global one puts the ``tracea::sdpa``
 custom op into the graph). Unpatching restores both.
 
+A model patched at model scope (any kind) also gets its ``forward`` wrapped for the model check
+(:mod:`tracea_torch.model_check`): its first calls of each signature are judged against the model
+unpatched, and the faster route serves that signature. The wrapper goes when the model's last patch does.
+
 ``patched(...)`` is the context-manager form; it undoes only what it did.
 """
 
@@ -37,7 +41,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from . import act_fuse, bn_fold, ops
+from . import act_fuse, bn_fold, model_check, ops
 from .bridge import parse_activation
 from .compat import check_torch_version
 from .layer_path import conv2d_layer, linear_layer
@@ -126,7 +130,8 @@ def is_patched(kind: str = "conv2d", model: Optional[nn.Module] = None) -> bool:
     if model is None:
         return kind in _ORIGINALS
     if kind == "attention":
-        return model in _SDPA_MODELS
+        wrapper = model.__dict__.get("forward")
+        return model in _FORWARDS and isinstance(wrapper, _ModelForward) and wrapper.sdpa
     return any(_SWAPPED.get(m, ("",))[0] == kind for m in model.modules())
 
 
@@ -206,6 +211,8 @@ def _patch_model(model: nn.Module, kind: str, filter: Optional[ModuleFilter], fu
                 if passed is not None:
                     _SWAPPED[passed] = ("batchnorm:" + kind, nxt_class, None)  # type: ignore[index]
                     changed.append(passed)
+        if changed and not isinstance(model, (TraceaConv2d, TraceaLinear)):  # (a lone layer: the arbiter's)
+            _forward_of(model).layers = True
     return changed
 
 
@@ -225,6 +232,11 @@ def _restore(modules: list[nn.Module]) -> int:
                 m.__dict__["activation"] = activation
             restored += 1
     return restored
+
+
+def _release_all(model: Optional[nn.Module]) -> None:
+    for m in [model] if model is not None else list(_FORWARDS.keys()):
+        _release(m)
 
 
 def _swapped_in(model: Optional[nn.Module], kind: str) -> list[nn.Module]:
@@ -270,6 +282,7 @@ def unpatch_conv2d(model: Optional[nn.Module] = None) -> None:
     if model is None:
         _unpatch_global("conv2d")
     _restore(_swapped_in(model, "conv2d"))
+    _release_all(model)
 
 
 def patch_linear(model: Optional[nn.Module] = None, *, filter: Optional[ModuleFilter] = None,
@@ -293,6 +306,7 @@ def unpatch_linear(model: Optional[nn.Module] = None) -> None:
     if model is None:
         _unpatch_global("linear")
     _restore(_swapped_in(model, "linear"))
+    _release_all(model)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -300,7 +314,7 @@ def unpatch_linear(model: Optional[nn.Module] = None) -> None:
 # ------------------------------------------------------------------------------------------------
 
 # model -> the instance ``forward`` it had before the patch (None: the class's)
-_SDPA_MODELS: "weakref.WeakKeyDictionary[nn.Module, Any]" = weakref.WeakKeyDictionary()
+_FORWARDS: "weakref.WeakKeyDictionary[nn.Module, Any]" = weakref.WeakKeyDictionary()
 _is_compiling = torch.compiler.is_compiling
 _SDPA_DEPTH = [0]  # patched-model forwards running (all threads): the function is swapped while > 0
 _SDPA_SAVED: list[Any] = [None]
@@ -323,20 +337,61 @@ def _sdpa_exit() -> None:
             _SDPA_SAVED[0] = None
 
 
-class _SdpaForward:
-    """A patched model's ``forward``: the original, with Tracea's SDPA in place while it runs."""
+class _ModelForward:
+    """A model-scope patched model's ``forward``: the original, judged per call signature against the
+    model unpatched (:mod:`tracea_torch.model_check`), with Tracea's SDPA in place while a patched call runs
+    when attention is patched (``sdpa``); ``layers``: the model has swapped layers."""
 
-    def __init__(self, original: Callable[..., Any]) -> None:
+    def __init__(self, original: Callable[..., Any], name: str) -> None:
         self.original = original
+        self.__wrapped__ = original  # (inspect.signature and torch.export read the model's own forward)
+        self.sdpa = self.layers = False
+        self.check = model_check.ModelCheck(name)
+
+    @property
+    def __code__(self) -> Any:
+        return self.original.__code__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _is_compiling():  # Dynamo traces no locks: a compiled model sees the global patch only
+            return self.original(*args, **kwargs)
+        return self.check(self._patched, args, kwargs)
+
+    def _patched(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.sdpa or model_check.eager_route():
             return self.original(*args, **kwargs)
         _sdpa_enter()
         try:
             return self.original(*args, **kwargs)
         finally:
             _sdpa_exit()
+
+
+def _forward_of(model: nn.Module) -> _ModelForward:
+    """``model``'s :class:`_ModelForward`, installed on first use (call under ``_lock``)."""
+    if model not in _FORWARDS:
+        _FORWARDS[model] = model.__dict__.get("forward")
+        model.forward = _ModelForward(model.forward, type(model).__name__)  # type: ignore[method-assign]
+    wrapper = model.__dict__["forward"]
+    assert isinstance(wrapper, _ModelForward)
+    return wrapper
+
+
+def _release(model: nn.Module) -> None:
+    """Drop ``model``'s :class:`_ModelForward` once neither attention nor any of its layers is patched."""
+    with _lock:
+        wrapper = model.__dict__.get("forward")
+        if model not in _FORWARDS or not isinstance(wrapper, _ModelForward):
+            return
+        if wrapper.layers and not any(_SWAPPED.get(m, ("",))[0] in _KINDS for m in model.modules()):
+            wrapper.layers = False
+        if wrapper.layers or wrapper.sdpa:
+            return
+        before = _FORWARDS.pop(model, None)
+        if before is None:
+            del model.__dict__["forward"]
+        else:
+            model.__dict__["forward"] = before
 
 
 def patch_attention(model: Optional[nn.Module] = None) -> Optional[nn.Module]:
@@ -358,9 +413,7 @@ def patch_attention(model: Optional[nn.Module] = None) -> Optional[nn.Module]:
 
         raise InvalidArgumentError("model", type(model).__name__, "a torch.nn.Module")
     with _lock:
-        if model not in _SDPA_MODELS:
-            _SDPA_MODELS[model] = model.__dict__.get("forward")
-            model.forward = _SdpaForward(model.forward)  # type: ignore[method-assign]
+        _forward_of(model).sdpa = True
     return model
 
 
@@ -375,16 +428,14 @@ def unpatch_attention(model: Optional[nn.Module] = None) -> None:
                     _SDPA_SAVED[0] = original  # a patched model's forward is running: it restores this
                 else:
                     nn.functional.scaled_dot_product_attention = original
-            models = list(_SDPA_MODELS.keys())
+            models = list(_FORWARDS.keys())
         else:
-            models = [model] if model in _SDPA_MODELS else []
+            models = [model] if model in _FORWARDS else []
         for m in models:
-            before = _SDPA_MODELS.pop(m, None)
-            if isinstance(m.__dict__.get("forward"), _SdpaForward):
-                if before is None:
-                    del m.__dict__["forward"]
-                else:
-                    m.__dict__["forward"] = before
+            wrapper = m.__dict__.get("forward")
+            if isinstance(wrapper, _ModelForward):
+                wrapper.sdpa = False
+            _release(m)
 
 
 @contextlib.contextmanager
@@ -417,6 +468,8 @@ def patched(model: Optional[nn.Module] = None, *, conv2d: bool = True, linear: b
         for kind in done_global:
             _unpatch_global(kind)
         _restore(swapped)
+        if model is not None:
+            _release(model)
         if sdpa_done:
             if model is None:
                 with _lock:

@@ -1,0 +1,153 @@
+"""The model check (tracea_torch.model_check): a patched model judged as a whole against itself unpatched, on
+its own calls, each computed once."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import tracea_torch  # noqa: E402
+from tracea_torch import fallbacks, model_check, modules  # noqa: E402
+from tracea_torch.modules import TraceaConv2d  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.arbiter]
+CALLS = len(model_check._ORDER)
+
+
+class Counted(nn.Module):
+    """conv + BatchNorm + ReLU (folded), conv + ReLU in a Sequential (fused), linear + GELU, and a buffer
+    counting the forwards it computed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect"), nn.ReLU())
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 8 * 8, 16), nn.GELU(), nn.Linear(16, 4))
+        self.register_buffer("forwards", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
+        return self.head(self.body(self.stem(x)))
+
+
+def _model() -> nn.Module:
+    m = Counted().eval()
+    with torch.no_grad():  # BatchNorm statistics that are not the identity
+        m.stem[1].running_mean.uniform_(-0.5, 0.5)
+        m.stem[1].running_var.uniform_(0.5, 2.0)
+    return m
+
+
+def _slow(monkeypatch, owner, name: str, seconds: float = 3e-3) -> list[int]:
+    """Make ``owner.name`` (a function) take ``seconds`` longer; returns its call counter."""
+    original = getattr(owner, name)
+    calls = [0]
+
+    def slow(*args, **kwargs):
+        calls[0] += 1
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, slow)
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def _fresh_verdicts():
+    model_check.reset()
+    yield
+    model_check.reset()
+
+
+def test_slower_patched_model_is_routed_to_pytorch(monkeypatch):
+    model, x = _model(), torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ref = copy.deepcopy(model)(x)
+        patched_calls = _slow(monkeypatch, modules, "conv2d_layer")
+        with tracea_torch.patched(model):
+            before = int(model.forwards)  # (patching traces the forward once)
+            outs = [model(x) for _ in range(CALLS + 3)]
+            judged = patched_calls[0]
+            assert judged == model_check._ORDER.count("P"), "each patched call of the judging ran the folded stem once"
+            outs += [model(x) for _ in range(3)]
+            assert patched_calls[0] == judged, "after the verdict no call takes the patched route"
+            assert int(model.forwards) == before + CALLS + 6, "each call computed exactly once"
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    (v,) = model_check.verdicts()
+    assert v.winner == "torch" and v.model == "Counted" and v.patched_s > v.eager_s
+    assert "2x3x8x8 float32 cpu" in v.signature
+    assert fallbacks.total("model", "model check: Counted unpatched faster") == 1
+    assert "model check verdicts" in fallbacks.report()
+
+
+def test_faster_patched_model_keeps_tracea(monkeypatch):
+    model, x = _model(), torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ref = copy.deepcopy(model)(x)
+        eager_calls = _slow(monkeypatch, TraceaConv2d, "_torch_forward")
+        with tracea_torch.patched(model):
+            outs = [model(x) for _ in range(CALLS + 4)]
+    assert eager_calls[0] == 2 * model_check._ORDER.count("E"), "the eager route ran only while judging"
+    (v,) = model_check.verdicts()
+    assert v.winner == "tracea" and fallbacks.total("model") == 0
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_signatures_are_judged_apart_and_bounded(monkeypatch):
+    monkeypatch.setattr(model_check, "MAX_SIGNATURES", 2)
+    model = _model()
+    with torch.no_grad(), tracea_torch.patched(model):
+        for batch in (1, 2, 3):
+            for _ in range(CALLS):
+                model(torch.randn(batch, 3, 8, 8))
+    assert sorted(v.signature.split("x")[0] for v in model_check.verdicts()) == ["1", "2"]
+
+
+def test_not_judged_with_gradients_or_when_off(monkeypatch):
+    model, x = _model(), torch.randn(2, 3, 8, 8)
+    with tracea_torch.patched(model):
+        for _ in range(CALLS):
+            model(x.requires_grad_())  # autograd: the patched route, unjudged
+    assert model_check.verdicts() == []
+    monkeypatch.setenv("TRACEA_MODEL_CHECK", "0")
+    with torch.no_grad(), tracea_torch.patched(model):
+        for _ in range(CALLS):
+            model(x.detach())
+    assert model_check.verdicts() == []
+
+
+def test_wrapper_lifetime_follows_the_patches():
+    model = _model()
+    tracea_torch.patch_linear(model)
+    tracea_torch.patch_attention(model)
+    assert "forward" in model.__dict__ and tracea_torch.is_patched("attention", model)
+    tracea_torch.unpatch_linear(model)
+    assert "forward" in model.__dict__, "attention still patched"
+    tracea_torch.unpatch_attention(model)
+    assert "forward" not in model.__dict__ and not tracea_torch.is_patched("attention", model)
+    with tracea_torch.patched(model):
+        assert "forward" in model.__dict__
+    assert "forward" not in model.__dict__
+    layer = nn.Linear(4, 4)
+    tracea_torch.patch_linear(layer)  # a lone layer: the arbiter judges it, no model check
+    assert "forward" not in layer.__dict__
+    tracea_torch.unpatch_linear(layer)
+
+
+def test_a_copy_of_a_patched_model_is_judged_afresh(monkeypatch):
+    model, x = _model(), torch.randn(2, 3, 8, 8)
+    with torch.no_grad(), tracea_torch.patched(model):
+        for _ in range(CALLS):
+            model(x)
+        twin = copy.deepcopy(model)
+        assert twin.forward.check.states == {}
+        twin(x)
+        assert twin.forward.check.states and int(twin.forwards) == int(model.forwards) + 1
+    assert len(model_check.verdicts()) == 1
