@@ -525,3 +525,28 @@ def test_an_activation_after_a_folded_batch_norm_is_fused_unless_shared(referenc
             assert rel_err(p(x), ref) < 1e-5  # the pair computes unfolded from now on
 
         assert type(model[0].act) is nn.ReLU and not any(k.startswith("_tracea") for k in model[0].act.__dict__)
+
+
+def test_patching_leaves_state_the_forward_writes_untouched():
+    """Finding the pairs traces the forward: a buffer it updates in place and an attribute it assigns keep
+    their values (tracing used to add 1 to such a counter and could leave a Proxy in the attribute)."""
+
+    class Stateful(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+            self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+            self.last_shape = None
+
+        def forward(self, x):  # noqa: ANN001, ANN201
+            self.calls += 1
+            self.last_shape = x.shape
+            return self.bn(self.conv(x))
+
+    model = Stateful().eval()
+    with tracea_torch.patched(model):
+        assert int(model.calls) == 0 and model.last_shape is None
+        assert "_tracea_bn" in model.conv.__dict__, "the pair was still found (traced with the buffer as a proxy)"
+        with torch.no_grad():
+            model(torch.randn(1, 3, 6, 6))
+        assert int(model.calls) == 1 and model.last_shape == (1, 3, 6, 6)

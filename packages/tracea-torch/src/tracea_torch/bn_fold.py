@@ -278,6 +278,7 @@ class _Tracer(torch.fx.Tracer):
     def __init__(self, leaves: set[int]) -> None:
         super().__init__()
         self.leaves = leaves
+        self.proxy_buffer_attributes = True  # (``self.count += 1`` in a forward: symbolic, the buffer untouched)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return id(m) in self.leaves or super().is_leaf_module(m, module_qualified_name)
@@ -349,10 +350,16 @@ def _pairs_in(graph: Any, root: nn.Module, uses: dict[int, int], convs: set[int]
     return pairs
 
 
+_saved = object()  # (a key missing after tracing)
+
+
 def traced(model: nn.Module, wanted: set[int], kinds: tuple[type, ...]) -> Iterator[tuple[Any, nn.Module]]:
     """(graph, root) for ``model`` traced in eval mode with modules of ``kinds`` as leaves, or, where it does
-    not trace, for its children holding a module in ``wanted`` (ids), recursively; modes restored after."""
+    not trace, for its children holding a module in ``wanted`` (ids), recursively; modes, attributes and
+    buffers restored after (buffers are traced as proxies, so an in-place update in the forward touches none)."""
     modes = [(m, m.training) for m in model.modules()]
+    # tracing runs the forward's Python: an attribute it assigns (``self.last = x.shape``) would keep a Proxy
+    saved = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m, _ in modes]
     try:
         model.eval()
         todo = [model]
@@ -367,6 +374,12 @@ def traced(model: nn.Module, wanted: set[int], kinds: tuple[type, ...]) -> Itera
                 continue
             yield graph, root
     finally:
+        for m, attrs, params, buffers, children in saved:
+            for now, before in ((m.__dict__, attrs), (m._parameters, params), (m._buffers, buffers),
+                                (m._modules, children)):
+                if len(now) != len(before) or any(now.get(k, _saved) is not v for k, v in before.items()):
+                    now.clear()
+                    now.update(before)
         for m, training in modes:
             m.training = training
 
