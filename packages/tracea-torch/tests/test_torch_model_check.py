@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import tracea_torch  # noqa: E402
-from tracea_torch import fallbacks, model_check, modules  # noqa: E402
+from tracea_torch import bn_fold, fallbacks, model_check, modules  # noqa: E402
 from tracea_torch.modules import TraceaConv2d  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.arbiter]
@@ -151,3 +151,33 @@ def test_a_copy_of_a_patched_model_is_judged_afresh(monkeypatch):
         twin(x)
         assert twin.forward.check.states and int(twin.forwards) == int(model.forwards) + 1
     assert len(model_check.verdicts()) == 1
+
+
+class Traced(nn.Module):
+    """A linear whose output goes only to an activation module outside any nn.Sequential (fused by
+    ``fuse_activations="traced"``), a conv + BatchNorm + SiLU chain (folded, the SiLU fused too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.act = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.SiLU()
+        self.fc, self.gelu, self.out = nn.Linear(6 * 5 * 5, 12), nn.GELU(approximate="tanh"), nn.Linear(12, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.bn(self.conv(x)))
+        return self.out(self.gelu(self.fc(y.flatten(1))))
+
+
+@pytest.mark.parametrize("fuse", [True, "traced"])
+def test_unpatched_route_computes_what_the_model_does(monkeypatch, fuse):
+    monkeypatch.setattr(model_check, "TIE", -1.0)  # the patched route never wins: the model goes unpatched
+    model, x = Traced().eval(), torch.randn(2, 3, 5, 5)
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        ref = copy.deepcopy(model)(x)
+        with tracea_torch.patched(model, fuse_activations=fuse):
+            assert bn_fold._BN in model.conv.__dict__ and bn_fold._NEXT in model.conv.__dict__
+            assert (bn_fold._NEXT in model.fc.__dict__) == (fuse == "traced")
+            outs = [model(x) for _ in range(CALLS + 3)]
+    assert [v.winner for v in model_check.verdicts()] == ["torch"]
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)

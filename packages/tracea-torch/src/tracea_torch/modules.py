@@ -18,7 +18,7 @@ from . import ops
 from .bridge import parse_activation
 from . import recording
 from .bridge_plans import _ACT_FNS
-from .model_check import _EAGER, eager_route as _eager_route
+from .model_check import _EAGER, _tls
 from .bn_fold import _ACT as _BN_ACT, _BN, _CONV as _BN_CONV, _NEXT as _BN_NEXT, folded as _folded, pending as _pending
 from .layer_path import _GEN, _KEY, _WRITES, _conv2d, _is_dynamo_compiling, _linear, conv2d_layer, layer_params, linear_layer
 
@@ -66,7 +66,7 @@ class TraceaConv2d(nn.Conv2d):
         return new
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 - nn.Conv2d's parameter name
-        if _EAGER[0] and _eager_route():  # the model check routed this forward to PyTorch
+        if _EAGER[0] and _tls.eager:  # the model check routed this forward to PyTorch
             return self._torch_forward(input)
         bn = self.__dict__.get(_BN)
         if bn is not None and not _is_dynamo_compiling():  # a BatchNorm folded into this conv (bn_fold)
@@ -151,13 +151,12 @@ class TraceaLinear(nn.Linear):
         return new
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        if _EAGER[0] and _tls.eager:  # the model check routed this forward to PyTorch
+            out = F.linear(input, self.weight, self.bias)  # (an activation module fused by act_fuse, not
+            act = self.activation  # handed this output, computes itself)
+            return out if act is None else _ACT_FNS[act](out)
         d = self.__dict__
         nxt = d.get(_BN_NEXT)
-        if _EAGER[0] and _eager_route():  # the model check routed this forward to PyTorch
-            if nxt is not None:
-                _pending().pop(id(nxt), None)  # (it computes the activation itself)
-            out = F.linear(input, self.weight, self.bias)
-            return out if self.activation is None else _ACT_FNS[self.activation](out)
         if (nxt is not None and nxt.__dict__.get(_BN_CONV) is self and not nxt._forward_pre_hooks
                 and not nxt._forward_hooks and not _is_dynamo_compiling()):  # an activation fused in (act_fuse)
             out = linear_layer(self, input, d[_BN_ACT])
