@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -20,26 +20,34 @@ from tracea.runtime import attention_strides as strided
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
+from .bf16 import _tensor_ptr, host_bf16
+from .emit.attention import ELEMENTS
 from .emit.calls import ATTENTION_PARAMS
 from .host_load import thread_picker
 from .isa import Isa
 from .variant_base import CpuVariant, _check_rc, _host, _ptr, _require, _requested_threads, _threads_problem
 
 _MASK_KINDS = {None: 0, "bool": 1, "additive": 2}
+#: element type of the emitted kernel (:data:`tracea_cpu.emit.attention.ELEMENTS`) by storage dtype
+_ELEM_OF = {DType.F32: "f32", DType.BF16: "bf16", DType.F16: "f16"}
 
 
 class CpuAttentionVariant(CpuVariant):
     """Flash-style attention forward: online softmax over key blocks, causal or not, GQA, boolean and
     additive masks, a value head dim of its own; q, k, v and the output read in place through their
     (batch, head, seq) strides. A tile driver for many query rows per kv head, a rows driver (keys read
-    in place, no packing) for a few (decode); see :mod:`tracea_cpu.emit.attention`."""
+    in place, no packing) for a few (decode); see :mod:`tracea_cpu.emit.attention`. float32, and on
+    AVX-512 bfloat16 and float16 (AVX2: bfloat16): 16-bit operands widened as they are loaded, float32
+    arithmetic, the output rounded once."""
 
     def __init__(self, isa: Isa) -> None:
         super().__init__(isa)
         self.name = f"cpu.attention.{isa.name}"
         self.description = f"flash attention forward (online softmax, causal, GQA, masks, strided), {isa.name}"
         self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.ATTENTION,
-                                         dtypes=frozenset({DType.F32}), isa=isa.requires,
+                                         dtypes=frozenset(d for d, e in _ELEM_OF.items()
+                                                          if e in ELEMENTS.get(isa.name, ("f32",))),
+                                         isa=isa.requires,
                                          masks=frozenset({"bool", "additive"}), lse=True, value_head_dim=True)
 
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
@@ -88,6 +96,26 @@ class CpuAttentionVariant(CpuVariant):
             causal=int(op.causal), nth=self.threads(op, config, profile), mkind=_MASK_KINDS[op.mask], MB=mb, MH=mh,
             rows_max=int(config.get("rows", spaces.ATTN_ROWS)), **dict(zip(names, st))))
 
+    def _run16(self, lib: Any, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile,
+               shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """:meth:`run` for 16-bit operands, packed (the launcher from :meth:`bind` reads strided ones)."""
+        owners, ptrs = [], []
+        for name, shape in shapes.items():
+            ptr, owner = _operand16(args, name, shape, op.dtype.storage)
+            if ptr is None:
+                raise InvalidArgumentError(name, None, f"an array of {math.prod(shape)} elements (shape {shape})")
+            ptrs.append(ptr)
+            owners.append(owner)
+        mb, mh = op.mask_shape or (1, 1)
+        mask, mask_owner = _operand16(args, "mask", (mb, mh, op.seq_q, op.seq_kv), op.dtype.storage) if op.mask else (None, None)
+        if op.mask and mask is None:
+            raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
+        lse = _host(args, "lse", (op.batch, op.heads, op.seq_q)) if op.lse else None
+        params = self._params(op, config, profile, _packed_strides(op))
+        rc = lib.tr_attention_call(params, float(op.scale), *ptrs, mask, _ptr(lse))  # type: ignore[arg-type]
+        del owners, mask_owner  # alive until here, after the kernel returned
+        _check_rc(rc, "attention")
+
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, AttentionOp)
         lib = self.prepare(op, config, profile)
@@ -122,6 +150,9 @@ class CpuAttentionVariant(CpuVariant):
         kvh = int(op.kv_heads or op.heads)
         shapes = {"q": (op.batch, op.heads, op.seq_q, op.head_dim), "k": (op.batch, kvh, op.seq_kv, op.head_dim),
                   "v": (op.batch, kvh, op.seq_kv, op.dv), "out": (op.batch, op.heads, op.seq_q, op.dv)}
+        if op.dtype.storage is not DType.F32:
+            self._run16(lib, op, config, args, profile, shapes)
+            return
         arrays: dict[str, np.ndarray] = {}
         strides: tuple[int, ...] = ()
         for name, shape in shapes.items():
@@ -153,6 +184,24 @@ class CpuAttentionVariant(CpuVariant):
             out[...] = arrays["out"].reshape(out.shape)
 
 
+def _operand16(args: OpArgs, name: str, shape: tuple[int, ...], dtype: DType) -> tuple[int | None, Any]:
+    """``(address, owner)`` of a packed 16-bit operand ``name`` (a torch tensor, NumPy float16, or bf16
+    through the adapter's bits); keep ``owner`` referenced until the kernel has returned."""
+    obj = args.out if name == "out" else args.arrays.get(name)
+    if obj is None:
+        return None, None
+    ptr = _tensor_ptr(obj, dtype.value, math.prod(shape))
+    if ptr is not None:
+        return ptr, obj
+    if dtype is DType.BF16:
+        bits = host_bf16(args, name, shape)
+        return _ptr(bits), bits
+    arr = args.host(name)
+    if arr is None or arr.dtype != np.float16 or not arr.flags.c_contiguous or arr.size != math.prod(shape):
+        raise InvalidArgumentError(name, arr, f"a packed float16 array of {math.prod(shape)} elements (shape {shape})")
+    return _ptr(arr), arr
+
+
 def _packed_strides(op: AttentionOp) -> tuple[int, ...]:
     """The (batch, head, seq) element strides of packed q, k, v and output arrays."""
     kvh = int(op.kv_heads or op.heads)
@@ -179,4 +228,5 @@ def _fold(arr: np.ndarray, shape: tuple[int, ...]) -> tuple[int, int, int] | Non
 def _attention_plan(variant: "CpuAttentionVariant", op: Op, config: PipelineConfig) -> Any:
     _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
     return kernels.attention_library(variant.isa.name, int(config.get("bq")), int(config.get("bk")),
-                                     int(config.get("kb") or spaces.attention_kb(int(config.get("bk")))))
+                                     int(config.get("kb") or spaces.attention_kb(int(config.get("bk")))),
+                                     _ELEM_OF[op.dtype.storage])  # type: ignore[attr-defined]

@@ -231,10 +231,12 @@ class Bf16Call(ctypes.Structure):
 
 
 @functools.lru_cache(maxsize=64)
-def attention_library(isa_name: str, bq: int, bk: int, kb: int = 256) -> ctypes.CDLL:
-    """The attention library for one ISA, query/key register block and softmax key block (compiled once)."""
+def attention_library(isa_name: str, bq: int, bk: int, kb: int = 256, elem: str = "f32") -> ctypes.CDLL:
+    """The attention library for one ISA, query/key register block, softmax key block and element type
+    (``"f32"``, ``"bf16"``, ``"f16"``; compiled once)."""
     isa = ISA_BY_NAME[isa_name]
-    lib = build(attention_source(isa, bq, bk, kb), isa.cflags, f"attention-{isa_name}-{bq}x{bk}-{kb}")
+    tag = "" if elem == "f32" else f"-{elem}"
+    lib = build(attention_source(isa, bq, bk, kb, elem), isa.cflags, f"attention-{isa_name}-{bq}x{bk}-{kb}{tag}")
     lib.tr_attention.argtypes = ATTN_ARGTYPES  # type: ignore[assignment]
     lib.tr_attention.restype = _I
     lib.tr_attention_call.argtypes = [_P, _F, _P, _P, _P, _P, _P, _P]

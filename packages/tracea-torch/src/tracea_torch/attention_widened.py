@@ -1,7 +1,9 @@
 """16-bit attention on the CPU through Tracea's float32 kernel: q, k, v (and an additive mask) widened to
 float32, ``tracea.ops.attention`` on the copies, the output rounded once to the input dtype.
 
-The CPU attention kernels are float32 only, so a float16 / bfloat16 SDPA call there fell back to PyTorch,
+Used where no CPU attention kernel reads 16-bit operands itself (Arm, float16 on AVX2; AVX-512 and AVX2
+CPUs have ``cpu.attention.<isa>`` for bf16, AVX-512 for fp16 too, which the normal plan serves). The CPU
+attention kernels were float32 only, so a float16 / bfloat16 SDPA call there fell back to PyTorch,
 whose 16-bit CPU SDPA is slower than its float32 one on the machines measured. 2-core Zen 4 VM (AVX512_BF16),
 torch 2.13, per call: PyTorch bf16 / fp32 SDPA 519 / 465 us (b2 h3 197x64, DeiT-tiny), 1031 / 931 us (b2 h6
 197x64), 9093 / 6982 us (b1 h12 577x64); Tracea's fp32 kernel on widened copies 365 / 704 / 5722 us. The

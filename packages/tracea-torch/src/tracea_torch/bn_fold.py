@@ -375,8 +375,9 @@ def traced(model: nn.Module, wanted: set[int], kinds: tuple[type, ...]) -> Itera
             yield graph, root
     finally:
         for m, attrs, params, buffers, children in saved:
-            for now, before in ((m.__dict__, attrs), (m._parameters, params), (m._buffers, buffers),
-                                (m._modules, children)):
+            pairs: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
+                (m.__dict__, attrs), (m._parameters, params), (m._buffers, buffers), (m._modules, children))
+            for now, before in pairs:
                 if len(now) != len(before) or any(now.get(k, _saved) is not v for k, v in before.items()):
                     now.clear()
                     now.update(before)

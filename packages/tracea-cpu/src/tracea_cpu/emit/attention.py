@@ -34,6 +34,10 @@ The kernel never reads the keys after a causal row group's last visible one, so 
 found by a scan of V (causal calls only: the last such key per kv head) and written into the rows that
 would have multiplied it.
 
+Element types (``elem``): float32, and bf16 / fp16 where :data:`ELEMENTS` lists them. A 16-bit q, k, v and mask
+are widened to float32 as they are loaded or packed, the arithmetic is the float32 kernel's, and the output is
+rounded once to nearest even (NaN kept NaN); the log-sum-exp stays float32.
+
 Threads: one call runs without an OpenMP region when it is given one thread; otherwise the K^T packing
 (and the causal V scan) are shared first, then the row groups, handed out dynamically.
 """
@@ -147,6 +151,89 @@ static inline void tr_hsum4(V a, V b, V c, V d, float *dst) { dst[0] = a; dst[1]
 }
 
 
+#: the element type of q, k, v, the mask and the output (``TIN``): loads widen it to float32 vectors
+#: (``LDI`` / ``LDIN``: whole / ``n`` lanes), stores round float32 to it (``STO`` / ``STON``, round to
+#: nearest even, NaN kept NaN); ``TIN_FINITE`` tests one element, ``TIN_NAN`` is its NaN. The kernel
+#: computes in float32 whatever the element type.
+_ELEM_F32 = r"""
+typedef float TIN;
+#define LDI(p) VLOAD(p)
+#define LDIN(p, n) VLOADN((p), (n))
+#define STO(p, v) VSTORE((p), (v))
+#define STON(p, v, n) VSTOREN((p), (v), (n))
+#define TOF(x) (x)
+#define TIN_FINITE(x) ((x) - (x) == 0.0f)
+#define TIN_NAN NAN
+"""
+
+_ELEM_16 = r"""
+typedef uint16_t TIN;
+static inline float TOF(uint16_t x) { return tr_widen1(x); }
+static inline V tr_ldin(const uint16_t *p, long n) { uint16_t t[VW] = {0}; memcpy(t, p, (size_t)n * 2); return LDI(t); }
+static inline void tr_ston(uint16_t *p, V x, long n) { uint16_t t[VW]; STO(t, x); memcpy(p, t, (size_t)n * 2); }
+#define LDIN(p, n) tr_ldin((p), (n))
+#define STON(p, v, n) tr_ston((p), (v), (n))
+"""
+
+#: per (element type, ISA): whole-vector loads and stores, the scalar widening, finiteness and NaN
+_ELEM: dict[tuple[str, str], str] = {
+    ("bf16", "avx512"): r"""
+#define LDI(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+static inline __m256i tr_narrow(__m512 x) {
+    __m512i i = _mm512_castps_si512(x), one = _mm512_set1_epi32(1);
+    __m512i r = _mm512_add_epi32(i, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(i, 16), one), _mm512_set1_epi32(0x7FFF)));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_or_si512(i, _mm512_set1_epi32(0x400000)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+#define STO(p, v) _mm256_storeu_si256((__m256i *)(p), tr_narrow(v))
+""",
+    ("bf16", "avx2"): r"""
+#define LDI(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+static inline __m128i tr_narrow(__m256 x) {
+    __m256i i = _mm256_castps_si256(x), one = _mm256_set1_epi32(1);
+    __m256i r = _mm256_add_epi32(i, _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(i, 16), one), _mm256_set1_epi32(0x7FFF)));
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_or_si256(i, _mm256_set1_epi32(0x400000))), nan));
+    r = _mm256_srli_epi32(r, 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+#define STO(p, v) _mm_storeu_si128((__m128i *)(p), tr_narrow(v))
+""",
+    ("f16", "avx512"): r"""
+#define LDI(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define STO(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph((v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+""",
+}
+
+_WIDEN1 = {"bf16": r"""
+static inline float tr_widen1(uint16_t x) { uint32_t u = (uint32_t)x << 16; float f; memcpy(&f, &u, 4); return f; }
+#define TIN_FINITE(x) (((x) & 0x7F80) != 0x7F80)
+#define TIN_NAN ((uint16_t)0x7FC0)
+""", "f16": r"""
+static inline float tr_widen1(uint16_t x) {  /* IEEE half -> float, subnormals included */
+    uint32_t s = (uint32_t)(x & 0x8000) << 16, e = (x >> 10) & 0x1F, m = x & 0x3FF, u;
+    if (e == 31) u = s | 0x7F800000u | (m << 13);
+    else if (e) u = s | ((e + 112) << 23) | (m << 13);
+    else if (!m) u = s;
+    else { e = 113; while (!(m & 0x400)) { m <<= 1; e--; } u = s | (e << 23) | ((m & 0x3FF) << 13); }
+    float f; memcpy(&f, &u, 4); return f;
+}
+#define TIN_FINITE(x) (((x) & 0x7C00) != 0x7C00)
+#define TIN_NAN ((uint16_t)0x7E00)
+"""}
+
+#: element types the kernel is emitted for, by ISA
+ELEMENTS = {"avx512": ("f32", "bf16", "f16"), "avx2": ("f32", "bf16"), "neon": ("f32",), "scalar": ("f32",)}
+
+
+def _elem(isa: Isa, elem: str) -> str:
+    if elem == "f32":
+        return _ELEM_F32
+    if elem not in ELEMENTS.get(isa.name, ()):
+        raise ValueError(f"no {elem} attention kernel for {isa.name}")
+    return _WIDEN1[elem] + _ELEM[(elem, isa.name)] + _ELEM_16
+
+
 def _s_tile(isa: Isa, bq: int, bk: int, name: str) -> str:
     """S[0:BQ, 0:bk] (row stride KB) = Q^T' K^T over D: Q^T packed d-major (BQ per d), K^T panels of BK
     keys per d (``bk`` = BK, or one vector for a block's last partial panel)."""
@@ -177,8 +264,8 @@ def _s_dot(rows: int) -> str:
     vector) against keys k0..k3 read in place: dot products over D, reduced across lanes."""
     acc = [[f"a{r}_{c}" for c in range(_KEYS)] for r in range(rows)]
     out = [f"static __attribute__((noinline)) void tr_s_dot{rows}(long D, long Dp, const float *restrict qp, "
-           "const float *const *kr, float *restrict s) {",
-           "    const float *k0 = kr[0], *k1 = kr[1], *k2 = kr[2], *k3 = kr[3];"]
+           "const TIN *const *kr, float *restrict s) {",
+           "    const TIN *k0 = kr[0], *k1 = kr[1], *k2 = kr[2], *k3 = kr[3];"]
     for r in range(rows):
         out.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[r]) + ";")
     body = []
@@ -189,11 +276,11 @@ def _s_dot(rows: int) -> str:
         body.append("        }")
     out.append("    long d = 0;")
     out.append("    for (; d + VW <= D; d += VW) {")
-    out.append("        " + " ".join(f"V x{c} = VLOAD(k{c} + d);" for c in range(_KEYS)))
+    out.append("        " + " ".join(f"V x{c} = LDI(k{c} + d);" for c in range(_KEYS)))
     out += body
     out.append("    }")
     out.append("    if (d < D) {")
-    out.append("        " + " ".join(f"V x{c} = VLOADN(k{c} + d, D - d);" for c in range(_KEYS)))
+    out.append("        " + " ".join(f"V x{c} = LDIN(k{c} + d, D - d);" for c in range(_KEYS)))
     out += body
     out.append("    }")
     for r in range(rows):
@@ -207,7 +294,7 @@ def _pv(g: int, u: int, partial: bool) -> str:
     vs (read in place), O row stride Dvp. ``partial``: one vector of ``n`` lanes (masked loads)."""
     name = f"tr_pv{'p' if partial else u}_{g}"
     out = [f"static __attribute__((noinline)) void {name}(long nk, long d0, long n, long vs, const float *restrict p, "
-           "const float *restrict v, float *restrict o, long Dvp, const float *restrict alpha) {",
+           "const TIN *restrict v, float *restrict o, long Dvp, const float *restrict alpha) {",
            "    (void)n;"]
     for r in range(g):
         out.append(f"    V al{r} = VSET1(alpha[{r}]);")
@@ -215,7 +302,7 @@ def _pv(g: int, u: int, partial: bool) -> str:
             out.append(f"    V o{r}_{c} = VMUL(al{r}, VLOAD(o + {r} * Dvp + d0 + {c} * VW));")
     out.append("    for (long j = 0; j < nk; j++) {")
     for c in range(u):
-        load = "VLOADN(v + j * vs + d0, n)" if partial else f"VLOAD(v + j * vs + d0 + {c} * VW)"
+        load = "LDIN(v + j * vs + d0, n)" if partial else f"LDI(v + j * vs + d0 + {c} * VW)"
         out.append(f"        V v{c} = {load};")
     for r in range(g):
         out.append(f"        {{ V pr = VSET1(p[{r} * KB + j]);")
@@ -248,10 +335,10 @@ def _pv_all(isa: Isa) -> tuple[str, str]:
             fns.append(_pv(g, uu, partial))
         table = ", ".join(f"tr_pv{u}_{g}" for g in range(1, rg + 1))
         cases.append((u, rg, table))
-    lines = ["typedef void (*tr_pv_fn)(long, long, long, long, const float *, const float *, float *, long, const float *);"]
+    lines = ["typedef void (*tr_pv_fn)(long, long, long, long, const float *, const TIN *, float *, long, const float *);"]
     for u, rg, table in cases:
         lines.append(f"static const tr_pv_fn tr_pv{u}_tab[{rg}] = {{{table}}};")
-    lines.append("static void tr_pv(long rows, long nk, long Dv, long Dvp, const float *p, const float *v, long vs, "
+    lines.append("static void tr_pv(long rows, long nk, long Dv, long Dvp, const float *p, const TIN *v, long vs, "
                  "float *o, const float *alpha) {")
     lines.append("    long d0 = 0;")
     for u, rg, _ in cases:
@@ -275,7 +362,7 @@ def _pv_all(isa: Isa) -> tuple[str, str]:
 BODY = r"""
 /* dst[d * ld + i] = scale * src[i * ss + d] for rows i < n (n <= VW) and d < D: VW x VW register
    transposes where the ISA has them (rows past n read as 0; only n lanes are stored), else scalar. */
-static void tr_tpack(const float *src, long ss, long n, long D, float *dst, long ld, float scale) {
+static void tr_tpack(const TIN *src, long ss, long n, long D, float *dst, long ld, float scale) {
 #ifdef TR_TRANSPOSE
     V sc = VSET1(scale);
     long d0 = 0;
@@ -283,7 +370,7 @@ static void tr_tpack(const float *src, long ss, long n, long D, float *dst, long
         long w = TR_MIN(VW, D - d0);
         V r[VW];
         for (long i = 0; i < VW; i++)
-            r[i] = i < n ? VMUL(w == VW ? VLOAD(src + i * ss + d0) : VLOADN(src + i * ss + d0, w), sc) : VZERO();
+            r[i] = i < n ? VMUL(w == VW ? LDI(src + i * ss + d0) : LDIN(src + i * ss + d0, w), sc) : VZERO();
         tr_transpose(r);
         for (long d = 0; d < w; d++) {
             if (n == VW) VSTORE(dst + (d0 + d) * ld, r[d]);
@@ -292,7 +379,7 @@ static void tr_tpack(const float *src, long ss, long n, long D, float *dst, long
     }
 #else
     for (long i = 0; i < n; i++)
-        for (long d = 0; d < D; d++) dst[d * ld + i] = src[i * ss + d] * scale;
+        for (long d = 0; d < D; d++) dst[d * ld + i] = TOF(src[i * ss + d]) * scale;
 #endif
 }
 
@@ -300,8 +387,9 @@ typedef struct {
     long B, H, KVH, Sq, Skv, D, Dv, causal, mkind, MB, MH, rows_max;
     long qb, qh, qs, kb, kh, ks, vb, vh, vs, ob, oh, os;
     float scale;
-    const float *q, *k, *v, *mask;
-    float *out, *lse;
+    const TIN *q, *k, *v, *mask;
+    TIN *out;
+    float *lse;
     long G, Skp, Dp, Dvp, nqb, nrb, rpi;  /* GQA group, padded keys, padded head dims, query blocks per head,
                                           rows driver: items per kv head and query rows per item */
     float *kt;                       /* K^T panels (tile driver), (B * KVH) x Skp x D */
@@ -311,7 +399,7 @@ typedef struct {
 /* K^T panels of key block jb of (batch, kv head) bkv: kt[(jb * D + d) * BK + j], zeros past Skv. */
 static void tr_pack_kt(const tr_att *a, long bkv, long jb) {
     long b = bkv / a->KVH, h = bkv % a->KVH, D = a->D, j0 = jb * BK, n = TR_MIN(BK, a->Skv - j0);
-    const float *ks = a->k + b * a->kb + h * a->kh + j0 * a->ks;
+    const TIN *ks = a->k + b * a->kb + h * a->kh + j0 * a->ks;
     float *kt = a->kt + bkv * a->Skp * D + j0 * D;
     for (long jv = 0; jv < BK; jv += VW) {
         long nv = TR_MAX(0, TR_MIN(VW, n - jv));
@@ -324,13 +412,13 @@ static void tr_pack_kt(const tr_att *a, long bkv, long jb) {
 /* causal: the last key of (batch, kv head) bkv whose v row holds a NaN or Inf (-1: none) */
 static void tr_scan_v(const tr_att *a, long bkv) {
     long b = bkv / a->KVH, h = bkv % a->KVH, Dv = a->Dv, bad = a->Skv - 1;
-    const float *vs = a->v + b * a->vb + h * a->vh;
+    const TIN *vs = a->v + b * a->vb + h * a->vh;
     for (; bad >= 0; bad--) {
-        const float *vr = vs + bad * a->vs;
+        const TIN *vr = vs + bad * a->vs;
         V t = VZERO();
         long d = 0;
-        for (; d + VW <= Dv; d += VW) t = VFMA(VLOAD(vr + d), VZERO(), t);
-        if (d < Dv) t = VFMA(VLOADN(vr + d, Dv - d), VZERO(), t);
+        for (; d + VW <= Dv; d += VW) t = VFMA(LDI(vr + d), VZERO(), t);
+        if (d < Dv) t = VFMA(LDIN(vr + d, Dv - d), VZERO(), t);
         if (VANYNAN(t)) break;
     }
     a->vbad[bkv] = bad;
@@ -339,25 +427,25 @@ static void tr_scan_v(const tr_att *a, long bkv) {
 /* Online softmax over one block of nk keys for `rows` rows: s (row stride KB) holds the scaled logits
    of nk keys (readable up to a whole vector past nk); row r sees its first lim[r] keys (causal) and its
    mask row mrow[r] (at the block's first key). Leaves P in s; updates m, l; alpha: the rescale of O. */
-static void tr_softmax(long rows, long nk, float *s, const long *lim, const float *const *mrow, int mkind,
+static void tr_softmax(long rows, long nk, float *s, const long *lim, const TIN *const *mrow, int mkind,
                        float *m, float *l, float *alpha) {
     long nkp = TR_ROUNDUP(nk, VW);
     for (long r = 0; r < rows; r++) {
         float *row = s + r * KB;
         long lm = TR_MAX(0, TR_MIN(nk, lim[r])), lv = lm / VW * VW;
-        const float *mr = mrow[r];
+        const TIN *mr = mrow[r];
         V mx = VSET1(-INFINITY);
         for (long j = 0; j < lv; j += VW) {
             V x = VLOAD(row + j);
-            if (mkind == 1) x = VKEEPNZ(x, VLOAD(mr + j));
-            else if (mkind == 2) x = VADD(x, VLOAD(mr + j));
+            if (mkind == 1) x = VKEEPNZ(x, LDI(mr + j));
+            else if (mkind == 2) x = VADD(x, LDI(mr + j));
             VSTORE(row + j, x);
             mx = VMAX(mx, x);
         }
         if (lv < lm) {
             V x = VKEEPN(VLOAD(row + lv), lm - lv);
-            if (mkind == 1) x = VKEEPNZ(x, VLOADN(mr + lv, lm - lv));
-            else if (mkind == 2) x = VADD(x, VLOADN(mr + lv, lm - lv));
+            if (mkind == 1) x = VKEEPNZ(x, LDIN(mr + lv, lm - lv));
+            else if (mkind == 2) x = VADD(x, LDIN(mr + lv, lm - lv));
             VSTORE(row + lv, x);
             mx = VMAX(mx, x);
         }
@@ -380,30 +468,30 @@ static void tr_softmax(long rows, long nk, float *s, const long *lim, const floa
 
 /* Write `rows` output rows (row r at out_r[r]) from O / l, and their log-sum-exp. */
 static void tr_finish(long rows, long Dv, long Dvp, const float *o, const float *m, const float *l,
-                      float *const *out_r, float *const *lse_r) {
+                      TIN *const *out_r, float *const *lse_r) {
     for (long r = 0; r < rows; r++) {
         /* l = 0: every logit of the row was -inf (weights 0, PyTorch's convention) */
         float lr = l[r], inv = lr == 0.0f ? 1.0f : 1.0f / lr;
         V iv = VSET1(inv);
         const float *or_ = o + r * Dvp;
-        float *dst = out_r[r];
+        TIN *dst = out_r[r];
         long d = 0;
-        for (; d + VW <= Dv; d += VW) VSTORE(dst + d, VMUL(VLOAD(or_ + d), iv));
-        if (d < Dv) VSTOREN(dst + d, VMUL(VLOAD(or_ + d), iv), Dv - d);
+        for (; d + VW <= Dv; d += VW) STO(dst + d, VMUL(VLOAD(or_ + d), iv));
+        if (d < Dv) STON(dst + d, VMUL(VLOAD(or_ + d), iv), Dv - d);
         if (lse_r) *lse_r[r] = lr == 0.0f ? -INFINITY : (m[r] == -INFINITY ? 0.0f : m[r]) + logf(lr);
     }
 }
 
 /* Causal: keys from kend on were never read; weight 0 times a NaN / Inf v there is NaN. */
-static void tr_causal_tail(const tr_att *a, long bkv, long kend, long rows, float *const *out_r) {
+static void tr_causal_tail(const tr_att *a, long bkv, long kend, long rows, TIN *const *out_r) {
     if (!a->causal || a->vbad[bkv] < kend) return;
     long b = bkv / a->KVH, h = bkv % a->KVH;
-    const float *vv = a->v + b * a->vb + h * a->vh;
+    const TIN *vv = a->v + b * a->vb + h * a->vh;
     for (long d = 0; d < a->Dv; d++) {
         int hit = 0;
-        for (long j = kend; j < a->Skv && !hit; j++) hit = !(vv[j * a->vs + d] - vv[j * a->vs + d] == 0.0f);
+        for (long j = kend; j < a->Skv && !hit; j++) hit = !TIN_FINITE(vv[j * a->vs + d]);
         if (hit)
-            for (long r = 0; r < rows; r++) out_r[r][d] = NAN;
+            for (long r = 0; r < rows; r++) out_r[r][d] = TIN_NAN;
     }
 }
 
@@ -415,17 +503,17 @@ static void tr_tile_item(const tr_att *a, long item, float *tws) {
     long kvh = h / a->G, bkv = b * a->KVH + kvh, D = a->D, Dvp = a->Dvp;
     long rows = TR_MIN(BQ, a->Sq - q0);
     float *qt = tws, *s = qt + D * BQ, *o = s + BQ * KB, *m = o + BQ * Dvp, *l = m + BQ, *alpha = l + BQ;
-    const float *qs = a->q + b * a->qb + h * a->qh + q0 * a->qs;
+    const TIN *qs = a->q + b * a->qb + h * a->qh + q0 * a->qs;
     if (rows < BQ) memset(qt, 0, sizeof(float) * D * BQ);
     for (long i0 = 0; i0 < rows; i0 += VW) tr_tpack(qs + i0 * a->qs, a->qs, TR_MIN(VW, rows - i0), D, qt + i0, BQ, a->scale);
     for (long i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; alpha[i] = 0.0f; }
     memset(o, 0, sizeof(float) * BQ * Dvp);
     long kend = a->causal ? TR_MIN(a->Skv, q0 + rows) : a->Skv;
     const float *kt = a->kt + bkv * a->Skp * D;
-    const float *vs = a->v + b * a->vb + kvh * a->vh;
-    const float *mbase = a->mkind ? a->mask + (((a->MB > 1 ? b : 0) * a->MH + (a->MH > 1 ? h : 0)) * a->Sq + q0) * a->Skv : 0;
+    const TIN *vs = a->v + b * a->vb + kvh * a->vh;
+    const TIN *mbase = a->mkind ? a->mask + (((a->MB > 1 ? b : 0) * a->MH + (a->MH > 1 ? h : 0)) * a->Sq + q0) * a->Skv : 0;
     long lim[BQ];
-    const float *mrow[BQ];
+    const TIN *mrow[BQ];
     for (long kb0 = 0; kb0 < kend; kb0 += KB) {
         long nk = TR_MIN(KB, kend - kb0);
         long j0 = 0;
@@ -440,8 +528,8 @@ static void tr_tile_item(const tr_att *a, long item, float *tws) {
         tr_softmax(rows, nk, s, lim, mrow, (int)a->mkind, m, l, alpha);
         tr_pv(rows, nk, a->Dv, Dvp, s, vs + kb0 * a->vs, a->vs, o, alpha);
     }
-    float *out_r[BQ], *lse_r[BQ];
-    float *os = a->out + b * a->ob + h * a->oh + q0 * a->os;
+    TIN *out_r[BQ], *os = a->out + b * a->ob + h * a->oh + q0 * a->os;
+    float *lse_r[BQ];
     for (long i = 0; i < rows; i++) {
         out_r[i] = os + i * a->os;
         if (a->lse) lse_r[i] = a->lse + bh * a->Sq + q0 + i;
@@ -450,7 +538,7 @@ static void tr_tile_item(const tr_att *a, long item, float *tws) {
     tr_causal_tail(a, bkv, kend, rows, out_r);
 }
 
-static void tr_s_dot(long rows, long D, long Dp, const float *qp, const float *const *kr, float *s) {
+static void tr_s_dot(long rows, long D, long Dp, const float *qp, const TIN *const *kr, float *s) {
     switch (rows) {
     case 1: tr_s_dot1(D, Dp, qp, kr, s); break;
     case 2: tr_s_dot2(D, Dp, qp, kr, s); break;
@@ -472,7 +560,7 @@ static void tr_rows_item(const tr_att *a, long item, float *tws) {
     long nrows = TR_MIN(a->rpi, a->G * Sq - r0);
     float *qp = tws, *s = qp + RPI * Dp, *o = s + RM * KB, *m = o + RPI * Dvp, *l = m + RPI, *alpha = l + RPI;
     long pos[RPI], head[RPI], lim[RM];
-    const float *mrow0[RPI], *mrow[RM];
+    const TIN *mrow0[RPI], *mrow[RM];
     long kend = 0;
     V sc = VSET1(a->scale);
     for (long r = 0; r < nrows; r++) {  /* tr_s_dot reads exactly its rows, zero-padded to Dp */
@@ -480,22 +568,22 @@ static void tr_rows_item(const tr_att *a, long item, float *tws) {
         long rr = r0 + r;
         pos[r] = rr % Sq;
         head[r] = kvh * a->G + rr / Sq;
-        const float *qr = a->q + b * a->qb + head[r] * a->qh + pos[r] * a->qs;
+        const TIN *qr = a->q + b * a->qb + head[r] * a->qh + pos[r] * a->qs;
         long d = 0;
-        for (; d + VW <= D; d += VW) VSTORE(dst + d, VMUL(VLOAD(qr + d), sc));
-        if (d < D) VSTORE(dst + d, VMUL(VLOADN(qr + d, D - d), sc));
+        for (; d + VW <= D; d += VW) VSTORE(dst + d, VMUL(LDI(qr + d), sc));
+        if (d < D) VSTORE(dst + d, VMUL(LDIN(qr + d, D - d), sc));
         mrow0[r] = a->mkind ? a->mask + (((a->MB > 1 ? b : 0) * a->MH + (a->MH > 1 ? head[r] : 0)) * Sq + pos[r]) * a->Skv : 0;
         kend = TR_MAX(kend, a->causal ? TR_MIN(a->Skv, pos[r] + 1) : a->Skv);
         m[r] = -INFINITY; l[r] = 0.0f; alpha[r] = 0.0f;
     }
     memset(o, 0, sizeof(float) * nrows * Dvp);
-    const float *ks = a->k + b * a->kb + kvh * a->kh, *vs = a->v + b * a->vb + kvh * a->vh;
+    const TIN *ks = a->k + b * a->kb + kvh * a->kh, *vs = a->v + b * a->vb + kvh * a->vh;
     for (long kb0 = 0; kb0 < kend; kb0 += KB) {
         long nk = TR_MIN(KB, kend - kb0);
         for (long g0 = 0; g0 < nrows; g0 += RM) {
             long rows = TR_MIN(RM, nrows - g0);
             for (long j = 0; j < nk; j += 4) {
-                const float *kr[4];
+                const TIN *kr[4];
                 for (long c = 0; c < 4; c++) kr[c] = ks + (kb0 + TR_MIN(j + c, nk - 1)) * a->ks;
                 tr_s_dot(rows, D, Dp, qp + g0 * Dp, kr, s + j);
             }
@@ -507,7 +595,8 @@ static void tr_rows_item(const tr_att *a, long item, float *tws) {
             tr_pv(rows, nk, a->Dv, Dvp, s, vs + kb0 * a->vs, a->vs, o + g0 * Dvp, alpha + g0);
         }
     }
-    float *out_r[RPI], *lse_r[RPI];
+    TIN *out_r[RPI];
+    float *lse_r[RPI];
     for (long r = 0; r < nrows; r++) {
         out_r[r] = a->out + b * a->ob + head[r] * a->oh + pos[r] * a->os;
         if (a->lse) lse_r[r] = a->lse + (b * a->H + head[r]) * Sq + pos[r];
@@ -549,8 +638,8 @@ static void tr_att_run(tr_att *a, float *tws, int tid, int nt, int tile, long it
    (batch, head, seq) element strides of q, k, v and out (0: packed); lse (B, H, Sq) packed or 0.
    rows_max: the rows driver serves calls with at most this many query rows per kv head. */
 int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, long Dv, float scale, int causal,
-                 const float *q, const float *k, const float *v, float *out, int nth,
-                 const float *mask, int mkind, long MB, long MH, float *lse, const long *st, long rows_max) {
+                 const TIN *q, const TIN *k, const TIN *v, TIN *out, int nth,
+                 const TIN *mask, int mkind, long MB, long MH, float *lse, const long *st, long rows_max) {
     if (KVH <= 0 || H % KVH || KB % 4) return 3;
     if (B <= 0 || H <= 0 || Sq <= 0) return 0;
     tr_att a;
@@ -596,9 +685,11 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, long Dv, f
 """
 
 
-def attention_source(isa: Isa, bq: int, bk: int, kb: int | None = None) -> str:
-    """Complete C source of the attention kernel for one ISA, query/key register block and softmax key
-    block ``kb`` (a multiple of ``bk`` and 4; default :func:`tracea_cpu.spaces.attention_kb`)."""
+def attention_source(isa: Isa, bq: int, bk: int, kb: int | None = None, elem: str = "f32") -> str:
+    """Complete C source of the attention kernel for one ISA, query/key register block, softmax key
+    block ``kb`` (a multiple of ``bk`` and 4; default :func:`tracea_cpu.spaces.attention_kb`) and element
+    type of q, k, v, the mask and the output (``"f32"``, or where :data:`ELEMENTS` lists them ``"bf16"`` /
+    ``"f16"``: widened on load, rounded once on the final store)."""
     if kb is None:
         from ..spaces import attention_kb
 
@@ -609,7 +700,7 @@ def attention_source(isa: Isa, bq: int, bk: int, kb: int | None = None) -> str:
         raise ValueError(f"softmax key block {kb} is not a multiple of bk={bk} and 4")
     rm = 4 if isa.registers >= 32 else 2
     pv_fns, pv_driver = _pv_all(isa)
-    parts = [prologue(isa), _EXTRA[isa.name],
+    parts = [prologue(isa), _EXTRA[isa.name], _elem(isa, elem),
              f"#define BQ {bq}\n#define BK {bk}\n#define KB {kb}\n#define RM {rm}\n#define RPI {8 * rm}\n",
              _s_tile(isa, bq, bk, "tr_s_tile"), _s_tile(isa, bq, isa.width, "tr_s_tile1")] + [_s_dot(r) for r in range(1, rm + 1)] + [pv_fns, pv_driver, BODY, ATTENTION_CALL]
     return "\n".join(parts)

@@ -25,8 +25,8 @@ int tr_conv2d_call(const long *p, const float *x, const float *w, const float *b
 """
 
 ATTENTION_CALL = r"""
-int tr_attention_call(const long *p, float scale, const float *q, const float *k, const float *v, float *out,
-                      const float *mask, float *lse) {
+int tr_attention_call(const long *p, float scale, const TIN *q, const TIN *k, const TIN *v, TIN *out,
+                      const TIN *mask, float *lse) {
     return tr_attention(p[0], p[1], p[2], p[3], p[4], p[5], p[6], scale, (int)p[7], q, k, v, out, (int)p[8], mask,
                         (int)p[9], p[10], p[11], lse, p + 13, p[12]);
 }
