@@ -8,8 +8,9 @@
 #                      [bench args...]
 # --host-cpu-only: the CPU backend on the GPU machine's host CPU (a many-core Xeon with AVX-512 and AMX, which
 # development machines may lack): the tracea-cpu tests, the AMX targets, fp32 GEMM / conv against NumPy /
-# torch, the interference checks (with torch, and a NumPy-only program), the late-worker probe, patched
-# linears between torch ops at two torch thread counts and a CPU zoo (fp32, bf16). Not part
+# torch, the interference checks (with torch, and a NumPy-only program), the late-worker probe, bf16
+# attention, patched linears between torch ops at two torch thread counts and a CPU zoo (fp32, bf16; the
+# model check's verdicts under each row). Not part
 # of the default run (the host's figures need a quiet host: `uptime` is printed first).
 # Carry .whl (`../shared/tools/device-wheels.sh platformdirs`: optuna and its needs for the tuner's tests, and
 # platformdirs, a tracea-core dependency the GPU machine lacks).
@@ -137,6 +138,9 @@ if [ "$mode" = hostcpu ]; then
       | tee -a "$OUT/host_cpu.log" | tail -9
   done
   python benchmarks/cpu/probes/region_start.py --n 1024 2>&1 | tee -a "$OUT/host_cpu.log" | tail -15
+  # 16-bit attention (the kernel reads bf16 itself) against PyTorch's bf16 SDPA, which may use AMX on this host
+  python benchmarks/cpu/bench_attention_cpu.py --dtype bfloat16 --rounds 10 --only vit,swin,bert,decode 2>&1 \
+    | tee -a "$OUT/host_cpu.log" | tail -22
   # patched linears between torch ops at torch's default and half its threads (one OpenMP team size)
   python benchmarks/cpu/probes/torch_team.py --threads 0,half 2>&1 | tee -a "$OUT/host_cpu.log" | tail -3
   # patched models on the host CPU, fp32 and bf16 (AMX): models no test uses

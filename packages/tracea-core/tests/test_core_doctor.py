@@ -159,8 +159,8 @@ def test_forced_and_excluded_variants(doctor, monkeypatch):
 
 def test_framework_faster_declines_stay_candidates_only_for_a_framework_check(doctor, monkeypatch):
     """A variant whose only reasons are FrameworkFaster (a speed judgement against the framework, not a
-    limit) is rejected, unless the caller will time it against the framework (framework_check=True); a
-    limit among its reasons, or a forced variant, keeps it rejected."""
+    limit) is rejected, unless the caller will time it against the framework (framework_check=True) or forces
+    it (a pin overrides a speed judgement); a limit among its reasons keeps it rejected."""
     from tracea.doctor import FrameworkFaster
 
     _no_cache(monkeypatch)
@@ -173,15 +173,18 @@ def test_framework_faster_declines_stay_candidates_only_for_a_framework_check(do
     kept = doctor.decide(OP, "cpu", framework_check=True)
     assert kept is not d and kept.variant.name == "t.fast"  # memoised apart
     assert kept.chosen.framework_faster == str(soft) and "t.fast" not in {r.variant for r in kept.rejected}
-    assert "kept for the framework check" in kept.explain()
+    assert "kept (forced, or for the framework check) despite" in kept.explain()
     assert kept.chosen.to_dict()["framework_faster"] == str(soft)
     assert doctor.decide(OP, "cpu", variant="t.slow", framework_check=True).variant.name == "t.slow"
-    with pytest.raises(NoVariantError, match="measured faster"):
-        doctor.decide(OP, "cpu", variant="t.fast", framework_check=True)  # forced: the judgement stands
+    for check in (True, False):  # forced: the pin overrides the speed judgement
+        pinned = doctor.decide(OP, "cpu", variant="t.fast", framework_check=check)
+        assert pinned.variant.name == "t.fast" and pinned.chosen.framework_faster == str(soft)
     monkeypatch.setattr(fast, "check", lambda op, profile: [soft, "k too large"])
     doctor.invalidate()
     mixed = doctor.decide(OP, "cpu", framework_check=True)
     assert mixed.variant.name == "t.slow" and "t.fast" in {r.variant for r in mixed.rejected}
+    with pytest.raises(NoVariantError, match="k too large"):
+        doctor.decide(OP, "cpu", variant="t.fast")  # a limit stands for a pin too
 
 
 def test_unknown_device(doctor):

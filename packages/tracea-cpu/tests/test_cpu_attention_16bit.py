@@ -107,3 +107,27 @@ def test_16bit_patched_sdpa_serves_natively():
     q, k, v = (torch.randn(2, 3, 50, 32).bfloat16() for _ in range(3))
     out = tracea_torch.ops.scaled_dot_product_attention(q, k, v)
     assert out.dtype == torch.bfloat16 and _err(out, _ref(q, k, v)) < TOL[torch.bfloat16]
+
+
+def test_16bit_declined_as_framework_faster_on_amx_cpus():
+    """On a CPU with AMX PyTorch's 16-bit SDPA multiplies on tiles: the kernel stays a candidate only where a
+    call is timed against PyTorch's (FrameworkFaster), float32 is unaffected."""
+    import dataclasses
+
+    from tracea.doctor.decision import FrameworkFaster
+    from tracea.ir.ops import AttentionOp
+    from tracea_cpu.isa import ISA_BY_NAME
+    from tracea_cpu.testing import PROFILE
+    from tracea_cpu.variants import CpuAttentionVariant
+
+    amx = dataclasses.replace(PROFILE, isa=tuple(PROFILE.isa) + ("amx_tile", "amx_bf16"))
+    plain = dataclasses.replace(PROFILE, isa=tuple(f for f in PROFILE.isa if not f.startswith("amx")))
+    variant = CpuAttentionVariant(ISA_BY_NAME[ISAS[0]])
+    for dtype in ("bfloat16", "float16"):
+        op = AttentionOp(2, 3, 50, 50, 32, dtype=dtype)
+        if dtype not in {d.value for d in variant.requirements.dtypes}:
+            continue
+        (reason,) = [r for r in variant.check(op, amx) if "AMX" in r]
+        assert isinstance(reason, FrameworkFaster)
+        assert not [r for r in variant.check(op, plain) if "AMX" in r]
+    assert not [r for r in variant.check(AttentionOp(2, 3, 50, 50, 32), amx) if "AMX" in r]

@@ -181,3 +181,39 @@ def test_unpatched_route_computes_what_the_model_does(monkeypatch, fuse):
     assert [v.winner for v in model_check.verdicts()] == ["torch"]
     for out in outs:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("winner", ["tracea", "torch"])
+def test_cuda_model_judged_and_capturable(monkeypatch, winner):
+    """On CUDA the judged calls are timed between synchronisations; after either verdict the model still
+    captures in a CUDA graph (a capture takes the patched layers, which route captured calls themselves) and
+    replays the eager result."""
+    if winner == "torch":
+        monkeypatch.setattr(model_check, "TIE", -1.0)
+    else:
+        monkeypatch.setattr(model_check, "TIE", 1e9)
+    model = _model().cuda().half().to(memory_format=torch.channels_last)
+    model.body[0].padding_mode = "zeros"  # (reflect padding: PyTorch's path in 16 bits either way)
+    x = torch.randn(4, 3, 8, 8, device="cuda").half().to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ref = copy.deepcopy(model)(x)
+        with tracea_torch.patched(model):
+            for _ in range(CALLS + 2):
+                torch.testing.assert_close(model(x), ref, rtol=2e-2, atol=2e-2)
+            (v,) = model_check.verdicts()
+            assert v.winner == winner and v.signature.endswith("cuda:0")
+            static_x = x.clone()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    model(static_x)
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = model(static_x)
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(static_out, ref, rtol=2e-2, atol=2e-2)

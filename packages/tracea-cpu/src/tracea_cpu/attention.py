@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from tracea.doctor.decision import FrameworkFaster
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
@@ -52,6 +53,12 @@ class CpuAttentionVariant(CpuVariant):
 
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
         reasons = super().check(op, profile)
+        if (isinstance(op, AttentionOp) and op.dtype.storage is not DType.F32 and profile.has("amx_tile")
+                and profile.has("amx_bf16")):
+            # PyTorch's 16-bit CPU SDPA multiplies on AMX tiles there, this kernel in fp32 vector FMAs: kept as a
+            # candidate only where a call is timed against PyTorch's (the arbiter, first-use tuning's check)
+            reasons.append(FrameworkFaster(f"{op.dtype.storage.value} on a CPU with AMX: PyTorch's SDPA runs on AMX "
+                                           "tiles (this kernel computes in fp32 vector FMAs)"))
         if isinstance(op, AttentionOp) and not float(op.scale) > 0:  # type: ignore[arg-type]
             # masked logits are -inf before the scale is applied: a negative scale would make them +inf
             reasons.append(f"scale={op.scale} (the kernel assumes a positive scale)")

@@ -208,7 +208,7 @@ class ModelCheck:
                 return run_eager(patched, *args, **kwargs)
             return patched(*args, **kwargs)
         tensors = _tensors((args, kwargs))
-        if (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or _tracing():
+        if not tensors or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or _tracing():
             return patched(*args, **kwargs)
         cuda = next((t.device for t in tensors if t.is_cuda), None)
         st.cuda = cuda is not None

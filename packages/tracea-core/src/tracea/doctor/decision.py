@@ -125,7 +125,7 @@ class Decision:
         if c.note:
             lines.append(f"    note: {c.note}")
         if c.framework_faster:
-            lines.append(f"    kept for the framework check: {c.framework_faster}")
+            lines.append(f"    kept (forced, or for the framework check) despite: {c.framework_faster}")
         for other in self.candidates[1:]:
             t = (f"tuned {other.measured_s * 1e3:.3f} ms" if other.measured_s is not None
                  else other.estimate_text())

@@ -190,18 +190,20 @@ class Doctor:
         """Rank every variant for ``op`` on ``device``.
 
         :param variant: force this variant name (also ``TRACEA_VARIANT``, a comma-separated list whose
-            entry for this op kind applies); rejection reasons still explain a refused force.
+            entry for this op kind applies); rejection reasons still explain a refused force. A forced
+            variant whose only reasons are :class:`~tracea.doctor.decision.FrameworkFaster` (a speed
+            judgement, not a limit) runs.
         :param config: force this config (validated).
         :param use_cache: consult the tuning cache for measured evidence.
         :param framework_check: the caller times the chosen variant against the framework's own call before
             using it: variants whose only reasons are :class:`~tracea.doctor.decision.FrameworkFaster`
-            stay candidates (``Candidate.framework_faster`` holds the reasons). Not with a forced variant.
+            stay candidates (``Candidate.framework_faster`` holds the reasons).
         :raises NoVariantError: when nothing accepts the op (with every rejection reason).
         """
         device = Device.parse(device)
         forced = variant or self._env_variant(op)
         cache = _tuning_cache() if use_cache else None
-        keep = framework_check and forced is None
+        keep = framework_check or forced is not None
         memo_key = (op, device, forced, config, cache, _generation(cache),
                     os.environ.get("TRACEA_PERF_MODEL"), os.environ.get("TRACEA_PERF_DATA"), keep)
         with self._lock:
