@@ -131,3 +131,23 @@ def test_16bit_declined_as_framework_faster_on_amx_cpus():
         assert isinstance(reason, FrameworkFaster)
         assert not [r for r in variant.check(op, plain) if "AMX" in r]
     assert not [r for r in variant.check(AttentionOp(2, 3, 50, 50, 32), amx) if "AMX" in r]
+
+
+def test_16bit_numpy_float16_strided_and_overlapping():
+    """NumPy float16 arrays (no torch): slices and overlapping windows (rows sharing memory) are read through
+    their strides or packed, as the float32 kernel's arrays are (found by tracea.fuzzing)."""
+    import numpy as np
+    from numpy.lib.stride_tricks import as_strided
+
+    if "f16" not in ELEMENTS.get(ISAS[0], ()):
+        pytest.skip("no float16 attention kernel for this CPU")
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((3, 40, 16)).astype(np.float16)
+    q = base[:, :7, :15]
+    kv = as_strided(base, shape=(3, 16, 15), strides=(38 * 2, 2 * 2, 2))  # rows overlap in memory
+    before = base.copy()
+    out = tracea.ops.attention(q, kv, kv, variant=f"cpu.attention.{ISAS[0]}")
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (q, kv, kv)]
+    ref = _ref(*t)
+    assert out.dtype == np.float16 and _err(torch.from_numpy(out), ref) < TOL[torch.float16]
+    assert np.array_equal(base, before)  # inputs are read, never written

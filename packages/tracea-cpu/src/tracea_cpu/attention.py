@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -14,14 +14,13 @@ from tracea.doctor.decision import FrameworkFaster
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
-from tracea.errors import InvalidArgumentError
+from tracea.errors import DTypeError, InvalidArgumentError, TraceaError
 from tracea.ir.ops import AttentionOp, LayerType, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.runtime import attention_strides as strided
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
-from .bf16 import _tensor_ptr, host_bf16
 from .emit.attention import ELEMENTS
 from .emit.calls import ATTENTION_PARAMS
 from .host_load import thread_picker
@@ -103,26 +102,6 @@ class CpuAttentionVariant(CpuVariant):
             causal=int(op.causal), nth=self.threads(op, config, profile), mkind=_MASK_KINDS[op.mask], MB=mb, MH=mh,
             rows_max=int(config.get("rows", spaces.ATTN_ROWS)), **dict(zip(names, st))))
 
-    def _run16(self, lib: Any, op: AttentionOp, config: PipelineConfig, args: OpArgs, profile: DeviceProfile,
-               shapes: Mapping[str, tuple[int, ...]]) -> None:
-        """:meth:`run` for 16-bit operands, packed (the launcher from :meth:`bind` reads strided ones)."""
-        owners, ptrs = [], []
-        for name, shape in shapes.items():
-            ptr, owner = _operand16(args, name, shape, op.dtype.storage)
-            if ptr is None:
-                raise InvalidArgumentError(name, None, f"an array of {math.prod(shape)} elements (shape {shape})")
-            ptrs.append(ptr)
-            owners.append(owner)
-        mb, mh = op.mask_shape or (1, 1)
-        mask, mask_owner = _operand16(args, "mask", (mb, mh, op.seq_q, op.seq_kv), op.dtype.storage) if op.mask else (None, None)
-        if op.mask and mask is None:
-            raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
-        lse = _host(args, "lse", (op.batch, op.heads, op.seq_q)) if op.lse else None
-        params = self._params(op, config, profile, _packed_strides(op))
-        rc = lib.tr_attention_call(params, float(op.scale), *ptrs, mask, _ptr(lse))  # type: ignore[arg-type]
-        del owners, mask_owner  # alive until here, after the kernel returned
-        _check_rc(rc, "attention")
-
     def bind(self, op: Op, config: PipelineConfig, profile: DeviceProfile, adapter: Any) -> Any:
         assert isinstance(op, AttentionOp)
         lib = self.prepare(op, config, profile)
@@ -157,56 +136,62 @@ class CpuAttentionVariant(CpuVariant):
         kvh = int(op.kv_heads or op.heads)
         shapes = {"q": (op.batch, op.heads, op.seq_q, op.head_dim), "k": (op.batch, kvh, op.seq_kv, op.head_dim),
                   "v": (op.batch, kvh, op.seq_kv, op.dv), "out": (op.batch, op.heads, op.seq_q, op.dv)}
-        if op.dtype.storage is not DType.F32:
-            self._run16(lib, op, config, args, profile, shapes)
-            return
+        dtype = op.dtype.storage
+        want = _HOST_DTYPE[dtype]
         arrays: dict[str, np.ndarray] = {}
         strides: tuple[int, ...] = ()
         for name, shape in shapes.items():
-            arr = args.host(name)
+            arr = _host_view(args, name, dtype)
             if arr is None:
                 raise InvalidArgumentError(name, None, f"an array of {math.prod(shape)} elements (shape {shape})")
-            if arr.dtype != np.float32:
-                raise InvalidArgumentError(name, arr, "a float32 array")
+            if arr.dtype != want:
+                raise InvalidArgumentError(name, arr, f"a {dtype.value} array")
             if arr.size != math.prod(shape):
                 raise InvalidArgumentError(name, arr, f"{math.prod(shape)} elements (shape {shape})")
             folded = _fold(arr, shape)
             if folded is None:  # strides the kernel cannot follow: a packed copy (the output: copied back)
-                arr = np.ascontiguousarray(arr) if name != "out" else np.empty(shape, np.float32)
+                arr = np.ascontiguousarray(arr) if name != "out" else np.empty(shape, want)
                 folded = _fold(arr, shape)
             assert folded is not None
             arrays[name] = arr
             strides += folded
         mb, mh = op.mask_shape or (1, 1)
-        mask = _host(args, "mask", (mb, mh, op.seq_q, op.seq_kv)) if op.mask else None
-        if op.mask and mask is None:
-            raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
+        mask = None
+        if op.mask:  # (in the input dtype, packed by the core)
+            mask = _host(args, "mask", (mb, mh, op.seq_q, op.seq_kv)) if dtype is DType.F32 else _host_view(args, "mask", dtype)
+            if mask is None:
+                raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
+            if mask.dtype != want or not mask.flags.c_contiguous or mask.size != mb * mh * op.seq_q * op.seq_kv:
+                raise InvalidArgumentError("mask", mask, f"a packed {dtype.value} array of shape {(mb, mh, op.seq_q, op.seq_kv)}")
         lse = _host(args, "lse", (op.batch, op.heads, op.seq_q)) if op.lse else None
         params = self._params(op, config, profile, strides)
         rc = lib.tr_attention_call(params, float(op.scale), *(_ptr(arrays[n]) for n in ("q", "k", "v", "out")),  # type: ignore[arg-type]
                                    _ptr(mask), _ptr(lse))
         _check_rc(rc, "attention")
-        out = args.host("out")
+        out = _host_view(args, "out", dtype)
         if out is not None and arrays["out"] is not out:
             out[...] = arrays["out"].reshape(out.shape)
 
 
-def _operand16(args: OpArgs, name: str, shape: tuple[int, ...], dtype: DType) -> tuple[int | None, Any]:
-    """``(address, owner)`` of a packed 16-bit operand ``name`` (a torch tensor, NumPy float16, or bf16
-    through the adapter's bits); keep ``owner`` referenced until the kernel has returned."""
+#: the NumPy dtype :meth:`CpuAttentionVariant.run` reads each storage dtype as (bf16: its bits)
+_HOST_DTYPE: dict[DType, Any] = {DType.F32: np.dtype(np.float32), DType.F16: np.dtype(np.float16), DType.BF16: np.dtype(np.uint16)}
+
+
+def _host_view(args: OpArgs, name: str, dtype: DType) -> np.ndarray | None:
+    """A host view of argument ``name`` with its own strides (bf16: a ``uint16`` view of its bits, from the
+    adapter); None stays None."""
+    if dtype is not DType.BF16:
+        return args.host(name)
     obj = args.out if name == "out" else args.arrays.get(name)
     if obj is None:
-        return None, None
-    ptr = _tensor_ptr(obj, dtype.value, math.prod(shape))
-    if ptr is not None:
-        return ptr, obj
-    if dtype is DType.BF16:
-        bits = host_bf16(args, name, shape)
-        return _ptr(bits), bits
-    arr = args.host(name)
-    if arr is None or arr.dtype != np.float16 or not arr.flags.c_contiguous or arr.size != math.prod(shape):
-        raise InvalidArgumentError(name, arr, f"a packed float16 array of {math.prod(shape)} elements (shape {shape})")
-    return _ptr(arr), arr
+        return None
+    if args.adapter.info(obj).dtype is not DType.BF16:
+        raise DTypeError(name, args.adapter.info(obj).dtype.value, "bfloat16 (like q)")
+    try:
+        bits = args.adapter.host_bits(obj)
+    except (TraceaError, AttributeError, TypeError) as exc:
+        raise DTypeError(name, "bfloat16", f"a host view of its bits ({args.adapter.name} adapter: {exc})") from None
+    return np.asarray(bits)
 
 
 def _packed_strides(op: AttentionOp) -> tuple[int, ...]:
@@ -220,15 +205,16 @@ def _packed_strides(op: AttentionOp) -> tuple[int, ...]:
 
 
 def _fold(arr: np.ndarray, shape: tuple[int, ...]) -> tuple[int, int, int] | None:
-    """(batch, head, seq) element strides of a float32 array viewed as ``shape`` (batch, heads, seq, dim):
+    """(batch, head, seq) element strides of an array viewed as ``shape`` (batch, heads, seq, dim):
     packed arrays of any shape of that size; others as ``attention_strides.fold`` folds their own shape
     (leading dims that nest into one batch, a unit-stride last dim), None when it cannot."""
     if arr.flags.c_contiguous:
         b, h, s, d = shape
         return (h * s * d if b > 1 else 0, s * d if h > 1 else 0, d if s > 1 else 0)
-    if arr.ndim < 3 or tuple(arr.shape[-3:]) != tuple(shape[1:]) or any(x % 4 for x in arr.strides):
+    size = arr.itemsize
+    if arr.ndim < 3 or tuple(arr.shape[-3:]) != tuple(shape[1:]) or any(x % size for x in arr.strides):
         return None
-    return strided.fold(arr.shape, [x // 4 for x in arr.strides])
+    return strided.fold(arr.shape, [x // size for x in arr.strides])
 
 
 @functools.lru_cache(maxsize=256)
