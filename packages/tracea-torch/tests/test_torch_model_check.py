@@ -4,7 +4,7 @@ its own calls, each computed once."""
 from __future__ import annotations
 
 import copy
-import time
+import types
 
 import pytest
 
@@ -43,14 +43,17 @@ def _model() -> nn.Module:
     return m
 
 
-def _slow(monkeypatch, owner, name: str, seconds: float = 3e-3) -> list[int]:
-    """Make ``owner.name`` (a function) take ``seconds`` longer; returns its call counter."""
+def _slow(monkeypatch, owner, name: str, seconds: float = 1.0) -> list[int]:
+    """Make ``owner.name`` (a function) take ``seconds`` longer on the model check's clock (a fake one: the
+    verdicts must not depend on how busy the test machine is); returns its call counter."""
     original = getattr(owner, name)
     calls = [0]
+    clock = [0.0]
+    monkeypatch.setattr(model_check, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def slow(*args, **kwargs):
         calls[0] += 1
-        time.sleep(seconds)
+        clock[0] += seconds
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, slow)
@@ -64,10 +67,15 @@ def _fresh_verdicts():
     model_check.reset()
 
 
-def test_slower_patched_model_is_routed_to_pytorch(monkeypatch):
+def _model_input_ref() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     model, x = _model(), torch.randn(2, 3, 8, 8)
     with torch.no_grad():
-        ref = copy.deepcopy(model)(x)
+        return model, x, copy.deepcopy(model)(x)
+
+
+def test_slower_patched_model_is_routed_to_pytorch(monkeypatch):
+    model, x, ref = _model_input_ref()
+    with torch.no_grad():
         patched_calls = _slow(monkeypatch, modules, "conv2d_layer")
         with tracea_torch.patched(model):
             before = int(model.forwards)  # (patching traces the forward once)
@@ -87,9 +95,8 @@ def test_slower_patched_model_is_routed_to_pytorch(monkeypatch):
 
 
 def test_faster_patched_model_keeps_tracea(monkeypatch):
-    model, x = _model(), torch.randn(2, 3, 8, 8)
+    model, x, ref = _model_input_ref()
     with torch.no_grad():
-        ref = copy.deepcopy(model)(x)
         eager_calls = _slow(monkeypatch, TraceaConv2d, "_torch_forward")
         with tracea_torch.patched(model):
             outs = [model(x) for _ in range(CALLS + 4)]
@@ -204,16 +211,10 @@ def test_cuda_model_judged_and_capturable(monkeypatch, winner):
                 torch.testing.assert_close(model(x), ref, rtol=2e-2, atol=2e-2)
             (v,) = model_check.verdicts()
             assert v.winner == winner and v.signature.endswith("cuda:0")
+            from tracea_cuda.testing import capture  # warm-up on a side stream, then the capture
+
             static_x = x.clone()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    model(static_x)
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = model(static_x)
+            graph, static_out = capture(lambda: model(static_x))
             graph.replay()
             torch.cuda.synchronize()
             torch.testing.assert_close(static_out, ref, rtol=2e-2, atol=2e-2)
