@@ -12,7 +12,9 @@ shapes, dtypes and devices of the tensors it is called with, the other arguments
 * the next :data:`ROUNDS` x 2 calls alternate between the two (patched, eager, eager, patched, ...), each timed
   (on CUDA between two device synchronisations);
 * then the faster route serves that signature from then on: the eager route when the patched calls' median
-  exceeds the eager calls' by more than :data:`TIE`, else the patched one.
+  exceeds the eager calls' by more than :data:`TIE`, else the patched one. A verdict whose margin is within the
+  noise of its own samples (the spread ``max / min - 1`` of either side, a busy host's stalls) is not settled
+  yet: up to :data:`EXTRA` more rounds of ``ROUNDS`` x 2 calls are timed, and the medians of all decide.
 
 Nothing runs twice: the judged calls are the user's own calls, each computed once by one of the two routes
 (which agree to the arbiter's tolerance), so a model with state (a KV cache, running statistics) sees exactly
@@ -44,12 +46,14 @@ from .arbiter import enabled as _arbiter_enabled
 ENV = "TRACEA_MODEL_CHECK"
 #: timed calls of each route before a signature's verdict
 ROUNDS = 3
+#: further rounds of ``ROUNDS`` x 2 timed calls while a verdict's margin is within its samples' spread
+EXTRA = 2
 #: the patched route keeps a signature unless its median call took more than ``1 + TIE`` times the eager one's
 TIE = 0.02
 #: signatures judged per model; later ones run patched unjudged (a decode loop whose mask grows every step)
 MAX_SIGNATURES = 64
 #: the order of a signature's calls: "P" patched, "E" eager; the first two are untimed warm-ups
-_ORDER = "PE" + "PEEP" * (ROUNDS // 2) + ("PE" if ROUNDS % 2 else "")
+_ORDER = "PE" + "PEEP" * ((ROUNDS * (1 + EXTRA) + 1) // 2)
 
 _EAGER = [0]  # threads inside an eager-routed forward: the layers' fast test (see eager_route)
 
@@ -230,12 +234,17 @@ class ModelCheck:
         if cuda is not None:
             torch.cuda.synchronize(cuda)
         st.times[side].append(time.perf_counter() - t0)
-        if len(st.times["P"]) >= ROUNDS and len(st.times["E"]) >= ROUNDS and not st.route:
-            self._decide(st, _shown(args, kwargs))
+        tp, te = st.times["P"], st.times["E"]
+        if len(tp) == len(te) and len(tp) % ROUNDS == 0 and not st.route:
+            self._decide(st, _shown(args, kwargs), last=len(tp) >= ROUNDS * (1 + EXTRA))
         return out
 
-    def _decide(self, st: _State, shown: str) -> None:
-        p, e = statistics.median(st.times["P"]), statistics.median(st.times["E"])
+    def _decide(self, st: _State, shown: str, last: bool) -> None:
+        tp, te = st.times["P"], st.times["E"]
+        p, e = statistics.median(tp), statistics.median(te)
+        noise = max(max(t) / max(min(t), 1e-12) - 1 for t in (tp, te))
+        if not last and abs(p / max(e, 1e-12) - 1) <= noise:
+            return  # not settled: another round
         st.route = "E" if p > e * (1 + TIE) else "P"
         v = ModelVerdict(self.model_name, shown, "torch" if st.route == "E" else "tracea", p, e)
         _verdicts.append(v)
@@ -243,5 +252,5 @@ class ModelCheck:
             record("model", v.reason)
 
 
-__all__ = ["ENV", "MAX_SIGNATURES", "ROUNDS", "TIE", "ModelCheck", "ModelVerdict", "enabled", "eager_route",
+__all__ = ["ENV", "EXTRA", "MAX_SIGNATURES", "ROUNDS", "TIE", "ModelCheck", "ModelVerdict", "enabled", "eager_route",
            "reset", "run_eager", "verdicts"]
