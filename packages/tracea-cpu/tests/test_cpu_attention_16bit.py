@@ -151,3 +151,24 @@ def test_16bit_numpy_float16_strided_and_overlapping():
     ref = _ref(*t)
     assert out.dtype == np.float16 and _err(torch.from_numpy(out), ref) < TOL[torch.float16]
     assert np.array_equal(base, before)  # inputs are read, never written
+
+
+def test_16bit_first_use_tuning_persists_a_bf16_entry(tmp_path):
+    """First-use tuning on bf16 torch tensors compares the candidates' outputs through float32 copies (NumPy
+    holds no bf16 without ml_dtypes): every trial used to be dropped there, so no bf16 signature was tuned."""
+    from tracea.tuning.cache import TuningCache, set_cache
+
+    if "bf16" not in ELEMENTS.get(ISAS[0], ()):
+        pytest.skip("no bf16 attention kernel for this CPU")
+    cache = TuningCache(tmp_path / "cache.json")
+    set_cache(cache)
+    tracea.set_tuning("first-use")
+    try:
+        q, k, v = (torch.randn(2, 3, 97, 64).bfloat16() for _ in range(3))
+        out = tracea.ops.attention(q, k, v)
+        assert _err(out, _ref(q, k, v)) < TOL[torch.bfloat16]
+        tuned = [e for e in cache.entries() if "dtype=bfloat16" in e.op_key and e.variant.startswith("cpu.attention")]
+        assert tuned, [(e.op_key, e.variant) for e in cache.entries()]
+    finally:
+        tracea.set_tuning(None)
+        set_cache(None)

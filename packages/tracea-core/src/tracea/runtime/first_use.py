@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..doctor.decision import Decision
+from ..dtypes import DType
 from ..errors import InvalidArgumentError, TraceaError
 
 ENV = "TRACEA_TUNING"
@@ -221,12 +222,18 @@ def _default(decision: Decision, variant: Any) -> Any:
 
 
 def _agreeing(trials: list, inputs: tuple, out: Any, adapter: Any, op: Any) -> list:
-    """The trials whose output matches the first one's (the default choice) within the dtype's bound."""
+    """The trials whose output matches the first one's (the default choice) within the dtype's bound. A bf16
+    output NumPy cannot hold (no ml_dtypes) is read back through a float32 copy, as the tuner's are: read as
+    bf16 it raised, which dropped every trial, so bf16 signatures were never tuned on first use."""
+    from ..tuning.inputs import carried
+
+    widen = carried(op.out_dtype) if hasattr(op, "out_dtype") else False
     results = []
     for variant, cfg, launch in trials:
         try:
             launch(*inputs, out)
-            results.append((variant, cfg, launch, np.array(adapter.to_host(out), dtype=np.float64)))
+            host = adapter.to_host(adapter.astype(out, DType.F32) if widen else out)
+            results.append((variant, cfg, launch, np.array(host, dtype=np.float64)))
         except TraceaError:
             continue
     if not results:
