@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tracea_cpu.emit.attention import ELEMENTS
-from tracea_cpu.testing import HAVE_CC, ISAS
+from tracea_cpu.testing import HAVE_CC, ISAS, PROFILE
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(not HAVE_CC, reason="no C compiler")]
@@ -19,8 +19,11 @@ import tracea  # noqa: E402
 from tracea.runtime import fallbacks  # noqa: E402
 
 ELEM = {torch.bfloat16: "bf16", torch.float16: "f16"}
-#: (ISA, dtype) pairs this machine runs
+#: (ISA, dtype) pairs this machine runs; bf16 on AVX-512 twice where the CPU has AVX512_BF16: Q K^T on
+#: ``vdpbf16ps`` ("avx512-dot") and on widened fp32 FMAs
 PAIRS = [(isa, dt) for isa in ISAS for dt in ELEM if ELEM[dt] in ELEMENTS.get(isa, ())]
+if "avx512" in ISAS and PROFILE.has("avx512_bf16"):
+    PAIRS.append(("avx512-dot", torch.bfloat16))
 #: one 16-bit rounding of the output plus float32 accumulation (bf16: 8 significant bits, fp16: 11)
 TOL = {torch.bfloat16: 6e-3, torch.float16: 8e-4}
 # (batch, heads, kv_heads, seq_q, seq_kv, head_dim)
@@ -34,7 +37,23 @@ def _ref(q, k, v, mask=None, causal=False, gqa=False):
                                           enable_gqa=gqa)
 
 
+@pytest.fixture(autouse=True)
+def _dot_path(request, monkeypatch):
+    """``avx512-dot`` runs the AVX-512 variant with the dot-product S tile, plain ``avx512`` without it."""
+    from tracea.runtime import plans
+    from tracea_cpu import attention
+
+    isa = request.node.callspec.params.get("isa", "") if hasattr(request.node, "callspec") else ""
+    monkeypatch.setenv("TRACEA_CPU_BF16_DOT", "1" if isa.endswith("-dot") else "0")
+    attention._attention_plan.cache_clear()
+    plans.invalidate("16-bit attention test")
+    yield
+    attention._attention_plan.cache_clear()
+    plans.invalidate("16-bit attention test")
+
+
 def _run(isa, q, k, v, mask=None, causal=False, gqa=False):
+    isa = isa.removesuffix("-dot")
     fallbacks.reset()
     out = tracea.ops.attention(q, k, v, mask, is_causal=causal, enable_gqa=gqa, variant=f"cpu.attention.{isa}")
     assert not fallbacks.counts(), fallbacks.counts()
@@ -93,7 +112,7 @@ def test_16bit_output_is_rounded_once(isa, dt):
     kernel's output on the same (widened) operands."""
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 3, 37, 40, generator=g).to(dt) for _ in range(3))
-    wide = tracea.ops.attention(q.float(), k.float(), v.float(), variant=f"cpu.attention.{isa}")
+    wide = tracea.ops.attention(q.float(), k.float(), v.float(), variant=f"cpu.attention.{isa.removesuffix('-dot')}")
     out = _run(isa, q, k, v)
     same = (out == wide.to(dt)).float().mean().item()
     assert same > 0.995, same  # (float32 sums may differ in the last bit between the two builds' orders)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -220,6 +221,21 @@ def _fold(arr: np.ndarray, shape: tuple[int, ...]) -> tuple[int, int, int] | Non
 @functools.lru_cache(maxsize=256)
 def _attention_plan(variant: "CpuAttentionVariant", op: Op, config: PipelineConfig) -> Any:
     _require(variant.validate_config(op, config, None), variant.name, config)  # type: ignore[arg-type]
+    elem = _ELEM_OF[op.dtype.storage]  # type: ignore[attr-defined]
     return kernels.attention_library(variant.isa.name, int(config.get("bq")), int(config.get("bk")),
                                      int(config.get("kb") or spaces.attention_kb(int(config.get("bk")))),
-                                     _ELEM_OF[op.dtype.storage])  # type: ignore[attr-defined]
+                                     elem, elem == "bf16" and variant.isa.name == "avx512" and bf16_dot())
+
+
+def bf16_dot() -> bool:
+    """Whether bf16 attention on AVX-512 computes Q K^T on ``vdpbf16ps`` (this host has AVX512_BF16, and
+    ``TRACEA_CPU_BF16_DOT`` is not 0); else its operands are widened to fp32 for the FMAs."""
+    return _host_has_bf16_dot() and os.environ.get("TRACEA_CPU_BF16_DOT", "1").strip().lower() not in (
+        "0", "off", "no", "false")
+
+
+@functools.lru_cache(maxsize=1)
+def _host_has_bf16_dot() -> bool:
+    from tracea.doctor.host_plugin import host_profile
+
+    return bool(host_profile().has("avx512_bf16"))

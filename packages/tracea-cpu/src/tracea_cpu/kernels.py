@@ -231,12 +231,15 @@ class Bf16Call(ctypes.Structure):
 
 
 @functools.lru_cache(maxsize=64)
-def attention_library(isa_name: str, bq: int, bk: int, kb: int = 256, elem: str = "f32") -> ctypes.CDLL:
+def attention_library(isa_name: str, bq: int, bk: int, kb: int = 256, elem: str = "f32",
+                      dot: bool = False) -> ctypes.CDLL:
     """The attention library for one ISA, query/key register block, softmax key block and element type
-    (``"f32"``, ``"bf16"``, ``"f16"``; compiled once)."""
+    (``"f32"``, ``"bf16"``, ``"f16"``; ``dot``: bf16 Q K^T on ``vdpbf16ps``, built for AVX512_BF16; compiled
+    once)."""
     isa = ISA_BY_NAME[isa_name]
-    tag = "" if elem == "f32" else f"-{elem}"
-    lib = build(attention_source(isa, bq, bk, kb, elem), isa.cflags, f"attention-{isa_name}-{bq}x{bk}-{kb}{tag}")
+    tag = ("" if elem == "f32" else f"-{elem}") + ("-dot" if dot else "")
+    flags = AVX512_BF16.cflags if dot else isa.cflags
+    lib = build(attention_source(isa, bq, bk, kb, elem, dot), flags, f"attention-{isa_name}-{bq}x{bk}-{kb}{tag}")
     lib.tr_attention.argtypes = ATTN_ARGTYPES  # type: ignore[assignment]
     lib.tr_attention.restype = _I
     lib.tr_attention_call.argtypes = [_P, _F, _P, _P, _P, _P, _P, _P]

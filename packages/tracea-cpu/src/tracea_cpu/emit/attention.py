@@ -240,7 +240,7 @@ def _s_tile(isa: Isa, bq: int, bk: int, name: str) -> str:
     nv = bk // isa.width
     acc = [[f"s{i}_{v}" for v in range(nv)] for i in range(bq)]
     out = [f"static __attribute__((noinline)) void {name}(long D, const float *restrict qt, const float *restrict kt, "
-           "float *restrict s) {"]
+           "float *restrict s, float sc) {", "    (void)sc;"]
     for i in range(bq):
         out.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[i]) + ";")
     out.append("    for (long d = 0; d < D; d++) {")
@@ -255,6 +255,34 @@ def _s_tile(isa: Isa, bq: int, bk: int, name: str) -> str:
     for i in range(bq):
         for v in range(nv):
             out.append(f"    VSTORE(s + {i} * KB + {v * isa.width}, {acc[i][v]});")
+    out.append("}")
+    return "\n".join(out)
+
+
+def _s_tile_dot(isa: Isa, bq: int, bk: int, name: str) -> str:
+    """The bf16 S tile on ``vdpbf16ps`` (AVX512_BF16): S[0:BQ, 0:bk] = scale * Q K^T with Q^T and K^T packed as
+    bf16 pairs along d (``Dh`` = ceil(D / 2) 32-bit words: Q^T ``BQ`` per pair, K^T panels of ``BK`` keys per
+    pair), each instruction two products per lane; products of bf16 values are exact, sums in fp32."""
+    nv = bk // isa.width
+    acc = [[f"s{i}_{v}" for v in range(nv)] for i in range(bq)]
+    out = [f"static __attribute__((noinline)) void {name}(long Dh, const float *restrict qt_, const float *restrict kt_, "
+           "float *restrict s, float sc) {",
+           "    const uint32_t *qt = (const uint32_t *)qt_, *kt = (const uint32_t *)kt_;"]
+    for i in range(bq):
+        out.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[i]) + ";")
+    out.append("    for (long d = 0; d < Dh; d++) {")
+    for v in range(nv):
+        out.append(f"        __m512bh k{v} = (__m512bh)_mm512_loadu_si512(kt + d * BK + {v * isa.width});")
+    for i in range(bq):
+        out.append(f"        {{ __m512bh q = (__m512bh)_mm512_set1_epi32((int)qt[d * BQ + {i}]);")
+        for v in range(nv):
+            out.append(f"          {acc[i][v]} = _mm512_dpbf16_ps({acc[i][v]}, q, k{v});")
+        out.append("        }")
+    out.append("    }")
+    out.append("    V scv = VSET1(sc);")
+    for i in range(bq):
+        for v in range(nv):
+            out.append(f"    VSTORE(s + {i} * KB + {v * isa.width}, VMUL({acc[i][v]}, scv));")
     out.append("}")
     return "\n".join(out)
 
@@ -396,6 +424,22 @@ typedef struct {
     long *vbad;                      /* causal: per (batch, kv head), the last key whose v has a NaN / Inf, -1 if none */
 } tr_att;
 
+#if TR_DOT
+/* K^T panels of key block jb of (batch, kv head) bkv as bf16 pairs along d: kt[(jb * Dh + p) * BK + j] holds
+   k[j, 2p] | k[j, 2p + 1] << 16 (0 past D and past Skv), Dh = ceil(D / 2). */
+static void tr_pack_kt(const tr_att *a, long bkv, long jb) {
+    long b = bkv / a->KVH, h = bkv % a->KVH, D = a->D, Dh = (D + 1) / 2, j0 = jb * BK, n = TR_MIN(BK, a->Skv - j0);
+    const TIN *ks = a->k + b * a->kb + h * a->kh + j0 * a->ks;
+    uint32_t *kt = (uint32_t *)a->kt + bkv * a->Skp * Dh + j0 * Dh;
+    for (long p = 0; p < Dh; p++) {
+        uint32_t *row = kt + p * BK;
+        for (long j = 0; j < BK; j++) {
+            const TIN *kr = ks + j * a->ks;
+            row[j] = j < n ? (uint32_t)kr[2 * p] | (2 * p + 1 < D ? (uint32_t)kr[2 * p + 1] << 16 : 0u) : 0u;
+        }
+    }
+}
+#else
 /* K^T panels of key block jb of (batch, kv head) bkv: kt[(jb * D + d) * BK + j], zeros past Skv. */
 static void tr_pack_kt(const tr_att *a, long bkv, long jb) {
     long b = bkv / a->KVH, h = bkv % a->KVH, D = a->D, j0 = jb * BK, n = TR_MIN(BK, a->Skv - j0);
@@ -408,6 +452,7 @@ static void tr_pack_kt(const tr_att *a, long bkv, long jb) {
         if (nv) tr_tpack(ks + jv * a->ks, a->ks, nv, D, kt + jv, BK, 1.0f);
     }
 }
+#endif
 
 /* causal: the last key of (batch, kv head) bkv whose v row holds a NaN or Inf (-1: none) */
 static void tr_scan_v(const tr_att *a, long bkv) {
@@ -504,12 +549,22 @@ static void tr_tile_item(const tr_att *a, long item, float *tws) {
     long rows = TR_MIN(BQ, a->Sq - q0);
     float *qt = tws, *s = qt + D * BQ, *o = s + BQ * KB, *m = o + BQ * Dvp, *l = m + BQ, *alpha = l + BQ;
     const TIN *qs = a->q + b * a->qb + h * a->qh + q0 * a->qs;
+#if TR_DOT
+    long KD = (D + 1) / 2;  /* Q^T as bf16 pairs along d, unscaled (the S tile scales its fp32 sums) */
+    for (long p = 0; p < KD; p++)
+        for (long i = 0; i < BQ; i++) {
+            const TIN *qr = qs + i * a->qs;
+            ((uint32_t *)qt)[p * BQ + i] = i < rows ? (uint32_t)qr[2 * p] | (2 * p + 1 < D ? (uint32_t)qr[2 * p + 1] << 16 : 0u) : 0u;
+        }
+#else
+    long KD = D;
     if (rows < BQ) memset(qt, 0, sizeof(float) * D * BQ);
     for (long i0 = 0; i0 < rows; i0 += VW) tr_tpack(qs + i0 * a->qs, a->qs, TR_MIN(VW, rows - i0), D, qt + i0, BQ, a->scale);
+#endif
     for (long i = 0; i < BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; alpha[i] = 0.0f; }
     memset(o, 0, sizeof(float) * BQ * Dvp);
     long kend = a->causal ? TR_MIN(a->Skv, q0 + rows) : a->Skv;
-    const float *kt = a->kt + bkv * a->Skp * D;
+    const float *kt = a->kt + bkv * a->Skp * KD;
     const TIN *vs = a->v + b * a->vb + kvh * a->vh;
     const TIN *mbase = a->mkind ? a->mask + (((a->MB > 1 ? b : 0) * a->MH + (a->MH > 1 ? h : 0)) * a->Sq + q0) * a->Skv : 0;
     long lim[BQ];
@@ -518,9 +573,9 @@ static void tr_tile_item(const tr_att *a, long item, float *tws) {
         long nk = TR_MIN(KB, kend - kb0);
         long j0 = 0;
         /* whole panels (the last one too when it lacks less than a vector: panels are zero-padded) */
-        for (; j0 < nk && (j0 + BK <= nk || nk - j0 > BK - VW); j0 += BK) tr_s_tile(D, qt, kt + (kb0 + j0) * D, s + j0);
+        for (; j0 < nk && (j0 + BK <= nk || nk - j0 > BK - VW); j0 += BK) tr_s_tile(KD, qt, kt + (kb0 + j0) * KD, s + j0, a->scale);
         /* else the last partial panel a vector at a time */
-        for (long jv = 0; j0 + jv < nk; jv += VW) tr_s_tile1(D, qt, kt + (kb0 + j0) * D + jv, s + j0 + jv);
+        for (long jv = 0; j0 + jv < nk; jv += VW) tr_s_tile1(KD, qt, kt + (kb0 + j0) * KD + jv, s + j0 + jv, a->scale);
         for (long i = 0; i < rows; i++) {
             lim[i] = a->causal ? q0 + i + 1 - kb0 : nk;
             mrow[i] = mbase ? mbase + i * a->Skv + kb0 : 0;
@@ -685,11 +740,14 @@ int tr_attention(long B, long H, long KVH, long Sq, long Skv, long D, long Dv, f
 """
 
 
-def attention_source(isa: Isa, bq: int, bk: int, kb: int | None = None, elem: str = "f32") -> str:
+def attention_source(isa: Isa, bq: int, bk: int, kb: int | None = None, elem: str = "f32", dot: bool = False) -> str:
     """Complete C source of the attention kernel for one ISA, query/key register block, softmax key
     block ``kb`` (a multiple of ``bk`` and 4; default :func:`tracea_cpu.spaces.attention_kb`) and element
     type of q, k, v, the mask and the output (``"f32"``, or where :data:`ELEMENTS` lists them ``"bf16"`` /
-    ``"f16"``: widened on load, rounded once on the final store)."""
+    ``"f16"``: widened on load, rounded once on the final store). ``dot`` (bf16 on AVX-512, built with
+    AVX512_BF16): the tile driver's Q K^T on ``vdpbf16ps`` over bf16 pairs instead of widened fp32 FMAs."""
+    if dot and (elem != "bf16" or isa.name != "avx512"):
+        raise ValueError("the bf16 dot-product S tile needs bf16 operands on avx512")
     if kb is None:
         from ..spaces import attention_kb
 
@@ -700,7 +758,9 @@ def attention_source(isa: Isa, bq: int, bk: int, kb: int | None = None, elem: st
         raise ValueError(f"softmax key block {kb} is not a multiple of bk={bk} and 4")
     rm = 4 if isa.registers >= 32 else 2
     pv_fns, pv_driver = _pv_all(isa)
+    tile = _s_tile_dot if dot else _s_tile
     parts = [prologue(isa), _EXTRA[isa.name], _elem(isa, elem),
-             f"#define BQ {bq}\n#define BK {bk}\n#define KB {kb}\n#define RM {rm}\n#define RPI {8 * rm}\n",
-             _s_tile(isa, bq, bk, "tr_s_tile"), _s_tile(isa, bq, isa.width, "tr_s_tile1")] + [_s_dot(r) for r in range(1, rm + 1)] + [pv_fns, pv_driver, BODY, ATTENTION_CALL]
+             f"#define BQ {bq}\n#define BK {bk}\n#define KB {kb}\n#define RM {rm}\n#define RPI {8 * rm}\n"
+             f"#define TR_DOT {int(dot)}\n",
+             tile(isa, bq, bk, "tr_s_tile"), tile(isa, bq, isa.width, "tr_s_tile1")] + [_s_dot(r) for r in range(1, rm + 1)] + [pv_fns, pv_driver, BODY, ATTENTION_CALL]
     return "\n".join(parts)
