@@ -250,3 +250,25 @@ def test_unsettled_verdict_times_more_rounds(monkeypatch):
             model(x)
     (v,) = model_check.verdicts()
     assert v.winner == "tracea" and v.patched_s == 1.0 and v.eager_s == pytest.approx(1.1)
+
+
+def test_a_forward_assigned_over_the_wrapper_is_wrapped_again():
+    """Code that assigns the model's forward after a patch (hooks libraries do) keeps working: the next patch
+    wraps the assigned forward, and unpatching restores it."""
+    model = _model()
+    calls = []
+    with tracea_torch.patched(model, linear=False):
+        inner = model.forward
+
+        def hooked(x):  # noqa: ANN001, ANN202
+            calls.append(1)
+            return inner(x)
+
+        model.forward = hooked
+        tracea_torch.patch_linear(model)
+        assert model.forward is not hooked and model.forward.original is hooked
+        with torch.no_grad():
+            model(torch.randn(1, 3, 8, 8))
+        assert calls == [1]
+        tracea_torch.unpatch_linear(model)
+    assert model.__dict__.get("forward") is hooked, "what was assigned comes back"

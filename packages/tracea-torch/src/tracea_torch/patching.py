@@ -368,12 +368,14 @@ class _ModelForward:
 
 
 def _forward_of(model: nn.Module) -> _ModelForward:
-    """``model``'s :class:`_ModelForward`, installed on first use (call under ``_lock``)."""
-    if model not in _FORWARDS:
-        _FORWARDS[model] = model.__dict__.get("forward")
-        model.forward = _ModelForward(model.forward, type(model).__name__)  # type: ignore[method-assign]
-    wrapper = model.__dict__["forward"]
-    assert isinstance(wrapper, _ModelForward)
+    """``model``'s :class:`_ModelForward`, installed on first use, or again around a ``forward`` someone
+    assigned over it since (call under ``_lock``)."""
+    wrapper = model.__dict__.get("forward")
+    if isinstance(wrapper, _ModelForward):
+        return wrapper
+    _FORWARDS[model] = wrapper  # (None: the class's)
+    wrapper = _ModelForward(model.forward, type(model).__name__)
+    model.forward = wrapper  # type: ignore[method-assign]
     return wrapper
 
 
