@@ -433,10 +433,12 @@ static void tr_pack_kt(const tr_att *a, long bkv, long jb) {
     uint32_t *kt = (uint32_t *)a->kt + bkv * a->Skp * Dh + j0 * Dh;
     for (long p = 0; p < Dh; p++) {
         uint32_t *row = kt + p * BK;
-        for (long j = 0; j < BK; j++) {
+        long j = 0;
+        for (; j < n; j++) {
             const TIN *kr = ks + j * a->ks;
-            row[j] = j < n ? (uint32_t)kr[2 * p] | (2 * p + 1 < D ? (uint32_t)kr[2 * p + 1] << 16 : 0u) : 0u;
+            row[j] = (uint32_t)kr[2 * p] | (2 * p + 1 < D ? (uint32_t)kr[2 * p + 1] << 16 : 0u);
         }
+        for (; j < BK; j++) row[j] = 0u;
     }
 }
 #else
@@ -553,8 +555,12 @@ static void tr_tile_item(const tr_att *a, long item, float *tws) {
     long KD = (D + 1) / 2;  /* Q^T as bf16 pairs along d, unscaled (the S tile scales its fp32 sums) */
     for (long p = 0; p < KD; p++)
         for (long i = 0; i < BQ; i++) {
-            const TIN *qr = qs + i * a->qs;
-            ((uint32_t *)qt)[p * BQ + i] = i < rows ? (uint32_t)qr[2 * p] | (2 * p + 1 < D ? (uint32_t)qr[2 * p + 1] << 16 : 0u) : 0u;
+            uint32_t w = 0u;
+            if (i < rows) {
+                const TIN *qr = qs + i * a->qs;
+                w = (uint32_t)qr[2 * p] | (2 * p + 1 < D ? (uint32_t)qr[2 * p + 1] << 16 : 0u);
+            }
+            ((uint32_t *)qt)[p * BQ + i] = w;
         }
 #else
     long KD = D;
