@@ -4,6 +4,7 @@ its own calls, each computed once."""
 from __future__ import annotations
 
 import copy
+import itertools
 import types
 
 import pytest
@@ -226,7 +227,7 @@ def test_unsettled_verdict_times_more_rounds(monkeypatch):
     ROUNDS * (1 + EXTRA) a side, and the medians of all decide."""
     clock = [0.0]
     monkeypatch.setattr(model_check, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    patched_costs = iter([1.0, 1.6, 1.0] * 10)  # patched calls: median 1.0, spread 60%
+    patched_costs = itertools.cycle([1.0, 1.6, 1.0])  # patched calls: median 1.0, spread 60%
     original = modules.conv2d_layer
 
     def timed(*args, **kwargs):
@@ -246,7 +247,7 @@ def test_unsettled_verdict_times_more_rounds(monkeypatch):
         for _ in range(FIRST):
             model(x)
         assert model_check.verdicts() == [], "10% apart with a 60% spread: not settled"
-        for _ in range(CALLS - FIRST):
+        for _ in range(2 * model_check.ROUNDS * model_check.EXTRA):
             model(x)
     (v,) = model_check.verdicts()
     assert v.winner == "tracea" and v.patched_s == 1.0 and v.eager_s == pytest.approx(1.1)
@@ -272,3 +273,27 @@ def test_a_forward_assigned_over_the_wrapper_is_wrapped_again():
         assert calls == [1]
         tracea_torch.unpatch_linear(model)
     assert model.__dict__.get("forward") is hooked, "what was assigned comes back"
+
+
+def test_short_calls_are_timed_until_they_add_up(monkeypatch):
+    """A model whose calls take microseconds is timed over more rounds (MIN_TIMED_S in all, at most MAX_SAMPLES
+    a side): its first calls are warm-up stalls as much as work."""
+    clock = [0.0]
+    monkeypatch.setattr(model_check, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    original = modules.conv2d_layer
+
+    def timed(*args, **kwargs):  # patched calls 10 us, eager calls free: a clear margin, little time
+        clock[0] += 1e-5
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(modules, "conv2d_layer", timed)
+    model, x, _ = _model_input_ref()
+    need = int(model_check.MIN_TIMED_S / 1e-5)
+    with torch.no_grad(), tracea_torch.patched(model):
+        for _ in range(FIRST):
+            model(x)
+        assert model_check.verdicts() == [], "60 us timed: not enough"
+        for _ in range(2 * need + 2 * model_check.ROUNDS):
+            model(x)
+    (v,) = model_check.verdicts()
+    assert v.winner == "torch" and v.patched_s == pytest.approx(1e-5)

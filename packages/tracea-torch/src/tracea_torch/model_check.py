@@ -14,7 +14,9 @@ shapes, dtypes and devices of the tensors it is called with, the other arguments
 * then the faster route serves that signature from then on: the eager route when the patched calls' median
   exceeds the eager calls' by more than :data:`TIE`, else the patched one. A verdict whose margin is within the
   noise of its own samples (the spread ``max / min - 1`` of either side, a busy host's stalls) is not settled
-  yet: up to :data:`EXTRA` more rounds of ``ROUNDS`` x 2 calls are timed, and the medians of all decide.
+  yet: up to :data:`EXTRA` more rounds of ``ROUNDS`` x 2 calls are timed, and the medians of all decide. A
+  model whose calls are short gets rounds until its timed calls add up to :data:`MIN_TIMED_S` (at most
+  :data:`MAX_SAMPLES` a side): a few early 20-us calls of a one-layer model are mostly warm-up stalls.
 
 Nothing runs twice: the judged calls are the user's own calls, each computed once by one of the two routes
 (which agree to the arbiter's tolerance), so a model with state (a KV cache, running statistics) sees exactly
@@ -48,12 +50,16 @@ ENV = "TRACEA_MODEL_CHECK"
 ROUNDS = 3
 #: further rounds of ``ROUNDS`` x 2 timed calls while a verdict's margin is within its samples' spread
 EXTRA = 2
+#: ... and while the timed calls of both sides add up to less than this (a model whose calls take microseconds)
+MIN_TIMED_S = 2e-3
+#: timed calls a side at most
+MAX_SAMPLES = 60
 #: the patched route keeps a signature unless its median call took more than ``1 + TIE`` times the eager one's
 TIE = 0.02
 #: signatures judged per model; later ones run patched unjudged (a decode loop whose mask grows every step)
 MAX_SIGNATURES = 64
 #: the order of a signature's calls: "P" patched, "E" eager; the first two are untimed warm-ups
-_ORDER = "PE" + "PEEP" * ((ROUNDS * (1 + EXTRA) + 1) // 2)
+_ORDER = "PE" + "PEEP" * ((MAX_SAMPLES + 1) // 2)
 
 _EAGER = [0]  # threads inside an eager-routed forward: the layers' fast test (see eager_route)
 
@@ -236,14 +242,15 @@ class ModelCheck:
         st.times[side].append(time.perf_counter() - t0)
         tp, te = st.times["P"], st.times["E"]
         if len(tp) == len(te) and len(tp) % ROUNDS == 0 and not st.route:
-            self._decide(st, _shown(args, kwargs), last=len(tp) >= ROUNDS * (1 + EXTRA))
+            self._decide(st, _shown(args, kwargs))
         return out
 
-    def _decide(self, st: _State, shown: str, last: bool) -> None:
+    def _decide(self, st: _State, shown: str) -> None:
         tp, te = st.times["P"], st.times["E"]
         p, e = statistics.median(tp), statistics.median(te)
         noise = max(max(t) / max(min(t), 1e-12) - 1 for t in (tp, te))
-        if not last and abs(p / max(e, 1e-12) - 1) <= noise:
+        settled = abs(p / max(e, 1e-12) - 1) > noise or len(tp) >= ROUNDS * (1 + EXTRA)
+        if len(tp) < MAX_SAMPLES and not (settled and sum(tp) + sum(te) >= MIN_TIMED_S):
             return  # not settled: another round
         st.route = "E" if p > e * (1 + TIE) else "P"
         v = ModelVerdict(self.model_name, shown, "torch" if st.route == "E" else "tracea", p, e)
@@ -252,5 +259,5 @@ class ModelCheck:
             record("model", v.reason)
 
 
-__all__ = ["ENV", "EXTRA", "MAX_SIGNATURES", "ROUNDS", "TIE", "ModelCheck", "ModelVerdict", "enabled", "eager_route",
+__all__ = ["ENV", "EXTRA", "MAX_SAMPLES", "MAX_SIGNATURES", "MIN_TIMED_S", "ROUNDS", "TIE", "ModelCheck", "ModelVerdict", "enabled", "eager_route",
            "reset", "run_eager", "verdicts"]
