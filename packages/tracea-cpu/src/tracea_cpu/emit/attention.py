@@ -234,55 +234,39 @@ def _elem(isa: Isa, elem: str) -> str:
     return _WIDEN1[elem] + _ELEM[(elem, isa.name)] + _ELEM_16
 
 
-def _s_tile(isa: Isa, bq: int, bk: int, name: str) -> str:
+def _s_tile(isa: Isa, bq: int, bk: int, name: str, dot: bool = False) -> str:
     """S[0:BQ, 0:bk] (row stride KB) = Q^T' K^T over D: Q^T packed d-major (BQ per d), K^T panels of BK
-    keys per d (``bk`` = BK, or one vector for a block's last partial panel)."""
+    keys per d (``bk`` = BK, or one vector for a block's last partial panel); Q is packed scaled.
+
+    ``dot``: the bf16 tile on ``vdpbf16ps`` (AVX512_BF16), S = scale * Q K^T with Q^T and K^T packed as bf16
+    pairs along d (the loop runs over ``ceil(D / 2)`` 32-bit words, unscaled), two products per lane and
+    instruction; products of bf16 values are exact, sums in fp32."""
     nv = bk // isa.width
     acc = [[f"s{i}_{v}" for v in range(nv)] for i in range(bq)]
-    out = [f"static __attribute__((noinline)) void {name}(long D, const float *restrict qt, const float *restrict kt, "
-           "float *restrict s, float sc) {", "    (void)sc;"]
+    ptr = "const float *restrict"
+    out = [f"static __attribute__((noinline)) void {name}(long D, {ptr} qt{'_' * dot}, {ptr} kt{'_' * dot}, "
+           "float *restrict s, float sc) {",
+           "    const uint32_t *qt = (const uint32_t *)qt_, *kt = (const uint32_t *)kt_;" if dot else "    (void)sc;"]
     for i in range(bq):
         out.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[i]) + ";")
     out.append("    for (long d = 0; d < D; d++) {")
     for v in range(nv):
-        out.append(f"        V k{v} = VLOAD(kt + d * BK + {v * isa.width});")
+        out.append(f"        __m512bh k{v} = (__m512bh)_mm512_loadu_si512(kt + d * BK + {v * isa.width});" if dot
+                   else f"        V k{v} = VLOAD(kt + d * BK + {v * isa.width});")
     for i in range(bq):
-        out.append(f"        {{ V q = VSET1(qt[d * BQ + {i}]);")
+        out.append(f"        {{ __m512bh q = (__m512bh)_mm512_set1_epi32((int)qt[d * BQ + {i}]);" if dot
+                   else f"        {{ V q = VSET1(qt[d * BQ + {i}]);")
         for v in range(nv):
-            out.append(f"          {acc[i][v]} = VFMA(q, k{v}, {acc[i][v]});")
+            out.append(f"          {acc[i][v]} = _mm512_dpbf16_ps({acc[i][v]}, q, k{v});" if dot
+                       else f"          {acc[i][v]} = VFMA(q, k{v}, {acc[i][v]});")
         out.append("        }")
     out.append("    }")
+    if dot:
+        out.append("    V scv = VSET1(sc);")
     for i in range(bq):
         for v in range(nv):
-            out.append(f"    VSTORE(s + {i} * KB + {v * isa.width}, {acc[i][v]});")
-    out.append("}")
-    return "\n".join(out)
-
-
-def _s_tile_dot(isa: Isa, bq: int, bk: int, name: str) -> str:
-    """The bf16 S tile on ``vdpbf16ps`` (AVX512_BF16): S[0:BQ, 0:bk] = scale * Q K^T with Q^T and K^T packed as
-    bf16 pairs along d (``Dh`` = ceil(D / 2) 32-bit words: Q^T ``BQ`` per pair, K^T panels of ``BK`` keys per
-    pair), each instruction two products per lane; products of bf16 values are exact, sums in fp32."""
-    nv = bk // isa.width
-    acc = [[f"s{i}_{v}" for v in range(nv)] for i in range(bq)]
-    out = [f"static __attribute__((noinline)) void {name}(long Dh, const float *restrict qt_, const float *restrict kt_, "
-           "float *restrict s, float sc) {",
-           "    const uint32_t *qt = (const uint32_t *)qt_, *kt = (const uint32_t *)kt_;"]
-    for i in range(bq):
-        out.append("    V " + ", ".join(f"{n} = VZERO()" for n in acc[i]) + ";")
-    out.append("    for (long d = 0; d < Dh; d++) {")
-    for v in range(nv):
-        out.append(f"        __m512bh k{v} = (__m512bh)_mm512_loadu_si512(kt + d * BK + {v * isa.width});")
-    for i in range(bq):
-        out.append(f"        {{ __m512bh q = (__m512bh)_mm512_set1_epi32((int)qt[d * BQ + {i}]);")
-        for v in range(nv):
-            out.append(f"          {acc[i][v]} = _mm512_dpbf16_ps({acc[i][v]}, q, k{v});")
-        out.append("        }")
-    out.append("    }")
-    out.append("    V scv = VSET1(sc);")
-    for i in range(bq):
-        for v in range(nv):
-            out.append(f"    VSTORE(s + {i} * KB + {v * isa.width}, VMUL({acc[i][v]}, scv));")
+            val = f"VMUL({acc[i][v]}, scv)" if dot else acc[i][v]
+            out.append(f"    VSTORE(s + {i} * KB + {v * isa.width}, {val});")
     out.append("}")
     return "\n".join(out)
 
@@ -764,9 +748,9 @@ def attention_source(isa: Isa, bq: int, bk: int, kb: int | None = None, elem: st
         raise ValueError(f"softmax key block {kb} is not a multiple of bk={bk} and 4")
     rm = 4 if isa.registers >= 32 else 2
     pv_fns, pv_driver = _pv_all(isa)
-    tile = _s_tile_dot if dot else _s_tile
+
     parts = [prologue(isa), _EXTRA[isa.name], _elem(isa, elem),
              f"#define BQ {bq}\n#define BK {bk}\n#define KB {kb}\n#define RM {rm}\n#define RPI {8 * rm}\n"
              f"#define TR_DOT {int(dot)}\n",
-             tile(isa, bq, bk, "tr_s_tile"), tile(isa, bq, isa.width, "tr_s_tile1")] + [_s_dot(r) for r in range(1, rm + 1)] + [pv_fns, pv_driver, BODY, ATTENTION_CALL]
+             _s_tile(isa, bq, bk, "tr_s_tile", dot), _s_tile(isa, bq, isa.width, "tr_s_tile1", dot)] + [_s_dot(r) for r in range(1, rm + 1)] + [pv_fns, pv_driver, BODY, ATTENTION_CALL]
     return "\n".join(parts)
