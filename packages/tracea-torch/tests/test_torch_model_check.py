@@ -45,13 +45,20 @@ def _model() -> nn.Module:
     return m
 
 
-def _slow(monkeypatch, owner, name: str, seconds: float = 1.0) -> list[int]:
-    """Make ``owner.name`` (a function) take ``seconds`` longer on the model check's clock (a fake one: the
-    verdicts must not depend on how busy the test machine is); returns its call counter."""
-    original = getattr(owner, name)
-    calls = [0]
+def _fake_clock(monkeypatch) -> list[float]:
+    """The model check's clock made a fake one that only code advancing ``clock[0]`` moves: the verdicts must
+    not depend on how busy the test machine is."""
     clock = [0.0]
     monkeypatch.setattr(model_check, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    return clock
+
+
+def _slow(monkeypatch, owner, name: str, seconds: float = 1.0) -> list[int]:
+    """Make ``owner.name`` (a function) take ``seconds`` longer on the model check's (fake) clock; returns its
+    call counter."""
+    original = getattr(owner, name)
+    calls = [0]
+    clock = _fake_clock(monkeypatch)
 
     def slow(*args, **kwargs):
         calls[0] += 1
@@ -225,8 +232,7 @@ def test_cuda_model_judged_and_capturable(monkeypatch, winner):
 def test_unsettled_verdict_times_more_rounds(monkeypatch):
     """A margin within the samples' own spread (a busy host) is not a verdict yet: more rounds are timed, up to
     ROUNDS * (1 + EXTRA) a side, and the medians of all decide."""
-    clock = [0.0]
-    monkeypatch.setattr(model_check, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    clock = _fake_clock(monkeypatch)
     patched_costs = itertools.cycle([1.0, 1.6, 1.0])  # patched calls: median 1.0, spread 60%
     original = modules.conv2d_layer
 
@@ -278,8 +284,7 @@ def test_a_forward_assigned_over_the_wrapper_is_wrapped_again():
 def test_short_calls_are_timed_until_they_add_up(monkeypatch):
     """A model whose calls take microseconds is timed over more rounds (MIN_TIMED_S in all, at most MAX_SAMPLES
     a side): its first calls are warm-up stalls as much as work."""
-    clock = [0.0]
-    monkeypatch.setattr(model_check, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    clock = _fake_clock(monkeypatch)
     original = modules.conv2d_layer
 
     def timed(*args, **kwargs):  # patched calls 10 us, eager calls free: a clear margin, little time

@@ -15,13 +15,14 @@ from tracea.doctor.decision import FrameworkFaster
 from tracea.doctor.profile import DeviceProfile
 from tracea.doctor.variant import OpArgs, Requirements
 from tracea.dtypes import DType
-from tracea.errors import DTypeError, InvalidArgumentError, TraceaError
+from tracea.errors import InvalidArgumentError
 from tracea.ir.ops import AttentionOp, LayerType, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.runtime import attention_strides as strided
 from tracea.semantic.config import VALID, Validity
 
 from . import kernels, spaces
+from .bf16 import host_bf16
 from .emit.attention import ELEMENTS
 from .emit.calls import ATTENTION_PARAMS
 from .host_load import thread_picker
@@ -53,8 +54,7 @@ class CpuAttentionVariant(CpuVariant):
 
     def check(self, op: Op, profile: DeviceProfile) -> list[str]:
         reasons = super().check(op, profile)
-        if (isinstance(op, AttentionOp) and op.dtype.storage is not DType.F32 and profile.has("amx_tile")
-                and profile.has("amx_bf16")):
+        if isinstance(op, AttentionOp) and op.dtype.storage is not DType.F32 and profile.has("amx_tile", "amx_bf16"):
             # PyTorch's 16-bit CPU SDPA multiplies on AMX tiles there, this kernel in fp32 vector FMAs: kept as a
             # candidate only where a call is timed against PyTorch's (the arbiter, first-use tuning's check)
             reasons.append(FrameworkFaster(f"{op.dtype.storage.value} on a CPU with AMX: PyTorch's SDPA runs on AMX "
@@ -142,7 +142,7 @@ class CpuAttentionVariant(CpuVariant):
         arrays: dict[str, np.ndarray] = {}
         strides: tuple[int, ...] = ()
         for name, shape in shapes.items():
-            arr = _host_view(args, name, dtype)
+            arr = _host_view(args, name, shape, dtype)
             if arr is None:
                 raise InvalidArgumentError(name, None, f"an array of {math.prod(shape)} elements (shape {shape})")
             if arr.dtype != want:
@@ -157,19 +157,17 @@ class CpuAttentionVariant(CpuVariant):
             arrays[name] = arr
             strides += folded
         mb, mh = op.mask_shape or (1, 1)
-        mask = None
-        if op.mask:  # (in the input dtype, packed by the core)
-            mask = _host(args, "mask", (mb, mh, op.seq_q, op.seq_kv)) if dtype is DType.F32 else _host_view(args, "mask", dtype)
-            if mask is None:
-                raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
-            if mask.dtype != want or not mask.flags.c_contiguous or mask.size != mb * mh * op.seq_q * op.seq_kv:
-                raise InvalidArgumentError("mask", mask, f"a packed {dtype.value} array of shape {(mb, mh, op.seq_q, op.seq_kv)}")
+        mshape = (mb, mh, op.seq_q, op.seq_kv)  # (a mask in the input dtype, packed by the core)
+        mask = None if not op.mask else host_bf16(args, "mask", mshape) if dtype is DType.BF16 else _host(
+            args, "mask", mshape, want)
+        if op.mask and mask is None:
+            raise InvalidArgumentError("mask", None, f"a {op.mask} mask array (the op has one)")
         lse = _host(args, "lse", (op.batch, op.heads, op.seq_q)) if op.lse else None
         params = self._params(op, config, profile, strides)
         rc = lib.tr_attention_call(params, float(op.scale), *(_ptr(arrays[n]) for n in ("q", "k", "v", "out")),  # type: ignore[arg-type]
                                    _ptr(mask), _ptr(lse))
         _check_rc(rc, "attention")
-        out = _host_view(args, "out", dtype)
+        out = _host_view(args, "out", shapes["out"], dtype)
         if out is not None and arrays["out"] is not out:
             out[...] = arrays["out"].reshape(out.shape)
 
@@ -178,21 +176,10 @@ class CpuAttentionVariant(CpuVariant):
 _HOST_DTYPE: dict[DType, Any] = {DType.F32: np.dtype(np.float32), DType.F16: np.dtype(np.float16), DType.BF16: np.dtype(np.uint16)}
 
 
-def _host_view(args: OpArgs, name: str, dtype: DType) -> np.ndarray | None:
-    """A host view of argument ``name`` with its own strides (bf16: a ``uint16`` view of its bits, from the
-    adapter); None stays None."""
-    if dtype is not DType.BF16:
-        return args.host(name)
-    obj = args.out if name == "out" else args.arrays.get(name)
-    if obj is None:
-        return None
-    if args.adapter.info(obj).dtype is not DType.BF16:
-        raise DTypeError(name, args.adapter.info(obj).dtype.value, "bfloat16 (like q)")
-    try:
-        bits = args.adapter.host_bits(obj)
-    except (TraceaError, AttributeError, TypeError) as exc:
-        raise DTypeError(name, "bfloat16", f"a host view of its bits ({args.adapter.name} adapter: {exc})") from None
-    return np.asarray(bits)
+def _host_view(args: OpArgs, name: str, shape: tuple[int, ...], dtype: DType) -> np.ndarray | None:
+    """A host view of argument ``name`` with its own strides (bf16: a ``uint16`` view of its bits,
+    :func:`~tracea_cpu.bf16.host_bf16`); None stays None."""
+    return host_bf16(args, name, shape, packed=False) if dtype is DType.BF16 else args.host(name)
 
 
 def _packed_strides(op: AttentionOp) -> tuple[int, ...]:

@@ -33,8 +33,9 @@ BF16_EFFICIENCY = 0.85
 _HOW = "a torch CPU bfloat16 tensor, or a NumPy bfloat16 array (needs ml_dtypes)"
 
 
-def host_bf16(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-    """A zero-copy ``uint16`` view of bf16 argument ``name`` (None stays None)."""
+def host_bf16(args: OpArgs, name: str, shape: tuple[int, ...], packed: bool = True) -> np.ndarray | None:
+    """A zero-copy ``uint16`` view of bf16 argument ``name`` (None stays None); C-contiguous unless
+    ``packed`` is False (then with the argument's own strides)."""
     obj = args.out if name == "out" else args.arrays.get(name)
     if obj is None:
         return None
@@ -50,7 +51,7 @@ def host_bf16(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | N
                                            f"view: {exc}") from None
     if bits.dtype != np.uint16:
         raise DTypeError(name, bits.dtype, "16-bit storage (bfloat16)")
-    if not bits.flags.c_contiguous:
+    if packed and not bits.flags.c_contiguous:
         raise LayoutError(name, obj, "a packed row-major (C-contiguous) array")
     if bits.size != math.prod(shape):
         raise InvalidArgumentError(name, obj, f"{math.prod(shape)} elements (shape {shape})")

@@ -72,12 +72,12 @@ class CpuVariant(KernelVariant):
         return kernels.thread_count(requested, profile.compute_units)
 
 
-def _host(args: OpArgs, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+def _host(args: OpArgs, name: str, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray | None:
     arr = args.host(name)
     if arr is None:
         return None
-    if arr.dtype != np.float32:
-        raise InvalidArgumentError(name, arr, "a float32 array")
+    if arr.dtype != dtype:
+        raise InvalidArgumentError(name, arr, f"a {np.dtype(dtype).name} array")
     if not arr.flags.c_contiguous:
         raise LayoutError(name, arr, "a packed row-major (C-contiguous) array")
     if arr.size != math.prod(shape):
