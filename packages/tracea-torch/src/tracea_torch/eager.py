@@ -8,7 +8,7 @@ fallback result is interchangeable with a variant's.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -173,6 +173,49 @@ def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return _cast(out, op.out_dtype)
     out = _TORCH_SDPA(q, k, v, attn_mask=mask, dropout_p=op.dropout_p, is_causal=causal, scale=op.scale, **gqa)
     return _cast(out, op.out_dtype)
+
+
+def _row_major(t: torch.Tensor) -> bool:
+    """Whether ``t`` has the exact row-major strides :func:`_dense` keeps (its alignment is checked per call)."""
+    step = 1
+    for size, stride in zip(reversed(t.shape), reversed(t.stride())):
+        if stride != step:
+            return False
+        step *= max(size, 1)
+    return True
+
+
+def direct_attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None) -> Callable[..., torch.Tensor] | None:
+    """:func:`attention` for every call of one ``tracea.ops.attention`` signature no Tracea kernel serves,
+    decided once on its first call's tensors (the signature fixes their shapes, strides, dtypes and devices):
+    ``compute(q, k, v, mask)`` calling PyTorch's SDPA with nothing rebuilt per call, or None where
+    :func:`attention` has to adapt the operands (strided or overlapping views, expanded GQA heads, a causal flag
+    merged into a mask, a mask of another dtype, a non-positive scale on CUDA). A call whose tensors start off
+    16-byte alignment (a view into a buffer) takes :func:`attention`. Like the fallback hook, it records no
+    autograd graph."""
+    if not all(_row_major(t) for t in (q, k, v)) or op.dropout_p or q.dtype != torch_dtype(op.out_dtype):
+        return None
+    if mask is not None and (op.causal or not _row_major(mask) or mask.dtype not in (torch.bool, q.dtype)):
+        return None
+    if op.scale is not None and not op.scale > 0 and q.is_cuda:
+        return None
+    gqa: dict[str, bool] = {}  # (torch < 2.5 has no enable_gqa keyword)
+    if op.heads // int(op.kv_heads or op.heads) > 1 and k.shape[-3] != q.shape[-3]:
+        if not (_NATIVE_GQA and q.shape[:-3] == k.shape[:-3] == v.shape[:-3] and q.dim() == 4):
+            return None
+        gqa = {"enable_gqa": True}
+    sdpa, causal, scale, grad, no_grad = _TORCH_SDPA, op.causal, op.scale, torch.is_grad_enabled, torch.no_grad
+
+    def compute(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, mm: torch.Tensor | None) -> torch.Tensor:
+        if (qq.data_ptr() | kk.data_ptr() | vv.data_ptr() | (0 if mm is None else mm.data_ptr())) % 16:
+            return attention(op, qq, kk, vv, mm)
+        if grad() and (qq.requires_grad or kk.requires_grad or vv.requires_grad):
+            with no_grad():
+                return sdpa(qq, kk, vv, attn_mask=mm, is_causal=causal, scale=scale, **gqa)
+        return sdpa(qq, kk, vv, attn_mask=mm, is_causal=causal, scale=scale, **gqa)
+
+    return compute
 
 
 def run_logical(op: Op, arrays: dict[str, Any]) -> torch.Tensor:

@@ -147,6 +147,13 @@ class ArrayAdapter:
         (:meth:`arbitrate`). None (the default): the hook runs, and first-use tuning has no framework side."""
         return None
 
+    def direct_attention(self, op: Any, q: Any, k: Any, v: Any, mask: Any) -> Callable[..., Any] | None:
+        """For an attention signature no Tracea kernel serves: a function ``compute(q, k, v, mask)`` doing ``op``
+        with the framework's own call on the arrays as the user passed them, decided once on the first call's
+        arrays (``tracea.ops.attention`` then calls it directly instead of the ``tracea_fallback_run`` hook).
+        None (the default, or where the arrays need adapting first): the hook runs."""
+        return None
+
     def arbitrate(self, decision: Any, ours: Callable[..., Any], theirs: Callable[..., Any],
                   args: tuple) -> tuple[str, ...] | None:
         """First-use tuning's last question (``tracea.set_tuning("first-use")``): time ``ours(*args)`` (the plan
