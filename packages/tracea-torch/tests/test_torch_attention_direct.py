@@ -29,19 +29,24 @@ def hook_calls(monkeypatch):
     return calls
 
 
-def _rand(*shape, dtype=torch.float64):
-    return torch.randn(*shape, dtype=dtype)
+def _rand(*shape, dtype=torch.float64, device="cpu"):
+    return torch.randn(*shape, dtype=dtype, device=device)
 
 
+_DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device")])]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("heads,kv_heads,mask", [(4, 4, None), (4, 2, None), (3, 3, "bool"), (2, 1, "additive")])
-def test_declined_signature_calls_sdpa_directly(hook_calls, heads, kv_heads, mask):
-    q, k, v = _rand(2, heads, 7, 16), _rand(2, kv_heads, 9, 16), _rand(2, kv_heads, 9, 16)
+def test_declined_signature_calls_sdpa_directly(hook_calls, heads, kv_heads, mask, device):
+    q, k, v = (_rand(2, h, s, 16, device=device) for h, s in ((heads, 7), (kv_heads, 9), (kv_heads, 9)))
     m = None
     if mask == "bool":
-        m = torch.rand(2, 1, 7, 9) > 0.3
+        m = torch.rand(2, 1, 7, 9, device=device) > 0.3
         m[..., 0] = True
     elif mask == "additive":
-        m = _rand(1, heads, 7, 9)
+        m = _rand(1, heads, 7, 9, device=device)
     gqa = heads != kv_heads
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=gqa)
     def counted() -> int:

@@ -38,7 +38,9 @@ def matmul(a: Any, b: Any, *, bias: Any = None, epilogue: Any = None, activation
     """
     try:
         try:  # the signatures without a frame each in the common case (see plans.signature)
-            sa, sb, sc, so = _SIGS[type(a)](a), _SIGS[type(b)](b), _SIGS[type(bias)](bias), _SIGS[type(out)](out)
+            sa, sb = _SIGS[type(a)](a), _SIGS[type(b)](b)
+            sc = None if bias is None else _SIGS[type(bias)](bias)  # (a conditional: no call for the usual None)
+            so = None if out is None else _SIGS[type(out)](out)
             st = _STATES[type(a)]()
         except KeyError:
             sa, sb, sc, so = signature(a), signature(b), signature(bias), signature(out)
@@ -84,7 +86,9 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: Any = 1, padding: Any = 0, dil
     """
     try:
         try:  # (as matmul: no frame per signature in the common case)
-            sx, sw, sb, so = _SIGS[type(x)](x), _SIGS[type(w)](w), _SIGS[type(b)](b), _SIGS[type(out)](out)
+            sx, sw = _SIGS[type(x)](x), _SIGS[type(w)](w)
+            sb = None if b is None else _SIGS[type(b)](b)
+            so = None if out is None else _SIGS[type(out)](out)
             st = _STATES[type(x)]()
         except KeyError:
             sx, sw, sb, so = signature(x), signature(w), signature(b), signature(out)
@@ -147,7 +151,8 @@ def attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 
     try:
         try:  # the signatures without a frame each in the common case (see plans.signature)
             sq, sk, sv, sm, so = (_SIGS[type(q)](q), _SIGS[type(k)](k), _SIGS[type(v)](v),
-                                  _SIGS[type(attn_mask)](attn_mask), _SIGS[type(out)](out))
+                                  None if attn_mask is None else _SIGS[type(attn_mask)](attn_mask),
+                                  None if out is None else _SIGS[type(out)](out))
         except KeyError:
             sq, sk, sv, sm, so = signature(q), signature(k), signature(v), signature(attn_mask), signature(out)
         key: Any = ("attention", sq, sk, sv, sm, so, dropout_p, is_causal, scale, enable_gqa, variant, config)
