@@ -14,8 +14,8 @@ Per shape, three pairs, each timed one call of each side in turn (order alternat
 * ``module``: a small ``nn.Module`` that projects nothing but lays q, k, v out as timm / Hugging Face models do
   (one packed ``(B, S, 3, H, D)`` buffer viewed as three ``(B, H, S, D)`` tensors, strided) and calls
   ``F.scaled_dot_product_attention``, under ``tracea_torch.patched(model, attention=True)`` (default
-  settings: the arbiter judges each new signature on its first call; ``verdict`` names the side it chose)
-  vs the same module unpatched.
+  settings: the arbiter judges each new signature on its first call; ``verdict`` names the side it chose;
+  the model check's judging calls run before the timing) vs the same module unpatched.
 
 No tuning cache is read (a fresh empty one), so this is what a new user gets. Shape classes: ``vit`` (ViT /
 DeiT), ``swin`` (window attention, with the shifted-window additive mask broadcast over heads), ``maxvit``
@@ -44,7 +44,7 @@ import tracea
 import tracea_torch
 from tracea.doctor.host_plugin import host_profile
 from tracea.tuning.cache import TuningCache, set_cache
-from tracea_torch import arbiter
+from tracea_torch import arbiter, model_check
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,12 @@ def run_case(c: Case, rounds: int, dtype: torch.dtype) -> dict:
             verdicts = [v_ for v_ in arbiter.verdicts() if v_.op.startswith("attention")]
             row["verdict"] = (f"{verdicts[-1].winner} ({verdicts[-1].tracea_s * 1e6:.1f} vs PyTorch "
                               f"{verdicts[-1].torch_s * 1e6:.1f} us)") if verdicts else "no verdict (fallback)"
+            model_check.reset()  # its judging calls (patched and unpatched in turn) before the timing
+            for _ in range(200):
+                if model_check.verdicts():
+                    break
+                patched_model(x, kk, vv, mask)
+            row["model_check"] = [v_.winner for v_ in model_check.verdicts()]
             t, n, sp = interleaved(lambda: patched_model(x, kk, vv, mask), lambda: model(x, kk, vv, mask), rounds)
         row["module"] = dict(tracea_us=t * 1e6, torch_us=n * 1e6, ratio=n / t, spread=sp)
     return row

@@ -82,12 +82,30 @@ def test_misaligned_call_of_a_direct_signature_takes_the_hook_path(hook_calls):
     torch.testing.assert_close(out, F.scaled_dot_product_attention(shifted, k, v))
 
 
-@pytest.mark.parametrize("case", ["strided", "mask_dtype", "causal_mask", "expanded_gqa"])
+@pytest.mark.parametrize("layout", ["qkv_unbound", "heads_transposed", "decode_query"])
+def test_strided_views_models_pass_go_direct_on_the_cpu(hook_calls, layout):
+    """The views attention layers hand to SDPA (timm: q, k, v unbound from one (B, S, 3, H, D) projection; Hugging
+    Face: heads transposed out of (B, S, H, D); a one-token query) take the direct path on CPU tensors."""
+    if layout == "qkv_unbound":
+        q, k, v = (t.transpose(1, 2) for t in _rand(2, 9, 3, 4, 16).unbind(2))
+    elif layout == "heads_transposed":
+        q, k, v = (_rand(2, 9, 4, 16).transpose(1, 2) for _ in range(3))
+    else:
+        q, k, v = _rand(3, 1, 4, 16).transpose(1, 2), _rand(3, 4, 5, 16), _rand(3, 4, 5, 16)
+    assert not q.is_contiguous() or layout == "decode_query"
+    ref = F.scaled_dot_product_attention(q, k, v)
+    outs = [tracea.ops.attention(q, k, v) for _ in range(3)]
+    assert hook_calls[0] == 1
+    for out in outs:
+        assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("case", ["overlapping", "mask_dtype", "causal_mask", "expanded_gqa"])
 def test_signatures_the_direct_path_leaves_to_the_hook(hook_calls, case):
     q, k, v = _rand(2, 4, 6, 8), _rand(2, 4, 6, 8), _rand(2, 4, 6, 8)
     kwargs: dict = {}
-    if case == "strided":
-        q = _rand(2, 6, 4, 8).transpose(1, 2)
+    if case == "overlapping":  # rows sharing memory: PyTorch's CPU SDPA misreads them, the hook packs them
+        q = torch.as_strided(_rand(2 * 4 * 6 * 8), (2, 4, 6, 8), (4 * 6 * 8, 6 * 8, 4, 1))
     elif case == "mask_dtype":  # a float32 additive mask on float64 operands: converted by the hook
         kwargs["attn_mask"] = torch.randn(2, 4, 6, 6)
     elif case == "causal_mask":  # both apply (PyTorch takes one or the other): the hook merges them
@@ -103,6 +121,6 @@ def test_signatures_the_direct_path_leaves_to_the_hook(hook_calls, case):
         mask = mask.to(q.dtype)
     elif case == "expanded_gqa":
         k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ref = F.scaled_dot_product_attention(q.contiguous(), k, v, attn_mask=mask)  # (packed: see "overlapping")
     for out in outs:
         torch.testing.assert_close(out, ref)

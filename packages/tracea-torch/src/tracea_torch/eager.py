@@ -185,18 +185,34 @@ def _row_major(t: torch.Tensor) -> bool:
     return True
 
 
+def _apart(t: torch.Tensor) -> bool:
+    """Whether no two elements of ``t`` share memory (its strides, sorted, each step over all the inner dims'
+    span) and its last dim is unit-stride: the strided views models pass to SDPA (q, k, v unbound from one
+    packed projection, heads transposed out of (B, S, H, D)), which PyTorch's CPU SDPA reads right; views
+    whose rows overlap (``as_strided`` windows, broadcast stride-0 dims) it does not."""
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        return False
+    span = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1):
+        if stride < span:
+            return False
+        span += stride * (size - 1)
+    return True
+
+
 def direct_attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: torch.Tensor | None) -> Callable[..., torch.Tensor] | None:
     """:func:`attention` for every call of one ``tracea.ops.attention`` signature no Tracea kernel serves,
     decided once on its first call's tensors (the signature fixes their shapes, strides, dtypes and devices):
     ``compute(q, k, v, mask)`` calling PyTorch's SDPA with nothing rebuilt per call, or None where
-    :func:`attention` has to adapt the operands (strided or overlapping views, expanded GQA heads, a causal flag
-    merged into a mask, a mask of another dtype, a non-positive scale on CUDA). A call whose tensors start off
+    :func:`attention` has to adapt the operands (overlapping views, on CUDA any strided one; expanded GQA heads, a
+    causal flag merged into a mask, a mask of another dtype, a non-positive scale on CUDA). A call whose tensors start off
     16-byte alignment (a view into a buffer) takes :func:`attention`. Like the fallback hook, it records no
     autograd graph."""
-    if not all(_row_major(t) for t in (q, k, v)) or op.dropout_p or q.dtype != torch_dtype(op.out_dtype):
+    laid_out = _row_major if q.is_cuda else _apart  # (CUDA: packed only, see _dense)
+    if not all(laid_out(t) for t in (q, k, v)) or op.dropout_p or q.dtype != torch_dtype(op.out_dtype):
         return None
-    if mask is not None and (op.causal or not _row_major(mask) or mask.dtype not in (torch.bool, q.dtype)):
+    if mask is not None and (op.causal or not laid_out(mask) or mask.dtype not in (torch.bool, q.dtype)):
         return None
     if op.scale is not None and not op.scale > 0 and q.is_cuda:
         return None
