@@ -573,15 +573,16 @@ def test_cpu_16bit_conv_judged_to_pytorch_uses_its_16_bit_call_where_faster(monk
 
 
 @pytest.mark.arbiter
-def test_cpu_depthwise_conv_goes_to_pytorch_without_compiling(monkeypatch):
-    """A depthwise conv on the CPU is PyTorch's by the arbiter's standing verdict: nothing is compiled or
-    timed, the layer calls F.conv2d itself (lean), counted once; with the arbiter off Tracea serves it."""
+def test_cpu_channels_last_depthwise_conv_goes_to_pytorch_without_compiling(monkeypatch):
+    """A channels_last depthwise conv on the CPU (no direct NHWC depthwise kernel: the implicit GEMM measured 4-73x
+    slower) is PyTorch's by the arbiter's standing verdict: nothing is compiled or timed, the layer calls
+    F.conv2d itself (lean), counted once; with the arbiter off Tracea serves it."""
     from tracea_cpu import toolchain
     from tracea_torch import bridge_plans, fallbacks
 
     layer = nn.Conv2d(6, 6, 3, padding=1, groups=6)
     tracea_torch.patch_conv2d(layer)
-    x = torch.randn(2, 6, 9, 9)
+    x = torch.randn(2, 6, 9, 9).contiguous(memory_format=torch.channels_last)
     built = []
     real = toolchain.build
     monkeypatch.setattr(toolchain, "build", lambda *a, **k: built.append(a) or real(*a, **k))
@@ -599,3 +600,24 @@ def test_cpu_depthwise_conv_goes_to_pytorch_without_compiling(monkeypatch):
         out = other(x)
     assert other.__dict__["_tracea_memo"].lean == 0 and fallbacks.total(contains="depthwise") == 1
     assert (out - F.conv2d(x, other.weight, other.bias, padding=1, groups=6)).abs().max() < 1e-4
+
+
+@pytest.mark.arbiter
+def test_cpu_nchw_depthwise_conv_is_judged_against_pytorch():
+    """An NCHW float32 depthwise conv on the CPU has a direct kernel (``cpu.conv2d.depthwise.*``): the arbiter
+    times it against PyTorch on the layer's first call like any other conv (no standing verdict), and the
+    layer's outputs match F.conv2d whichever side serves."""
+    from tracea_torch import arbiter, fallbacks
+
+    layer = nn.Sequential(nn.Conv2d(24, 24, 5, stride=2, padding=2, groups=24), nn.ReLU())
+    tracea_torch.patch_conv2d(layer)
+    x = torch.randn(2, 24, 33, 31)
+    arbiter.reset()
+    fallbacks.reset()
+    with torch.no_grad():
+        outs = [layer(x) for _ in range(3)]
+    ref = F.relu(F.conv2d(x, layer[0].weight, layer[0].bias, stride=2, padding=2, groups=24))
+    assert all((o - ref).abs().max() < 1e-4 * ref.abs().max() for o in outs)
+    judged = [v for v in arbiter.verdicts() if v.op.startswith("conv2d")]
+    assert judged and judged[-1].variant.startswith("cpu.conv2d.depthwise."), judged
+    assert fallbacks.total(contains="standing") == 0 and fallbacks.total(contains="implicit GEMM measured") == 0

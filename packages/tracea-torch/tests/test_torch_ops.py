@@ -388,7 +388,8 @@ def test_core_ops_fallback_calls_the_framework_directly(restricted_backend, monk
 
 def test_torch_adapter_direct_fallback_rules():
     """CUDA conv2d with at most a bias and one activation, at PyTorch's own float32 precision: F.conv2d
-    (+ the activation); CPU tensors (oneDNN needs the hook's workarounds) and fp32 ``highest``: None."""
+    (+ the activation); CPU tensors only float32 NCHW with row-major strides (oneDNN needs the hook's workarounds
+    for the others), a weight in another memory format through the hook; CUDA fp32 ``highest``: None."""
     import types
 
     from tracea.ir.ops import Conv2dOp
@@ -404,6 +405,13 @@ def test_torch_adapter_direct_fallback_rules():
     plain = ad.direct_fallback(Conv2dOp(2, 6, 8, 8, 4, 3, 3, padding=1, groups=2, dtype="float16"),
                                types.SimpleNamespace(is_cuda=True, dtype=torch.float16))
     torch.testing.assert_close(plain(x, w, None), F.conv2d(x, w, None, 1, 1, 1, 2))
-    assert ad.direct_fallback(op, x) is None  # a CPU tensor
+    cpu = ad.direct_fallback(op, x)  # float32 NCHW on the CPU: F.conv2d itself
+    torch.testing.assert_close(cpu(x, w, b), F.silu(F.conv2d(x, w, b, 1, 1, 1, 2)))
+    w_cl = w.contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(cpu(x, w_cl, b), F.silu(F.conv2d(x, w, b, 1, 1, 1, 2)))
+    assert ad.direct_fallback(op, x.contiguous(memory_format=torch.channels_last)) is None
+    assert ad.direct_fallback(op, x[:, :, :, :].transpose(2, 3)) is None
+    bf16 = Conv2dOp(2, 6, 8, 8, 4, 3, 3, padding=1, groups=2, dtype="bfloat16")
+    assert ad.direct_fallback(bf16, x.bfloat16()) is None
     exact = Conv2dOp(2, 6, 8, 8, 4, 3, 3, padding=1, groups=2, dtype="float32", fp32_precision="highest")
     assert ad.direct_fallback(exact, cuda_like) is None

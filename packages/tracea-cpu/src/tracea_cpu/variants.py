@@ -13,7 +13,7 @@ from tracea.ir.ops import Conv2dOp, GemmOp, LayerType, Layout, Op
 from tracea.semantic import PipelineConfig, SearchSpace
 from tracea.semantic.config import Validity
 
-from . import kernels, pool, spaces
+from . import depthwise, kernels, pool, spaces
 from .amx import CpuGemmAmxVariant
 from .amx_conv import CpuConv2dAmxVariant
 from .f16 import f16_variants
@@ -109,6 +109,13 @@ class CpuConv2dVariant(CpuVariant):
         self.requirements = Requirements(device_kind="cpu", op_kind=LayerType.CONV2D,
                                          dtypes=frozenset({DType.F32}), isa=isa.requires)
 
+    def check(self, op: Op, profile: DeviceProfile) -> list[str]:
+        reasons = super().check(op, profile)
+        if depthwise.serves(op):  # (one output channel per group: a GEMM of one row per tap window)
+            reasons.append(f"depthwise: cpu.conv2d.depthwise.{self.isa.name} serves it (this implicit GEMM measured "
+                           "4-73x slower than PyTorch's depthwise kernels)")
+        return reasons
+
     def search_space(self, op: Op, profile: DeviceProfile) -> SearchSpace:
         space = spaces.blocked_space(self.isa, profile)
         if isinstance(op, Conv2dOp):
@@ -196,4 +203,5 @@ def all_variants() -> list[CpuVariant]:
     out: list[CpuVariant] = []
     for isa in ALL_ISAS:
         out += [CpuGemmVariant(isa), CpuConv2dVariant(isa), CpuAttentionVariant(isa)]
-    return out + [CpuGemmBf16Variant(), CpuGemmAmxVariant(), CpuConv2dAmxVariant(), CpuGemmF16AmxVariant()] + f16_variants() + bf16_conv_variants() + bf16_convert_variants() + skinny_variants()
+    return (out + [CpuGemmBf16Variant(), CpuGemmAmxVariant(), CpuConv2dAmxVariant(), CpuGemmF16AmxVariant()] + f16_variants() + bf16_conv_variants() + bf16_convert_variants() + skinny_variants()
+            + depthwise.depthwise_variants())

@@ -145,13 +145,14 @@ class TorchAdapter(ArrayAdapter):
     priority = 100
     device_kinds = ("cpu", "cuda")
     framework = "torch"
+    framework_computes = True  # (PyTorch, through tracea_torch.plugin.tracea_fallback_run)
     #: torch tensors are logically NCHW whatever their memory format; channels_last selects NHWC kernels.
     logical_nchw = True
 
     def direct_fallback(self, op: Any, like: Any) -> Any:
         """CUDA tensors, conv2d or matmul with at most a bias and one activation, float32 at PyTorch's own
-        precision (a conv at ``highest`` needs cuDNN's TF32 off: the hook does that): ``F.conv2d`` (+ the
-        activation) itself, the call the hook would make (same kernels, same output memory format) without its
+        precision (a conv at ``highest`` needs cuDNN's TF32 off: the hook does that); CPU tensors, a float32 NCHW
+        conv2d (:func:`_cpu_conv_direct`): ``F.conv2d`` (+ the activation) itself, the call the hook would make (same kernels, same output memory format) without its
         frames (the hook path rebuilds the op, converts and allocates per call: wide grouped convs left to cuDNN
         measured 0.29-0.63x PyTorch through it on an H100 host, eager, device time equal); for matmul see
         :func:`_direct_matmul`."""
@@ -160,9 +161,12 @@ class TorchAdapter(ArrayAdapter):
 
         if isinstance(op, GemmOp) and getattr(like, "is_cuda", False):
             return _direct_matmul(op, like)
-        if not isinstance(op, Conv2dOp) or not getattr(like, "is_cuda", False):
+        if not isinstance(op, Conv2dOp):
             return None
-        if getattr(op, "fp32_precision", None) is Fp32Precision.HIGHEST and str(like.dtype) == "torch.float32":
+        cuda = getattr(like, "is_cuda", False)
+        if cuda and getattr(op, "fp32_precision", None) is Fp32Precision.HIGHEST and str(like.dtype) == "torch.float32":
+            return None
+        if not cuda and not _cpu_conv_direct(op, like):
             return None
         epilogue = _bias_activation(op)
         if epilogue is None:
@@ -171,6 +175,16 @@ class TorchAdapter(ArrayAdapter):
 
         conv, act = F.conv2d, epilogue[1]
         stride, padding, dilation, groups = op.stride, op.padding, op.dilation, op.groups
+        if not cuda:  # a weight in another memory format takes the hook's path (see _cpu_conv_direct)
+            from .eager import conv2d as hook_conv
+
+            def compute(x: Any, w: Any, bias: Any) -> Any:
+                if not w.is_contiguous():
+                    return hook_conv(op, x, w, bias)
+                out = conv(x, w, bias, stride, padding, dilation, groups)
+                return out if act is None else act(out)
+
+            return compute
         if act is None:
             return lambda x, w, bias: conv(x, w, bias, stride, padding, dilation, groups)
         return lambda x, w, bias: act(conv(x, w, bias, stride, padding, dilation, groups))
@@ -394,6 +408,18 @@ class TorchAdapter(ArrayAdapter):
         import torch
 
         return int(torch.cuda.current_stream(obj.device).cuda_stream)
+
+
+def _cpu_conv_direct(op: Any, like: Any) -> bool:
+    """Whether ``F.conv2d`` on the user's CPU tensors is what the fallback hook computes for this signature: float32
+    NCHW with exact row-major strides (the hook computes 16-bit convs in float32 and re-packs channels_last or oddly
+    strided inputs: PyTorch's CPU convolution returns wrong values for some of those, see
+    :func:`tracea_torch.eager.conv2d`). 2-core Zen 4, depthwise 480@14^2 b1: the hook's path cost 151 vs 83 us."""
+    from tracea.ir.ops import Layout
+
+    from .eager import _row_major
+
+    return str(like.dtype) == "torch.float32" and op.layout is Layout.NCHW and _row_major(like)
 
 
 def _direct_matmul(op: Any, like: Any) -> Any:

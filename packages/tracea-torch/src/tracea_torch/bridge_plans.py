@@ -141,7 +141,10 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
     try:
         dtype = _common_checks((x, w, bias))
         op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
+        decision = None
         if x.device.type == "cpu" and op.groups > 1 and op.groups == op.c and arbiter.enabled():
+            decision = _depthwise_kernel(op, x.device)  # (the direct depthwise kernel is judged as any other)
+        if decision is None and x.device.type == "cpu" and op.groups > 1 and op.groups == op.c and arbiter.enabled():
             fallbacks.record("conv2d", CPU_DEPTHWISE)  # (once per signature, as a verdict)
             # 16-bit: PyTorch's bf16 / fp16 CPU depthwise kernels ran 10-45x slower than its fp32 one (2-core
             # Zen 3 VM, bf16 dw384@14^2 7x7 b2 24.7 vs 0.55 ms), so the plan computes in fp32 (eager.conv2d,
@@ -149,7 +152,7 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
             # (tracea_torch.cpu16); a patched layer must not call F.conv2d itself
             return _store(key, _lean(_conv_torch_side(op, act, conf, (x, w, bias), x.device), "conv2d", op, conf,
                                      CPU_DEPTHWISE, direct_ok=not _cpu_16bit_conv("conv2d", op, x.device)))
-        decision = choose(op, x.device)
+        decision = decision or choose(op, x.device)
         via_ops = decision.variant.fallback_only or not _plain_bias(bias, op.k)
         view = not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last))
         build_run = None if via_ops else _builder(_packed_input(_conv_run) if view else _conv_run, op, decision, w)
@@ -168,6 +171,18 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
         plan = _conv_eager(op, act, conf, str(fb), lean=x.is_cuda,
                            compute=_conv_torch_side(op, act, conf, (x, w, bias), x.device))
     return _store(key, plan)
+
+
+def _depthwise_kernel(op: Conv2dOp, device: torch.device) -> Any:
+    """The Doctor's decision for a CPU depthwise conv when a direct depthwise kernel serves it
+    (``cpu.conv2d.depthwise.*``: NCHW float32), else None: the standing verdict :data:`CPU_DEPTHWISE` stands."""
+    if op.layout is not Layout.NCHW or op.dtype.storage is not DType.F32:
+        return None
+    try:
+        decision = choose(op, device)
+    except Fallback:
+        return None
+    return decision if ".depthwise." in decision.variant.name else None
 
 
 def _conv_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: tuple, padding: tuple,

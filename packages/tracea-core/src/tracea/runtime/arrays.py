@@ -87,6 +87,11 @@ class ArrayAdapter:
     #: the module whose import allocating needs (``"torch"``), or None: the tuner takes another adapter of
     #: the device while that module is not imported yet (see :func:`tracea.tuning.inputs.pick_adapter`)
     framework: str | None = None
+    #: whether a framework computes ops on these arrays where Tracea does not (a ``tracea_fallback_run``
+    #: implementation serves them: torch tensors). Variants that declined only because that framework measured
+    #: faster (:class:`~tracea.doctor.decision.FrameworkFaster`) stay candidates for arrays of a kind without
+    #: one (NumPy, CuPy): there is nothing faster to defer to, and the alternative is the reference oracle.
+    framework_computes: bool = False
 
     def stores(self, dtype: DType) -> bool:
         """Whether :meth:`from_numpy` / :meth:`empty` hold ``dtype`` natively (the tuner builds its inputs

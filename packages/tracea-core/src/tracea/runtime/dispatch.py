@@ -184,13 +184,16 @@ def runner(op: Op, device: Device, adapter: Any, user_arrays: dict[str, Any], ou
     inputs, ``out`` its kernel output), an untuned signature times its top candidates first.
     ``framework_check``: the caller times the choice against the framework's own call before using it
     (:func:`tracea.runtime.plan_ops.framework_judged`), so variants that declined only because the framework
-    measured faster stay candidates (``Doctor.decide(..., framework_check=True)``).
+    measured faster stay candidates (``Doctor.decide(..., framework_check=True)``); so do they for arrays no
+    framework computes (``ArrayAdapter.framework_computes`` False: NumPy, CuPy).
     """
     doctor = doctor or get_doctor()
     free = variant is None and config is None
+    # FrameworkFaster declines are judgements against a framework: arrays no framework computes keep those variants
+    keep = framework_check or not getattr(adapter, "framework_computes", False)
     while True:
         try:
-            decision = doctor.decide(op, device, variant=variant, config=config, framework_check=framework_check)
+            decision = doctor.decide(op, device, variant=variant, config=config, framework_check=keep)
         except (NoVariantError, UnsupportedDeviceError) as exc:
             if free:
                 reason = fallback_reason(exc)

@@ -175,6 +175,10 @@ _STEP_C = {
 }
 
 
+#: the epilogue steps :func:`epilogue_c` emits
+EPILOGUE_STEPS = frozenset(_STEP_C)
+
+
 def epilogue_c(epilogue: Epilogue) -> str:
     """``tr_epi(x, bias)``: the epilogue chain applied to one vector of accumulators, in order."""
     body = "\n    ".join(_STEP_C[s] for s in epilogue.steps)

@@ -1,0 +1,147 @@
+"""C source of the direct depthwise conv2d (``cpu.conv2d.depthwise.<isa>``): NCHW float32, one input channel
+per group and one output channel per input channel (MobileNet / EfficientNet / ConvNeXt layers).
+
+Per (image, channel) plane, in one thread: the plane is copied once, zero-padded, into ``SH x SW`` phase
+planes (phase ``(fr, fc)`` holds the padded rows ``i * SH + fr`` and columns ``j * SW + fc``), each ``Wq``
+columns wide, ``Wq = Q + ((S - 1) * DW) / SW``. Output ``(p, q)`` then reads tap ``(r, s)`` at
+``(p + r * DH / SH) * Wq + q + s * DW / SW`` of one phase plane: a fixed offset per tap for every output, so
+the output plane is computed as one flat run of ``P * Wq`` values, ``VB`` vectors at a time, each tap a
+broadcast weight times an unaligned load (the ``Wq - Q`` columns past each row's end are computed and
+dropped). Strided convolutions read unit-stride too (the phases split the stride out), and small planes
+(7 x 7, 14 x 14) keep every lane busy, which blocks along one output row would not. The epilogue (bias,
+activation) is applied to the accumulators before the rows are written out.
+"""
+
+from __future__ import annotations
+
+from tracea.ir.epilogue import Epilogue
+
+from ..isa import Isa
+from .common import epilogue_c, prologue
+
+#: order of the ``long`` parameters of ``td_depthwise_call``
+DEPTHWISE_PARAMS = ("n", "C", "H", "W", "P", "Q", "ph", "pw", "nth")
+
+_BODY = r"""
+/* scratch floats for one plane: the phase planes, then the flat output (both with a block of tail room) */
+static long td_scratch(long H, long W, long P, long Q, long *Hq, long *Wq) {
+    *Wq = Q + ((DS - 1) * DDW) / DSW;
+    *Hq = P + ((DR - 1) * DDH) / DSH;
+    long tail = DVB * VW + DS * DDW + 16;
+    return DSH * DSW * (*Hq * *Wq) + tail + P * *Wq + DVB * VW;
+}
+
+static void td_plane(const float *xp, const float *wp, float bias, float *op, float *buf, long H, long W,
+                     long P, long Q, long ph, long pw, long Hq, long Wq) {
+    const long plane = Hq * Wq;
+    /* the zero-padded phase planes */
+    for (int fr = 0; fr < DSH; ++fr) {
+        for (int fc = 0; fc < DSW; ++fc) {
+            float *dst = buf + (fr * DSW + fc) * plane;
+            for (long i = 0; i < Hq; ++i, dst += Wq) {
+                const long ih = i * DSH + fr - ph;
+                if (ih < 0 || ih >= H) { memset(dst, 0, Wq * sizeof(float)); continue; }
+                const float *src = xp + ih * W;
+                /* columns j with 0 <= j * SW + fc - pw < W */
+                long j0 = pw - fc > 0 ? (pw - fc + DSW - 1) / DSW : 0;
+                long j1 = (W - 1 + pw - fc) >= 0 ? (W - 1 + pw - fc) / DSW + 1 : 0;
+                if (j0 > Wq) j0 = Wq;
+                if (j1 > Wq) j1 = Wq;
+                if (j1 < j0) j1 = j0;
+                for (long j = 0; j < j0; ++j) dst[j] = 0.0f;
+                if (DSW == 1) {
+                    memcpy(dst + j0, src + (j0 + fc - pw), (j1 - j0) * sizeof(float));
+                } else {
+                    for (long j = j0; j < j1; ++j) dst[j] = src[j * DSW + fc - pw];
+                }
+                for (long j = j1; j < Wq; ++j) dst[j] = 0.0f;
+            }
+        }
+    }
+    float *tail = buf + DSH * DSW * plane;
+    memset(tail, 0, (DVB * VW + DS * DDW + 16) * sizeof(float));  /* read past the last row: dropped lanes */
+    float *flat = tail + DVB * VW + DS * DDW + 16;
+    const long total = P * Wq;
+    const V vb = VSET1(bias);
+    (void)vb;
+    for (long i0 = 0; i0 < total; i0 += DVB * VW) {
+        V acc[DVB];
+        for (int u = 0; u < DVB; ++u) acc[u] = VZERO();
+#pragma GCC unroll 64
+        for (int r = 0; r < DR; ++r) {
+#pragma GCC unroll 64
+            for (int s = 0; s < DS; ++s) {
+                const int fr = (r * DDH) % DSH, fc = (s * DDW) % DSW;
+                const float *src = buf + (fr * DSW + fc) * plane + ((r * DDH) / DSH) * Wq + (s * DDW) / DSW + i0;
+                const V wv = VSET1(wp[r * DS + s]);
+                for (int u = 0; u < DVB; ++u) acc[u] = VFMA(wv, VLOAD(src + u * VW), acc[u]);
+            }
+        }
+        for (int u = 0; u < DVB; ++u) {
+#if TR_HAS_EPI
+            acc[u] = tr_epi(acc[u], vb);
+#endif
+            VSTORE(flat + i0 + u * VW, acc[u]);
+        }
+    }
+    for (long p = 0; p < P; ++p) memcpy(op + p * Q, flat + p * Wq, Q * sizeof(float));
+}
+
+/* Each thread's scratch, kept between calls and grown as needed: a buffer allocated per call past glibc's mmap
+   threshold (128 KiB) is page-faulted in afresh every call (a 224 x 224 plane's phases are 200 KiB). */
+static __thread float *td_buf = 0;
+static __thread long td_cap = 0;
+static float *td_buffer(long floats) {
+    if (td_cap < floats) {
+        free(td_buf);
+        td_buf = (float *)aligned_alloc(TR_ALIGN, TR_ROUNDUP(floats * sizeof(float), TR_ALIGN));
+        td_cap = td_buf ? floats : 0;
+    }
+    return td_buf;
+}
+
+/* x (n, C, H, W), w (C, 1, R, S), bias (C) or NULL, out (n, C, P, Q); returns 0, or 1 when scratch could not
+   be allocated */
+int td_depthwise(long n, long C, long H, long W, long P, long Q, long ph, long pw, const float *x,
+                 const float *w, const float *bias, float *out, int nth) {
+    long Hq, Wq;
+    const long floats = td_scratch(H, W, P, Q, &Hq, &Wq);
+    const long planes = n * C;
+    if (nth < 1) nth = 1;
+    if (nth > planes) nth = (int)(planes > 0 ? planes : 1);
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nth) if (nth > 1)
+#endif
+    {
+        float *buf = td_buffer(floats);
+        if (!buf) {
+            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (long pl = 0; pl < planes; ++pl) {
+            if (!buf) continue;
+            const long c = pl % C;
+            td_plane(x + pl * H * W, w + c * DR * DS, bias ? bias[c] : 0.0f, out + pl * P * Q, buf, H, W, P, Q,
+                     ph, pw, Hq, Wq);
+        }
+    }
+    return failed;
+}
+
+int td_depthwise_call(const long *p, const float *x, const float *w, const float *bias, float *out) {
+    return td_depthwise(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], x, w, bias, out, (int)p[8]);
+}
+
+"""
+
+
+def depthwise_source(isa: Isa, r: int, s: int, stride: tuple[int, int], dilation: tuple[int, int],
+                     epilogue: Epilogue, vb: int) -> str:
+    """The depthwise library for one ISA, kernel size, stride, dilation, epilogue chain and block of ``vb``
+    accumulator vectors (exports ``td_depthwise`` and ``td_depthwise_call``)."""
+    consts = (f"#define DR {int(r)}\n#define DS {int(s)}\n#define DSH {int(stride[0])}\n#define DSW {int(stride[1])}\n"
+              f"#define DDH {int(dilation[0])}\n#define DDW {int(dilation[1])}\n#define DVB {int(vb)}\n")
+    return prologue(isa) + epilogue_c(epilogue) + consts + _BODY
