@@ -5,7 +5,7 @@ choice, ``cpu.conv2d.depthwise.<isa>``) and a patched ``nn.Conv2d`` (``tracea_to
 its verdict names the side that serves) against ``F.conv2d``; ratio = PyTorch time / Tracea time.
 
     source scripts/srcenv.sh
-    python benchmarks/cpu/bench_depthwise.py [--rounds 15] [--batches 1,2,8] [--json out.json]
+    python benchmarks/cpu/bench_depthwise.py [--rounds 15] [--batches 1,2,8] [--dtype bfloat16] [--json out.json]
 
 PyTorch's CPU depthwise conv allocates scratch per call; whether glibc hands it memory that is already mapped
 or maps it afresh (page faults on every call) depends on the heap's state, so the same call measured up to 14x
@@ -57,12 +57,12 @@ def _once(f) -> float:
     return time.perf_counter() - t0
 
 
-def layer_row(batch: int, c: int, hw: int, k: int, st: int, rounds: int) -> dict:
+def layer_row(batch: int, c: int, hw: int, k: int, st: int, rounds: int, dtype: torch.dtype = torch.float32) -> dict:
     """One layer: ``tracea.ops.conv2d`` and a patched ``nn.Conv2d`` against ``F.conv2d`` / the unpatched module."""
-    x = torch.randn(batch, c, hw, hw)
-    conv = torch.nn.Conv2d(c, c, k, stride=st, padding=k // 2, groups=c)
+    x = torch.randn(batch, c, hw, hw, dtype=dtype)
+    conv = torch.nn.Conv2d(c, c, k, stride=st, padding=k // 2, groups=c).to(dtype)
     w, b = conv.weight.detach(), conv.bias.detach()
-    patched = torch.nn.Conv2d(c, c, k, stride=st, padding=k // 2, groups=c)
+    patched = torch.nn.Conv2d(c, c, k, stride=st, padding=k // 2, groups=c).to(dtype)
     patched.load_state_dict(conv.state_dict())
     tracea_torch.patch_conv2d(patched)
 
@@ -76,7 +76,7 @@ def layer_row(batch: int, c: int, hw: int, k: int, st: int, rounds: int) -> dict
         ref = theirs()
         out = ours()
         runner = getattr(plans.latest(), "runner", None)
-        err = float((out - ref).abs().max() / ref.abs().max())
+        err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
         t_ops, t_ref = interleaved(ours, theirs, rounds)
         arbiter.reset()
         patched(x)
@@ -92,6 +92,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--batches", default="1,2,8")
     ap.add_argument("--json", default="")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="bfloat16: the anchor is F.conv2d in bf16 for the ops column, the unpatched module (bf16) for "
+                         "the module column")
     args = ap.parse_args()
     set_cache(TuningCache(os.path.join(tempfile.mkdtemp(), "cache.json")))
     malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
@@ -101,7 +104,7 @@ def main() -> int:
     torch.manual_seed(0)
     for batch in (int(b) for b in args.batches.split(",")):
         for c, hw, k, st in LAYERS:
-            row = layer_row(batch, c, hw, k, st, args.rounds)
+            row = layer_row(batch, c, hw, k, st, args.rounds, getattr(torch, args.dtype))
             rows.append(row)
             ratios.append(row["module_ratio"])
             print(f"  {row['case']:<22} ops {row['ops_us']:8.1f} / {row['torch_us']:8.1f} us {row['ops_ratio']:5.2f}x   "

@@ -506,14 +506,15 @@ def test_a_lean_conv_memo_follows_hyper_parameter_changes(restricted_backend, mo
 
 @pytest.mark.arbiter
 def test_cpu_bf16_depthwise_conv_is_computed_in_fp32():
-    """A bf16 depthwise conv on the CPU is PyTorch's too, but computed in fp32 and rounded once (PyTorch's
-    bf16 CPU depthwise kernel runs 10-45x slower than its fp32 one): the layer keeps its plan (no lean
-    F.conv2d call in bf16), every call equals the fp32 conv rounded to bf16, counted once."""
-    from tracea_torch import fallbacks
+    """A channels_last bf16 depthwise conv on the CPU (no kernel: the standing verdict) is PyTorch's, but computed
+    in fp32 and rounded once (PyTorch's bf16 CPU depthwise kernel runs 10-45x slower than its fp32 one): the layer
+    keeps its plan (no lean F.conv2d call in bf16), every call equals the fp32 conv rounded to bf16, counted once.
+    An NCHW one is judged against that same fp32 computation (``cpu.conv2d.depthwise.*`` serves bf16)."""
+    from tracea_torch import arbiter, fallbacks
 
     layer = nn.Conv2d(6, 6, 3, padding=1, groups=6).bfloat16()
     tracea_torch.patch_conv2d(layer)
-    x = torch.randn(2, 6, 9, 9).bfloat16()
+    x = torch.randn(2, 6, 9, 9).bfloat16().contiguous(memory_format=torch.channels_last)
     fallbacks.reset()
     with torch.no_grad():
         outs = [layer(x) for _ in range(3)]
@@ -521,6 +522,17 @@ def test_cpu_bf16_depthwise_conv_is_computed_in_fp32():
     assert all(o.dtype == torch.bfloat16 and torch.equal(o, want) for o in outs)
     assert layer.__dict__["_tracea_memo"].lean == 0
     assert fallbacks.total(contains="depthwise") == 1
+    nchw = nn.Conv2d(6, 6, 3, padding=1, groups=6).bfloat16()
+    tracea_torch.patch_conv2d(nchw)
+    x = x.contiguous()
+    arbiter.reset()
+    with torch.no_grad():
+        outs = [nchw(x) for _ in range(3)]
+        want = F.conv2d(x.float(), nchw.weight.float(), nchw.bias.float(), padding=1, groups=6)
+    judged = [v for v in arbiter.verdicts() if v.op.startswith("conv2d")]
+    assert judged and judged[-1].variant.startswith("cpu.conv2d.depthwise."), judged
+    for o in outs:  # one rounding of an fp32 result either way (one bf16 ulp: the two fp32 sums may differ)
+        assert o.dtype == torch.bfloat16 and ((o.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-6).all()
 
 
 @pytest.mark.arbiter

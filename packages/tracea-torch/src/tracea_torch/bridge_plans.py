@@ -175,8 +175,9 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
 
 def _depthwise_kernel(op: Conv2dOp, device: torch.device) -> Any:
     """The Doctor's decision for a CPU depthwise conv when a direct depthwise kernel serves it
-    (``cpu.conv2d.depthwise.*``: NCHW float32), else None: the standing verdict :data:`CPU_DEPTHWISE` stands."""
-    if op.layout is not Layout.NCHW or op.dtype.storage is not DType.F32:
+    (``cpu.conv2d.depthwise.*``: NCHW float32 / bfloat16), else None: the standing verdict :data:`CPU_DEPTHWISE`
+    stands."""
+    if op.layout is not Layout.NCHW or op.dtype.storage not in (DType.F32, DType.BF16):
         return None
     try:
         decision = choose(op, device)

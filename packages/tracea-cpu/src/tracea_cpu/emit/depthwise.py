@@ -1,5 +1,5 @@
-"""C source of the direct depthwise conv2d (``cpu.conv2d.depthwise.<isa>``): NCHW float32, one input channel
-per group and one output channel per input channel (MobileNet / EfficientNet / ConvNeXt layers).
+"""C source of the direct depthwise conv2d (``cpu.conv2d.depthwise.<isa>``): NCHW float32 or bfloat16, one input
+channel per group and one output channel per input channel (MobileNet / EfficientNet / ConvNeXt layers).
 
 Per (image, channel) plane, in one thread: the plane is copied once, zero-padded, into ``SH x SW`` phase
 planes (phase ``(fr, fc)`` holds the padded rows ``i * SH + fr`` and columns ``j * SW + fc``), each ``Wq``
@@ -28,12 +28,27 @@ static long td_scratch(long H, long W, long P, long Q, long *Hq, long *Wq) {
     *Wq = Q + ((DS - 1) * DDW) / DSW;
     *Hq = P + ((DR - 1) * DDH) / DSH;
     long tail = DVB * VW + DS * DDW + 16;
-    return DSH * DSW * (*Hq * *Wq) + tail + P * *Wq + DVB * VW;
+    /* bf16: the plane widened (H * W floats) and the rounded output (P * Wq halves) */
+    return DSH * DSW * (*Hq * *Wq) + tail + P * *Wq + DVB * VW + (TD_BF16 ? H * W + P * *Wq / 2 + 64 : 0);
 }
 
-static void td_plane(const float *xp, const float *wp, float bias, float *op, float *buf, long H, long W,
+static void td_plane(const TIN *xp, const TIN *wp, float bias, TIN *op, float *buf, long H, long W,
                      long P, long Q, long ph, long pw, long Hq, long Wq) {
     const long plane = Hq * Wq;
+    float wf[DR * DS];  /* the plane's weights as float32, read as broadcasts from here */
+    for (int t = 0; t < DR * DS; ++t) wf[t] = TD_IN(wp[t]);
+#if TD_BF16
+    /* narrow planes are widened in one flat pass, then copied as float32 (rows of 7-28 values vectorise badly one
+       by one: 480@14^2 3x3 ran 175 -> 107 us a call on one Zen 4 core); wide rows are widened as they are copied */
+    float *xw = buf + DSH * DSW * plane + (DVB * VW + DS * DDW + 16) + P * Wq + DVB * VW;
+    const int flat_in = W < 32, flat_out = Q < 32;
+    if (flat_in)
+        for (long i = 0; i < H * W; ++i) xw[i] = TD_IN(xp[i]);
+    const float *xs = xw;
+#else
+    const int flat_in = 1;
+    const float *xs = xp;
+#endif
     /* the zero-padded phase planes */
     for (int fr = 0; fr < DSH; ++fr) {
         for (int fc = 0; fc < DSW; ++fc) {
@@ -41,7 +56,21 @@ static void td_plane(const float *xp, const float *wp, float bias, float *op, fl
             for (long i = 0; i < Hq; ++i, dst += Wq) {
                 const long ih = i * DSH + fr - ph;
                 if (ih < 0 || ih >= H) { memset(dst, 0, Wq * sizeof(float)); continue; }
-                const float *src = xp + ih * W;
+                const float *src = xs + ih * W;
+#if TD_BF16
+                if (!flat_in) {
+                    const TIN *raw = xp + ih * W;
+                    long j0 = pw - fc > 0 ? (pw - fc + DSW - 1) / DSW : 0;
+                    long j1 = (W - 1 + pw - fc) >= 0 ? (W - 1 + pw - fc) / DSW + 1 : 0;
+                    if (j0 > Wq) j0 = Wq;
+                    if (j1 > Wq) j1 = Wq;
+                    if (j1 < j0) j1 = j0;
+                    for (long j = 0; j < j0; ++j) dst[j] = 0.0f;
+                    for (long j = j0; j < j1; ++j) dst[j] = TD_IN(raw[j * DSW + fc - pw]);
+                    for (long j = j1; j < Wq; ++j) dst[j] = 0.0f;
+                    continue;
+                }
+#endif
                 /* columns j with 0 <= j * SW + fc - pw < W */
                 long j0 = pw - fc > 0 ? (pw - fc + DSW - 1) / DSW : 0;
                 long j1 = (W - 1 + pw - fc) >= 0 ? (W - 1 + pw - fc) / DSW + 1 : 0;
@@ -73,7 +102,7 @@ static void td_plane(const float *xp, const float *wp, float bias, float *op, fl
             for (int s = 0; s < DS; ++s) {
                 const int fr = (r * DDH) % DSH, fc = (s * DDW) % DSW;
                 const float *src = buf + (fr * DSW + fc) * plane + ((r * DDH) / DSH) * Wq + (s * DDW) / DSW + i0;
-                const V wv = VSET1(wp[r * DS + s]);
+                const V wv = VSET1(wf[r * DS + s]);
                 for (int u = 0; u < DVB; ++u) acc[u] = VFMA(wv, VLOAD(src + u * VW), acc[u]);
             }
         }
@@ -84,7 +113,25 @@ static void td_plane(const float *xp, const float *wp, float bias, float *op, fl
             VSTORE(flat + i0 + u * VW, acc[u]);
         }
     }
+#if TD_BF16
+    /* rounded in one flat pass (tr_f2bf with both sides computed: a select the compiler vectorises), then rows */
+    uint16_t *half = (uint16_t *)(xw + H * W);
+    const long rows = flat_out ? 1 : P, run = flat_out ? total : Q;
+    for (long p = 0; p < rows; ++p) {
+        const float *from = flat + p * Wq;
+        uint16_t *to = flat_out ? half : op + p * Q;
+        for (long i = 0; i < run; ++i) {
+            uint32_t u;
+            memcpy(&u, from + i, 4);
+            const uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
+            to[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
+        }
+    }
+    if (flat_out)
+        for (long p = 0; p < P; ++p) memcpy(op + p * Q, half + p * Wq, Q * sizeof(uint16_t));
+#else
     for (long p = 0; p < P; ++p) memcpy(op + p * Q, flat + p * Wq, Q * sizeof(float));
+#endif
 }
 
 /* Each thread's scratch, kept between calls and grown as needed: a buffer allocated per call past glibc's mmap
@@ -102,8 +149,8 @@ static float *td_buffer(long floats) {
 
 /* x (n, C, H, W), w (C, 1, R, S), bias (C) or NULL, out (n, C, P, Q); returns 0, or 1 when scratch could not
    be allocated */
-int td_depthwise(long n, long C, long H, long W, long P, long Q, long ph, long pw, const float *x,
-                 const float *w, const float *bias, float *out, int nth) {
+int td_depthwise(long n, long C, long H, long W, long P, long Q, long ph, long pw, const TIN *x,
+                 const TIN *w, const TIN *bias, TIN *out, int nth) {
     long Hq, Wq;
     const long floats = td_scratch(H, W, P, Q, &Hq, &Wq);
     const long planes = n * C;
@@ -124,24 +171,39 @@ int td_depthwise(long n, long C, long H, long W, long P, long Q, long ph, long p
         for (long pl = 0; pl < planes; ++pl) {
             if (!buf) continue;
             const long c = pl % C;
-            td_plane(x + pl * H * W, w + c * DR * DS, bias ? bias[c] : 0.0f, out + pl * P * Q, buf, H, W, P, Q,
+            td_plane(x + pl * H * W, w + c * DR * DS, bias ? TD_IN(bias[c]) : 0.0f, out + pl * P * Q, buf, H, W, P, Q,
                      ph, pw, Hq, Wq);
         }
     }
     return failed;
 }
 
-int td_depthwise_call(const long *p, const float *x, const float *w, const float *bias, float *out) {
+int td_depthwise_call(const long *p, const TIN *x, const TIN *w, const TIN *bias, TIN *out) {
     return td_depthwise(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], x, w, bias, out, (int)p[8]);
 }
 
 """
 
 
+_BF16 = r"""
+#define TD_BF16 1
+typedef uint16_t TIN;
+static inline float TD_IN(uint16_t b) { union { uint32_t u; float f; } v; v.u = (uint32_t)b << 16; return v.f; }
+"""
+
+_F32 = r"""
+#define TD_BF16 0
+typedef float TIN;
+#define TD_IN(x) (x)
+"""
+
+
 def depthwise_source(isa: Isa, r: int, s: int, stride: tuple[int, int], dilation: tuple[int, int],
-                     epilogue: Epilogue, vb: int) -> str:
+                     epilogue: Epilogue, vb: int, bf16: bool = False) -> str:
     """The depthwise library for one ISA, kernel size, stride, dilation, epilogue chain and block of ``vb``
-    accumulator vectors (exports ``td_depthwise`` and ``td_depthwise_call``)."""
+    accumulator vectors (exports ``td_depthwise`` and ``td_depthwise_call``); with ``bf16`` its arrays are
+    bfloat16 (widened exactly as the planes are copied, float32 arithmetic, the output rounded once to nearest
+    even, NaN kept)."""
     consts = (f"#define DR {int(r)}\n#define DS {int(s)}\n#define DSH {int(stride[0])}\n#define DSW {int(stride[1])}\n"
               f"#define DDH {int(dilation[0])}\n#define DDW {int(dilation[1])}\n#define DVB {int(vb)}\n")
-    return prologue(isa) + epilogue_c(epilogue) + consts + _BODY
+    return prologue(isa) + epilogue_c(epilogue) + consts + (_BF16 if bf16 else _F32) + _BODY
