@@ -46,6 +46,7 @@ ELEMENTS = (DType.F32, DType.BF16)
 #: benchmarks/cpu/bench_depthwise.py on a 2-core Zen 4 (fp32: 0.45-0.91x on 5x5 over 7^2-14^2 planes at b2 / b8,
 #: 0.69-0.95x on 7x7 at 14^2-56^2; 1.05-8x on 3x3 and 5x5 over larger planes)
 SMALL_PLANE = 196
+SMALL_PLANE_TAPS = 25
 WIDE_TAPS = 49
 #: ... on CPUs of at most this many cores: on the H200 machine's 16-core Xeon host (full-rate AVX-512) the kernel
 #: ran 1.45-3.2x PyTorch on those same layers (patched modules, the arbiter's verdicts), on the 2-core Zen 4 VM
@@ -98,7 +99,7 @@ class CpuDepthwiseVariant(CpuVariant):
             reasons.append(f"output {op.out_dtype.value} or epilogue {op.epilogue.key!r} (output in the input dtype, "
                            "bias and activations only)")
         elif (isinstance(op, Conv2dOp) and profile.compute_units <= FEW_CORES and op.dtype.storage is DType.F32
-              and (op.r * op.s >= WIDE_TAPS or (op.r * op.s >= 25 and op.p * op.q <= SMALL_PLANE))):
+              and (op.r * op.s >= WIDE_TAPS or (op.r * op.s >= SMALL_PLANE_TAPS and op.p * op.q <= SMALL_PLANE))):
             # (float32 only: a bf16 fallback computes on widened float32 copies, which the kernel beats)
             reasons.append(FrameworkFaster(
                 f"{op.r}x{op.s} taps over {op.p}x{op.q} output planes on {profile.compute_units} cores: PyTorch's "

@@ -57,20 +57,6 @@ static void td_plane(const TIN *xp, const TIN *wp, float bias, TIN *op, float *b
                 const long ih = i * DSH + fr - ph;
                 if (ih < 0 || ih >= H) { memset(dst, 0, Wq * sizeof(float)); continue; }
                 const float *src = xs + ih * W;
-#if TD_BF16
-                if (!flat_in) {
-                    const TIN *raw = xp + ih * W;
-                    long j0 = pw - fc > 0 ? (pw - fc + DSW - 1) / DSW : 0;
-                    long j1 = (W - 1 + pw - fc) >= 0 ? (W - 1 + pw - fc) / DSW + 1 : 0;
-                    if (j0 > Wq) j0 = Wq;
-                    if (j1 > Wq) j1 = Wq;
-                    if (j1 < j0) j1 = j0;
-                    for (long j = 0; j < j0; ++j) dst[j] = 0.0f;
-                    for (long j = j0; j < j1; ++j) dst[j] = TD_IN(raw[j * DSW + fc - pw]);
-                    for (long j = j1; j < Wq; ++j) dst[j] = 0.0f;
-                    continue;
-                }
-#endif
                 /* columns j with 0 <= j * SW + fc - pw < W */
                 long j0 = pw - fc > 0 ? (pw - fc + DSW - 1) / DSW : 0;
                 long j1 = (W - 1 + pw - fc) >= 0 ? (W - 1 + pw - fc) / DSW + 1 : 0;
@@ -78,7 +64,10 @@ static void td_plane(const TIN *xp, const TIN *wp, float bias, TIN *op, float *b
                 if (j1 > Wq) j1 = Wq;
                 if (j1 < j0) j1 = j0;
                 for (long j = 0; j < j0; ++j) dst[j] = 0.0f;
-                if (DSW == 1) {
+                if (!flat_in) {  /* (bf16 rows of 32 and more: widened here) */
+                    const TIN *raw = xp + ih * W;
+                    for (long j = j0; j < j1; ++j) dst[j] = TD_IN(raw[j * DSW + fc - pw]);
+                } else if (DSW == 1) {
                     memcpy(dst + j0, src + (j0 + fc - pw), (j1 - j0) * sizeof(float));
                 } else {
                     for (long j = j0; j < j1; ++j) dst[j] = src[j * DSW + fc - pw];
