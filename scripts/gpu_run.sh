@@ -9,8 +9,8 @@
 # --host-cpu-only: the CPU backend on the GPU machine's host CPU (a many-core Xeon with AVX-512 and AMX, which
 # development machines may lack): the tracea-cpu tests, the AMX targets, fp32 GEMM / conv against NumPy /
 # torch, the interference checks (with torch, and a NumPy-only program), the late-worker probe, bf16
-# attention, patched linears between torch ops at two torch thread counts and a CPU zoo (fp32, bf16; the
-# model check's verdicts under each row). Not part
+# attention, depthwise convs (fp32, bf16), patched linears between torch ops at two torch thread counts and a
+# CPU zoo (fp32, bf16; the model check's verdicts under each row). Not part
 # of the default run (the host's figures need a quiet host: `uptime` is printed first).
 # Carry .whl (`../shared/tools/device-wheels.sh platformdirs`: optuna and its needs for the tuner's tests, and
 # platformdirs, a tracea-core dependency the GPU machine lacks).
@@ -141,11 +141,15 @@ if [ "$mode" = hostcpu ]; then
   # 16-bit attention (the kernel reads bf16 itself) against PyTorch's bf16 SDPA, which may use AMX on this host
   python benchmarks/cpu/bench_attention_cpu.py --dtype bfloat16 --rounds 10 --only vit,swin,bert,decode 2>&1 \
     | tee -a "$OUT/host_cpu.log" | tail -22
+  # depthwise convs (cpu.conv2d.depthwise) against F.conv2d, fp32 and bf16, tracea.ops and patched layers
+  python benchmarks/cpu/bench_depthwise.py --rounds 5 --batches 1,8 2>&1 | tee -a "$OUT/host_cpu.log" | tail -26
+  python benchmarks/cpu/bench_depthwise.py --rounds 5 --batches 1,8 --dtype bfloat16 2>&1 \
+    | tee -a "$OUT/host_cpu.log" | tail -1
   # patched linears between torch ops at torch's default and half its threads (one OpenMP team size)
   python benchmarks/cpu/probes/torch_team.py --threads 0,half 2>&1 | tee -a "$OUT/host_cpu.log" | tail -3
   # patched models on the host CPU, fp32 and bf16 (AMX): models no test uses
   python benchmarks/user_path/bench_zoo.py --device cpu --cpu-dtypes float32,bfloat16 --hf "" \
-    --timm "${CPU_ZOO_MODELS:-deit_tiny_patch16_224,mobilevit_xxs,cspdarknet53,resnet50}" 2>&1 \
+    --timm "${CPU_ZOO_MODELS:-deit_tiny_patch16_224,mobilevit_xxs,cspdarknet53,resnet50,efficientnet_b0}" 2>&1 \
     | tee "$OUT/cpu_zoo.log" | grep -E "timm |cases"
   uptime | tee -a "$OUT/host_cpu.log"
 fi
