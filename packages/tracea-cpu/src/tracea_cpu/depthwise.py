@@ -31,7 +31,8 @@ from .emit.depthwise import DEPTHWISE_PARAMS, depthwise_source
 from .isa import ALL_ISAS, ISA_BY_NAME, Isa
 from .toolchain import build
 from .bf16 import host_bf16
-from .variant_base import CpuVariant, _check_rc, _host, _ptr, _requested_threads, _threads_problem, pointer_launcher
+from .variant_base import (CpuVariant, _check_rc, _host, _ptr, _require, _requested_threads, _threads_problem,
+                           pointer_launcher)
 
 _P, _L = ctypes.c_void_p, ctypes.c_long
 #: accumulator vectors per block a config may ask for
@@ -139,12 +140,7 @@ class CpuDepthwiseVariant(CpuVariant):
 
     def prepare(self, op: Op, config: PipelineConfig, profile: DeviceProfile) -> Any:
         assert isinstance(op, Conv2dOp)
-        valid = self.validate_config(op, config, profile)
-        if not valid:
-            from tracea.errors import UnsupportedConfigError  # noqa: PLC0415
-
-            raise UnsupportedConfigError(f"config {config.key} is invalid for {self.name}: {valid.reason}",
-                                         reason=valid.reason)
+        _require(self.validate_config(op, config, profile), self.name, config)
         return depthwise_library(self.isa.name, op.r, op.s, tuple(op.stride), tuple(op.dilation), op.epilogue.key,
                                  int(config.get("vb", 4)), op.dtype.storage is DType.BF16)
 
@@ -162,7 +158,6 @@ class CpuDepthwiseVariant(CpuVariant):
     def run(self, op: Op, config: PipelineConfig, args: OpArgs, profile: DeviceProfile) -> None:
         assert isinstance(op, Conv2dOp)
         lib = self.prepare(op, config, profile)
-        _requested_threads(config)
         host = host_bf16 if op.dtype.storage is DType.BF16 else _host
         x = host(args, "x", op.x_shape)
         w = host(args, "w", op.w_shape)

@@ -141,10 +141,10 @@ def conv2d_plan(key: Any, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
     try:
         dtype = _common_checks((x, w, bias))
         op = _conv_op(x, w, bias, stride, padding, dilation, groups, act, dtype)
-        decision = None
-        if x.device.type == "cpu" and op.groups > 1 and op.groups == op.c and arbiter.enabled():
-            decision = _depthwise_kernel(op, x.device)  # (the direct depthwise kernel is judged as any other)
-        if decision is None and x.device.type == "cpu" and op.groups > 1 and op.groups == op.c and arbiter.enabled():
+        cpu_depthwise = x.device.type == "cpu" and op.groups > 1 and op.groups == op.c and arbiter.enabled()
+        # (the direct depthwise kernel is judged as any other)
+        decision = _depthwise_kernel(op, x.device) if cpu_depthwise else None
+        if cpu_depthwise and decision is None:
             fallbacks.record("conv2d", CPU_DEPTHWISE)  # (once per signature, as a verdict)
             # 16-bit: PyTorch's bf16 / fp16 CPU depthwise kernels ran 10-45x slower than its fp32 one (2-core
             # Zen 3 VM, bf16 dw384@14^2 7x7 b2 24.7 vs 0.55 ms), so the plan computes in fp32 (eager.conv2d,

@@ -80,11 +80,7 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     NHWC path) and keeps a view's storage offset (PyTorch's CUDA SDPA kernels assume 16-byte aligned
     rows: a view starting 4 bytes in gave 'misaligned address', which ends the CUDA context, or
     'cutlassF: no kernel found'; found by tracea.fuzzing)."""
-    expected, step = [], 1
-    for size in reversed(t.shape):
-        expected.append(step)
-        step *= max(size, 1)
-    if t.stride() == tuple(reversed(expected)) and t.data_ptr() % 16 == 0:
+    if _row_major(t) and t.data_ptr() % 16 == 0:
         return t
     return t.clone(memory_format=torch.contiguous_format)
 
@@ -132,6 +128,12 @@ _TORCH_SDPA = torch._C._nn.scaled_dot_product_attention
 _NATIVE_GQA = torch_version() >= (2, 5)
 
 
+def _native_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether PyTorch's SDPA takes these grouped-query heads itself (``enable_gqa``: torch 2.5+, 4-D operands
+    with the same batch dim); else K and V are expanded to q's heads."""
+    return _NATIVE_GQA and q.shape[:-3] == k.shape[:-3] == v.shape[:-3] and q.dim() == 4
+
+
 def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               mask: torch.Tensor | None = None) -> torch.Tensor:
     """Scaled dot-product attention, grouped-query heads through ``enable_gqa`` (torch 2.5+, same leading dims)
@@ -145,7 +147,7 @@ def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     q, k, v = _dense(q), _dense(k), _dense(v)
     gqa: dict[str, bool] = {}
     if group > 1 and k.shape[-3] != q.shape[-3]:  # heads are dim -3 of (..., heads, seq, d)
-        if _NATIVE_GQA and q.shape[:-3] == k.shape[:-3] == v.shape[:-3] and q.dim() == 4:
+        if _native_gqa(q, k, v):
             gqa = {"enable_gqa": True}  # (torch >= 2.5: no expanded copies of K and V)
         else:
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
@@ -176,7 +178,7 @@ def attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def _row_major(t: torch.Tensor) -> bool:
-    """Whether ``t`` has the exact row-major strides :func:`_dense` keeps (its alignment is checked per call)."""
+    """Whether ``t`` has the exact row-major strides (size-1 dims included) :func:`_dense` keeps."""
     step = 1
     for size, stride in zip(reversed(t.shape), reversed(t.stride())):
         if stride != step:
@@ -218,7 +220,7 @@ def direct_attention(op: AttentionOp, q: torch.Tensor, k: torch.Tensor, v: torch
         return None
     gqa: dict[str, bool] = {}  # (torch < 2.5 has no enable_gqa keyword)
     if op.heads // int(op.kv_heads or op.heads) > 1 and k.shape[-3] != q.shape[-3]:
-        if not (_NATIVE_GQA and q.shape[:-3] == k.shape[:-3] == v.shape[:-3] and q.dim() == 4):
+        if not _native_gqa(q, k, v):
             return None
         gqa = {"enable_gqa": True}
     sdpa, causal, scale, grad, no_grad = _TORCH_SDPA, op.causal, op.scale, torch.is_grad_enabled, torch.no_grad

@@ -23,13 +23,14 @@ from .common import epilogue_c, prologue
 DEPTHWISE_PARAMS = ("n", "C", "H", "W", "P", "Q", "ph", "pw", "nth")
 
 _BODY = r"""
+/* zeroed floats after the phase planes: the last blocks read up to a block and the widest tap offset past them */
+#define TD_TAIL (DVB * VW + DS * DDW + 16)
 /* scratch floats for one plane: the phase planes, then the flat output (both with a block of tail room) */
 static long td_scratch(long H, long W, long P, long Q, long *Hq, long *Wq) {
     *Wq = Q + ((DS - 1) * DDW) / DSW;
     *Hq = P + ((DR - 1) * DDH) / DSH;
-    long tail = DVB * VW + DS * DDW + 16;
     /* bf16: the plane widened (H * W floats) and the rounded output (P * Wq halves) */
-    return DSH * DSW * (*Hq * *Wq) + tail + P * *Wq + DVB * VW + (TD_BF16 ? H * W + P * *Wq / 2 + 64 : 0);
+    return DSH * DSW * (*Hq * *Wq) + TD_TAIL + P * *Wq + DVB * VW + (TD_BF16 ? H * W + P * *Wq / 2 + 64 : 0);
 }
 
 static void td_plane(const TIN *xp, const TIN *wp, float bias, TIN *op, float *buf, long H, long W,
@@ -40,7 +41,7 @@ static void td_plane(const TIN *xp, const TIN *wp, float bias, TIN *op, float *b
 #if TD_BF16
     /* narrow planes are widened in one flat pass, then copied as float32 (rows of 7-28 values vectorise badly one
        by one: 480@14^2 3x3 ran 175 -> 107 us a call on one Zen 4 core); wide rows are widened as they are copied */
-    float *xw = buf + DSH * DSW * plane + (DVB * VW + DS * DDW + 16) + P * Wq + DVB * VW;
+    float *xw = buf + DSH * DSW * plane + TD_TAIL + P * Wq + DVB * VW;
     const int flat_in = W < 32, flat_out = Q < 32;
     if (flat_in)
         for (long i = 0; i < H * W; ++i) xw[i] = TD_IN(xp[i]);
@@ -77,8 +78,8 @@ static void td_plane(const TIN *xp, const TIN *wp, float bias, TIN *op, float *b
         }
     }
     float *tail = buf + DSH * DSW * plane;
-    memset(tail, 0, (DVB * VW + DS * DDW + 16) * sizeof(float));  /* read past the last row: dropped lanes */
-    float *flat = tail + DVB * VW + DS * DDW + 16;
+    memset(tail, 0, TD_TAIL * sizeof(float));  /* read past the last row: dropped lanes */
+    float *flat = tail + TD_TAIL;
     const long total = P * Wq;
     const V vb = VSET1(bias);
     (void)vb;
